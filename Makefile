@@ -1,0 +1,99 @@
+# attn: C core + Lua 5.4 binding. `make test` and `make demo` work on a fresh
+# Debian 12 machine: they install missing packages first (needs root).
+
+LUA        ?= lua5.4
+BUSTED     ?= $(LUA) /usr/bin/busted
+PKG_CONFIG ?= pkg-config
+PREFIX     ?= /usr/local
+DESTDIR    ?=
+LUA_VERSION       = 5.4
+LUA_INCDIR        ?= $(shell $(PKG_CONFIG) --cflags lua5.4 2>/dev/null)
+LUA_LMOD_DIR      ?= $(PREFIX)/share/lua/$(LUA_VERSION)
+LUA_CMODULE_DIR   ?= $(PREFIX)/lib/lua/$(LUA_VERSION)
+BLAS_FLAGS        ?= $(shell $(PKG_CONFIG) --cflags openblas lapacke 2>/dev/null)
+BLAS_LIBS         ?= $(shell $(PKG_CONFIG) --libs openblas lapacke 2>/dev/null)
+
+CC       ?= gcc
+OPT      ?= -O2 -march=x86-64-v2 -mtune=native
+CFLAGS   ?= $(OPT)
+WARN      = -std=c11 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -Werror -Wno-unused-parameter
+LIBFLAG  ?= -shared
+ALL_CFLAGS = $(WARN) $(CFLAGS) -fPIC $(LUA_INCDIR) $(BLAS_FLAGS)
+LDLIBS    = $(BLAS_LIBS) -lpthread -lm
+
+DEBIAN_PACKAGES = lua5.4 liblua5.4-dev libopenblas-dev liblapacke-dev lua-busted lua-check \
+                  lua-cjson pkgconf gcc make
+
+SRC       = $(wildcard src/*.c)
+HEADERS   = $(wildcard src/*.h)
+OBJ       = $(SRC:src/%.c=build/obj/%.o)
+ASAN_OBJ  = $(SRC:src/%.c=build/asan/%.o)
+MODULE    = lua/attn/core.so
+ASAN_MODULE = build/asan/attn/core.so
+
+LUA_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="lua/?.so;;" OPENBLAS_NUM_THREADS=1
+
+.PHONY: all deps test test-asan demo bench lint clean install check-c
+
+all: $(MODULE)
+
+# Installs whatever Debian package is missing (first command on a fresh machine).
+deps:
+	@missing=""; for p in $(DEBIAN_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+build/obj/%.o: src/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	@echo "cc $<"; $(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(MODULE): $(OBJ)
+	$(CC) $(LIBFLAG) -o $@ $(OBJ) $(LDLIBS)
+
+build/asan/%.o: src/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	@echo "cc (asan) $<"; $(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
+	  -fPIC $(LUA_INCDIR) $(BLAS_FLAGS) -c $< -o $@
+
+$(ASAN_MODULE): $(ASAN_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LIBFLAG) -fsanitize=address,undefined -o $@ $(ASAN_OBJ) $(LDLIBS)
+
+# Specs through busted's TAP output; tools/tap-summary prints "N passed, N failed".
+test: deps
+	@$(MAKE) --no-print-directory all
+	@$(LUA_ENV) $(BUSTED) -o TAP $(BUSTED_ARGS) spec | tools/tap-summary
+
+# The whole suite with the module under AddressSanitizer + UBSan; any report fails.
+test-asan: deps
+	@$(MAKE) --no-print-directory $(ASAN_MODULE)
+	@LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
+	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="build/asan/?.so;;" OPENBLAS_NUM_THREADS=1 \
+	  ATTN_SANITIZED=1 $(BUSTED) -o TAP $(BUSTED_ARGS) spec | tools/tap-summary
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@$(LUA_ENV) $(LUA) examples/demo.lua
+
+bench: deps
+	@$(MAKE) --no-print-directory all
+	@$(LUA_ENV) $(LUA) bench/bench.lua
+
+lint: deps
+	luacheck lua spec examples bench
+	cppcheck --quiet --error-exitcode=1 --enable=warning,performance,portability --inline-suppr \
+	  --suppress=missingIncludeSystem -I src src
+
+install: all
+	install -d $(DESTDIR)$(LUA_CMODULE_DIR)/attn $(DESTDIR)$(LUA_LMOD_DIR)/attn
+	install -m 755 $(MODULE) $(DESTDIR)$(LUA_CMODULE_DIR)/attn/core.so
+	cd lua && find attn -name '*.lua' -exec install -D -m 644 {} $(DESTDIR)$(LUA_LMOD_DIR)/{} \;
+
+clean:
+	rm -rf build $(MODULE) out

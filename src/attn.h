@@ -1,0 +1,17 @@
+/* attn: the C core of the attention engine (Lua-free). One header per
+ * component; this one pulls them all in. */
+#ifndef ATTN_H
+#define ATTN_H
+
+#define ATTN_VERSION_MAJOR 0
+#define ATTN_VERSION_MINOR 1
+#define ATTN_VERSION_PATCH 0
+
+#include "attn_alloc.h"
+#include "attn_error.h"
+#include "attn_ops.h"
+#include "attn_parallel.h"
+#include "attn_rng.h"
+#include "attn_tensor.h"
+
+#endif

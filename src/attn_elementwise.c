@@ -1,0 +1,247 @@
+/* Broadcasting elementwise kernels for float32 and float64. */
+#include <tgmath.h>
+
+#include "attn_iter.h"
+#include "attn_ops.h"
+
+static const char *binary_names[ATTN_BINARY_COUNT] = {"add", "sub", "mul", "div", "pow", "maximum",
+                                                       "minimum", "eq", "ne", "lt", "le", "gt", "ge"};
+static const char *unary_names[ATTN_UNARY_COUNT] = {"neg", "exp", "log", "sqrt", "tanh", "sigmoid", "relu",
+                                                     "abs", "sign", "square", "reciprocal", "sin", "cos"};
+
+const char *attn_binary_name(attn_binary_op op) { return binary_names[op]; }
+const char *attn_unary_name(attn_unary_op op) { return unary_names[op]; }
+
+/* Three versions of each loop: all contiguous, contiguous with a scalar second
+ * operand, and general strides. The first two let the compiler vectorise. */
+#define BINARY_LOOP(T, EXPR)                                                            \
+  do {                                                                                  \
+    if (so == (int64_t)sizeof(T) && sa == so && sb == so) {                             \
+      T *O = (T *)o;                                                                    \
+      const T *A = (const T *)a, *B = (const T *)b;                                     \
+      for (int64_t i = 0; i < n; i++) {                                                 \
+        T x = A[i], y = B[i];                                                           \
+        O[i] = (EXPR);                                                                  \
+      }                                                                                 \
+    } else if (so == (int64_t)sizeof(T) && sa == so && sb == 0) {                       \
+      T *O = (T *)o;                                                                    \
+      const T *A = (const T *)a;                                                        \
+      const T y = *(const T *)b;                                                        \
+      for (int64_t i = 0; i < n; i++) {                                                 \
+        T x = A[i];                                                                     \
+        O[i] = (EXPR);                                                                  \
+      }                                                                                 \
+    } else {                                                                            \
+      for (int64_t i = 0; i < n; i++) {                                                 \
+        T x = *(const T *)(a + i * sa), y = *(const T *)(b + i * sb);                   \
+        *(T *)(o + i * so) = (EXPR);                                                    \
+      }                                                                                 \
+    }                                                                                   \
+  } while (0)
+
+#define DEFINE_BINARY(SUFFIX, T)                                                        \
+  static void binary_##SUFFIX(int64_t n, char **p, const int64_t *st, void *ctx) {      \
+    attn_binary_op op = *(const attn_binary_op *)ctx;                                   \
+    char *o = p[0];                                                                     \
+    const char *a = p[1], *b = p[2];                                                    \
+    int64_t so = st[0], sa = st[1], sb = st[2];                                         \
+    switch (op) {                                                                       \
+    case ATTN_ADD: BINARY_LOOP(T, x + y); break;                                        \
+    case ATTN_SUB: BINARY_LOOP(T, x - y); break;                                        \
+    case ATTN_MUL: BINARY_LOOP(T, x * y); break;                                        \
+    case ATTN_DIV: BINARY_LOOP(T, x / y); break;                                        \
+    case ATTN_POW: BINARY_LOOP(T, pow(x, y)); break;                                    \
+    case ATTN_MAXIMUM: BINARY_LOOP(T, (x > y || x != x) ? x : y); break;                \
+    case ATTN_MINIMUM: BINARY_LOOP(T, (x < y || x != x) ? x : y); break;                \
+    case ATTN_EQ: BINARY_LOOP(T, (T)(x == y)); break;                                   \
+    case ATTN_NE: BINARY_LOOP(T, (T)(x != y)); break;                                   \
+    case ATTN_LT: BINARY_LOOP(T, (T)(x < y)); break;                                    \
+    case ATTN_LE: BINARY_LOOP(T, (T)(x <= y)); break;                                   \
+    case ATTN_GT: BINARY_LOOP(T, (T)(x > y)); break;                                    \
+    case ATTN_GE: BINARY_LOOP(T, (T)(x >= y)); break;                                   \
+    default: break;                                                                     \
+    }                                                                                   \
+  }
+
+DEFINE_BINARY(f32, float)
+DEFINE_BINARY(f64, double)
+
+static attn_status check_dtypes(const char *op, const attn_tensor *a, const attn_tensor *b) {
+  if (a->dtype != b->dtype)
+    return attn_error(ATTN_ERR_DTYPE, "%s: dtypes differ: %s %s vs %s %s (convert with :to())", op,
+                      attn_dtype_name(a->dtype), attn_tensor_shape_str(a), attn_dtype_name(b->dtype),
+                      attn_tensor_shape_str(b));
+  return ATTN_OK;
+}
+
+/* Checks that each operand broadcasts exactly to out's shape. */
+static attn_status check_broadcast_out(const char *op, const attn_tensor *a, const attn_tensor *b,
+                                       const attn_tensor *out) {
+  int nd;
+  int64_t shape[ATTN_MAX_DIMS];
+  attn_status st = attn_broadcast_shape(op, a->ndim, a->shape, b->ndim, b->shape, &nd, shape);
+  if (st != ATTN_OK) return st;
+  if (nd != out->ndim) goto mismatch;
+  for (int d = 0; d < nd; d++)
+    if (shape[d] != out->shape[d]) goto mismatch;
+  return ATTN_OK;
+mismatch:
+  return attn_error(ATTN_ERR_SHAPE, "%s: output %s is not the broadcast shape %s of %s and %s", op,
+                    attn_tensor_shape_str(out), attn_shape_str(nd, shape), attn_tensor_shape_str(a),
+                    attn_tensor_shape_str(b));
+}
+
+attn_status attn_binary(attn_binary_op op, const attn_tensor *a, const attn_tensor *b, attn_tensor *out) {
+  const char *name = binary_names[op];
+  attn_status st = check_dtypes(name, a, b);
+  if (st == ATTN_OK) st = check_dtypes(name, a, out);
+  if (st == ATTN_OK) st = check_broadcast_out(name, a, b, out);
+  if (st != ATTN_OK) return st;
+  attn_iter it;
+  attn_iter_begin(&it, out->ndim, out->shape);
+  attn_iter_add(&it, out);
+  attn_iter_add(&it, a);
+  attn_iter_add(&it, b);
+  attn_iter_run(&it, out->dtype == ATTN_F32 ? binary_f32 : binary_f64, &op);
+  return ATTN_OK;
+}
+
+/* Swapped operands for "scalar op tensor". */
+typedef struct {
+  attn_binary_op op;
+} swapped_ctx;
+
+#define DEFINE_BINARY_SWAPPED(SUFFIX)                                                   \
+  static void binary_swapped_##SUFFIX(int64_t n, char **p, const int64_t *st, void *ctx) { \
+    char *q[3] = {p[0], p[2], p[1]};                                                    \
+    int64_t s[3] = {st[0], st[2], st[1]};                                               \
+    binary_##SUFFIX(n, q, s, ctx);                                                      \
+  }
+DEFINE_BINARY_SWAPPED(f32)
+DEFINE_BINARY_SWAPPED(f64)
+
+attn_status attn_binary_scalar(attn_binary_op op, const attn_tensor *a, double s, int scalar_left,
+                               attn_tensor *out) {
+  const char *name = binary_names[op];
+  attn_status st = check_dtypes(name, a, out);
+  if (st == ATTN_OK) st = check_broadcast_out(name, a, a, out);
+  if (st != ATTN_OK) return st;
+  float sf = (float)s;
+  attn_iter it;
+  attn_iter_begin(&it, out->ndim, out->shape);
+  attn_iter_add(&it, out);
+  attn_iter_add(&it, a);
+  attn_iter_add_scalar(&it, out->dtype == ATTN_F32 ? (void *)&sf : (void *)&s);
+  attn_iter_fn fn = out->dtype == ATTN_F32 ? (scalar_left ? binary_swapped_f32 : binary_f32)
+                                           : (scalar_left ? binary_swapped_f64 : binary_f64);
+  attn_iter_run(&it, fn, &op);
+  return ATTN_OK;
+}
+
+#define UNARY_LOOP(T, EXPR)                                                             \
+  do {                                                                                  \
+    if (so == (int64_t)sizeof(T) && sx == so) {                                         \
+      T *O = (T *)o;                                                                    \
+      const T *X = (const T *)xp;                                                       \
+      for (int64_t i = 0; i < n; i++) {                                                 \
+        T x = X[i];                                                                     \
+        O[i] = (EXPR);                                                                  \
+      }                                                                                 \
+    } else {                                                                            \
+      for (int64_t i = 0; i < n; i++) {                                                 \
+        T x = *(const T *)(xp + i * sx);                                                \
+        *(T *)(o + i * so) = (EXPR);                                                    \
+      }                                                                                 \
+    }                                                                                   \
+  } while (0)
+
+#define DEFINE_UNARY(SUFFIX, T)                                                         \
+  static void unary_##SUFFIX(int64_t n, char **p, const int64_t *st, void *ctx) {       \
+    attn_unary_op op = *(const attn_unary_op *)ctx;                                     \
+    char *o = p[0];                                                                     \
+    const char *xp = p[1];                                                              \
+    int64_t so = st[0], sx = st[1];                                                     \
+    const T one = 1, zero = 0;                                                          \
+    switch (op) {                                                                       \
+    case ATTN_NEG: UNARY_LOOP(T, -x); break;                                            \
+    case ATTN_EXP: UNARY_LOOP(T, exp(x)); break;                                        \
+    case ATTN_LOG: UNARY_LOOP(T, log(x)); break;                                        \
+    case ATTN_SQRT: UNARY_LOOP(T, sqrt(x)); break;                                      \
+    case ATTN_TANH: UNARY_LOOP(T, tanh(x)); break;                                      \
+    case ATTN_SIGMOID:                                                                  \
+      UNARY_LOOP(T, x >= zero ? one / (one + exp(-x)) : exp(x) / (one + exp(x)));       \
+      break;                                                                            \
+    case ATTN_RELU: UNARY_LOOP(T, x > zero ? x : (x != x ? x : zero)); break;           \
+    case ATTN_ABS: UNARY_LOOP(T, fabs(x)); break;                                       \
+    case ATTN_SIGN: UNARY_LOOP(T, x > zero ? one : (x < zero ? -one : x)); break;       \
+    case ATTN_SQUARE: UNARY_LOOP(T, x * x); break;                                      \
+    case ATTN_RECIPROCAL: UNARY_LOOP(T, one / x); break;                                \
+    case ATTN_SIN: UNARY_LOOP(T, sin(x)); break;                                        \
+    case ATTN_COS: UNARY_LOOP(T, cos(x)); break;                                        \
+    default: break;                                                                     \
+    }                                                                                   \
+  }
+
+DEFINE_UNARY(f32, float)
+DEFINE_UNARY(f64, double)
+
+attn_status attn_unary(attn_unary_op op, const attn_tensor *x, attn_tensor *out) {
+  const char *name = unary_names[op];
+  attn_status st = check_dtypes(name, x, out);
+  if (st == ATTN_OK) st = check_broadcast_out(name, x, x, out);
+  if (st != ATTN_OK) return st;
+  attn_iter it;
+  attn_iter_begin(&it, out->ndim, out->shape);
+  attn_iter_add(&it, out);
+  attn_iter_add(&it, x);
+  attn_iter_run(&it, out->dtype == ATTN_F32 ? unary_f32 : unary_f64, &op);
+  return ATTN_OK;
+}
+
+#define DEFINE_WHERE(SUFFIX, T)                                                         \
+  static void where_##SUFFIX(int64_t n, char **p, const int64_t *st, void *ctx) {       \
+    (void)ctx;                                                                          \
+    for (int64_t i = 0; i < n; i++) {                                                   \
+      T c = *(const T *)(p[1] + i * st[1]);                                             \
+      *(T *)(p[0] + i * st[0]) =                                                        \
+          c != 0 ? *(const T *)(p[2] + i * st[2]) : *(const T *)(p[3] + i * st[3]);     \
+    }                                                                                   \
+  }
+DEFINE_WHERE(f32, float)
+DEFINE_WHERE(f64, double)
+
+attn_status attn_where(const attn_tensor *cond, const attn_tensor *a, const attn_tensor *b, attn_tensor *out) {
+  attn_status st = check_dtypes("where", a, b);
+  if (st == ATTN_OK) st = check_dtypes("where", cond, out);
+  if (st == ATTN_OK) st = check_dtypes("where", a, out);
+  if (st == ATTN_OK) st = check_broadcast_out("where", a, b, out);
+  if (st == ATTN_OK) st = check_broadcast_out("where", cond, out, out);
+  if (st != ATTN_OK) return st;
+  attn_iter it;
+  attn_iter_begin(&it, out->ndim, out->shape);
+  attn_iter_add(&it, out);
+  attn_iter_add(&it, cond);
+  attn_iter_add(&it, a);
+  attn_iter_add(&it, b);
+  attn_iter_run(&it, out->dtype == ATTN_F32 ? where_f32 : where_f64, NULL);
+  return ATTN_OK;
+}
+
+attn_status attn_masked_fill(const attn_tensor *x, const attn_tensor *mask, double value, attn_tensor *out) {
+  attn_status st = check_dtypes("masked_fill", x, mask);
+  if (st == ATTN_OK) st = check_dtypes("masked_fill", x, out);
+  if (st == ATTN_OK) st = check_broadcast_out("masked_fill", x, mask, out);
+  if (st == ATTN_OK && (out->ndim != x->ndim))
+    st = attn_error(ATTN_ERR_SHAPE, "masked_fill: mask %s must broadcast to the input %s",
+                    attn_tensor_shape_str(mask), attn_tensor_shape_str(x));
+  if (st != ATTN_OK) return st;
+  float vf = (float)value;
+  attn_iter it;
+  attn_iter_begin(&it, out->ndim, out->shape);
+  attn_iter_add(&it, out);
+  attn_iter_add(&it, mask);
+  attn_iter_add_scalar(&it, out->dtype == ATTN_F32 ? (void *)&vf : (void *)&value);
+  attn_iter_add(&it, x);
+  attn_iter_run(&it, out->dtype == ATTN_F32 ? where_f32 : where_f64, NULL);
+  return ATTN_OK;
+}

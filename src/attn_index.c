@@ -1,0 +1,143 @@
+/* Index-based selection and its accumulating reverse, plus creation kernels. */
+#include <math.h>
+#include <string.h>
+
+#include "attn_ops.h"
+
+static attn_status check_index_args(const char *op, const attn_tensor *x, int dim, const int64_t *index,
+                                    int64_t n, int64_t limit) {
+  if (dim < 0 || dim >= x->ndim)
+    return attn_error(ATTN_ERR_ARG, "%s: dim %d out of range for %d-D tensor %s", op, dim + 1, x->ndim,
+                      attn_tensor_shape_str(x));
+  for (int64_t k = 0; k < n; k++)
+    if (index[k] < 0 || index[k] >= limit)
+      return attn_error(ATTN_ERR_ARG, "%s: index %lld at position %lld out of range 1..%lld for dim %d of %s",
+                        op, (long long)index[k] + 1, (long long)k + 1, (long long)limit, dim + 1,
+                        attn_tensor_shape_str(x));
+  return ATTN_OK;
+}
+
+static attn_status check_slices(const char *op, const attn_tensor *big, const attn_tensor *small, int dim,
+                                int64_t n) {
+  if (big->ndim != small->ndim || big->dtype != small->dtype || small->shape[dim] != n)
+    goto bad;
+  for (int d = 0; d < big->ndim; d++)
+    if (d != dim && big->shape[d] != small->shape[d]) goto bad;
+  return ATTN_OK;
+bad:
+  return attn_error(ATTN_ERR_SHAPE, "%s: %s and %s differ outside dim %d (or in dtype), or dim %d is not %lld",
+                    op, attn_tensor_shape_str(big), attn_tensor_shape_str(small), dim + 1, dim + 1,
+                    (long long)n);
+}
+
+attn_status attn_index_select(const attn_tensor *x, int dim, const int64_t *index, int64_t n, attn_tensor *out) {
+  attn_status st = check_index_args("index_select", x, dim, index, n, dim >= 0 && dim < x->ndim ? x->shape[dim] : 0);
+  if (st == ATTN_OK) st = check_slices("index_select", x, out, dim, n);
+  if (st != ATTN_OK) return st;
+  for (int64_t k = 0; k < n; k++) {
+    attn_tensor src = *x, dst = *out;
+    attn_view_select(&src, dim, index[k]);
+    attn_view_select(&dst, dim, k);
+    attn_copy(&dst, &src);
+  }
+  return ATTN_OK;
+}
+
+attn_status attn_index_add(attn_tensor *out, int dim, const int64_t *index, int64_t n, const attn_tensor *src) {
+  attn_status st = check_index_args("index_add", out, dim, index, n, dim >= 0 && dim < out->ndim ? out->shape[dim] : 0);
+  if (st == ATTN_OK) st = check_slices("index_add", out, src, dim, n);
+  if (st != ATTN_OK) return st;
+  for (int64_t k = 0; k < n; k++) { /* in order: repeated indices accumulate deterministically */
+    attn_tensor s = *src, d = *out;
+    attn_view_select(&s, dim, k);
+    attn_view_select(&d, dim, index[k]);
+    attn_binary(ATTN_ADD, &d, &s, &d);
+  }
+  return ATTN_OK;
+}
+
+/* Shared walk of gather/scatter_add: visits every element of index in
+ * row-major order with the offsets into the indexed tensor and the other one. */
+static attn_status gather_walk(const char *op, const attn_tensor *big, int dim, const attn_tensor *index,
+                               const attn_tensor *other, int scatter) {
+  if (dim < 0 || dim >= big->ndim)
+    return attn_error(ATTN_ERR_ARG, "%s: dim %d out of range for %d-D tensor %s", op, dim + 1, big->ndim,
+                      attn_tensor_shape_str(big));
+  int bad = index->ndim != big->ndim || other->ndim != index->ndim || other->dtype != big->dtype;
+  for (int d = 0; !bad && d < index->ndim; d++)
+    bad = other->shape[d] != index->shape[d] || (d != dim && index->shape[d] > big->shape[d]);
+  if (bad)
+    return attn_error(ATTN_ERR_SHAPE, "%s: index %s and values %s must have the same shape, no larger than %s "
+                      "outside dim %d (and one dtype)", op, attn_tensor_shape_str(index),
+                      attn_tensor_shape_str(other), attn_tensor_shape_str(big), dim + 1);
+  int64_t n = attn_tensor_numel(index), pos[ATTN_MAX_DIMS] = {0};
+  for (int pass = 0; pass < 2; pass++) { /* validate everything before writing anything */
+    memset(pos, 0, sizeof pos);
+    for (int64_t e = 0; e < n; e++) {
+      double v = attn_tensor_get(index, pos);
+      if (pass == 0) {
+        if (!(v >= 0 && v < (double)big->shape[dim]) || v != floor(v))
+          return attn_error(ATTN_ERR_ARG, "%s: index value %g out of range 1..%lld for dim %d of %s", op, v + 1,
+                            (long long)big->shape[dim], dim + 1, attn_tensor_shape_str(big));
+      } else {
+        int64_t bpos[ATTN_MAX_DIMS];
+        memcpy(bpos, pos, sizeof bpos);
+        bpos[dim] = (int64_t)v;
+        if (scatter)
+          attn_tensor_set((attn_tensor *)big, bpos, attn_tensor_get(big, bpos) + attn_tensor_get(other, pos));
+        else
+          attn_tensor_set((attn_tensor *)other, pos, attn_tensor_get(big, bpos));
+      }
+      for (int d = index->ndim - 1; d >= 0; d--) {
+        if (++pos[d] < index->shape[d]) break;
+        pos[d] = 0;
+      }
+    }
+  }
+  return ATTN_OK;
+}
+
+attn_status attn_gather(const attn_tensor *x, int dim, const attn_tensor *index, attn_tensor *out) {
+  return gather_walk("gather", x, dim, index, out, 0);
+}
+
+attn_status attn_scatter_add(attn_tensor *out, int dim, const attn_tensor *index, const attn_tensor *src) {
+  return gather_walk("scatter_add", out, dim, index, src, 1);
+}
+
+static attn_status need_contiguous(const char *op, const attn_tensor *t, int ndim) {
+  if (t->ndim != ndim || !attn_tensor_is_contiguous(t))
+    return attn_error(ATTN_ERR_SHAPE, "%s: output %s must be a contiguous %d-D tensor", op,
+                      attn_tensor_shape_str(t), ndim);
+  return ATTN_OK;
+}
+
+attn_status attn_arange(attn_tensor *out, double start, double step) {
+  attn_status st = need_contiguous("arange", out, 1);
+  if (st != ATTN_OK) return st;
+  for (int64_t i = 0; i < out->shape[0]; i++) attn_tensor_set(out, &i, start + (double)i * step);
+  return ATTN_OK;
+}
+
+attn_status attn_linspace(attn_tensor *out, double start, double stop) {
+  attn_status st = need_contiguous("linspace", out, 1);
+  if (st != ATTN_OK) return st;
+  int64_t n = out->shape[0];
+  for (int64_t i = 0; i < n; i++) {
+    double v = n == 1 ? start : start + (stop - start) * (double)i / (double)(n - 1);
+    if (i == n - 1 && n > 1) v = stop; /* hit the end point exactly */
+    attn_tensor_set(out, &i, v);
+  }
+  return ATTN_OK;
+}
+
+attn_status attn_eye(attn_tensor *out) {
+  attn_status st = need_contiguous("eye", out, 2);
+  if (st != ATTN_OK) return st;
+  attn_fill(out, 0);
+  for (int64_t i = 0; i < out->shape[0] && i < out->shape[1]; i++) {
+    int64_t pos[2] = {i, i};
+    attn_tensor_set(out, pos, 1);
+  }
+  return ATTN_OK;
+}

@@ -1,0 +1,146 @@
+/* Batched, broadcasting matrix product through cblas gemm. OpenBLAS runs
+ * single-threaded inside the engine's worker pool: batches are spread over
+ * workers, and a single large product is split by rows of the output. */
+#include <cblas.h>
+#include <string.h>
+
+#include "attn_ops.h"
+#include "attn_parallel.h"
+
+attn_status attn_matmul_shape(const attn_tensor *a, const attn_tensor *b, int *ndim, int64_t *shape) {
+  if (a->ndim < 2 || b->ndim < 2)
+    return attn_error(ATTN_ERR_SHAPE, "matmul: operands need at least 2 dims, got %s @ %s",
+                      attn_tensor_shape_str(a), attn_tensor_shape_str(b));
+  if (a->shape[a->ndim - 1] != b->shape[b->ndim - 2])
+    return attn_error(ATTN_ERR_SHAPE, "matmul: inner dims differ: %s @ %s", attn_tensor_shape_str(a),
+                      attn_tensor_shape_str(b));
+  if (a->dtype != b->dtype)
+    return attn_error(ATTN_ERR_DTYPE, "matmul: dtypes differ: %s %s @ %s %s", attn_dtype_name(a->dtype),
+                      attn_tensor_shape_str(a), attn_dtype_name(b->dtype), attn_tensor_shape_str(b));
+  attn_status st = attn_broadcast_shape("matmul (batch dims)", a->ndim - 2, a->shape, b->ndim - 2, b->shape,
+                                        ndim, shape);
+  if (st != ATTN_OK) return st;
+  shape[(*ndim)++] = a->shape[a->ndim - 2];
+  shape[(*ndim)++] = b->shape[b->ndim - 1];
+  return ATTN_OK;
+}
+
+/* A matrix operand as BLAS sees it: base pointer per batch, leading dim, transpose flag. */
+typedef struct {
+  const attn_tensor *t; /* after making it BLAS-compatible */
+  int trans;
+  int64_t ld;
+} blas_operand;
+
+/* A BLAS matrix needs unit stride in one of its two dims. */
+static int blas_compatible(const attn_tensor *t, int *trans, int64_t *ld) {
+  int64_t rows = t->shape[t->ndim - 2], cols = t->shape[t->ndim - 1];
+  int64_t rs = t->stride[t->ndim - 2], cs = t->stride[t->ndim - 1];
+  if ((cs == 1 || cols == 1) && rs >= (cols > 1 ? cols : 1)) {
+    *trans = 0;
+    *ld = rs;
+    return 1;
+  }
+  if ((rs == 1 || rows == 1) && cs >= (rows > 1 ? rows : 1)) {
+    *trans = 1;
+    *ld = cs;
+    return 1;
+  }
+  return 0;
+}
+
+typedef struct {
+  blas_operand a, b;
+  attn_tensor *out;
+  int batch_ndim;
+  int64_t batches, m, n, k;
+  int64_t row_split; /* > 0: one batch, split into row blocks of this size */
+} matmul_job;
+
+/* Element offset of batch number `flat` within operand t broadcast over out's batch dims. */
+static int64_t batch_offset(const attn_tensor *t, const attn_tensor *out, int batch_ndim, int64_t flat) {
+  int64_t off = 0;
+  int tb = t->ndim - 2, lead = batch_ndim - tb;
+  for (int d = batch_ndim - 1; d >= 0; d--) {
+    int64_t i = flat % out->shape[d];
+    flat /= out->shape[d];
+    int td = d - lead;
+    if (td >= 0 && t->shape[td] != 1) off += i * t->stride[td];
+  }
+  return off;
+}
+
+static void gemm(const matmul_job *j, int64_t batch, int64_t row0, int64_t rows) {
+  const attn_tensor *A = j->a.t, *B = j->b.t;
+  int64_t aoff = batch_offset(A, j->out, j->batch_ndim, batch) + row0 * A->stride[A->ndim - 2];
+  int64_t boff = batch_offset(B, j->out, j->batch_ndim, batch);
+  int64_t ooff = batch * j->m * j->n + row0 * j->n;
+  CBLAS_TRANSPOSE ta = j->a.trans ? CblasTrans : CblasNoTrans, tb = j->b.trans ? CblasTrans : CblasNoTrans;
+  int lda = (int)(j->a.ld > 0 ? j->a.ld : 1), ldb = (int)(j->b.ld > 0 ? j->b.ld : 1);
+  if (j->out->dtype == ATTN_F32)
+    cblas_sgemm(CblasRowMajor, ta, tb, (int)rows, (int)j->n, (int)j->k, 1.0f,
+                (const float *)attn_tensor_data(A) + aoff, lda, (const float *)attn_tensor_data(B) + boff, ldb,
+                0.0f, (float *)attn_tensor_data(j->out) + ooff, (int)(j->n > 0 ? j->n : 1));
+  else
+    cblas_dgemm(CblasRowMajor, ta, tb, (int)rows, (int)j->n, (int)j->k, 1.0,
+                (const double *)attn_tensor_data(A) + aoff, lda, (const double *)attn_tensor_data(B) + boff, ldb,
+                0.0, (double *)attn_tensor_data(j->out) + ooff, (int)(j->n > 0 ? j->n : 1));
+}
+
+static void run_batches(void *arg, int64_t begin, int64_t end) {
+  const matmul_job *j = arg;
+  for (int64_t b = begin; b < end; b++) gemm(j, b, 0, j->m);
+}
+
+static void run_row_blocks(void *arg, int64_t begin, int64_t end) {
+  const matmul_job *j = arg;
+  int64_t r0 = begin * j->row_split, r1 = end * j->row_split;
+  if (r1 > j->m) r1 = j->m;
+  if (r0 < r1) gemm(j, 0, r0, r1 - r0);
+}
+
+attn_status attn_matmul(const attn_tensor *a, const attn_tensor *b, attn_tensor *out) {
+  int nd;
+  int64_t shape[ATTN_MAX_DIMS];
+  attn_status st = attn_matmul_shape(a, b, &nd, shape);
+  if (st != ATTN_OK) return st;
+  if (out->ndim != nd || memcmp(out->shape, shape, sizeof(int64_t) * (size_t)nd) || out->dtype != a->dtype ||
+      !attn_tensor_is_contiguous(out))
+    return attn_error(ATTN_ERR_SHAPE, "matmul: output %s must be a contiguous %s tensor of shape %s",
+                      attn_tensor_shape_str(out), attn_dtype_name(a->dtype), attn_shape_str(nd, shape));
+  int64_t m = shape[nd - 2], n = shape[nd - 1], k = a->shape[a->ndim - 1];
+  if (m > 0x7fffffff || n > 0x7fffffff || k > 0x7fffffff)
+    return attn_error(ATTN_ERR_SHAPE, "matmul: %s @ %s exceeds BLAS's 32-bit sizes", attn_tensor_shape_str(a),
+                      attn_tensor_shape_str(b));
+  int64_t numel = attn_tensor_numel(out);
+  if (numel == 0) return ATTN_OK;
+  if (k == 0) return attn_fill(out, 0);
+  attn_tensor ac = {0}, bc = {0};
+  matmul_job j = {{a, 0, 0}, {b, 0, 0}, out, nd - 2, numel / (m * n), m, n, k, 0};
+  if (!blas_compatible(a, &j.a.trans, &j.a.ld)) {
+    if ((st = attn_tensor_clone(&ac, a, a->dtype)) != ATTN_OK) return st;
+    j.a.t = &ac;
+    blas_compatible(&ac, &j.a.trans, &j.a.ld);
+  }
+  if (!blas_compatible(b, &j.b.trans, &j.b.ld)) {
+    if ((st = attn_tensor_clone(&bc, b, b->dtype)) != ATTN_OK) {
+      attn_tensor_free(&ac);
+      return st;
+    }
+    j.b.t = &bc;
+    blas_compatible(&bc, &j.b.trans, &j.b.ld);
+  }
+  double flops = 2.0 * (double)m * (double)n * (double)k;
+  if (j.batches > 1) {
+    attn_parallel_for(j.batches, flops >= 4e6 ? 1 : (int64_t)(4e6 / flops) + 1, run_batches, &j);
+  } else if (flops >= 2e6 && m >= 16) {
+    j.row_split = 16 * ((m / attn_get_num_threads() + 15) / 16);
+    if (j.row_split < 16) j.row_split = 16;
+    attn_parallel_for((m + j.row_split - 1) / j.row_split, 1, run_row_blocks, &j);
+  } else {
+    gemm(&j, 0, 0, m);
+  }
+  attn_tensor_free(&ac);
+  attn_tensor_free(&bc);
+  return ATTN_OK;
+}

@@ -1,0 +1,76 @@
+/* attn_ops: math on strided tensors.
+ *
+ * Conventions: outputs are passed in, already allocated with the shape the
+ * function documents (the binding allocates them; attn_*_shape helpers give
+ * the shape). Inputs may be any strided view (transposed, narrowed, expanded)
+ * and all operands of one call share a dtype. Dims are 0-based. Reductions
+ * accumulate in double and parallelise only over independent outputs, so
+ * results do not depend on the thread count. */
+#ifndef ATTN_OPS_H
+#define ATTN_OPS_H
+
+#include "attn_tensor.h"
+
+typedef enum {
+  ATTN_ADD, ATTN_SUB, ATTN_MUL, ATTN_DIV, ATTN_POW, ATTN_MAXIMUM, ATTN_MINIMUM,
+  ATTN_EQ, ATTN_NE, ATTN_LT, ATTN_LE, ATTN_GT, ATTN_GE, /* comparisons give 1 or 0 */
+  ATTN_BINARY_COUNT
+} attn_binary_op;
+
+typedef enum {
+  ATTN_NEG, ATTN_EXP, ATTN_LOG, ATTN_SQRT, ATTN_TANH, ATTN_SIGMOID, ATTN_RELU, ATTN_ABS,
+  ATTN_SIGN, ATTN_SQUARE, ATTN_RECIPROCAL, ATTN_SIN, ATTN_COS,
+  ATTN_UNARY_COUNT
+} attn_unary_op;
+
+typedef enum { ATTN_SUM, ATTN_MEAN, ATTN_MAX, ATTN_MIN, ATTN_PROD } attn_reduce_op;
+
+const char *attn_binary_name(attn_binary_op op);
+const char *attn_unary_name(attn_unary_op op);
+
+/* out = a op b. a, b broadcast (NumPy rules) to out's shape, which must be
+ * their broadcast shape. out may alias a or b when that operand has out's shape
+ * and layout. */
+attn_status attn_binary(attn_binary_op op, const attn_tensor *a, const attn_tensor *b, attn_tensor *out);
+/* out = a op s (or s op a when scalar_left). out has a's shape. */
+attn_status attn_binary_scalar(attn_binary_op op, const attn_tensor *a, double s, int scalar_left,
+                               attn_tensor *out);
+/* out = f(x), same shape (out may alias x). */
+attn_status attn_unary(attn_unary_op op, const attn_tensor *x, attn_tensor *out);
+/* out = cond != 0 ? a : b; cond, a, b broadcast to out's shape. */
+attn_status attn_where(const attn_tensor *cond, const attn_tensor *a, const attn_tensor *b, attn_tensor *out);
+/* out = mask != 0 ? value : x; mask broadcasts to x's shape; out has x's shape. */
+attn_status attn_masked_fill(const attn_tensor *x, const attn_tensor *mask, double value, attn_tensor *out);
+
+/* Reduction over dim of x (N-D). out has x's shape with dim set to 1.
+ * indices (may be NULL; only for MAX/MIN) receives 0-based positions of the
+ * first extreme value, as doubles in indices' dtype. */
+attn_status attn_reduce(attn_reduce_op op, const attn_tensor *x, int dim, attn_tensor *out, attn_tensor *indices);
+/* Softmax / log-softmax over dim, numerically stable; out has x's shape. */
+attn_status attn_softmax(const attn_tensor *x, int dim, int log, attn_tensor *out);
+
+/* index: 0-based positions (length n, validated against x's dim size).
+ * out has x's shape with dim replaced by n. */
+attn_status attn_index_select(const attn_tensor *x, int dim, const int64_t *index, int64_t n, attn_tensor *out);
+/* out[..., index[k], ...] += src[..., k, ...] along dim; src has out's shape with dim = n. */
+attn_status attn_index_add(attn_tensor *out, int dim, const int64_t *index, int64_t n, const attn_tensor *src);
+/* index has x's ndim; sizes <= x's except along dim; out has index's shape.
+ * out[i][j][k] = x[i][index[i][j][k]][k] for dim 1 (0-based values in index). */
+attn_status attn_gather(const attn_tensor *x, int dim, const attn_tensor *index, attn_tensor *out);
+/* Reverse of gather: out[i][index[i][j][k]][k] += src[i][j][k]; src has index's shape. */
+attn_status attn_scatter_add(attn_tensor *out, int dim, const attn_tensor *index, const attn_tensor *src);
+
+/* Output shape of matmul: a (..., M, K) @ b (..., K, N) -> (..., M, N), batch
+ * dims broadcast. Both operands need at least 2 dims. */
+attn_status attn_matmul_shape(const attn_tensor *a, const attn_tensor *b, int *ndim, int64_t *shape);
+/* out = a @ b through BLAS gemm per batch (strided views are used in place
+ * when one of their matrix strides is 1, copied otherwise). out must be
+ * contiguous and not alias a or b. Batches are spread over the worker pool. */
+attn_status attn_matmul(const attn_tensor *a, const attn_tensor *b, attn_tensor *out);
+
+/* Creation kernels on contiguous out (1-D for arange/linspace, 2-D for eye). */
+attn_status attn_arange(attn_tensor *out, double start, double step);
+attn_status attn_linspace(attn_tensor *out, double start, double stop);
+attn_status attn_eye(attn_tensor *out);
+
+#endif

@@ -1,0 +1,115 @@
+#define _POSIX_C_SOURCE 200809L
+#include "attn_parallel.h"
+
+#include <cblas.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#define MAX_THREADS 64
+
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER; /* guards the fields below */
+static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER;  /* one job at a time */
+static pthread_cond_t work_ready = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t work_done = PTHREAD_COND_INITIALIZER;
+static int num_threads;      /* 0 until first use */
+static int workers_started;  /* worker threads alive */
+static uint64_t generation;  /* bumped per job */
+static int pending;          /* chunks still running on workers */
+static attn_task_fn job_fn;
+static void *job_ctx;
+static int64_t job_n, job_chunk;
+static int job_chunks;
+static uint64_t worker_start_generation[MAX_THREADS];
+static _Thread_local int inside_worker;
+
+static void run_chunk(int index) {
+  int64_t begin = (int64_t)index * job_chunk;
+  int64_t end = begin + job_chunk < job_n ? begin + job_chunk : job_n;
+  if (begin < end) job_fn(job_ctx, begin, end);
+}
+
+static void *worker_main(void *arg) {
+  int id = (int)(intptr_t)arg; /* 1-based: chunk 0 belongs to the caller */
+  /* The generation at creation time, so a job posted before this thread first
+   * takes the lock is not missed. */
+  uint64_t seen = worker_start_generation[id];
+  inside_worker = 1;
+  pthread_mutex_lock(&pool_lock);
+  for (;;) {
+    while (generation == seen) pthread_cond_wait(&work_ready, &pool_lock);
+    seen = generation;
+    if (id >= job_chunks) continue;
+    pthread_mutex_unlock(&pool_lock);
+    run_chunk(id);
+    pthread_mutex_lock(&pool_lock);
+    if (--pending == 0) pthread_cond_signal(&work_done);
+  }
+  return NULL;
+}
+
+static void ensure_workers(void) {
+  if (num_threads == 0) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    num_threads = cores < 1 ? 1 : (cores > MAX_THREADS ? MAX_THREADS : (int)cores);
+    openblas_set_num_threads(1);
+  }
+  while (workers_started < num_threads - 1) {
+    pthread_t th;
+    worker_start_generation[workers_started + 1] = generation;
+    if (pthread_create(&th, NULL, worker_main, (void *)(intptr_t)(workers_started + 1)) != 0) {
+      num_threads = workers_started + 1; /* run with what we have */
+      break;
+    }
+    pthread_detach(th);
+    workers_started++;
+  }
+}
+
+void attn_set_num_threads(int n) {
+  if (n < 1) n = 1;
+  if (n > MAX_THREADS) n = MAX_THREADS;
+  pthread_mutex_lock(&job_lock);
+  pthread_mutex_lock(&pool_lock);
+  if (num_threads == 0) openblas_set_num_threads(1);
+  num_threads = n;
+  ensure_workers();
+  pthread_mutex_unlock(&pool_lock);
+  pthread_mutex_unlock(&job_lock);
+}
+
+int attn_get_num_threads(void) {
+  pthread_mutex_lock(&pool_lock);
+  ensure_workers();
+  int n = num_threads;
+  pthread_mutex_unlock(&pool_lock);
+  return n;
+}
+
+void attn_parallel_for(int64_t n, int64_t grain, attn_task_fn fn, void *ctx) {
+  if (n <= 0) return;
+  if (grain < 1) grain = 1;
+  int threads = inside_worker ? 1 : attn_get_num_threads();
+  int64_t max_chunks = (n + grain - 1) / grain;
+  if (threads > max_chunks) threads = (int)max_chunks;
+  if (threads <= 1 || pthread_mutex_trylock(&job_lock) != 0) {
+    fn(ctx, 0, n);
+    return;
+  }
+  pthread_mutex_lock(&pool_lock);
+  job_fn = fn;
+  job_ctx = ctx;
+  job_n = n;
+  job_chunk = (n + threads - 1) / threads;
+  job_chunks = threads;
+  pending = threads - 1;
+  generation++;
+  pthread_cond_broadcast(&work_ready);
+  pthread_mutex_unlock(&pool_lock);
+  inside_worker = 1; /* nested calls from chunk 0 run serially */
+  run_chunk(0);
+  inside_worker = 0;
+  pthread_mutex_lock(&pool_lock);
+  while (pending > 0) pthread_cond_wait(&work_done, &pool_lock);
+  pthread_mutex_unlock(&pool_lock);
+  pthread_mutex_unlock(&job_lock);
+}

@@ -1,0 +1,141 @@
+/* Reductions and softmax over one dim. The reduced dim is walked inside the
+ * callback; the iterator (and the worker pool) runs over the other dims, so
+ * each output is computed by one thread in a fixed order. */
+#include <math.h>
+#include <string.h>
+
+#include "attn_iter.h"
+#include "attn_ops.h"
+
+typedef struct {
+  attn_reduce_op op;
+  attn_dtype dtype;
+  int64_t len;      /* size of the reduced dim */
+  int64_t xstride;  /* its byte stride in x */
+  int64_t ostride;  /* its byte stride in out (softmax only) */
+  int with_index;
+  int log;
+} reduce_ctx;
+
+static inline double load(const char *p, attn_dtype dt) {
+  return dt == ATTN_F64 ? *(const double *)p : (double)*(const float *)p;
+}
+static inline void store(char *p, attn_dtype dt, double v) {
+  if (dt == ATTN_F64)
+    *(double *)p = v;
+  else
+    *(float *)p = (float)v;
+}
+
+static void reduce_rows(int64_t n, char **p, const int64_t *st, void *arg) {
+  const reduce_ctx *c = arg;
+  for (int64_t i = 0; i < n; i++) {
+    const char *x = p[1] + i * st[1];
+    double acc;
+    int64_t best = 0;
+    switch (c->op) {
+    case ATTN_SUM:
+    case ATTN_MEAN:
+      acc = 0;
+      for (int64_t k = 0; k < c->len; k++) acc += load(x + k * c->xstride, c->dtype);
+      if (c->op == ATTN_MEAN) acc /= (double)c->len;
+      break;
+    case ATTN_PROD:
+      acc = 1;
+      for (int64_t k = 0; k < c->len; k++) acc *= load(x + k * c->xstride, c->dtype);
+      break;
+    default: /* MAX, MIN: the first extreme wins; NaN wins over everything */
+      acc = load(x, c->dtype);
+      for (int64_t k = 1; k < c->len && acc == acc; k++) {
+        double v = load(x + k * c->xstride, c->dtype);
+        if (v != v || (c->op == ATTN_MAX ? v > acc : v < acc)) {
+          acc = v;
+          best = k;
+        }
+      }
+      break;
+    }
+    store(p[0] + i * st[0], c->dtype, acc);
+    if (c->with_index) store(p[2] + i * st[2], c->dtype, (double)best);
+  }
+}
+
+attn_status attn_reduce(attn_reduce_op op, const attn_tensor *x, int dim, attn_tensor *out, attn_tensor *indices) {
+  static const char *names[] = {"sum", "mean", "max", "min", "prod"};
+  const char *name = names[op];
+  if (dim < 0 || dim >= x->ndim)
+    return attn_error(ATTN_ERR_ARG, "%s: dim %d out of range for %d-D tensor %s", name, dim + 1, x->ndim,
+                      attn_tensor_shape_str(x));
+  if (x->shape[dim] == 0 && (op == ATTN_MAX || op == ATTN_MIN))
+    return attn_error(ATTN_ERR_SHAPE, "%s: dim %d of %s is empty", name, dim + 1, attn_tensor_shape_str(x));
+  if (out->ndim != x->ndim || out->dtype != x->dtype || (indices && indices->dtype != x->dtype))
+    return attn_error(ATTN_ERR_SHAPE, "%s: output %s does not fit input %s", name,
+                      attn_tensor_shape_str(out), attn_tensor_shape_str(x));
+  for (int d = 0; d < x->ndim; d++)
+    if (out->shape[d] != (d == dim ? 1 : x->shape[d]) ||
+        (indices && indices->shape[d] != out->shape[d]))
+      return attn_error(ATTN_ERR_SHAPE, "%s: output %s does not fit input %s reduced over dim %d", name,
+                        attn_tensor_shape_str(out), attn_tensor_shape_str(x), dim + 1);
+  reduce_ctx c = {op, x->dtype, x->shape[dim], x->stride[dim] * (int64_t)attn_dtype_size(x->dtype), 0,
+                  indices != NULL, 0};
+  attn_tensor xv = *x, ov = *out, iv;
+  if (x->shape[dim] == 0) { /* empty sum is 0, empty product 1, empty mean NaN */
+    return attn_fill(out, op == ATTN_PROD ? 1.0 : (op == ATTN_MEAN ? NAN : 0.0));
+  }
+  attn_view_select(&xv, dim, 0);
+  attn_view_select(&ov, dim, 0);
+  attn_iter it;
+  attn_iter_begin(&it, ov.ndim, ov.shape);
+  attn_iter_add(&it, &ov);
+  attn_iter_add(&it, &xv);
+  if (indices) {
+    iv = *indices;
+    attn_view_select(&iv, dim, 0);
+    attn_iter_add(&it, &iv);
+  }
+  attn_iter_run(&it, reduce_rows, &c);
+  return ATTN_OK;
+}
+
+static void softmax_rows(int64_t n, char **p, const int64_t *st, void *arg) {
+  const reduce_ctx *c = arg;
+  for (int64_t i = 0; i < n; i++) {
+    char *o = p[0] + i * st[0];
+    const char *x = p[1] + i * st[1];
+    double mx = -INFINITY;
+    for (int64_t k = 0; k < c->len; k++) {
+      double v = load(x + k * c->xstride, c->dtype);
+      if (v > mx || v != v) mx = v;
+    }
+    if (mx == -INFINITY) mx = 0; /* a row of -inf: exp gives 0/0 = NaN below, as it should */
+    double sum = 0;
+    for (int64_t k = 0; k < c->len; k++) sum += exp(load(x + k * c->xstride, c->dtype) - mx);
+    double logsum = log(sum);
+    for (int64_t k = 0; k < c->len; k++) {
+      double z = load(x + k * c->xstride, c->dtype) - mx;
+      store(o + k * c->ostride, c->dtype, c->log ? z - logsum : exp(z) / sum);
+    }
+  }
+}
+
+attn_status attn_softmax(const attn_tensor *x, int dim, int log_softmax, attn_tensor *out) {
+  const char *name = log_softmax ? "log_softmax" : "softmax";
+  if (dim < 0 || dim >= x->ndim)
+    return attn_error(ATTN_ERR_ARG, "%s: dim %d out of range for %d-D tensor %s", name, dim + 1, x->ndim,
+                      attn_tensor_shape_str(x));
+  if (out->ndim != x->ndim || out->dtype != x->dtype || memcmp(out->shape, x->shape, sizeof(int64_t) * (size_t)x->ndim))
+    return attn_error(ATTN_ERR_SHAPE, "%s: output %s does not fit input %s", name, attn_tensor_shape_str(out),
+                      attn_tensor_shape_str(x));
+  if (x->shape[dim] == 0) return ATTN_OK;
+  int64_t es = (int64_t)attn_dtype_size(x->dtype);
+  reduce_ctx c = {ATTN_SUM, x->dtype, x->shape[dim], x->stride[dim] * es, out->stride[dim] * es, 0, log_softmax};
+  attn_tensor xv = *x, ov = *out;
+  attn_view_select(&xv, dim, 0);
+  attn_view_select(&ov, dim, 0);
+  attn_iter it;
+  attn_iter_begin(&it, ov.ndim, ov.shape);
+  attn_iter_add(&it, &ov);
+  attn_iter_add(&it, &xv);
+  attn_iter_run(&it, softmax_rows, &c);
+  return ATTN_OK;
+}

@@ -1,0 +1,93 @@
+#include "attn_rng.h"
+
+#include <math.h>
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+void attn_rng_seed(attn_rng *rng, uint64_t seed) {
+  for (int i = 0; i < 4; i++) { /* splitmix64 */
+    seed += 0x9e3779b97f4a7c15ULL;
+    uint64_t z = seed;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    rng->s[i] = z ^ (z >> 31);
+  }
+}
+
+uint64_t attn_rng_next(attn_rng *rng) {
+  uint64_t *s = rng->s;
+  uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+  s[2] ^= s[0];
+  s[3] ^= s[1];
+  s[1] ^= s[2];
+  s[0] ^= s[3];
+  s[2] ^= t;
+  s[3] = rotl(s[3], 45);
+  return result;
+}
+
+double attn_rng_uniform01(attn_rng *rng) { return (double)(attn_rng_next(rng) >> 11) * 0x1.0p-53; }
+
+/* Visits every element of t in row-major order. */
+typedef double (*draw_fn)(attn_rng *rng, double a, double b, int *spare_valid, double *spare);
+
+static void fill_each(attn_rng *rng, attn_tensor *t, draw_fn draw, double a, double b) {
+  int64_t index[ATTN_MAX_DIMS] = {0};
+  int64_t n = attn_tensor_numel(t);
+  int spare_valid = 0;
+  double spare = 0;
+  for (int64_t i = 0; i < n; i++) {
+    attn_tensor_set(t, index, draw(rng, a, b, &spare_valid, &spare));
+    for (int d = t->ndim - 1; d >= 0; d--) {
+      if (++index[d] < t->shape[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+static double draw_uniform(attn_rng *rng, double low, double high, int *sv, double *sp) {
+  (void)sv;
+  (void)sp;
+  return low + (high - low) * attn_rng_uniform01(rng);
+}
+
+/* Box-Muller, using both values of each pair. */
+static double draw_normal(attn_rng *rng, double mean, double std, int *spare_valid, double *spare) {
+  if (*spare_valid) {
+    *spare_valid = 0;
+    return mean + std * *spare;
+  }
+  double u1 = 1.0 - attn_rng_uniform01(rng); /* (0, 1]: log stays finite */
+  double u2 = attn_rng_uniform01(rng);
+  double r = sqrt(-2.0 * log(u1)), theta = 6.283185307179586476925 * u2;
+  *spare = r * sin(theta);
+  *spare_valid = 1;
+  return mean + std * r * cos(theta);
+}
+
+static double draw_bernoulli(attn_rng *rng, double p, double unused, int *sv, double *sp) {
+  (void)unused;
+  (void)sv;
+  (void)sp;
+  return attn_rng_uniform01(rng) < p ? 1.0 : 0.0;
+}
+
+attn_status attn_rng_uniform(attn_rng *rng, attn_tensor *t, double low, double high) {
+  if (!(low <= high) || !isfinite(low) || !isfinite(high))
+    return attn_error(ATTN_ERR_ARG, "rand: bounds [%g, %g) are not an interval", low, high);
+  fill_each(rng, t, draw_uniform, low, high);
+  return ATTN_OK;
+}
+
+attn_status attn_rng_normal(attn_rng *rng, attn_tensor *t, double mean, double std) {
+  if (!(std >= 0) || !isfinite(mean) || !isfinite(std))
+    return attn_error(ATTN_ERR_ARG, "randn: need finite mean and std >= 0, got %g and %g", mean, std);
+  fill_each(rng, t, draw_normal, mean, std);
+  return ATTN_OK;
+}
+
+attn_status attn_rng_bernoulli(attn_rng *rng, attn_tensor *t, double p) {
+  if (!(p >= 0 && p <= 1)) return attn_error(ATTN_ERR_ARG, "bernoulli: p = %g is not in [0, 1]", p);
+  fill_each(rng, t, draw_bernoulli, p, 0);
+  return ATTN_OK;
+}

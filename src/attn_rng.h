@@ -1,0 +1,26 @@
+/* attn_rng: a seedable generator (xoshiro256**, seeded through splitmix64).
+ *
+ * The state is a plain struct owned by the caller (the binding keeps one per
+ * Lua state); fills run sequentially in element order, so the same seed gives
+ * the same numbers on every run and thread count. */
+#ifndef ATTN_RNG_H
+#define ATTN_RNG_H
+
+#include "attn_tensor.h"
+
+typedef struct attn_rng {
+  uint64_t s[4];
+} attn_rng;
+
+void attn_rng_seed(attn_rng *rng, uint64_t seed);
+uint64_t attn_rng_next(attn_rng *rng);
+/* Uniform double in [0, 1) with 53 random bits. */
+double attn_rng_uniform01(attn_rng *rng);
+
+/* Fill t (any strided view) in row-major element order. */
+attn_status attn_rng_uniform(attn_rng *rng, attn_tensor *t, double low, double high);
+attn_status attn_rng_normal(attn_rng *rng, attn_tensor *t, double mean, double std);
+/* 1 with probability p, else 0; p in [0, 1]. */
+attn_status attn_rng_bernoulli(attn_rng *rng, attn_tensor *t, double p);
+
+#endif

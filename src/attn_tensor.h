@@ -1,0 +1,93 @@
+/* attn_tensor: dtypes, refcounted storage and strided tensor views.
+ *
+ * A tensor is a small view struct (dtype, shape, strides in elements, offset
+ * in elements) holding one reference to a storage. Views share the storage
+ * and retain it; attn_tensor_free releases the reference and is idempotent.
+ * Shapes are row-major, outermost dimension first; all dims are 0-based here
+ * (the Lua binding converts from 1-based). A 0-d tensor has ndim 0, numel 1. */
+#ifndef ATTN_TENSOR_H
+#define ATTN_TENSOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "attn_error.h"
+
+#define ATTN_MAX_DIMS 8
+
+typedef enum { ATTN_F32 = 0, ATTN_F64 = 1 } attn_dtype;
+
+typedef struct attn_storage {
+  void *data;
+  size_t nbytes;   /* bytes requested */
+  size_t capacity; /* bytes of the allocator block */
+  int64_t refcount;
+} attn_storage;
+
+typedef struct attn_tensor {
+  attn_storage *storage; /* NULL once released */
+  attn_dtype dtype;
+  int ndim;
+  int64_t offset;
+  int64_t shape[ATTN_MAX_DIMS];
+  int64_t stride[ATTN_MAX_DIMS];
+} attn_tensor;
+
+size_t attn_dtype_size(attn_dtype dtype);
+const char *attn_dtype_name(attn_dtype dtype);
+/* "float32"/"float"/"f32" or "float64"/"double"/"f64"; returns 0 on success. */
+int attn_dtype_parse(const char *name, attn_dtype *out);
+
+/* New contiguous tensor of the given shape with uninitialised contents.
+ * Fails on negative sizes, more than ATTN_MAX_DIMS dims, overflow, or when
+ * memory cannot be had. On failure *t is left released (storage NULL). */
+attn_status attn_tensor_init(attn_tensor *t, attn_dtype dtype, int ndim, const int64_t *shape);
+/* Same, filled with zeros. */
+attn_status attn_tensor_init_zeros(attn_tensor *t, attn_dtype dtype, int ndim, const int64_t *shape);
+/* New contiguous tensor with the shape and dtype of src (contents uninitialised). */
+attn_status attn_tensor_init_like(attn_tensor *t, const attn_tensor *src);
+
+/* dst becomes a view of src (copies the view struct, retains the storage). */
+void attn_tensor_view(attn_tensor *dst, const attn_tensor *src);
+/* Releases the storage reference; safe to call twice. */
+void attn_tensor_free(attn_tensor *t);
+
+int64_t attn_tensor_numel(const attn_tensor *t);
+int attn_tensor_is_contiguous(const attn_tensor *t);
+/* Address of element 0 of the view. */
+void *attn_tensor_data(const attn_tensor *t);
+/* Shape as "[2x3]" (see attn_shape_str). */
+const char *attn_tensor_shape_str(const attn_tensor *t);
+/* Element at a 0-based multi-index as double; index must be in range. */
+double attn_tensor_get(const attn_tensor *t, const int64_t *index);
+void attn_tensor_set(attn_tensor *t, const int64_t *index, double value);
+
+/* Metadata transforms: they edit the view struct *t in place (no storage
+ * reference changes) and validate their arguments, naming op in errors. */
+attn_status attn_view_transpose(attn_tensor *t, int dim0, int dim1);
+attn_status attn_view_permute(attn_tensor *t, const int *perm); /* perm has t->ndim entries */
+attn_status attn_view_narrow(attn_tensor *t, int dim, int64_t start, int64_t length);
+attn_status attn_view_select(attn_tensor *t, int dim, int64_t index); /* drops dim */
+attn_status attn_view_unsqueeze(attn_tensor *t, int dim);            /* dim in [0, ndim] */
+attn_status attn_view_squeeze(attn_tensor *t, int dim);              /* dim < 0: all size-1 dims */
+/* Broadcast view to shape (ndim >= t->ndim; size-1 dims get stride 0; -1 keeps a size). */
+attn_status attn_view_expand(attn_tensor *t, int ndim, const int64_t *shape);
+/* Reshape without copying; one entry may be -1. Fails with ATTN_ERR_SHAPE
+ * "not viewable" when the strides do not allow it (copy first). */
+attn_status attn_view_reshape(const char *op, attn_tensor *t, int ndim, const int64_t *shape);
+/* Resolves a -1 entry and checks the element count; shape is edited in place. */
+attn_status attn_shape_infer(const char *op, int64_t numel, int ndim, int64_t *shape);
+
+/* Broadcast shape of a and b (NumPy rules) into out_shape/out_ndim. */
+attn_status attn_broadcast_shape(const char *op, int andim, const int64_t *ashape, int bndim,
+                                 const int64_t *bshape, int *out_ndim, int64_t *out_shape);
+
+/* dst[...] = src[...]: src broadcast to dst's shape, dtype converted.
+ * dst may be any strided view; dst and src must not partially overlap. */
+attn_status attn_copy(attn_tensor *dst, const attn_tensor *src);
+/* Every element of t becomes value. */
+attn_status attn_fill(attn_tensor *t, double value);
+/* New contiguous copy of src, in dtype. */
+attn_status attn_tensor_clone(attn_tensor *dst, const attn_tensor *src, attn_dtype dtype);
+
+#endif

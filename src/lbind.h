@@ -1,0 +1,58 @@
+/* Shared helpers of the Lua binding (not part of the C core).
+ *
+ * A Lua tensor is a full userdata holding an attn_tensor by value, with one
+ * user value (a table for Lua-side fields such as grad) and the metatable
+ * "attn.Tensor". Dims and indices arrive 1-based (negative counts from the
+ * end) and leave 0-based for the core. Core failures are raised as Lua errors
+ * only after the core has returned. */
+#ifndef ATTN_LBIND_H
+#define ATTN_LBIND_H
+
+#include <lauxlib.h>
+#include <lua.h>
+
+#include "attn.h"
+
+#define ATTN_TENSOR_MT "attn.Tensor"
+
+/* The tensor at idx; raises if it is not one or was freed. */
+attn_tensor *attn_l_check(lua_State *L, int idx);
+/* The tensor at idx, or NULL if the value is not a tensor (raises if freed). */
+attn_tensor *attn_l_test(lua_State *L, int idx);
+/* Pushes a new contiguous tensor (contents uninitialised); raises on failure. */
+attn_tensor *attn_l_push_alloc(lua_State *L, attn_dtype dtype, int ndim, const int64_t *shape);
+/* Pushes a new tensor with x's dtype and shape. */
+attn_tensor *attn_l_push_like(lua_State *L, const attn_tensor *x);
+/* Pushes a view sharing view->storage (retains it). */
+attn_tensor *attn_l_push_view(lua_State *L, const attn_tensor *view);
+/* Raises the core's last error message. */
+int attn_l_raise(lua_State *L);
+/* Checks a 1-based dim (negative from the end) against ndim (+extra, for
+ * unsqueeze) and returns it 0-based. */
+int attn_l_checkdim(lua_State *L, int arg, int ndim, int extra, const char *fn);
+/* Reads a shape from a table at arg, or from the integers arg..top. Returns
+ * ndim. Raises on non-integers, NaN and too many dims (not on -1: callers
+ * that do not infer check with attn_l_check_sizes). */
+int attn_l_checkshape(lua_State *L, int arg, int64_t *shape, const char *fn);
+void attn_l_check_sizes(lua_State *L, int ndim, const int64_t *shape, const char *fn);
+/* Optional dtype name at arg (nil or none: def). */
+attn_dtype attn_l_optdtype(lua_State *L, int arg, attn_dtype def);
+/* Reads 0-based indices from a 1-D tensor or a table of 1-based integers at
+ * arg into a buffer owned by a userdata pushed on the stack. Returns count. */
+int64_t attn_l_checkindices(lua_State *L, int arg, int64_t **out, const char *fn);
+/* The per-state random generator. */
+attn_rng *attn_l_rng(lua_State *L);
+
+/* Registration of each binding file's functions into the table on top. */
+void attn_l_open_tensor(lua_State *L);
+void attn_l_open_math(lua_State *L);
+void attn_l_open_linalg(lua_State *L);
+void attn_l_open_attention(lua_State *L);
+void attn_l_open_io(lua_State *L);
+
+#define ATTN_L_TRY(L, call)                         \
+  do {                                              \
+    if ((call) != ATTN_OK) return attn_l_raise(L);  \
+  } while (0)
+
+#endif

@@ -1,0 +1,300 @@
+/* The attn.core module: entry point, per-state data (random generator, GC
+ * debt), tensor userdata plumbing shared by all binding files, and the
+ * memory/thread/seed functions. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lbind.h"
+
+typedef struct {
+  attn_rng rng;
+  size_t gc_debt; /* bytes allocated since the last GC step */
+} binding_state;
+
+static const char state_key = 0;
+
+static binding_state *get_state(lua_State *L) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &state_key);
+  binding_state *s = lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  return s;
+}
+
+attn_rng *attn_l_rng(lua_State *L) { return &get_state(L)->rng; }
+
+/* Lets the collector feel tensor memory: one GC step per ~1 MB allocated. */
+static void account(lua_State *L, size_t bytes) {
+  binding_state *s = get_state(L);
+  s->gc_debt += bytes;
+  if (s->gc_debt >= ((size_t)1 << 20)) {
+    int kb = s->gc_debt / 1024 > 1 << 30 ? 1 << 30 : (int)(s->gc_debt / 1024);
+    s->gc_debt = 0;
+    lua_gc(L, LUA_GCSTEP, kb);
+  }
+}
+
+attn_tensor *attn_l_test(lua_State *L, int idx) {
+  attn_tensor *t = luaL_testudata(L, idx, ATTN_TENSOR_MT);
+  if (t && !t->storage) luaL_error(L, "use of freed tensor");
+  return t;
+}
+
+attn_tensor *attn_l_check(lua_State *L, int idx) {
+  attn_tensor *t = attn_l_test(L, idx);
+  if (!t) luaL_typeerror(L, idx, "attn.Tensor");
+  return t;
+}
+
+static attn_tensor *push_empty(lua_State *L) {
+  attn_tensor *t = lua_newuserdatauv(L, sizeof(attn_tensor), 1);
+  memset(t, 0, sizeof *t);
+  luaL_setmetatable(L, ATTN_TENSOR_MT);
+  return t;
+}
+
+attn_tensor *attn_l_push_alloc(lua_State *L, attn_dtype dtype, int ndim, const int64_t *shape) {
+  attn_tensor *t = push_empty(L);
+  if (attn_tensor_init(t, dtype, ndim, shape) != ATTN_OK) attn_l_raise(L);
+  account(L, t->storage->capacity);
+  return t;
+}
+
+attn_tensor *attn_l_push_like(lua_State *L, const attn_tensor *x) {
+  return attn_l_push_alloc(L, x->dtype, x->ndim, x->shape);
+}
+
+attn_tensor *attn_l_push_view(lua_State *L, const attn_tensor *view) {
+  attn_tensor *t = push_empty(L);
+  attn_tensor_view(t, view);
+  return t;
+}
+
+int attn_l_raise(lua_State *L) { return luaL_error(L, "%s", attn_last_error()); }
+
+int attn_l_checkdim(lua_State *L, int arg, int ndim, int extra, const char *fn) {
+  lua_Integer d = luaL_checkinteger(L, arg);
+  lua_Integer n = ndim + extra;
+  if (d < 0) d += n + 1;
+  if (d < 1 || d > n) {
+    if (n == 0) return luaL_error(L, "%s: dim %d given for a 0-d tensor", fn, (int)luaL_checkinteger(L, arg));
+    return luaL_error(L, "%s: dim %d out of range (expected 1..%d or -%d..-1)", fn,
+                      (int)luaL_checkinteger(L, arg), (int)n, (int)n);
+  }
+  return (int)d - 1;
+}
+
+static int64_t check_size(lua_State *L, int idx, int pos, const char *fn) {
+  int isint;
+  lua_Integer v = lua_tointegerx(L, idx, &isint);
+  if (!isint) {
+    if (lua_type(L, idx) == LUA_TNUMBER)
+      luaL_error(L, "%s: size %d is %s, not an integer", fn, pos, lua_tostring(L, idx));
+    else
+      luaL_error(L, "%s: size %d is a %s, not an integer", fn, pos, luaL_typename(L, idx));
+  }
+  return (int64_t)v;
+}
+
+int attn_l_checkshape(lua_State *L, int arg, int64_t *shape, const char *fn) {
+  int ndim = 0;
+  if (lua_istable(L, arg)) {
+    lua_Integer n = (lua_Integer)lua_rawlen(L, arg);
+    if (n > ATTN_MAX_DIMS) luaL_error(L, "%s: %d dims requested, at most %d supported", fn, (int)n, ATTN_MAX_DIMS);
+    for (lua_Integer i = 1; i <= n; i++) {
+      lua_rawgeti(L, arg, i);
+      shape[ndim++] = check_size(L, -1, (int)i, fn);
+      lua_pop(L, 1);
+    }
+  } else {
+    int top = lua_gettop(L);
+    if (top - arg + 1 > ATTN_MAX_DIMS)
+      luaL_error(L, "%s: %d dims requested, at most %d supported", fn, top - arg + 1, ATTN_MAX_DIMS);
+    for (int i = arg; i <= top; i++) shape[ndim++] = check_size(L, i, i - arg + 1, fn);
+  }
+  return ndim;
+}
+
+void attn_l_check_sizes(lua_State *L, int ndim, const int64_t *shape, const char *fn) {
+  for (int d = 0; d < ndim; d++)
+    if (shape[d] < 0)
+      luaL_error(L, "%s: negative size %d in shape %s", fn, (int)shape[d], attn_shape_str(ndim, shape));
+}
+
+attn_dtype attn_l_optdtype(lua_State *L, int arg, attn_dtype def) {
+  if (lua_isnoneornil(L, arg)) return def;
+  const char *name = luaL_checkstring(L, arg);
+  attn_dtype dt;
+  if (attn_dtype_parse(name, &dt) != 0)
+    luaL_error(L, "unknown dtype '%s' (expected \"float32\" or \"float64\")", name);
+  return dt;
+}
+
+int64_t attn_l_checkindices(lua_State *L, int arg, int64_t **out, const char *fn) {
+  attn_tensor *t = attn_l_test(L, arg);
+  int64_t n;
+  if (t) {
+    if (t->ndim > 1) luaL_error(L, "%s: index tensor must be 1-D, got %s", fn, attn_tensor_shape_str(t));
+    n = attn_tensor_numel(t);
+  } else {
+    luaL_checktype(L, arg, LUA_TTABLE);
+    n = (int64_t)lua_rawlen(L, arg);
+  }
+  int64_t *buf = lua_newuserdatauv(L, sizeof(int64_t) * (size_t)(n > 0 ? n : 1), 0);
+  for (int64_t i = 0; i < n; i++) {
+    double v;
+    if (t) {
+      int64_t pos = i;
+      v = attn_tensor_get(t, t->ndim ? &pos : NULL);
+    } else {
+      lua_rawgeti(L, arg, (lua_Integer)i + 1);
+      if (!lua_isnumber(L, -1)) luaL_error(L, "%s: index %d is a %s, not a number", fn, (int)i + 1, luaL_typename(L, -1));
+      v = lua_tonumber(L, -1);
+      lua_pop(L, 1);
+    }
+    if (v != floor(v) || !(fabs(v) < 9.0e15)) luaL_error(L, "%s: index %g at position %d is not an integer", fn, v, (int)i + 1);
+    buf[i] = (int64_t)v - 1;
+  }
+  *out = buf;
+  return n;
+}
+
+/* __index: methods first, then the tensor's own field table. */
+static int tensor_index(lua_State *L) {
+  lua_pushvalue(L, 2);
+  if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;
+  lua_pop(L, 1);
+  if (lua_getiuservalue(L, 1, 1) != LUA_TTABLE) return 1; /* nil */
+  lua_pushvalue(L, 2);
+  lua_rawget(L, -2);
+  return 1;
+}
+
+static int tensor_newindex(lua_State *L) {
+  if (lua_getiuservalue(L, 1, 1) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_setiuservalue(L, 1, 1);
+  }
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, 3);
+  lua_rawset(L, -3);
+  return 0;
+}
+
+static int tensor_release(lua_State *L) {
+  attn_tensor *t = luaL_checkudata(L, 1, ATTN_TENSOR_MT);
+  attn_tensor_free(t);
+  return 0;
+}
+
+static int l_memory(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)attn_alloc_live_bytes());
+  lua_pushinteger(L, (lua_Integer)attn_alloc_cached_bytes());
+  return 2;
+}
+
+static int l_empty_cache(lua_State *L) {
+  (void)L;
+  attn_alloc_empty_cache();
+  return 0;
+}
+
+static int l_set_cache_limit(lua_State *L) {
+  lua_Integer b = luaL_checkinteger(L, 1);
+  luaL_argcheck(L, b >= 0, 1, "cache limit must be >= 0 bytes");
+  attn_alloc_set_cache_limit((size_t)b);
+  return 0;
+}
+
+static int l_set_num_threads(lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 1);
+  if (n < 1 || n > 64) return luaL_error(L, "set_num_threads: n = %d must be in 1..64", (int)n);
+  attn_set_num_threads((int)n);
+  return 0;
+}
+
+static int l_get_num_threads(lua_State *L) {
+  lua_pushinteger(L, attn_get_num_threads());
+  return 1;
+}
+
+static int l_manual_seed(lua_State *L) {
+  lua_Integer seed = luaL_checkinteger(L, 1);
+  attn_rng_seed(attn_l_rng(L), (uint64_t)seed);
+  return 0;
+}
+
+static int l_rng_state(lua_State *L) { /* for saving/restoring generator state */
+  attn_rng *r = attn_l_rng(L);
+  if (lua_istable(L, 1)) {
+    for (int i = 0; i < 4; i++) {
+      lua_rawgeti(L, 1, i + 1);
+      r->s[i] = (uint64_t)luaL_checkinteger(L, -1);
+      lua_pop(L, 1);
+    }
+    return 0;
+  }
+  lua_createtable(L, 4, 0);
+  for (int i = 0; i < 4; i++) {
+    lua_pushinteger(L, (lua_Integer)r->s[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+static const luaL_Reg core_functions[] = {
+    {"memory", l_memory},
+    {"empty_cache", l_empty_cache},
+    {"set_cache_limit", l_set_cache_limit},
+    {"set_num_threads", l_set_num_threads},
+    {"get_num_threads", l_get_num_threads},
+    {"manual_seed", l_manual_seed},
+    {"rng_state", l_rng_state},
+    {NULL, NULL},
+};
+
+int luaopen_attn_core(lua_State *L) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &state_key);
+  if (lua_isnil(L, -1)) {
+    binding_state *s = lua_newuserdatauv(L, sizeof(binding_state), 0);
+    memset(s, 0, sizeof *s);
+    attn_rng_seed(&s->rng, 0);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &state_key);
+  }
+  lua_pop(L, 1);
+
+  lua_newtable(L); /* module */
+  int created = luaL_newmetatable(L, ATTN_TENSOR_MT);
+  if (created) {
+    lua_newtable(L); /* methods, filled in by the Lua facade */
+    lua_setfield(L, -2, "__methods");
+    lua_getfield(L, -1, "__methods");
+    lua_pushcclosure(L, tensor_index, 1);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, tensor_newindex);
+    lua_setfield(L, -2, "__newindex");
+    lua_pushcfunction(L, tensor_release);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, tensor_release);
+    lua_setfield(L, -2, "__close");
+    lua_pushstring(L, "attn.Tensor");
+    lua_setfield(L, -2, "__name");
+  }
+  lua_getfield(L, -1, "__methods");
+  lua_setfield(L, -3, "methods");
+  lua_setfield(L, -2, "metatable");
+  lua_pushcfunction(L, tensor_release);
+  lua_setfield(L, -2, "free");
+
+  luaL_setfuncs(L, core_functions, 0);
+  attn_l_open_tensor(L);
+  attn_l_open_math(L);
+  attn_l_open_linalg(L);
+  attn_l_open_attention(L);
+  attn_l_open_io(L);
+  lua_pushfstring(L, "%d.%d.%d", ATTN_VERSION_MAJOR, ATTN_VERSION_MINOR, ATTN_VERSION_PATCH);
+  lua_setfield(L, -2, "_VERSION");
+  return 1;
+}

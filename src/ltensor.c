@@ -1,0 +1,518 @@
+/* Binding: tensor creation, inspection, views and copies. */
+#include <math.h>
+#include <string.h>
+
+#include "lbind.h"
+
+/* ---- creation from nested tables ---- */
+
+static void infer_shape(lua_State *L, int idx, int depth, int *ndim, int64_t *shape) {
+  if (lua_type(L, idx) != LUA_TTABLE) {
+    *ndim = depth;
+    return;
+  }
+  if (depth >= ATTN_MAX_DIMS) luaL_error(L, "tensor: nesting deeper than %d dims", ATTN_MAX_DIMS);
+  shape[depth] = (int64_t)lua_rawlen(L, idx);
+  if (shape[depth] == 0) {
+    *ndim = depth + 1;
+    return;
+  }
+  lua_rawgeti(L, idx, 1);
+  infer_shape(L, lua_gettop(L), depth + 1, ndim, shape);
+  lua_pop(L, 1);
+}
+
+static void format_path(char *buf, size_t cap, const int64_t *path, int depth) {
+  size_t len = 0;
+  buf[0] = 0;
+  for (int d = 0; d < depth && len < cap - 24; d++)
+    len += (size_t)snprintf(buf + len, cap - len, "[%lld]", (long long)path[d] + 1);
+}
+
+static void fill_from_table(lua_State *L, int idx, int depth, int ndim, const int64_t *shape, int64_t *path,
+                            attn_tensor *t, int64_t *flat) {
+  char where[200];
+  if (depth == ndim) {
+    if (lua_type(L, idx) != LUA_TNUMBER) {
+      format_path(where, sizeof where, path, depth);
+      luaL_error(L, "tensor: element at %s is a %s, not a number (shape %s)", where, luaL_typename(L, idx),
+                 attn_shape_str(ndim, shape));
+    }
+    double v = lua_tonumber(L, idx);
+    if (t->dtype == ATTN_F64)
+      ((double *)t->storage->data)[(*flat)++] = v;
+    else
+      ((float *)t->storage->data)[(*flat)++] = (float)v;
+    return;
+  }
+  if (lua_type(L, idx) != LUA_TTABLE || (int64_t)lua_rawlen(L, idx) != shape[depth]) {
+    format_path(where, sizeof where, path, depth);
+    luaL_error(L, "tensor: table is not rectangular: entry %s has %s where a table of %d was expected (shape %s)",
+               depth ? where : "(top)",
+               lua_type(L, idx) == LUA_TTABLE ? lua_pushfstring(L, "%d entries", (int)lua_rawlen(L, idx))
+                                              : luaL_typename(L, idx),
+               (int)shape[depth], attn_shape_str(ndim, shape));
+  }
+  for (int64_t i = 0; i < shape[depth]; i++) {
+    path[depth] = i;
+    lua_rawgeti(L, idx, (lua_Integer)i + 1);
+    fill_from_table(L, lua_gettop(L), depth + 1, ndim, shape, path, t, flat);
+    lua_pop(L, 1);
+  }
+}
+
+/* tensor(data [, dtype]) */
+static int l_tensor(lua_State *L) {
+  attn_dtype dt = attn_l_optdtype(L, 2, ATTN_F32);
+  int ndim = 0;
+  int64_t shape[ATTN_MAX_DIMS], path[ATTN_MAX_DIMS], flat = 0;
+  attn_tensor *src = attn_l_test(L, 1);
+  if (src) { /* a copy of an existing tensor */
+    attn_tensor *t = attn_l_push_alloc(L, lua_isnoneornil(L, 2) ? src->dtype : dt, src->ndim, src->shape);
+    ATTN_L_TRY(L, attn_copy(t, src));
+    return 1;
+  }
+  if (lua_type(L, 1) != LUA_TNUMBER && lua_type(L, 1) != LUA_TTABLE)
+    return luaL_error(L, "tensor: expected a number or a nested table of numbers, got a %s", luaL_typename(L, 1));
+  infer_shape(L, 1, 0, &ndim, shape);
+  attn_tensor *t = attn_l_push_alloc(L, dt, ndim, shape);
+  fill_from_table(L, 1, 0, ndim, shape, path, t, &flat);
+  return 1;
+}
+
+static int shape_and_dtype(lua_State *L, int64_t *shape, attn_dtype *dt, const char *fn) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  int ndim = attn_l_checkshape(L, 1, shape, fn);
+  attn_l_check_sizes(L, ndim, shape, fn);
+  *dt = attn_l_optdtype(L, 2, ATTN_F32);
+  return ndim;
+}
+
+static int l_empty(lua_State *L) {
+  int64_t shape[ATTN_MAX_DIMS];
+  attn_dtype dt;
+  int nd = shape_and_dtype(L, shape, &dt, "empty");
+  attn_l_push_alloc(L, dt, nd, shape);
+  return 1;
+}
+
+/* full(shape, value [, dtype]) */
+static int l_full(lua_State *L) {
+  int64_t shape[ATTN_MAX_DIMS];
+  luaL_checktype(L, 1, LUA_TTABLE);
+  int nd = attn_l_checkshape(L, 1, shape, "full");
+  attn_l_check_sizes(L, nd, shape, "full");
+  double v = luaL_checknumber(L, 2);
+  attn_tensor *t = attn_l_push_alloc(L, attn_l_optdtype(L, 3, ATTN_F32), nd, shape);
+  ATTN_L_TRY(L, attn_fill(t, v));
+  return 1;
+}
+
+static int checked_count(lua_State *L, double n, const char *fn) {
+  if (!(n >= 0) || n > 9.0e15) return luaL_error(L, "%s: would produce %g elements", fn, n);
+  return 0;
+}
+
+/* arange(start, stop, step [, dtype]): values start, start+step, ... < stop */
+static int l_arange(lua_State *L) {
+  double start = luaL_checknumber(L, 1), stop = luaL_checknumber(L, 2), step = luaL_checknumber(L, 3);
+  if (step == 0 || !isfinite(start) || !isfinite(stop) || !isfinite(step))
+    return luaL_error(L, "arange: need finite start, stop and a nonzero step, got %g, %g, %g", start, stop, step);
+  double count = ceil((stop - start) / step);
+  if (count < 0) count = 0;
+  checked_count(L, count, "arange");
+  int64_t n = (int64_t)count;
+  attn_tensor *t = attn_l_push_alloc(L, attn_l_optdtype(L, 4, ATTN_F32), 1, &n);
+  ATTN_L_TRY(L, attn_arange(t, start, step));
+  return 1;
+}
+
+static int l_linspace(lua_State *L) {
+  double start = luaL_checknumber(L, 1), stop = luaL_checknumber(L, 2);
+  lua_Integer n = luaL_checkinteger(L, 3);
+  if (n < 0) return luaL_error(L, "linspace: negative count %d", (int)n);
+  int64_t len = n;
+  attn_tensor *t = attn_l_push_alloc(L, attn_l_optdtype(L, 4, ATTN_F32), 1, &len);
+  ATTN_L_TRY(L, attn_linspace(t, start, stop));
+  return 1;
+}
+
+/* eye(n [, m [, dtype]]) */
+static int l_eye(lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 1), m = luaL_optinteger(L, 2, n);
+  if (n < 0 || m < 0) return luaL_error(L, "eye: negative size %d x %d", (int)n, (int)m);
+  int64_t shape[2] = {n, m};
+  attn_tensor *t = attn_l_push_alloc(L, attn_l_optdtype(L, 3, ATTN_F32), 2, shape);
+  ATTN_L_TRY(L, attn_eye(t));
+  return 1;
+}
+
+/* rand(shape [, dtype]), randn(shape [, dtype]), bernoulli(shape, p [, dtype]) */
+static int l_rand(lua_State *L) {
+  int64_t shape[ATTN_MAX_DIMS];
+  attn_dtype dt;
+  int nd = shape_and_dtype(L, shape, &dt, "rand");
+  attn_tensor *t = attn_l_push_alloc(L, dt, nd, shape);
+  ATTN_L_TRY(L, attn_rng_uniform(attn_l_rng(L), t, 0, 1));
+  return 1;
+}
+
+static int l_randn(lua_State *L) {
+  int64_t shape[ATTN_MAX_DIMS];
+  attn_dtype dt;
+  int nd = shape_and_dtype(L, shape, &dt, "randn");
+  attn_tensor *t = attn_l_push_alloc(L, dt, nd, shape);
+  ATTN_L_TRY(L, attn_rng_normal(attn_l_rng(L), t, 0, 1));
+  return 1;
+}
+
+static int l_bernoulli(lua_State *L) {
+  int64_t shape[ATTN_MAX_DIMS];
+  luaL_checktype(L, 1, LUA_TTABLE);
+  int nd = attn_l_checkshape(L, 1, shape, "bernoulli");
+  attn_l_check_sizes(L, nd, shape, "bernoulli");
+  double p = luaL_checknumber(L, 2);
+  attn_tensor *t = attn_l_push_alloc(L, attn_l_optdtype(L, 3, ATTN_F32), nd, shape);
+  ATTN_L_TRY(L, attn_rng_bernoulli(attn_l_rng(L), t, p));
+  return 1;
+}
+
+/* uniform_(t, low, high), normal_(t, mean, std): in-place fills */
+static int l_uniform_(lua_State *L) {
+  attn_tensor *t = attn_l_check(L, 1);
+  ATTN_L_TRY(L, attn_rng_uniform(attn_l_rng(L), t, luaL_optnumber(L, 2, 0), luaL_optnumber(L, 3, 1)));
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int l_normal_(lua_State *L) {
+  attn_tensor *t = attn_l_check(L, 1);
+  ATTN_L_TRY(L, attn_rng_normal(attn_l_rng(L), t, luaL_optnumber(L, 2, 0), luaL_optnumber(L, 3, 1)));
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* ---- inspection ---- */
+
+static int l_shape(lua_State *L) {
+  attn_tensor *t = attn_l_check(L, 1);
+  lua_createtable(L, t->ndim, 0);
+  for (int d = 0; d < t->ndim; d++) {
+    lua_pushinteger(L, t->shape[d]);
+    lua_rawseti(L, -2, d + 1);
+  }
+  return 1;
+}
+
+static int l_stride(lua_State *L) {
+  attn_tensor *t = attn_l_check(L, 1);
+  lua_createtable(L, t->ndim, 0);
+  for (int d = 0; d < t->ndim; d++) {
+    lua_pushinteger(L, t->stride[d]);
+    lua_rawseti(L, -2, d + 1);
+  }
+  return 1;
+}
+
+static int l_size(lua_State *L) {
+  attn_tensor *t = attn_l_check(L, 1);
+  if (lua_isnoneornil(L, 2)) return l_shape(L);
+  lua_pushinteger(L, t->shape[attn_l_checkdim(L, 2, t->ndim, 0, "size")]);
+  return 1;
+}
+
+static int l_dim(lua_State *L) {
+  lua_pushinteger(L, attn_l_check(L, 1)->ndim);
+  return 1;
+}
+
+static int l_numel(lua_State *L) {
+  lua_pushinteger(L, attn_tensor_numel(attn_l_check(L, 1)));
+  return 1;
+}
+
+static int l_dtype(lua_State *L) {
+  lua_pushstring(L, attn_dtype_name(attn_l_check(L, 1)->dtype));
+  return 1;
+}
+
+static int l_is_contiguous(lua_State *L) {
+  lua_pushboolean(L, attn_tensor_is_contiguous(attn_l_check(L, 1)));
+  return 1;
+}
+
+/* Identity of the underlying storage (views share it) and the view's offset. */
+static int l_storage_id(lua_State *L) {
+  lua_pushlightuserdata(L, attn_l_check(L, 1)->storage);
+  return 1;
+}
+
+static int l_storage_offset(lua_State *L) {
+  lua_pushinteger(L, attn_l_check(L, 1)->offset);
+  return 1;
+}
+
+static void push_table_rec(lua_State *L, const attn_tensor *t, int depth, int64_t *pos) {
+  if (depth == t->ndim) {
+    lua_pushnumber(L, attn_tensor_get(t, pos));
+    return;
+  }
+  lua_createtable(L, (int)t->shape[depth], 0);
+  for (int64_t i = 0; i < t->shape[depth]; i++) {
+    pos[depth] = i;
+    push_table_rec(L, t, depth + 1, pos);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+}
+
+static int l_totable(lua_State *L) {
+  attn_tensor *t = attn_l_check(L, 1);
+  int64_t pos[ATTN_MAX_DIMS] = {0};
+  luaL_checkstack(L, t->ndim + 4, "totable");
+  push_table_rec(L, t, 0, pos);
+  return 1;
+}
+
+static int l_item(lua_State *L) {
+  attn_tensor *t = attn_l_check(L, 1);
+  if (attn_tensor_numel(t) != 1)
+    return luaL_error(L, "item: tensor %s has %d elements, item needs exactly 1", attn_tensor_shape_str(t),
+                      (int)attn_tensor_numel(t));
+  int64_t pos[ATTN_MAX_DIMS] = {0};
+  lua_pushnumber(L, attn_tensor_get(t, pos));
+  return 1;
+}
+
+/* Reads a 1-based multi-index from arg..arg+ndim-1 into pos (0-based). */
+static void check_index(lua_State *L, const attn_tensor *t, int arg, int64_t *pos, const char *fn) {
+  int given = lua_gettop(L) - arg + 1;
+  if (given < t->ndim)
+    luaL_error(L, "%s: %d indices given for %d-D tensor %s", fn, given < 0 ? 0 : given, t->ndim,
+               attn_tensor_shape_str(t));
+  for (int d = 0; d < t->ndim; d++) {
+    lua_Integer i = luaL_checkinteger(L, arg + d);
+    if (i < 0) i += t->shape[d] + 1;
+    if (i < 1 || i > t->shape[d])
+      luaL_error(L, "%s: index %d out of range for dim %d of size %d (%s)", fn, (int)luaL_checkinteger(L, arg + d),
+                 d + 1, (int)t->shape[d], attn_tensor_shape_str(t));
+    pos[d] = i - 1;
+  }
+}
+
+static int l_get(lua_State *L) {
+  attn_tensor *t = attn_l_check(L, 1);
+  int64_t pos[ATTN_MAX_DIMS];
+  check_index(L, t, 2, pos, "get");
+  lua_pushnumber(L, attn_tensor_get(t, pos));
+  return 1;
+}
+
+/* set(t, value, i, j, ...) */
+static int l_set(lua_State *L) {
+  attn_tensor *t = attn_l_check(L, 1);
+  double v = luaL_checknumber(L, 2);
+  int64_t pos[ATTN_MAX_DIMS];
+  check_index(L, t, 3, pos, "set");
+  attn_tensor_set(t, pos, v);
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* ---- views ---- */
+
+static int push_transformed(lua_State *L, attn_tensor *v, attn_status st) {
+  if (st != ATTN_OK) return attn_l_raise(L);
+  attn_l_push_view(L, v);
+  return 1;
+}
+
+static int l_transpose(lua_State *L) {
+  attn_tensor v = *attn_l_check(L, 1);
+  int d0 = attn_l_checkdim(L, 2, v.ndim, 0, "transpose"), d1 = attn_l_checkdim(L, 3, v.ndim, 0, "transpose");
+  return push_transformed(L, &v, attn_view_transpose(&v, d0, d1));
+}
+
+static int l_permute(lua_State *L) {
+  attn_tensor v = *attn_l_check(L, 1);
+  int64_t dims[ATTN_MAX_DIMS];
+  int perm[ATTN_MAX_DIMS];
+  int n = attn_l_checkshape(L, 2, dims, "permute");
+  if (n != v.ndim)
+    return luaL_error(L, "permute: %d dims given for %d-D tensor %s", n, v.ndim, attn_tensor_shape_str(&v));
+  for (int d = 0; d < n; d++) {
+    int64_t p = dims[d] < 0 ? dims[d] + n + 1 : dims[d];
+    perm[d] = (p < 1 || p > n) ? -1 : (int)p - 1;
+  }
+  return push_transformed(L, &v, attn_view_permute(&v, perm));
+}
+
+/* narrow(t, dim, start, length), start 1-based */
+static int l_narrow(lua_State *L) {
+  attn_tensor v = *attn_l_check(L, 1);
+  int dim = attn_l_checkdim(L, 2, v.ndim, 0, "narrow");
+  lua_Integer start = luaL_checkinteger(L, 3), len = luaL_checkinteger(L, 4);
+  if (start < 0) start += v.shape[dim] + 1;
+  return push_transformed(L, &v, attn_view_narrow(&v, dim, start - 1, len));
+}
+
+static int l_select(lua_State *L) {
+  attn_tensor v = *attn_l_check(L, 1);
+  int dim = attn_l_checkdim(L, 2, v.ndim, 0, "select");
+  lua_Integer i = luaL_checkinteger(L, 3);
+  if (i < 0) i += v.shape[dim] + 1;
+  return push_transformed(L, &v, attn_view_select(&v, dim, i - 1));
+}
+
+static int l_unsqueeze(lua_State *L) {
+  attn_tensor v = *attn_l_check(L, 1);
+  int dim = attn_l_checkdim(L, 2, v.ndim, 1, "unsqueeze");
+  return push_transformed(L, &v, attn_view_unsqueeze(&v, dim));
+}
+
+static int l_squeeze(lua_State *L) {
+  attn_tensor v = *attn_l_check(L, 1);
+  int dim = lua_isnoneornil(L, 2) ? -1 : attn_l_checkdim(L, 2, v.ndim, 0, "squeeze");
+  return push_transformed(L, &v, attn_view_squeeze(&v, dim));
+}
+
+static int l_expand(lua_State *L) {
+  attn_tensor v = *attn_l_check(L, 1);
+  int64_t shape[ATTN_MAX_DIMS];
+  int nd = attn_l_checkshape(L, 2, shape, "expand");
+  return push_transformed(L, &v, attn_view_expand(&v, nd, shape));
+}
+
+/* view: never copies; reshape: copies when the strides do not allow a view. */
+static int l_view(lua_State *L) {
+  attn_tensor v = *attn_l_check(L, 1);
+  int64_t shape[ATTN_MAX_DIMS];
+  int nd = attn_l_checkshape(L, 2, shape, "view");
+  return push_transformed(L, &v, attn_view_reshape("view", &v, nd, shape));
+}
+
+static int l_reshape(lua_State *L) {
+  attn_tensor *x = attn_l_check(L, 1);
+  attn_tensor v = *x;
+  int64_t shape[ATTN_MAX_DIMS];
+  int nd = attn_l_checkshape(L, 2, shape, "reshape");
+  attn_status st = attn_view_reshape("reshape", &v, nd, shape);
+  if (st == ATTN_OK) return push_transformed(L, &v, st);
+  ATTN_L_TRY(L, attn_shape_infer("reshape", attn_tensor_numel(x), nd, shape));
+  attn_tensor *c = attn_l_push_like(L, x);
+  ATTN_L_TRY(L, attn_copy(c, x));
+  attn_tensor cv = *c;
+  ATTN_L_TRY(L, attn_view_reshape("reshape", &cv, nd, shape));
+  *c = cv; /* same storage reference, new shape */
+  return 1;
+}
+
+static int l_contiguous(lua_State *L) {
+  attn_tensor *x = attn_l_check(L, 1);
+  if (attn_tensor_is_contiguous(x)) {
+    lua_settop(L, 1);
+    return 1;
+  }
+  attn_tensor *c = attn_l_push_like(L, x);
+  ATTN_L_TRY(L, attn_copy(c, x));
+  return 1;
+}
+
+static int l_clone(lua_State *L) {
+  attn_tensor *x = attn_l_check(L, 1);
+  attn_tensor *c = attn_l_push_like(L, x);
+  ATTN_L_TRY(L, attn_copy(c, x));
+  return 1;
+}
+
+/* to(t, dtype): the same tensor if the dtype matches, else a converted copy. */
+static int l_to(lua_State *L) {
+  attn_tensor *x = attn_l_check(L, 1);
+  luaL_checkstring(L, 2);
+  attn_dtype dt = attn_l_optdtype(L, 2, x->dtype);
+  if (dt == x->dtype) {
+    lua_settop(L, 1);
+    return 1;
+  }
+  attn_tensor *c = attn_l_push_alloc(L, dt, x->ndim, x->shape);
+  ATTN_L_TRY(L, attn_copy(c, x));
+  return 1;
+}
+
+/* copy_(dst, src): src broadcast into dst, in place */
+static int l_copy_(lua_State *L) {
+  attn_tensor *dst = attn_l_check(L, 1), *src = attn_l_check(L, 2);
+  ATTN_L_TRY(L, attn_copy(dst, src));
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int l_fill_(lua_State *L) {
+  attn_tensor *t = attn_l_check(L, 1);
+  ATTN_L_TRY(L, attn_fill(t, luaL_checknumber(L, 2)));
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* cat(list, dim) */
+static int l_cat(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  int n = (int)lua_rawlen(L, 1);
+  if (n == 0) return luaL_error(L, "cat: empty list of tensors");
+  lua_rawgeti(L, 1, 1);
+  attn_tensor *first = attn_l_check(L, -1);
+  int dim = attn_l_checkdim(L, 2, first->ndim, 0, "cat");
+  int64_t shape[ATTN_MAX_DIMS];
+  memcpy(shape, first->shape, sizeof shape);
+  int ndim = first->ndim;
+  attn_dtype dt = first->dtype;
+  shape[dim] = 0;
+  for (int i = 1; i <= n; i++) {
+    lua_rawgeti(L, 1, i);
+    attn_tensor *t = attn_l_test(L, -1);
+    if (!t) return luaL_error(L, "cat: element %d is a %s, not a tensor", i, luaL_typename(L, -1));
+    int ok = t->ndim == ndim && t->dtype == dt;
+    for (int d = 0; ok && d < ndim; d++) ok = d == dim || t->shape[d] == first->shape[d];
+    if (!ok)
+      return luaL_error(L, "cat: tensor %d is %s %s, incompatible with tensor 1 %s %s along dim %d", i,
+                        attn_dtype_name(t->dtype), attn_tensor_shape_str(t), attn_dtype_name(dt),
+                        attn_tensor_shape_str(first), dim + 1);
+    shape[dim] += t->shape[dim];
+    lua_pop(L, 1);
+  }
+  attn_tensor *out = attn_l_push_alloc(L, dt, ndim, shape);
+  int64_t at = 0;
+  for (int i = 1; i <= n; i++) {
+    lua_rawgeti(L, 1, i);
+    attn_tensor *t = attn_l_check(L, -1), part = *out;
+    attn_view_narrow(&part, dim, at, t->shape[dim]);
+    ATTN_L_TRY(L, attn_copy(&part, t));
+    at += t->shape[dim];
+    lua_pop(L, 1);
+  }
+  return 1;
+}
+
+static const luaL_Reg tensor_functions[] = {
+    {"tensor", l_tensor},       {"empty", l_empty},
+    {"full", l_full},           {"arange", l_arange},
+    {"linspace", l_linspace},   {"eye", l_eye},
+    {"rand", l_rand},           {"randn", l_randn},
+    {"bernoulli", l_bernoulli}, {"uniform_", l_uniform_},
+    {"normal_", l_normal_},     {"shape", l_shape},
+    {"stride", l_stride},       {"size", l_size},
+    {"dim", l_dim},             {"numel", l_numel},
+    {"dtype", l_dtype},         {"is_contiguous", l_is_contiguous},
+    {"storage_id", l_storage_id}, {"storage_offset", l_storage_offset},
+    {"totable", l_totable},     {"item", l_item},
+    {"get", l_get},             {"set", l_set},
+    {"transpose", l_transpose}, {"permute", l_permute},
+    {"narrow", l_narrow},       {"select", l_select},
+    {"unsqueeze", l_unsqueeze}, {"squeeze", l_squeeze},
+    {"expand", l_expand},       {"view", l_view},
+    {"reshape", l_reshape},     {"contiguous", l_contiguous},
+    {"clone", l_clone},         {"to", l_to},
+    {"copy_", l_copy_},         {"fill_", l_fill_},
+    {"cat", l_cat},             {NULL, NULL},
+};
+
+void attn_l_open_tensor(lua_State *L) { luaL_setfuncs(L, tensor_functions, 0); }
