@@ -2,6 +2,7 @@
  * debt), tensor userdata plumbing shared by all binding files, and the
  * memory/thread/seed functions. */
 #include <math.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -244,7 +245,16 @@ static int l_rng_state(lua_State *L) { /* for saving/restoring generator state *
   return 1;
 }
 
+/* Seconds from a monotonic clock (wall time, unaffected by clock changes). */
+static int l_clock(lua_State *L) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  lua_pushnumber(L, (lua_Number)ts.tv_sec + (lua_Number)ts.tv_nsec * 1e-9);
+  return 1;
+}
+
 static const luaL_Reg core_functions[] = {
+    {"clock", l_clock},
     {"memory", l_memory},
     {"empty_cache", l_empty_cache},
     {"set_cache_limit", l_set_cache_limit},

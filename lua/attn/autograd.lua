@@ -1,0 +1,242 @@
+--- Reverse-mode automatic differentiation.
+-- Every differentiable operation runs its forward on the C core, then calls
+-- `record`, which (only when grad mode is on and an input requires grad)
+-- attaches a node holding the inputs and a backward closure to the output.
+-- `backward` walks the nodes in reverse topological order, accumulates
+-- gradients into leaves' `.grad`, and frees the graph as it goes, so a
+-- training loop's memory stays flat. Backward closures run with grad mode
+-- off, so they may use ordinary tensor methods.
+local core = require "attn.core"
+
+local autograd = {}
+
+local enabled = true
+
+function autograd.is_enabled() return enabled end
+
+--- Runs fn with grad mode set to `mode`, restoring it even when fn raises.
+function autograd.with_mode(mode, fn, ...)
+  local previous = enabled
+  enabled = mode
+  local results = table.pack(pcall(fn, ...))
+  enabled = previous
+  if not results[1] then error(results[2], 0) end
+  return table.unpack(results, 2, results.n)
+end
+
+function autograd.no_grad(fn, ...) return autograd.with_mode(false, fn, ...) end
+function autograd.enable_grad(fn, ...) return autograd.with_mode(true, fn, ...) end
+
+local function is_tensor(v) return getmetatable(v) == core.metatable end
+autograd.is_tensor = is_tensor
+
+local function requires(t) return is_tensor(t) and t._rg == true end
+
+function autograd.needs_grad(inputs)
+  if not enabled then return false end
+  for i = 1, #inputs do
+    if requires(inputs[i]) then return true end
+  end
+  return false
+end
+
+--- Records a finished forward computation; see the module comment.
+-- out: tensor or array of tensors; inputs: array (non-tensors ignored, false for holes);
+-- backward(g1, ...) returns the inputs' gradients in order.
+function autograd.record(name, out, inputs, backward)
+  if not autograd.needs_grad(inputs) then return out end
+  local outputs = is_tensor(out) and { out } or out
+  local node = { name = name, inputs = inputs, backward = backward, noutputs = #outputs }
+  for k, o in ipairs(outputs) do
+    o._rg = true
+    o.grad_fn = node
+    o._oi = k
+  end
+  return out
+end
+
+--- Gradient `g` summed down to `shape` (undoes broadcasting).
+function autograd.sum_to(g, shape)
+  local gshape = core.shape(g)
+  local lead = #gshape - #shape
+  local same = lead == 0
+  for d = 1, #shape do
+    if gshape[d + lead] ~= shape[d] then same = false end
+  end
+  if same then return g end
+  for _ = 1, lead do g = core.sum(g, 1) end
+  for d = 1, #shape do
+    if shape[d] == 1 and core.size(g, d) ~= 1 then g = core.sum(g, d, true) end
+  end
+  return g
+end
+
+local function check_grad_shape(node, i, input, g)
+  local a, b = core.shape(input), core.shape(g)
+  local ok = #a == #b
+  for d = 1, #a do ok = ok and a[d] == b[d] end
+  if not ok then
+    error(string.format("backward of %s: gradient for input %d has shape [%s], input has [%s]", node.name, i,
+      table.concat(b, "x"), table.concat(a, "x")), 0)
+  end
+end
+
+local function accumulate(store, t, g)
+  local prev = store[t]
+  if prev == nil then
+    store[t] = g
+  else
+    store[t] = core.add(prev, g)
+  end
+end
+
+--- Back-propagates from `root` (grad defaults to 1 for a one-element root).
+-- opts.retain_graph keeps the graph for another backward pass.
+function autograd.backward(root, grad, opts)
+  opts = opts or {}
+  if not requires(root) then
+    error("backward: tensor does not require grad (no input of its computation had requires_grad)", 2)
+  end
+  if grad == nil then
+    if core.numel(root) ~= 1 then
+      error(string.format("backward: grad can be omitted only for a one-element tensor, got [%s]",
+        table.concat(core.shape(root), "x")), 2)
+    end
+    grad = core.full(core.shape(root), 1, core.dtype(root))
+  end
+  -- Topological order of nodes (iterative DFS, so deep graphs do not overflow the C stack).
+  local order, visited = {}, {}
+  local stack = {}
+  if root.grad_fn then stack[1] = { root.grad_fn, 1 } end
+  while #stack > 0 do
+    local top = stack[#stack]
+    local node, i = top[1], top[2]
+    if i == 1 then
+      if visited[node] then
+        stack[#stack] = nil
+        goto continue
+      end
+      visited[node] = true
+      if not node.inputs then
+        error("backward: the graph through '" .. node.name .. "' was already freed by an earlier backward; "
+          .. "pass {retain_graph = true} to the first one", 2)
+      end
+    end
+    if i <= #node.inputs then
+      top[2] = i + 1
+      local input = node.inputs[i]
+      local child = requires(input) and input.grad_fn
+      if child and not visited[child] then stack[#stack + 1] = { child, 1 } end
+    else
+      order[#order + 1] = node
+      stack[#stack] = nil
+    end
+    ::continue::
+  end
+
+  local node_grads = {} -- node -> {output index -> grad}
+  if root.grad_fn then node_grads[root.grad_fn] = { [root._oi] = grad } end
+  local leaf_grads = {}
+  local leaf_order = {}
+  if not root.grad_fn then
+    leaf_grads[root] = grad
+    leaf_order[1] = root
+  end
+  autograd.with_mode(false, function()
+    for k = #order, 1, -1 do
+      local node = order[k]
+      local gs = node_grads[node] or {}
+      node_grads[node] = nil
+      local in_grads = table.pack(node.backward(table.unpack(gs, 1, node.noutputs)))
+      for i, input in ipairs(node.inputs) do
+        local g = in_grads[i]
+        if g ~= nil and requires(input) then
+          check_grad_shape(node, i, input, g)
+          local child = input.grad_fn
+          if child then
+            local slot = node_grads[child] or {}
+            node_grads[child] = slot
+            accumulate(slot, input._oi, g)
+          else
+            if leaf_grads[input] == nil then leaf_order[#leaf_order + 1] = input end
+            accumulate(leaf_grads, input, g)
+          end
+        end
+      end
+      if not opts.retain_graph then
+        node.inputs, node.backward = nil, nil
+      end
+    end
+  end)
+  for _, leaf in ipairs(leaf_order) do
+    local g = leaf_grads[leaf]
+    if leaf.grad == nil then
+      leaf.grad = core.clone(g) -- own it: g may be a view of another tensor
+    else
+      core.add_(leaf.grad, g)
+    end
+  end
+end
+
+--- Compares analytic gradients with central finite differences.
+-- fn(inputs...) returns a tensor; inputs are tensors (float64 recommended) with
+-- requires_grad set. The output is reduced with a fixed random projection so
+-- every output entry takes part. Returns ok, report where report has
+-- max_abs_err, max_rel_err and worst = {input = i, index = k, analytic =, numeric =}.
+function autograd.gradcheck(fn, inputs, opts)
+  opts = opts or {}
+  local eps = opts.eps or 1e-6
+  local atol = opts.atol or 1e-5
+  local rtol = opts.rtol or 1e-3
+  local out0 = autograd.no_grad(fn, table.unpack(inputs))
+  local state = core.rng_state()
+  core.manual_seed(12345)
+  local proj = core.randn(core.shape(out0), core.dtype(out0))
+  core.rng_state(state)
+  local function objective()
+    local out = fn(table.unpack(inputs))
+    return core.sum(core.mul(out, proj)):item(), out
+  end
+  for _, x in ipairs(inputs) do
+    if is_tensor(x) then x.grad = nil end
+  end
+  local _, out = objective()
+  if not requires(out) then return false, { message = "gradcheck: output does not require grad" } end
+  autograd.backward(out, proj)
+  local report = { max_abs_err = 0, max_rel_err = 0 }
+  local ok = true
+  for i, x in ipairs(inputs) do
+    if requires(x) then
+      local n = core.numel(x)
+      local flat = core.view(x, n) -- shares storage: perturbing it perturbs x
+      assert(core.is_contiguous(x), "gradcheck: inputs must be contiguous")
+      local analytic = x.grad and core.reshape(x.grad, n) or nil
+      for k = 1, n do
+        local v = core.get(flat, k)
+        core.set(flat, v + eps, k)
+        local fp = autograd.no_grad(objective)
+        core.set(flat, v - eps, k)
+        local fm = autograd.no_grad(objective)
+        core.set(flat, v, k)
+        local numeric = (fp - fm) / (2 * eps)
+        local a = analytic and core.get(analytic, k) or 0
+        local err = math.abs(a - numeric)
+        local rel = err / math.max(math.abs(numeric), 1e-12)
+        if err > atol + rtol * math.abs(numeric) then ok = false end
+        if report.worst == nil or err > report.max_abs_err then
+          report.max_abs_err = err
+          report.worst = { input = i, index = k, analytic = a, numeric = numeric }
+        end
+        if rel > report.max_rel_err and err > atol then report.max_rel_err = rel end
+      end
+    end
+  end
+  if not ok then
+    local w = report.worst
+    report.message = string.format("gradcheck: input %d entry %d: analytic %.6g vs numeric %.6g (abs err %.3g)",
+      w.input, w.index, w.analytic, w.numeric, report.max_abs_err)
+  end
+  return ok, report
+end
+
+return autograd

@@ -1,0 +1,101 @@
+--- tostring for tensors: a header line with dtype and shape, then the values
+-- (matrices row by row, higher dims as labelled 2-D slices, Torch style),
+-- elided with "..." past `edge` entries per dim when the tensor is large.
+local core = require "attn.core"
+
+local format = {}
+
+local THRESHOLD, EDGE = 1000, 3
+
+local function number_format(values)
+  local all_int, max_abs = true, 0
+  for _, v in ipairs(values) do
+    if v ~= v or v == math.huge or v == -math.huge then
+      all_int = false
+    else
+      if v ~= math.floor(v) then all_int = false end
+      if math.abs(v) > max_abs then max_abs = math.abs(v) end
+    end
+  end
+  if all_int and max_abs < 1e9 then return "%.0f" end
+  if max_abs >= 1e5 or (max_abs < 1e-3 and max_abs > 0) then return "%.4e" end
+  return "%.4f"
+end
+
+-- Indices to show along a dim of size n: all, or the first and last EDGE with a gap marker (false).
+local function shown(n, elide)
+  local idx = {}
+  if not elide or n <= 2 * EDGE then
+    for i = 1, n do idx[#idx + 1] = i end
+  else
+    for i = 1, EDGE do idx[#idx + 1] = i end
+    idx[#idx + 1] = false
+    for i = n - EDGE + 1, n do idx[#idx + 1] = i end
+  end
+  return idx
+end
+
+local function render_matrix(m, fmt, elide, lines)
+  local rows, cols = core.size(m, 1), core.size(m, 2)
+  local ri, ci = shown(rows, elide), shown(cols, elide)
+  local cells, width = {}, 1
+  for r, i in ipairs(ri) do
+    cells[r] = {}
+    for c, j in ipairs(ci) do
+      local s = (i and j) and string.format(fmt, core.get(m, i, j)) or "..."
+      cells[r][c] = s
+      if #s > width then width = #s end
+    end
+  end
+  for r = 1, #ri do
+    local parts = {}
+    for c = 1, #ci do parts[c] = string.rep(" ", width - #cells[r][c]) .. cells[r][c] end
+    lines[#lines + 1] = " " .. table.concat(parts, " ")
+  end
+end
+
+function format.tostring(t)
+  local shape, dtype = core.shape(t), core.dtype(t)
+  local header = string.format("attn.Tensor %s [%s]", dtype, table.concat(shape, "x"))
+  local n = core.numel(t)
+  if n == 0 then return header .. " (empty)" end
+  local elide = n > THRESHOLD
+  local sample = {}
+  local flat = core.reshape(t, n)
+  local step = math.max(1, n // 4096) -- the format is chosen from a sample of the values
+  for k = 1, n, step do sample[#sample + 1] = core.get(flat, k) end
+  local fmt = number_format(sample)
+  local lines = { header }
+  local nd = #shape
+  if nd == 0 then
+    lines[#lines + 1] = " " .. string.format(fmt, core.item(t))
+  elseif nd == 1 then
+    render_matrix(core.unsqueeze(t, 1), fmt, elide, lines)
+  elseif nd == 2 then
+    render_matrix(t, fmt, elide, lines)
+  else
+    -- walk the leading dims; label each 2-D slice like "(2,1,.,.)"
+    local lead = {}
+    for d = 1, nd - 2 do lead[d] = shown(shape[d], elide) end
+    local pos = {}
+    local function walk(d, view)
+      if d > nd - 2 then
+        lines[#lines + 1] = "(" .. table.concat(pos, ",") .. ",.,.) ="
+        render_matrix(view, fmt, elide, lines)
+        return
+      end
+      for _, i in ipairs(lead[d]) do
+        if i then
+          pos[d] = i
+          walk(d + 1, core.select(view, 1, i))
+        else
+          lines[#lines + 1] = "..."
+        end
+      end
+    end
+    walk(1, t)
+  end
+  return table.concat(lines, "\n")
+end
+
+return format

@@ -1,0 +1,226 @@
+--- attn: tensors, attention kernels, autograd and layers for Lua 5.4.
+-- This facade gathers the pieces: creation functions with dtype/options
+-- handling, the differentiable tensor methods (attn.tensor module), operator
+-- metamethods, and lazily loaded sub-modules (linalg, nn, optim, io, the
+-- attention functions).
+local core = require "attn.core"
+local autograd = require "attn.autograd"
+local Tensor = require "attn.tensor"
+local format = require "attn.format"
+
+local attn = { _VERSION = core._VERSION, core = core, Tensor = Tensor }
+
+-- ---------------------------------------------------------------- metamethods
+
+local mt = core.metatable
+mt.__add = function(a, b) return Tensor.add(a, b) end
+mt.__sub = function(a, b) return Tensor.sub(a, b) end
+mt.__mul = function(a, b) return Tensor.mul(a, b) end
+mt.__div = function(a, b) return Tensor.div(a, b) end
+mt.__pow = function(a, b) return Tensor.pow(a, b) end
+mt.__unm = function(a) return Tensor.neg(a) end
+mt.__len = function(a) return core.dim(a) > 0 and core.size(a, 1) or 0 end
+mt.__tostring = format.tostring
+
+-- ---------------------------------------------------------------- options
+
+-- The last argument of a creation function: nil, a dtype string, or a table
+-- {dtype = ..., requires_grad = ...}.
+local function options(opt, fn)
+  if opt == nil then return nil, false end
+  if type(opt) == "string" then return opt, false end
+  if type(opt) == "table" then
+    for k in pairs(opt) do
+      if k ~= "dtype" and k ~= "requires_grad" then
+        error(string.format("%s: unknown option '%s' (expected dtype, requires_grad)", fn, tostring(k)), 3)
+      end
+    end
+    return opt.dtype, opt.requires_grad == true
+  end
+  error(string.format("%s: options must be a dtype string or a table, got a %s", fn, type(opt)), 3)
+end
+
+local function finish(t, requires_grad)
+  if requires_grad then Tensor.requires_grad(t, true) end
+  return t
+end
+
+local function shape_arg(shape, fn)
+  if type(shape) ~= "table" then
+    error(string.format("%s: shape must be a table of sizes like {2, 3}, got a %s", fn, type(shape)), 3)
+  end
+  return shape
+end
+
+-- ---------------------------------------------------------------- creation
+
+function attn.tensor(data, opt)
+  local dtype, rg = options(opt, "tensor")
+  return finish(core.tensor(data, dtype), rg)
+end
+
+function attn.empty(shape, opt)
+  local dtype, rg = options(opt, "empty")
+  return finish(core.empty(shape_arg(shape, "empty"), dtype), rg)
+end
+
+function attn.full(shape, value, opt)
+  local dtype, rg = options(opt, "full")
+  return finish(core.full(shape_arg(shape, "full"), value, dtype), rg)
+end
+
+function attn.zeros(shape, opt)
+  local dtype, rg = options(opt, "zeros")
+  return finish(core.full(shape_arg(shape, "zeros"), 0, dtype), rg)
+end
+
+function attn.ones(shape, opt)
+  local dtype, rg = options(opt, "ones")
+  return finish(core.full(shape_arg(shape, "ones"), 1, dtype), rg)
+end
+
+--- arange(stop), arange(start, stop), arange(start, stop, step): values in [start, stop).
+function attn.arange(a, b, c, d)
+  local args = { a, b, c, d }
+  local n = 0
+  while n < 4 and type(args[n + 1]) == "number" do n = n + 1 end
+  local dtype, rg = options(args[n + 1], "arange")
+  local start, stop, step
+  if n == 1 then
+    start, stop, step = 0, a, 1
+  elseif n == 2 then
+    start, stop, step = a, b, 1
+  elseif n == 3 then
+    start, stop, step = a, b, c
+  else
+    error("arange: expected arange(stop), arange(start, stop) or arange(start, stop, step)", 2)
+  end
+  return finish(core.arange(start, stop, step, dtype), rg)
+end
+
+function attn.linspace(start, stop, n, opt)
+  local dtype, rg = options(opt, "linspace")
+  return finish(core.linspace(start, stop, n, dtype), rg)
+end
+
+--- eye(n [, m] [, opt])
+function attn.eye(n, m, opt)
+  if type(m) ~= "number" then m, opt = n, m end
+  local dtype, rg = options(opt, "eye")
+  return finish(core.eye(n, m, dtype), rg)
+end
+
+function attn.rand(shape, opt)
+  local dtype, rg = options(opt, "rand")
+  return finish(core.rand(shape_arg(shape, "rand"), dtype), rg)
+end
+
+function attn.randn(shape, opt)
+  local dtype, rg = options(opt, "randn")
+  return finish(core.randn(shape_arg(shape, "randn"), dtype), rg)
+end
+
+--- bernoulli(shape, p [, opt]): ones with probability p.
+function attn.bernoulli(shape, p, opt)
+  local dtype, rg = options(opt, "bernoulli")
+  return finish(core.bernoulli(shape_arg(shape, "bernoulli"), p, dtype), rg)
+end
+
+local function like(fn_name, make)
+  return function(t, opt)
+    local dtype, rg = options(opt, fn_name)
+    return finish(make(core.shape(t), dtype or core.dtype(t)), rg)
+  end
+end
+attn.zeros_like = like("zeros_like", function(s, dt) return core.full(s, 0, dt) end)
+attn.ones_like = like("ones_like", function(s, dt) return core.full(s, 1, dt) end)
+attn.rand_like = like("rand_like", core.rand)
+attn.randn_like = like("randn_like", core.randn)
+function attn.full_like(t, value, opt)
+  local dtype, rg = options(opt, "full_like")
+  return finish(core.full(core.shape(t), value, dtype or core.dtype(t)), rg)
+end
+
+--- cat(list, dim): differentiable concatenation along an existing dim.
+function attn.cat(list, dim)
+  dim = dim or 1
+  local out = core.cat(list, dim)
+  return autograd.record("cat", out, list, function(g)
+    local grads, start = {}, 1
+    for i, t in ipairs(list) do
+      local len = core.size(t, dim)
+      grads[i] = core.narrow(g, dim, start, len)
+      start = start + len
+    end
+    return table.unpack(grads, 1, #list)
+  end)
+end
+
+--- stack(list, dim): joins along a new dim (1..ndim+1, negative from the end).
+function attn.stack(list, dim)
+  dim = dim or 1
+  if type(list) ~= "table" or #list == 0 then error("stack: expected a non-empty list of tensors", 2) end
+  local parts = {}
+  for i, t in ipairs(list) do
+    if not autograd.is_tensor(t) then
+      error(string.format("stack: element %d is a %s, not a tensor", i, type(t)), 2)
+    end
+    parts[i] = Tensor.unsqueeze(t, dim)
+  end
+  return attn.cat(parts, dim)
+end
+
+-- ---------------------------------------------------------------- functions
+
+-- Every tensor method is also a function: attn.exp(x), attn.matmul(a, b), ...
+for name, f in pairs(Tensor) do
+  if attn[name] == nil then attn[name] = f end
+end
+attn.where = Tensor.where
+attn.bmm = Tensor.bmm
+
+attn.manual_seed = core.manual_seed
+attn.set_num_threads = core.set_num_threads
+attn.get_num_threads = core.get_num_threads
+attn.empty_cache = core.empty_cache
+attn.set_cache_limit = core.set_cache_limit
+--- memory(): bytes held by live tensors, and bytes kept in the allocator's cache.
+attn.memory = core.memory
+attn.is_tensor = autograd.is_tensor
+
+attn.no_grad = autograd.no_grad
+attn.enable_grad = autograd.enable_grad
+attn.is_grad_enabled = autograd.is_enabled
+attn.backward = autograd.backward
+attn.gradcheck = autograd.gradcheck
+
+-- ---------------------------------------------------------------- sub-modules
+
+-- Loaded on first use: attn.linalg, attn.nn, attn.optim, and the functions of
+-- attn.io and attn.attention appear as attn.save, attn.masked_softmax, ...
+local submodules = { linalg = "attn.linalg", nn = "attn.nn", optim = "attn.optim", data = "attn.data",
+  plot = "attn.plot", progress = "attn.progress" }
+local function_modules = { "attn.io", "attn.attention" }
+
+setmetatable(attn, {
+  __index = function(t, key)
+    local modname = submodules[key]
+    if modname then
+      local m = require(modname)
+      rawset(t, key, m)
+      return m
+    end
+    for _, name in ipairs(function_modules) do
+      local ok, m = pcall(require, name)
+      if ok and type(m) == "table" and m[key] ~= nil then
+        rawset(t, key, m[key])
+        return m[key]
+      elseif not ok and not tostring(m):find("module '" .. name .. "' not found", 1, true) then
+        error(m, 2)
+      end
+    end
+    return nil
+  end,
+})
+
+return attn

@@ -1,0 +1,312 @@
+--- Tensor methods: the C core's functions made differentiable.
+-- Each method runs the core op, then records a backward closure through
+-- attn.autograd when an input requires grad. Non-differentiable helpers
+-- (shape queries, comparisons, in-place updates) are the core functions as is.
+local core = require "attn.core"
+local autograd = require "attn.autograd"
+
+local record, sum_to, is_tensor = autograd.record, autograd.sum_to, autograd.is_tensor
+
+local Tensor = core.methods
+
+-- Plain pass-through of the non-differentiable core functions.
+for _, name in ipairs {
+  "shape", "stride", "size", "dim", "numel", "dtype", "is_contiguous", "storage_id", "storage_offset",
+  "totable", "item", "get", "eq", "ne", "lt", "le", "gt", "ge", "argmax", "argmin", "sign",
+} do
+  Tensor[name] = core[name]
+end
+
+local function refuse_inplace(name, t)
+  if autograd.is_enabled() and t._rg then
+    error(name .. ": in-place update of a tensor that requires grad (use attn.no_grad or :detach())", 3)
+  end
+end
+
+-- In-place updates are not recorded: they are for optimizers and no_grad code.
+for _, name in ipairs { "add_", "sub_", "mul_", "div_", "copy_", "fill_", "set", "uniform_", "normal_",
+  "index_add_", "scatter_add_" } do
+  local f = core[name]
+  Tensor[name] = function(t, ...)
+    refuse_inplace(name, t)
+    return f(t, ...)
+  end
+end
+
+function Tensor.zero_(t) return Tensor.fill_(t, 0) end
+
+--- requires_grad(): the flag; requires_grad(flag): sets it on a leaf and returns the tensor.
+function Tensor.requires_grad(t, flag)
+  if flag == nil then return t._rg == true end
+  if not flag and t.grad_fn then
+    error("requires_grad: cannot turn off grad on a non-leaf tensor (use :detach())", 2)
+  end
+  if flag and core.dtype(t) ~= "float32" and core.dtype(t) ~= "float64" then
+    error("requires_grad: only floating tensors can require grad", 2)
+  end
+  t._rg = flag and true or nil
+  return t
+end
+
+function Tensor.is_leaf(t) return t.grad_fn == nil end
+
+function Tensor.backward(t, grad, opts) return autograd.backward(t, grad, opts) end
+
+function Tensor.zero_grad(t) t.grad = nil end
+
+--- A view sharing storage, cut from the graph.
+function Tensor.detach(t) return core.view(t, core.shape(t)) end
+
+-- ---------------------------------------------------------------- arithmetic
+
+local function binary(name, grad_fn)
+  local f = core[name]
+  return function(a, b)
+    local out = f(a, b)
+    return record(name, out, { a, b }, function(g) return grad_fn(g, a, b, out) end)
+  end
+end
+
+local function shape_of(x) return core.shape(x) end
+
+Tensor.add = binary("add", function(g, a, b)
+  return is_tensor(a) and sum_to(g, shape_of(a)) or nil, is_tensor(b) and sum_to(g, shape_of(b)) or nil
+end)
+
+Tensor.sub = binary("sub", function(g, a, b)
+  return is_tensor(a) and sum_to(g, shape_of(a)) or nil, is_tensor(b) and sum_to(core.neg(g), shape_of(b)) or nil
+end)
+
+Tensor.mul = binary("mul", function(g, a, b)
+  return is_tensor(a) and sum_to(core.mul(g, b), shape_of(a)) or nil,
+    is_tensor(b) and sum_to(core.mul(g, a), shape_of(b)) or nil
+end)
+
+Tensor.div = binary("div", function(g, a, b, out)
+  local ga = is_tensor(a) and sum_to(core.div(g, b), shape_of(a)) or nil
+  local gb = is_tensor(b) and sum_to(core.neg(core.div(core.mul(g, out), b)), shape_of(b)) or nil
+  return ga, gb
+end)
+
+Tensor.pow = binary("pow", function(g, a, b, out)
+  local ga, gb
+  if is_tensor(a) then
+    ga = sum_to(core.mul(g, core.mul(b, core.pow(a, core.sub(b, 1)))), shape_of(a))
+  end
+  if is_tensor(b) then
+    -- d/db a^b = a^b log a; defined as 0 where a^b is 0 (a = 0, b > 0)
+    local lg = core.mul(out, core.log(core.where(core.eq(a, 0), 1, a)))
+    gb = sum_to(core.mul(g, lg), shape_of(b))
+  end
+  return ga, gb
+end)
+
+local function elementwise_extreme(name)
+  return binary(name, function(g, a, b)
+    local pick_a = name == "maximum" and core.ge(a, b) or core.le(a, b)
+    local ga = is_tensor(a) and sum_to(core.mul(g, pick_a), shape_of(a)) or nil
+    local gb = is_tensor(b) and sum_to(core.mul(g, core.sub(1, pick_a)), shape_of(b)) or nil
+    return ga, gb
+  end)
+end
+Tensor.maximum = elementwise_extreme("maximum")
+Tensor.minimum = elementwise_extreme("minimum")
+
+local function unary(name, grad_fn)
+  local f = core[name]
+  return function(x)
+    local out = f(x)
+    return record(name, out, { x }, function(g) return grad_fn(g, x, out) end)
+  end
+end
+
+Tensor.neg = unary("neg", function(g) return core.neg(g) end)
+Tensor.exp = unary("exp", function(g, _, out) return core.mul(g, out) end)
+Tensor.log = unary("log", function(g, x) return core.div(g, x) end)
+Tensor.sqrt = unary("sqrt", function(g, _, out) return core.div(g, core.mul(out, 2)) end)
+Tensor.tanh = unary("tanh", function(g, _, out) return core.mul(g, core.sub(1, core.square(out))) end)
+Tensor.sigmoid = unary("sigmoid", function(g, _, out) return core.mul(g, core.mul(out, core.sub(1, out))) end)
+Tensor.relu = unary("relu", function(g, x) return core.mul(g, core.gt(x, 0)) end)
+Tensor.abs = unary("abs", function(g, x) return core.mul(g, core.sign(x)) end)
+Tensor.square = unary("square", function(g, x) return core.mul(g, core.mul(x, 2)) end)
+Tensor.reciprocal = unary("reciprocal", function(g, _, out) return core.neg(core.mul(g, core.square(out))) end)
+Tensor.sin = unary("sin", function(g, x) return core.mul(g, core.cos(x)) end)
+Tensor.cos = unary("cos", function(g, x) return core.neg(core.mul(g, core.sin(x))) end)
+
+function Tensor.clamp(x, lo, hi)
+  local out = x
+  if lo then out = Tensor.maximum(out, lo) end
+  if hi then out = Tensor.minimum(out, hi) end
+  return out
+end
+
+-- ---------------------------------------------------------------- reductions
+
+-- The gradient of a reduction over dim, broadcast back to the input's shape.
+local function expand_back(g, x, dim, keepdim)
+  if dim == nil then return core.expand(core.reshape(g, {}), core.shape(x)) end
+  if not keepdim then g = core.unsqueeze(g, dim < 0 and dim + core.dim(x) + 1 or dim) end
+  return core.expand(g, core.shape(x))
+end
+
+function Tensor.sum(x, dim, keepdim)
+  local out = core.sum(x, dim, keepdim)
+  return record("sum", out, { x }, function(g) return expand_back(g, x, dim, keepdim) end)
+end
+
+function Tensor.mean(x, dim, keepdim)
+  local out = core.mean(x, dim, keepdim)
+  return record("mean", out, { x }, function(g)
+    local n = dim and core.size(x, dim) or core.numel(x)
+    return core.div(expand_back(g, x, dim, keepdim), n)
+  end)
+end
+
+local function extreme(name)
+  local f = core[name]
+  return function(x, dim, keepdim)
+    if dim == nil then
+      local out = f(x)
+      return record(name, out, { x }, function(g)
+        -- split evenly among ties, as the subgradient PyTorch uses
+        local hit = core.eq(x, out)
+        return core.div(core.mul(hit, g), core.sum(hit))
+      end)
+    end
+    local values, indices = f(x, dim, keepdim)
+    record(name, values, { x }, function(g)
+      local gin = core.full(core.shape(x), 0, core.dtype(x))
+      local idx = keepdim and indices or core.unsqueeze(indices, dim)
+      local gk = keepdim and g or core.unsqueeze(g, dim)
+      return core.scatter_add_(gin, dim, core.contiguous(idx), core.contiguous(gk))
+    end)
+    return values, indices
+  end
+end
+Tensor.max = extreme("max")
+Tensor.min = extreme("min")
+
+function Tensor.softmax(x, dim)
+  local out = core.softmax(x, dim)
+  return record("softmax", out, { x }, function(g)
+    return core.mul(out, core.sub(g, core.sum(core.mul(g, out), dim, true)))
+  end)
+end
+
+function Tensor.log_softmax(x, dim)
+  local out = core.log_softmax(x, dim)
+  return record("log_softmax", out, { x }, function(g)
+    return core.sub(g, core.mul(core.exp(out), core.sum(g, dim, true)))
+  end)
+end
+
+-- ---------------------------------------------------------------- views
+
+local function view_op(name, grad_fn)
+  local f = core[name]
+  return function(x, ...)
+    local out = f(x, ...)
+    local args = table.pack(...)
+    return record(name, out, { x }, function(g) return grad_fn(g, x, args) end)
+  end
+end
+
+local function back_to_shape(g, x) return core.reshape(g, core.shape(x)) end
+
+Tensor.reshape = view_op("reshape", back_to_shape)
+Tensor.view = view_op("view", back_to_shape)
+Tensor.squeeze = view_op("squeeze", back_to_shape)
+Tensor.unsqueeze = view_op("unsqueeze", back_to_shape)
+Tensor.contiguous = view_op("contiguous", function(g) return g end)
+Tensor.clone = view_op("clone", function(g) return g end)
+Tensor.expand = view_op("expand", function(g, x) return sum_to(g, core.shape(x)) end)
+Tensor.transpose = view_op("transpose", function(g, _, a) return core.transpose(g, a[1], a[2]) end)
+Tensor.to = view_op("to", function(g, x) return core.to(g, core.dtype(x)) end)
+
+function Tensor.permute(x, ...)
+  local perm = type(...) == "table" and ... or { ... }
+  local out = core.permute(x, perm)
+  return record("permute", out, { x }, function(g)
+    local n = #perm
+    local inverse = {}
+    for i, p in ipairs(perm) do
+      if p < 0 then p = p + n + 1 end
+      inverse[p] = i
+    end
+    return core.permute(g, inverse)
+  end)
+end
+
+-- Gradient of a slice: zeros with g written into the sliced place.
+local function slice_back(slicer)
+  return function(g, x, a)
+    local gin = core.full(core.shape(x), 0, core.dtype(x))
+    core.copy_(slicer(gin, a), g)
+    return gin
+  end
+end
+Tensor.narrow = view_op("narrow", slice_back(function(t, a) return core.narrow(t, a[1], a[2], a[3]) end))
+Tensor.select = view_op("select", slice_back(function(t, a) return core.select(t, a[1], a[2]) end))
+
+--- t:t() for 2-D tensors.
+function Tensor.t(x)
+  if core.dim(x) ~= 2 then error(string.format("t: expected a 2-D tensor, got %d-D", core.dim(x)), 2) end
+  return Tensor.transpose(x, 1, 2)
+end
+
+function Tensor.flatten(x) return Tensor.reshape(x, core.numel(x)) end
+
+-- ---------------------------------------------------------------- indexing
+
+function Tensor.index_select(x, dim, index)
+  local out = core.index_select(x, dim, index)
+  return record("index_select", out, { x }, function(g)
+    local gin = core.full(core.shape(x), 0, core.dtype(x))
+    return core.index_add_(gin, dim, index, g)
+  end)
+end
+
+function Tensor.gather(x, dim, index)
+  local out = core.gather(x, dim, index)
+  return record("gather", out, { x }, function(g)
+    local gin = core.full(core.shape(x), 0, core.dtype(x))
+    return core.scatter_add_(gin, dim, index, core.contiguous(g))
+  end)
+end
+
+function Tensor.masked_fill(x, mask, value)
+  local out = core.masked_fill(x, mask, value)
+  return record("masked_fill", out, { x }, function(g) return core.masked_fill(g, mask, 0) end)
+end
+
+function Tensor.where(cond, a, b)
+  local out = core.where(cond, a, b)
+  return record("where", out, { cond, a, b }, function(g)
+    local ga = is_tensor(a) and sum_to(core.where(cond, g, 0), core.shape(a)) or nil
+    local gb = is_tensor(b) and sum_to(core.where(cond, 0, g), core.shape(b)) or nil
+    return nil, ga, gb
+  end)
+end
+
+-- ---------------------------------------------------------------- matmul
+
+--- NumPy matmul: 1-D operands are promoted (and the added dim removed after).
+function Tensor.matmul(a, b)
+  if core.dim(a) == 1 then return Tensor.squeeze(Tensor.matmul(Tensor.unsqueeze(a, 1), b), -2) end
+  if core.dim(b) == 1 then return Tensor.squeeze(Tensor.matmul(a, Tensor.unsqueeze(b, 2)), -1) end
+  local out = core.matmul(a, b)
+  return record("matmul", out, { a, b }, function(g)
+    local ga = a._rg and sum_to(core.matmul(g, core.transpose(b, -1, -2)), core.shape(a)) or nil
+    local gb = b._rg and sum_to(core.matmul(core.transpose(a, -1, -2), g), core.shape(b)) or nil
+    return ga, gb
+  end)
+end
+
+function Tensor.bmm(a, b)
+  if core.dim(a) ~= 3 or core.dim(b) ~= 3 or core.size(a, 1) ~= core.size(b, 1) then
+    core.bmm(a, b) -- raises the shaped error
+  end
+  return Tensor.matmul(a, b)
+end
+
+return Tensor

@@ -1,0 +1,142 @@
+--- Shared spec helpers: tensor comparison that reports the worst element,
+-- a gradient-check assertion, and small naive references.
+local attn = require "attn"
+local say = require "say"
+local luassert = require "luassert"
+
+local helper = {}
+
+local function flatten(v, out)
+  out = out or {}
+  if type(v) == "table" then
+    for _, x in ipairs(v) do flatten(x, out) end
+  else
+    out[#out + 1] = v
+  end
+  return out
+end
+
+local function shape_of_table(v)
+  local s = {}
+  while type(v) == "table" do
+    s[#s + 1] = #v
+    v = v[1]
+  end
+  return s
+end
+
+local function shape_str(s) return "[" .. table.concat(s, "x") .. "]" end
+
+-- Values and shape of a tensor, nested table or number.
+local function unpack_value(v)
+  if attn.is_tensor(v) then return flatten(v:totable()), v:shape() end
+  if type(v) == "number" then return { v }, {} end
+  return flatten(v), shape_of_table(v)
+end
+
+--- Compares actual and expected (tensors, nested tables or numbers).
+-- opts: atol (default 1e-6), rtol (default 1e-5). Returns ok, message where
+-- the message names the worst element and shows both values.
+function helper.compare(actual, expected, opts)
+  opts = opts or {}
+  local atol, rtol = opts.atol or 1e-6, opts.rtol or 1e-5
+  local a, ashape = unpack_value(actual)
+  local e, eshape = unpack_value(expected)
+  local shapes_differ = #ashape > 0 and #eshape > 0 and shape_str(ashape) ~= shape_str(eshape)
+  if #a ~= #e or (opts.check_shape ~= false and shapes_differ) then
+    return false, string.format("shape mismatch: actual %s (%d values), expected %s (%d values)", shape_str(ashape),
+      #a, shape_str(eshape), #e)
+  end
+  local worst, worst_excess = nil, -math.huge
+  for i = 1, #a do
+    local x, y = a[i], e[i]
+    local err = math.abs(x - y)
+    if x ~= x or y ~= y then err = (x ~= x and y ~= y) and 0 or math.huge end
+    if x == y then err = 0 end -- equal infinities
+    local excess = err - (atol + rtol * math.abs(y))
+    if excess > worst_excess then worst, worst_excess = i, excess end
+  end
+  if worst_excess > 0 then
+    local lines = { string.format(
+      "tensors differ: worst element #%d: actual %.9g, expected %.9g (abs err %.3g, atol %g, rtol %g)",
+      worst, a[worst], e[worst], math.abs(a[worst] - e[worst]), atol, rtol) }
+    if #a <= 64 then
+      local fa, fe = {}, {}
+      for i = 1, #a do
+        fa[i] = string.format("%.6g", a[i])
+        fe[i] = string.format("%.6g", e[i])
+      end
+      lines[#lines + 1] = "actual:   " .. table.concat(fa, " ")
+      lines[#lines + 1] = "expected: " .. table.concat(fe, " ")
+    end
+    return false, table.concat(lines, "\n")
+  end
+  return true
+end
+
+--- assert.close(actual, expected [, opts]) via luassert, and helper.assert_close.
+local function close(_, arguments)
+  local ok, msg = helper.compare(arguments[1], arguments[2], arguments[3])
+  arguments.message = msg
+  return ok
+end
+say:set("assertion.close.positive", "%s")
+say:set("assertion.close.negative", "expected tensors to differ")
+luassert:register("assertion", "close", close, "assertion.close.positive", "assertion.close.negative")
+
+function helper.assert_close(actual, expected, opts)
+  local ok, msg = helper.compare(actual, expected, opts)
+  if not ok then error(msg, 2) end
+end
+
+--- Asserts that analytic gradients of fn match finite differences.
+-- inputs: tensors (made float64, requires_grad) or plain values.
+function helper.gradcheck(fn, inputs, opts)
+  local ok, report = attn.gradcheck(fn, inputs, opts)
+  if not ok then error(report.message or "gradcheck failed", 2) end
+  return report
+end
+
+--- A float64 random tensor that requires grad, for gradient checks.
+function helper.param(shape, scale)
+  local t = attn.randn(shape, "float64")
+  if scale then t = t * scale end
+  return t:requires_grad(true)
+end
+
+--- Naive matrix product of nested tables (independent of BLAS).
+function helper.naive_matmul(a, b)
+  local out = {}
+  for i = 1, #a do
+    out[i] = {}
+    for j = 1, #b[1] do
+      local s = 0
+      for k = 1, #b do s = s + a[i][k] * b[k][j] end
+      out[i][j] = s
+    end
+  end
+  return out
+end
+
+--- Minor page faults of this process so far (Linux /proc/self/stat field 10).
+function helper.minor_faults()
+  local f = assert(io.open("/proc/self/stat"))
+  local stat = f:read("a")
+  f:close()
+  local rest = stat:match("%) (.*)$")
+  local fields = {}
+  for w in rest:gmatch("%S+") do fields[#fields + 1] = w end
+  return tonumber(fields[8]) -- field 10 overall; fields here start at field 3
+end
+
+--- Resident set size in bytes (/proc/self/statm).
+function helper.rss_bytes()
+  local f = assert(io.open("/proc/self/statm"))
+  local _, resident = f:read("n", "n")
+  f:close()
+  return resident * 4096
+end
+
+helper.sanitized = os.getenv("ATTN_SANITIZED") == "1"
+
+return helper
