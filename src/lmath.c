@@ -25,8 +25,9 @@ static int binary(lua_State *L, attn_binary_op op) {
     ATTN_L_TRY(L, attn_binary_scalar(op, b, lua_tonumber(L, 1), 1, out));
     return 1;
   }
-  return luaL_error(L, "%s: expected tensors or numbers, got %s and %s", name, luaL_typename(L, 1),
-                    luaL_typename(L, 2));
+  return luaL_error(L, "%s: expected tensors or numbers, got %s and %s", name,
+                    attn_l_test(L, 1) ? ATTN_TENSOR_MT : luaL_typename(L, 1),
+                    attn_l_test(L, 2) ? ATTN_TENSOR_MT : luaL_typename(L, 2));
 }
 
 /* binary_(a, b): a = a op b in place; b (tensor or number) broadcasts to a. */

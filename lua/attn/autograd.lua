@@ -46,6 +46,13 @@ end
 function autograd.record(name, out, inputs, backward)
   if not autograd.needs_grad(inputs) then return out end
   local outputs = is_tensor(out) and { out } or out
+  -- An op that returned its input unchanged (to() of the same dtype, contiguous()
+  -- of a contiguous tensor) is the identity: the input already carries its history.
+  for _, o in ipairs(outputs) do
+    for i = 1, #inputs do
+      if rawequal(o, inputs[i]) then return out end
+    end
+  end
   local node = { name = name, inputs = inputs, backward = backward, noutputs = #outputs }
   for k, o in ipairs(outputs) do
     o._rg = true
@@ -90,9 +97,11 @@ local function accumulate(store, t, g)
   end
 end
 
---- Back-propagates from `root` (grad defaults to 1 for a one-element root).
+--- Back-propagates from `root` (grad defaults to 1 for a one-element root;
+-- backward(root, opts) is accepted too).
 -- opts.retain_graph keeps the graph for another backward pass.
 function autograd.backward(root, grad, opts)
+  if type(grad) == "table" and not is_tensor(grad) and opts == nil then grad, opts = nil, grad end
   opts = opts or {}
   if not requires(root) then
     error("backward: tensor does not require grad (no input of its computation had requires_grad)", 2)

@@ -45,9 +45,18 @@ local function finish(t, requires_grad)
   return t
 end
 
+-- Checks a shape table here so the error names the function the user called.
 local function shape_arg(shape, fn)
   if type(shape) ~= "table" then
     error(string.format("%s: shape must be a table of sizes like {2, 3}, got a %s", fn, type(shape)), 3)
+  end
+  for d, n in ipairs(shape) do
+    if math.type(n) ~= "integer" and not (type(n) == "number" and n == math.floor(n) and n < 2 ^ 63) then
+      error(string.format("%s: size %d is %s, not an integer", fn, d, tostring(n)), 3)
+    end
+    if n < 0 then
+      error(string.format("%s: negative size %s in shape [%s]", fn, tostring(n), table.concat(shape, "x")), 3)
+    end
   end
   return shape
 end
@@ -188,6 +197,7 @@ attn.set_cache_limit = core.set_cache_limit
 attn.memory = core.memory
 attn.is_tensor = autograd.is_tensor
 
+attn.autograd = autograd
 attn.no_grad = autograd.no_grad
 attn.enable_grad = autograd.enable_grad
 attn.is_grad_enabled = autograd.is_enabled

@@ -91,7 +91,8 @@ end)
 Tensor.pow = binary("pow", function(g, a, b, out)
   local ga, gb
   if is_tensor(a) then
-    ga = sum_to(core.mul(g, core.mul(b, core.pow(a, core.sub(b, 1)))), shape_of(a))
+    local b_minus_1 = is_tensor(b) and core.sub(b, 1) or b - 1
+    ga = sum_to(core.mul(g, core.mul(core.pow(a, b_minus_1), b)), shape_of(a))
   end
   if is_tensor(b) then
     -- d/db a^b = a^b log a; defined as 0 where a^b is 0 (a = 0, b > 0)
@@ -292,8 +293,13 @@ end
 
 --- NumPy matmul: 1-D operands are promoted (and the added dim removed after).
 function Tensor.matmul(a, b)
-  if core.dim(a) == 1 then return Tensor.squeeze(Tensor.matmul(Tensor.unsqueeze(a, 1), b), -2) end
-  if core.dim(b) == 1 then return Tensor.squeeze(Tensor.matmul(a, Tensor.unsqueeze(b, 2)), -1) end
+  local a_vec, b_vec = core.dim(a) == 1, core.dim(b) == 1
+  if a_vec or b_vec then
+    local out = Tensor.matmul(a_vec and Tensor.unsqueeze(a, 1) or a, b_vec and Tensor.unsqueeze(b, 2) or b)
+    if b_vec then out = Tensor.squeeze(out, -1) end
+    if a_vec then out = Tensor.squeeze(out, b_vec and -1 or -2) end
+    return out
+  end
   local out = core.matmul(a, b)
   return record("matmul", out, { a, b }, function(g)
     local ga = a._rg and sum_to(core.matmul(g, core.transpose(b, -1, -2)), core.shape(a)) or nil

@@ -1,0 +1,161 @@
+local attn = require "attn"
+local helper = require "helper"
+
+local P = helper.param
+
+describe("autograd", function()
+  before_each(function() attn.manual_seed(11) end)
+
+  describe("gradcheck of every differentiable op (float64 central differences)", function()
+    local cases = {
+      add = function() return function(a, b) return a + b end, { P { 2, 3 }, P { 3 } } end,
+      sub = function() return function(a, b) return 1 - a - b end, { P { 2, 3 }, P { 2, 1 } } end,
+      mul = function() return function(a, b) return a * b * 3 end, { P { 2, 3 }, P { 1, 3 } } end,
+      div = function()
+        return function(a, b) return a / (b:abs() + 1) + 2 / (b:abs() + 1) end, { P { 2, 3 }, P { 3 } }
+      end,
+      pow = function()
+        return function(a, b) return (a:abs() + 0.5) ^ b + (a:abs() + 0.5) ^ 3 end, { P { 2, 3 }, P { 2, 3 } }
+      end,
+      unary = function()
+        return function(x)
+          return x:exp() + x:tanh() + x:sigmoid() + x:relu() + (x:abs() + 1):log() + (x:square() + 1):sqrt()
+            + x:sin() + x:cos() + (x:abs() + 1):reciprocal() - (-x):abs()
+        end, { P { 3, 4 } }
+      end,
+      maximum = function() return function(a, b) return a:maximum(b) + a:minimum(0.1) end, { P { 3, 4 }, P { 4 } } end,
+      reductions = function()
+        return function(x)
+          return x:sum(1) * x:mean(2, true) + x:sum() + x:mean():reshape(1, 1)
+        end, { P { 3, 4 } }
+      end,
+      max_min = function()
+        return function(x)
+          local v = x:max(2)
+          local w = x:min(1, true)
+          return v:sum() + w:sum() + x:max() * 2
+        end, { P { 3, 4 } }
+      end,
+      softmax = function() return function(x) return x:softmax(2) * x:log_softmax(1) end, { P { 3, 4 } } end,
+      views = function()
+        return function(x)
+          local y = x:reshape(4, 6):transpose(1, 2):narrow(1, 2, 3):select(2, 2)
+          local z = x:permute(3, 1, 2):unsqueeze(1):squeeze(1):contiguous():view(4, 6)
+          return y:sum() + z:clone():sum(1):sum() + x:expand(2, 2, 3, 4):sum(1):to("float64")
+        end, { P { 2, 3, 4 } }
+      end,
+      indexing = function()
+        local idx = attn.tensor({ { 2, 1 }, { 3, 3 } }, "float64")
+        local mask = attn.tensor({ { 1, 0, 0 }, { 0, 0, 1 } }, "float64")
+        return function(x)
+          return x:index_select(2, { 3, 1, 3 }):sum(1) + x:gather(2, idx):sum()
+            + x:masked_fill(mask, 5):sum(2, true):sum()
+            + attn.where(mask, x, x * 2):sum()
+        end, { P { 2, 3 } }
+      end,
+      matmul = function()
+        return function(a, b, v) return a:matmul(b):matmul(v) + v:matmul(v) end, { P { 2, 3, 4 }, P { 4, 5 }, P { 5 } }
+      end,
+      batched_broadcast_matmul = function()
+        return function(a, b) return a:matmul(b) end, { P { 2, 1, 3, 4 }, P { 3, 4, 2 } }
+      end,
+      cat_stack = function()
+        return function(a, b)
+          return attn.cat({ a, b, a }, 2):sum(1):sum() + attn.stack({ a, b }, 3):sum(1) * 2
+        end, { P { 2, 3 }, P { 2, 3 } }
+      end,
+    }
+    for name, make in pairs(cases) do
+      it(name, function()
+        local fn, inputs = make()
+        local report = helper.gradcheck(fn, inputs)
+        assert.is_true(report.max_abs_err < 1e-6)
+      end)
+    end
+  end)
+
+  it("gradcheck reports a wrong gradient", function()
+    local x = P { 3 }
+    local bad = function(t)
+      local out = attn.core.exp(t)
+      return attn.autograd.record("bad", out, { t }, function(g) return g end) -- should be g * exp(t)
+    end
+    local ok, report = attn.gradcheck(bad, { x })
+    assert.is_false(ok)
+    assert.truthy(report.message:find("analytic", 1, true))
+  end)
+
+  it("matches a hand-derived gradient", function()
+    local w = attn.tensor({ 1, 2, 3 }, { dtype = "float64", requires_grad = true })
+    local loss = (w * w):sum() -- d/dw = 2w
+    loss:backward()
+    assert.are.same({ 2, 4, 6 }, w.grad:totable())
+  end)
+
+  it("accumulates across backward calls until zero_grad", function()
+    local w = attn.tensor({ 1, 2 }, { dtype = "float64", requires_grad = true })
+    for _ = 1, 3 do (w * 2):sum():backward() end
+    assert.are.same({ 6, 6 }, w.grad:totable())
+    w:zero_grad()
+    assert.is_nil(w.grad)
+  end)
+
+  it("handles a tensor used twice (diamond) and broadcast reduction", function()
+    local x = attn.tensor({ { 1, 2 } }, { dtype = "float64", requires_grad = true })
+    local y = x + attn.zeros({ 3, 2 }, "float64") -- broadcast to (3, 2)
+    local loss = (y * y + y):sum()
+    loss:backward()
+    assert.are.same({ { 3 * 3, 3 * 5 } }, x.grad:totable()) -- sum over 3 rows of 2x + 1
+  end)
+
+  it("detach and no_grad stop recording", function()
+    local w = attn.ones({ 2 }, { requires_grad = true })
+    local d = w:detach()
+    assert.is_false(d:requires_grad())
+    assert.are.equal(w:storage_id(), d:storage_id())
+    local y = attn.no_grad(function() return w * 2 end)
+    assert.is_false(y:requires_grad())
+    assert.is_nil(y.grad_fn)
+    assert.is_true(attn.is_grad_enabled())
+    assert.has_error(function() attn.no_grad(function() error("boom") end) end)
+    assert.is_true(attn.is_grad_enabled(), "grad mode restored after an error")
+  end)
+
+  it("frees the graph after backward unless retain_graph", function()
+    local w = attn.ones({ 2 }, { requires_grad = true })
+    local loss = (w:exp() * 3):sum()
+    loss:backward({ retain_graph = nil })
+    assert.has_error(function() loss:backward() end)
+    local loss2 = (w:exp() * 3):sum()
+    loss2:backward(nil, { retain_graph = true })
+    loss2:backward()
+    assert.is_true(math.abs(w.grad:get(1) - 3 * 3 * math.exp(1)) < 1e-4)
+  end)
+
+  it("explains what is wrong", function()
+    local x = attn.ones({ 2 })
+    assert.has_error(function() x:sum():backward() end,
+      "backward: tensor does not require grad (no input of its computation had requires_grad)")
+    local w = attn.ones({ 2 }, { requires_grad = true })
+    assert.has_error(function() (w * 2):backward() end,
+      "backward: grad can be omitted only for a one-element tensor, got [2]")
+  end)
+
+  it("keeps memory flat over many steps", function()
+    local w = attn.randn({ 64, 64 }, { requires_grad = true })
+    local x = attn.randn({ 32, 64 })
+    local function step()
+      local loss = x:matmul(w):tanh():softmax(2):sum()
+      loss:backward()
+      attn.no_grad(function() w:sub_(w.grad * 0.01) end)
+      w:zero_grad()
+    end
+    for _ = 1, 50 do step() end
+    collectgarbage()
+    local before = attn.memory()
+    for _ = 1, 500 do step() end
+    collectgarbage()
+    local after = attn.memory()
+    assert.is_true(after - before < 64 * 1024, string.format("live bytes %d -> %d", before, after))
+  end)
+end)

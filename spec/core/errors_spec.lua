@@ -1,0 +1,79 @@
+local attn = require "attn"
+
+-- Every programmer error raises a message naming the function and the shapes or values.
+describe("errors", function()
+  local function raises(pattern, f, ...)
+    local ok, err = pcall(f, ...)
+    assert.is_false(ok, "expected an error matching " .. pattern)
+    assert.truthy(tostring(err):find(pattern, 1, true), "got: " .. tostring(err))
+  end
+
+  it("matmul names both shapes", function()
+    raises("matmul: inner dims differ: [2x3] @ [4x5]", function() return attn.ones({ 2, 3 }):matmul(attn.ones({ 4, 5 })) end)
+    raises("matmul: dtypes differ", function() return attn.ones({ 2, 2 }):matmul(attn.ones({ 2, 2 }, "float64")) end)
+  end)
+
+  it("broadcasting mismatches name the shapes and the dim", function()
+    raises("add: shapes [2x3] and [4] do not broadcast (dim 2: 3 vs 4)",
+      function() return attn.ones({ 2, 3 }) + attn.ones({ 4 }) end)
+    raises("mul: dtypes differ: float32 [2] vs float64 [2]",
+      function() return attn.ones({ 2 }) * attn.ones({ 2 }, "float64") end)
+  end)
+
+  it("wrong argument types", function()
+    raises("add: expected tensors or numbers, got string and attn.Tensor",
+      function() return attn.core.add("x", attn.ones({ 1 })) end)
+    raises("add: expected tensors or numbers, got table and number", function() return attn.core.add({}, 1) end)
+    raises("zeros: shape must be a table of sizes like {2, 3}, got a number", function() return attn.zeros(3) end)
+    raises("unknown dtype 'int8'", function() return attn.zeros({ 2 }, "int8") end)
+  end)
+
+  it("dims out of range", function()
+    raises("transpose: dim 3 out of range (expected 1..2 or -2..-1)", function() return attn.ones({ 2, 2 }):transpose(1, 3) end)
+    raises("sum: dim 0 out of range", function() return attn.ones({ 2 }):sum(0) end)
+    raises("narrow: start 2 length 3 outside dim 1 of size 3 ([3])", function() return attn.ones({ 3 }):narrow(1, 2, 3) end)
+    raises("permute: not a permutation of the 2 dims of [2x3]", function() return attn.ones({ 2, 3 }):permute(1, 1) end)
+  end)
+
+  it("bad sizes: negative, non-integer, NaN, too many dims", function()
+    raises("zeros: negative size -2 in shape [3x-2]", function() return attn.zeros({ 3, -2 }) end)
+    raises("empty: negative size -2 in shape [3x-2]", function() return attn.core.empty({ 3, -2 }) end)
+    raises("empty: size 2 is 1.5, not an integer", function() return attn.empty({ 2, 1.5 }) end)
+    raises("nan, not an integer", function() return attn.zeros({ 0 / 0 }) end)
+    raises("at most 8 supported", function() return attn.zeros({ 1, 1, 1, 1, 1, 1, 1, 1, 1 }) end)
+    raises("reshape: shape [4x4] has 16 elements, tensor has 6", function() return attn.ones({ 2, 3 }):reshape(4, 4) end)
+    raises("view: only one dim may be -1", function() return attn.ones({ 2, 3 }):view(-1, -1) end)
+  end)
+
+  it("tables that are not rectangular or not numbers", function()
+    raises("tensor: table is not rectangular: entry [2] has 1 entries where a table of 2 was expected",
+      function() return attn.tensor({ { 1, 2 }, { 3 } }) end)
+    raises("tensor: element at [1][2] is a string, not a number", function() return attn.tensor({ { 1, "x" } }) end)
+  end)
+
+  it("refuses more memory than can be had, without crashing", function()
+    raises("cannot allocate", function() return attn.zeros({ 1e6, 1e6, 1e3 }) end)
+    raises("overflows the address space", function() return attn.empty({ 2 ^ 40, 2 ^ 40 }) end)
+    -- the engine still works afterwards
+    assert.are.equal(6, attn.ones({ 2, 3 }):sum():item())
+  end)
+
+  it("use of a freed tensor raises instead of reading freed memory", function()
+    local x = attn.ones({ 2 })
+    local v = x:view(2)
+    attn.core.free(x)
+    raises("use of freed tensor", function() return x:sum() end)
+    assert.are.equal(2, v:sum():item()) -- the view keeps its own reference
+    do
+      local scoped <close> = attn.ones({ 3 })
+      assert.are.equal(3, scoped:numel())
+    end
+  end)
+
+  it("in-place updates of tensors that require grad are refused while recording", function()
+    local p = attn.ones({ 2 }, { requires_grad = true })
+    raises("add_: in-place update of a tensor that requires grad", function() return p:add_(1) end)
+    attn.no_grad(function() p:add_(1) end)
+    assert.are.same({ 2, 2 }, p:totable())
+  end)
+end)

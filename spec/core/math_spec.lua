@@ -1,0 +1,206 @@
+local attn = require "attn"
+local helper = require "helper"
+
+-- Naive references over flattened row-major values with explicit broadcasting.
+local function broadcast_shape(a, b)
+  local n = math.max(#a, #b)
+  local out = {}
+  for d = 1, n do
+    local x, y = a[d - n + #a] or 1, b[d - n + #b] or 1
+    out[d] = x == 1 and y or x
+  end
+  return out
+end
+
+local function naive_binary(a, b, f)
+  local sa, sb = a:shape(), b:shape()
+  local so = broadcast_shape(sa, sb)
+  local out = attn.zeros(so, "float64")
+  local n = out:numel()
+  local idx = {}
+  for d = 1, #so do idx[d] = 1 end
+  local function pick(t, s)
+    local sub = {}
+    for d = 1, #s do
+      local od = d + #so - #s
+      sub[d] = s[d] == 1 and 1 or idx[od]
+    end
+    return t:get(table.unpack(sub))
+  end
+  local flat = out:view(n)
+  for k = 1, n do
+    flat:set(f(pick(a, sa), pick(b, sb)), k)
+    for d = #so, 1, -1 do
+      idx[d] = idx[d] + 1
+      if idx[d] <= so[d] then break end
+      idx[d] = 1
+    end
+  end
+  return out
+end
+
+local binary_refs = {
+  add = function(x, y) return x + y end,
+  sub = function(x, y) return x - y end,
+  mul = function(x, y) return x * y end,
+  div = function(x, y) return x / y end,
+  pow = function(x, y) return x ^ y end,
+  maximum = function(x, y) return math.max(x, y) end,
+  minimum = function(x, y) return math.min(x, y) end,
+  lt = function(x, y) return x < y and 1 or 0 end,
+  ge = function(x, y) return x >= y and 1 or 0 end,
+  eq = function(x, y) return x == y and 1 or 0 end,
+}
+
+describe("elementwise math", function()
+  before_each(function() attn.manual_seed(1) end)
+
+  for name, ref in pairs(binary_refs) do
+    it(name .. " broadcasts like NumPy on strided views, float32 and float64", function()
+      for _, dtype in ipairs { "float32", "float64" } do
+        local a = attn.rand({ 3, 1, 4 }, dtype) + 0.5
+        local b = attn.rand({ 4, 5 }, dtype):transpose(1, 2) + 0.5 -- (5, 4), non-contiguous
+        if name == "eq" then b = attn.where(attn.rand({ 5, 4 }, dtype):lt(0.5), b, a:select(1, 1):select(1, 1)) end
+        local got = attn[name](a, b)
+        assert.are.same({ 3, 5, 4 }, got:shape())
+        local tol = dtype == "float32" and 1e-5 or 1e-12
+        helper.assert_close(got, naive_binary(a:to("float64"), b:to("float64"), ref), { atol = tol, rtol = tol })
+      end
+    end)
+  end
+
+  it("takes numbers on either side", function()
+    local x = attn.tensor({ 1, 2, 4 })
+    assert.are.same({ 3, 4, 6 }, (x + 2):totable())
+    assert.are.same({ 1, 0, -2 }, (2 - x):totable())
+    assert.are.same({ 2, 1, 0.5 }, (2 / x):totable())
+    assert.are.same({ 2, 4, 16 }, (2 ^ x):totable())
+    assert.are.same({ 1, 4, 16 }, (x ^ 2):totable())
+    assert.are.same({ -1, -2, -4 }, (-x):totable())
+    assert.are.same({ 0, 1, 1 }, x:gt(1):totable())
+  end)
+
+  it("unary functions match math.* on a transposed view", function()
+    local x = (attn.rand({ 6, 7 }, "float64") * 4 - 2):transpose(1, 2)
+    local refs = {
+      exp = math.exp, tanh = function(v) return (math.exp(v) - math.exp(-v)) / (math.exp(v) + math.exp(-v)) end,
+      sigmoid = function(v) return 1 / (1 + math.exp(-v)) end, relu = function(v) return math.max(v, 0) end,
+      abs = math.abs, neg = function(v) return -v end, square = function(v) return v * v end,
+      sin = math.sin, cos = math.cos,
+    }
+    for name, f in pairs(refs) do
+      local got = x[name](x)
+      for i = 1, 7 do
+        for j = 1, 6 do
+          assert.is_true(math.abs(got:get(i, j) - f(x:get(i, j))) < 1e-12, name)
+        end
+      end
+    end
+    local p = x:abs() + 0.1
+    helper.assert_close(p:log():exp(), p, { atol = 1e-12 })
+    helper.assert_close(p:sqrt():square(), p, { atol = 1e-12 })
+  end)
+
+  it("sigmoid and softmax stay finite for huge inputs", function()
+    local s = attn.tensor({ -1000, 1000 }):sigmoid()
+    assert.are.same({ 0, 1 }, s:totable())
+    local z = attn.tensor({ { 1e4, 0, -1e4 }, { 3, 3, 3 } }):softmax(2)
+    helper.assert_close(z, { { 1, 0, 0 }, { 1 / 3, 1 / 3, 1 / 3 } })
+  end)
+
+  it("gives the same bits on 1 and 2 threads for large inputs", function()
+    local a = attn.randn({ 512, 300 }, "float32")
+    local b = attn.randn({ 300 }, "float32")
+    attn.set_num_threads(1)
+    local one = { (a * b):sum(2):totable(), a:softmax(1):sum():item(), a:matmul(a:t()):sum():item() }
+    attn.set_num_threads(2)
+    local two = { (a * b):sum(2):totable(), a:softmax(1):sum():item(), a:matmul(a:t()):sum():item() }
+    assert.are.same(one, two)
+  end)
+end)
+
+describe("reductions", function()
+  local x
+  before_each(function() x = attn.tensor({ { { 1, 5, 2 }, { 7, 3, 3 } }, { { 0, -1, 4 }, { 2, 2, 9 } } }, "float64") end)
+
+  it("sum, mean, max, min, argmax over dims with keepdim", function()
+    assert.are.same({ { 8, 13 }, { 3, 13 } }, x:sum(3):totable())
+    assert.are.same({ { { 8 }, { 13 } }, { { 3 }, { 13 } } }, x:sum(-1, true):totable())
+    assert.are.same({ { 1, 4, 6 }, { 9, 5, 12 } }, x:sum(1):totable())
+    assert.are.equal(37, x:sum():item())
+    assert.are.equal(37 / 12, x:mean():item())
+    assert.are.same({ { 4, 4, 2.5 }, { 1, 0.5, 6.5 } }, x:mean(2):totable())
+    local v, i = x:max(3)
+    assert.are.same({ { 5, 7 }, { 4, 9 } }, v:totable())
+    assert.are.same({ { 2, 1 }, { 3, 3 } }, i:totable())
+    assert.are.same({ { 2, 1 }, { 3, 3 } }, x:argmax(3):totable())
+    local mn, mi = x:min(2, true)
+    assert.are.same({ 2, 1, 3 }, mn:shape())
+    assert.are.same({ { { 1, 2, 1 } }, { { 1, 1, 1 } } }, mi:totable())
+    assert.are.equal(9, x:max():item())
+    assert.are.equal(-1, x:min():item())
+  end)
+
+  it("reduces non-contiguous views correctly", function()
+    local t = x:permute(3, 1, 2) -- (3, 2, 2)
+    helper.assert_close(t:sum(1), x:sum(3))
+    helper.assert_close(t:sum(), 37)
+  end)
+
+  it("softmax and log_softmax over any dim match the formula", function()
+    local s = x:softmax(2)
+    for a = 1, 2 do
+      for c = 1, 3 do
+        local e1, e2 = math.exp(x:get(a, 1, c)), math.exp(x:get(a, 2, c))
+        assert.is_true(math.abs(s:get(a, 1, c) - e1 / (e1 + e2)) < 1e-14)
+      end
+    end
+    helper.assert_close(x:log_softmax(3), x:softmax(3):log(), { atol = 1e-12 })
+  end)
+end)
+
+describe("matmul", function()
+  before_each(function() attn.manual_seed(3) end)
+
+  it("matches a naive triple loop for 2-D, transposed and narrowed operands", function()
+    for _, dtype in ipairs { "float32", "float64" } do
+      local a = attn.randn({ 7, 5 }, dtype)
+      local b = attn.randn({ 6, 9 }, dtype):t():narrow(1, 2, 5) -- (5, 6) strided
+      local got = a:matmul(b)
+      local tol = dtype == "float32" and 1e-5 or 1e-12
+      helper.assert_close(got, helper.naive_matmul(a:totable(), b:totable()), { atol = tol, rtol = tol })
+    end
+  end)
+
+  it("batches with broadcasting batch dims and 1-D operands", function()
+    local a = attn.randn({ 2, 1, 3, 4 }, "float64")
+    local b = attn.randn({ 5, 4, 2 }, "float64")
+    local c = a:matmul(b)
+    assert.are.same({ 2, 5, 3, 2 }, c:shape())
+    for i = 1, 2 do
+      for j = 1, 5 do
+        helper.assert_close(c:select(1, i):select(1, j),
+          helper.naive_matmul(a:select(1, i):select(1, 1):totable(), b:select(1, j):totable()), { atol = 1e-12 })
+      end
+    end
+    local v = attn.tensor({ 1, 2, 3, 4 }, "float64")
+    assert.are.same({ 2, 1, 3 }, a:matmul(v):shape())
+    assert.are.same({ 5, 2 }, v:matmul(b):shape())
+    assert.are.equal(30, v:matmul(v):item())
+  end)
+
+  it("splits a large product over threads without changing it", function()
+    local a = attn.randn({ 300, 200 }, "float64")
+    local b = attn.randn({ 200, 100 }, "float64")
+    local c = a:matmul(b)
+    local i, j = 123, 45
+    local s = 0
+    for k = 1, 200 do s = s + a:get(i, k) * b:get(k, j) end
+    assert.is_true(math.abs(c:get(i, j) - s) < 1e-10)
+  end)
+
+  it("bmm checks its shapes", function()
+    assert.has_error(function() attn.bmm(attn.ones({ 2, 3, 4 }), attn.ones({ 3, 4, 5 })) end,
+      "bmm: expected (B, n, m) @ (B, m, p), got [2x3x4] @ [3x4x5]")
+  end)
+end)

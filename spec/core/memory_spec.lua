@@ -1,0 +1,71 @@
+local attn = require "attn"
+local helper = require "helper"
+
+-- Memory is known to the Lua GC, and storage comes from a caching allocator.
+describe("memory", function()
+  it("stays bounded over 20,000 temporary 1 MB tensors", function()
+    collectgarbage()
+    local live0 = attn.memory()
+    local rss0 = helper.rss_bytes()
+    local peak_live, peak_rss = 0, 0
+    local side = 512 -- 512 x 512 float32 = 1 MiB
+    for i = 1, 20000 do
+      local t = attn.empty({ side, side })
+      t:fill_(i)
+      if i % 500 == 0 then
+        local live = attn.memory()
+        if live > peak_live then peak_live = live end
+        local rss = helper.rss_bytes()
+        if rss > peak_rss then peak_rss = rss end
+      end
+    end
+    collectgarbage()
+    local live_growth = (peak_live - live0) / 2 ^ 20
+    local rss_growth = (peak_rss - rss0) / 2 ^ 20
+    print(string.format("\n    memory spec: 20000 x 1 MiB tensors: peak live growth %.0f MiB, peak RSS growth %.0f MiB",
+      live_growth, rss_growth))
+    -- without GC pressure this loop would hold ~20 GB; the collector keeps it to a few hundred MiB at most
+    assert.is_true(live_growth < 512, "live tensor memory grew by " .. live_growth .. " MiB")
+    assert.is_true(rss_growth < 1024, "RSS grew by " .. rss_growth .. " MiB")
+    assert.is_true(attn.memory() - live0 < 2 ^ 20 * 4)
+  end)
+
+  it("reuses freed blocks so a repeated operation stops paying page faults", function()
+    if helper.sanitized then
+      pending("AddressSanitizer's allocator replaces the cache's reuse behaviour")
+      return
+    end
+    local a = attn.randn({ 256, 256 })
+    local function step()
+      local x = a:matmul(a) -- 256 KiB outputs
+      local y = (x * 2):softmax(2)
+      return y:sum():item()
+    end
+    for _ = 1, 3 do step() end
+    collectgarbage()
+    collectgarbage()
+    local before = helper.minor_faults()
+    for _ = 1, 50 do
+      step()
+      collectgarbage("step", 0)
+    end
+    local faults = helper.minor_faults() - before
+    print(string.format("\n    page-fault spec: 50 repeats after warm-up: %d minor faults (%d KiB fresh if each were new)",
+      faults, 50 * 3 * 256))
+    -- each repeat allocates 3 x 256 KiB = 192 pages; fresh memory would fault ~9,600 times
+    assert.is_true(faults < 500, faults .. " minor faults")
+  end)
+
+  it("gives cached memory back on empty_cache", function()
+    do
+      local _ = attn.empty({ 1024, 1024 })
+    end
+    collectgarbage()
+    collectgarbage()
+    local _, cached = attn.memory()
+    assert.is_true(cached >= 4 * 2 ^ 20)
+    attn.empty_cache()
+    local _, after = attn.memory()
+    assert.are.equal(0, after)
+  end)
+end)
