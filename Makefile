@@ -33,7 +33,7 @@ ASAN_MODULE = build/asan/attn/core.so
 
 LUA_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="lua/?.so;;" OPENBLAS_NUM_THREADS=1
 
-.PHONY: all deps test test-asan demo bench lint clean install check-c
+.PHONY: all deps test test-asan demo bench lint clean install examples
 
 all: $(MODULE)
 
@@ -80,6 +80,11 @@ test-asan: deps
 demo: deps
 	@$(MAKE) --no-print-directory all
 	@$(LUA_ENV) $(LUA) examples/demo.lua
+
+# Every example with small sizes (a smoke run, as CI does).
+examples: deps
+	@$(MAKE) --no-print-directory all
+	@set -e; for f in examples/*.lua; do echo "example $$f"; $(LUA_ENV) ATTN_SMOKE=1 $(LUA) $$f; done
 
 bench: deps
 	@$(MAKE) --no-print-directory all

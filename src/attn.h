@@ -9,6 +9,7 @@
 
 #include "attn_alloc.h"
 #include "attn_error.h"
+#include "attn_linalg.h"
 #include "attn_ops.h"
 #include "attn_parallel.h"
 #include "attn_rng.h"

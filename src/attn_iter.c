@@ -95,14 +95,17 @@ static void run_range(void *arg, int64_t begin, int64_t end) {
   }
 }
 
-void attn_iter_run(attn_iter *it, attn_iter_fn fn, void *ctx) {
+void attn_iter_run_cost(attn_iter *it, attn_iter_fn fn, void *ctx, int64_t cost) {
   int64_t numel = 1;
   for (int d = 0; d < it->ndim; d++) numel *= it->shape[d];
   if (numel == 0) return;
+  if (cost < 1) cost = 1;
   coalesce(it);
   iter_job job = {it, fn, ctx};
-  if (numel < PARALLEL_MIN_ELEMENTS)
+  if (numel * cost < PARALLEL_MIN_ELEMENTS)
     run_range(&job, 0, numel);
   else
-    attn_parallel_for(numel, PARALLEL_MIN_ELEMENTS / 2, run_range, &job);
+    attn_parallel_for(numel, (PARALLEL_MIN_ELEMENTS / 2 + cost - 1) / cost, run_range, &job);
 }
+
+void attn_iter_run(attn_iter *it, attn_iter_fn fn, void *ctx) { attn_iter_run_cost(it, fn, ctx, 1); }

@@ -32,5 +32,8 @@ int attn_iter_add(attn_iter *it, const attn_tensor *t);
 int attn_iter_add_scalar(attn_iter *it, void *ptr);
 /* Merges dims and runs fn; parallel when the iteration is large. */
 void attn_iter_run(attn_iter *it, attn_iter_fn fn, void *ctx);
+/* Same, for callbacks that do `cost` units of work per element (a reduction
+ * over a row of that length), so long rows are split over threads too. */
+void attn_iter_run_cost(attn_iter *it, attn_iter_fn fn, void *ctx, int64_t cost);
 
 #endif

@@ -76,8 +76,9 @@ attn_status attn_linalg_solve(const attn_tensor *a, const attn_tensor *b, attn_t
  * so rank-deficient and wide a are fine. Singular values below
  * eps * max(m, n) * s_max count as zero (eps of the dtype), as NumPy does.
  * a (..., m, n); b (..., m) or (..., m, r); x (..., n) or (..., n, r)
- * (caller-allocated). rank (may be NULL) receives the effective rank of the
- * last matrix of the batch. a and b must be finite (ATTN_ERR_NUMERIC). */
+ * (caller-allocated). rank (may be NULL) receives the effective rank: the
+ * smallest over the batch (0 when m or n is 0, min(m, n) for an empty batch).
+ * a and b must be finite (ATTN_ERR_NUMERIC otherwise). */
 attn_status attn_linalg_lstsq(const attn_tensor *a, const attn_tensor *b, attn_tensor *x, int64_t *rank);
 
 /* Reduced QR (?geqrf + ?orgqr): a = q r with q's columns orthonormal and r

@@ -93,7 +93,7 @@ attn_status attn_reduce(attn_reduce_op op, const attn_tensor *x, int dim, attn_t
     attn_view_select(&iv, dim, 0);
     attn_iter_add(&it, &iv);
   }
-  attn_iter_run(&it, reduce_rows, &c);
+  attn_iter_run_cost(&it, reduce_rows, &c, c.len);
   return ATTN_OK;
 }
 
@@ -136,6 +136,6 @@ attn_status attn_softmax(const attn_tensor *x, int dim, int log_softmax, attn_te
   attn_iter_begin(&it, ov.ndim, ov.shape);
   attn_iter_add(&it, &ov);
   attn_iter_add(&it, &xv);
-  attn_iter_run(&it, softmax_rows, &c);
+  attn_iter_run_cost(&it, softmax_rows, &c, 4 * c.len);
   return ATTN_OK;
 }
