@@ -110,7 +110,8 @@ static void softmax_rows(int64_t n, char **p, const int64_t *st, void *arg) {
     if (mx == -INFINITY) mx = 0; /* a row of -inf: exp gives 0/0 = NaN below, as it should */
     double sum = 0;
     for (int64_t k = 0; k < c->len; k++) sum += exp(load(x + k * c->xstride, c->dtype) - mx);
-    double logsum = log(sum);
+    /* sum is 0 only for a row of -inf, where log gives -inf and the result NaN, as intended */
+    double logsum = log(sum); // cppcheck-suppress invalidFunctionArg
     for (int64_t k = 0; k < c->len; k++) {
       double z = load(x + k * c->xstride, c->dtype) - mx;
       store(o + k * c->ostride, c->dtype, c->log ? z - logsum : exp(z) / sum);

@@ -155,7 +155,7 @@ attn_status attn_view_transpose(attn_tensor *t, int dim0, int dim1) {
 
 attn_status attn_view_permute(attn_tensor *t, const int *perm) {
   int seen[ATTN_MAX_DIMS] = {0};
-  int64_t shape[ATTN_MAX_DIMS], stride[ATTN_MAX_DIMS];
+  int64_t shape[ATTN_MAX_DIMS] = {0}, stride[ATTN_MAX_DIMS] = {0};
   for (int d = 0; d < t->ndim; d++) {
     int p = perm[d];
     if (p < 0 || p >= t->ndim || seen[p])
@@ -236,7 +236,7 @@ attn_status attn_view_expand(attn_tensor *t, int ndim, const int64_t *shape) {
   if (ndim < t->ndim || ndim > ATTN_MAX_DIMS)
     return attn_error(ATTN_ERR_SHAPE, "expand: cannot expand %s to %s", attn_tensor_shape_str(t),
                       attn_shape_str(ndim, shape));
-  int64_t nshape[ATTN_MAX_DIMS], nstride[ATTN_MAX_DIMS];
+  int64_t nshape[ATTN_MAX_DIMS] = {0}, nstride[ATTN_MAX_DIMS] = {0};
   int lead = ndim - t->ndim;
   for (int d = 0; d < ndim; d++) {
     int td = d - lead;

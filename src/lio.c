@@ -282,10 +282,12 @@ static void sync_parent_dir(const char *path) {
  * @treturn[1] boolean true
  * @treturn[2] nil
  * @treturn[2] string "<path>: cannot ...: <reason>"
- * @raise when a part is neither a string nor a tensor
+ * @raise when a part is neither a string nor a tensor, or path contains a NUL byte
  */
 static int l_write_file_atomic(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
+  size_t path_len;
+  const char *path = luaL_checklstring(L, 1, &path_len);
+  if (strlen(path) != path_len) return luaL_error(L, "write_file_atomic: path contains a NUL byte");
   luaL_checktype(L, 2, LUA_TTABLE);
   lua_settop(L, 2);
   lua_Integer n = (lua_Integer)lua_rawlen(L, 2);
