@@ -12,7 +12,7 @@ local Tensor = core.methods
 -- Plain pass-through of the non-differentiable core functions.
 for _, name in ipairs {
   "shape", "stride", "size", "dim", "numel", "dtype", "is_contiguous", "storage_id", "storage_offset",
-  "totable", "item", "get", "eq", "ne", "lt", "le", "gt", "ge", "argmax", "argmin", "sign",
+  "totable", "item", "get", "eq", "ne", "lt", "le", "gt", "ge", "argmax", "argmin", "sign", "free",
 } do
   Tensor[name] = core[name]
 end

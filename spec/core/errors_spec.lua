@@ -61,7 +61,7 @@ describe("errors", function()
   it("use of a freed tensor raises instead of reading freed memory", function()
     local x = attn.ones({ 2 })
     local v = x:view(2)
-    attn.core.free(x)
+    x:free()
     raises("use of freed tensor", function() return x:sum() end)
     assert.are.equal(2, v:sum():item()) -- the view keeps its own reference
     do
