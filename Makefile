@@ -33,7 +33,7 @@ ASAN_MODULE = build/asan/attn/core.so
 
 LUA_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="lua/?.so;;" OPENBLAS_NUM_THREADS=1
 
-.PHONY: all deps test test-asan demo bench lint clean install examples
+.PHONY: all deps test test-asan check-c demo bench lint clean install examples
 
 all: $(MODULE)
 
@@ -76,6 +76,17 @@ test-asan: deps
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="build/asan/?.so;;" OPENBLAS_NUM_THREADS=1 \
 	  ATTN_SANITIZED=1 $(BUSTED) -o TAP $(BUSTED_ARGS) spec | tools/tap-summary
+
+# The C core's own unit tests (no Lua), under ASan+UBSan and then valgrind memcheck.
+CORE_SRC = $(filter src/attn_%.c,$(SRC))
+check-c: deps
+	@mkdir -p build
+	$(CC) $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -Isrc $(BLAS_FLAGS) \
+	  spec/c/test_core.c $(CORE_SRC) -o build/test_core_asan $(LDLIBS)
+	ASAN_OPTIONS=detect_leaks=1 OPENBLAS_NUM_THREADS=1 build/test_core_asan
+	$(CC) $(WARN) -O1 -g -Isrc $(BLAS_FLAGS) spec/c/test_core.c $(CORE_SRC) -o build/test_core $(LDLIBS)
+	OPENBLAS_NUM_THREADS=1 valgrind -q --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite \
+	  build/test_core
 
 demo: deps
 	@$(MAKE) --no-print-directory all

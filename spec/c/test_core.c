@@ -1,0 +1,141 @@
+/* C unit tests of the Lua-free core: allocator, views, copies, broadcasting,
+ * error messages, reductions and matmul against naive loops. Prints one line
+ * per failure and ends with "N passed, N failed". */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "attn.h"
+
+static int passed, failed;
+
+#define CHECK(cond, ...)                                   \
+  do {                                                     \
+    if (cond) {                                            \
+      passed++;                                            \
+    } else {                                               \
+      failed++;                                            \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__);          \
+      printf(__VA_ARGS__);                                 \
+      printf("\n");                                        \
+    }                                                      \
+  } while (0)
+
+static void test_allocator(void) {
+  size_t cap1, cap2;
+  attn_alloc_empty_cache();
+  void *a = attn_alloc(1000, &cap1);
+  CHECK(a && cap1 >= 1000 && cap1 <= 1280, "class for 1000 bytes is %zu", cap1);
+  CHECK(((uintptr_t)a & 63) == 0, "64-byte alignment");
+  attn_free(a, cap1);
+  CHECK(attn_alloc_cached_bytes() == cap1, "freed block is cached");
+  void *b = attn_alloc(1010, &cap2);
+  CHECK(b == a && cap2 == cap1, "same class reuses the cached block");
+  attn_free(b, cap2);
+  attn_alloc_empty_cache();
+  CHECK(attn_alloc_cached_bytes() == 0, "empty_cache gives everything back");
+  size_t cap;
+  CHECK(attn_alloc((size_t)1 << 62, &cap) == NULL, "absurd request refused");
+}
+
+static void test_views_and_errors(void) {
+  attn_tensor t;
+  int64_t shape[3] = {2, 3, 4};
+  CHECK(attn_tensor_init(&t, ATTN_F64, 3, shape) == ATTN_OK, "init");
+  int64_t n = attn_tensor_numel(&t);
+  for (int64_t i = 0; i < n; i++) ((double *)t.storage->data)[i] = (double)i;
+  attn_tensor v;
+  attn_tensor_view(&v, &t);
+  CHECK(t.storage->refcount == 2, "a view retains the storage");
+  attn_view_transpose(&v, 0, 2); /* (4, 3, 2) */
+  int64_t idx[3] = {3, 1, 1};     /* v[3][1][1] == t[1][1][3] = 12 + 4 + 3 */
+  CHECK(attn_tensor_get(&v, idx) == 19.0, "transposed read %g", attn_tensor_get(&v, idx));
+  CHECK(!attn_tensor_is_contiguous(&v), "transpose is not contiguous");
+  int64_t flat = 24;
+  CHECK(attn_view_reshape("view", &v, 1, &flat) == ATTN_ERR_SHAPE, "transposed view cannot flatten");
+  CHECK(strstr(attn_last_error(), "not viewable") != NULL, "message: %s", attn_last_error());
+  CHECK(attn_view_narrow(&v, 0, 3, 2) == ATTN_ERR_ARG, "narrow past the end fails");
+  CHECK(strstr(attn_last_error(), "narrow: start 4 length 2 outside dim 1 of size 4") != NULL, "message: %s",
+        attn_last_error());
+  attn_tensor_free(&t);
+  CHECK(v.storage->refcount == 1, "the view outlives its base");
+  attn_tensor_free(&v);
+  attn_tensor_free(&v); /* idempotent */
+  CHECK(v.storage == NULL, "released");
+  int64_t bad[2] = {3, -1};
+  CHECK(attn_tensor_init(&t, ATTN_F32, 2, bad) == ATTN_ERR_SHAPE, "negative size refused");
+  CHECK(strstr(attn_last_error(), "negative size -1 in shape [3x-1]") != NULL, "message: %s", attn_last_error());
+}
+
+static void test_broadcast_and_reduce(void) {
+  attn_tensor a, b, out, sum;
+  int64_t sa[2] = {3, 1}, sb[1] = {4}, so[2] = {3, 4}, ss[2] = {3, 1};
+  attn_tensor_init(&a, ATTN_F32, 2, sa);
+  attn_tensor_init(&b, ATTN_F32, 1, sb);
+  attn_tensor_init(&out, ATTN_F32, 2, so);
+  attn_tensor_init(&sum, ATTN_F32, 2, ss);
+  for (int i = 0; i < 3; i++) ((float *)a.storage->data)[i] = (float)(i + 1);
+  for (int j = 0; j < 4; j++) ((float *)b.storage->data)[j] = (float)(10 * j);
+  CHECK(attn_binary(ATTN_MUL, &a, &b, &out) == ATTN_OK, "broadcast mul");
+  int ok = 1;
+  for (int i = 0; i < 3; i++)
+    for (int j = 0; j < 4; j++) ok &= ((float *)out.storage->data)[i * 4 + j] == (float)((i + 1) * 10 * j);
+  CHECK(ok, "broadcast values");
+  CHECK(attn_reduce(ATTN_SUM, &out, 1, &sum, NULL) == ATTN_OK, "sum over dim 1");
+  CHECK(((float *)sum.storage->data)[2] == 180.0f, "row sum %g", ((float *)sum.storage->data)[2]);
+  attn_tensor wrong;
+  int64_t sw[1] = {5};
+  attn_tensor_init(&wrong, ATTN_F32, 1, sw);
+  CHECK(attn_binary(ATTN_ADD, &a, &wrong, &out) == ATTN_ERR_SHAPE, "mismatch refused");
+  CHECK(strstr(attn_last_error(), "add: output [3x4] is not the broadcast shape [3x5]") != NULL, "message: %s",
+        attn_last_error());
+  attn_tensor_free(&a);
+  attn_tensor_free(&b);
+  attn_tensor_free(&out);
+  attn_tensor_free(&sum);
+  attn_tensor_free(&wrong);
+}
+
+static void test_matmul(void) {
+  enum { M = 37, K = 19, N = 23 };
+  attn_tensor a, b, c;
+  int64_t sa[2] = {K, M}, sb[2] = {K, N}, sc[2] = {M, N};
+  attn_tensor_init(&a, ATTN_F64, 2, sa); /* used transposed: (M, K) */
+  attn_tensor_init(&b, ATTN_F64, 2, sb);
+  attn_tensor_init(&c, ATTN_F64, 2, sc);
+  attn_rng rng;
+  attn_rng_seed(&rng, 5);
+  attn_rng_normal(&rng, &a, 0, 1);
+  attn_rng_normal(&rng, &b, 0, 1);
+  attn_view_transpose(&a, 0, 1);
+  CHECK(attn_matmul(&a, &b, &c) == ATTN_OK, "matmul");
+  double worst = 0;
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < N; j++) {
+      double s = 0;
+      for (int k = 0; k < K; k++) {
+        int64_t ia[2] = {i, k}, ib[2] = {k, j};
+        s += attn_tensor_get(&a, ia) * attn_tensor_get(&b, ib);
+      }
+      int64_t ic[2] = {i, j};
+      double err = fabs(attn_tensor_get(&c, ic) - s);
+      if (err > worst) worst = err;
+    }
+  CHECK(worst < 1e-12, "matmul vs naive loop: worst error %g", worst);
+  CHECK(attn_matmul(&b, &b, &c) == ATTN_ERR_SHAPE, "inner dims checked");
+  CHECK(strstr(attn_last_error(), "matmul: inner dims differ: [19x23] @ [19x23]") != NULL, "message: %s",
+        attn_last_error());
+  attn_tensor_free(&a);
+  attn_tensor_free(&b);
+  attn_tensor_free(&c);
+}
+
+int main(void) {
+  test_allocator();
+  test_views_and_errors();
+  test_broadcast_and_reduce();
+  test_matmul();
+  attn_alloc_empty_cache();
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed != 0;
+}
