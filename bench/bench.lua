@@ -50,13 +50,7 @@ end
 print("\n-- allocation reuse: 1024x1024 scores, softmax, weighted sum; 30 steps")
 local q = attn.randn({ 1024, 64 })
 local function attention_step() return attn.core.matmul(attn.core.softmax(attn.core.matmul(q, q:t()), 2), q) end
-local function faults()
-  local f = assert(io.open("/proc/self/stat"))
-  local fields = {}
-  for w in f:read("a"):match("%) (.*)$"):gmatch("%S+") do fields[#fields + 1] = w end
-  f:close()
-  return tonumber(fields[8])
-end
+local function faults() return (attn.core.rusage()) end
 local function measure(limit)
   attn.set_cache_limit(limit)
   attn.empty_cache()

@@ -84,6 +84,11 @@ say:set("assertion.close.positive", "%s")
 say:set("assertion.close.negative", "expected tensors to differ")
 luassert:register("assertion", "close", close, "assertion.close.positive", "assertion.close.negative")
 
+-- A failing assertion on tensors prints their values, not a userdata address.
+luassert:add_formatter(function(v)
+  if attn.is_tensor(v) then return tostring(v) end
+end)
+
 function helper.assert_close(actual, expected, opts)
   local ok, msg = helper.compare(actual, expected, opts)
   if not ok then error(msg, 2) end
@@ -118,16 +123,8 @@ function helper.naive_matmul(a, b)
   return out
 end
 
---- Minor page faults of this process so far (Linux /proc/self/stat field 10).
-function helper.minor_faults()
-  local f = assert(io.open("/proc/self/stat"))
-  local stat = f:read("a")
-  f:close()
-  local rest = stat:match("%) (.*)$")
-  local fields = {}
-  for w in rest:gmatch("%S+") do fields[#fields + 1] = w end
-  return tonumber(fields[8]) -- field 10 overall; fields here start at field 3
-end
+--- Minor page faults of this process so far (getrusage's ru_minflt).
+function helper.minor_faults() return (attn.core.rusage()) end
 
 --- Resident set size in bytes (/proc/self/statm).
 function helper.rss_bytes()

@@ -2,6 +2,7 @@
  * debt), tensor userdata plumbing shared by all binding files, and the
  * memory/thread/seed functions. */
 #include <math.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <stdlib.h>
 #include <string.h>
@@ -253,8 +254,18 @@ static int l_clock(lua_State *L) {
   return 1;
 }
 
+/* The process's minor page faults and peak RSS in bytes (getrusage). */
+static int l_rusage(lua_State *L) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return luaL_error(L, "rusage: getrusage failed");
+  lua_pushinteger(L, (lua_Integer)ru.ru_minflt);
+  lua_pushinteger(L, (lua_Integer)ru.ru_maxrss * 1024);
+  return 2;
+}
+
 static const luaL_Reg core_functions[] = {
     {"clock", l_clock},
+    {"rusage", l_rusage},
     {"memory", l_memory},
     {"empty_cache", l_empty_cache},
     {"set_cache_limit", l_set_cache_limit},
