@@ -6,10 +6,10 @@ local luassert = require "luassert"
 
 local helper = {}
 
-local function flatten(v, out)
+function helper.flatten(v, out)
   out = out or {}
   if type(v) == "table" then
-    for _, x in ipairs(v) do flatten(x, out) end
+    for _, x in ipairs(v) do helper.flatten(x, out) end
   else
     out[#out + 1] = v
   end
@@ -29,9 +29,9 @@ local function shape_str(s) return "[" .. table.concat(s, "x") .. "]" end
 
 -- Values and shape of a tensor, nested table or number.
 local function unpack_value(v)
-  if attn.is_tensor(v) then return flatten(v:totable()), v:shape() end
+  if attn.is_tensor(v) then return helper.flatten(v:totable()), v:shape() end
   if type(v) == "number" then return { v }, {} end
-  return flatten(v), shape_of_table(v)
+  return helper.flatten(v), shape_of_table(v)
 end
 
 --- Compares actual and expected (tensors, nested tables or numbers).
@@ -132,6 +132,66 @@ function helper.rss_bytes()
   local _, resident = f:read("n", "n")
   f:close()
   return resident * 4096
+end
+
+-- ---------------------------------------------------------------- files
+
+function helper.write_bytes(path, s)
+  local f = assert(io.open(path, "wb"))
+  f:write(s)
+  f:close()
+end
+
+function helper.read_bytes(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+--- A fresh empty directory under /tmp.
+function helper.make_tmpdir()
+  local lfs = require "lfs"
+  local name = os.tmpname()
+  os.remove(name)
+  assert(lfs.mkdir(name))
+  return name
+end
+
+function helper.remove_tree(path)
+  local lfs = require "lfs"
+  if lfs.symlinkattributes(path, "mode") == "directory" then
+    for entry in lfs.dir(path) do
+      if entry ~= "." and entry ~= ".." then helper.remove_tree(path .. "/" .. entry) end
+    end
+    lfs.rmdir(path)
+  else
+    os.remove(path)
+  end
+end
+
+function helper.list_dir(path)
+  local lfs = require "lfs"
+  local out = {}
+  for entry in lfs.dir(path) do
+    if entry ~= "." and entry ~= ".." then out[#out + 1] = entry end
+  end
+  table.sort(out)
+  return out
+end
+
+--- Bit-exact comparison: same dtype and shape, equal values (==, so -0 == 0),
+-- and identical serialised bytes (which also tells -0 from 0 and NaN payloads).
+function helper.assert_identical(actual, expected)
+  luassert.is_true(attn.is_tensor(actual))
+  luassert.are.equal(expected:dtype(), actual:dtype())
+  luassert.are.same(expected:shape(), actual:shape())
+  local a, e = helper.flatten({ actual:totable() }), helper.flatten({ expected:totable() })
+  luassert.are.equal(#e, #a)
+  for i = 1, #e do
+    if e[i] == e[i] then luassert.are.equal(e[i], a[i], "element " .. i) end
+  end
+  luassert.is_true(attn.core.tensor_to_bytes(actual) == attn.core.tensor_to_bytes(expected), "bytes differ")
 end
 
 helper.sanitized = os.getenv("ATTN_SANITIZED") == "1"

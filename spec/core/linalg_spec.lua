@@ -17,18 +17,7 @@ local function transpose(a)
   return t
 end
 
-local function mat_mul(a, b)
-  local out = {}
-  for i = 1, #a do
-    out[i] = {}
-    for j = 1, #b[1] do
-      local s = 0
-      for k = 1, #b do s = s + a[i][k] * b[k][j] end
-      out[i][j] = s
-    end
-  end
-  return out
-end
+local mat_mul = helper.naive_matmul
 
 local function mat_sub(a, b)
   local out = {}

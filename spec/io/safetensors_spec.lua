@@ -1,74 +1,15 @@
 -- attn.save / attn.load: safetensors checkpoints.
 -- Files are generated at run time in a fresh temporary directory.
 local attn = require "attn"
+local helper = require "helper"
 local cjson = require "cjson"
 local lfs = require "lfs"
 
 local core = attn.core
 
-local function write_bytes(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-end
-
-local function read_bytes(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function make_tmpdir()
-  local name = os.tmpname()
-  os.remove(name)
-  assert(lfs.mkdir(name))
-  return name
-end
-
-local function remove_tree(path)
-  if lfs.symlinkattributes(path, "mode") == "directory" then
-    for entry in lfs.dir(path) do
-      if entry ~= "." and entry ~= ".." then remove_tree(path .. "/" .. entry) end
-    end
-    lfs.rmdir(path)
-  else
-    os.remove(path)
-  end
-end
-
-local function list_dir(path)
-  local out = {}
-  for entry in lfs.dir(path) do
-    if entry ~= "." and entry ~= ".." then out[#out + 1] = entry end
-  end
-  table.sort(out)
-  return out
-end
-
-local function flatten(v, out)
-  out = out or {}
-  if type(v) == "table" then
-    for _, x in ipairs(v) do flatten(x, out) end
-  else
-    out[#out + 1] = v
-  end
-  return out
-end
-
--- Bit-exact comparison: same dtype and shape, equal values (==, so -0 == 0),
--- and identical serialised bytes (which also distinguishes -0 and NaNs).
-local function assert_same(actual, expected)
-  assert.is_true(attn.is_tensor(actual))
-  assert.are.equal(expected:dtype(), actual:dtype())
-  assert.are.same(expected:shape(), actual:shape())
-  local a, e = flatten({ actual:totable() }), flatten({ expected:totable() })
-  assert.are.equal(#e, #a)
-  for i = 1, #e do
-    if e[i] == e[i] then assert.are.equal(e[i], a[i], "element " .. i) end
-  end
-  assert.is_true(core.tensor_to_bytes(actual) == core.tensor_to_bytes(expected), "bytes differ")
-end
+local write_bytes, read_bytes = helper.write_bytes, helper.read_bytes
+local make_tmpdir, remove_tree, list_dir = helper.make_tmpdir, helper.remove_tree, helper.list_dir
+local assert_same, flatten = helper.assert_identical, helper.flatten
 
 -- A safetensors file from a hand-written JSON header and a data buffer.
 local function st_file(header, buffer) return string.pack("<I8", #header) .. header .. (buffer or "") end
