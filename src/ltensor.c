@@ -147,25 +147,19 @@ static int l_eye(lua_State *L) {
   return 1;
 }
 
-/* rand(shape [, dtype]), randn(shape [, dtype]), bernoulli(shape, p [, dtype]) */
-static int l_rand(lua_State *L) {
+/* rand(shape [, dtype]), randn(shape [, dtype]): U[0, 1) and N(0, 1) fills. */
+static int random_tensor(lua_State *L, int normal) {
   int64_t shape[ATTN_MAX_DIMS];
   attn_dtype dt;
-  int nd = shape_and_dtype(L, shape, &dt, "rand");
+  int nd = shape_and_dtype(L, shape, &dt, normal ? "randn" : "rand");
   attn_tensor *t = attn_l_push_alloc(L, dt, nd, shape);
-  ATTN_L_TRY(L, attn_rng_uniform(attn_l_rng(L), t, 0, 1));
+  ATTN_L_TRY(L, normal ? attn_rng_normal(attn_l_rng(L), t, 0, 1) : attn_rng_uniform(attn_l_rng(L), t, 0, 1));
   return 1;
 }
+static int l_rand(lua_State *L) { return random_tensor(L, 0); }
+static int l_randn(lua_State *L) { return random_tensor(L, 1); }
 
-static int l_randn(lua_State *L) {
-  int64_t shape[ATTN_MAX_DIMS];
-  attn_dtype dt;
-  int nd = shape_and_dtype(L, shape, &dt, "randn");
-  attn_tensor *t = attn_l_push_alloc(L, dt, nd, shape);
-  ATTN_L_TRY(L, attn_rng_normal(attn_l_rng(L), t, 0, 1));
-  return 1;
-}
-
+/* bernoulli(shape, p [, dtype]) */
 static int l_bernoulli(lua_State *L) {
   int64_t shape[ATTN_MAX_DIMS];
   luaL_checktype(L, 1, LUA_TTABLE);
