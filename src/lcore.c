@@ -154,7 +154,7 @@ int64_t attn_l_checkindices(lua_State *L, int arg, int64_t **out, const char *fn
       v = lua_tonumber(L, -1);
       lua_pop(L, 1);
     }
-    if (v != floor(v) || !(fabs(v) < 9.0e15)) luaL_error(L, "%s: index %g at position %d is not an integer", fn, v, (int)i + 1);
+    if (v != floor(v) || !(fabs(v) < 9.0e15)) luaL_error(L, "%s: index %f at position %d is not an integer", fn, v, (int)i + 1);
     buf[i] = (int64_t)v - 1;
   }
   *out = buf;

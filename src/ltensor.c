@@ -109,7 +109,7 @@ static int l_full(lua_State *L) {
 }
 
 static int checked_count(lua_State *L, double n, const char *fn) {
-  if (!(n >= 0) || n > 9.0e15) return luaL_error(L, "%s: would produce %g elements", fn, n);
+  if (!(n >= 0) || n > 9.0e15) return luaL_error(L, "%s: would produce %f elements", fn, n);
   return 0;
 }
 
@@ -117,7 +117,7 @@ static int checked_count(lua_State *L, double n, const char *fn) {
 static int l_arange(lua_State *L) {
   double start = luaL_checknumber(L, 1), stop = luaL_checknumber(L, 2), step = luaL_checknumber(L, 3);
   if (step == 0 || !isfinite(start) || !isfinite(stop) || !isfinite(step))
-    return luaL_error(L, "arange: need finite start, stop and a nonzero step, got %g, %g, %g", start, stop, step);
+    return luaL_error(L, "arange: need finite start, stop and a nonzero step, got %f, %f, %f", start, stop, step);
   double count = ceil((stop - start) / step);
   if (count < 0) count = 0;
   checked_count(L, count, "arange");

@@ -45,6 +45,13 @@ describe("errors", function()
     raises("view: only one dim may be -1", function() return attn.ones({ 2, 3 }):view(-1, -1) end)
   end)
 
+  it("non-integer indices and impossible ranges name the value", function()
+    raises("index_select: index 1.5 at position 1 is not an integer",
+      function() return attn.ones({ 5, 3 }):index_select(1, { 1.5 }) end)
+    raises("arange: need finite start, stop and a nonzero step, got 0.0, 1.0, 0.0", function() return attn.arange(0, 1, 0) end)
+    raises("arange: would produce inf elements", function() return attn.arange(0, 1e300, 1e-300) end)
+  end)
+
   it("tables that are not rectangular or not numbers", function()
     raises("tensor: table is not rectangular: entry [2] has 1 entries where a table of 2 was expected",
       function() return attn.tensor({ { 1, 2 }, { 3 } }) end)

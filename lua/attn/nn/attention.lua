@@ -1,0 +1,253 @@
+--- Attention layers of `attn.nn`, built on the functional attention API
+-- (attn.dot_product_attention, attn.additive_attention, attn.split_heads, ...),
+-- with the parameter names of the book's PyTorch classes.
+--
+-- After each call, `m.attention_weights` holds the attention weights (before
+-- dropout, detached from the graph) as the book stores them; for
+-- MultiHeadAttention they are per head, (B, num_heads, Nq, Nk), never averaged.
+-- @module attn.nn.attention
+local attn = require "attn"
+local module = require "attn.nn.module"
+local linear = require "attn.nn.linear"
+
+local Module = module.Module
+local Linear, Dropout, Embedding = linear.Linear, linear.Dropout, linear.Embedding
+
+local M = {}
+
+local function shape_str(s) return "[" .. table.concat(s, "x") .. "]" end
+
+-- Options given either as a table or positionally, in the order of `names`.
+local function read_options(who, names, first, ...)
+  local o = {}
+  if type(first) == "table" and not attn.is_tensor(first) then
+    local allowed = {}
+    for _, n in ipairs(names) do allowed[n] = true end
+    for k, v in pairs(first) do
+      if not allowed[k] then
+        error(string.format("%s: unknown option '%s' (expected %s)", who, tostring(k), table.concat(names, ", ")), 4)
+      end
+      o[k] = v
+    end
+  else
+    local args = table.pack(first, ...)
+    for i, n in ipairs(names) do o[n] = args[i] end
+  end
+  return o
+end
+
+local function need_int(who, o, name)
+  local v = o[name]
+  if math.type(v) ~= "integer" or v < 1 then
+    error(string.format("%s: %s must be a positive integer, got %s", who, name, tostring(v)), 4)
+  end
+  return v
+end
+
+local function valid_lens_tensor(v, dtype)
+  if v == nil or attn.is_tensor(v) then return v end
+  if type(v) == "table" then return attn.tensor(v, dtype) end
+  error("valid_lens must be a tensor, a table or nil, got a " .. type(v), 3)
+end
+
+local function detach(t) return t and t:detach() or nil end
+
+-- ---------------------------------------------------------------- DotProductAttention
+
+--- `nn.DotProductAttention{dropout = 0}` (or `(dropout)`): scaled dot-product
+-- attention. forward(queries (B, Nq, d), keys (B, Nk, d), values (B, Nk, dv),
+-- valid_lens [, opts]) -> (B, Nq, dv); opts are passed on to
+-- attn.dot_product_attention (mask, causal, window, scale).
+local DotProductAttention = Module:extend("DotProductAttention")
+M.DotProductAttention = DotProductAttention
+
+function DotProductAttention:init(...)
+  local o = read_options("DotProductAttention", { "dropout" }, ...)
+  self.dropout = Dropout(o.dropout or 0)
+end
+
+function DotProductAttention:forward(queries, keys, values, valid_lens, opts)
+  local o = {}
+  if opts ~= nil then
+    if type(opts) ~= "table" then error("DotProductAttention: opts must be a table, got a " .. type(opts), 2) end
+    for k, v in pairs(opts) do o[k] = v end
+  end
+  if valid_lens ~= nil then o.valid_lens = valid_lens_tensor(valid_lens, attn.is_tensor(queries) and queries:dtype() or nil) end
+  o.dropout, o.training = self.dropout.p, self.dropout.training
+  o.need_weights = true
+  local out, weights = attn.dot_product_attention(queries, keys, values, o)
+  self.attention_weights = detach(weights)
+  return out
+end
+
+-- ---------------------------------------------------------------- AdditiveAttention
+
+--- `nn.AdditiveAttention{key_size, query_size, num_hiddens, dropout}` (or
+-- positional in that order): score(q, k) = w_v^T tanh(W_q q + W_k k).
+-- Children W_k (key_size -> num_hiddens), W_q (query_size -> num_hiddens) and
+-- w_v (num_hiddens -> 1), all without bias, and dropout; state dict keys
+-- "W_k.weight", "W_q.weight", "w_v.weight" (1, num_hiddens).
+-- forward(queries (B, Nq, query_size), keys (B, Nk, key_size), values (B, Nk, dv),
+-- valid_lens) -> (B, Nq, dv).
+local AdditiveAttention = Module:extend("AdditiveAttention")
+M.AdditiveAttention = AdditiveAttention
+
+function AdditiveAttention:init(...)
+  local who = "AdditiveAttention"
+  local o = read_options(who, { "key_size", "query_size", "num_hiddens", "dropout" }, ...)
+  local ks, qs, h = need_int(who, o, "key_size"), need_int(who, o, "query_size"), need_int(who, o, "num_hiddens")
+  self.W_k = Linear(ks, h, { bias = false })
+  self.W_q = Linear(qs, h, { bias = false })
+  self.w_v = Linear(h, 1, { bias = false })
+  self.dropout = Dropout(o.dropout or 0)
+end
+
+function AdditiveAttention:forward(queries, keys, values, valid_lens)
+  local qh, kh = self.W_q(queries), self.W_k(keys)
+  -- w_v.weight is (1, num_hiddens) as in PyTorch; the functional form takes the (h) vector
+  local w_v = self.w_v.weight:reshape({ self.w_v.in_features })
+  local out, weights = attn.additive_attention(qh, kh, values, w_v, {
+    valid_lens = valid_lens_tensor(valid_lens, qh:dtype()),
+    dropout = self.dropout.p, training = self.dropout.training,
+  })
+  self.attention_weights = detach(weights)
+  return out
+end
+
+-- ---------------------------------------------------------------- MultiHeadAttention
+
+--- `nn.MultiHeadAttention{key_size, query_size, value_size, num_hiddens,
+-- num_heads, dropout, bias = false}` (or positional in that order): the book's
+-- multi-head attention. Children attention (DotProductAttention), W_q, W_k, W_v
+-- (size -> num_hiddens) and W_o (num_hiddens -> num_hiddens). Heads use the
+-- batch-major layout (B * num_heads rows, one sample's heads contiguous), and
+-- valid_lens are repeat_interleave'd per head.
+-- forward(queries (B, Nq, query_size), keys (B, Nk, key_size), values (B, Nk,
+-- value_size), valid_lens [, opts]) -> (B, Nq, num_hiddens); afterwards
+-- m.attention_weights is (B, num_heads, Nq, Nk). opts go to
+-- attn.dot_product_attention (causal, window, scale, mask); a per-sample keep-mask
+-- (B, Nq, Nk) is repeated per head.
+local MultiHeadAttention = Module:extend("MultiHeadAttention")
+M.MultiHeadAttention = MultiHeadAttention
+
+function MultiHeadAttention:init(...)
+  local who = "MultiHeadAttention"
+  local o = read_options(who, { "key_size", "query_size", "value_size", "num_hiddens", "num_heads", "dropout", "bias" },
+    ...)
+  local h, heads = need_int(who, o, "num_hiddens"), need_int(who, o, "num_heads")
+  if h % heads ~= 0 then
+    error(string.format("%s: num_hiddens %d is not divisible by num_heads %d", who, h, heads), 3)
+  end
+  local bias = o.bias == true
+  self.num_heads = heads
+  self.attention = DotProductAttention(o.dropout or 0)
+  self.W_q = Linear(need_int(who, o, "query_size"), h, { bias = bias })
+  self.W_k = Linear(need_int(who, o, "key_size"), h, { bias = bias })
+  self.W_v = Linear(need_int(who, o, "value_size"), h, { bias = bias })
+  self.W_o = Linear(h, h, { bias = bias })
+end
+
+-- A keep-mask given per sample, (B, Nq, Nk), repeated for the (B*heads) rows of
+-- the head layout (sample b's heads are rows (b-1)*heads+1 .. b*heads); masks
+-- that broadcast over the batch ((Nq, Nk) or (1, Nq, Nk)) are kept as they are.
+local function per_head_mask(opts, heads, dtype)
+  local mask = opts.mask
+  if type(mask) == "table" and not attn.is_tensor(mask) then mask = attn.tensor(mask, dtype) end
+  if attn.is_tensor(mask) and mask:dim() == 3 and mask:size(1) > 1 then
+    local idx = {}
+    for b = 1, mask:size(1) do
+      for _ = 1, heads do idx[#idx + 1] = b end
+    end
+    mask = attn.core.index_select(mask, 1, idx)
+  end
+  local o = {}
+  for k, v in pairs(opts) do o[k] = v end
+  o.mask = mask
+  return o
+end
+
+function MultiHeadAttention:forward(queries, keys, values, valid_lens, opts)
+  local heads = self.num_heads
+  local q = attn.split_heads(self.W_q(queries), heads)
+  local k = attn.split_heads(self.W_k(keys), heads)
+  local v = attn.split_heads(self.W_v(values), heads)
+  valid_lens = valid_lens_tensor(valid_lens, q:dtype())
+  if valid_lens ~= nil then valid_lens = attn.repeat_interleave(valid_lens, heads) end
+  if opts ~= nil and opts.mask ~= nil then opts = per_head_mask(opts, heads, q:dtype()) end
+  local out = self.attention(q, k, v, valid_lens, opts)
+  local w = self.attention.attention_weights
+  if w ~= nil then
+    local s = w:shape()
+    self.attention_weights = w:reshape({ s[1] // heads, heads, s[2], s[3] })
+  end
+  return self.W_o(attn.merge_heads(out, heads))
+end
+
+function MultiHeadAttention:extra_repr() return "num_heads=" .. self.num_heads end
+
+-- ---------------------------------------------------------------- positional encodings
+
+--- `nn.PositionalEncoding{num_hiddens, dropout, max_len = 1000}` (or
+-- positional): X (B, T, num_hiddens) -> dropout(X + P[1..T]) with the sinusoidal
+-- table P of attn.positional_encoding. P is a plain field, not state (as in the
+-- book, whose state dict for this layer is empty), kept per dtype.
+local PositionalEncoding = Module:extend("PositionalEncoding")
+M.PositionalEncoding = PositionalEncoding
+
+function PositionalEncoding:init(...)
+  local who = "PositionalEncoding"
+  local o = read_options(who, { "num_hiddens", "dropout", "max_len" }, ...)
+  self.num_hiddens = need_int(who, o, "num_hiddens")
+  o.max_len = o.max_len or 1000
+  self.max_len = need_int(who, o, "max_len")
+  self.dropout = Dropout(o.dropout or 0)
+  self.P = attn.positional_encoding(self.max_len, self.num_hiddens, "float32")
+end
+
+-- The table's first T rows in `dtype`, (T, num_hiddens).
+function PositionalEncoding:encoding(T, dtype)
+  if self.P:dtype() ~= dtype then self.P = self.P:to(dtype) end
+  local P = self.P
+  if P:dim() == 3 then P = P:select(1, 1) end
+  return P:narrow(1, 1, T)
+end
+
+local function check_positions(who, X, d, max_len)
+  if not attn.is_tensor(X) then error(who .. ": input must be a tensor (B, T, d), got a " .. type(X), 3) end
+  local s = X:shape()
+  if #s < 2 or s[#s] ~= d or s[#s - 1] > max_len then
+    error(string.format("%s: input %s must be (..., T, %d) with T <= max_len %d", who, shape_str(s), d, max_len), 3)
+  end
+  return s[#s - 1]
+end
+
+function PositionalEncoding:forward(X)
+  local T = check_positions("PositionalEncoding", X, self.num_hiddens, self.max_len)
+  return self.dropout(X + self:encoding(T, X:dtype()))
+end
+
+--- `nn.LearnedPositionalEncoding{num_hiddens, max_len, dropout}` (or positional):
+-- the chapter's exercise, a learnable position embedding: X (B, T, d) ->
+-- dropout(X + embedding.weight[1..T]). Child "embedding" is an Embedding(max_len,
+-- num_hiddens) (N(0, 1) init like nn.Embedding; state key "embedding.weight").
+local LearnedPositionalEncoding = Module:extend("LearnedPositionalEncoding")
+M.LearnedPositionalEncoding = LearnedPositionalEncoding
+
+function LearnedPositionalEncoding:init(...)
+  local who = "LearnedPositionalEncoding"
+  local o = read_options(who, { "num_hiddens", "max_len", "dropout" }, ...)
+  self.num_hiddens = need_int(who, o, "num_hiddens")
+  o.max_len = o.max_len or 1000
+  self.max_len = need_int(who, o, "max_len")
+  self.embedding = Embedding(self.max_len, self.num_hiddens)
+  self.dropout = Dropout(o.dropout or 0)
+end
+
+function LearnedPositionalEncoding:forward(X)
+  local T = check_positions("LearnedPositionalEncoding", X, self.num_hiddens, self.max_len)
+  local positions = {}
+  for t = 1, T do positions[t] = t end
+  return self.dropout(X + self.embedding(positions))
+end
+
+return M

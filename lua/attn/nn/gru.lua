@@ -1,0 +1,192 @@
+--- `nn.GRU`: a multi-layer gated recurrent unit, time-major like `torch.nn.GRU`.
+--
+-- Parameters (PyTorch names and layouts, gate order r, z, n), for layer k = 0, 1, ...:
+-- weight_ih_l{k} (3h, in_k), weight_hh_l{k} (3h, h), bias_ih_l{k} (3h),
+-- bias_hh_l{k} (3h); in_0 = input_size, in_k = h above. Every entry starts as
+-- U(-1/sqrt(h), 1/sqrt(h)). One step:
+--
+--     r  = sigmoid(W_ir x + b_ir + W_hr h + b_hr)
+--     z  = sigmoid(W_iz x + b_iz + W_hz h + b_hz)
+--     n  = tanh(W_in x + b_in + r * (W_hn h + b_hn))
+--     h' = (1 - z) * n + z * h
+--
+-- The input projections of all time steps of a layer are one matrix product;
+-- only the recurrent part loops over time, and each step is one fused autograd
+-- node (hand-written backward). Dropout (training mode only) is applied to the
+-- outputs of every layer but the last.
+-- @module attn.nn.gru
+-- @usage
+-- local rnn = nn.GRU{input_size = 8, num_hiddens = 16, num_layers = 2}
+-- local outputs, state = rnn(X)        -- X (T, B, 8) -> (T, B, 16), (2, B, 16)
+-- local outputs2, state2 = rnn(X, state)
+local attn = require "attn"
+local autograd = require "attn.autograd"
+local module = require "attn.nn.module"
+local init = require "attn.nn.init_fns"
+local linear = require "attn.nn.linear"
+
+local core = attn.core
+local record = autograd.record
+
+local M = {}
+
+local function shape_str(s) return "[" .. table.concat(s, "x") .. "]" end
+
+-- ---------------------------------------------------------------- autograd helpers
+
+--- Splits x along dim 1 into a list of views (one node; backward writes the
+-- slices' gradients into one zero tensor).
+local function unbind(x)
+  local n = core.size(x, 1)
+  local outs = {}
+  for t = 1, n do outs[t] = core.select(x, 1, t) end
+  if n == 0 then return outs end
+  record("unbind", outs, { x }, function(...)
+    local gs = table.pack(...)
+    local gin = core.full(core.shape(x), 0, core.dtype(x))
+    for t = 1, n do
+      if gs[t] ~= nil then core.copy_(core.select(gin, 1, t), gs[t]) end
+    end
+    return gin
+  end)
+  return outs
+end
+M.unbind = unbind
+
+--- Stacks a list of equal-shape tensors along a new dim 1 (one node).
+local function stack(list)
+  local parts = {}
+  for i, t in ipairs(list) do parts[i] = core.unsqueeze(t, 1) end
+  local out = core.cat(parts, 1)
+  return record("stack", out, list, function(g)
+    local gs = {}
+    for i = 1, #list do gs[i] = core.select(g, 1, i) end
+    return table.unpack(gs, 1, #list)
+  end)
+end
+M.stack = stack
+
+--- One GRU step as a single autograd node.
+-- gi (B, 3h): input projection W_ih x + b_ih; h (B, h); w_hh (3h, h); b_hh (3h).
+-- Returns h' (B, h).
+local function gru_cell(gi, h, w_hh, b_hh)
+  local H = core.size(h, 2)
+  local gh = core.matmul(h, core.transpose(w_hh, 1, 2))
+  if b_hh then gh = core.add(gh, b_hh) end
+  local r = core.sigmoid(core.add(core.narrow(gi, 2, 1, H), core.narrow(gh, 2, 1, H)))
+  local z = core.sigmoid(core.add(core.narrow(gi, 2, H + 1, H), core.narrow(gh, 2, H + 1, H)))
+  local ghn = core.narrow(gh, 2, 2 * H + 1, H)
+  local n = core.tanh(core.add(core.narrow(gi, 2, 2 * H + 1, H), core.mul(r, ghn)))
+  local out = core.add(n, core.mul(z, core.sub(h, n)))
+  return record("gru_cell", out, { gi, h, w_hh, b_hh or false }, function(g)
+    local dn = core.sub(g, core.mul(g, z))                   -- g * (1 - z)
+    local dz = core.mul(g, core.sub(h, n))                   -- g * (h - n)
+    local dan = core.mul(dn, core.sub(1, core.square(n)))    -- through tanh
+    local daz = core.mul(dz, core.mul(z, core.sub(1, z)))    -- through sigmoid
+    local dr = core.mul(dan, ghn)
+    local dar = core.mul(dr, core.mul(r, core.sub(1, r)))
+    local dgi = core.cat({ dar, daz, dan }, 2)
+    local dgh = core.cat({ dar, daz, core.mul(dan, r) }, 2)
+    local dh = core.add(core.mul(g, z), core.matmul(dgh, w_hh))
+    local dw = core.matmul(core.transpose(dgh, 1, 2), h)
+    local db = b_hh and core.sum(dgh, 1) or nil
+    return dgi, dh, dw, db
+  end)
+end
+M.gru_cell = gru_cell
+
+-- ---------------------------------------------------------------- GRU
+
+local GRU = module.Module:extend("GRU")
+M.GRU = GRU
+
+local function check_int(v, what, min)
+  if math.type(v) ~= "integer" or v < min then
+    error(string.format("GRU: %s must be an integer >= %d, got %s", what, min, tostring(v)), 4)
+  end
+end
+
+--- `nn.GRU{input_size =, num_hiddens =, num_layers = 1, dropout = 0, bias = true}`
+-- or `nn.GRU(input_size, num_hiddens [, num_layers [, dropout]])`
+-- (`hidden_size` is accepted for `num_hiddens`).
+function GRU:init(a, b, c, d)
+  local o
+  if type(a) == "table" then
+    o = linear.check_options(a, "GRU", { input_size = true, num_hiddens = true, hidden_size = true,
+      num_layers = true, dropout = true, bias = true, dtype = true })
+  else
+    o = { input_size = a, num_hiddens = b, num_layers = c, dropout = d }
+  end
+  local h = o.num_hiddens or o.hidden_size
+  check_int(o.input_size, "input_size", 1)
+  check_int(h, "num_hiddens", 1)
+  local layers = o.num_layers or 1
+  check_int(layers, "num_layers", 1)
+  local p = o.dropout or 0
+  if type(p) ~= "number" or p < 0 or p > 1 then
+    error(string.format("GRU: dropout must be a probability in [0, 1], got %s", tostring(p)), 3)
+  end
+  self.input_size, self.hidden_size, self.num_hiddens = o.input_size, h, h
+  self.num_layers, self.dropout, self.bias = layers, p, o.bias ~= false
+  local dtype = o.dtype or "float32"
+  local bound = 1 / math.sqrt(h)
+  for k = 0, layers - 1 do
+    local in_k = k == 0 and o.input_size or h
+    self:register_parameter("weight_ih_l" .. k, init.uniform_(attn.empty({ 3 * h, in_k }, dtype), -bound, bound))
+    self:register_parameter("weight_hh_l" .. k, init.uniform_(attn.empty({ 3 * h, h }, dtype), -bound, bound))
+    if self.bias then
+      self:register_parameter("bias_ih_l" .. k, init.uniform_(attn.empty({ 3 * h }, dtype), -bound, bound))
+      self:register_parameter("bias_hh_l" .. k, init.uniform_(attn.empty({ 3 * h }, dtype), -bound, bound))
+    end
+  end
+end
+
+--- forward(X [, h0]): X (T, B, input_size), h0 (num_layers, B, h) or nil for zeros.
+-- Returns outputs (T, B, h) (last layer, every step) and the final state
+-- (num_layers, B, h).
+function GRU:forward(X, h0)
+  if not attn.is_tensor(X) then error("GRU: input must be a tensor (T, B, input_size), got a " .. type(X), 2) end
+  local s = X:shape()
+  if #s ~= 3 or s[3] ~= self.input_size then
+    error(string.format("GRU: input %s must be (T, B, %d) (time-major)", shape_str(s), self.input_size), 2)
+  end
+  local T, B, H = s[1], s[2], self.hidden_size
+  if h0 ~= nil then
+    if not attn.is_tensor(h0) then error("GRU: h0 must be a tensor, got a " .. type(h0), 2) end
+    local hs = h0:shape()
+    if #hs ~= 3 or hs[1] ~= self.num_layers or hs[2] ~= B or hs[3] ~= H then
+      error(string.format("GRU: h0 %s must be (num_layers, B, h) = [%dx%dx%d]", shape_str(hs), self.num_layers, B, H), 2)
+    end
+  end
+  if T == 0 then error("GRU: input " .. shape_str(s) .. " has no time steps", 2) end
+  local finals = {}
+  local input = X
+  for k = 0, self.num_layers - 1 do
+    local w_ih, w_hh = self["weight_ih_l" .. k], self["weight_hh_l" .. k]
+    local b_ih, b_hh = self["bias_ih_l" .. k], self["bias_hh_l" .. k]
+    local in_k = input:size(3)
+    local gi = input:reshape({ T * B, in_k }):matmul(w_ih:t())
+    if b_ih then gi = gi + b_ih end
+    local steps = unbind(gi:reshape({ T, B, 3 * H }))
+    local h = h0 and h0:select(1, k + 1) or attn.zeros({ B, H }, X:dtype())
+    local outs = {}
+    for t = 1, T do
+      h = gru_cell(steps[t], h, w_hh, b_hh)
+      outs[t] = h
+    end
+    finals[k + 1] = h
+    input = stack(outs)
+    if k < self.num_layers - 1 then input = linear.dropout(input, self.dropout, self.training) end
+  end
+  return input, stack(finals)
+end
+
+function GRU:extra_repr()
+  local parts = { string.format("%d, %d", self.input_size, self.hidden_size) }
+  if self.num_layers ~= 1 then parts[#parts + 1] = "num_layers=" .. self.num_layers end
+  if not self.bias then parts[#parts + 1] = "bias=False" end
+  if self.dropout ~= 0 then parts[#parts + 1] = string.format("dropout=%g", self.dropout) end
+  return table.concat(parts, ", ")
+end
+
+return M

@@ -1,0 +1,263 @@
+--- Basic layers of `attn.nn`: Linear, Embedding, Dropout, LayerNorm, ReLU and
+-- Sequential, with PyTorch's parameter names, layouts and default initialisation.
+-- @module attn.nn.linear
+local attn = require "attn"
+local module = require "attn.nn.module"
+local init = require "attn.nn.init_fns"
+
+local Module = module.Module
+local core = attn.core
+
+local M = {}
+
+local function shape_str(s) return "[" .. table.concat(s, "x") .. "]" end
+
+local function check_tensor(v, who, what)
+  if not attn.is_tensor(v) then
+    error(string.format("%s: %s must be a tensor, got a %s", who, what, type(v)), 3)
+  end
+end
+
+local function check_positive_int(v, who, what)
+  if math.type(v) ~= "integer" or v < 1 then
+    error(string.format("%s: %s must be a positive integer, got %s", who, what, tostring(v)), 3)
+  end
+end
+
+local function check_options(opts, who, allowed)
+  if opts == nil then return {} end
+  if type(opts) ~= "table" then error(string.format("%s: options must be a table, got a %s", who, type(opts)), 3) end
+  for k in pairs(opts) do
+    if not allowed[k] then error(string.format("%s: unknown option '%s'", who, tostring(k)), 3) end
+  end
+  return opts
+end
+M.check_options = check_options
+
+-- ---------------------------------------------------------------- dropout (functional)
+
+--- Inverted dropout: in training, zeroes each entry with probability p and
+-- scales the rest by 1/(1-p); identity when not training or p = 0.
+function M.dropout(x, p, training)
+  if not training or p == 0 then return x end
+  if p >= 1 then return x * 0 end
+  local mask = core.bernoulli(x:shape(), 1 - p, x:dtype())
+  core.mul_(mask, 1 / (1 - p))
+  return x * mask
+end
+
+-- ---------------------------------------------------------------- Linear
+
+--- `nn.Linear(in_features, out_features [, {bias = true}])`: y = x W^T + b.
+-- weight (out, in) and bias (out), both U(-1/sqrt(in), 1/sqrt(in)) (PyTorch's
+-- kaiming-uniform with a = sqrt(5)); input (..., in) -> (..., out).
+local Linear = Module:extend("Linear")
+M.Linear = Linear
+
+function Linear:init(in_features, out_features, opts)
+  check_positive_int(in_features, "Linear", "in_features")
+  check_positive_int(out_features, "Linear", "out_features")
+  opts = check_options(opts, "Linear", { bias = true, dtype = true })
+  self.in_features, self.out_features = in_features, out_features
+  local dtype = opts.dtype or "float32"
+  self:register_parameter("weight", attn.empty({ out_features, in_features }, dtype))
+  init.kaiming_uniform_(self.weight, math.sqrt(5))
+  if opts.bias ~= false then
+    local bound = 1 / math.sqrt(in_features)
+    self:register_parameter("bias", init.uniform_(attn.empty({ out_features }, dtype), -bound, bound))
+  else
+    self:register_parameter("bias", nil)
+  end
+end
+
+function Linear:forward(x)
+  check_tensor(x, "Linear", "input")
+  local s = x:shape()
+  local n = #s
+  if n == 0 or s[n] ~= self.in_features then
+    error(string.format("Linear: input %s has last dim %s, expected in_features = %d (weight %s)", shape_str(s),
+      tostring(s[n]), self.in_features, shape_str(self.weight:shape())), 2)
+  end
+  local wt = self.weight:t()
+  local y
+  if n <= 2 then
+    y = x:matmul(wt)
+  else
+    local out_shape = { table.unpack(s, 1, n - 1) }
+    out_shape[n] = self.out_features
+    y = x:reshape({ -1, self.in_features }):matmul(wt):reshape(out_shape)
+  end
+  if self.bias then y = y + self.bias end
+  return y
+end
+
+function Linear:extra_repr()
+  return string.format("in_features=%d, out_features=%d, bias=%s", self.in_features, self.out_features,
+    self.bias ~= nil and "True" or "False")
+end
+
+-- ---------------------------------------------------------------- Embedding
+
+--- `nn.Embedding(num_embeddings, embedding_dim)`: a lookup table, weight (n, d) ~ N(0, 1).
+-- forward(ids): ids are 1-based token ids, a tensor of any shape or a (nested) Lua
+-- table; returns (ids shape..., d). Gradients flow to the weight rows used.
+local Embedding = Module:extend("Embedding")
+M.Embedding = Embedding
+
+function Embedding:init(num_embeddings, embedding_dim, opts)
+  check_positive_int(num_embeddings, "Embedding", "num_embeddings")
+  check_positive_int(embedding_dim, "Embedding", "embedding_dim")
+  opts = check_options(opts, "Embedding", { dtype = true })
+  self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+  self:register_parameter("weight", attn.randn({ num_embeddings, embedding_dim }, opts.dtype or "float32"))
+end
+
+-- Flat list of ids checked to be integers in 1..n.
+local function check_ids(flat, n, shape)
+  for i, v in ipairs(flat) do
+    if math.type(v) ~= "integer" and (v ~= math.floor(v)) then
+      error(string.format("Embedding: token id %.15g at position %d of ids %s is not an integer", v, i,
+        shape_str(shape)), 4)
+    end
+    if v < 1 or v > n then
+      error(string.format("Embedding: token id %.15g at position %d of ids %s is out of range 1..%d", v, i,
+        shape_str(shape), n), 4)
+    end
+  end
+end
+
+function Embedding:forward(ids)
+  if type(ids) == "table" and not attn.is_tensor(ids) then ids = attn.tensor(ids, self.weight:dtype()) end
+  check_tensor(ids, "Embedding", "ids")
+  local shape = ids:shape()
+  local flat = ids:reshape({ -1 })
+  check_ids(flat:totable(), self.num_embeddings, shape)
+  local out = self.weight:index_select(1, flat)
+  shape[#shape + 1] = self.embedding_dim
+  return out:reshape(shape)
+end
+
+function Embedding:extra_repr() return string.format("%d, %d", self.num_embeddings, self.embedding_dim) end
+
+-- ---------------------------------------------------------------- Dropout
+
+--- `nn.Dropout(p)`: inverted dropout in training mode, identity in eval mode or
+-- with p = 0. The mask comes from `attn.bernoulli` (the engine's generator).
+local Dropout = Module:extend("Dropout")
+M.Dropout = Dropout
+
+function Dropout:init(p)
+  p = p or 0.5
+  if type(p) ~= "number" or p < 0 or p > 1 then
+    error(string.format("Dropout: p must be a probability in [0, 1], got %s", tostring(p)), 3)
+  end
+  self.p = p
+end
+
+function Dropout:forward(x)
+  check_tensor(x, "Dropout", "input")
+  return M.dropout(x, self.p, self.training)
+end
+
+function Dropout:extra_repr() return string.format("p=%g, inplace=False", self.p) end
+
+-- ---------------------------------------------------------------- LayerNorm
+
+--- `nn.LayerNorm(normalized_shape [, {eps = 1e-5, elementwise_affine = true}])`:
+-- normalises over the trailing dims given (a number d or a shape table), with
+-- the biased variance as PyTorch: y = (x - mean) / sqrt(var + eps) * weight + bias.
+-- weight starts at ones and bias at zeros, both of shape normalized_shape.
+local LayerNorm = Module:extend("LayerNorm")
+M.LayerNorm = LayerNorm
+
+function LayerNorm:init(normalized_shape, opts)
+  if type(normalized_shape) == "number" then normalized_shape = { normalized_shape } end
+  if type(normalized_shape) ~= "table" or #normalized_shape == 0 then
+    error("LayerNorm: normalized_shape must be a size or a non-empty table of sizes", 3)
+  end
+  for _, d in ipairs(normalized_shape) do check_positive_int(d, "LayerNorm", "normalized_shape entry") end
+  opts = check_options(opts, "LayerNorm", { eps = true, elementwise_affine = true, dtype = true })
+  self.normalized_shape = { table.unpack(normalized_shape) }
+  self.eps = opts.eps or 1e-5
+  self.elementwise_affine = opts.elementwise_affine ~= false
+  local n = 1
+  for _, d in ipairs(normalized_shape) do n = n * d end
+  self.normalized_numel = n
+  if self.elementwise_affine then
+    self:register_parameter("weight", attn.ones(self.normalized_shape, opts.dtype or "float32"))
+    self:register_parameter("bias", attn.zeros(self.normalized_shape, opts.dtype or "float32"))
+  end
+end
+
+function LayerNorm:forward(x)
+  check_tensor(x, "LayerNorm", "input")
+  local s, ns = x:shape(), self.normalized_shape
+  local k, n = #ns, #s
+  local ok = n >= k
+  for i = 1, k do ok = ok and s[n - k + i] == ns[i] end
+  if not ok then
+    error(string.format("LayerNorm: input %s does not end with normalized_shape %s", shape_str(s), shape_str(ns)), 2)
+  end
+  local lead = { table.unpack(s, 1, n - k) }
+  lead[#lead + 1] = self.normalized_numel
+  local x2 = x:reshape(lead)
+  local centered = x2 - x2:mean(-1, true)
+  local var = centered:square():mean(-1, true)
+  local y = (centered / (var + self.eps):sqrt()):reshape(s)
+  if self.elementwise_affine then y = y * self.weight + self.bias end
+  return y
+end
+
+function LayerNorm:extra_repr()
+  local ns = self.normalized_shape
+  local shape = #ns == 1 and "(" .. ns[1] .. ",)" or "(" .. table.concat(ns, ", ") .. ")" -- Python tuple style
+  return string.format("%s, eps=%g, elementwise_affine=%s", shape, self.eps,
+    self.elementwise_affine and "True" or "False")
+end
+
+-- ---------------------------------------------------------------- ReLU
+
+--- `nn.ReLU()`: max(x, 0) elementwise.
+local ReLU = Module:extend("ReLU")
+M.ReLU = ReLU
+
+function ReLU.forward(_, x)
+  check_tensor(x, "ReLU", "input")
+  return x:relu()
+end
+
+-- ---------------------------------------------------------------- Sequential
+
+--- `nn.Sequential(m1, m2, ...)`: applies the modules in turn. The children are
+-- named "0", "1", ... as in PyTorch (state dict keys "0.weight"), while Lua
+-- indexing is 1-based: `seq[1]` is child "0". `#seq` is the number of children.
+local Sequential = Module:extend("Sequential")
+M.Sequential = Sequential
+
+function Sequential:init(...)
+  local n = select("#", ...)
+  rawset(self, "n", 0)
+  for i = 1, n do self:append((select(i, ...))) end
+end
+
+--- Appends a module (named by its 0-based position). Returns self.
+function Sequential:append(m)
+  if not module.is_module(m) then
+    error(string.format("Sequential: element %d must be a module, got a %s", self.n + 1, type(m)), 2)
+  end
+  local i = self.n + 1
+  rawset(self, "n", i)
+  self:add_module(tostring(i - 1), m, i)
+  return self
+end
+
+function Sequential:forward(x)
+  for i = 1, self.n do
+    x = self[i](x)
+  end
+  return x
+end
+
+function Sequential.__len(self) return self.n end
+
+return M

@@ -1,0 +1,191 @@
+-- nn.GRU against a plain-Lua GRU on nested tables (PyTorch's equations and
+-- gate order r, z, n), gradient checks, shapes from the book, dropout.
+local attn = require "attn"
+local helper = require "helper"
+local nn = attn.nn
+
+local function sigmoid(v) return 1 / (1 + math.exp(-v)) end
+
+-- math.tanh is only there with LUA_COMPAT_MATHLIB: a plain, stable version.
+local function tanh(v)
+  local e = math.exp(-2 * math.abs(v))
+  local t = (1 - e) / (1 + e)
+  return v < 0 and -t or t
+end
+
+-- W (3h x in) row block `gate` (0 = r, 1 = z, 2 = n) times vector x, plus b.
+local function gate_affine(W, b, x, gate, H)
+  local out = {}
+  for j = 1, H do
+    local row = W[gate * H + j]
+    local s = b[gate * H + j]
+    for i = 1, #x do s = s + row[i] * x[i] end
+    out[j] = s
+  end
+  return out
+end
+
+-- Naive multi-layer GRU: X nested (T, B, in), h0 nested (L, B, H) or nil;
+-- params: list over layers of {w_ih, w_hh, b_ih, b_hh} nested tables.
+local function naive_gru(X, h0, params, H)
+  local T, B, L = #X, #X[1], #params
+  local input = X
+  local final = {}
+  for l = 1, L do
+    local p = params[l]
+    local outs = {}
+    for b = 1, B do
+      local h = {}
+      for j = 1, H do h[j] = h0 and h0[l][b][j] or 0 end
+      for t = 1, T do
+        local x = input[t][b]
+        local ir, hr = gate_affine(p[1], p[3], x, 0, H), gate_affine(p[2], p[4], h, 0, H)
+        local iz, hz = gate_affine(p[1], p[3], x, 1, H), gate_affine(p[2], p[4], h, 1, H)
+        local inn, hn = gate_affine(p[1], p[3], x, 2, H), gate_affine(p[2], p[4], h, 2, H)
+        local new = {}
+        for j = 1, H do
+          local r = sigmoid(ir[j] + hr[j])
+          local z = sigmoid(iz[j] + hz[j])
+          local n = tanh(inn[j] + r * hn[j])
+          new[j] = (1 - z) * n + z * h[j]
+        end
+        h = new
+        outs[t] = outs[t] or {}
+        outs[t][b] = h
+      end
+      final[l] = final[l] or {}
+      final[l][b] = h
+    end
+    input = outs
+  end
+  return input, final
+end
+
+local function layer_params(m, L)
+  local ps = {}
+  for l = 0, L - 1 do
+    ps[l + 1] = { m["weight_ih_l" .. l]:totable(), m["weight_hh_l" .. l]:totable(), m["bias_ih_l" .. l]:totable(),
+      m["bias_hh_l" .. l]:totable() }
+  end
+  return ps
+end
+
+describe("nn.GRU", function()
+  before_each(function() attn.manual_seed(21) end)
+
+  it("has PyTorch's parameter names, shapes, order and init bound", function()
+    local m = nn.GRU{ input_size = 3, num_hiddens = 4, num_layers = 2 }
+    local map, names = m:named_parameters(), m:parameter_names()
+    assert.same({ "weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0", "weight_ih_l1", "weight_hh_l1",
+      "bias_ih_l1", "bias_hh_l1" }, names)
+    assert.same({ 12, 3 }, map.weight_ih_l0:shape())
+    assert.same({ 12, 4 }, map.weight_hh_l0:shape())
+    assert.same({ 12 }, map.bias_ih_l0:shape())
+    assert.same({ 12, 4 }, map.weight_ih_l1:shape())
+    for _, p in ipairs(m:parameters()) do assert.is_true(p:abs():max():item() <= 0.5) end
+    assert.equal("GRU(3, 4, num_layers=2)", tostring(m))
+    -- positional form
+    local p = nn.GRU(3, 4, 2, 0.1)
+    assert.equal(2, p.num_layers)
+    assert.equal(0.1, p.dropout)
+    assert.equal("GRU(3, 4, num_layers=2, dropout=0.1)", tostring(p))
+  end)
+
+  it("matches a naive Lua GRU (2 layers, zero and given initial state)", function()
+    local m = nn.GRU{ input_size = 3, num_hiddens = 4, num_layers = 2 }
+    local X = attn.randn({ 5, 2, 3 })
+    local out, state = m(X)
+    assert.same({ 5, 2, 4 }, out:shape())
+    assert.same({ 2, 2, 4 }, state:shape())
+    local eo, es = naive_gru(X:totable(), nil, layer_params(m, 2), 4)
+    assert.close(out, eo, { atol = 1e-5 })
+    assert.close(state, es, { atol = 1e-5 })
+    local h0 = attn.randn({ 2, 2, 4 })
+    out, state = m(X, h0)
+    eo, es = naive_gru(X:totable(), h0:totable(), layer_params(m, 2), 4)
+    assert.close(out, eo, { atol = 1e-5 })
+    assert.close(state, es, { atol = 1e-5 })
+  end)
+
+  it("continues a sequence from the returned state", function()
+    local m = nn.GRU(3, 4, 2)
+    local X = attn.randn({ 6, 2, 3 })
+    local full, fs = m(X)
+    local a, sa = m(X:narrow(1, 1, 4))
+    local b, sb = m(X:narrow(1, 5, 2), sa)
+    assert.close(a, full:narrow(1, 1, 4), { atol = 1e-6 })
+    assert.close(b, full:narrow(1, 5, 2), { atol = 1e-6 })
+    assert.close(sb, fs, { atol = 1e-6 })
+  end)
+
+  it("passes gradcheck for X, h0 and every parameter (T=3, B=2, in=3, h=4, 2 layers)", function()
+    local m = nn.GRU{ input_size = 3, num_hiddens = 4, num_layers = 2 }:to("float64")
+    local X, h0 = helper.param({ 3, 2, 3 }), helper.param({ 2, 2, 4 })
+    local inputs = { X, h0 }
+    for _, p in ipairs(m:parameters()) do inputs[#inputs + 1] = p end
+    helper.gradcheck(function(x, h)
+      local out, state = m(x, h)
+      return attn.cat({ out, state }, 1)
+    end, inputs)
+    -- also without h0 (zero initial state)
+    inputs[2] = nil
+    for i, p in ipairs(m:parameters()) do inputs[i + 1] = p end
+    helper.gradcheck(function(x) return (m(x)) end, inputs)
+  end)
+
+  it("gives the book's encoder shapes: Embedding(10, 8) + GRU(8, 16, 2 layers) on zeros (4, 7)", function()
+    local embedding = nn.Embedding(10, 8)
+    local rnn = nn.GRU{ input_size = 8, num_hiddens = 16, num_layers = 2 }
+    rnn:eval()
+    local ids = attn.ones({ 4, 7 }) -- token id 0 in the book is id 1 here
+    local X = embedding(ids):permute(2, 1, 3) -- time-major (7, 4, 8)
+    local out, state = rnn(X)
+    assert.same({ 7, 4, 16 }, out:shape())
+    assert.same({ 2, 4, 16 }, state:shape())
+    -- the last layer's final state is the last output
+    assert.close(state:select(1, 2), out:select(1, 7), { atol = 0 })
+  end)
+
+  it("applies dropout between layers only in training", function()
+    local m = nn.GRU{ input_size = 3, num_hiddens = 8, num_layers = 2, dropout = 0.5 }
+    local X = attn.randn({ 4, 3, 3 })
+    m:eval()
+    local e1, es1 = m(X)
+    local e2 = m(X)
+    assert.close(e1, e2, { atol = 0 })
+    m:train()
+    local t1, ts1 = m(X)
+    local t2 = m(X)
+    assert.is_false(helper.compare(t1, e1))
+    assert.is_false(helper.compare(t1, t2))
+    -- the first layer's state is not affected (dropout acts on its outputs only)
+    assert.close(ts1:select(1, 1), es1:select(1, 1), { atol = 0 })
+    -- one layer: dropout has no effect (nothing between layers)
+    local single = nn.GRU{ input_size = 3, num_hiddens = 8, dropout = 0.5 }
+    local a = single(X)
+    single:eval()
+    assert.close(single(X), a, { atol = 0 })
+  end)
+
+  it("names the shapes on bad input", function()
+    local m = nn.GRU(3, 4, 2)
+    assert.error_matches(function() m(attn.ones({ 2, 3 })) end, "GRU: input %[2x3%] must be %(T, B, 3%)")
+    assert.error_matches(function() m(attn.ones({ 2, 5, 3 }), attn.zeros({ 1, 5, 4 })) end,
+      "GRU: h0 %[1x5x4%] must be %(num_layers, B, h%) = %[2x5x4%]")
+    assert.error_matches(function() nn.GRU{ input_size = 3 } end, "num_hiddens must be an integer")
+    assert.error_matches(function() nn.GRU{ input_size = 3, num_hidden = 4 } end, "unknown option 'num_hidden'")
+  end)
+
+  it("trains a step quickly enough for the book's seq2seq sizes", function()
+    local emb, rnn = nn.Embedding(200, 32), nn.GRU(32, 32, 2)
+    local ids = attn.ones({ 10, 64 })
+    local t0 = os.clock()
+    for _ = 1, 5 do
+      local out, state = rnn(emb(ids))
+      local loss = out:sum() + state:sum()
+      loss:backward()
+    end
+    local per_step = (os.clock() - t0) / 5
+    assert.is_true(per_step < 0.5, string.format("%.3f s per step", per_step))
+  end)
+end)

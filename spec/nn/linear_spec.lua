@@ -1,0 +1,306 @@
+-- Linear, Embedding, Dropout, LayerNorm, ReLU, Sequential and nn.init.
+-- Expected values come from naive Lua loops over nested tables (the PyTorch
+-- formulas), never from the code under test.
+local attn = require "attn"
+local helper = require "helper"
+local nn = attn.nn
+
+local function naive_linear(x, W, b)
+  -- x: list of rows (N x in), W: out x in, b: out or nil
+  local out = {}
+  for n = 1, #x do
+    out[n] = {}
+    for o = 1, #W do
+      local s = b and b[o] or 0
+      for i = 1, #W[o] do s = s + x[n][i] * W[o][i] end
+      out[n][o] = s
+    end
+  end
+  return out
+end
+
+local function naive_layernorm(rows, eps, w, b)
+  local out = {}
+  for r, row in ipairs(rows) do
+    local n, mean, var = #row, 0, 0
+    for _, v in ipairs(row) do mean = mean + v end
+    mean = mean / n
+    for _, v in ipairs(row) do var = var + (v - mean) ^ 2 end
+    var = var / n -- biased, as PyTorch
+    out[r] = {}
+    for i, v in ipairs(row) do out[r][i] = (v - mean) / math.sqrt(var + eps) * (w and w[i] or 1) + (b and b[i] or 0) end
+  end
+  return out
+end
+
+local function flat(t)
+  local out = {}
+  local function go(v)
+    if type(v) == "table" then
+      for _, x in ipairs(v) do go(x) end
+    else
+      out[#out + 1] = v
+    end
+  end
+  go(t)
+  return out
+end
+
+describe("nn.Linear", function()
+  before_each(function() attn.manual_seed(7) end)
+
+  it("has PyTorch's names, layouts and default init bounds", function()
+    local m = nn.Linear(50, 3)
+    assert.same({ 3, 50 }, m.weight:shape())
+    assert.same({ 3 }, m.bias:shape())
+    local bound = 1 / math.sqrt(50)
+    assert.is_true(m.weight:abs():max():item() <= bound)
+    assert.is_true(m.bias:abs():max():item() <= bound)
+    -- spread out over the interval, not a constant
+    assert.is_true(m.weight:abs():max():item() > 0.8 * bound)
+    local names = m:parameter_names()
+    assert.same({ "weight", "bias" }, names)
+    assert.same({ "weight" }, nn.Linear(2, 2, { bias = false }):parameter_names())
+    assert.is_nil(nn.Linear(2, 2, { bias = false }).bias)
+  end)
+
+  it("is seeded through attn.manual_seed", function()
+    attn.manual_seed(3)
+    local a = nn.Linear(4, 5)
+    attn.manual_seed(3)
+    local b = nn.Linear(4, 5)
+    assert.close(a.weight, b.weight, { atol = 0 })
+    assert.close(a.bias, b.bias, { atol = 0 })
+  end)
+
+  it("maps (..., in) to (..., out) like a naive loop", function()
+    local m = nn.Linear(3, 4)
+    local x = attn.randn({ 2, 5, 3 })
+    local y = m(x)
+    assert.same({ 2, 5, 4 }, y:shape())
+    local rows = {}
+    for _, batch in ipairs(x:totable()) do
+      for _, r in ipairs(batch) do rows[#rows + 1] = r end
+    end
+    local expected = naive_linear(rows, m.weight:totable(), m.bias:totable())
+    assert.close(y:reshape({ 10, 4 }), expected, { atol = 1e-5 })
+    -- 1-D and 2-D inputs
+    assert.close(m(x:select(1, 1):select(1, 1)), expected[1], { atol = 1e-5 })
+    assert.same({ 5, 4 }, m(x:select(1, 2)):shape())
+    -- no bias
+    local nb = nn.Linear(3, 4, { bias = false })
+    assert.close(nb(x):reshape({ 10, 4 }), naive_linear(rows, nb.weight:totable()), { atol = 1e-5 })
+  end)
+
+  it("passes gradcheck for input, weight and bias (float64)", function()
+    local m = nn.Linear(3, 2):to("float64")
+    local x = helper.param({ 2, 4, 3 })
+    helper.gradcheck(function(xx) return m(xx) end, { x, m.weight, m.bias })
+  end)
+
+  it("names the shapes when the input does not fit", function()
+    local m = nn.Linear(3, 2)
+    assert.error_matches(function() m(attn.ones({ 4, 5 })) end, "Linear: input %[4x5%] has last dim 5, expected in_features = 3")
+    assert.error_matches(function() m("x") end, "Linear: input must be a tensor")
+    assert.error_matches(function() nn.Linear(0, 2) end, "in_features must be a positive integer")
+    assert.error_matches(function() nn.Linear(2, 2, { biass = false }) end, "unknown option 'biass'")
+  end)
+end)
+
+describe("nn.Embedding", function()
+  before_each(function() attn.manual_seed(11) end)
+
+  it("has weight (n, d) drawn from N(0, 1)", function()
+    local m = nn.Embedding(200, 50)
+    assert.same({ 200, 50 }, m.weight:shape())
+    local w = m.weight
+    local mean = w:mean():item()
+    local std = math.sqrt(((w - mean):square()):mean():item())
+    assert.is_true(math.abs(mean) < 0.03, "mean " .. mean)
+    assert.is_true(math.abs(std - 1) < 0.03, "std " .. std)
+  end)
+
+  it("looks up rows for ids of any shape, from tensors or tables", function()
+    local m = nn.Embedding(5, 3)
+    local W = m.weight:totable()
+    local ids = { { 1, 5, 2 }, { 3, 3, 4 } }
+    local y = m(ids)
+    assert.same({ 2, 3, 3 }, y:shape())
+    local expected = {}
+    for i, row in ipairs(ids) do
+      expected[i] = {}
+      for j, id in ipairs(row) do expected[i][j] = W[id] end
+    end
+    assert.close(y, expected, { atol = 0 })
+    assert.close(m(attn.tensor(ids)), expected, { atol = 0 })
+    assert.same({ 4, 3 }, m({ 1, 2, 3, 4 }):shape())
+  end)
+
+  it("validates ids", function()
+    local m = nn.Embedding(5, 3)
+    assert.error_matches(function() m({ 1, 6 }) end, "token id 6 at position 2 of ids %[2%] is out of range 1..5")
+    assert.error_matches(function() m({ { 0 } }) end, "token id 0 at position 1 of ids %[1x1%] is out of range")
+    assert.error_matches(function() m({ 1.5 }) end, "token id 1.5 at position 1 of ids %[1%] is not an integer")
+  end)
+
+  it("sends gradients to the rows used (repeated ids accumulate)", function()
+    local m = nn.Embedding(4, 2):to("float64")
+    local y = m({ { 1, 3, 3 } })
+    y:sum():backward()
+    assert.close(m.weight.grad, { { 1, 1 }, { 0, 0 }, { 2, 2 }, { 0, 0 } }, { atol = 0 })
+    helper.gradcheck(function() return m({ { 2, 4 }, { 4, 1 } }) end, { m.weight })
+  end)
+end)
+
+describe("nn.Dropout", function()
+  it("is the identity in eval mode and with p = 0", function()
+    local x = attn.randn({ 4, 5 })
+    local d = nn.Dropout(0.5)
+    d:eval()
+    assert.equal(x, d(x))
+    assert.equal(x, nn.Dropout(0)(x))
+    assert.is_false(d.training)
+  end)
+
+  it("zeroes a fraction p in training and scales the rest by 1/(1-p)", function()
+    attn.manual_seed(5)
+    local d = nn.Dropout(0.5)
+    local x = attn.ones({ 200, 100 })
+    local y = d(x)
+    local zeros = y:eq(0):sum():item() / 20000
+    assert.is_true(math.abs(zeros - 0.5) < 0.02, "fraction dropped " .. zeros)
+    local kept = y:gt(0)
+    assert.close((y * kept):sum():item() / kept:sum():item(), 2, { atol = 1e-6 })
+    assert.is_true(math.abs(y:mean():item() - 1) < 0.03, "mean " .. y:mean():item())
+    -- a second call draws a new mask
+    assert.is_false(helper.compare(d(x), y))
+    assert.close(nn.Dropout(1)(x), attn.zeros({ 200, 100 }))
+  end)
+
+  it("passes gradcheck with a fixed mask", function()
+    local d = nn.Dropout(0.3)
+    local x = helper.param({ 3, 4 })
+    helper.gradcheck(function(xx)
+      attn.manual_seed(9)
+      return d(xx)
+    end, { x })
+  end)
+
+  it("rejects a bad p", function()
+    assert.error_matches(function() nn.Dropout(1.5) end, "p must be a probability")
+  end)
+end)
+
+describe("nn.LayerNorm", function()
+  it("gives d2l's [[-1, 1], [-1, 1]] on [[1, 2], [2, 3]] (eps visible at 1e-4)", function()
+    local ln = nn.LayerNorm(2)
+    local y = ln(attn.tensor({ { 1, 2 }, { 2, 3 } }))
+    assert.close(y, { { -1, 1 }, { -1, 1 } }, { atol = 1e-4 })
+    -- the eps term: 0.5 / sqrt(0.25 + 1e-5) = 0.99998
+    assert.close(y, { { -0.99998, 0.99998 }, { -0.99998, 0.99998 } }, { atol = 2e-6 })
+  end)
+
+  it("normalises over the trailing dims given, like a naive loop", function()
+    attn.manual_seed(2)
+    local ln = nn.LayerNorm({ 3, 4 }, { eps = 1e-3 })
+    ln.weight = attn.randn({ 3, 4 }):requires_grad(true)
+    ln.bias = attn.randn({ 3, 4 }):requires_grad(true)
+    local x = attn.randn({ 2, 3, 4 }) * 3 + 1
+    local rows = {}
+    for b, sample in ipairs(x:totable()) do rows[b] = flat(sample) end
+    local expected = naive_layernorm(rows, 1e-3, flat(ln.weight:totable()), flat(ln.bias:totable()))
+    assert.close(ln(x):reshape({ 2, 12 }), expected, { atol = 1e-5 })
+    assert.same({ "weight", "bias" }, ln:parameter_names())
+  end)
+
+  it("starts with weight ones and bias zeros", function()
+    local ln = nn.LayerNorm(3)
+    assert.close(ln.weight, { 1, 1, 1 }, { atol = 0 })
+    assert.close(ln.bias, { 0, 0, 0 }, { atol = 0 })
+    assert.equal("LayerNorm((3,), eps=1e-05, elementwise_affine=True)", tostring(ln))
+    assert.equal("LayerNorm((100, 24), eps=1e-05, elementwise_affine=True)", tostring(nn.LayerNorm({ 100, 24 })))
+  end)
+
+  it("passes gradcheck for input, weight and bias (float64)", function()
+    local ln = nn.LayerNorm({ 2, 3 }):to("float64")
+    attn.no_grad(function()
+      ln.weight:copy_(attn.randn({ 2, 3 }))
+      ln.bias:copy_(attn.randn({ 2, 3 }))
+    end)
+    helper.gradcheck(function(x) return ln(x) end, { helper.param({ 2, 2, 3 }), ln.weight, ln.bias })
+  end)
+
+  it("names the shapes on a mismatch", function()
+    assert.error_matches(function() nn.LayerNorm(4)(attn.ones({ 2, 3 })) end,
+      "LayerNorm: input %[2x3%] does not end with normalized_shape %[4%]")
+  end)
+end)
+
+describe("nn.ReLU and nn.Sequential", function()
+  it("ReLU clamps at zero and passes gradcheck", function()
+    assert.close(nn.ReLU()(attn.tensor({ -1, 0, 2 })), { 0, 0, 2 }, { atol = 0 })
+    local x = attn.tensor({ { -1.3, 0.4 }, { 2.1, -0.2 } }, { dtype = "float64", requires_grad = true })
+    helper.gradcheck(function(xx) return nn.ReLU()(xx) end, { x })
+  end)
+
+  it("FFN Sequential(Linear(4,4), ReLU, Linear(4,8)) on ones(2,3,4) -> (2,3,8) with identical rows", function()
+    attn.manual_seed(1)
+    local ffn = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 8))
+    local y = ffn(attn.ones({ 2, 3, 4 }))
+    assert.same({ 2, 3, 8 }, y:shape())
+    local t = y:totable()
+    for b = 1, 2 do
+      for r = 1, 3 do assert.close(t[b][r], t[1][1], { atol = 0 }) end
+    end
+    -- against a naive composition
+    local h = naive_linear({ { 1, 1, 1, 1 } }, ffn[1].weight:totable(), ffn[1].bias:totable())
+    for i, v in ipairs(h[1]) do h[1][i] = math.max(v, 0) end
+    assert.close(t[1][1], naive_linear(h, ffn[3].weight:totable(), ffn[3].bias:totable())[1], { atol = 1e-5 })
+  end)
+
+  it("names children 0, 1, ... (PyTorch) and indexes them 1-based in Lua", function()
+    local ffn = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 8))
+    assert.equal(3, #ffn)
+    local names = ffn:parameter_names()
+    assert.same({ "0.weight", "0.bias", "2.weight", "2.bias" }, names)
+    assert.equal(ffn[3].weight, ffn:named_parameters()["2.weight"])
+    ffn:append(nn.ReLU())
+    assert.equal(4, #ffn)
+    local MySeq = nn.Sequential:extend("MySeq") -- subclasses keep #
+    assert.equal(2, #MySeq(nn.ReLU(), nn.ReLU()))
+    assert.error_matches(function() nn.Sequential(nn.ReLU(), 3) end, "element 2 must be a module")
+  end)
+
+  it("passes gradcheck through every layer", function()
+    local ffn = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)):to("float64")
+    local inputs = { helper.param({ 2, 3 }) }
+    for _, p in ipairs(ffn:parameters()) do inputs[#inputs + 1] = p end
+    helper.gradcheck(function(x) return ffn(x) end, inputs)
+  end)
+end)
+
+describe("nn.init", function()
+  it("xavier_uniform_ stays within gain * sqrt(6 / (fan_in + fan_out))", function()
+    attn.manual_seed(4)
+    local t = attn.empty({ 30, 20 })
+    assert.equal(t, nn.init.xavier_uniform_(t))
+    local bound = math.sqrt(6 / 50)
+    assert.is_true(t:abs():max():item() <= bound)
+    assert.is_true(t:abs():max():item() > 0.9 * bound)
+    nn.init.xavier_uniform_(t, 2)
+    assert.is_true(t:abs():max():item() > bound)
+    assert.error_matches(function() nn.init.xavier_uniform_(attn.empty({ 3 })) end, "at least 2 dims")
+  end)
+
+  it("works on parameters that require grad, outside autograd", function()
+    local m = nn.Linear(3, 3)
+    nn.init.zeros_(m.weight)
+    assert.close(m.weight, attn.zeros({ 3, 3 }), { atol = 0 })
+    nn.init.uniform_(m.bias, 2, 3)
+    assert.is_true(m.bias:min():item() >= 2 and m.bias:max():item() <= 3)
+    attn.manual_seed(8)
+    local big = nn.init.normal_(attn.empty({ 100, 100 }), 1, 2)
+    assert.is_true(math.abs(big:mean():item() - 1) < 0.06)
+    assert.is_true(m.weight:is_leaf() and m.weight:requires_grad())
+  end)
+end)

@@ -1,0 +1,261 @@
+-- The Module base class: class helper, registration and enumeration order,
+-- state dicts, modes, conversion, printing and nested error context.
+local attn = require "attn"
+local helper = require "helper"
+local nn = attn.nn
+
+-- A small custom module tree used throughout:
+-- Block: own parameter "scale" (registered after a child, still listed first),
+-- child "inner" (Sequential of two Linears), child "head", a buffer "steps".
+local Block = nn.Module:extend("Block")
+function Block:init(d)
+  self.inner = nn.Sequential(nn.Linear(d, 3), nn.Linear(3, d))
+  self:register_parameter("scale", attn.ones({ d }))
+  self.head = nn.Linear(d, 1)
+  self:register_buffer("steps", attn.zeros({ 1 }))
+  self.d = d
+end
+function Block:forward(x) return self.head(self.inner(x) * self.scale) end
+function Block:extra_repr() return "d=" .. self.d end
+
+local Outer = nn.Module:extend("Outer")
+function Outer:init()
+  self.block = Block(2)
+  self.dropout = nn.Dropout(0.5)
+end
+function Outer:forward(x) return self.block(self.dropout(x)) end
+
+describe("nn.Module", function()
+  before_each(function() attn.manual_seed(31) end)
+
+  describe("classes", function()
+    it("constructs by calling the class and runs forward through __call", function()
+      local b = Block(2)
+      assert.is_true(nn.is_module(b))
+      assert.equal("Block", b:class_name())
+      assert.same({ 4, 1 }, b(attn.ones({ 4, 2 })):shape())
+      assert.is_true(b.training)
+      assert.is_false(nn.is_module({}))
+      assert.is_false(nn.is_module(attn.ones({ 1 })))
+    end)
+
+    it("lets users subclass a layer and build classes with nn.class", function()
+      local NoBias = nn.Linear:extend("NoBias")
+      function NoBias:init(i, o) nn.Linear.init(self, i, o, { bias = false }) end
+      local m = NoBias(3, 2)
+      assert.is_nil(m.bias)
+      assert.same({ 2 }, m(attn.ones({ 3 })):shape())
+      assert.equal("NoBias(in_features=3, out_features=2, bias=False)", tostring(m))
+      local Twice = nn.class("Twice")
+      function Twice.forward(_, x) return x * 2 end
+      assert.close(Twice()(attn.ones({ 2 })), { 2, 2 })
+      assert.error_matches(function() nn.Module()(attn.ones({ 1 })) end, "forward is not implemented")
+    end)
+
+    it("registers parameters assigned as leaf tensors that require grad", function()
+      local M = nn.Module:extend("M")
+      function M:init()
+        self.w = attn.ones({ 2 }):requires_grad(true) -- parameter
+        self.cache = attn.ones({ 2 })                 -- plain field
+        self.n = 3
+      end
+      local m = M()
+      assert.same({ "w" }, m:parameter_names())
+      assert.same({ "w" }, m:state_dict_keys())
+      m.w = nil
+      assert.same({}, m:parameters())
+    end)
+  end)
+
+  describe("enumeration", function()
+    it("lists own parameters first, then children depth first, in registration order", function()
+      local b = Block(2)
+      local map, names = b:named_parameters(), b:parameter_names()
+      assert.same({ "scale", "inner.0.weight", "inner.0.bias", "inner.1.weight", "inner.1.bias", "head.weight",
+        "head.bias" }, names)
+      local params = b:parameters()
+      assert.equal(7, #params)
+      for i, n in ipairs(names) do assert.equal(map[n], params[i]) end
+      assert.equal(b.inner[2].weight, map["inner.1.weight"])
+      assert.equal(b.steps, b:named_buffers().steps)
+      assert.equal(5, #b:modules()) -- Block, Sequential, 2 Linear, head
+      assert.equal(2, #b:children())
+    end)
+
+    it("lists a shared parameter once", function()
+      local lin = nn.Linear(2, 2)
+      local tied = nn.Sequential(lin, nn.ReLU(), lin)
+      assert.equal(2, #tied:parameters())
+      assert.same({ "0.weight", "0.bias" }, tied:parameter_names())
+    end)
+  end)
+
+  describe("state dicts", function()
+    it("holds parameters and buffers under dotted names, sharing storage", function()
+      local b = Block(2)
+      local sd, names = b:state_dict(), b:state_dict_keys()
+      assert.same({ "scale", "steps", "inner.0.weight", "inner.0.bias", "inner.1.weight", "inner.1.bias",
+        "head.weight", "head.bias" }, names)
+      assert.close(sd["head.weight"], b.head.weight, { atol = 0 })
+      assert.equal(b.head.weight:storage_id(), sd["head.weight"]:storage_id())
+      assert.is_false(sd["head.weight"]:requires_grad())
+    end)
+
+    it("round-trips: a differently seeded module loads and then computes the same", function()
+      local a = Block(2)
+      attn.manual_seed(99)
+      local b = Block(2)
+      local x = attn.randn({ 3, 2 })
+      assert.is_false(helper.compare(a(x), b(x)))
+      local report = b:load_state_dict(a:state_dict())
+      assert.same({}, report.missing_keys)
+      assert.same({}, report.unexpected_keys)
+      assert.close(b(x), a(x), { atol = 0 })
+      -- in place: still the same tensors, still leaves requiring grad
+      local w = b.head.weight
+      b:load_state_dict(a:state_dict())
+      assert.equal(w, b.head.weight)
+      assert.is_true(w:requires_grad() and w:is_leaf())
+    end)
+
+    it("round-trips through a safetensors file", function()
+      local a = Block(2)
+      local path = os.tmpname()
+      assert(attn.save(path, a:state_dict()))
+      local loaded = assert(attn.load(path))
+      os.remove(path)
+      attn.manual_seed(5)
+      local b = Block(2)
+      b:load_state_dict(loaded)
+      local x = attn.randn({ 2, 2 })
+      assert.close(b(x), a(x), { atol = 0 })
+    end)
+
+    it("converts the dtype and accepts nested tables", function()
+      local m = nn.Linear(2, 2)
+      m:load_state_dict({ weight = attn.tensor({ { 1, 2 }, { 3, 4 } }, "float64"), bias = { 0.5, -0.5 } })
+      assert.equal("float32", m.weight:dtype())
+      assert.close(m.weight, { { 1, 2 }, { 3, 4 } }, { atol = 0 })
+      assert.close(m.bias, { 0.5, -0.5 }, { atol = 0 })
+    end)
+
+    it("raises on a missing key, naming the key and the module", function()
+      local b = Block(2)
+      local sd = b:state_dict()
+      sd["head.bias"] = nil
+      assert.error_matches(function() b:load_state_dict(sd) end,
+        "load_state_dict: Block: missing key 'head.bias'", nil, true)
+      local report = b:load_state_dict(sd, false)
+      assert.same({ "head.bias" }, report.missing_keys)
+    end)
+
+    it("raises on an unexpected key", function()
+      local b = Block(2)
+      local sd = b:state_dict()
+      sd["head.extra"] = attn.zeros({ 1 })
+      assert.error_matches(function() b:load_state_dict(sd) end,
+        "load_state_dict: Block: unexpected key 'head.extra'", nil, true)
+      assert.same({ "head.extra" }, b:load_state_dict(sd, false).unexpected_keys)
+    end)
+
+    it("raises on a mis-shaped key (even when not strict) and copies nothing", function()
+      local b = Block(2)
+      local before = b.head.weight:clone()
+      local sd = b:state_dict()
+      sd["head.weight"] = attn.zeros({ 4, 3 })
+      sd["inner.0.weight"] = attn.zeros({ 3, 2 }) -- valid, but must not be copied either
+      assert.error_matches(function() b:load_state_dict(sd) end,
+        "load_state_dict: Block: key 'head.weight' has shape [4x3], parameter has [1x2]", nil, true)
+      assert.error_matches(function() b:load_state_dict(sd, false) end, "key 'head.weight' has shape", nil, true)
+      assert.close(b.head.weight, before, { atol = 0 })
+      assert.is_true(b.inner[1].weight:abs():sum():item() > 0)
+    end)
+  end)
+
+  describe("modes and conversion", function()
+    it("train/eval set the flag recursively and toggle dropout", function()
+      local o = Outer()
+      o:eval()
+      for _, m in ipairs(o:modules()) do assert.is_false(m.training) end
+      local x = attn.randn({ 20, 2 })
+      assert.close(o(x), o(x), { atol = 0 })
+      o:train()
+      for _, m in ipairs(o:modules()) do assert.is_true(m.training) end
+      assert.is_false(helper.compare(o(x), o(x)))
+      assert.equal(o, o:train(false))
+      assert.is_false(o.block.head.training)
+    end)
+
+    it("zero_grad drops every gradient", function()
+      local b = Block(2)
+      b(attn.ones({ 1, 2 })):sum():backward()
+      for _, p in ipairs(b:parameters()) do assert.is_not_nil(p.grad) end
+      b:zero_grad()
+      for _, p in ipairs(b:parameters()) do assert.is_nil(p.grad) end
+    end)
+
+    it("to(dtype) converts parameters and buffers, keeping them leaves that require grad", function()
+      local b = Block(2)
+      local w = b.head.weight:totable()
+      assert.equal(b, b:to("float64"))
+      for _, p in ipairs(b:parameters()) do
+        assert.equal("float64", p:dtype())
+        assert.is_true(p:requires_grad() and p:is_leaf())
+      end
+      assert.equal("float64", b.steps:dtype())
+      assert.close(b.head.weight, w, { atol = 0 })
+      assert.equal("float64", b(attn.ones({ 1, 2 }, "float64")):dtype())
+      assert.equal("float64", b:dtype())
+      -- a shared parameter stays shared
+      local lin = nn.Linear(2, 2)
+      local tied = nn.Sequential(lin, lin):to("float64")
+      assert.equal(tied[1].weight, tied[2].weight)
+    end)
+  end)
+
+  describe("printing", function()
+    it("lists the structure like PyTorch's repr", function()
+      assert.equal(table.concat({
+        "Outer(",
+        "  (block): Block(",
+        "    d=2",
+        "    (inner): Sequential(",
+        "      (0): Linear(in_features=2, out_features=3, bias=True)",
+        "      (1): Linear(in_features=3, out_features=2, bias=True)",
+        "    )",
+        "    (head): Linear(in_features=2, out_features=1, bias=True)",
+        "  )",
+        "  (dropout): Dropout(p=0.5, inplace=False)",
+        ")",
+      }, "\n"), tostring(Outer()))
+    end)
+  end)
+
+  describe("errors", function()
+    it("name the path of the nested module that raised", function()
+      local o = Outer()
+      local ok, err = pcall(o, attn.ones({ 2, 5 }))
+      assert.is_false(ok)
+      assert.equal("string", type(err))
+      assert.matches("^in Outer%.block%.inner%.0 %(Linear%): Linear: input %[2x5%] has last dim 5", err)
+      -- one level down
+      err = select(2, pcall(o.block, attn.ones({ 2, 5 })))
+      assert.matches("^in Block%.inner%.0 %(Linear%): ", err)
+      -- an error raised by the outermost module itself is passed through unchanged
+      err = select(2, pcall(o.block.head, attn.ones({ 2, 5 })))
+      assert.matches("^Linear: input %[2x5%]", err)
+      -- the depth bookkeeping recovered: a good call still works
+      assert.same({ 2, 1 }, o(attn.ones({ 2, 2 })):shape())
+    end)
+
+    it("keep positions that point into user code", function()
+      local Bad = nn.Module:extend("Bad")
+      function Bad.forward() error("boom") end
+      local Holder = nn.Module:extend("Holder")
+      function Holder:init() self.bad = Bad() end
+      function Holder:forward(x) return self.bad(x) end
+      local _, err = pcall(Holder(), 1)
+      assert.matches("^in Holder%.bad %(Bad%): .*module_spec%.lua:%d+: boom", err)
+    end)
+  end)
+end)
