@@ -8,6 +8,7 @@
 #define ATTN_VERSION_PATCH 0
 
 #include "attn_alloc.h"
+#include "attn_attention.h"
 #include "attn_error.h"
 #include "attn_linalg.h"
 #include "attn_ops.h"

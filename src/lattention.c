@@ -1,4 +1,397 @@
-/* Binding: attention functions (being written). */
+/* Binding: the attention kernels (raw, no autograd; lua/attn/attention.lua
+ * wraps them). Shapes and masking semantics are documented in
+ * src/attn_attention.h. Options arrive as a table:
+ *   valid_lens (tensor or table, 1-D (B) or 2-D (B, Nq)), mask (keep-mask
+ *   tensor), causal (boolean), window (integer >= 0), scale (number),
+ *   dropout (probability; > 0 turns it on), seed (integer; drawn from the
+ *   generator when dropout is on and none is given), need_weights (boolean,
+ *   default true), name (string for error messages of the scores kernels). */
+#include <math.h>
+#include <string.h>
+
+#include "attn_attention.h"
 #include "lbind.h"
 
-void attn_l_open_attention(lua_State *L) { (void)L; }
+/* valid lengths at idx: nil -> NULL; a tensor; or a table of numbers (1-D) or of
+ * rows (2-D), converted to a float64 tensor left on the stack. */
+static const attn_tensor *opt_lens(lua_State *L, int idx, const char *fn, const char *arg) {
+  idx = lua_absindex(L, idx);
+  if (lua_isnoneornil(L, idx)) return NULL;
+  attn_tensor *t = attn_l_test(L, idx);
+  if (t) return t;
+  if (!lua_istable(L, idx))
+    luaL_error(L, "%s: %s must be a tensor or a table of integers, got a %s", fn, arg, luaL_typename(L, idx));
+  int64_t shape[2] = {(int64_t)lua_rawlen(L, idx), 0};
+  int ndim = 1;
+  if (shape[0] > 0 && lua_rawgeti(L, idx, 1) == LUA_TTABLE) {
+    ndim = 2;
+    shape[1] = (int64_t)lua_rawlen(L, -1);
+  }
+  lua_pop(L, shape[0] > 0 ? 1 : 0);
+  attn_tensor *out = attn_l_push_alloc(L, ATTN_F64, ndim, shape);
+  double *data = attn_tensor_data(out);
+  for (int64_t r = 0; r < shape[0]; r++) {
+    lua_rawgeti(L, idx, (lua_Integer)r + 1);
+    if (ndim == 1) {
+      if (lua_type(L, -1) != LUA_TNUMBER)
+        luaL_error(L, "%s: %s entry %d is a %s, not a number", fn, arg, (int)r + 1, luaL_typename(L, -1));
+      data[r] = lua_tonumber(L, -1);
+    } else {
+      if (!lua_istable(L, -1) || (int64_t)lua_rawlen(L, -1) != shape[1])
+        luaL_error(L, "%s: %s must be a table of numbers or of rows of equal length %d (row %d differs)", fn, arg,
+                   (int)shape[1], (int)r + 1);
+      for (int64_t c = 0; c < shape[1]; c++) {
+        lua_rawgeti(L, -1, (lua_Integer)c + 1);
+        if (lua_type(L, -1) != LUA_TNUMBER)
+          luaL_error(L, "%s: %s entry [%d][%d] is a %s, not a number", fn, arg, (int)r + 1, (int)c + 1,
+                     luaL_typename(L, -1));
+        data[r * shape[1] + c] = lua_tonumber(L, -1);
+        lua_pop(L, 1);
+      }
+    }
+    lua_pop(L, 1);
+  }
+  return out;
+}
+
+/* Reads the options table at idx (may be nil). Tensors it creates stay on the stack. */
+static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts *o, int *need_weights) {
+  attn_attention_opts_init(o);
+  *need_weights = 1;
+  if (lua_isnoneornil(L, idx)) return;
+  idx = lua_absindex(L, idx);
+  luaL_checktype(L, idx, LUA_TTABLE);
+
+  lua_getfield(L, idx, "valid_lens");
+  o->valid_lens = opt_lens(L, -1, fn, "valid_lens"); /* a converted table stays above the field */
+
+  lua_getfield(L, idx, "mask");
+  if (!lua_isnil(L, -1)) {
+    o->mask = attn_l_test(L, -1);
+    if (!o->mask) luaL_error(L, "%s: mask must be a tensor (1 attend, 0 ignore), got a %s", fn, luaL_typename(L, -1));
+  }
+
+  lua_getfield(L, idx, "causal");
+  if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
+    luaL_error(L, "%s: causal must be a boolean, got a %s", fn, luaL_typename(L, -1));
+  o->causal = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+
+  lua_getfield(L, idx, "window");
+  if (!lua_isnil(L, -1)) {
+    int isint;
+    lua_Integer w = lua_tointegerx(L, -1, &isint);
+    if (!isint || w < 0)
+      luaL_error(L, "%s: window must be an integer >= 0 (keys within that distance), got %s", fn,
+                 luaL_tolstring(L, -1, NULL));
+    o->window = (int64_t)w;
+  }
+  lua_pop(L, 1);
+
+  lua_getfield(L, idx, "scale");
+  if (!lua_isnil(L, -1)) {
+    if (lua_type(L, -1) != LUA_TNUMBER) luaL_error(L, "%s: scale must be a number, got a %s", fn, luaL_typename(L, -1));
+    o->scale = lua_tonumber(L, -1);
+  }
+  lua_pop(L, 1);
+
+  lua_getfield(L, idx, "dropout");
+  if (!lua_isnil(L, -1)) {
+    if (lua_type(L, -1) != LUA_TNUMBER)
+      luaL_error(L, "%s: dropout must be a probability, got a %s", fn, luaL_typename(L, -1));
+    o->dropout = lua_tonumber(L, -1);
+    if (!(o->dropout >= 0 && o->dropout <= 1))
+      luaL_error(L, "%s: dropout probability %f is outside [0, 1]", fn, o->dropout);
+  }
+  lua_pop(L, 1);
+
+  lua_getfield(L, idx, "seed");
+  if (!lua_isnil(L, -1)) {
+    int isint;
+    lua_Integer s = lua_tointegerx(L, -1, &isint);
+    if (!isint) luaL_error(L, "%s: seed must be an integer", fn);
+    o->seed = (uint64_t)s;
+  } else if (o->dropout > 0) {
+    o->seed = attn_rng_next(attn_l_rng(L));
+  }
+  lua_pop(L, 1);
+
+  lua_getfield(L, idx, "need_weights");
+  if (!lua_isnil(L, -1)) *need_weights = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+}
+
+static const char *opt_name(lua_State *L, int idx, const char *def) {
+  if (!lua_istable(L, idx)) return def;
+  lua_getfield(L, idx, "name");
+  const char *s = lua_isstring(L, -1) ? lua_tostring(L, -1) : def; /* the opts table keeps it alive */
+  lua_pop(L, 1);
+  return s;
+}
+
+/* want[k]: whether gradient k ("q", "k", "v" / "scores", "values") is wanted; table at idx or nil (all). */
+static int wants(lua_State *L, int idx, const char *key) {
+  if (!lua_istable(L, idx)) return 1;
+  lua_getfield(L, idx, key);
+  int w = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return w;
+}
+
+static void push_seed(lua_State *L, const attn_attention_opts *o) {
+  if (o->dropout > 0)
+    lua_pushinteger(L, (lua_Integer)o->seed);
+  else
+    lua_pushnil(L);
+}
+
+/***
+ * Scaled dot-product attention forward.
+ * @function sdpa_forward
+ * @tparam Tensor q (B, Nq, d)
+ * @tparam Tensor k (B, Nk, d)
+ * @tparam Tensor v (B, Nk, dv)
+ * @tparam[opt] table opts see the file comment
+ * @treturn Tensor out (B, Nq, dv)
+ * @treturn ?Tensor weights (B, Nq, Nk), nil when need_weights is false
+ * @treturn ?integer the dropout seed (nil without dropout)
+ */
+static int l_sdpa_forward(lua_State *L) {
+  attn_tensor *q = attn_l_check(L, 1), *k = attn_l_check(L, 2), *v = attn_l_check(L, 3);
+  attn_attention_opts o;
+  int need_weights;
+  read_opts(L, 4, "dot_product_attention", &o, &need_weights);
+  int64_t os[3] = {q->shape[0], q->ndim == 3 ? q->shape[1] : 0, v->ndim == 3 ? v->shape[2] : 0};
+  int64_t ws[3] = {q->shape[0], os[1], k->ndim == 3 ? k->shape[1] : 0};
+  if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3)
+    return luaL_error(L, "dot_product_attention: queries, keys and values must be 3-D (B, N, d), got %s, %s and %s",
+                      attn_tensor_shape_str(q), attn_tensor_shape_str(k), attn_tensor_shape_str(v));
+  attn_tensor *out = attn_l_push_alloc(L, q->dtype, 3, os);
+  int out_idx = lua_gettop(L);
+  attn_tensor *w = need_weights ? attn_l_push_alloc(L, q->dtype, 3, ws) : NULL;
+  ATTN_L_TRY(L, attn_sdpa_forward(q, k, v, &o, out, w));
+  lua_pushvalue(L, out_idx);
+  if (w)
+    lua_pushvalue(L, out_idx + 1);
+  else
+    lua_pushnil(L);
+  push_seed(L, &o);
+  return 3;
+}
+
+/***
+ * Gradients of sdpa_forward.
+ * @function sdpa_backward
+ * @tparam Tensor q
+ * @tparam Tensor k
+ * @tparam Tensor v
+ * @tparam table opts the forward's options, including its seed
+ * @tparam ?Tensor dout gradient of out (or nil)
+ * @tparam ?Tensor dweights gradient of weights (or nil)
+ * @tparam ?Tensor weights the stored weights (nil: recomputed)
+ * @tparam[opt] table want {q = bool, k = bool, v = bool} (default: all)
+ * @treturn ?Tensor dq
+ * @treturn ?Tensor dk
+ * @treturn ?Tensor dv
+ */
+static int l_sdpa_backward(lua_State *L) {
+  attn_tensor *q = attn_l_check(L, 1), *k = attn_l_check(L, 2), *v = attn_l_check(L, 3);
+  attn_tensor *dout = lua_isnoneornil(L, 5) ? NULL : attn_l_check(L, 5);
+  attn_tensor *dw = lua_isnoneornil(L, 6) ? NULL : attn_l_check(L, 6);
+  attn_tensor *w = lua_isnoneornil(L, 7) ? NULL : attn_l_check(L, 7);
+  int want_q = wants(L, 8, "q"), want_k = wants(L, 8, "k"), want_v = wants(L, 8, "v");
+  attn_attention_opts o;
+  int need_weights;
+  read_opts(L, 4, "dot_product_attention backward", &o, &need_weights);
+  if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3)
+    return luaL_error(L, "dot_product_attention backward: queries, keys and values must be 3-D, got %s, %s and %s",
+                      attn_tensor_shape_str(q), attn_tensor_shape_str(k), attn_tensor_shape_str(v));
+  attn_tensor *dq = want_q ? attn_l_push_like(L, q) : (lua_pushnil(L), NULL);
+  attn_tensor *dk = want_k ? attn_l_push_like(L, k) : (lua_pushnil(L), NULL);
+  attn_tensor *dv = want_v ? attn_l_push_like(L, v) : (lua_pushnil(L), NULL);
+  ATTN_L_TRY(L, attn_sdpa_backward(q, k, v, &o, w, dout, dw, dq, dk, dv));
+  return 3;
+}
+
+/***
+ * Masking, softmax, dropout and weighted sum over given scores.
+ * @function scores_attention_forward
+ * @tparam Tensor scores (B, Nq, Nk)
+ * @tparam ?Tensor v (B, Nk, dv) or nil (weights only)
+ * @tparam[opt] table opts
+ * @treturn ?Tensor out (nil without v)
+ * @treturn ?Tensor weights
+ * @treturn ?integer seed
+ */
+static int l_scores_attention_forward(lua_State *L) {
+  attn_tensor *s = attn_l_check(L, 1);
+  attn_tensor *v = lua_isnoneornil(L, 2) ? NULL : attn_l_check(L, 2);
+  const char *name = opt_name(L, 3, "attention");
+  attn_attention_opts o;
+  int need_weights;
+  read_opts(L, 3, name, &o, &need_weights);
+  if (s->ndim != 3) return luaL_error(L, "%s: scores must be 3-D (B, Nq, Nk), got %s", name, attn_tensor_shape_str(s));
+  if (!v) need_weights = 1;
+  int64_t os[3] = {s->shape[0], s->shape[1], v && v->ndim == 3 ? v->shape[2] : 0};
+  attn_tensor *out = v ? attn_l_push_alloc(L, s->dtype, 3, os) : (lua_pushnil(L), NULL);
+  attn_tensor *w = need_weights ? attn_l_push_like(L, s) : (lua_pushnil(L), NULL);
+  ATTN_L_TRY(L, attn_attention_scores_forward(name, s, v, &o, out, w));
+  push_seed(L, &o);
+  return 3;
+}
+
+/***
+ * Gradients of scores_attention_forward.
+ * @function scores_attention_backward
+ * @tparam Tensor scores
+ * @tparam ?Tensor v
+ * @tparam table opts the forward's options, including its seed
+ * @tparam ?Tensor dout
+ * @tparam ?Tensor dweights
+ * @tparam ?Tensor weights stored weights or nil
+ * @tparam[opt] table want {scores = bool, v = bool}
+ * @treturn ?Tensor dscores
+ * @treturn ?Tensor dv
+ */
+static int l_scores_attention_backward(lua_State *L) {
+  attn_tensor *s = attn_l_check(L, 1);
+  attn_tensor *v = lua_isnoneornil(L, 2) ? NULL : attn_l_check(L, 2);
+  attn_tensor *dout = lua_isnoneornil(L, 4) ? NULL : attn_l_check(L, 4);
+  attn_tensor *dw = lua_isnoneornil(L, 5) ? NULL : attn_l_check(L, 5);
+  attn_tensor *w = lua_isnoneornil(L, 6) ? NULL : attn_l_check(L, 6);
+  int want_s = wants(L, 7, "scores"), want_v = v && wants(L, 7, "v");
+  const char *name = opt_name(L, 3, "attention");
+  attn_attention_opts o;
+  int need_weights;
+  read_opts(L, 3, name, &o, &need_weights);
+  attn_tensor *ds = want_s ? attn_l_push_like(L, s) : (lua_pushnil(L), NULL);
+  attn_tensor *dv = want_v ? attn_l_push_like(L, v) : (lua_pushnil(L), NULL);
+  ATTN_L_TRY(L, attn_attention_scores_backward(name, s, v, &o, w, dout, dw, ds, dv));
+  return 2;
+}
+
+/***
+ * d2l's masked softmax over the last dim of X (B, Q, K).
+ * @function masked_softmax_forward
+ * @tparam Tensor x
+ * @tparam ?Tensor|table valid_lens (B) or (B, Q)
+ * @treturn Tensor
+ */
+static int l_masked_softmax_forward(lua_State *L) {
+  attn_tensor *x = attn_l_check(L, 1);
+  const attn_tensor *lens = opt_lens(L, 2, "masked_softmax", "valid_lens");
+  if (x->ndim != 3) return luaL_error(L, "masked_softmax: X must be 3-D (B, Q, K), got %s", attn_tensor_shape_str(x));
+  attn_tensor *out = attn_l_push_like(L, x);
+  ATTN_L_TRY(L, attn_attention_masked_softmax_forward(x, lens, out));
+  return 1;
+}
+
+/***
+ * Gradient of masked_softmax_forward.
+ * @function masked_softmax_backward
+ * @tparam Tensor y the forward output
+ * @tparam Tensor dy its gradient
+ * @tparam ?Tensor|table valid_lens
+ * @treturn Tensor dx
+ */
+static int l_masked_softmax_backward(lua_State *L) {
+  attn_tensor *y = attn_l_check(L, 1), *dy = attn_l_check(L, 2);
+  const attn_tensor *lens = opt_lens(L, 3, "masked_softmax", "valid_lens");
+  if (y->ndim != 3) return luaL_error(L, "masked_softmax: X must be 3-D (B, Q, K), got %s", attn_tensor_shape_str(y));
+  attn_tensor *dx = attn_l_push_like(L, y);
+  ATTN_L_TRY(L, attn_attention_masked_softmax_backward(y, dy, lens, dx));
+  return 1;
+}
+
+/***
+ * d2l's sequence_mask: entries of sample b at time steps past valid_len[b] become value.
+ * @function sequence_mask
+ * @tparam Tensor x (B, T, ...)
+ * @tparam Tensor|table valid_len (B)
+ * @tparam[opt=0] number value
+ * @treturn Tensor
+ */
+static int l_sequence_mask(lua_State *L) {
+  attn_tensor *x = attn_l_check(L, 1);
+  double value = luaL_optnumber(L, 3, 0);
+  if (lua_isnoneornil(L, 2)) return luaL_error(L, "sequence_mask: valid_len is required");
+  const attn_tensor *lens = opt_lens(L, 2, "sequence_mask", "valid_len");
+  attn_tensor *out = attn_l_push_like(L, x);
+  ATTN_L_TRY(L, attn_attention_sequence_mask(x, lens, value, out));
+  return 1;
+}
+
+/***
+ * Additive attention scores w_v . tanh(qh[b,i] + kh[b,j]).
+ * @function additive_scores_forward
+ * @tparam Tensor qh (B, Nq, h)
+ * @tparam Tensor kh (B, Nk, h)
+ * @tparam Tensor w_v (h)
+ * @treturn Tensor scores (B, Nq, Nk)
+ */
+static int l_additive_scores_forward(lua_State *L) {
+  attn_tensor *qh = attn_l_check(L, 1), *kh = attn_l_check(L, 2), *wv = attn_l_check(L, 3);
+  if (qh->ndim != 3 || kh->ndim != 3)
+    return luaL_error(L, "additive_scores: expected projected queries (B, Nq, h) and keys (B, Nk, h), got %s and %s",
+                      attn_tensor_shape_str(qh), attn_tensor_shape_str(kh));
+  int64_t shape[3] = {qh->shape[0], qh->shape[1], kh->shape[1]};
+  attn_tensor *out = attn_l_push_alloc(L, qh->dtype, 3, shape);
+  ATTN_L_TRY(L, attn_attention_additive_scores_forward(qh, kh, wv, out));
+  return 1;
+}
+
+/***
+ * Gradients of additive_scores_forward.
+ * @function additive_scores_backward
+ * @tparam Tensor qh
+ * @tparam Tensor kh
+ * @tparam Tensor w_v
+ * @tparam Tensor dscores (B, Nq, Nk)
+ * @tparam[opt] table want {qh = bool, kh = bool, w_v = bool}
+ * @treturn ?Tensor dqh
+ * @treturn ?Tensor dkh
+ * @treturn ?Tensor dw_v
+ */
+static int l_additive_scores_backward(lua_State *L) {
+  attn_tensor *qh = attn_l_check(L, 1), *kh = attn_l_check(L, 2), *wv = attn_l_check(L, 3);
+  attn_tensor *ds = attn_l_check(L, 4);
+  int wq = wants(L, 5, "qh"), wk = wants(L, 5, "kh"), ww = wants(L, 5, "w_v");
+  attn_tensor *dq = wq ? attn_l_push_like(L, qh) : (lua_pushnil(L), NULL);
+  attn_tensor *dk = wk ? attn_l_push_like(L, kh) : (lua_pushnil(L), NULL);
+  attn_tensor *dw = ww ? attn_l_push_like(L, wv) : (lua_pushnil(L), NULL);
+  ATTN_L_TRY(L, attn_attention_additive_scores_backward(qh, kh, wv, ds, dq, dk, dw));
+  return 3;
+}
+
+/***
+ * The sinusoidal positional encoding table.
+ * @function positional_encoding
+ * @tparam integer max_len
+ * @tparam integer d
+ * @tparam[opt="float32"] string dtype
+ * @treturn Tensor (max_len, d)
+ */
+static int l_positional_encoding(lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 1), d = luaL_checkinteger(L, 2);
+  if (n < 0 || d < 0) return luaL_error(L, "positional_encoding: max_len %I and d %I must be >= 0", n, d);
+  int64_t shape[2] = {n, d};
+  attn_tensor *out = attn_l_push_alloc(L, attn_l_optdtype(L, 3, ATTN_F32), 2, shape);
+  ATTN_L_TRY(L, attn_attention_positional_encoding(out));
+  return 1;
+}
+
+static const luaL_Reg attention_functions[] = {
+    {"sdpa_forward", l_sdpa_forward},
+    {"sdpa_backward", l_sdpa_backward},
+    {"scores_attention_forward", l_scores_attention_forward},
+    {"scores_attention_backward", l_scores_attention_backward},
+    {"masked_softmax_forward", l_masked_softmax_forward},
+    {"masked_softmax_backward", l_masked_softmax_backward},
+    {"sequence_mask", l_sequence_mask},
+    {"additive_scores_forward", l_additive_scores_forward},
+    {"additive_scores_backward", l_additive_scores_backward},
+    {"positional_encoding", l_positional_encoding},
+    {NULL, NULL},
+};
+
+void attn_l_open_attention(lua_State *L) { luaL_setfuncs(L, attention_functions, 0); }

@@ -1,0 +1,313 @@
+--- Attention functions of d2l's attention chapter, differentiable.
+--
+-- The facade copies these into `attn`: `attn.masked_softmax`, `attn.dot_product_attention`, ...
+-- Shapes are batch-first: B samples (for multi-head attention B*heads, batch-major), Nq queries,
+-- Nk keys/values, d query/key width, dv value width. Kernels are in C (src/attn_attention.h);
+-- every tensor input gets a gradient through attn.autograd.
+--
+-- **Two masking conventions** (never an unlabeled boolean mask):
+--
+-- * `valid_lens` follows the book exactly. 1-D (B): one length for every query of a sample;
+--   2-D (B, Nq): one length per query. Keys past the length get the score -1e6 before the
+--   softmax, as d2l's `masked_softmax` does, so with ordinary scores their weight is exactly 0,
+--   and a row with valid length 0 comes out *uniform over all keys* (padding included), never
+--   NaN. Lengths may be Lua tables or float tensors holding integers in 0..Nk; anything else
+--   raises an error naming valid_lens and the shapes.
+-- * Keep-masks: `mask` (1 attend, 0 ignore, broadcastable to (B, Nq, Nk)), `causal` (query i
+--   sees keys j <= i) and `window` (query i sees keys with |i - j| <= window) *remove* keys by
+--   selection. A query whose keys are all removed gets zero weights, zero output and zero
+--   gradients, never NaN. Removed keys are never read: a NaN stored in a masked-out key or value
+--   does not reach the output or the gradients.
+--
+-- When both are given, the keep-masks remove keys first and valid_lens fills among the rest.
+-- Dropout acts on the weights (before they multiply the values) only when `training = true`;
+-- the returned weights are the softmax before dropout (d2l's `attention_weights`).
+-- Asking for the weights does not change the output: the same code path writes them out.
+-- @module attn.attention
+local core = require "attn.core"
+local autograd = require "attn.autograd"
+local Tensor = require "attn.tensor"
+
+local record, is_tensor = autograd.record, autograd.is_tensor
+
+local M = {}
+
+local function shape_str(t) return "[" .. table.concat(core.shape(t), "x") .. "]" end
+
+local function check_tensor(fn, name, t, ndim, what)
+  if not is_tensor(t) then
+    error(string.format("%s: %s must be a tensor %s, got a %s", fn, name, what, type(t)), 3)
+  end
+  if ndim and core.dim(t) ~= ndim then
+    error(string.format("%s: %s must be %s, got %s", fn, name, what, shape_str(t)), 3)
+  end
+end
+
+local function check_count(fn, name, n)
+  if math.type(n) ~= "integer" or n < 1 then
+    error(string.format("%s: %s must be a positive integer, got %s", fn, name, tostring(n)), 3)
+  end
+end
+
+local attention_options = {
+  valid_lens = true, mask = true, causal = true, window = true, scale = true, dropout = true,
+  training = true, need_weights = true,
+}
+
+-- The options table for the C kernels (dropout only when training).
+local function kernel_options(fn, opts)
+  opts = opts or {}
+  if type(opts) ~= "table" then error(string.format("%s: opts must be a table, got a %s", fn, type(opts)), 3) end
+  for k in pairs(opts) do
+    if not attention_options[k] then
+      local names = {}
+      for name in pairs(attention_options) do names[#names + 1] = name end
+      table.sort(names)
+      error(string.format("%s: unknown option '%s' (expected %s)", fn, tostring(k), table.concat(names, ", ")), 3)
+    end
+  end
+  local p = opts.dropout or 0
+  if type(p) ~= "number" or not (p >= 0 and p <= 1) then
+    error(string.format("%s: dropout must be a probability in [0, 1], got %s", fn, tostring(p)), 3)
+  end
+  local mask = opts.mask
+  if mask ~= nil and not is_tensor(mask) then
+    if type(mask) ~= "table" then
+      error(string.format("%s: mask must be a keep-mask tensor or nested table (1 attend, 0 ignore), got a %s", fn,
+        type(mask)), 3)
+    end
+    mask = core.tensor(mask)
+  end
+  return {
+    name = fn,
+    valid_lens = opts.valid_lens,
+    mask = mask,
+    causal = opts.causal,
+    window = opts.window,
+    scale = opts.scale,
+    dropout = opts.training == true and p or 0,
+    need_weights = opts.need_weights ~= false,
+  }
+end
+
+local function rg(t) return is_tensor(t) and t._rg == true end
+
+--- d2l's `sequence_mask`: entries of sample b at time steps past `valid_len[b]` become `value`.
+-- @tparam Tensor X (B, T, ...); for 3-D X whole feature rows are set
+-- @tparam Tensor|table valid_len (B), integers in 0..T
+-- @tparam[opt=0] number value
+-- @treturn Tensor a new tensor of X's shape (gradient 0 at the masked entries)
+-- @usage attn.sequence_mask(attn.tensor{{1, 2, 3}, {4, 5, 6}}, {1, 2}) --> {{1, 0, 0}, {4, 5, 0}}
+function M.sequence_mask(X, valid_len, value)
+  check_tensor("sequence_mask", "X", X, nil, "(B, T, ...)")
+  local out = core.sequence_mask(X, valid_len, value or 0)
+  return record("sequence_mask", out, { X }, function(g)
+    if g == nil then return nil end
+    return core.sequence_mask(g, valid_len, 0)
+  end)
+end
+
+--- d2l's `masked_softmax` over the last dim.
+-- Entries past the valid length are set to -1e6 before the softmax (the book's semantics), so a
+-- valid length of 0 gives a uniform row over all K positions.
+-- @tparam Tensor X (B, Q, K)
+-- @tparam[opt] Tensor|table valid_lens nil, (B) or (B, Q); integers in 0..K
+-- @treturn Tensor (B, Q, K)
+-- @usage attn.masked_softmax(attn.rand{2, 2, 4}, {2, 3}) -- zeros past positions 2 and 3
+function M.masked_softmax(X, valid_lens)
+  check_tensor("masked_softmax", "X", X, 3, "(B, Q, K)")
+  local Y = core.masked_softmax_forward(X, valid_lens)
+  return record("masked_softmax", Y, { X }, function(g)
+    if g == nil then return nil end
+    return core.masked_softmax_backward(Y, g, valid_lens)
+  end)
+end
+
+--- Scaled dot-product attention: softmax(Q K^T * scale, masked) V.
+-- @tparam Tensor Q (B, Nq, d)
+-- @tparam Tensor K (B, Nk, d)
+-- @tparam Tensor V (B, Nk, dv)
+-- @tparam[opt] table opts `valid_lens` (1-D or 2-D, d2l semantics), `mask` (keep-mask broadcastable
+--   to (B, Nq, Nk)), `causal` (boolean), `window` (integer r >= 0), `scale` (default 1/sqrt(d)),
+--   `dropout` (probability, applied to the weights) with `training` (default false: no dropout),
+--   `need_weights` (default true; false skips the (Nq x Nk) weights, which come back nil)
+-- @treturn Tensor output (B, Nq, dv)
+-- @treturn ?Tensor weights (B, Nq, Nk), the softmax before dropout
+function M.dot_product_attention(Q, K, V, opts)
+  local fn = "dot_product_attention"
+  check_tensor(fn, "queries", Q, 3, "(B, Nq, d)")
+  check_tensor(fn, "keys", K, 3, "(B, Nk, d)")
+  check_tensor(fn, "values", V, 3, "(B, Nk, dv)")
+  local kopts = kernel_options(fn, opts)
+  local out, weights, seed = core.sdpa_forward(Q, K, V, kopts)
+  kopts.seed = seed
+  if autograd.needs_grad({ Q, K, V }) then
+    record(fn, weights and { out, weights } or out, { Q, K, V }, function(g_out, g_w)
+      if g_out == nil and g_w == nil then return nil end
+      return core.sdpa_backward(Q, K, V, kopts, g_out, g_w, weights, { q = rg(Q), k = rg(K), v = rg(V) })
+    end)
+  end
+  return out, weights
+end
+
+--- Additive attention scores: scores[b,i,j] = w_v . tanh(Qh[b,i] + Kh[b,j]).
+-- Computed without the (B, Nq, Nk, h) tensor the book builds.
+-- @tparam Tensor Qh projected queries (B, Nq, h)
+-- @tparam Tensor Kh projected keys (B, Nk, h)
+-- @tparam Tensor w_v (h)
+-- @treturn Tensor scores (B, Nq, Nk)
+function M.additive_scores(Qh, Kh, w_v)
+  local fn = "additive_scores"
+  check_tensor(fn, "Qh", Qh, 3, "(B, Nq, h)")
+  check_tensor(fn, "Kh", Kh, 3, "(B, Nk, h)")
+  check_tensor(fn, "w_v", w_v, 1, "(h)")
+  local scores = core.additive_scores_forward(Qh, Kh, w_v)
+  return record(fn, scores, { Qh, Kh, w_v }, function(g)
+    if g == nil then return nil end
+    return core.additive_scores_backward(Qh, Kh, w_v, g, { qh = rg(Qh), kh = rg(Kh), w_v = rg(w_v) })
+  end)
+end
+
+-- Masked softmax, dropout and weighted sum over given scores (differentiable in scores and V).
+local function attend_scores(fn, scores, V, kopts)
+  local out, weights, seed = core.scores_attention_forward(scores, V, kopts)
+  kopts.seed = seed
+  if autograd.needs_grad({ scores, V }) then
+    record(fn, weights and { out, weights } or out, { scores, V }, function(g_out, g_w)
+      if g_out == nil and g_w == nil then return nil end
+      return core.scores_attention_backward(scores, V, kopts, g_out, g_w, weights, { scores = rg(scores), v = rg(V) })
+    end)
+  end
+  return out, weights
+end
+
+--- Additive (Bahdanau) attention on projected queries and keys.
+-- Composes `additive_scores` with the masked softmax (valid_lens with d2l semantics; the keep-mask
+-- options of `dot_product_attention` work too), dropout and the weighted sum.
+-- @tparam Tensor Qh (B, Nq, h) = queries W_q
+-- @tparam Tensor Kh (B, Nk, h) = keys W_k
+-- @tparam Tensor V (B, Nk, dv)
+-- @tparam Tensor w_v (h)
+-- @tparam[opt] table opts as for `dot_product_attention` (scale defaults to 1)
+-- @treturn Tensor output (B, Nq, dv)
+-- @treturn ?Tensor weights (B, Nq, Nk)
+function M.additive_attention(Qh, Kh, V, w_v, opts)
+  local fn = "additive_attention"
+  check_tensor(fn, "values", V, 3, "(B, Nk, dv)")
+  local kopts = kernel_options(fn, opts)
+  local scores = M.additive_scores(Qh, Kh, w_v)
+  return attend_scores(fn, scores, V, kopts)
+end
+
+--- Bilinear scores q^T W k for queries and keys of different widths.
+-- @tparam Tensor Q (B, Nq, dq)
+-- @tparam Tensor W (dq, dk)
+-- @tparam Tensor K (B, Nk, dk)
+-- @treturn Tensor scores (B, Nq, Nk)
+function M.bilinear_scores(Q, W, K)
+  local fn = "bilinear_scores"
+  check_tensor(fn, "Q", Q, 3, "(B, Nq, dq)")
+  check_tensor(fn, "W", W, 2, "(dq, dk)")
+  check_tensor(fn, "K", K, 3, "(B, Nk, dk)")
+  local q, w, k = core.shape(Q), core.shape(W), core.shape(K)
+  if q[3] ~= w[1] or k[3] ~= w[2] or q[1] ~= k[1] then
+    error(string.format("%s: expected Q (B, Nq, dq), W (dq, dk), K (B, Nk, dk), got Q %s, W %s, K %s", fn,
+      shape_str(Q), shape_str(W), shape_str(K)), 2)
+  end
+  return Tensor.matmul(Tensor.matmul(Q, W), Tensor.transpose(K, 2, 3))
+end
+
+--- d2l's `transpose_qkv`: (B, N, H*dh) -> (B*H, N, dh), batch-major (row b*H + h holds head h
+-- of sample b). Differentiable (reshape and permute).
+-- @tparam Tensor X (B, N, H*dh)
+-- @tparam integer num_heads H
+-- @treturn Tensor (B*H, N, dh)
+function M.split_heads(X, num_heads)
+  local fn = "split_heads"
+  check_tensor(fn, "X", X, 3, "(B, N, H*dh)")
+  check_count(fn, "num_heads", num_heads)
+  local s = core.shape(X)
+  if s[3] % num_heads ~= 0 then
+    error(string.format("%s: width %d of X %s is not divisible by num_heads %d", fn, s[3], shape_str(X), num_heads), 2)
+  end
+  local dh = s[3] // num_heads
+  local Y = Tensor.permute(Tensor.reshape(X, s[1], s[2], num_heads, dh), 1, 3, 2, 4)
+  return Tensor.reshape(Y, s[1] * num_heads, s[2], dh)
+end
+
+--- d2l's `transpose_output`: (B*H, N, dh) -> (B, N, H*dh), the inverse of `split_heads`.
+-- @tparam Tensor X (B*H, N, dh)
+-- @tparam integer num_heads H
+-- @treturn Tensor (B, N, H*dh)
+function M.merge_heads(X, num_heads)
+  local fn = "merge_heads"
+  check_tensor(fn, "X", X, 3, "(B*H, N, dh)")
+  check_count(fn, "num_heads", num_heads)
+  local s = core.shape(X)
+  if s[1] % num_heads ~= 0 then
+    error(string.format("%s: batch %d of X %s is not divisible by num_heads %d", fn, s[1], shape_str(X), num_heads), 2)
+  end
+  local B = s[1] // num_heads
+  local Y = Tensor.permute(Tensor.reshape(X, B, num_heads, s[2], s[3]), 1, 3, 2, 4)
+  return Tensor.reshape(Y, B, s[2], num_heads * s[3])
+end
+
+--- Repeats each sample's valid lengths num_heads times along the first dim, matching the
+-- batch-major head layout of `split_heads` (d2l's `torch.repeat_interleave(valid_lens, H, dim=0)`).
+-- @tparam ?Tensor|table valid_lens (B) or (B, Q), or nil
+-- @tparam integer num_heads H
+-- @treturn ?Tensor|table (B*H) or (B*H, Q), of the same kind as the input (nil for nil)
+function M.repeat_interleave(valid_lens, num_heads)
+  local fn = "repeat_interleave"
+  check_count(fn, "num_heads", num_heads)
+  if valid_lens == nil then return nil end
+  if is_tensor(valid_lens) then
+    local n = core.dim(valid_lens) > 0 and core.size(valid_lens, 1) or 0
+    if core.dim(valid_lens) < 1 or core.dim(valid_lens) > 2 then
+      error(string.format("%s: valid_lens must be 1-D (B) or 2-D (B, Q), got %s", fn, shape_str(valid_lens)), 2)
+    end
+    local idx = {}
+    for b = 1, n do
+      for _ = 1, num_heads do idx[#idx + 1] = b end
+    end
+    return core.index_select(valid_lens, 1, idx)
+  end
+  if type(valid_lens) ~= "table" then
+    error(string.format("%s: valid_lens must be a tensor or a table, got a %s", fn, type(valid_lens)), 2)
+  end
+  local out = {}
+  for b, row in ipairs(valid_lens) do
+    if type(row) ~= "number" and type(row) ~= "table" then
+      error(string.format("%s: valid_lens entry %d is a %s, not a number or a row", fn, b, type(row)), 2)
+    end
+    for _ = 1, num_heads do
+      if type(row) == "table" then
+        out[#out + 1] = table.move(row, 1, #row, 1, {})
+      else
+        out[#out + 1] = row
+      end
+    end
+  end
+  return out
+end
+
+--- The sinusoidal positional encoding table of the Transformer.
+-- P[pos, 2j] = sin(pos / 10000^(2j/d)), P[pos, 2j+1] = cos(pos / 10000^(2j/d)), with 0-based pos
+-- and j as in the formula (row pos+1, column 2j+1 in Lua's 1-based indexing). For odd d the last
+-- column is a sine. Computed in double precision.
+-- @tparam integer max_len rows
+-- @tparam integer d columns
+-- @tparam[opt="float32"] string dtype
+-- @treturn Tensor (max_len, d)
+function M.positional_encoding(max_len, d, dtype)
+  local fn = "positional_encoding"
+  if math.type(max_len) ~= "integer" or max_len < 0 then
+    error(string.format("%s: max_len must be an integer >= 0, got %s", fn, tostring(max_len)), 2)
+  end
+  if math.type(d) ~= "integer" or d < 0 then
+    error(string.format("%s: d must be an integer >= 0, got %s", fn, tostring(d)), 2)
+  end
+  return core.positional_encoding(max_len, d, dtype)
+end
+
+return M

@@ -1,0 +1,239 @@
+/* attn_attention: the attention chapter's kernels, forward and backward.
+ *
+ * Shapes (0-based dims, row-major):
+ *   B  batch (for multi-head attention: batch * heads, batch-major: row b*H + h)
+ *   Nq queries, Nk keys (= values), d query/key width, dv value width.
+ *
+ * Two masking conventions, never mixed up:
+ *
+ * 1. valid_lens (d2l's convention). A float tensor of integer values, either
+ *    1-D (B): one length per sample, for every query row, or 2-D (B, Nq): one
+ *    length per query row. Keys j >= len get the score -1e6 (after scaling)
+ *    before the softmax, exactly as the book's masked_softmax: they are not
+ *    read, but they still take part in the softmax, so a row with len = 0 comes
+ *    out uniform over all Nk keys (padding included). With ordinary scores the
+ *    filled entries underflow to an exact 0 weight. Lengths must be integers
+ *    in 0..Nk.
+ *
+ * 2. Keep-masks: `mask` (1 attend, 0 ignore; any float tensor broadcastable to
+ *    (B, Nq, Nk), values must be 0 or 1), `causal` (query i sees keys j <= i)
+ *    and `window` (query i sees keys with |i - j| <= window). Entries they
+ *    remove are left out of the softmax by selection, never by adding a
+ *    sentinel: they get weight exactly 0 and gradient exactly 0, and a query
+ *    with no key left gets zero weights, zero output and zero gradients (never
+ *    NaN). When both conventions are given, the keep-masks remove keys first
+ *    and valid_lens fills among the remaining ones.
+ *
+ * Masked entries are never read into the result: scores of removed keys are
+ * overwritten by selection, and products with an exactly-zero weight are
+ * recomputed without the removed terms when a non-finite value shows up, so a
+ * NaN or inf stored in a masked-out key, value or score cannot reach the
+ * output or the gradients.
+ *
+ * Dropout (probability p) acts on the weights before they multiply V: kept
+ * weights are scaled by 1/(1-p). The returned weights are the softmax output
+ * before dropout (the book's attention_weights). The keep decision for entry
+ * (b, i, j) is a hash of (seed, b, i, j), so the backward pass recomputes the
+ * same mask, and results do not depend on the thread count.
+ *
+ * Speed: dot-product attention computes the two products with cblas gemm,
+ * in blocks of ATTN_SDPA_BLOCK query rows, parallel over (batch, row block)
+ * with attn_parallel_for; each worker needs an O(block x Nk) workspace, so
+ * skipping the weights (weights == NULL) never allocates (Nq x Nk) per batch.
+ * Writing the weights out uses the same code path, so asking for them does
+ * not change the numerics. The backward pass recomputes the weights block by
+ * block unless the stored weights are passed in.
+ *
+ * Conventions of attn_ops.h apply: inputs may be any strided view (a copy is
+ * made once per call when BLAS cannot read the layout), all tensors of one
+ * call share a dtype (masks and lengths may be either float dtype), outputs
+ * are passed in, contiguous and of the documented shape, and errors name the
+ * operation, the argument and the shapes. */
+#ifndef ATTN_ATTENTION_H
+#define ATTN_ATTENTION_H
+
+#include "attn_tensor.h"
+
+/* Query rows per block of the dot-product attention kernels. */
+#define ATTN_SDPA_BLOCK 64
+/* The score d2l's masked_softmax writes into positions past valid_lens. */
+#define ATTN_MASKED_SOFTMAX_FILL (-1e6)
+
+typedef struct attn_attention_opts {
+  const attn_tensor *valid_lens; /* NULL, (B) or (B, Nq): integers in 0..Nk (d2l semantics) */
+  const attn_tensor *mask;       /* NULL or keep-mask broadcastable to (B, Nq, Nk), values 0/1 */
+  int causal;                    /* nonzero: query i sees keys j <= i */
+  int64_t window;                /* >= 0: query i sees keys |i - j| <= window; < 0: off */
+  double scale;                  /* scores are multiplied by it; NaN: default (1/sqrt(d) for
+                                    dot products, 1 for given scores) */
+  double dropout;                /* probability in [0, 1]; 0 turns dropout off */
+  uint64_t seed;                 /* dropout stream (same seed forward and backward) */
+} attn_attention_opts;
+
+/* No masks, default scale, no dropout. */
+void attn_attention_opts_init(attn_attention_opts *opts);
+
+/* Reads lengths for (B, Nq) rows from lens, a 1-D (B) or (when allow_2d) 2-D
+ * (B, Nq) float tensor, into out[b * Nq + i] (B * Nq entries), checking that
+ * every value is an integer in 0..max_len. op and arg name the operation and
+ * argument in errors; ctx describes the shapes it must fit (e.g. "keys [2x10x4]"). */
+attn_status attn_attention_lengths(const char *op, const char *arg, const char *ctx, const attn_tensor *lens, int64_t B,
+                                   int64_t Nq, int64_t max_len, int allow_2d, int64_t *out);
+
+/* ---- scaled dot-product attention ---------------------------------------- */
+
+/* q (B, Nq, d), k (B, Nk, d), v (B, Nk, dv) -> out (B, Nq, dv) and, when
+ * weights is not NULL, weights (B, Nq, Nk) (the softmax before dropout).
+ * scores = scale * q k^T, masked as opts says, softmax over keys, dropout,
+ * times v. */
+attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                              const attn_attention_opts *opts, attn_tensor *out, attn_tensor *weights);
+
+/* Gradients of attn_sdpa_forward. dout (B, Nq, dv) and dweights (B, Nq, Nk)
+ * are the gradients of the two outputs (either may be NULL: unused output).
+ * weights (B, Nq, Nk) are the stored forward weights, or NULL to recompute
+ * them block by block. dq (B, Nq, d), dk (B, Nk, d), dv (B, Nk, dv) receive
+ * the gradients; any of them may be NULL when not wanted. opts must equal
+ * the forward's (including the seed). Masked entries contribute exactly 0. */
+attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                               const attn_attention_opts *opts, const attn_tensor *weights, const attn_tensor *dout,
+                               const attn_tensor *dweights, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv);
+
+/* ---- attention over given scores ----------------------------------------- */
+
+/* The same masking, softmax, dropout and weighted sum for precomputed scores
+ * (B, Nq, Nk) (e.g. additive attention). v (B, Nk, dv) may be NULL: then only
+ * the weights are computed and out must be NULL. out (B, Nq, dv) and weights
+ * (B, Nq, Nk) may each be NULL. op names the operation in errors. */
+attn_status attn_attention_scores_forward(const char *op, const attn_tensor *scores, const attn_tensor *v,
+                                          const attn_attention_opts *opts, attn_tensor *out, attn_tensor *weights);
+
+/* Gradients of attn_attention_scores_forward: dscores (B, Nq, Nk) and, when v
+ * and dv are given, dv (B, Nk, dv). weights: stored forward weights or NULL. */
+attn_status attn_attention_scores_backward(const char *op, const attn_tensor *scores, const attn_tensor *v,
+                                           const attn_attention_opts *opts, const attn_tensor *weights,
+                                           const attn_tensor *dout, const attn_tensor *dweights, attn_tensor *dscores,
+                                           attn_tensor *dv);
+
+/* ---- d2l's masked softmax and sequence mask ------------------------------- */
+
+/* x (B, Q, K), valid_lens NULL, (B) or (B, Q) -> out (B, Q, K): softmax over
+ * the last dim after setting entries past the valid length to -1e6 (d2l). */
+attn_status attn_attention_masked_softmax_forward(const attn_tensor *x, const attn_tensor *valid_lens,
+                                                  attn_tensor *out);
+
+/* y = forward output, dy its gradient -> dx (B, Q, K); dx is exactly 0 past
+ * the valid lengths. */
+attn_status attn_attention_masked_softmax_backward(const attn_tensor *y, const attn_tensor *dy,
+                                                   const attn_tensor *valid_lens, attn_tensor *dx);
+
+/* x (B, T, ...) with valid_len (B) (integers in 0..T) -> out (x's shape): a
+ * copy of x where every entry of sample b at time steps t >= valid_len[b] is
+ * value (the masked entries of x are not read). The gradient is the same op
+ * applied to the output's gradient with value 0. */
+attn_status attn_attention_sequence_mask(const attn_tensor *x, const attn_tensor *valid_len, double value,
+                                         attn_tensor *out);
+
+/* ---- additive attention scores ------------------------------------------- */
+
+/* qh (B, Nq, h), kh (B, Nk, h), wv (h) -> out (B, Nq, Nk) with
+ * out[b,i,j] = sum_c wv[c] tanh(qh[b,i,c] + kh[b,j,c]), without forming the
+ * (B, Nq, Nk, h) tensor. Accumulates in double. */
+attn_status attn_attention_additive_scores_forward(const attn_tensor *qh, const attn_tensor *kh, const attn_tensor *wv,
+                                                   attn_tensor *out);
+
+/* dscores (B, Nq, Nk) -> dqh (B, Nq, h), dkh (B, Nk, h), dwv (h); any output
+ * may be NULL. Entries with an exactly-zero dscores (masked) are skipped, so
+ * they contribute exactly 0 and their tanh is never evaluated. The result does
+ * not depend on the thread count. */
+attn_status attn_attention_additive_scores_backward(const attn_tensor *qh, const attn_tensor *kh, const attn_tensor *wv,
+                                                    const attn_tensor *dscores, attn_tensor *dqh, attn_tensor *dkh,
+                                                    attn_tensor *dwv);
+
+/* ---- positional encoding ------------------------------------------------- */
+
+/* out (max_len, d), contiguous: out[pos, 2j] = sin(pos / 10000^(2j/d)),
+ * out[pos, 2j+1] = cos(pos / 10000^(2j/d)), pos and j 0-based; computed in
+ * double. For odd d the last column is a sine. */
+attn_status attn_attention_positional_encoding(attn_tensor *out);
+
+#ifdef ATTN_ATTENTION_INTERNAL
+/* ---- Internal to src/attn_attention*.c (shared by the kernel files; not API) -------- */
+#include <stdatomic.h>
+
+/* A 3-D operand: element [b][r][c] at p + (b*sb + r*sr + c*sc) elements. For
+ * BLAS, each batch matrix is row-major (trans 0, ld = sr) or column-major
+ * (trans 1, ld = sc). */
+typedef struct {
+  const char *p;
+  int64_t sb, sr, sc;
+  int trans;
+  int ld;
+} attn_attention_mat;
+
+static inline const void *attn_attention_at(const attn_attention_mat *m, size_t es, int64_t b, int64_t r, int64_t c) {
+  return m->p + (size_t)(b * m->sb + r * m->sr + c * m->sc) * es;
+}
+
+/* Dropout stream: entry (b, i, j) has index (b*Nq + i)*Nk + j; splitmix64 of seed + index. */
+static inline uint64_t attn_attention_mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+typedef struct {
+  uint64_t seed, threshold; /* drop when the 53-bit draw is below threshold */
+  double factor;            /* 1 / (1 - p), 0 when p = 1 */
+} attn_attention_dropout;
+
+/* Row kernels of one dtype (src/attn_attention_rows.c). */
+typedef struct {
+  void (*softmax_row)(void *, int64_t, int64_t, int64_t, int64_t, const void *, int64_t, attn_dtype, int64_t *,
+                      int64_t *);
+  void (*load_row)(void *, const void *, int64_t, int64_t, double);
+  void (*add_row)(void *, const void *, int64_t, int64_t);
+  void (*nonzero_range)(const void *, int64_t, int64_t *, int64_t *);
+  void (*dropout_row)(void *, int64_t, int64_t, uint64_t, const attn_attention_dropout *);
+  void (*softmax_back_row)(const void *, void *, int64_t, int64_t, int64_t, double);
+  void (*combine_row)(const void *, int64_t, int64_t, const attn_attention_mat *, int64_t, void *, int64_t);
+  void (*outer_acc)(const void *, int64_t, int64_t, int64_t, int64_t, const attn_attention_mat *, int64_t, int64_t,
+                    void *, int64_t);
+  int (*block_finite)(const attn_attention_mat *, int64_t, int64_t, int64_t, int64_t);
+  int (*row_finite)(const void *, int64_t);
+  void (*add_vec)(void *, const void *, int64_t);
+} attn_attention_row_ops;
+extern const attn_attention_row_ops attn_attention_ops_f32, attn_attention_ops_f64;
+
+/* One call of the kernels (src/attn_attention_blocks.c runs it, src/attn_attention.c sets it up). */
+typedef struct {
+  const attn_attention_row_ops *ops;
+  attn_dtype dt;
+  size_t es;
+  int64_t B, Nq, Nk, d, dv, nblk;
+  int dot;                                       /* scores = scale * q k^T (else read from sc) */
+  attn_attention_mat q, k, v, sc, wst, dout, dw; /* wst: stored weights */
+  int has_v, has_wst, has_dout, has_dw;
+  const int64_t *lens; /* B * Nq, or NULL */
+  const char *mask;    /* element [0,0,0] of the expanded mask, or NULL */
+  attn_dtype mdt;
+  int64_t msb, msr, msc;
+  int causal;
+  int64_t window;
+  double scale;
+  int dropout;
+  attn_attention_dropout drop;
+  char *out, *weights;         /* forward outputs (contiguous), may be NULL */
+  char *gq, *gk, *gv, *gs;     /* backward outputs dq, dk, dv, dscores (contiguous), may be NULL */
+  int64_t groups;              /* backward: query-block groups per batch */
+  char *partial_k, *partial_v; /* (B, groups, Nk, d|dv) when groups > 1 */
+  atomic_int failed;
+} attn_attention_job;
+
+/* Forward over (batch, row block), writing J->out and/or J->weights. */
+attn_status attn_attention_run_forward(attn_attention_job *J, const char *op);
+/* Backward, writing the gradient outputs that are not NULL. */
+attn_status attn_attention_run_backward(attn_attention_job *J, const char *op);
+#endif
+
+#endif

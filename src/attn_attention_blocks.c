@@ -1,0 +1,308 @@
+/* Block drivers of the attention kernels: for each (batch, block of query
+ * rows) the scores come from one gemm (or a copy of the given scores), the
+ * softmax runs row by row in a BLK x Nk workspace, and the weighted sum is a
+ * second gemm; the backward recomputes or reads the weights per block. */
+#define ATTN_ATTENTION_INTERNAL
+#include <cblas.h>
+#include <string.h>
+
+#include "attn_alloc.h"
+#include "attn_attention.h"
+#include "attn_parallel.h"
+
+#define BLK ATTN_SDPA_BLOCK
+
+/* C (M x N, row-major, ldc) = alpha * op(A) op(B) + beta * C. */
+static void gemm(attn_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A, int lda,
+                 const void *B, int ldb, double beta, void *C, int64_t ldc) {
+  CBLAS_TRANSPOSE a = ta ? CblasTrans : CblasNoTrans, b = tb ? CblasTrans : CblasNoTrans;
+  if (dt == ATTN_F32)
+    cblas_sgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, (float)alpha, A, lda, B, ldb, (float)beta, C, (int)ldc);
+  else
+    cblas_dgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, alpha, A, lda, B, ldb, beta, C, (int)ldc);
+}
+
+/* Keys query i may see before the keep-mask: [*a, *b). */
+static void key_range(const attn_attention_job *J, int64_t i, int64_t *a, int64_t *b) {
+  int64_t lo = 0, hi = J->Nk;
+  if (J->window >= 0) {
+    lo = i - J->window;
+    if (lo < 0) lo = 0;
+    if (i + J->window + 1 < hi) hi = i + J->window + 1;
+  }
+  if (J->causal && i + 1 < hi) hi = i + 1;
+  if (lo > hi) lo = hi;
+  *a = lo;
+  *b = hi;
+}
+
+static int64_t row_len(const attn_attention_job *J, int64_t b, int64_t i) {
+  return J->lens ? J->lens[b * J->Nq + i] : J->Nk;
+}
+
+/* Weights of block (b, rows i0..i0+r) into ws (r x Nk); per-row nonzero
+ * ranges into rn0/rn1 and their union into *n0, *n1. */
+static void block_probs(const attn_attention_job *J, int64_t b, int64_t i0, int64_t r, char *ws, int64_t *rn0,
+                        int64_t *rn1, int64_t *n0, int64_t *n1) {
+  const size_t es = J->es;
+  const int64_t Nk = J->Nk;
+  int64_t lo = Nk, hi = 0;
+  if (J->has_wst) {
+    for (int64_t rr = 0; rr < r; rr++) {
+      char *x = ws + (size_t)(rr * Nk) * es;
+      J->ops->load_row(x, attn_attention_at(&J->wst, es, b, i0 + rr, 0), J->wst.sc, Nk, 1.0);
+      J->ops->nonzero_range(x, Nk, &rn0[rr], &rn1[rr]);
+    }
+  } else {
+    /* columns whose scores some row needs */
+    for (int64_t rr = 0; rr < r; rr++) {
+      int64_t a, bb, len = row_len(J, b, i0 + rr);
+      key_range(J, i0 + rr, &a, &bb);
+      int64_t e = len < bb ? (len > a ? len : a) : bb;
+      rn0[rr] = a;
+      rn1[rr] = e;
+      if (a < e) {
+        if (a < lo) lo = a;
+        if (e > hi) hi = e;
+      }
+    }
+    if (hi > lo) {
+      if (J->dot) {
+        if (J->d > 0)
+          gemm(J->dt, J->q.trans, !J->k.trans, r, hi - lo, J->d, J->scale, attn_attention_at(&J->q, es, b, i0, 0),
+               J->q.ld, attn_attention_at(&J->k, es, b, lo, 0), J->k.ld, 0.0, ws + (size_t)lo * es, Nk);
+        else
+          for (int64_t rr = 0; rr < r; rr++) memset(ws + (size_t)(rr * Nk + lo) * es, 0, (size_t)(hi - lo) * es);
+      } else {
+        for (int64_t rr = 0; rr < r; rr++)
+          if (rn1[rr] > rn0[rr])
+            J->ops->load_row(ws + (size_t)(rr * Nk + rn0[rr]) * es, attn_attention_at(&J->sc, es, b, i0 + rr, rn0[rr]),
+                             J->sc.sc, rn1[rr] - rn0[rr], J->scale);
+      }
+    }
+    for (int64_t rr = 0; rr < r; rr++) {
+      int64_t i = i0 + rr, a, bb;
+      key_range(J, i, &a, &bb);
+      const void *mrow = NULL;
+      if (J->mask) mrow = J->mask + (size_t)(b * J->msb + i * J->msr) * attn_dtype_size(J->mdt);
+      J->ops->softmax_row(ws + (size_t)(rr * Nk) * es, Nk, a, bb, rn1[rr], mrow, J->msc, J->mdt, &rn0[rr], &rn1[rr]);
+    }
+  }
+  lo = Nk;
+  hi = 0;
+  for (int64_t rr = 0; rr < r; rr++)
+    if (rn1[rr] > rn0[rr]) {
+      if (rn0[rr] < lo) lo = rn0[rr];
+      if (rn1[rr] > hi) hi = rn1[rr];
+    }
+  if (hi <= lo) lo = hi = 0;
+  *n0 = lo;
+  *n1 = hi;
+}
+
+static uint64_t stream_base(const attn_attention_job *J, int64_t b, int64_t i) {
+  return ((uint64_t)b * (uint64_t)J->Nq + (uint64_t)i) * (uint64_t)J->Nk;
+}
+
+/* ------------------------------------------------------------ forward */
+
+static void forward_task(void *ctx, int64_t begin, int64_t end) {
+  attn_attention_job *J = ctx;
+  const size_t es = J->es;
+  const int64_t Nk = J->Nk, dv = J->dv;
+  size_t cap = 0;
+  char *ws = attn_alloc((size_t)(BLK * (Nk > 0 ? Nk : 1)) * es + 2 * BLK * sizeof(int64_t), &cap);
+  if (!ws) {
+    atomic_store(&J->failed, 1);
+    return;
+  }
+  int64_t *rn0 = (int64_t *)(ws + (size_t)(BLK * (Nk > 0 ? Nk : 1)) * es), *rn1 = rn0 + BLK;
+  for (int64_t item = begin; item < end; item++) {
+    int64_t b = item / J->nblk, i0 = (item % J->nblk) * BLK;
+    int64_t r = J->Nq - i0 < BLK ? J->Nq - i0 : BLK, n0, n1;
+    block_probs(J, b, i0, r, ws, rn0, rn1, &n0, &n1);
+    if (J->weights) memcpy(J->weights + (size_t)((b * J->Nq + i0) * Nk) * es, ws, (size_t)(r * Nk) * es);
+    if (!J->out) continue;
+    char *out = J->out + (size_t)((b * J->Nq + i0) * dv) * es;
+    if (J->dropout)
+      for (int64_t rr = 0; rr < r; rr++)
+        J->ops->dropout_row(ws + (size_t)(rr * Nk) * es, rn0[rr], rn1[rr], stream_base(J, b, i0 + rr), &J->drop);
+    if (dv == 0) continue;
+    if (n1 > n0)
+      gemm(J->dt, 0, J->v.trans, r, dv, n1 - n0, 1.0, ws + (size_t)n0 * es, (int)Nk,
+           attn_attention_at(&J->v, es, b, n0, 0), J->v.ld, 0.0, out, dv);
+    else
+      memset(out, 0, (size_t)(r * dv) * es);
+    for (int64_t rr = 0; rr < r; rr++) {
+      char *orow = out + (size_t)(rr * dv) * es;
+      if (!J->ops->row_finite(orow, dv))
+        J->ops->combine_row(ws + (size_t)(rr * Nk) * es, rn0[rr], rn1[rr], &J->v, b, orow, dv);
+    }
+  }
+  attn_free(ws, cap);
+}
+
+/* ------------------------------------------------------------ backward */
+
+static void backward_task(void *ctx, int64_t begin, int64_t end) {
+  attn_attention_job *J = ctx;
+  const size_t es = J->es;
+  const int64_t Nk = J->Nk, Nq = J->Nq, d = J->d, dv = J->dv, G = J->groups;
+  size_t cap = 0, row_bytes = (size_t)(Nk > 0 ? Nk : 1) * es;
+  char *P = attn_alloc(2 * BLK * row_bytes + 2 * BLK * sizeof(int64_t), &cap);
+  if (!P) {
+    atomic_store(&J->failed, 1);
+    return;
+  }
+  char *dP = P + BLK * row_bytes;
+  int64_t *rn0 = (int64_t *)(dP + BLK * row_bytes), *rn1 = rn0 + BLK;
+  for (int64_t item = begin; item < end; item++) {
+    int64_t b = item / G, g = item % G;
+    int64_t blk0 = g * J->nblk / G, blk1 = (g + 1) * J->nblk / G;
+    char *acc_k = NULL, *acc_v = NULL;
+    if (J->gk) {
+      acc_k = G == 1 ? J->gk + (size_t)(b * Nk * d) * es : J->partial_k + (size_t)((b * G + g) * Nk * d) * es;
+      memset(acc_k, 0, (size_t)(Nk * d) * es);
+    }
+    if (J->gv && J->has_v) {
+      acc_v = G == 1 ? J->gv + (size_t)(b * Nk * dv) * es : J->partial_v + (size_t)((b * G + g) * Nk * dv) * es;
+      memset(acc_v, 0, (size_t)(Nk * dv) * es);
+    }
+    for (int64_t blk = blk0; blk < blk1; blk++) {
+      int64_t i0 = blk * BLK, r = Nq - i0 < BLK ? Nq - i0 : BLK, n0, n1;
+      block_probs(J, b, i0, r, P, rn0, rn1, &n0, &n1);
+      char *dq = J->gq ? J->gq + (size_t)((b * Nq + i0) * d) * es : NULL;
+      char *ds = J->gs ? J->gs + (size_t)((b * Nq + i0) * Nk) * es : NULL;
+      if (ds) memset(ds, 0, (size_t)(r * Nk) * es);
+      if (n1 <= n0) {
+        if (dq) memset(dq, 0, (size_t)(r * d) * es);
+        continue;
+      }
+      int64_t m = n1 - n0;
+      /* dL/dweights on [n0, n1) */
+      if (J->has_dout && J->has_v && dv > 0) {
+        gemm(J->dt, J->dout.trans, !J->v.trans, r, m, dv, 1.0, attn_attention_at(&J->dout, es, b, i0, 0), J->dout.ld,
+             attn_attention_at(&J->v, es, b, n0, 0), J->v.ld, 0.0, dP + (size_t)n0 * es, Nk);
+        if (J->dropout)
+          for (int64_t rr = 0; rr < r; rr++)
+            J->ops->dropout_row(dP + (size_t)(rr * Nk) * es, n0, n1, stream_base(J, b, i0 + rr), &J->drop);
+      } else {
+        for (int64_t rr = 0; rr < r; rr++) memset(dP + (size_t)(rr * Nk + n0) * es, 0, (size_t)m * es);
+      }
+      if (J->has_dw)
+        for (int64_t rr = 0; rr < r; rr++)
+          J->ops->add_row(dP + (size_t)(rr * Nk + n0) * es, attn_attention_at(&J->dw, es, b, i0 + rr, n0), J->dw.sc, m);
+      /* dL/dscores (dot mode: times scale) */
+      for (int64_t rr = 0; rr < r; rr++)
+        J->ops->softmax_back_row(P + (size_t)(rr * Nk) * es, dP + (size_t)(rr * Nk) * es, n0, n1,
+                                 row_len(J, b, i0 + rr), J->scale);
+      if (ds)
+        for (int64_t rr = 0; rr < r; rr++)
+          memcpy(ds + (size_t)(rr * Nk + n0) * es, dP + (size_t)(rr * Nk + n0) * es, (size_t)m * es);
+      if (dq) {
+        if (d > 0)
+          gemm(J->dt, 0, J->k.trans, r, d, m, 1.0, dP + (size_t)n0 * es, (int)Nk,
+               attn_attention_at(&J->k, es, b, n0, 0), J->k.ld, 0.0, dq, d);
+        for (int64_t rr = 0; rr < r; rr++) {
+          char *row = dq + (size_t)(rr * d) * es;
+          if (!J->ops->row_finite(row, d)) J->ops->combine_row(dP + (size_t)(rr * Nk) * es, n0, n1, &J->k, b, row, d);
+        }
+      }
+      if (acc_k && d > 0) {
+        if (J->ops->block_finite(&J->q, b, i0, r, d))
+          gemm(J->dt, 1, J->q.trans, m, d, r, 1.0, dP + (size_t)n0 * es, (int)Nk,
+               attn_attention_at(&J->q, es, b, i0, 0), J->q.ld, 1.0, acc_k + (size_t)(n0 * d) * es, d);
+        else
+          J->ops->outer_acc(dP, Nk, r, n0, n1, &J->q, b, i0, acc_k, d);
+      }
+      if (acc_v && J->has_dout && dv > 0) {
+        if (J->dropout)
+          for (int64_t rr = 0; rr < r; rr++)
+            J->ops->dropout_row(P + (size_t)(rr * Nk) * es, n0, n1, stream_base(J, b, i0 + rr), &J->drop);
+        if (J->ops->block_finite(&J->dout, b, i0, r, dv))
+          gemm(J->dt, 1, J->dout.trans, m, dv, r, 1.0, P + (size_t)n0 * es, (int)Nk,
+               attn_attention_at(&J->dout, es, b, i0, 0), J->dout.ld, 1.0, acc_v + (size_t)(n0 * dv) * es, dv);
+        else
+          J->ops->outer_acc(P, Nk, r, n0, n1, &J->dout, b, i0, acc_v, dv);
+      }
+    }
+  }
+  attn_free(P, cap);
+}
+
+/* dk/dv = sum over groups of the partial buffers, in group order. Items: (b, key row). */
+static void reduce_task(void *ctx, int64_t begin, int64_t end) {
+  attn_attention_job *J = ctx;
+  const size_t es = J->es;
+  const int64_t Nk = J->Nk, G = J->groups;
+  for (int64_t item = begin; item < end; item++) {
+    int64_t b = item / Nk, j = item % Nk;
+    if (J->gk) {
+      char *dst = J->gk + (size_t)((b * Nk + j) * J->d) * es;
+      memcpy(dst, J->partial_k + (size_t)(((b * G) * Nk + j) * J->d) * es, (size_t)J->d * es);
+      for (int64_t g = 1; g < G; g++)
+        J->ops->add_vec(dst, J->partial_k + (size_t)(((b * G + g) * Nk + j) * J->d) * es, J->d);
+    }
+    if (J->gv && J->has_v) {
+      char *dst = J->gv + (size_t)((b * Nk + j) * J->dv) * es;
+      memcpy(dst, J->partial_v + (size_t)(((b * G) * Nk + j) * J->dv) * es, (size_t)J->dv * es);
+      for (int64_t g = 1; g < G; g++)
+        J->ops->add_vec(dst, J->partial_v + (size_t)(((b * G + g) * Nk + j) * J->dv) * es, J->dv);
+    }
+  }
+}
+
+attn_status attn_attention_run_forward(attn_attention_job *J, const char *op) {
+  int64_t items = J->B * J->nblk;
+  if (items > 0 && J->Nk > 0) {
+    double flops = 2.0 * (double)(J->Nq < BLK ? J->Nq : BLK) * (double)J->Nk * (double)(J->d + J->dv + 8);
+    atomic_init(&J->failed, 0);
+    attn_parallel_for(items, (int64_t)(1e6 / flops) + 1, forward_task, J);
+    if (atomic_load(&J->failed)) return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the workspace", op);
+  } else if (J->out) {
+    memset(J->out, 0, (size_t)(J->B * J->Nq * J->dv) * J->es);
+  }
+  return ATTN_OK;
+}
+
+attn_status attn_attention_run_backward(attn_attention_job *J, const char *op) {
+  const size_t es = J->es;
+  int accum = J->gk || (J->gv && J->has_v);
+  if (J->B == 0 || J->Nq == 0 || J->Nk == 0) {
+    if (J->gq) memset(J->gq, 0, (size_t)(J->B * J->Nq * J->d) * es);
+    if (J->gs) memset(J->gs, 0, (size_t)(J->B * J->Nq * J->Nk) * es);
+    if (J->gk) memset(J->gk, 0, (size_t)(J->B * J->Nk * J->d) * es);
+    if (J->gv && J->has_v) memset(J->gv, 0, (size_t)(J->B * J->Nk * J->dv) * es);
+    return ATTN_OK;
+  }
+  /* Groups of query blocks per batch: shape-determined (never the thread count), so sums are reproducible. */
+  int64_t G = J->nblk;
+  if (accum) {
+    G = J->B >= 16 ? 1 : (16 + J->B - 1) / J->B;
+    if (G > J->nblk) G = J->nblk;
+    double per_group = (double)J->B * (double)J->Nk * (double)(J->d + J->dv) * (double)es;
+    while (G > 1 && per_group * (double)G > 256.0 * 1048576.0) G /= 2;
+  }
+  J->groups = G;
+  size_t partial_cap = 0;
+  char *partial = NULL;
+  if (accum && G > 1) {
+    size_t nk = (size_t)(J->B * G * J->Nk);
+    size_t bytes = nk * (size_t)(J->d + J->dv) * es;
+    partial = attn_alloc(bytes ? bytes : 1, &partial_cap);
+    if (!partial) return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for gradient buffers", op);
+    J->partial_k = partial;
+    J->partial_v = partial + nk * (size_t)J->d * es;
+  }
+  double flops = 2.0 * (double)(J->Nq < BLK ? J->Nq : BLK) * (double)J->Nk * (double)(2 * J->d + 2 * J->dv + 8) *
+                 (double)(J->nblk / G);
+  atomic_init(&J->failed, 0);
+  attn_parallel_for(J->B * G, (int64_t)(1e6 / flops) + 1, backward_task, J);
+  attn_status st = ATTN_OK;
+  if (atomic_load(&J->failed))
+    st = attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the workspace", op);
+  else if (accum && G > 1)
+    attn_parallel_for(J->B * J->Nk, 256, reduce_task, J);
+  if (partial) attn_free(partial, partial_cap);
+  return st;
+}

@@ -1,0 +1,258 @@
+/* The smaller attention kernels: d2l's sequence_mask, additive attention
+ * scores (forward and backward without the (B, Nq, Nk, h) tensor) and the
+ * sinusoidal positional encoding. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "attn_alloc.h"
+#include "attn_attention.h"
+#include "attn_parallel.h"
+
+/* ------------------------------------------------------------ sequence_mask */
+
+attn_status attn_attention_sequence_mask(const attn_tensor *x, const attn_tensor *valid_len, double value,
+                                         attn_tensor *out) {
+  const char *op = "sequence_mask";
+  if (x->ndim < 2)
+    return attn_error(ATTN_ERR_SHAPE, "%s: X must be (B, T, ...) with at least 2 dims, got %s", op,
+                      attn_tensor_shape_str(x));
+  if (out->ndim != x->ndim || memcmp(out->shape, x->shape, sizeof(int64_t) * (size_t)x->ndim) || out->dtype != x->dtype)
+    return attn_error(ATTN_ERR_SHAPE, "%s: output %s must be a %s tensor of X's shape %s", op,
+                      attn_tensor_shape_str(out), attn_dtype_name(x->dtype), attn_tensor_shape_str(x));
+  int64_t B = x->shape[0], T = x->shape[1];
+  char ctx[96];
+  snprintf(ctx, sizeof ctx, "X %s", attn_tensor_shape_str(x));
+  size_t cap = 0;
+  int64_t *lens = attn_alloc(sizeof(int64_t) * (size_t)(B > 0 ? B : 1), &cap);
+  if (!lens) return attn_error(ATTN_ERR_MEMORY, "%s: out of memory (%s)", op, ctx);
+  attn_status st = attn_attention_lengths(op, "valid_len", ctx, valid_len, B, 1, T, 0, lens);
+  for (int64_t b = 0; st == ATTN_OK && b < B; b++) {
+    attn_tensor xs = *x, os = *out;
+    attn_view_select(&xs, 0, b);
+    attn_view_select(&os, 0, b);
+    int64_t len = lens[b];
+    if (len > 0) {
+      attn_tensor xk = xs, ok = os;
+      attn_view_narrow(&xk, 0, 0, len);
+      attn_view_narrow(&ok, 0, 0, len);
+      st = attn_copy(&ok, &xk);
+    }
+    if (st == ATTN_OK && len < T) {
+      attn_view_narrow(&os, 0, len, T - len);
+      st = attn_fill(&os, value);
+    }
+  }
+  attn_free(lens, cap);
+  return st;
+}
+
+/* ------------------------------------------------------------ additive scores */
+
+typedef struct {
+  int64_t B, Nq, Nk, h;
+  const double *q, *k, *w, *g; /* contiguous float64 copies */
+  attn_dtype dt;
+  char *out, *dq, *dk; /* outputs in dt (contiguous) */
+  double *dw_rows;     /* (B * Nq, h) partial sums of dw */
+} additive_job;
+
+static void store(void *base, attn_dtype dt, int64_t i, double v) {
+  if (dt == ATTN_F32)
+    ((float *)base)[i] = (float)v;
+  else
+    ((double *)base)[i] = v;
+}
+
+static void additive_forward_task(void *ctx, int64_t begin, int64_t end) {
+  const additive_job *J = ctx;
+  const int64_t h = J->h;
+  for (int64_t row = begin; row < end; row++) { /* row = b * Nq + i */
+    int64_t b = row / J->Nq;
+    const double *q = J->q + row * h;
+    for (int64_t j = 0; j < J->Nk; j++) {
+      const double *k = J->k + (b * J->Nk + j) * h;
+      double s = 0;
+      for (int64_t c = 0; c < h; c++) s += J->w[c] * tanh(q[c] + k[c]);
+      store(J->out, J->dt, row * J->Nk + j, s);
+    }
+  }
+}
+
+/* Rows (b, i): dq[b,i,:] and the partial dw of the row. */
+static void additive_query_task(void *ctx, int64_t begin, int64_t end) {
+  const additive_job *J = ctx;
+  const int64_t h = J->h;
+  for (int64_t row = begin; row < end; row++) {
+    int64_t b = row / J->Nq;
+    const double *q = J->q + row * h, *g = J->g + row * J->Nk;
+    double *dw = J->dw_rows + row * h;
+    for (int64_t c = 0; c < h; c++) dw[c] = 0;
+    for (int64_t c = 0; c < h; c++) {
+      double acc = 0, accw = 0;
+      for (int64_t j = 0; j < J->Nk; j++) {
+        if (g[j] == 0) continue; /* masked: never evaluated */
+        double t = tanh(q[c] + J->k[(b * J->Nk + j) * h + c]);
+        acc += g[j] * (1 - t * t);
+        accw += g[j] * t;
+      }
+      dw[c] = accw;
+      if (J->dq) store(J->dq, J->dt, row * h + c, acc * J->w[c]);
+    }
+  }
+}
+
+/* Rows (b, j): dk[b,j,:]. */
+static void additive_key_task(void *ctx, int64_t begin, int64_t end) {
+  const additive_job *J = ctx;
+  const int64_t h = J->h;
+  for (int64_t row = begin; row < end; row++) { /* row = b * Nk + j */
+    int64_t b = row / J->Nk, j = row % J->Nk;
+    const double *k = J->k + row * h;
+    for (int64_t c = 0; c < h; c++) {
+      double acc = 0;
+      for (int64_t i = 0; i < J->Nq; i++) {
+        double g = J->g[(b * J->Nq + i) * J->Nk + j];
+        if (g == 0) continue;
+        double t = tanh(J->q[(b * J->Nq + i) * h + c] + k[c]);
+        acc += g * (1 - t * t);
+      }
+      store(J->dk, J->dt, row * h + c, acc * J->w[c]);
+    }
+  }
+}
+
+static attn_status additive_check(const char *op, const attn_tensor *qh, const attn_tensor *kh, const attn_tensor *wv) {
+  if (qh->ndim != 3 || kh->ndim != 3 || wv->ndim != 1 || qh->shape[0] != kh->shape[0] || qh->shape[2] != kh->shape[2] ||
+      wv->shape[0] != qh->shape[2])
+    return attn_error(ATTN_ERR_SHAPE,
+                      "%s: expected projected queries (B, Nq, h), keys (B, Nk, h) and w_v (h), got %s, %s and %s", op,
+                      attn_tensor_shape_str(qh), attn_tensor_shape_str(kh), attn_tensor_shape_str(wv));
+  if (kh->dtype != qh->dtype || wv->dtype != qh->dtype)
+    return attn_error(ATTN_ERR_DTYPE, "%s: dtypes differ: queries %s, keys %s, w_v %s", op, attn_dtype_name(qh->dtype),
+                      attn_dtype_name(kh->dtype), attn_dtype_name(wv->dtype));
+  return ATTN_OK;
+}
+
+static attn_status check_out3(const char *op, const char *name, const attn_tensor *t, attn_dtype dt, int ndim,
+                              const int64_t *shape) {
+  int ok = t->ndim == ndim && t->dtype == dt && attn_tensor_is_contiguous(t);
+  for (int d = 0; ok && d < ndim; d++) ok = t->shape[d] == shape[d];
+  if (!ok)
+    return attn_error(ATTN_ERR_SHAPE, "%s: output %s %s must be a contiguous %s tensor of shape %s", op, name,
+                      attn_tensor_shape_str(t), attn_dtype_name(dt), attn_shape_str(ndim, shape));
+  return ATTN_OK;
+}
+
+static int64_t additive_grain(const additive_job *J, int64_t inner) {
+  double work = (double)inner * (double)J->h * 20.0; /* ~20 flops per tanh */
+  return (int64_t)(2e5 / (work > 1 ? work : 1)) + 1;
+}
+
+attn_status attn_attention_additive_scores_forward(const attn_tensor *qh, const attn_tensor *kh, const attn_tensor *wv,
+                                                   attn_tensor *out) {
+  const char *op = "additive_scores";
+  attn_status st = additive_check(op, qh, kh, wv);
+  if (st != ATTN_OK) return st;
+  int64_t os[3] = {qh->shape[0], qh->shape[1], kh->shape[1]};
+  if ((st = check_out3(op, "scores", out, qh->dtype, 3, os)) != ATTN_OK) return st;
+  attn_tensor q = {0}, k = {0}, w = {0};
+  if ((st = attn_tensor_clone(&q, qh, ATTN_F64)) == ATTN_OK && (st = attn_tensor_clone(&k, kh, ATTN_F64)) == ATTN_OK &&
+      (st = attn_tensor_clone(&w, wv, ATTN_F64)) == ATTN_OK) {
+    additive_job J = {.B = os[0],
+                      .Nq = os[1],
+                      .Nk = os[2],
+                      .h = qh->shape[2],
+                      .q = attn_tensor_data(&q),
+                      .k = attn_tensor_data(&k),
+                      .w = attn_tensor_data(&w),
+                      .dt = qh->dtype,
+                      .out = attn_tensor_data(out)};
+    attn_parallel_for(J.B * J.Nq, additive_grain(&J, J.Nk), additive_forward_task, &J);
+  }
+  attn_tensor_free(&q);
+  attn_tensor_free(&k);
+  attn_tensor_free(&w);
+  return st;
+}
+
+attn_status attn_attention_additive_scores_backward(const attn_tensor *qh, const attn_tensor *kh, const attn_tensor *wv,
+                                                    const attn_tensor *dscores, attn_tensor *dqh, attn_tensor *dkh,
+                                                    attn_tensor *dwv) {
+  const char *op = "additive_scores backward";
+  attn_status st = additive_check(op, qh, kh, wv);
+  if (st != ATTN_OK) return st;
+  int64_t B = qh->shape[0], Nq = qh->shape[1], Nk = kh->shape[1], h = qh->shape[2];
+  int64_t ss[3] = {B, Nq, Nk};
+  if (dscores->ndim != 3 || dscores->shape[0] != B || dscores->shape[1] != Nq || dscores->shape[2] != Nk ||
+      dscores->dtype != qh->dtype)
+    return attn_error(ATTN_ERR_SHAPE, "%s: grad of scores %s %s must be %s %s", op, attn_tensor_shape_str(dscores),
+                      attn_dtype_name(dscores->dtype), attn_dtype_name(qh->dtype), attn_shape_str(3, ss));
+  if ((dqh && (st = check_out3(op, "dqh", dqh, qh->dtype, 3, qh->shape)) != ATTN_OK) ||
+      (dkh && (st = check_out3(op, "dkh", dkh, qh->dtype, 3, kh->shape)) != ATTN_OK) ||
+      (dwv && (st = check_out3(op, "dw_v", dwv, qh->dtype, 1, wv->shape)) != ATTN_OK))
+    return st;
+  attn_tensor q = {0}, k = {0}, w = {0}, g = {0};
+  size_t cap = 0;
+  double *dw_rows = NULL;
+  if ((st = attn_tensor_clone(&q, qh, ATTN_F64)) != ATTN_OK || (st = attn_tensor_clone(&k, kh, ATTN_F64)) != ATTN_OK ||
+      (st = attn_tensor_clone(&w, wv, ATTN_F64)) != ATTN_OK ||
+      (st = attn_tensor_clone(&g, dscores, ATTN_F64)) != ATTN_OK)
+    goto done;
+  additive_job J = {.B = B,
+                    .Nq = Nq,
+                    .Nk = Nk,
+                    .h = h,
+                    .q = attn_tensor_data(&q),
+                    .k = attn_tensor_data(&k),
+                    .w = attn_tensor_data(&w),
+                    .g = attn_tensor_data(&g),
+                    .dt = qh->dtype,
+                    .dq = dqh ? attn_tensor_data(dqh) : NULL,
+                    .dk = dkh ? attn_tensor_data(dkh) : NULL};
+  if (dqh || dwv) {
+    size_t n = (size_t)(B * Nq * h);
+    dw_rows = attn_alloc(sizeof(double) * (n ? n : 1), &cap);
+    if (!dw_rows) {
+      st = attn_error(ATTN_ERR_MEMORY, "%s: out of memory", op);
+      goto done;
+    }
+    J.dw_rows = dw_rows;
+    attn_parallel_for(B * Nq, additive_grain(&J, Nk), additive_query_task, &J);
+    if (dwv) {
+      char *out = attn_tensor_data(dwv);
+      for (int64_t c = 0; c < h; c++) {
+        double s = 0;
+        for (int64_t row = 0; row < B * Nq; row++) s += dw_rows[row * h + c];
+        store(out, qh->dtype, c, s);
+      }
+    }
+  }
+  if (dkh) attn_parallel_for(B * Nk, additive_grain(&J, Nq), additive_key_task, &J);
+done:
+  if (dw_rows) attn_free(dw_rows, cap);
+  attn_tensor_free(&q);
+  attn_tensor_free(&k);
+  attn_tensor_free(&w);
+  attn_tensor_free(&g);
+  return st;
+}
+
+/* ------------------------------------------------------------ positional encoding */
+
+attn_status attn_attention_positional_encoding(attn_tensor *out) {
+  if (out->ndim != 2 || !attn_tensor_is_contiguous(out))
+    return attn_error(ATTN_ERR_SHAPE, "positional_encoding: output %s must be a contiguous (max_len, d) tensor",
+                      attn_tensor_shape_str(out));
+  int64_t n = out->shape[0], d = out->shape[1];
+  char *base = attn_tensor_data(out);
+  for (int64_t c = 0; c < d; c++) {
+    double freq = pow(10000.0, (double)(c - c % 2) / (double)d);
+    for (int64_t pos = 0; pos < n; pos++) {
+      double a = (double)pos / freq;
+      store(base, out->dtype, pos * d + c, c % 2 == 0 ? sin(a) : cos(a));
+    }
+  }
+  return ATTN_OK;
+}
