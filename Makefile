@@ -22,7 +22,7 @@ ALL_CFLAGS = $(WARN) $(CFLAGS) -fPIC $(LUA_INCDIR) $(BLAS_FLAGS)
 LDLIBS    = $(BLAS_LIBS) -lpthread -lm
 
 DEBIAN_PACKAGES = lua5.4 liblua5.4-dev libopenblas-dev liblapacke-dev lua-busted lua-check \
-                  lua-cjson pkgconf gcc make
+                  lua-cjson lua-filesystem pkgconf gcc make cppcheck valgrind
 
 SRC       = $(wildcard src/*.c)
 HEADERS   = $(wildcard src/*.h)
@@ -33,7 +33,7 @@ ASAN_MODULE = build/asan/attn/core.so
 
 LUA_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="lua/?.so;;" OPENBLAS_NUM_THREADS=1
 
-.PHONY: all deps test test-asan check-c demo bench lint clean install examples
+.PHONY: all deps test test-asan check-c check-c-run demo bench lint clean install examples
 
 all: $(MODULE)
 
@@ -78,8 +78,12 @@ test-asan: deps
 	  ATTN_SANITIZED=1 $(BUSTED) -o TAP $(BUSTED_ARGS) spec | tools/tap-summary
 
 # The C core's own unit tests (no Lua), under ASan+UBSan and then valgrind memcheck.
+# (A second make evaluates the pkg-config flags after deps has installed pkgconf.)
 CORE_SRC = $(filter src/attn_%.c,$(SRC))
 check-c: deps
+	@$(MAKE) --no-print-directory check-c-run
+
+check-c-run:
 	@mkdir -p build
 	$(CC) $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -Isrc $(BLAS_FLAGS) \
 	  spec/c/test_core.c $(CORE_SRC) -o build/test_core_asan $(LDLIBS)
