@@ -6,6 +6,7 @@
 
 #include "attn_iter.h"
 #include "attn_ops.h"
+#include "attn_vmath.h"
 
 typedef struct {
   attn_reduce_op op;
@@ -97,11 +98,40 @@ attn_status attn_reduce(attn_reduce_op op, const attn_tensor *x, int dim, attn_t
   return ATTN_OK;
 }
 
+/* A contiguous row into a separate contiguous output: the vectorised exp of
+ * attn_vmath, one pass for the max, one for exp-and-sum, one to normalise. */
+#define SOFTMAX_CONTIGUOUS(T, EXP_ROW)                                              \
+  do {                                                                              \
+    T *r = (T *)o;                                                                  \
+    const T *xr = (const T *)x;                                                     \
+    T mx = -INFINITY;                                                               \
+    for (int64_t k = 0; k < c->len; k++)                                            \
+      if (xr[k] > mx || xr[k] != xr[k]) mx = xr[k];                                 \
+    if (mx == -INFINITY) mx = 0;                                                    \
+    memcpy(r, xr, sizeof(T) * (size_t)c->len);                                      \
+    double sum = EXP_ROW(r, c->len, mx);                                            \
+    if (c->log) {                                                                   \
+      T shift = (T)(mx + log(sum)); /* cppcheck-suppress invalidFunctionArg */      \
+      for (int64_t k = 0; k < c->len; k++) r[k] = xr[k] - shift;                    \
+    } else {                                                                        \
+      T inv = (T)(1.0 / sum);                                                       \
+      for (int64_t k = 0; k < c->len; k++) r[k] *= inv;                             \
+    }                                                                               \
+  } while (0)
+
 static void softmax_rows(int64_t n, char **p, const int64_t *st, void *arg) {
   const reduce_ctx *c = arg;
+  int64_t es = (int64_t)attn_dtype_size(c->dtype);
   for (int64_t i = 0; i < n; i++) {
     char *o = p[0] + i * st[0];
     const char *x = p[1] + i * st[1];
+    if (c->xstride == es && c->ostride == es && o != x) {
+      if (c->dtype == ATTN_F32)
+        SOFTMAX_CONTIGUOUS(float, attn_vmath_exp_row_f32);
+      else
+        SOFTMAX_CONTIGUOUS(double, attn_vmath_exp_row_f64);
+      continue;
+    }
     double mx = -INFINITY;
     for (int64_t k = 0; k < c->len; k++) {
       double v = load(x + k * c->xstride, c->dtype);

@@ -147,6 +147,20 @@ describe("reductions", function()
     helper.assert_close(t:sum(), 37)
   end)
 
+  it("float32 softmax rows (vectorised path) agree with the strided path and float64", function()
+    attn.manual_seed(5)
+    local z = attn.randn({ 37, 301 }) * 6 -- contiguous rows, odd length
+    local ref = z:to("float64"):softmax(2)
+    helper.assert_close(z:softmax(2), ref, { atol = 1e-7, rtol = 1e-5 })
+    helper.assert_close(z:t():contiguous():softmax(1), ref:t(), { atol = 1e-7, rtol = 1e-5 }) -- strided rows
+    helper.assert_close(z:log_softmax(2), z:to("float64"):log_softmax(2), { atol = 1e-5, rtol = 1e-5 })
+    local edge = attn.tensor({ { -math.huge, 0, 1 }, { -math.huge, -math.huge, -math.huge }, { 0 / 0, 1, 2 } })
+    local s = edge:softmax(2):totable()
+    assert.is_true(s[1][1] == 0 and math.abs(s[1][2] + s[1][3] - 1) < 1e-6)
+    assert.is_true(s[2][1] ~= s[2][1], "a row of -inf gives NaN, as the formula does")
+    assert.is_true(s[3][2] ~= s[3][2], "NaN propagates")
+  end)
+
   it("softmax and log_softmax over any dim match the formula", function()
     local s = x:softmax(2)
     for a = 1, 2 do
