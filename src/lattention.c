@@ -20,7 +20,7 @@ static const attn_tensor *opt_lens(lua_State *L, int idx, const char *fn, const 
   attn_tensor *t = attn_l_test(L, idx);
   if (t) return t;
   if (!lua_istable(L, idx))
-    luaL_error(L, "%s: %s must be a tensor or a table of integers, got a %s", fn, arg, luaL_typename(L, idx));
+    attn_l_error(L, "%s: %s must be a tensor or a table of integers, got a %s", fn, arg, luaL_typename(L, idx));
   int64_t shape[2] = {(int64_t)lua_rawlen(L, idx), 0};
   int ndim = 1;
   if (shape[0] > 0 && lua_rawgeti(L, idx, 1) == LUA_TTABLE) {
@@ -34,16 +34,16 @@ static const attn_tensor *opt_lens(lua_State *L, int idx, const char *fn, const 
     lua_rawgeti(L, idx, (lua_Integer)r + 1);
     if (ndim == 1) {
       if (lua_type(L, -1) != LUA_TNUMBER)
-        luaL_error(L, "%s: %s entry %d is a %s, not a number", fn, arg, (int)r + 1, luaL_typename(L, -1));
+        attn_l_error(L, "%s: %s entry %d is a %s, not a number", fn, arg, (int)r + 1, luaL_typename(L, -1));
       data[r] = lua_tonumber(L, -1);
     } else {
       if (!lua_istable(L, -1) || (int64_t)lua_rawlen(L, -1) != shape[1])
-        luaL_error(L, "%s: %s must be a table of numbers or of rows of equal length %d (row %d differs)", fn, arg,
+        attn_l_error(L, "%s: %s must be a table of numbers or of rows of equal length %d (row %d differs)", fn, arg,
                    (int)shape[1], (int)r + 1);
       for (int64_t c = 0; c < shape[1]; c++) {
         lua_rawgeti(L, -1, (lua_Integer)c + 1);
         if (lua_type(L, -1) != LUA_TNUMBER)
-          luaL_error(L, "%s: %s entry [%d][%d] is a %s, not a number", fn, arg, (int)r + 1, (int)c + 1,
+          attn_l_error(L, "%s: %s entry [%d][%d] is a %s, not a number", fn, arg, (int)r + 1, (int)c + 1,
                      luaL_typename(L, -1));
         data[r * shape[1] + c] = lua_tonumber(L, -1);
         lua_pop(L, 1);
@@ -68,12 +68,12 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
   lua_getfield(L, idx, "mask");
   if (!lua_isnil(L, -1)) {
     o->mask = attn_l_test(L, -1);
-    if (!o->mask) luaL_error(L, "%s: mask must be a tensor (1 attend, 0 ignore), got a %s", fn, luaL_typename(L, -1));
+    if (!o->mask) attn_l_error(L, "%s: mask must be a tensor (1 attend, 0 ignore), got a %s", fn, luaL_typename(L, -1));
   }
 
   lua_getfield(L, idx, "causal");
   if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
-    luaL_error(L, "%s: causal must be a boolean, got a %s", fn, luaL_typename(L, -1));
+    attn_l_error(L, "%s: causal must be a boolean, got a %s", fn, luaL_typename(L, -1));
   o->causal = lua_toboolean(L, -1);
   lua_pop(L, 1);
 
@@ -82,7 +82,7 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
     int isint;
     lua_Integer w = lua_tointegerx(L, -1, &isint);
     if (!isint || w < 0)
-      luaL_error(L, "%s: window must be an integer >= 0 (keys within that distance), got %s", fn,
+      attn_l_error(L, "%s: window must be an integer >= 0 (keys within that distance), got %s", fn,
                  luaL_tolstring(L, -1, NULL));
     o->window = (int64_t)w;
   }
@@ -90,7 +90,7 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
 
   lua_getfield(L, idx, "scale");
   if (!lua_isnil(L, -1)) {
-    if (lua_type(L, -1) != LUA_TNUMBER) luaL_error(L, "%s: scale must be a number, got a %s", fn, luaL_typename(L, -1));
+    if (lua_type(L, -1) != LUA_TNUMBER) attn_l_error(L, "%s: scale must be a number, got a %s", fn, luaL_typename(L, -1));
     o->scale = lua_tonumber(L, -1);
   }
   lua_pop(L, 1);
@@ -98,10 +98,10 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
   lua_getfield(L, idx, "dropout");
   if (!lua_isnil(L, -1)) {
     if (lua_type(L, -1) != LUA_TNUMBER)
-      luaL_error(L, "%s: dropout must be a probability, got a %s", fn, luaL_typename(L, -1));
+      attn_l_error(L, "%s: dropout must be a probability, got a %s", fn, luaL_typename(L, -1));
     o->dropout = lua_tonumber(L, -1);
     if (!(o->dropout >= 0 && o->dropout <= 1))
-      luaL_error(L, "%s: dropout probability %f is outside [0, 1]", fn, o->dropout);
+      attn_l_error(L, "%s: dropout probability %f is outside [0, 1]", fn, o->dropout);
   }
   lua_pop(L, 1);
 
@@ -109,7 +109,7 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
   if (!lua_isnil(L, -1)) {
     int isint;
     lua_Integer s = lua_tointegerx(L, -1, &isint);
-    if (!isint) luaL_error(L, "%s: seed must be an integer", fn);
+    if (!isint) attn_l_error(L, "%s: seed must be an integer", fn);
     o->seed = (uint64_t)s;
   } else if (o->dropout > 0) {
     o->seed = attn_rng_next(attn_l_rng(L));
@@ -164,7 +164,7 @@ static int l_sdpa_forward(lua_State *L) {
   int64_t os[3] = {q->shape[0], q->ndim == 3 ? q->shape[1] : 0, v->ndim == 3 ? v->shape[2] : 0};
   int64_t ws[3] = {q->shape[0], os[1], k->ndim == 3 ? k->shape[1] : 0};
   if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3)
-    return luaL_error(L, "dot_product_attention: queries, keys and values must be 3-D (B, N, d), got %s, %s and %s",
+    return attn_l_error(L, "dot_product_attention: queries, keys and values must be 3-D (B, N, d), got %s, %s and %s",
                       attn_tensor_shape_str(q), attn_tensor_shape_str(k), attn_tensor_shape_str(v));
   attn_tensor *out = attn_l_push_alloc(L, q->dtype, 3, os);
   int out_idx = lua_gettop(L);
@@ -204,7 +204,7 @@ static int l_sdpa_backward(lua_State *L) {
   int need_weights;
   read_opts(L, 4, "dot_product_attention backward", &o, &need_weights);
   if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3)
-    return luaL_error(L, "dot_product_attention backward: queries, keys and values must be 3-D, got %s, %s and %s",
+    return attn_l_error(L, "dot_product_attention backward: queries, keys and values must be 3-D, got %s, %s and %s",
                       attn_tensor_shape_str(q), attn_tensor_shape_str(k), attn_tensor_shape_str(v));
   attn_tensor *dq = want_q ? attn_l_push_like(L, q) : (lua_pushnil(L), NULL);
   attn_tensor *dk = want_k ? attn_l_push_like(L, k) : (lua_pushnil(L), NULL);
@@ -230,7 +230,7 @@ static int l_scores_attention_forward(lua_State *L) {
   attn_attention_opts o;
   int need_weights;
   read_opts(L, 3, name, &o, &need_weights);
-  if (s->ndim != 3) return luaL_error(L, "%s: scores must be 3-D (B, Nq, Nk), got %s", name, attn_tensor_shape_str(s));
+  if (s->ndim != 3) return attn_l_error(L, "%s: scores must be 3-D (B, Nq, Nk), got %s", name, attn_tensor_shape_str(s));
   if (!v) need_weights = 1;
   int64_t os[3] = {s->shape[0], s->shape[1], v && v->ndim == 3 ? v->shape[2] : 0};
   attn_tensor *out = v ? attn_l_push_alloc(L, s->dtype, 3, os) : (lua_pushnil(L), NULL);
@@ -280,7 +280,7 @@ static int l_scores_attention_backward(lua_State *L) {
 static int l_masked_softmax_forward(lua_State *L) {
   attn_tensor *x = attn_l_check(L, 1);
   const attn_tensor *lens = opt_lens(L, 2, "masked_softmax", "valid_lens");
-  if (x->ndim != 3) return luaL_error(L, "masked_softmax: X must be 3-D (B, Q, K), got %s", attn_tensor_shape_str(x));
+  if (x->ndim != 3) return attn_l_error(L, "masked_softmax: X must be 3-D (B, Q, K), got %s", attn_tensor_shape_str(x));
   attn_tensor *out = attn_l_push_like(L, x);
   ATTN_L_TRY(L, attn_attention_masked_softmax_forward(x, lens, out));
   return 1;
@@ -297,7 +297,7 @@ static int l_masked_softmax_forward(lua_State *L) {
 static int l_masked_softmax_backward(lua_State *L) {
   attn_tensor *y = attn_l_check(L, 1), *dy = attn_l_check(L, 2);
   const attn_tensor *lens = opt_lens(L, 3, "masked_softmax", "valid_lens");
-  if (y->ndim != 3) return luaL_error(L, "masked_softmax: X must be 3-D (B, Q, K), got %s", attn_tensor_shape_str(y));
+  if (y->ndim != 3) return attn_l_error(L, "masked_softmax: X must be 3-D (B, Q, K), got %s", attn_tensor_shape_str(y));
   attn_tensor *dx = attn_l_push_like(L, y);
   ATTN_L_TRY(L, attn_attention_masked_softmax_backward(y, dy, lens, dx));
   return 1;
@@ -314,7 +314,7 @@ static int l_masked_softmax_backward(lua_State *L) {
 static int l_sequence_mask(lua_State *L) {
   attn_tensor *x = attn_l_check(L, 1);
   double value = luaL_optnumber(L, 3, 0);
-  if (lua_isnoneornil(L, 2)) return luaL_error(L, "sequence_mask: valid_len is required");
+  if (lua_isnoneornil(L, 2)) return attn_l_error(L, "sequence_mask: valid_len is required");
   const attn_tensor *lens = opt_lens(L, 2, "sequence_mask", "valid_len");
   attn_tensor *out = attn_l_push_like(L, x);
   ATTN_L_TRY(L, attn_attention_sequence_mask(x, lens, value, out));
@@ -332,7 +332,7 @@ static int l_sequence_mask(lua_State *L) {
 static int l_additive_scores_forward(lua_State *L) {
   attn_tensor *qh = attn_l_check(L, 1), *kh = attn_l_check(L, 2), *wv = attn_l_check(L, 3);
   if (qh->ndim != 3 || kh->ndim != 3)
-    return luaL_error(L, "additive_scores: expected projected queries (B, Nq, h) and keys (B, Nk, h), got %s and %s",
+    return attn_l_error(L, "additive_scores: expected projected queries (B, Nq, h) and keys (B, Nk, h), got %s and %s",
                       attn_tensor_shape_str(qh), attn_tensor_shape_str(kh));
   int64_t shape[3] = {qh->shape[0], qh->shape[1], kh->shape[1]};
   attn_tensor *out = attn_l_push_alloc(L, qh->dtype, 3, shape);
@@ -373,7 +373,7 @@ static int l_additive_scores_backward(lua_State *L) {
  */
 static int l_positional_encoding(lua_State *L) {
   lua_Integer n = luaL_checkinteger(L, 1), d = luaL_checkinteger(L, 2);
-  if (n < 0 || d < 0) return luaL_error(L, "positional_encoding: max_len %I and d %I must be >= 0", n, d);
+  if (n < 0 || d < 0) return attn_l_error(L, "positional_encoding: max_len %I and d %I must be >= 0", n, d);
   int64_t shape[2] = {n, d};
   attn_tensor *out = attn_l_push_alloc(L, attn_l_optdtype(L, 3, ATTN_F32), 2, shape);
   ATTN_L_TRY(L, attn_attention_positional_encoding(out));

@@ -27,6 +27,10 @@ attn_tensor *attn_l_push_like(lua_State *L, const attn_tensor *x);
 attn_tensor *attn_l_push_view(lua_State *L, const attn_tensor *view);
 /* Raises the core's last error message. */
 int attn_l_raise(lua_State *L);
+/* Raises a formatted message (lua_pushfstring formats: %s %d %f %p %c %%)
+ * without a source position: luaL_error would name the library's Lua wrapper,
+ * not the user's line; the traceback still has every frame. */
+int attn_l_error(lua_State *L, const char *fmt, ...);
 /* Checks a 1-based dim (negative from the end) against ndim (+extra, for
  * unsqueeze) and returns it 0-based. */
 int attn_l_checkdim(lua_State *L, int arg, int ndim, int extra, const char *fn);

@@ -2,6 +2,7 @@
  * debt), tensor userdata plumbing shared by all binding files, and the
  * memory/thread/seed functions. */
 #include <math.h>
+#include <stdarg.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <stdlib.h>
@@ -38,7 +39,7 @@ static void account(lua_State *L, size_t bytes) {
 
 attn_tensor *attn_l_test(lua_State *L, int idx) {
   attn_tensor *t = luaL_testudata(L, idx, ATTN_TENSOR_MT);
-  if (t && !t->storage) luaL_error(L, "use of freed tensor");
+  if (t && !t->storage) attn_l_error(L, "use of freed tensor");
   return t;
 }
 
@@ -72,15 +73,23 @@ attn_tensor *attn_l_push_view(lua_State *L, const attn_tensor *view) {
   return t;
 }
 
-int attn_l_raise(lua_State *L) { return luaL_error(L, "%s", attn_last_error()); }
+int attn_l_error(lua_State *L, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  lua_pushvfstring(L, fmt, ap);
+  va_end(ap);
+  return lua_error(L);
+}
+
+int attn_l_raise(lua_State *L) { return attn_l_error(L, "%s", attn_last_error()); }
 
 int attn_l_checkdim(lua_State *L, int arg, int ndim, int extra, const char *fn) {
   lua_Integer d = luaL_checkinteger(L, arg);
   lua_Integer n = ndim + extra;
   if (d < 0) d += n + 1;
   if (d < 1 || d > n) {
-    if (n == 0) return luaL_error(L, "%s: dim %d given for a 0-d tensor", fn, (int)luaL_checkinteger(L, arg));
-    return luaL_error(L, "%s: dim %d out of range (expected 1..%d or -%d..-1)", fn,
+    if (n == 0) return attn_l_error(L, "%s: dim %d given for a 0-d tensor", fn, (int)luaL_checkinteger(L, arg));
+    return attn_l_error(L, "%s: dim %d out of range (expected 1..%d or -%d..-1)", fn,
                       (int)luaL_checkinteger(L, arg), (int)n, (int)n);
   }
   return (int)d - 1;
@@ -91,9 +100,9 @@ static int64_t check_size(lua_State *L, int idx, int pos, const char *fn) {
   lua_Integer v = lua_tointegerx(L, idx, &isint);
   if (!isint) {
     if (lua_type(L, idx) == LUA_TNUMBER)
-      luaL_error(L, "%s: size %d is %s, not an integer", fn, pos, lua_tostring(L, idx));
+      attn_l_error(L, "%s: size %d is %s, not an integer", fn, pos, lua_tostring(L, idx));
     else
-      luaL_error(L, "%s: size %d is a %s, not an integer", fn, pos, luaL_typename(L, idx));
+      attn_l_error(L, "%s: size %d is a %s, not an integer", fn, pos, luaL_typename(L, idx));
   }
   return (int64_t)v;
 }
@@ -102,7 +111,7 @@ int attn_l_checkshape(lua_State *L, int arg, int64_t *shape, const char *fn) {
   int ndim = 0;
   if (lua_istable(L, arg)) {
     lua_Integer n = (lua_Integer)lua_rawlen(L, arg);
-    if (n > ATTN_MAX_DIMS) luaL_error(L, "%s: %d dims requested, at most %d supported", fn, (int)n, ATTN_MAX_DIMS);
+    if (n > ATTN_MAX_DIMS) attn_l_error(L, "%s: %d dims requested, at most %d supported", fn, (int)n, ATTN_MAX_DIMS);
     for (lua_Integer i = 1; i <= n; i++) {
       lua_rawgeti(L, arg, i);
       shape[ndim++] = check_size(L, -1, (int)i, fn);
@@ -111,7 +120,7 @@ int attn_l_checkshape(lua_State *L, int arg, int64_t *shape, const char *fn) {
   } else {
     int top = lua_gettop(L);
     if (top - arg + 1 > ATTN_MAX_DIMS)
-      luaL_error(L, "%s: %d dims requested, at most %d supported", fn, top - arg + 1, ATTN_MAX_DIMS);
+      attn_l_error(L, "%s: %d dims requested, at most %d supported", fn, top - arg + 1, ATTN_MAX_DIMS);
     for (int i = arg; i <= top; i++) shape[ndim++] = check_size(L, i, i - arg + 1, fn);
   }
   return ndim;
@@ -120,7 +129,7 @@ int attn_l_checkshape(lua_State *L, int arg, int64_t *shape, const char *fn) {
 void attn_l_check_sizes(lua_State *L, int ndim, const int64_t *shape, const char *fn) {
   for (int d = 0; d < ndim; d++)
     if (shape[d] < 0)
-      luaL_error(L, "%s: negative size %d in shape %s", fn, (int)shape[d], attn_shape_str(ndim, shape));
+      attn_l_error(L, "%s: negative size %d in shape %s", fn, (int)shape[d], attn_shape_str(ndim, shape));
 }
 
 attn_dtype attn_l_optdtype(lua_State *L, int arg, attn_dtype def) {
@@ -128,7 +137,7 @@ attn_dtype attn_l_optdtype(lua_State *L, int arg, attn_dtype def) {
   const char *name = luaL_checkstring(L, arg);
   attn_dtype dt;
   if (attn_dtype_parse(name, &dt) != 0)
-    luaL_error(L, "unknown dtype '%s' (expected \"float32\" or \"float64\")", name);
+    attn_l_error(L, "unknown dtype '%s' (expected \"float32\" or \"float64\")", name);
   return dt;
 }
 
@@ -136,7 +145,7 @@ int64_t attn_l_checkindices(lua_State *L, int arg, int64_t **out, const char *fn
   attn_tensor *t = attn_l_test(L, arg);
   int64_t n;
   if (t) {
-    if (t->ndim > 1) luaL_error(L, "%s: index tensor must be 1-D, got %s", fn, attn_tensor_shape_str(t));
+    if (t->ndim > 1) attn_l_error(L, "%s: index tensor must be 1-D, got %s", fn, attn_tensor_shape_str(t));
     n = attn_tensor_numel(t);
   } else {
     luaL_checktype(L, arg, LUA_TTABLE);
@@ -150,11 +159,11 @@ int64_t attn_l_checkindices(lua_State *L, int arg, int64_t **out, const char *fn
       v = attn_tensor_get(t, t->ndim ? &pos : NULL);
     } else {
       lua_rawgeti(L, arg, (lua_Integer)i + 1);
-      if (!lua_isnumber(L, -1)) luaL_error(L, "%s: index %d is a %s, not a number", fn, (int)i + 1, luaL_typename(L, -1));
+      if (!lua_isnumber(L, -1)) attn_l_error(L, "%s: index %d is a %s, not a number", fn, (int)i + 1, luaL_typename(L, -1));
       v = lua_tonumber(L, -1);
       lua_pop(L, 1);
     }
-    if (v != floor(v) || !(fabs(v) < 9.0e15)) luaL_error(L, "%s: index %f at position %d is not an integer", fn, v, (int)i + 1);
+    if (v != floor(v) || !(fabs(v) < 9.0e15)) attn_l_error(L, "%s: index %f at position %d is not an integer", fn, v, (int)i + 1);
     buf[i] = (int64_t)v - 1;
   }
   *out = buf;
@@ -212,7 +221,7 @@ static int l_set_cache_limit(lua_State *L) {
 
 static int l_set_num_threads(lua_State *L) {
   lua_Integer n = luaL_checkinteger(L, 1);
-  if (n < 1 || n > 64) return luaL_error(L, "set_num_threads: n = %d must be in 1..64", (int)n);
+  if (n < 1 || n > 64) return attn_l_error(L, "set_num_threads: n = %d must be in 1..64", (int)n);
   attn_set_num_threads((int)n);
   return 0;
 }
@@ -257,7 +266,7 @@ static int l_clock(lua_State *L) {
 /* The process's minor page faults and peak RSS in bytes (getrusage). */
 static int l_rusage(lua_State *L) {
   struct rusage ru;
-  if (getrusage(RUSAGE_SELF, &ru) != 0) return luaL_error(L, "rusage: getrusage failed");
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return attn_l_error(L, "rusage: getrusage failed");
   lua_pushinteger(L, (lua_Integer)ru.ru_minflt);
   lua_pushinteger(L, (lua_Integer)ru.ru_maxrss * 1024);
   return 2;

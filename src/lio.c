@@ -129,7 +129,7 @@ static void decode(void *dst, const unsigned char *src, int64_t n, int e, int bi
 static size_t tensor_nbytes(lua_State *L, const attn_tensor *t) {
   int64_t n = attn_tensor_numel(t);
   size_t size = attn_dtype_size(t->dtype);
-  if (n < 0 || (uint64_t)n > SIZE_MAX / size) luaL_error(L, "tensor %s is too large", attn_tensor_shape_str(t));
+  if (n < 0 || (uint64_t)n > SIZE_MAX / size) attn_l_error(L, "tensor %s is too large", attn_tensor_shape_str(t));
   return (size_t)n * size;
 }
 
@@ -212,7 +212,7 @@ static int l_tensor_from_bytes(lua_State *L) {
   int big = lua_toboolean(L, 5);
   int e = find_encoding(name);
   if (e < 0)
-    return luaL_error(L, "tensor_from_bytes: unknown encoding '%s' (expected float32, float64, float16, "
+    return attn_l_error(L, "tensor_from_bytes: unknown encoding '%s' (expected float32, float64, float16, "
                          "bfloat16, int32 or int64)", name);
   int64_t shape[ATTN_MAX_DIMS];
   int ndim = attn_l_checkshape(L, 4, shape, "tensor_from_bytes");
@@ -222,13 +222,13 @@ static int l_tensor_from_bytes(lua_State *L) {
   for (int d = 0; d < ndim; d++) zero |= shape[d] == 0;
   for (int d = 0; d < ndim && !zero; d++) {
     if (numel > (uint64_t)INT64_MAX / encodings[e].size / (uint64_t)shape[d])
-      return luaL_error(L, "tensor_from_bytes: shape %s is too large", attn_shape_str(ndim, shape));
+      return attn_l_error(L, "tensor_from_bytes: shape %s is too large", attn_shape_str(ndim, shape));
     numel *= (uint64_t)shape[d];
   }
   if (zero) numel = 0;
   uint64_t need = numel * encodings[e].size;
   if (offset < 0 || (uint64_t)offset > len || need > len - (uint64_t)offset)
-    return luaL_error(L, "tensor_from_bytes: %s %s needs %I bytes at offset %I, the string has %I",
+    return attn_l_error(L, "tensor_from_bytes: %s %s needs %I bytes at offset %I, the string has %I",
                       encodings[e].names[0], attn_shape_str(ndim, shape), (lua_Integer)need, offset,
                       (lua_Integer)len);
   attn_tensor *t = attn_l_push_alloc(L, encodings[e].result, ndim, shape);
@@ -287,7 +287,7 @@ static void sync_parent_dir(const char *path) {
 static int l_write_file_atomic(lua_State *L) {
   size_t path_len;
   const char *path = luaL_checklstring(L, 1, &path_len);
-  if (strlen(path) != path_len) return luaL_error(L, "write_file_atomic: path contains a NUL byte");
+  if (strlen(path) != path_len) return attn_l_error(L, "write_file_atomic: path contains a NUL byte");
   luaL_checktype(L, 2, LUA_TTABLE);
   lua_settop(L, 2);
   lua_Integer n = (lua_Integer)lua_rawlen(L, 2);
@@ -305,7 +305,7 @@ static int l_write_file_atomic(lua_State *L) {
         lua_remove(L, -2);
       }
     } else {
-      return luaL_error(L, "write_file_atomic: part %I is a %s, not a string or tensor", i, luaL_typename(L, -1));
+      return attn_l_error(L, "write_file_atomic: part %I is a %s, not a string or tensor", i, luaL_typename(L, -1));
     }
     lua_rawseti(L, 3, i);
   }

@@ -25,7 +25,7 @@ static int binary(lua_State *L, attn_binary_op op) {
     ATTN_L_TRY(L, attn_binary_scalar(op, b, lua_tonumber(L, 1), 1, out));
     return 1;
   }
-  return luaL_error(L, "%s: expected tensors or numbers, got %s and %s", name,
+  return attn_l_error(L, "%s: expected tensors or numbers, got %s and %s", name,
                     attn_l_test(L, 1) ? ATTN_TENSOR_MT : luaL_typename(L, 1),
                     attn_l_test(L, 2) ? ATTN_TENSOR_MT : luaL_typename(L, 2));
 }
@@ -191,7 +191,7 @@ static int l_matmul(lua_State *L) {
   attn_tensor a = *attn_l_check(L, 1), b = *attn_l_check(L, 2);
   int a_vec = a.ndim == 1, b_vec = b.ndim == 1;
   if (a.ndim == 0 || b.ndim == 0)
-    return luaL_error(L, "matmul: operands need at least 1 dim, got %s @ %s", attn_tensor_shape_str(&a),
+    return attn_l_error(L, "matmul: operands need at least 1 dim, got %s @ %s", attn_tensor_shape_str(&a),
                       attn_tensor_shape_str(&b));
   if (a_vec) attn_view_unsqueeze(&a, 0);
   if (b_vec) attn_view_unsqueeze(&b, 1);
@@ -200,7 +200,7 @@ static int l_matmul(lua_State *L) {
   if (attn_matmul_shape(&a, &b, &nd, shape) != ATTN_OK) {
     attn_tensor a0 = *attn_l_check(L, 1), b0 = *attn_l_check(L, 2);
     if (a0.shape[a0.ndim - 1] != b0.shape[b0.ndim > 1 ? b0.ndim - 2 : 0])
-      return luaL_error(L, "matmul: inner dims differ: %s @ %s", attn_tensor_shape_str(&a0), attn_tensor_shape_str(&b0));
+      return attn_l_error(L, "matmul: inner dims differ: %s @ %s", attn_tensor_shape_str(&a0), attn_tensor_shape_str(&b0));
     return attn_l_raise(L);
   }
   attn_tensor *out = attn_l_push_alloc(L, a.dtype, nd, shape);
@@ -214,7 +214,7 @@ static int l_matmul(lua_State *L) {
 static int l_bmm(lua_State *L) {
   attn_tensor *a = attn_l_check(L, 1), *b = attn_l_check(L, 2);
   if (a->ndim != 3 || b->ndim != 3 || a->shape[0] != b->shape[0])
-    return luaL_error(L, "bmm: expected (B, n, m) @ (B, m, p), got %s @ %s", attn_tensor_shape_str(a),
+    return attn_l_error(L, "bmm: expected (B, n, m) @ (B, m, p), got %s @ %s", attn_tensor_shape_str(a),
                       attn_tensor_shape_str(b));
   return l_matmul(L);
 }

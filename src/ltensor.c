@@ -11,7 +11,7 @@ static void infer_shape(lua_State *L, int idx, int depth, int *ndim, int64_t *sh
     *ndim = depth;
     return;
   }
-  if (depth >= ATTN_MAX_DIMS) luaL_error(L, "tensor: nesting deeper than %d dims", ATTN_MAX_DIMS);
+  if (depth >= ATTN_MAX_DIMS) attn_l_error(L, "tensor: nesting deeper than %d dims", ATTN_MAX_DIMS);
   shape[depth] = (int64_t)lua_rawlen(L, idx);
   if (shape[depth] == 0) {
     *ndim = depth + 1;
@@ -35,7 +35,7 @@ static void fill_from_table(lua_State *L, int idx, int depth, int ndim, const in
   if (depth == ndim) {
     if (lua_type(L, idx) != LUA_TNUMBER) {
       format_path(where, sizeof where, path, depth);
-      luaL_error(L, "tensor: element at %s is a %s, not a number (shape %s)", where, luaL_typename(L, idx),
+      attn_l_error(L, "tensor: element at %s is a %s, not a number (shape %s)", where, luaL_typename(L, idx),
                  attn_shape_str(ndim, shape));
     }
     double v = lua_tonumber(L, idx);
@@ -47,7 +47,7 @@ static void fill_from_table(lua_State *L, int idx, int depth, int ndim, const in
   }
   if (lua_type(L, idx) != LUA_TTABLE || (int64_t)lua_rawlen(L, idx) != shape[depth]) {
     format_path(where, sizeof where, path, depth);
-    luaL_error(L, "tensor: table is not rectangular: entry %s has %s where a table of %d was expected (shape %s)",
+    attn_l_error(L, "tensor: table is not rectangular: entry %s has %s where a table of %d was expected (shape %s)",
                depth ? where : "(top)",
                lua_type(L, idx) == LUA_TTABLE ? lua_pushfstring(L, "%d entries", (int)lua_rawlen(L, idx))
                                               : luaL_typename(L, idx),
@@ -73,7 +73,7 @@ static int l_tensor(lua_State *L) {
     return 1;
   }
   if (lua_type(L, 1) != LUA_TNUMBER && lua_type(L, 1) != LUA_TTABLE)
-    return luaL_error(L, "tensor: expected a number or a nested table of numbers, got a %s", luaL_typename(L, 1));
+    return attn_l_error(L, "tensor: expected a number or a nested table of numbers, got a %s", luaL_typename(L, 1));
   infer_shape(L, 1, 0, &ndim, shape);
   attn_tensor *t = attn_l_push_alloc(L, dt, ndim, shape);
   fill_from_table(L, 1, 0, ndim, shape, path, t, &flat);
@@ -109,7 +109,7 @@ static int l_full(lua_State *L) {
 }
 
 static int checked_count(lua_State *L, double n, const char *fn) {
-  if (!(n >= 0) || n > 9.0e15) return luaL_error(L, "%s: would produce %f elements", fn, n);
+  if (!(n >= 0) || n > 9.0e15) return attn_l_error(L, "%s: would produce %f elements", fn, n);
   return 0;
 }
 
@@ -117,7 +117,7 @@ static int checked_count(lua_State *L, double n, const char *fn) {
 static int l_arange(lua_State *L) {
   double start = luaL_checknumber(L, 1), stop = luaL_checknumber(L, 2), step = luaL_checknumber(L, 3);
   if (step == 0 || !isfinite(start) || !isfinite(stop) || !isfinite(step))
-    return luaL_error(L, "arange: need finite start, stop and a nonzero step, got %f, %f, %f", start, stop, step);
+    return attn_l_error(L, "arange: need finite start, stop and a nonzero step, got %f, %f, %f", start, stop, step);
   double count = ceil((stop - start) / step);
   if (count < 0) count = 0;
   checked_count(L, count, "arange");
@@ -130,7 +130,7 @@ static int l_arange(lua_State *L) {
 static int l_linspace(lua_State *L) {
   double start = luaL_checknumber(L, 1), stop = luaL_checknumber(L, 2);
   lua_Integer n = luaL_checkinteger(L, 3);
-  if (n < 0) return luaL_error(L, "linspace: negative count %d", (int)n);
+  if (n < 0) return attn_l_error(L, "linspace: negative count %d", (int)n);
   int64_t len = n;
   attn_tensor *t = attn_l_push_alloc(L, attn_l_optdtype(L, 4, ATTN_F32), 1, &len);
   ATTN_L_TRY(L, attn_linspace(t, start, stop));
@@ -140,7 +140,7 @@ static int l_linspace(lua_State *L) {
 /* eye(n [, m [, dtype]]) */
 static int l_eye(lua_State *L) {
   lua_Integer n = luaL_checkinteger(L, 1), m = luaL_optinteger(L, 2, n);
-  if (n < 0 || m < 0) return luaL_error(L, "eye: negative size %d x %d", (int)n, (int)m);
+  if (n < 0 || m < 0) return attn_l_error(L, "eye: negative size %d x %d", (int)n, (int)m);
   int64_t shape[2] = {n, m};
   attn_tensor *t = attn_l_push_alloc(L, attn_l_optdtype(L, 3, ATTN_F32), 2, shape);
   ATTN_L_TRY(L, attn_eye(t));
@@ -270,7 +270,7 @@ static int l_totable(lua_State *L) {
 static int l_item(lua_State *L) {
   attn_tensor *t = attn_l_check(L, 1);
   if (attn_tensor_numel(t) != 1)
-    return luaL_error(L, "item: tensor %s has %d elements, item needs exactly 1", attn_tensor_shape_str(t),
+    return attn_l_error(L, "item: tensor %s has %d elements, item needs exactly 1", attn_tensor_shape_str(t),
                       (int)attn_tensor_numel(t));
   int64_t pos[ATTN_MAX_DIMS] = {0};
   lua_pushnumber(L, attn_tensor_get(t, pos));
@@ -281,13 +281,13 @@ static int l_item(lua_State *L) {
 static void check_index(lua_State *L, const attn_tensor *t, int arg, int64_t *pos, const char *fn) {
   int given = lua_gettop(L) - arg + 1;
   if (given < t->ndim)
-    luaL_error(L, "%s: %d indices given for %d-D tensor %s", fn, given < 0 ? 0 : given, t->ndim,
+    attn_l_error(L, "%s: %d indices given for %d-D tensor %s", fn, given < 0 ? 0 : given, t->ndim,
                attn_tensor_shape_str(t));
   for (int d = 0; d < t->ndim; d++) {
     lua_Integer i = luaL_checkinteger(L, arg + d);
     if (i < 0) i += t->shape[d] + 1;
     if (i < 1 || i > t->shape[d])
-      luaL_error(L, "%s: index %d out of range for dim %d of size %d (%s)", fn, (int)luaL_checkinteger(L, arg + d),
+      attn_l_error(L, "%s: index %d out of range for dim %d of size %d (%s)", fn, (int)luaL_checkinteger(L, arg + d),
                  d + 1, (int)t->shape[d], attn_tensor_shape_str(t));
     pos[d] = i - 1;
   }
@@ -332,7 +332,7 @@ static int l_permute(lua_State *L) {
   int perm[ATTN_MAX_DIMS];
   int n = attn_l_checkshape(L, 2, dims, "permute");
   if (n != v.ndim)
-    return luaL_error(L, "permute: %d dims given for %d-D tensor %s", n, v.ndim, attn_tensor_shape_str(&v));
+    return attn_l_error(L, "permute: %d dims given for %d-D tensor %s", n, v.ndim, attn_tensor_shape_str(&v));
   for (int d = 0; d < n; d++) {
     int64_t p = dims[d] < 0 ? dims[d] + n + 1 : dims[d];
     perm[d] = (p < 1 || p > n) ? -1 : (int)p - 1;
@@ -451,7 +451,7 @@ static int l_fill_(lua_State *L) {
 static int l_cat(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   int n = (int)lua_rawlen(L, 1);
-  if (n == 0) return luaL_error(L, "cat: empty list of tensors");
+  if (n == 0) return attn_l_error(L, "cat: empty list of tensors");
   lua_rawgeti(L, 1, 1);
   attn_tensor *first = attn_l_check(L, -1);
   int dim = attn_l_checkdim(L, 2, first->ndim, 0, "cat");
@@ -463,11 +463,11 @@ static int l_cat(lua_State *L) {
   for (int i = 1; i <= n; i++) {
     lua_rawgeti(L, 1, i);
     attn_tensor *t = attn_l_test(L, -1);
-    if (!t) return luaL_error(L, "cat: element %d is a %s, not a tensor", i, luaL_typename(L, -1));
+    if (!t) return attn_l_error(L, "cat: element %d is a %s, not a tensor", i, luaL_typename(L, -1));
     int ok = t->ndim == ndim && t->dtype == dt;
     for (int d = 0; ok && d < ndim; d++) ok = d == dim || t->shape[d] == first->shape[d];
     if (!ok)
-      return luaL_error(L, "cat: tensor %d is %s %s, incompatible with tensor 1 %s %s along dim %d", i,
+      return attn_l_error(L, "cat: tensor %d is %s %s, incompatible with tensor 1 %s %s along dim %d", i,
                         attn_dtype_name(t->dtype), attn_tensor_shape_str(t), attn_dtype_name(dt),
                         attn_tensor_shape_str(first), dim + 1);
     shape[dim] += t->shape[dim];

@@ -8,6 +8,11 @@ describe("errors", function()
     assert.truthy(tostring(err):find(pattern, 1, true), "got: " .. tostring(err))
   end
 
+  it("C errors carry no library source position (the message is exactly the core's)", function()
+    assert.has_error(function() return attn.ones({ 2, 3 }):matmul(attn.ones({ 4, 5 })) end,
+      "matmul: inner dims differ: [2x3] @ [4x5]")
+  end)
+
   it("matmul names both shapes", function()
     raises("matmul: inner dims differ: [2x3] @ [4x5]", function() return attn.ones({ 2, 3 }):matmul(attn.ones({ 4, 5 })) end)
     raises("matmul: dtypes differ", function() return attn.ones({ 2, 2 }):matmul(attn.ones({ 2, 2 }, "float64")) end)
