@@ -3,8 +3,7 @@
  * per-row lengths, the expanded keep-mask, the dropout stream) and hand it to
  * the block drivers of src/attn_attention_blocks.c, whose row kernels live in
  * src/attn_attention_rows.c. */
-#define ATTN_ATTENTION_INTERNAL
-#include "attn_attention.h"
+#include "attn_attention_internal.h"
 
 #include <limits.h>
 #include <math.h>

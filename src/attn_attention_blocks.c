@@ -2,12 +2,11 @@
  * rows) the scores come from one gemm (or a copy of the given scores), the
  * softmax runs row by row in a BLK x Nk workspace, and the weighted sum is a
  * second gemm; the backward recomputes or reads the weights per block. */
-#define ATTN_ATTENTION_INTERNAL
 #include <cblas.h>
 #include <string.h>
 
 #include "attn_alloc.h"
-#include "attn_attention.h"
+#include "attn_attention_internal.h"
 #include "attn_parallel.h"
 
 #define BLK ATTN_SDPA_BLOCK

@@ -1,11 +1,10 @@
 /* Row kernels of the attention softmax (float and double): masking by
  * selection, the d2l fill, dropout, the softmax
  * backward and the NaN-safe fallbacks of the weighted sums. */
-#define ATTN_ATTENTION_INTERNAL
 #include <math.h>
 #include <string.h>
 
-#include "attn_attention.h"
+#include "attn_attention_internal.h"
 #include "attn_vmath.h"
 
 #define FILL ATTN_MASKED_SOFTMAX_FILL
