@@ -119,7 +119,7 @@ describe("nn.DotProductAttention", function()
   end)
 
   it("matches a naive softmax(QK^T/sqrt(d))V and passes gradcheck", function()
-    local m = nn.DotProductAttention()
+    local m = nn.DotProductAttention():eval()
     local q, k, v = attn.randn({ 2, 3, 4 }), attn.randn({ 2, 5, 4 }), attn.randn({ 2, 5, 2 })
     local lens = { 5, 2 }
     local out = m(q, k, v, lens)
@@ -239,7 +239,7 @@ describe("nn.MultiHeadAttention", function()
 
   it("matches a naive per-head loop, outputs and weights", function()
     local m = nn.MultiHeadAttention{ key_size = 3, query_size = 5, value_size = 4, num_hiddens = 6, num_heads = 3,
-      dropout = 0 }
+      dropout = 0 }:eval()
     local q, k, v = attn.randn({ 2, 3, 5 }), attn.randn({ 2, 4, 3 }), attn.randn({ 2, 4, 4 })
     local lens = { 4, 2 }
     local out = m(q, k, v, lens)
@@ -252,7 +252,7 @@ describe("nn.MultiHeadAttention", function()
 
   it("gives each sample the result it gets alone (different valid_lens, pitfall 7)", function()
     local m = nn.MultiHeadAttention{ key_size = 8, query_size = 8, value_size = 8, num_hiddens = 8, num_heads = 4,
-      dropout = 0 }
+      dropout = 0 }:eval()
     local q, kv = attn.randn({ 3, 5, 8 }), attn.randn({ 3, 7, 8 })
     local lens = { 2, 7, 4 }
     local batched = m(q, kv, kv, attn.tensor(lens))
@@ -265,9 +265,30 @@ describe("nn.MultiHeadAttention", function()
     end
   end)
 
-  it("passes opts on: causal equals the book's 2-D valid_lens, a per-sample keep-mask is repeated per head", function()
+  it("skips the weights in training unless keep_weights is set, with the same output (pitfall 9)", function()
     local m = nn.MultiHeadAttention{ key_size = 4, query_size = 4, value_size = 4, num_hiddens = 4, num_heads = 2,
       dropout = 0 }
+    local X = attn.randn({ 2, 5, 4 })
+    local trained = m(X, X, X, { 3, 5 })
+    assert.is_nil(m.attention_weights)
+    m.keep_weights = true
+    assert.close(m(X, X, X, { 3, 5 }), trained, { atol = 0 })
+    assert.same({ 2, 2, 5, 5 }, m.attention_weights:shape())
+    m.keep_weights = nil
+    m:eval()
+    assert.close(m(X, X, X, { 3, 5 }), trained, { atol = 0 })
+    assert.same({ 2, 2, 5, 5 }, m.attention_weights:shape())
+    local add = nn.AdditiveAttention{ key_size = 4, query_size = 4, num_hiddens = 3, dropout = 0 }
+    add(X, X, X, { 3, 5 })
+    assert.is_nil(add.attention_weights)
+    add:eval()
+    add(X, X, X, { 3, 5 })
+    assert.same({ 2, 5, 5 }, add.attention_weights:shape())
+  end)
+
+  it("passes opts on: causal equals the book's 2-D valid_lens, a per-sample keep-mask is repeated per head", function()
+    local m = nn.MultiHeadAttention{ key_size = 4, query_size = 4, value_size = 4, num_hiddens = 4, num_heads = 2,
+      dropout = 0 }:eval()
     local X = attn.randn({ 2, 5, 4 })
     -- d2l's decoder training mask: query row t has valid length t
     local rows = { { 1, 2, 3, 4, 5 }, { 1, 2, 3, 4, 5 } }

@@ -2,9 +2,12 @@
 -- (attn.dot_product_attention, attn.additive_attention, attn.split_heads, ...),
 -- with the parameter names of the book's PyTorch classes.
 --
--- After each call, `m.attention_weights` holds the attention weights (before
--- dropout, detached from the graph) as the book stores them; for
+-- After each call in eval mode, `m.attention_weights` holds the attention
+-- weights (before dropout, detached from the graph) as the book stores them; for
 -- MultiHeadAttention they are per head, (B, num_heads, Nq, Nk), never averaged.
+-- In training mode the weights are not materialised (the kernel then needs no
+-- (Nq x Nk) matrix) and attention_weights is nil, unless `m.keep_weights = true`.
+-- The numbers are the same either way.
 -- @module attn.nn.attention
 local attn = require "attn"
 local module = require "attn.nn.module"
@@ -52,6 +55,9 @@ end
 
 local function detach(t) return t and t:detach() or nil end
 
+-- Weights are computed in eval mode, or in training when asked for (pitfall 9).
+local function wants_weights(m) return m.keep_weights == true or not m.training end
+
 -- ---------------------------------------------------------------- DotProductAttention
 
 --- `nn.DotProductAttention{dropout = 0}` (or `(dropout)`): scaled dot-product
@@ -74,7 +80,7 @@ function DotProductAttention:forward(queries, keys, values, valid_lens, opts)
   end
   if valid_lens ~= nil then o.valid_lens = valid_lens_tensor(valid_lens, attn.is_tensor(queries) and queries:dtype() or nil) end
   o.dropout, o.training = self.dropout.p, self.dropout.training
-  o.need_weights = true
+  o.need_weights = wants_weights(self)
   local out, weights = attn.dot_product_attention(queries, keys, values, o)
   self.attention_weights = detach(weights)
   return out
@@ -108,7 +114,7 @@ function AdditiveAttention:forward(queries, keys, values, valid_lens)
   local w_v = self.w_v.weight:reshape({ self.w_v.in_features })
   local out, weights = attn.additive_attention(qh, kh, values, w_v, {
     valid_lens = valid_lens_tensor(valid_lens, qh:dtype()),
-    dropout = self.dropout.p, training = self.dropout.training,
+    dropout = self.dropout.p, training = self.dropout.training, need_weights = wants_weights(self),
   })
   self.attention_weights = detach(weights)
   return out
@@ -174,8 +180,10 @@ function MultiHeadAttention:forward(queries, keys, values, valid_lens, opts)
   valid_lens = valid_lens_tensor(valid_lens, q:dtype())
   if valid_lens ~= nil then valid_lens = attn.repeat_interleave(valid_lens, heads) end
   if opts ~= nil and opts.mask ~= nil then opts = per_head_mask(opts, heads, q:dtype()) end
+  self.attention.keep_weights = self.keep_weights
   local out = self.attention(q, k, v, valid_lens, opts)
   local w = self.attention.attention_weights
+  self.attention_weights = nil
   if w ~= nil then
     local s = w:shape()
     self.attention_weights = w:reshape({ s[1] // heads, heads, s[2], s[3] })
