@@ -32,16 +32,30 @@ static int size_class(size_t n, size_t *class_bytes) {
   return (octave - 6) * 4 + (int)quarters;
 }
 
-size_t attn_alloc_max_request(void) {
-  if (max_request == 0) {
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    size_t phys = (pages > 0 && page > 0) ? (size_t)pages * (size_t)page : ((size_t)8 << 30);
-    max_request = phys / 4 * 3;
-  }
-  return max_request;
+static pthread_once_t max_request_once = PTHREAD_ONCE_INIT;
+
+static void init_max_request(void) {
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  size_t phys = (pages > 0 && page > 0) ? (size_t)pages * (size_t)page : ((size_t)8 << 30);
+  pthread_mutex_lock(&lock);
+  if (max_request == 0) max_request = phys / 4 * 3;
+  pthread_mutex_unlock(&lock);
 }
 
-void attn_alloc_set_max_request(size_t bytes) { max_request = bytes; }
+size_t attn_alloc_max_request(void) {
+  pthread_once(&max_request_once, init_max_request);
+  pthread_mutex_lock(&lock);
+  size_t v = max_request;
+  pthread_mutex_unlock(&lock);
+  return v;
+}
+
+void attn_alloc_set_max_request(size_t bytes) {
+  pthread_once(&max_request_once, init_max_request);
+  pthread_mutex_lock(&lock);
+  max_request = bytes;
+  pthread_mutex_unlock(&lock);
+}
 
 void *attn_alloc(size_t nbytes, size_t *capacity) {
   if (nbytes > attn_alloc_max_request()) return NULL;

@@ -66,6 +66,13 @@ const char *attn_unary_name(attn_unary_op op) { return unary_names[op]; }
 DEFINE_BINARY(f32, float)
 DEFINE_BINARY(f64, double)
 
+static attn_status check_writable(const char *op, const attn_tensor *out) {
+  if (attn_tensor_overlaps_itself(out))
+    return attn_error(ATTN_ERR_ARG, "%s: output %s is an expanded view (several indices share one element); "
+                      "write to a contiguous copy", op, attn_tensor_shape_str(out));
+  return ATTN_OK;
+}
+
 static attn_status check_dtypes(const char *op, const attn_tensor *a, const attn_tensor *b) {
   if (a->dtype != b->dtype)
     return attn_error(ATTN_ERR_DTYPE, "%s: dtypes differ: %s %s vs %s %s (convert with :to())", op,
@@ -91,10 +98,28 @@ mismatch:
                     attn_tensor_shape_str(b));
 }
 
+/* Checks that out's shape is the joint broadcast shape of the n operands. */
+static attn_status check_joint_broadcast(const char *op, int n, const attn_tensor *const *operands,
+                                         const attn_tensor *out) {
+  int nd = 0;
+  int64_t shape[ATTN_MAX_DIMS];
+  for (int k = 0; k < n; k++) {
+    attn_status st = attn_broadcast_shape(op, nd, shape, operands[k]->ndim, operands[k]->shape, &nd, shape);
+    if (st != ATTN_OK) return st;
+  }
+  int same = nd == out->ndim;
+  for (int d = 0; same && d < nd; d++) same = shape[d] == out->shape[d];
+  if (!same)
+    return attn_error(ATTN_ERR_SHAPE, "%s: output %s is not the broadcast shape %s of the operands", op,
+                      attn_tensor_shape_str(out), attn_shape_str(nd, shape));
+  return ATTN_OK;
+}
+
 attn_status attn_binary(attn_binary_op op, const attn_tensor *a, const attn_tensor *b, attn_tensor *out) {
   const char *name = binary_names[op];
   attn_status st = check_dtypes(name, a, b);
   if (st == ATTN_OK) st = check_dtypes(name, a, out);
+  if (st == ATTN_OK) st = check_writable(name, out);
   if (st == ATTN_OK) st = check_broadcast_out(name, a, b, out);
   if (st != ATTN_OK) return st;
   attn_iter it;
@@ -124,6 +149,7 @@ attn_status attn_binary_scalar(attn_binary_op op, const attn_tensor *a, double s
                                attn_tensor *out) {
   const char *name = binary_names[op];
   attn_status st = check_dtypes(name, a, out);
+  if (st == ATTN_OK) st = check_writable(name, out);
   if (st == ATTN_OK) st = check_broadcast_out(name, a, a, out);
   if (st != ATTN_OK) return st;
   float sf = (float)s;
@@ -214,8 +240,8 @@ attn_status attn_where(const attn_tensor *cond, const attn_tensor *a, const attn
   attn_status st = check_dtypes("where", a, b);
   if (st == ATTN_OK) st = check_dtypes("where", cond, out);
   if (st == ATTN_OK) st = check_dtypes("where", a, out);
-  if (st == ATTN_OK) st = check_broadcast_out("where", a, b, out);
-  if (st == ATTN_OK) st = check_broadcast_out("where", cond, out, out);
+  const attn_tensor *operands[3] = {cond, a, b};
+  if (st == ATTN_OK) st = check_joint_broadcast("where", 3, operands, out);
   if (st != ATTN_OK) return st;
   attn_iter it;
   attn_iter_begin(&it, out->ndim, out->shape);
@@ -230,10 +256,11 @@ attn_status attn_where(const attn_tensor *cond, const attn_tensor *a, const attn
 attn_status attn_masked_fill(const attn_tensor *x, const attn_tensor *mask, double value, attn_tensor *out) {
   attn_status st = check_dtypes("masked_fill", x, mask);
   if (st == ATTN_OK) st = check_dtypes("masked_fill", x, out);
-  if (st == ATTN_OK) st = check_broadcast_out("masked_fill", x, mask, out);
-  if (st == ATTN_OK && (out->ndim != x->ndim))
-    st = attn_error(ATTN_ERR_SHAPE, "masked_fill: mask %s must broadcast to the input %s",
-                    attn_tensor_shape_str(mask), attn_tensor_shape_str(x));
+  const attn_tensor *operands[2] = {x, mask};
+  if (st == ATTN_OK && (check_joint_broadcast("masked_fill", 2, operands, x) != ATTN_OK ||
+                        check_joint_broadcast("masked_fill", 1, operands, out) != ATTN_OK))
+    st = attn_error(ATTN_ERR_SHAPE, "masked_fill: mask %s must broadcast to the input %s (output %s)",
+                    attn_tensor_shape_str(mask), attn_tensor_shape_str(x), attn_tensor_shape_str(out));
   if (st != ATTN_OK) return st;
   float vf = (float)value;
   attn_iter it;

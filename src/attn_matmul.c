@@ -108,6 +108,7 @@ attn_status attn_matmul(const attn_tensor *a, const attn_tensor *b, attn_tensor 
       !attn_tensor_is_contiguous(out))
     return attn_error(ATTN_ERR_SHAPE, "matmul: output %s must be a contiguous %s tensor of shape %s",
                       attn_tensor_shape_str(out), attn_dtype_name(a->dtype), attn_shape_str(nd, shape));
+  attn_get_num_threads(); /* first use pins OpenBLAS to one thread, even on the serial path */
   int64_t m = shape[nd - 2], n = shape[nd - 1], k = a->shape[a->ndim - 1];
   if (m > 0x7fffffff || n > 0x7fffffff || k > 0x7fffffff)
     return attn_error(ATTN_ERR_SHAPE, "matmul: %s @ %s exceeds BLAS's 32-bit sizes", attn_tensor_shape_str(a),

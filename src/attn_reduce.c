@@ -110,9 +110,9 @@ attn_status attn_reduce(attn_reduce_op op, const attn_tensor *x, int dim, attn_t
     if (mx == -INFINITY) mx = 0;                                                    \
     memcpy(r, xr, sizeof(T) * (size_t)c->len);                                      \
     double sum = EXP_ROW(r, c->len, mx);                                            \
-    if (c->log) {                                                                   \
-      T shift = (T)(mx + log(sum)); /* cppcheck-suppress invalidFunctionArg */      \
-      for (int64_t k = 0; k < c->len; k++) r[k] = xr[k] - shift;                    \
+    if (c->log) { /* (x - max) - log(sum), in this order, as the strided path */  \
+      T logsum = (T)log(sum); /* cppcheck-suppress invalidFunctionArg */            \
+      for (int64_t k = 0; k < c->len; k++) r[k] = (xr[k] - mx) - logsum;            \
     } else {                                                                        \
       T inv = (T)(1.0 / sum);                                                       \
       for (int64_t k = 0; k < c->len; k++) r[k] *= inv;                             \

@@ -37,14 +37,18 @@ attn_status attn_tensor_init(attn_tensor *t, attn_dtype dtype, int ndim, const i
                       ATTN_MAX_DIMS);
   size_t elsize = attn_dtype_size(dtype);
   uint64_t numel = 1;
-  int overflow = 0;
+  int overflow = 0, empty = 0;
   for (int d = 0; d < ndim; d++) {
     if (shape[d] < 0)
       return attn_error(ATTN_ERR_SHAPE, "tensor: negative size %lld in shape %s",
                         (long long)shape[d], attn_shape_str(ndim, shape));
-    if (shape[d] != 0 && numel > (uint64_t)INT64_MAX / (uint64_t)shape[d]) overflow = 1;
+    if (shape[d] == 0) empty = 1;
+  }
+  for (int d = 0; d < ndim && !empty; d++) {
+    if (numel > (uint64_t)INT64_MAX / (uint64_t)shape[d]) overflow = 1;
     numel *= (uint64_t)shape[d];
   }
+  if (empty) numel = 0;
   if (overflow || numel > (uint64_t)(SIZE_MAX / elsize))
     return attn_error(ATTN_ERR_MEMORY, "tensor: shape %s overflows the address space",
                       attn_shape_str(ndim, shape));
@@ -106,6 +110,12 @@ int attn_tensor_is_contiguous(const attn_tensor *t) {
     expected *= t->shape[d];
   }
   return 1;
+}
+
+int attn_tensor_overlaps_itself(const attn_tensor *t) {
+  for (int d = 0; d < t->ndim; d++)
+    if (t->shape[d] > 1 && t->stride[d] == 0) return 1;
+  return 0;
 }
 
 void *attn_tensor_data(const attn_tensor *t) {
@@ -173,7 +183,7 @@ attn_status attn_view_permute(attn_tensor *t, const int *perm) {
 attn_status attn_view_narrow(attn_tensor *t, int dim, int64_t start, int64_t length) {
   attn_status st = check_dim("narrow", t, dim, 0);
   if (st != ATTN_OK) return st;
-  if (start < 0 || length < 0 || start + length > t->shape[dim])
+  if (start < 0 || length < 0 || start > t->shape[dim] || length > t->shape[dim] - start)
     return attn_error(ATTN_ERR_ARG, "narrow: start %lld length %lld outside dim %d of size %lld (%s)",
                       (long long)start + 1, (long long)length, dim + 1, (long long)t->shape[dim],
                       attn_tensor_shape_str(t));
@@ -259,6 +269,11 @@ attn_status attn_view_expand(attn_tensor *t, int ndim, const int64_t *shape) {
                         (long long)t->shape[td], (long long)want);
     }
   }
+  int64_t count = 1;
+  for (int d = 0; d < ndim; d++)
+    if (__builtin_mul_overflow(count, nshape[d], &count))
+      return attn_error(ATTN_ERR_SHAPE, "expand: %s has more elements than can be addressed",
+                        attn_shape_str(ndim, nshape));
   t->ndim = ndim;
   memcpy(t->shape, nshape, sizeof(int64_t) * (size_t)ndim);
   memcpy(t->stride, nstride, sizeof(int64_t) * (size_t)ndim);
@@ -279,8 +294,9 @@ attn_status attn_shape_infer(const char *op, int64_t numel, int ndim, int64_t *s
       infer = d;
     } else if (shape[d] < 0) {
       return attn_error(ATTN_ERR_SHAPE, "%s: negative size in %s", op, attn_shape_str(ndim, shape));
-    } else {
-      known *= shape[d];
+    } else if (__builtin_mul_overflow(known, shape[d], &known)) {
+      return attn_error(ATTN_ERR_SHAPE, "%s: shape %s has more elements than can be addressed", op,
+                        attn_shape_str(ndim, shape));
     }
   }
   if (infer >= 0) {
@@ -400,6 +416,9 @@ static void copy_f64_f32(int64_t n, char **p, const int64_t *step, void *ctx) {
 }
 
 attn_status attn_copy(attn_tensor *dst, const attn_tensor *src) {
+  if (attn_tensor_overlaps_itself(dst))
+    return attn_error(ATTN_ERR_ARG, "copy: destination %s is an expanded view (several indices share one element); "
+                      "write to a contiguous copy", attn_tensor_shape_str(dst));
   if (!broadcasts_to(src, dst))
     return attn_error(ATTN_ERR_SHAPE, "copy: source %s does not broadcast to destination %s",
                       attn_tensor_shape_str(src), attn_tensor_shape_str(dst));

@@ -54,6 +54,9 @@ void attn_tensor_free(attn_tensor *t);
 
 int64_t attn_tensor_numel(const attn_tensor *t);
 int attn_tensor_is_contiguous(const attn_tensor *t);
+/* Whether two different indices of t address the same element (a dim of size
+ * > 1 with stride 0, as expand makes): such a view cannot be written to. */
+int attn_tensor_overlaps_itself(const attn_tensor *t);
 /* Address of element 0 of the view. */
 void *attn_tensor_data(const attn_tensor *t);
 /* Shape as "[2x3]" (see attn_shape_str). */

@@ -124,7 +124,9 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
 static const char *opt_name(lua_State *L, int idx, const char *def) {
   if (!lua_istable(L, idx)) return def;
   lua_getfield(L, idx, "name");
-  const char *s = lua_isstring(L, -1) ? lua_tostring(L, -1) : def; /* the opts table keeps it alive */
+  /* only a real string: the opts table then keeps it alive (a number would be
+   * converted in a stack slot that is popped, leaving a dangling pointer) */
+  const char *s = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : def;
   lua_pop(L, 1);
   return s;
 }

@@ -151,6 +151,8 @@ int64_t attn_l_checkindices(lua_State *L, int arg, int64_t **out, const char *fn
     luaL_checktype(L, arg, LUA_TTABLE);
     n = (int64_t)lua_rawlen(L, arg);
   }
+  if ((uint64_t)n > attn_alloc_max_request() / sizeof(int64_t))
+    attn_l_error(L, "%s: %f indices are more than can be held", fn, (double)n);
   int64_t *buf = lua_newuserdatauv(L, sizeof(int64_t) * (size_t)(n > 0 ? n : 1), 0);
   for (int64_t i = 0; i < n; i++) {
     double v;

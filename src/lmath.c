@@ -246,10 +246,11 @@ static int l_index_add_(lua_State *L) {
 }
 
 /* The core takes 0-based index values: shift a 1-based index tensor once here. */
-static attn_tensor *zero_based(lua_State *L, int arg, attn_dtype dt) {
+static attn_tensor *zero_based(lua_State *L, int arg) {
   attn_tensor *idx = attn_l_test(L, arg);
   if (!idx) luaL_typeerror(L, arg, "attn.Tensor of 1-based indices");
-  attn_tensor *z = attn_l_push_alloc(L, dt, idx->ndim, idx->shape);
+  /* float64, whatever the data's dtype: float32 cannot hold indices past 2^24 */
+  attn_tensor *z = attn_l_push_alloc(L, ATTN_F64, idx->ndim, idx->shape);
   if (attn_copy(z, idx) != ATTN_OK || attn_binary_scalar(ATTN_SUB, z, 1.0, 0, z) != ATTN_OK) attn_l_raise(L);
   return z;
 }
@@ -257,7 +258,7 @@ static attn_tensor *zero_based(lua_State *L, int arg, attn_dtype dt) {
 static int l_gather(lua_State *L) {
   attn_tensor *x = attn_l_check(L, 1);
   int dim = attn_l_checkdim(L, 2, x->ndim, 0, "gather");
-  attn_tensor *idx = zero_based(L, 3, x->dtype);
+  attn_tensor *idx = zero_based(L, 3);
   attn_tensor *out = attn_l_push_alloc(L, x->dtype, idx->ndim, idx->shape);
   ATTN_L_TRY(L, attn_gather(x, dim, idx, out));
   return 1;
@@ -268,7 +269,7 @@ static int l_scatter_add_(lua_State *L) {
   attn_tensor *out = attn_l_check(L, 1);
   int dim = attn_l_checkdim(L, 2, out->ndim, 0, "scatter_add_");
   attn_tensor *src = attn_l_check(L, 4);
-  attn_tensor *idx = zero_based(L, 3, out->dtype);
+  attn_tensor *idx = zero_based(L, 3);
   ATTN_L_TRY(L, attn_scatter_add(out, dim, idx, src));
   lua_settop(L, 1);
   return 1;

@@ -440,6 +440,18 @@ static int l_copy_(lua_State *L) {
   return 1;
 }
 
+/* set_(t, src): t becomes a view of src (its storage, shape, strides, dtype)
+ * while keeping its identity and Lua fields: how a parameter changes dtype in
+ * place, so whoever holds it (an optimizer) sees the change. */
+static int l_set_(lua_State *L) {
+  attn_tensor *t = attn_l_check(L, 1), *src = attn_l_check(L, 2);
+  attn_tensor old = *t;
+  attn_tensor_view(t, src);
+  attn_tensor_free(&old);
+  lua_settop(L, 1);
+  return 1;
+}
+
 static int l_fill_(lua_State *L) {
   attn_tensor *t = attn_l_check(L, 1);
   ATTN_L_TRY(L, attn_fill(t, luaL_checknumber(L, 2)));
@@ -506,6 +518,7 @@ static const luaL_Reg tensor_functions[] = {
     {"reshape", l_reshape},     {"contiguous", l_contiguous},
     {"clone", l_clone},         {"to", l_to},
     {"copy_", l_copy_},         {"fill_", l_fill_},
+    {"set_", l_set_},
     {"cat", l_cat},             {NULL, NULL},
 };
 

@@ -66,6 +66,11 @@ local function kernel_options(fn, opts)
       error(string.format("%s: unknown option '%s' (expected %s)", fn, tostring(k), table.concat(names, ", ")), 3)
     end
   end
+  for _, flag in ipairs { "training", "need_weights" } do -- (the kernel checks causal)
+    if opts[flag] ~= nil and type(opts[flag]) ~= "boolean" then
+      error(string.format("%s: %s must be a boolean, got %s", fn, flag, tostring(opts[flag])), 3)
+    end
+  end
   local p = opts.dropout or 0
   if type(p) ~= "number" or not (p >= 0 and p <= 1) then
     error(string.format("%s: dropout must be a probability in [0, 1], got %s", fn, tostring(p)), 3)

@@ -106,7 +106,16 @@ function autograd.backward(root, grad, opts)
   if not requires(root) then
     error("backward: tensor does not require grad (no input of its computation had requires_grad)", 2)
   end
-  if grad == nil then
+  if grad ~= nil then
+    local rs, gs = core.shape(root), is_tensor(grad) and core.shape(grad)
+    local same = gs and #rs == #gs and core.dtype(grad) == core.dtype(root)
+    for d = 1, #rs do same = same and rs[d] == gs[d] end
+    if not same then
+      error(string.format("backward: grad must be a %s tensor of the output's shape [%s], got %s", core.dtype(root),
+        table.concat(rs, "x"), is_tensor(grad) and string.format("%s [%s]", core.dtype(grad),
+          table.concat(gs, "x")) or type(grad)), 2)
+    end
+  else
     if core.numel(root) ~= 1 then
       error(string.format("backward: grad can be omitted only for a one-element tensor, got [%s]",
         table.concat(core.shape(root), "x")), 2)
@@ -154,9 +163,10 @@ function autograd.backward(root, grad, opts)
   autograd.with_mode(false, function()
     for k = #order, 1, -1 do
       local node = order[k]
-      local gs = node_grads[node] or {}
+      local gs = node_grads[node]
       node_grads[node] = nil
-      local in_grads = table.pack(node.backward(table.unpack(gs, 1, node.noutputs)))
+      -- a node no gradient reached (e.g. the condition of a where) contributes nothing
+      local in_grads = gs and table.pack(node.backward(table.unpack(gs, 1, node.noutputs))) or {}
       for i, input in ipairs(node.inputs) do
         local g = in_grads[i]
         if g ~= nil and requires(input) then

@@ -22,6 +22,8 @@ local function number_format(values)
   return "%.4f"
 end
 
+local displayed_values
+
 -- Indices to show along a dim of size n: all, or the first and last EDGE with a gap marker (false).
 local function shown(n, elide)
   local idx = {}
@@ -54,17 +56,30 @@ local function render_matrix(m, fmt, elide, lines)
   end
 end
 
+-- The values that will be shown (all of them, or the edges of each dim), so the
+-- number format fits exactly what is printed.
+function displayed_values(t, elide)
+  local out = {}
+  local function walk(view)
+    if core.dim(view) == 0 then
+      out[#out + 1] = core.item(view)
+      return
+    end
+    for _, i in ipairs(shown(core.size(view, 1), elide)) do
+      if i then walk(core.select(view, 1, i)) end
+    end
+  end
+  walk(t)
+  return out
+end
+
 function format.tostring(t)
   local shape, dtype = core.shape(t), core.dtype(t)
   local header = string.format("attn.Tensor %s [%s]", dtype, table.concat(shape, "x"))
   local n = core.numel(t)
   if n == 0 then return header .. " (empty)" end
   local elide = n > THRESHOLD
-  local sample = {}
-  local flat = core.reshape(t, n)
-  local step = math.max(1, n // 4096) -- the format is chosen from a sample of the values
-  for k = 1, n, step do sample[#sample + 1] = core.get(flat, k) end
-  local fmt = number_format(sample)
+  local fmt = number_format(displayed_values(t, elide))
   local lines = { header }
   local nd = #shape
   if nd == 0 then

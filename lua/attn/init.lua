@@ -154,6 +154,7 @@ end
 function attn.cat(list, dim)
   dim = dim or 1
   local out = core.cat(list, dim)
+  list = table.move(list, 1, #list, 1, {}) -- the graph keeps a copy: the caller may reuse the table
   return autograd.record("cat", out, list, function(g)
     local grads, start = {}, 1
     for i, t in ipairs(list) do
@@ -170,9 +171,15 @@ function attn.stack(list, dim)
   dim = dim or 1
   if type(list) ~= "table" or #list == 0 then error("stack: expected a non-empty list of tensors", 2) end
   local parts = {}
+  local first = autograd.is_tensor(list[1]) and table.concat(core.shape(list[1]), "x")
   for i, t in ipairs(list) do
     if not autograd.is_tensor(t) then
       error(string.format("stack: element %d is a %s, not a tensor", i, type(t)), 2)
+    end
+    local s = table.concat(core.shape(t), "x")
+    if s ~= first or core.dtype(t) ~= core.dtype(list[1]) then
+      error(string.format("stack: tensor %d is %s [%s], tensor 1 is %s [%s]; all must match", i, core.dtype(t), s,
+        core.dtype(list[1]), first), 2)
     end
     parts[i] = Tensor.unsqueeze(t, dim)
   end
@@ -208,8 +215,7 @@ attn.gradcheck = autograd.gradcheck
 
 -- Loaded on first use: attn.linalg, attn.nn, attn.optim, and the functions of
 -- attn.io and attn.attention appear as attn.save, attn.masked_softmax, ...
-local submodules = { linalg = "attn.linalg", nn = "attn.nn", optim = "attn.optim", data = "attn.data",
-  plot = "attn.plot", progress = "attn.progress" }
+local submodules = { linalg = "attn.linalg", nn = "attn.nn", optim = "attn.optim", progress = "attn.progress" }
 local function_modules = { "attn.io", "attn.attention" }
 
 setmetatable(attn, {

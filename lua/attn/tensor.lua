@@ -24,7 +24,7 @@ local function refuse_inplace(name, t)
 end
 
 -- In-place updates are not recorded: they are for optimizers and no_grad code.
-for _, name in ipairs { "add_", "sub_", "mul_", "div_", "copy_", "fill_", "set", "uniform_", "normal_",
+for _, name in ipairs { "add_", "sub_", "mul_", "div_", "copy_", "fill_", "set", "set_", "uniform_", "normal_",
   "index_add_", "scatter_add_" } do
   local f = core[name]
   Tensor[name] = function(t, ...)
@@ -91,22 +91,37 @@ end)
 Tensor.pow = binary("pow", function(g, a, b, out)
   local ga, gb
   if is_tensor(a) then
+    -- b a^(b-1), taken as 0 where b = 0 (so 0^0 has gradient 0, not NaN)
     local b_minus_1 = is_tensor(b) and core.sub(b, 1) or b - 1
-    ga = sum_to(core.mul(g, core.mul(core.pow(a, b_minus_1), b)), shape_of(a))
+    local d = core.mul(core.pow(a, b_minus_1), b)
+    if is_tensor(b) then
+      d = core.where(core.eq(b, 0), 0, d)
+    elseif b == 0 then
+      d = core.full(core.shape(d), 0, core.dtype(d))
+    end
+    ga = sum_to(core.mul(g, d), shape_of(a))
   end
   if is_tensor(b) then
-    -- d/db a^b = a^b log a; defined as 0 where a^b is 0 (a = 0, b > 0)
-    local lg = core.mul(out, core.log(core.where(core.eq(a, 0), 1, a)))
+    -- d/db a^b = a^b log a, taken as 0 where a = 0
+    local lg
+    if is_tensor(a) then
+      lg = core.mul(out, core.log(core.where(core.eq(a, 0), 1, a)))
+    else
+      lg = core.mul(out, a == 0 and 0 or math.log(a))
+    end
     gb = sum_to(core.mul(g, lg), shape_of(b))
   end
   return ga, gb
 end)
 
+-- Where a and b tie, each gets half of the gradient (the central-difference
+-- value, as PyTorch does).
 local function elementwise_extreme(name)
   return binary(name, function(g, a, b)
-    local pick_a = name == "maximum" and core.ge(a, b) or core.le(a, b)
-    local ga = is_tensor(a) and sum_to(core.mul(g, pick_a), shape_of(a)) or nil
-    local gb = is_tensor(b) and sum_to(core.mul(g, core.sub(1, pick_a)), shape_of(b)) or nil
+    local wins = name == "maximum" and core.gt(a, b) or core.lt(a, b)
+    local share_a = core.add(wins, core.mul(core.eq(a, b), 0.5))
+    local ga = is_tensor(a) and sum_to(core.mul(g, share_a), shape_of(a)) or nil
+    local gb = is_tensor(b) and sum_to(core.mul(g, core.sub(1, share_a)), shape_of(b)) or nil
     return ga, gb
   end)
 end
@@ -134,11 +149,19 @@ Tensor.reciprocal = unary("reciprocal", function(g, _, out) return core.neg(core
 Tensor.sin = unary("sin", function(g, x) return core.mul(g, core.cos(x)) end)
 Tensor.cos = unary("cos", function(g, x) return core.neg(core.mul(g, core.sin(x))) end)
 
+--- clamp(x, lo, hi): either bound may be nil. The gradient passes where
+-- lo <= x <= hi (bounds included, as PyTorch).
 function Tensor.clamp(x, lo, hi)
   local out = x
-  if lo then out = Tensor.maximum(out, lo) end
-  if hi then out = Tensor.minimum(out, hi) end
-  return out
+  if lo then out = core.maximum(out, lo) end
+  if hi then out = core.minimum(out, hi) end
+  if out == x then out = core.clone(x) end
+  return record("clamp", out, { x }, function(g)
+    local inside = core.full(core.shape(x), 1, core.dtype(x))
+    if lo then inside = core.mul(inside, core.ge(x, lo)) end
+    if hi then inside = core.mul(inside, core.le(x, hi)) end
+    return core.mul(g, inside)
+  end)
 end
 
 -- ---------------------------------------------------------------- reductions
@@ -225,7 +248,7 @@ Tensor.transpose = view_op("transpose", function(g, _, a) return core.transpose(
 Tensor.to = view_op("to", function(g, x) return core.to(g, core.dtype(x)) end)
 
 function Tensor.permute(x, ...)
-  local perm = type(...) == "table" and ... or { ... }
+  local perm = type(...) == "table" and table.move(..., 1, #..., 1, {}) or { ... } -- a copy: the caller may reuse it
   local out = core.permute(x, perm)
   return record("permute", out, { x }, function(g)
     local n = #perm
@@ -295,6 +318,11 @@ end
 function Tensor.matmul(a, b)
   local a_vec, b_vec = core.dim(a) == 1, core.dim(b) == 1
   if a_vec or b_vec then
+    local inner_b = core.size(b, b_vec and 1 or -2)
+    if core.dim(a) >= 1 and core.dim(b) >= 1 and core.size(a, -1) ~= inner_b then
+      error(string.format("matmul: inner dims differ: [%s] @ [%s]", table.concat(core.shape(a), "x"),
+        table.concat(core.shape(b), "x")), 2)
+    end
     local out = Tensor.matmul(a_vec and Tensor.unsqueeze(a, 1) or a, b_vec and Tensor.unsqueeze(b, 2) or b)
     if b_vec then out = Tensor.squeeze(out, -1) end
     if a_vec then out = Tensor.squeeze(out, b_vec and -1 or -2) end

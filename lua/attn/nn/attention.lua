@@ -172,7 +172,19 @@ local function per_head_mask(opts, heads, dtype)
   return o
 end
 
+-- valid_lens must fit the caller's (B) or (B, Nq), checked before the per-head
+-- repetition so the message shows the shapes the caller passed.
+local function check_lens(lens, queries)
+  if lens == nil or not attn.is_tensor(queries) or queries:dim() ~= 3 then return end
+  local ls, qs = lens:shape(), queries:shape()
+  if not ((#ls == 1 and ls[1] == qs[1]) or (#ls == 2 and ls[1] == qs[1] and ls[2] == qs[2])) then
+    error(string.format("MultiHeadAttention: valid_lens %s does not fit queries %s (expected [%d] or [%dx%d])",
+      shape_str(ls), shape_str(qs), qs[1], qs[1], qs[2]), 3)
+  end
+end
+
 function MultiHeadAttention:forward(queries, keys, values, valid_lens, opts)
+  check_lens(valid_lens_tensor(valid_lens, attn.is_tensor(queries) and queries:dtype() or nil), queries)
   local heads = self.num_heads
   local q = attn.split_heads(self.W_q(queries), heads)
   local k = attn.split_heads(self.W_k(keys), heads)

@@ -368,24 +368,18 @@ function Module:zero_grad()
   for _, p in ipairs(self:parameters()) do p.grad = nil end
 end
 
---- Converts every parameter and buffer to `dtype` ("float32" or "float64"),
--- replacing the tensors (gradients are dropped). Returns self. Optimizers built
--- before the conversion hold the old tensors: build them after.
+--- Converts every parameter and buffer to `dtype` ("float32" or "float64") in
+-- place: the tensors keep their identity (an optimizer built before still
+-- updates them), their gradients are dropped. Returns self.
 function Module:to(dtype)
-  local converted = {} -- shared tensors stay shared
   attn.no_grad(function()
     walk(self, "", function(_, m)
       for _, registry in ipairs { "_param_names", "_buffer_names" } do
         for _, n in ipairs(m[registry]) do
           local t = get(m, n)
-          if t ~= nil and t:dtype() ~= dtype then
-            local c = converted[t]
-            if not c then
-              c = attn.core.to(t, dtype)
-              if registry == "_param_names" then c:requires_grad(true) end
-              converted[t] = c
-            end
-            rawset(m, m._keys[n] or n, c)
+          if t ~= nil and t:dtype() ~= dtype then -- a shared tensor converts once
+            t:set_(attn.core.to(t, dtype))
+            t.grad = nil
           end
         end
       end
