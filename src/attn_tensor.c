@@ -63,6 +63,7 @@ attn_status attn_tensor_init(attn_tensor *t, attn_dtype dtype, int ndim, const i
   }
   s->nbytes = nbytes;
   s->refcount = 1;
+  s->version = 0;
   t->storage = s;
   t->dtype = dtype;
   t->ndim = ndim;

@@ -22,6 +22,7 @@ typedef struct attn_storage {
   size_t nbytes;   /* bytes requested */
   size_t capacity; /* bytes of the allocator block */
   int64_t refcount;
+  uint64_t version; /* bumped by every in-place write, so autograd can tell saved data changed */
 } attn_storage;
 
 typedef struct attn_tensor {

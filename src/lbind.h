@@ -44,6 +44,8 @@ attn_dtype attn_l_optdtype(lua_State *L, int arg, attn_dtype def);
 /* Reads 0-based indices from a 1-D tensor or a table of 1-based integers at
  * arg into a buffer owned by a userdata pushed on the stack. Returns count. */
 int64_t attn_l_checkindices(lua_State *L, int arg, int64_t **out, const char *fn);
+/* Marks an in-place write to t's storage (see attn_storage.version). */
+static inline void attn_l_bump_version(attn_tensor *t) { t->storage->version++; }
 /* The per-state random generator. */
 attn_rng *attn_l_rng(lua_State *L);
 

@@ -38,6 +38,7 @@ static int binary_inplace(lua_State *L, attn_binary_op op) {
   } else {
     ATTN_L_TRY(L, attn_binary_scalar(op, a, luaL_checknumber(L, 2), 0, a));
   }
+  attn_l_bump_version(a);
   lua_settop(L, 1);
   return 1;
 }
@@ -241,6 +242,7 @@ static int l_index_add_(lua_State *L) {
   int64_t n = attn_l_checkindices(L, 3, &idx, "index_add_");
   attn_tensor *src = attn_l_check(L, 4);
   ATTN_L_TRY(L, attn_index_add(out, dim, idx, n, src));
+  attn_l_bump_version(out);
   lua_settop(L, 1);
   return 1;
 }
@@ -271,6 +273,7 @@ static int l_scatter_add_(lua_State *L) {
   attn_tensor *src = attn_l_check(L, 4);
   attn_tensor *idx = zero_based(L, 3);
   ATTN_L_TRY(L, attn_scatter_add(out, dim, idx, src));
+  attn_l_bump_version(out);
   lua_settop(L, 1);
   return 1;
 }

@@ -175,6 +175,7 @@ static int l_bernoulli(lua_State *L) {
 static int l_uniform_(lua_State *L) {
   attn_tensor *t = attn_l_check(L, 1);
   ATTN_L_TRY(L, attn_rng_uniform(attn_l_rng(L), t, luaL_optnumber(L, 2, 0), luaL_optnumber(L, 3, 1)));
+  attn_l_bump_version(t);
   lua_settop(L, 1);
   return 1;
 }
@@ -182,6 +183,7 @@ static int l_uniform_(lua_State *L) {
 static int l_normal_(lua_State *L) {
   attn_tensor *t = attn_l_check(L, 1);
   ATTN_L_TRY(L, attn_rng_normal(attn_l_rng(L), t, luaL_optnumber(L, 2, 0), luaL_optnumber(L, 3, 1)));
+  attn_l_bump_version(t);
   lua_settop(L, 1);
   return 1;
 }
@@ -238,6 +240,12 @@ static int l_is_contiguous(lua_State *L) {
 /* Identity of the underlying storage (views share it) and the view's offset. */
 static int l_storage_id(lua_State *L) {
   lua_pushlightuserdata(L, attn_l_check(L, 1)->storage);
+  return 1;
+}
+
+/* The storage's write version (see attn_storage.version). */
+static int l_version(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)attn_l_check(L, 1)->storage->version);
   return 1;
 }
 
@@ -308,6 +316,7 @@ static int l_set(lua_State *L) {
   int64_t pos[ATTN_MAX_DIMS];
   check_index(L, t, 3, pos, "set");
   attn_tensor_set(t, pos, v);
+  attn_l_bump_version(t);
   lua_settop(L, 1);
   return 1;
 }
@@ -436,6 +445,7 @@ static int l_to(lua_State *L) {
 static int l_copy_(lua_State *L) {
   attn_tensor *dst = attn_l_check(L, 1), *src = attn_l_check(L, 2);
   ATTN_L_TRY(L, attn_copy(dst, src));
+  attn_l_bump_version(dst);
   lua_settop(L, 1);
   return 1;
 }
@@ -448,6 +458,7 @@ static int l_set_(lua_State *L) {
   attn_tensor old = *t;
   attn_tensor_view(t, src);
   attn_tensor_free(&old);
+  attn_l_bump_version(t);
   lua_settop(L, 1);
   return 1;
 }
@@ -455,6 +466,7 @@ static int l_set_(lua_State *L) {
 static int l_fill_(lua_State *L) {
   attn_tensor *t = attn_l_check(L, 1);
   ATTN_L_TRY(L, attn_fill(t, luaL_checknumber(L, 2)));
+  attn_l_bump_version(t);
   lua_settop(L, 1);
   return 1;
 }
@@ -518,7 +530,7 @@ static const luaL_Reg tensor_functions[] = {
     {"reshape", l_reshape},     {"contiguous", l_contiguous},
     {"clone", l_clone},         {"to", l_to},
     {"copy_", l_copy_},         {"fill_", l_fill_},
-    {"set_", l_set_},
+    {"set_", l_set_},           {"version", l_version},
     {"cat", l_cat},             {NULL, NULL},
 };
 

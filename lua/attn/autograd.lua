@@ -32,12 +32,37 @@ autograd.is_tensor = is_tensor
 
 local function requires(t) return is_tensor(t) and t._rg == true end
 
+local snapshot
+
 function autograd.needs_grad(inputs)
   if not enabled then return false end
   for i = 1, #inputs do
     if requires(inputs[i]) then return true end
   end
   return false
+end
+
+-- Write versions of the storages a node's backward may read (its inputs and
+-- outputs): an in-place write between forward and backward would make the
+-- gradient silently wrong, so backward checks them (see check_versions).
+function snapshot(node)
+  local v = {}
+  for i = 1, #node.inputs do
+    local t = node.inputs[i]
+    if is_tensor(t) then v[#v + 1] = core.version(t) end
+  end
+  for _, t in ipairs(node.outputs) do v[#v + 1] = core.version(t) end
+  return v
+end
+
+local function check_versions(node)
+  local now = snapshot(node)
+  for k, v in ipairs(node.versions) do
+    if now[k] ~= v then
+      error(string.format("backward: a tensor used by '%s' was modified in place after the forward pass, so its "
+        .. "gradient would be wrong; modify a clone instead", node.name), 0)
+    end
+  end
 end
 
 --- Records a finished forward computation; see the module comment.
@@ -53,7 +78,8 @@ function autograd.record(name, out, inputs, backward)
       if rawequal(o, inputs[i]) then return out end
     end
   end
-  local node = { name = name, inputs = inputs, backward = backward, noutputs = #outputs }
+  local node = { name = name, inputs = inputs, backward = backward, noutputs = #outputs, outputs = outputs }
+  node.versions = snapshot(node)
   for k, o in ipairs(outputs) do
     o._rg = true
     o.grad_fn = node
@@ -166,6 +192,7 @@ function autograd.backward(root, grad, opts)
       local gs = node_grads[node]
       node_grads[node] = nil
       -- a node no gradient reached (e.g. the condition of a where) contributes nothing
+      if gs then check_versions(node) end
       local in_grads = gs and table.pack(node.backward(table.unpack(gs, 1, node.noutputs))) or {}
       for i, input in ipairs(node.inputs) do
         local g = in_grads[i]
@@ -183,7 +210,7 @@ function autograd.backward(root, grad, opts)
         end
       end
       if not opts.retain_graph then
-        node.inputs, node.backward = nil, nil
+        node.inputs, node.backward, node.outputs = nil, nil, nil
       end
     end
   end)
