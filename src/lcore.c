@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cblas.h>
+
 #include "lbind.h"
 
 typedef struct {
@@ -233,6 +235,13 @@ static int l_get_num_threads(lua_State *L) {
   return 1;
 }
 
+/* OpenBLAS's own thread count: the engine keeps it at 1 and parallelises around it. */
+static int l_blas_threads(lua_State *L) {
+  attn_get_num_threads(); /* the pool pins OpenBLAS on first use */
+  lua_pushinteger(L, openblas_get_num_threads());
+  return 1;
+}
+
 static int l_manual_seed(lua_State *L) {
   lua_Integer seed = luaL_checkinteger(L, 1);
   attn_rng_seed(attn_l_rng(L), (uint64_t)seed);
@@ -282,6 +291,7 @@ static const luaL_Reg core_functions[] = {
     {"set_cache_limit", l_set_cache_limit},
     {"set_num_threads", l_set_num_threads},
     {"get_num_threads", l_get_num_threads},
+    {"blas_threads", l_blas_threads},
     {"manual_seed", l_manual_seed},
     {"rng_state", l_rng_state},
     {NULL, NULL},
