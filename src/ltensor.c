@@ -200,6 +200,20 @@ static int l_shape(lua_State *L) {
   return 1;
 }
 
+/* shape_str(t or {sizes}): "[2x3]", the format every error message uses. */
+static int l_shape_str(lua_State *L) {
+  attn_tensor *t = attn_l_test(L, 1);
+  if (t) {
+    lua_pushstring(L, attn_tensor_shape_str(t));
+    return 1;
+  }
+  luaL_checktype(L, 1, LUA_TTABLE);
+  int64_t shape[ATTN_MAX_DIMS];
+  int n = attn_l_checkshape(L, 1, shape, "shape_str");
+  lua_pushstring(L, attn_shape_str(n, shape));
+  return 1;
+}
+
 static int l_stride(lua_State *L) {
   attn_tensor *t = attn_l_check(L, 1);
   lua_createtable(L, t->ndim, 0);
@@ -518,6 +532,7 @@ static const luaL_Reg tensor_functions[] = {
     {"bernoulli", l_bernoulli}, {"uniform_", l_uniform_},
     {"normal_", l_normal_},     {"shape", l_shape},
     {"stride", l_stride},       {"size", l_size},
+    {"shape_str", l_shape_str},
     {"dim", l_dim},             {"numel", l_numel},
     {"dtype", l_dtype},         {"is_contiguous", l_is_contiguous},
     {"storage_id", l_storage_id}, {"storage_offset", l_storage_offset},

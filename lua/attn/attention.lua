@@ -32,7 +32,7 @@ local record, is_tensor = autograd.record, autograd.is_tensor
 
 local M = {}
 
-local function shape_str(t) return "[" .. table.concat(core.shape(t), "x") .. "]" end
+local shape_str = core.shape_str -- "[2x3]" from a tensor or a table of sizes
 
 local function check_tensor(fn, name, t, ndim, what)
   if not is_tensor(t) then

@@ -52,6 +52,7 @@ local function is_tensor(v) return getmetatable(v) == tensor_mt end
 -- The integer value of a JSON number (3, 3.0 and 3e0 alike), else nil.
 local function as_int(v) return type(v) == "number" and math.tointeger(v) or nil end
 
+-- Shapes read from a file may be anything, so this formatter never raises.
 local function shape_str(shape) return "[" .. table.concat(shape, "x") .. "]" end
 
 -- Byte-order comparison (independent of the C locale that `<` consults).

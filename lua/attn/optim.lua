@@ -88,7 +88,7 @@ local function same_shape(a, b)
   return true
 end
 
-local function shape_str(t) return "[" .. table.concat(core.shape(t), "x") .. "]" end
+local shape_str = core.shape_str -- "[2x3]" from a tensor or a table of sizes
 
 -- ---------------------------------------------------------------- shared methods
 

@@ -18,7 +18,7 @@ local Linear, Dropout, Embedding = linear.Linear, linear.Dropout, linear.Embeddi
 
 local M = {}
 
-local function shape_str(s) return "[" .. table.concat(s, "x") .. "]" end
+local shape_str = require("attn.core").shape_str -- "[2x3]" from a tensor or a table of sizes
 
 -- Options given either as a table or positionally, in the order of `names`.
 local function read_options(who, names, first, ...)

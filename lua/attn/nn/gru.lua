@@ -30,7 +30,7 @@ local record = autograd.record
 
 local M = {}
 
-local function shape_str(s) return "[" .. table.concat(s, "x") .. "]" end
+local shape_str = core.shape_str -- "[2x3]" from a tensor or a table of sizes
 
 -- ---------------------------------------------------------------- autograd helpers
 

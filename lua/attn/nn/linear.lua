@@ -10,7 +10,7 @@ local core = attn.core
 
 local M = {}
 
-local function shape_str(s) return "[" .. table.concat(s, "x") .. "]" end
+local shape_str = core.shape_str -- "[2x3]" from a tensor or a table of sizes
 
 local function check_tensor(v, who, what)
   if not attn.is_tensor(v) then

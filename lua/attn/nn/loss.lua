@@ -22,7 +22,7 @@ local Module = module.Module
 
 local M = {}
 
-local function shape_str(s) return "[" .. table.concat(s, "x") .. "]" end
+local shape_str = require("attn.core").shape_str -- "[2x3]" from a tensor or a table of sizes
 
 -- Labels as a tensor of `dtype`, checked against the logits' shape (..., C).
 local function check_labels(who, logits, labels, dtype)

@@ -303,7 +303,7 @@ function Module:state_dict_keys()
   return names
 end
 
-local function shape_str(s) return "[" .. table.concat(s, "x") .. "]" end
+local shape_str = require("attn.core").shape_str -- "[2x3]" from a tensor or a table of sizes
 
 --- Copies the values of `sd` (name -> tensor or nested table) into the existing
 -- parameters and buffers, in place, outside autograd, converting the dtype.
