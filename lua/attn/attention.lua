@@ -83,6 +83,8 @@ local function kernel_options(fn, opts)
     end
     mask = core.tensor(mask)
   end
+  -- NumPy broadcasting: extra leading size-1 dims of a mask change nothing
+  while mask ~= nil and core.dim(mask) > 3 and core.size(mask, 1) == 1 do mask = core.squeeze(mask, 1) end
   return {
     name = fn,
     valid_lens = opts.valid_lens,

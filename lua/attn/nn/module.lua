@@ -13,6 +13,9 @@
 -- `parameters()`: own parameters first, then each child's, depth first. Assigning
 -- a plain tensor (no grad) keeps it an ordinary field, outside the state dict.
 -- Assigning `nil` to a registered name removes the entry from the enumeration.
+-- Registration happens when a field is first set (Lua calls __newindex only for
+-- absent keys): a field that first held a plain value and later receives a
+-- module or parameter is not registered; use add_module / register_parameter.
 --
 -- **Sequential children** are named "0", "1", ... as in PyTorch, so the state dict
 -- of `nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 8))` has keys
