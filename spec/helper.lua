@@ -180,6 +180,43 @@ function helper.list_dir(path)
   return out
 end
 
+--- Temporary files an atomic save may leave behind in dir ("*.tmp.*").
+function helper.temp_files(dir)
+  local out = {}
+  for _, name in ipairs(helper.list_dir(dir)) do
+    if name:find("%.tmp%.") then out[#out + 1] = name end
+  end
+  return out
+end
+
+--- Every proper prefix of the file at `good` must make load(path) return nil and
+-- a message matching `pattern` (the prefixes are written to `scratch`).
+function helper.assert_truncations_fail(good, scratch, load, pattern)
+  local full = helper.read_bytes(good)
+  for len = 0, #full - 1 do
+    helper.write_bytes(scratch, full:sub(1, len))
+    local t, msg = load(scratch)
+    luassert.is_nil(t, "a prefix of " .. len .. " bytes loaded")
+    luassert.matches(pattern, msg)
+  end
+end
+
+--- 300 single-byte changes of the file at `good` (seeded) never make load raise;
+-- a rejection's message matches `pattern`.
+function helper.assert_byte_flips_never_raise(good, scratch, load, pattern, seed)
+  local full = helper.read_bytes(good)
+  math.randomseed(seed)
+  for _ = 1, 300 do
+    local pos = math.random(1, #full)
+    local bytes = { full:byte(1, -1) }
+    bytes[pos] = math.random(0, 255)
+    helper.write_bytes(scratch, string.char(table.unpack(bytes)))
+    local ok, t, msg = pcall(load, scratch)
+    luassert.is_true(ok, "load raised for a byte changed at " .. pos .. ": " .. tostring(t))
+    if t == nil then luassert.matches(pattern, msg) end
+  end
+end
+
 --- Bit-exact comparison: same dtype and shape, equal values (==, so -0 == 0),
 -- and identical serialised bytes (which also tells -0 from 0 and NaN payloads).
 function helper.assert_identical(actual, expected)

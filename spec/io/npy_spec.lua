@@ -293,42 +293,18 @@ describe(".npy", function()
     it("every truncation of a valid file", function()
       local good = dir .. "/good.npy"
       assert.is_true(attn.save_npy(good, attn.randn({ 2, 3 }, "float64")))
-      local full = read_bytes(good)
-      local path = dir .. "/cut.npy"
-      for len = 0, #full - 1 do
-        write_bytes(path, full:sub(1, len))
-        local t, msg = attn.load_npy(path)
-        assert.is_nil(t, "a prefix of " .. len .. " bytes loaded")
-        assert.matches("^load_npy: .*cut%.npy: ", msg)
-      end
+      helper.assert_truncations_fail(good, dir .. "/cut.npy", attn.load_npy, "^load_npy: .*cut%.npy: ")
     end)
 
     it("random byte corruption never raises", function()
       local good = dir .. "/good.npy"
       assert.is_true(attn.save_npy(good, attn.randn({ 3, 2 })))
-      local full = read_bytes(good)
-      local path = dir .. "/flip.npy"
-      math.randomseed(424242)
-      for _ = 1, 300 do
-        local pos = math.random(1, #full)
-        local bytes = { full:byte(1, -1) }
-        bytes[pos] = math.random(0, 255)
-        write_bytes(path, string.char(table.unpack(bytes)))
-        local ok, t, msg = pcall(attn.load_npy, path)
-        assert.is_true(ok, "load_npy raised for a byte changed at " .. pos .. ": " .. tostring(t))
-        if t == nil then assert.matches("^load_npy: ", msg) end
-      end
+      helper.assert_byte_flips_never_raise(good, dir .. "/flip.npy", attn.load_npy, "^load_npy: ", 424242)
     end)
   end)
 
   describe("atomic writes", function()
-    local function temp_files(d)
-      local out = {}
-      for _, name in ipairs(list_dir(d)) do
-        if name:find("%.tmp%.") then out[#out + 1] = name end
-      end
-      return out
-    end
+    local temp_files = helper.temp_files
 
     it("returns nil, msg when the directory does not exist", function()
       local ok, msg = attn.save_npy(dir .. "/missing/a.npy", attn.ones({ 2 }))

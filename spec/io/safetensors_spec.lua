@@ -342,42 +342,18 @@ describe("safetensors", function()
       local good = dir .. "/good.safetensors"
       local sd = { a = attn.randn({ 3, 2 }), b = attn.randn({ 2 }, "float64"), c = attn.zeros({ 0 }) }
       assert.is_true(attn.save(good, sd, { k = "v" }))
-      local full = read_bytes(good)
-      local path = dir .. "/cut.safetensors"
-      for len = 0, #full - 1 do
-        write_bytes(path, full:sub(1, len))
-        local t, msg = attn.load(path)
-        assert.is_nil(t, "a prefix of " .. len .. " bytes loaded")
-        assert.matches("^load: .*cut%.safetensors: ", msg)
-      end
+      helper.assert_truncations_fail(good, dir .. "/cut.safetensors", attn.load, "^load: .*cut%.safetensors: ")
     end)
 
     it("random byte corruption never raises", function()
       local good = dir .. "/good.safetensors"
       assert.is_true(attn.save(good, { ["x.w"] = attn.randn({ 2, 3 }), ["x.b"] = attn.randn({ 3 }, "float64") }))
-      local full = read_bytes(good)
-      local path = dir .. "/flip.safetensors"
-      math.randomseed(20240611)
-      for _ = 1, 300 do
-        local pos = math.random(1, #full)
-        local bytes = { full:byte(1, -1) }
-        bytes[pos] = math.random(0, 255)
-        write_bytes(path, string.char(table.unpack(bytes)))
-        local ok, t, msg = pcall(attn.load, path)
-        assert.is_true(ok, "load raised for a byte changed at " .. pos .. ": " .. tostring(t))
-        if t == nil then assert.matches("^load: ", msg) end
-      end
+      helper.assert_byte_flips_never_raise(good, dir .. "/flip.safetensors", attn.load, "^load: ", 20240611)
     end)
   end)
 
   describe("atomic writes", function()
-    local function temp_files(d)
-      local out = {}
-      for _, name in ipairs(list_dir(d)) do
-        if name:find("%.tmp%.") then out[#out + 1] = name end
-      end
-      return out
-    end
+    local temp_files = helper.temp_files
 
     it("returns nil, msg when the directory does not exist", function()
       local ok, msg = attn.save(dir .. "/no/such/dir/m.safetensors", { a = attn.ones({ 1 }) })

@@ -49,7 +49,7 @@ describe("nn.Module", function()
       local Twice = nn.class("Twice")
       function Twice.forward(_, x) return x * 2 end
       assert.close(Twice()(attn.ones({ 2 })), { 2, 2 })
-      assert.error_matches(function() nn.Module()(attn.ones({ 1 })) end, "forward is not implemented")
+      assert.error_matches(function() nn.Module()(attn.ones({ 1 })) end, "has no forward method")
     end)
 
     it("registers parameters assigned as leaf tensors that require grad", function()

@@ -445,7 +445,7 @@ end
 
 --- Subclasses implement forward.
 function Module:forward()
-  error(self:class_name() .. ": forward is not implemented (define " .. self:class_name() .. ":forward)", 2)
+  error(self:class_name() .. ": has no forward method (define " .. self:class_name() .. ":forward)", 2)
 end
 
 -- ---------------------------------------------------------------- printing
