@@ -269,6 +269,31 @@ attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k, const 
   return st;
 }
 
+/* Backward's optional inputs: stored weights (B, Nq, Nk), the gradient of the
+ * output (B, Nq, dv) and of the weights (B, Nq, Nk), checked and attached to J. */
+static attn_status attach_backward_inputs(const char *op, attn_attention_job *J, job_mem *mem, const char *ctx,
+                                          const attn_tensor *weights, const attn_tensor *dout,
+                                          const attn_tensor *dweights) {
+  int64_t os[3] = {J->B, J->Nq, J->dv}, ws[3] = {J->B, J->Nq, J->Nk};
+  attn_status st;
+  if (weights) {
+    if ((st = check_input(op, "weights", weights, J->dt, ws, ctx)) != ATTN_OK) return st;
+    if ((st = operand(mem, weights, 0, &J->wst)) != ATTN_OK) return st;
+    J->has_wst = 1;
+  }
+  if (dout) {
+    if ((st = check_input(op, "grad of out", dout, J->dt, os, ctx)) != ATTN_OK) return st;
+    if ((st = operand(mem, dout, 1, &J->dout)) != ATTN_OK) return st;
+    J->has_dout = 1;
+  }
+  if (dweights) {
+    if ((st = check_input(op, "grad of weights", dweights, J->dt, ws, ctx)) != ATTN_OK) return st;
+    if ((st = operand(mem, dweights, 0, &J->dw)) != ATTN_OK) return st;
+    J->has_dw = 1;
+  }
+  return ATTN_OK;
+}
+
 attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                                const attn_attention_opts *o, const attn_tensor *weights, const attn_tensor *dout,
                                const attn_tensor *dweights, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv) {
@@ -278,23 +303,8 @@ attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k, const
   char ctx[256];
   attn_status st = sdpa_setup(op, q, k, v, o, &J, &mem, ctx, sizeof ctx);
   if (st != ATTN_OK) goto done;
-  int64_t qs[3] = {J.B, J.Nq, J.d}, ks[3] = {J.B, J.Nk, J.d}, vs[3] = {J.B, J.Nk, J.dv}, os[3] = {J.B, J.Nq, J.dv},
-          ws[3] = {J.B, J.Nq, J.Nk};
-  if (weights) {
-    if ((st = check_input(op, "weights", weights, J.dt, ws, ctx)) != ATTN_OK) goto done;
-    if ((st = operand(&mem, weights, 0, &J.wst)) != ATTN_OK) goto done;
-    J.has_wst = 1;
-  }
-  if (dout) {
-    if ((st = check_input(op, "grad of out", dout, J.dt, os, ctx)) != ATTN_OK) goto done;
-    if ((st = operand(&mem, dout, 1, &J.dout)) != ATTN_OK) goto done;
-    J.has_dout = 1;
-  }
-  if (dweights) {
-    if ((st = check_input(op, "grad of weights", dweights, J.dt, ws, ctx)) != ATTN_OK) goto done;
-    if ((st = operand(&mem, dweights, 0, &J.dw)) != ATTN_OK) goto done;
-    J.has_dw = 1;
-  }
+  int64_t qs[3] = {J.B, J.Nq, J.d}, ks[3] = {J.B, J.Nk, J.d}, vs[3] = {J.B, J.Nk, J.dv};
+  if ((st = attach_backward_inputs(op, &J, &mem, ctx, weights, dout, dweights)) != ATTN_OK) goto done;
   if ((dq && (st = check_output(op, "dq", dq, J.dt, qs)) != ATTN_OK) ||
       (dk && (st = check_output(op, "dk", dk, J.dt, ks)) != ATTN_OK) ||
       (dv && (st = check_output(op, "dv", dv, J.dt, vs)) != ATTN_OK))
@@ -371,26 +381,12 @@ attn_status attn_attention_scores_backward(const char *op, const attn_tensor *sc
   char ctx[256];
   attn_status st = scores_setup(op, scores, v, o, &J, &mem, ctx, sizeof ctx);
   if (st != ATTN_OK) goto done;
-  int64_t vs[3] = {J.B, J.Nk, J.dv}, os[3] = {J.B, J.Nq, J.dv}, ws[3] = {J.B, J.Nq, J.Nk};
-  if (weights) {
-    if ((st = check_input(op, "weights", weights, J.dt, ws, ctx)) != ATTN_OK) goto done;
-    if ((st = operand(&mem, weights, 0, &J.wst)) != ATTN_OK) goto done;
-    J.has_wst = 1;
+  int64_t vs[3] = {J.B, J.Nk, J.dv}, ws[3] = {J.B, J.Nq, J.Nk};
+  if (dout && !v) {
+    st = attn_error(ATTN_ERR_ARG, "%s: a gradient of the output needs values", op);
+    goto done;
   }
-  if (dout) {
-    if (!v) {
-      st = attn_error(ATTN_ERR_ARG, "%s: a gradient of the output needs values", op);
-      goto done;
-    }
-    if ((st = check_input(op, "grad of out", dout, J.dt, os, ctx)) != ATTN_OK) goto done;
-    if ((st = operand(&mem, dout, 1, &J.dout)) != ATTN_OK) goto done;
-    J.has_dout = 1;
-  }
-  if (dweights) {
-    if ((st = check_input(op, "grad of weights", dweights, J.dt, ws, ctx)) != ATTN_OK) goto done;
-    if ((st = operand(&mem, dweights, 0, &J.dw)) != ATTN_OK) goto done;
-    J.has_dw = 1;
-  }
+  if ((st = attach_backward_inputs(op, &J, &mem, ctx, weights, dout, dweights)) != ATTN_OK) goto done;
   if ((dscores && (st = check_output(op, "dscores", dscores, J.dt, ws)) != ATTN_OK) ||
       (dv && v && (st = check_output(op, "dv", dv, J.dt, vs)) != ATTN_OK))
     goto done;
