@@ -68,24 +68,24 @@ function attn.tensor(data, opt)
   return finish(core.tensor(data, dtype), rg)
 end
 
-function attn.empty(shape, opt)
-  local dtype, rg = options(opt, "empty")
-  return finish(core.empty(shape_arg(shape, "empty"), dtype), rg)
+-- Creation from a shape table and the optional last argument (dtype or options).
+local function shaped(fn_name, make)
+  return function(shape, opt)
+    local dtype, rg = options(opt, fn_name)
+    return finish(make(shape_arg(shape, fn_name), dtype), rg)
+  end
 end
+local function zeros_of(s, dt) return core.full(s, 0, dt) end
+local function ones_of(s, dt) return core.full(s, 1, dt) end
+attn.empty = shaped("empty", core.empty)
+attn.zeros = shaped("zeros", zeros_of)
+attn.ones = shaped("ones", ones_of)
+attn.rand = shaped("rand", core.rand)
+attn.randn = shaped("randn", core.randn)
 
 function attn.full(shape, value, opt)
   local dtype, rg = options(opt, "full")
   return finish(core.full(shape_arg(shape, "full"), value, dtype), rg)
-end
-
-function attn.zeros(shape, opt)
-  local dtype, rg = options(opt, "zeros")
-  return finish(core.full(shape_arg(shape, "zeros"), 0, dtype), rg)
-end
-
-function attn.ones(shape, opt)
-  local dtype, rg = options(opt, "ones")
-  return finish(core.full(shape_arg(shape, "ones"), 1, dtype), rg)
 end
 
 --- arange(stop), arange(start, stop), arange(start, stop, step): values in [start, stop).
@@ -119,16 +119,6 @@ function attn.eye(n, m, opt)
   return finish(core.eye(n, m, dtype), rg)
 end
 
-function attn.rand(shape, opt)
-  local dtype, rg = options(opt, "rand")
-  return finish(core.rand(shape_arg(shape, "rand"), dtype), rg)
-end
-
-function attn.randn(shape, opt)
-  local dtype, rg = options(opt, "randn")
-  return finish(core.randn(shape_arg(shape, "randn"), dtype), rg)
-end
-
 --- bernoulli(shape, p [, opt]): ones with probability p.
 function attn.bernoulli(shape, p, opt)
   local dtype, rg = options(opt, "bernoulli")
@@ -141,8 +131,8 @@ local function like(fn_name, make)
     return finish(make(core.shape(t), dtype or core.dtype(t)), rg)
   end
 end
-attn.zeros_like = like("zeros_like", function(s, dt) return core.full(s, 0, dt) end)
-attn.ones_like = like("ones_like", function(s, dt) return core.full(s, 1, dt) end)
+attn.zeros_like = like("zeros_like", zeros_of)
+attn.ones_like = like("ones_like", ones_of)
 attn.rand_like = like("rand_like", core.rand)
 attn.randn_like = like("randn_like", core.randn)
 function attn.full_like(t, value, opt)
