@@ -55,8 +55,17 @@ end
 
 local function detach(t) return t and t:detach() or nil end
 
--- Weights are computed in eval mode, or in training when asked for (pitfall 9).
-local function wants_weights(m) return m.keep_weights == true or not m.training end
+-- Options for the functional kernels: the caller's opts (copied), the lengths as
+-- a tensor, the layer's dropout, and weights in eval mode or in training when
+-- asked for (pitfall 9).
+local function kernel_options(m, opts, valid_lens, dtype)
+  local o = {}
+  for k, v in pairs(opts or {}) do o[k] = v end
+  if valid_lens ~= nil then o.valid_lens = valid_lens_tensor(valid_lens, dtype) end
+  o.dropout, o.training = m.dropout.p, m.dropout.training
+  o.need_weights = m.keep_weights == true or not m.training
+  return o
+end
 
 -- ---------------------------------------------------------------- DotProductAttention
 
@@ -73,14 +82,10 @@ function DotProductAttention:init(...)
 end
 
 function DotProductAttention:forward(queries, keys, values, valid_lens, opts)
-  local o = {}
-  if opts ~= nil then
-    if type(opts) ~= "table" then error("DotProductAttention: opts must be a table, got a " .. type(opts), 2) end
-    for k, v in pairs(opts) do o[k] = v end
+  if opts ~= nil and type(opts) ~= "table" then
+    error("DotProductAttention: opts must be a table, got a " .. type(opts), 2)
   end
-  if valid_lens ~= nil then o.valid_lens = valid_lens_tensor(valid_lens, attn.is_tensor(queries) and queries:dtype() or nil) end
-  o.dropout, o.training = self.dropout.p, self.dropout.training
-  o.need_weights = wants_weights(self)
+  local o = kernel_options(self, opts, valid_lens, attn.is_tensor(queries) and queries:dtype() or nil)
   local out, weights = attn.dot_product_attention(queries, keys, values, o)
   self.attention_weights = detach(weights)
   return out
@@ -112,10 +117,7 @@ function AdditiveAttention:forward(queries, keys, values, valid_lens)
   local qh, kh = self.W_q(queries), self.W_k(keys)
   -- w_v.weight is (1, num_hiddens) as in PyTorch; the functional form takes the (h) vector
   local w_v = self.w_v.weight:reshape({ self.w_v.in_features })
-  local out, weights = attn.additive_attention(qh, kh, values, w_v, {
-    valid_lens = valid_lens_tensor(valid_lens, qh:dtype()),
-    dropout = self.dropout.p, training = self.dropout.training, need_weights = wants_weights(self),
-  })
+  local out, weights = attn.additive_attention(qh, kh, values, w_v, kernel_options(self, nil, valid_lens, qh:dtype()))
   self.attention_weights = detach(weights)
   return out
 end
