@@ -6,8 +6,8 @@
  *
  * Two masking conventions, never mixed up:
  *
- * 1. valid_lens (d2l's convention). A float tensor of integer values, either
- *    1-D (B): one length per sample, for every query row, or 2-D (B, Nq): one
+ * 1. valid_lens (d2l's convention). An int64 tensor, or a float tensor of
+ *    integer values, either 1-D (B): one length per sample, for every query row, or 2-D (B, Nq): one
  *    length per query row. Keys j >= len get the score -1e6 (after scaling)
  *    before the softmax, exactly as the book's masked_softmax: they are not
  *    read, but they still take part in the softmax, so a row with len = 0 comes
@@ -16,7 +16,8 @@
  *    in 0..Nk.
  *
  * 2. Keep-masks: `mask` (1 attend, 0 ignore; any float tensor broadcastable to
- *    (B, Nq, Nk), values must be 0 or 1), `causal` (query i sees keys j <= i)
+ *    (B, Nq, Nk), values must be 0 or 1; int64 masks are converted by the
+ *    binding), `causal` (query i sees keys j <= i)
  *    and `window` (query i sees keys with |i - j| <= window). Entries they
  *    remove are left out of the softmax by selection, never by adding a
  *    sentinel: they get weight exactly 0 and gradient exactly 0, and a query
@@ -74,7 +75,7 @@ typedef struct attn_attention_opts {
 void attn_attention_opts_init(attn_attention_opts *opts);
 
 /* Reads lengths for (B, Nq) rows from lens, a 1-D (B) or (when allow_2d) 2-D
- * (B, Nq) float tensor, into out[b * Nq + i] (B * Nq entries), checking that
+ * (B, Nq) int64 or float tensor, into out[b * Nq + i] (B * Nq entries), checking that
  * every value is an integer in 0..max_len. op and arg name the operation and
  * argument in errors; ctx describes the shapes it must fit (e.g. "keys [2x10x4]"). */
 attn_status attn_attention_lengths(const char *op, const char *arg, const char *ctx, const attn_tensor *lens, int64_t B,

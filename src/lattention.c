@@ -69,6 +69,11 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
   if (!lua_isnil(L, -1)) {
     o->mask = attn_l_test(L, -1);
     if (!o->mask) attn_l_error(L, "%s: mask must be a tensor (1 attend, 0 ignore), got a %s", fn, luaL_typename(L, -1));
+    if (o->mask && o->mask->dtype == ATTN_I64) { /* a comparison of ids: the kernels read float masks */
+      attn_tensor *m = attn_l_push_alloc(L, ATTN_F64, o->mask->ndim, o->mask->shape);
+      if (attn_copy(m, o->mask) != ATTN_OK) attn_l_raise(L);
+      o->mask = m; /* stays on the stack above the field */
+    }
   }
 
   lua_getfield(L, idx, "causal");

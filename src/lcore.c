@@ -139,36 +139,33 @@ attn_dtype attn_l_optdtype(lua_State *L, int arg, attn_dtype def) {
   const char *name = luaL_checkstring(L, arg);
   attn_dtype dt;
   if (attn_dtype_parse(name, &dt) != 0)
-    attn_l_error(L, "unknown dtype '%s' (expected \"float32\" or \"float64\")", name);
+    attn_l_error(L, "unknown dtype '%s' (expected \"float32\", \"float64\" or \"int64\")", name);
   return dt;
 }
 
 int64_t attn_l_checkindices(lua_State *L, int arg, int64_t **out, const char *fn) {
   attn_tensor *t = attn_l_test(L, arg);
-  int64_t n;
-  if (t) {
-    if (t->ndim > 1) attn_l_error(L, "%s: index tensor must be 1-D, got %s", fn, attn_tensor_shape_str(t));
-    n = attn_tensor_numel(t);
-  } else {
-    luaL_checktype(L, arg, LUA_TTABLE);
-    n = (int64_t)lua_rawlen(L, arg);
-  }
+  int64_t n = t ? attn_tensor_numel(t) : (luaL_checktype(L, arg, LUA_TTABLE), (int64_t)lua_rawlen(L, arg));
   if ((uint64_t)n > attn_alloc_max_request() / sizeof(int64_t))
     attn_l_error(L, "%s: %f indices are more than can be held", fn, (double)n);
+  if (t) { /* the core validates and shifts to 0-based into an int64 tensor left on the stack */
+    if (t->ndim > 1) attn_l_error(L, "%s: index tensor must be 1-D, got %s", fn, attn_tensor_shape_str(t));
+    attn_tensor *z = attn_l_push_alloc(L, ATTN_I64, t->ndim, t->shape);
+    ATTN_L_TRY(L, attn_index_convert(fn, "index", NULL, t, 1, -1, z));
+    *out = attn_tensor_data(z);
+    return n;
+  }
   int64_t *buf = lua_newuserdatauv(L, sizeof(int64_t) * (size_t)(n > 0 ? n : 1), 0);
   for (int64_t i = 0; i < n; i++) {
-    double v;
-    if (t) {
-      int64_t pos = i;
-      v = attn_tensor_get(t, t->ndim ? &pos : NULL);
-    } else {
-      lua_rawgeti(L, arg, (lua_Integer)i + 1);
+    lua_rawgeti(L, arg, (lua_Integer)i + 1);
+    int isint;
+    lua_Integer k = lua_tointegerx(L, -1, &isint);
+    if (!isint) {
       if (!lua_isnumber(L, -1)) attn_l_error(L, "%s: index %d is a %s, not a number", fn, (int)i + 1, luaL_typename(L, -1));
-      v = lua_tonumber(L, -1);
-      lua_pop(L, 1);
+      attn_l_error(L, "%s: index %f at position %d is not an integer", fn, lua_tonumber(L, -1), (int)i + 1);
     }
-    if (v != floor(v) || !(fabs(v) < 9.0e15)) attn_l_error(L, "%s: index %f at position %d is not an integer", fn, v, (int)i + 1);
-    buf[i] = (int64_t)v - 1;
+    lua_pop(L, 1);
+    buf[i] = (int64_t)k - 1;
   }
   *out = buf;
   return n;
