@@ -41,7 +41,7 @@ local function options(opt, fn)
 end
 
 local function finish(t, requires_grad)
-  if requires_grad then Tensor.requires_grad(t, true) end
+  if requires_grad then Tensor.requires_grad_(t, true) end
   return t
 end
 

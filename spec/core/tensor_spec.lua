@@ -17,7 +17,7 @@ describe("tensor creation", function()
     assert.are.equal("float64", attn.tensor({ { 1, 2 } }, "float64"):dtype())
     assert.are.equal("float64", attn.zeros({ 2, 3 }, { dtype = "float64" }):dtype())
     local p = attn.ones({ 2 }, { requires_grad = true })
-    assert.is_true(p:requires_grad())
+    assert.is_true(p.requires_grad)
     assert.has_error(function() attn.zeros({ 2 }, { dtyp = "float64" }) end,
       "zeros: unknown option 'dtyp' (expected dtype, requires_grad)")
   end)

@@ -124,9 +124,9 @@ end)
 
 describe("nn.clip_grad_norm", function()
   it("scales every gradient by max_norm / norm when the global norm is larger", function()
-    local a = attn.zeros({ 2 }):requires_grad(true)
-    local b = attn.zeros({ 1 }):requires_grad(true)
-    local c = attn.zeros({ 1 }):requires_grad(true) -- no grad: skipped
+    local a = attn.zeros({ 2 }):requires_grad_()
+    local b = attn.zeros({ 1 }):requires_grad_()
+    local c = attn.zeros({ 1 }):requires_grad_() -- no grad: skipped
     a.grad = attn.tensor({ 3, 0 })
     b.grad = attn.tensor({ 4 })
     local norm = nn.clip_grad_norm({ a, b, c }, 1)

@@ -234,7 +234,7 @@ describe("optim.Adam", function()
     assert.is_true(attn.is_grad_enabled())
     opt:step()
     assert.is_nil(x.grad_fn)
-    assert.is_true(x:requires_grad())
+    assert.is_true(x.requires_grad)
     assert.is_true(attn.is_grad_enabled())
   end)
 end)
@@ -386,7 +386,7 @@ describe("optimizers", function()
       end)
 
       it("keeps live memory flat over many steps", function()
-        local p = attn.randn({ 64, 64 }):requires_grad(true)
+        local p = attn.randn({ 64, 64 }):requires_grad_()
         local opt = make { p }
         p.grad = attn.randn { 64, 64 }
         opt:step()

@@ -7,7 +7,7 @@
 --
 -- **Registration.** Assigning a Module to a field (`self.W_q = nn.Linear(3, 4)`)
 -- registers it as a child; assigning a leaf tensor that requires grad registers it
--- as a parameter (`self.weight = attn.randn({4, 3}):requires_grad(true)`). The
+-- as a parameter (`self.weight = attn.randn({4, 3}):requires_grad_()`). The
 -- explicit forms are `self:register_parameter(name, t)`, `self:register_buffer(name,
 -- t)` and `self:add_module(name, m)`. Registration order is the order of
 -- `parameters()`: own parameters first, then each child's, depth first. Assigning
@@ -163,7 +163,7 @@ function Module:register_parameter(name, t)
   if t ~= nil and not is_tensor(t) then
     error(string.format("register_parameter: '%s' must be a tensor, got a %s", name, type(t)), 2)
   end
-  if t ~= nil and not t:requires_grad() then t:requires_grad(true) end
+  if t ~= nil and not t.requires_grad then t:requires_grad_() end
   unregister(self, name)
   add_name(self._param_names, name)
   rawset(self, self._keys[name] or name, t)
