@@ -516,7 +516,7 @@ function plot.heatmaps(weights, opts)
     cell = math.max(4, math.min(24, math.floor(300 / math.max(NQ, NK))))
   end
   local left, right, top, bottom, angle, cstep = margins(cell)
-  local rstep = numbered_rows and thin_step(NQ, cell, lh_tick) or thin_step(NQ, cell, lh_tick * 0.9)
+  local rstep = numbered_rows and thin_step(NQ, cell, lh_tick * 1.6) or thin_step(NQ, cell, lh_tick * 0.9)
   -- Thinned numbers sit on multiples of the step (5, 10, ...); thinned tokens on 1, 1 + step, ...
   local function shown(step, numbered, n)
     local list, first = {}, (numbered and step > 1) and step or 1
@@ -758,7 +758,7 @@ end
 
 local SHADES = { " ", "░", "▒", "▓", "█" }
 
-local terminal_options = set { "row_labels", "col_labels", "vmin", "vmax", "titles" }
+local terminal_options = set { "row_labels", "col_labels", "vmin", "vmax", "titles", "cell_width" }
 
 -- Pads a UTF-8 string with spaces to n characters (right-aligned when right).
 local function pad_to(s, n, right)
@@ -766,10 +766,11 @@ local function pad_to(s, n, right)
   return right and fill .. s or s .. fill
 end
 
---- A heatmap as lines of Unicode shade blocks (two per cell), for a terminal.
+--- A heatmap as lines of Unicode shade blocks, for a terminal.
 -- @tparam Tensor|table weights 2-D, 3-D or 4-D as for `plot.heatmaps`
 -- @tparam[opt] table opts `row_labels`, `col_labels` (written vertically above the columns),
---   `titles` (one per panel), `vmin`, `vmax` (default: data range)
+--   `titles` (one per panel), `vmin`, `vmax` (default: data range), `cell_width` (characters
+--   per cell: 2, the default, looks square in most terminals; 1 for wide matrices)
 -- @treturn string the picture, lines separated by "\n", ending with the shade scale
 -- @raise on a bad shape, non-numbers or a bad option
 -- @usage print(plot.terminal_heatmap(w, {row_labels = src, col_labels = tgt}))
@@ -790,6 +791,8 @@ function plot.terminal_heatmap(weights, opts)
   local vmin = opt_number(fn, opts, "vmin", -1e300, 1e300) or lo
   local vmax = opt_number(fn, opts, "vmax", -1e300, 1e300) or hi
   local span = vmax > vmin and vmax - vmin or 1
+  local cw = opts.cell_width or 2
+  if cw ~= 1 and cw ~= 2 then error(string.format("%s: cell_width must be 1 or 2, got %s", fn, tostring(cw)), 2) end
   local lw = 0
   for _, s in ipairs(row_labels or {}) do lw = math.max(lw, utf8.len(s)) end
   local indent = lw > 0 and lw + 1 or 0
@@ -803,7 +806,7 @@ function plot.terminal_heatmap(weights, opts)
     end
     for d = 1, depth do
       local row = { string.rep(" ", indent), " " }
-      for j = 1, NK do row[#row + 1] = (chars[j][d] or " ") .. " " end
+      for j = 1, NK do row[#row + 1] = (chars[j][d] or " ") .. string.rep(" ", cw - 1) end
       header[d] = (table.concat(row):gsub("%s+$", ""))
     end
   end
@@ -817,7 +820,8 @@ function plot.terminal_heatmap(weights, opts)
       for j = 1, NK do
         local v = vals[(p - 1) * NQ * NK + (i - 1) * NK + j]
         local t = (v - vmin) / span
-        local ch = t ~= t and "??" or string.rep(SHADES[math.floor(math.max(0, math.min(1, t)) * (#SHADES - 1) + 0.5) + 1], 2)
+        local ch = t ~= t and string.rep("?", cw)
+          or string.rep(SHADES[math.floor(math.max(0, math.min(1, t)) * (#SHADES - 1) + 0.5) + 1], cw)
         row[#row + 1] = ch
       end
       row[#row + 1] = "|"

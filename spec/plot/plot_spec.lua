@@ -297,8 +297,15 @@ describe("attn.plot.terminal_heatmap", function()
     assert.equals("h1\n|░░|\nh2\n|▓▓|\nscale: ' '=0  ░=1  ▒=2  ▓=3  █=4", s)
   end)
 
+  it("draws one character per cell on request", function()
+    local s = plot.terminal_heatmap({ { 1, 0, 0.5 } }, { cell_width = 1, col_labels = { "ab", "c", "d" } })
+    assert.equals(" acd\n b\n|█ ▒|\nscale: ' '=0  ░=0.25  ▒=0.5  ▓=0.75  █=1", s)
+  end)
+
   it("raises on bad input", function()
     assert.has_error(function() plot.terminal_heatmap({ 1, 2 }) end)
+    assert.has_error(function() plot.terminal_heatmap({ { 1 } }, { cell_width = 3 }) end,
+      "plot.terminal_heatmap: cell_width must be 1 or 2, got 3")
     local ok, err = pcall(plot.terminal_heatmap, { { 1, 2 } }, { col_labels = { "a" } })
     assert.is_false(ok)
     assert.matches("col_labels must be a list of 2 labels", err)
