@@ -14,9 +14,25 @@ BLAS_FLAGS        ?= $(shell $(PKG_CONFIG) --cflags openblas lapacke 2>/dev/null
 BLAS_LIBS         ?= $(shell $(PKG_CONFIG) --libs openblas lapacke 2>/dev/null)
 
 CC       ?= gcc
-OPT      ?= -O2 -march=x86-64-v2 -mtune=native
+# The baseline build runs on any CPU of its architecture: the vectorised row
+# math in src/cpu/ is compiled once per instruction set with its own flags and
+# chosen at run time (src/attn_vmath.c), so no -march=native is needed.
+OPT      ?= -O2
 CFLAGS   ?= $(OPT)
-WARN      = -std=c11 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -Werror -Wno-unused-parameter
+# Warnings are errors in CI (.ci/run sets WERROR) and for the default build;
+# a user who passes their own OPT or CFLAGS (another compiler, other warnings)
+# gets the warnings without the failure unless they ask for WERROR=-Werror.
+ifeq ($(origin OPT)$(origin CFLAGS),filefile)
+WERROR   ?= -Werror
+endif
+WARN      = -std=c11 -D_POSIX_C_SOURCE=200809L -Wall -Wextra $(WERROR) -Wno-unused-parameter
+# Per-ISA flags of the src/cpu/ translation units (x86-64 only; elsewhere the
+# generic path alone is built and the others compile to nothing).
+ifneq ($(filter x86_64%,$(shell $(CC) -dumpmachine)),)
+CPU_FLAGS_avx2   = -mavx2 -mfma -ffp-contract=fast
+CPU_FLAGS_avx512 = -mavx512f -mavx512dq -mavx512vl -mavx512bw -mfma -mprefer-vector-width=512 -ffp-contract=fast
+endif
+CPU_OPT   = -O3
 LIBFLAG  ?= -shared
 ALL_CFLAGS = $(WARN) $(CFLAGS) -fPIC $(LUA_INCDIR) $(BLAS_FLAGS)
 LDLIBS    = $(BLAS_LIBS) -lpthread -lm
@@ -24,8 +40,8 @@ LDLIBS    = $(BLAS_LIBS) -lpthread -lm
 DEBIAN_PACKAGES = lua5.4 liblua5.4-dev libopenblas-dev liblapacke-dev lua-busted lua-check \
                   lua-cjson lua-filesystem pkgconf gcc make cppcheck valgrind
 
-SRC       = $(wildcard src/*.c)
-HEADERS   = $(wildcard src/*.h)
+SRC       = $(wildcard src/*.c) $(wildcard src/cpu/*.c)
+HEADERS   = $(wildcard src/*.h src/cpu/*.h)
 OBJ       = $(SRC:src/%.c=build/obj/%.o)
 ASAN_OBJ  = $(SRC:src/%.c=build/asan/%.o)
 MODULE    = lua/attn/core.so
@@ -52,6 +68,10 @@ build/obj/%.o: src/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	@echo "cc $<"; $(CC) $(ALL_CFLAGS) -c $< -o $@
 
+build/obj/cpu/vmath_%.o: src/cpu/vmath_%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	@echo "cc $< $(CPU_FLAGS_$*)"; $(CC) $(ALL_CFLAGS) $(CPU_OPT) $(CPU_FLAGS_$*) -c $< -o $@
+
 $(MODULE): $(OBJ)
 	$(CC) $(LIBFLAG) -o $@ $(OBJ) $(LDLIBS)
 
@@ -59,6 +79,11 @@ build/asan/%.o: src/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	@echo "cc (asan) $<"; $(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
 	  -fPIC $(LUA_INCDIR) $(BLAS_FLAGS) -c $< -o $@
+
+build/asan/cpu/vmath_%.o: src/cpu/vmath_%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	@echo "cc (asan) $<"; $(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
+	  $(CPU_FLAGS_$*) -fPIC $(LUA_INCDIR) $(BLAS_FLAGS) -c $< -o $@
 
 $(ASAN_MODULE): $(ASAN_OBJ)
 	@mkdir -p $(dir $@)
@@ -80,15 +105,17 @@ test-asan: deps
 # The C core's own unit tests (no Lua), under ASan+UBSan and then valgrind memcheck.
 # (A second make evaluates the pkg-config flags after deps has installed pkgconf.)
 CORE_SRC = $(filter src/attn_%.c,$(SRC))
+CPU_SRC  = $(wildcard src/cpu/*.c)
 check-c: deps
 	@$(MAKE) --no-print-directory check-c-run
 
-check-c-run:
+check-c-run: $(CPU_SRC:src/%.c=build/asan/%.o) $(CPU_SRC:src/%.c=build/obj/%.o)
 	@mkdir -p build
 	$(CC) $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -Isrc $(BLAS_FLAGS) \
-	  spec/c/test_core.c $(CORE_SRC) -o build/test_core_asan $(LDLIBS)
+	  spec/c/test_core.c $(CORE_SRC) $(CPU_SRC:src/%.c=build/asan/%.o) -o build/test_core_asan $(LDLIBS)
 	ASAN_OPTIONS=detect_leaks=1 OPENBLAS_NUM_THREADS=1 build/test_core_asan
-	$(CC) $(WARN) -O1 -g -Isrc $(BLAS_FLAGS) spec/c/test_core.c $(CORE_SRC) -o build/test_core $(LDLIBS)
+	$(CC) $(WARN) -O1 -g -Isrc $(BLAS_FLAGS) spec/c/test_core.c $(CORE_SRC) $(CPU_SRC:src/%.c=build/obj/%.o) \
+	  -o build/test_core $(LDLIBS)
 	OPENBLAS_NUM_THREADS=1 valgrind -q --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite \
 	  build/test_core
 

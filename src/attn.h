@@ -15,5 +15,6 @@
 #include "attn_parallel.h"
 #include "attn_rng.h"
 #include "attn_tensor.h"
+#include "attn_vmath.h"
 
 #endif
