@@ -32,7 +32,9 @@ ifneq ($(filter x86_64%,$(shell $(CC) -dumpmachine)),)
 CPU_FLAGS_avx2   = -mavx2 -mfma -ffp-contract=fast
 CPU_FLAGS_avx512 = -mavx512f -mavx512dq -mavx512vl -mavx512bw -mfma -mprefer-vector-width=512 -ffp-contract=fast
 endif
-CPU_OPT   = -O3
+# -fno-trapping-math lets float selects (clamps, special values) be if-converted,
+# which the vectoriser needs; the kernels never rely on floating-point traps.
+CPU_OPT   = -O3 -fno-trapping-math
 LIBFLAG  ?= -shared
 ALL_CFLAGS = $(WARN) $(CFLAGS) -fPIC $(LUA_INCDIR) $(BLAS_FLAGS)
 LDLIBS    = $(BLAS_LIBS) -lpthread -lm

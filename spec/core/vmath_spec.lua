@@ -22,7 +22,7 @@ local function ulps(a, b)
 end
 
 local inputs = {}
-for b = 0, 0xFFFFFFFF, 131071 do inputs[#inputs + 1] = from_bits(b) end
+for b = 0, 0xFFFFFFFF, 196613 do inputs[#inputs + 1] = from_bits(b) end
 for _, b in ipairs { 0x00000000, 0x80000000, 0x00000001, 0x80000001, 0x007FFFFF, 0x807FFFFF, 0x00800000,
   0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001 } do
   inputs[#inputs + 1] = from_bits(b)

@@ -11,6 +11,7 @@
  * zero, negatives for log) are chosen by selects at the end. Bit patterns go
  * through memcpy (type punning without aliasing trouble; compilers turn it
  * into a register move). */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -18,12 +19,19 @@
 #define VMATH_CAT(a, b) VMATH_CAT2(a, b)
 #define VMATH_FN(name) VMATH_CAT(name, VMATH_SUFFIX)
 
-static inline uint64_t vm_bits(double x) {
+/* The loops vectorise only when the element functions are inlined into them. */
+#if defined(__GNUC__)
+#define VM_INLINE static inline __attribute__((always_inline))
+#else
+#define VM_INLINE static inline
+#endif
+
+VM_INLINE uint64_t vm_bits(double x) {
   uint64_t b;
   memcpy(&b, &x, 8);
   return b;
 }
-static inline double vm_double(uint64_t b) {
+VM_INLINE double vm_double(uint64_t b) {
   double x;
   memcpy(&x, &b, 8);
   return x;
@@ -32,7 +40,7 @@ static inline double vm_double(uint64_t b) {
 /* exp(x) for x in [-745, 709] (callers clamp): x = n ln2 + r with |r| <= ln2/2,
  * e^r by its Taylor series to degree 7, times 2^n built in the exponent bits.
  * NaN propagates through the arithmetic. */
-static inline double vm_exp_core(double x) {
+VM_INLINE double vm_exp_core(double x) {
   const double shifter = 6755399441055744.0; /* 1.5 * 2^52: adding it rounds to an integer */
   double kd = x * 1.4426950408889634 + shifter;
   double n = kd - shifter;
@@ -50,48 +58,48 @@ static inline double vm_exp_core(double x) {
   return p * vm_double((k + 1023) << 52);
 }
 
-static inline double vm_clamp(double x, double lo, double hi) {
+VM_INLINE double vm_clamp(double x, double lo, double hi) {
   x = x < lo ? lo : x; /* NaN compares false and stays NaN */
   return x > hi ? hi : x;
 }
 
 /* exp of a float: below -104 the result rounds to 0, above 89 to +inf. */
-static inline float vm_expf(float x) { return (float)vm_exp_core(vm_clamp(x, -104.0, 89.0)); }
+VM_INLINE float vm_expf(float x) { return (float)vm_exp_core(vm_clamp(x, -104.0, 89.0)); }
 
 /* sigmoid(x) = 1 / (1 + e^-x): exact 0 below -110 (e^-110 is under half the
  * smallest denormal) and 1 above 40 (e^-40 is under half an ulp of 1). */
-static inline float vm_sigmoidf(float x) {
+VM_INLINE float vm_sigmoidf(float x) {
   double e = vm_exp_core(-vm_clamp(x, -110.0, 40.0));
   return (float)(1.0 / (1.0 + e));
 }
 
 /* tanh(x) = sign(x) (e - 1) / (e + 1) with e = e^(2|x|), which loses no more
  * than a few bits of a double for |x| >= 2^-10; below that the odd series
- * x - x^3/3 + 2x^5/15 is exact to float precision (and keeps -0, tiny and
- * denormal inputs exact). |x| > 10 gives +-1 (tanh(10) rounds to 1). */
-static inline float vm_tanhf(float x) {
-  double d = x;
-  double a = vm_clamp(d < 0 ? -d : d, 0.0, 10.0);
-  double e = vm_exp_core(2 * a);
+ * x - x^3/3 + 2x^5/15 is exact to float precision (and keeps tiny and
+ * denormal inputs exact). |x| > 10 gives +-1 (tanh(10) rounds to 1). The
+ * sign goes on last with copysign, so -0 stays -0 and NaN stays NaN. Every
+ * select compares doubles and picks doubles: mixed-width selects would stop
+ * the vectoriser. */
+VM_INLINE float vm_tanhf(float x) {
+  double a = fabs((double)x);
+  double e = vm_exp_core(2 * (a > 10 ? 10 : a));
   double t = (e - 1) / (e + 1);
-  t = d < 0 ? -t : t;
-  double d2 = d * d;
-  double s = d * (1 + d2 * (-1.0 / 3 + d2 * (2.0 / 15))); /* d times a factor keeps -0 */
-  double y = (d < 0 ? -d : d) < 0x1p-10 ? s : t;
-  return (float)(d != d ? d : y);
+  double a2 = a * a;
+  double s = a * (1 + a2 * (-1.0 / 3 + a2 * (2.0 / 15)));
+  return (float)copysign(a < 0x1p-10 ? s : t, (double)x);
 }
 
 /* log(x): a float is a normal double, so x = m 2^e with m in [sqrt(1/2), sqrt(2))
  * from the bits, and log m = 2 atanh(s), s = (m - 1) / (m + 1), |s| < 0.172,
  * whose odd series to s^11 is exact to double rounding of a float. */
-static inline float vm_logf(float x) {
+VM_INLINE float vm_logf(float x) {
   double d = x;
   uint64_t b = vm_bits(d);
-  /* move the mantissa to [sqrt(1/2), sqrt(2)): borrow one from the exponent when above sqrt(2) */
-  uint64_t top = (b & 0x000FFFFFFFFFFFFFull) > 0x6A09E667F3BCCull ? 1 : 0;
-  double m = vm_double((b & 0x000FFFFFFFFFFFFFull) | ((1023 - top) << 52));
+  double m1 = vm_double((b & 0x000FFFFFFFFFFFFFull) | (1023ull << 52)); /* mantissa in [1, 2) */
+  double big = m1 > 1.4142135623730951 ? 1.0 : 0.0;
+  double m = m1 * (1 - 0.5 * big);
   /* exponent as a double without an int64 -> double conversion (none in AVX2) */
-  double e = vm_double(0x4330000000000000ull | ((b >> 52) & 0x7FF)) - 4503599627370496.0 - 1023 + (double)top;
+  double e = vm_double(0x4330000000000000ull | ((b >> 52) & 0x7FF)) - 4503599627370496.0 - 1023 + big;
   double s = (m - 1) / (m + 1);
   double s2 = s * s;
   double p = 1.0 / 11;
@@ -102,10 +110,8 @@ static inline float vm_logf(float x) {
   p = p * s2 + 1.0;
   double y = e * 0.6931471805599453 + 2 * s * p;
   const double inf = 1.0 / 0.0;
-  y = d == 0 ? -inf : y;
-  y = d == inf ? inf : y;
-  y = d < 0 ? (inf - inf) : y;
-  return (float)(d != d ? d : y);
+  /* +inf stays +inf, 0 gives -inf, negatives and NaN give NaN */
+  return (float)(d > 0 ? (d < inf ? y : inf) : (d == 0 ? -inf : inf - inf));
 }
 
 /* Row kernels: y[j] = f(x[j]) for j < n (y may alias x). */
@@ -125,7 +131,7 @@ void VMATH_FN(attn_vmath_sigmoid_f32_)(const float *x, float *y, int64_t n) {
 /* exp(x) for x <= 0 in float for the softmax rows: exact 0 below -87 and for
  * -inf, NaN stays NaN, relative error about 1e-7 elsewhere (cheaper than the
  * double path above, and the softmax normalises anyway). */
-static inline float vm_exp_neg_f(float x) {
+VM_INLINE float vm_exp_neg_f(float x) {
   uint32_t xb, kb, sb, yb;
   memcpy(&xb, &x, 4);
   float kf = x * 1.44269504088896341f + 12583039.0f; /* round(x / ln 2) + 127 in the low bits */
