@@ -400,5 +400,11 @@ int luaopen_attn_core(lua_State *L) {
   attn_l_open_rnn(L);
   lua_pushfstring(L, "%d.%d.%d", ATTN_VERSION_MAJOR, ATTN_VERSION_MINOR, ATTN_VERSION_PATCH);
   lua_setfield(L, -2, "_VERSION");
+#ifdef ATTN_SANITIZED_BUILD
+  lua_pushboolean(L, 1); /* lets `make test-asan` prove it loaded this build */
+#else
+  lua_pushboolean(L, 0);
+#endif
+  lua_setfield(L, -2, "sanitized");
   return 1;
 }
