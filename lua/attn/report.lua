@@ -85,6 +85,34 @@ function Report:figure(svg, caption)
   return add(self, "<figure>" .. svg .. cap .. "</figure>")
 end
 
+--- Draws one figure twice through an `attn.plot` function: to a PNG file and as
+-- inline SVG in the report. The last argument is the plot's options table.
+-- @tparam string caption
+-- @tparam[opt] string png_path where the PNG goes (nil: SVG only)
+-- @tparam function plot_fn e.g. `plot.heatmaps` or `plot.lines`
+-- @param ... the plot function's arguments, options table last
+-- @treturn[1] Report self
+-- @treturn[2] nil
+-- @treturn[2] string message (the PNG could not be written)
+function Report:plot(caption, png_path, plot_fn, ...)
+  local args = table.pack(...)
+  local opts = args[args.n]
+  if type(opts) ~= "table" then error("report:plot: the last argument must be the plot's options table", 2) end
+  local function with(extra)
+    local o = {}
+    for k, v in pairs(opts) do o[k] = v end
+    for k, v in pairs(extra) do o[k] = v end
+    local a = table.pack(table.unpack(args, 1, args.n))
+    a[a.n] = o
+    return plot_fn(table.unpack(a, 1, a.n))
+  end
+  if png_path then
+    local ok, err = with { path = png_path }
+    if not ok then return nil, err end
+  end
+  return self:figure(with { format = "svg" }, caption)
+end
+
 local STYLE = [[
 body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:.25em .6em;text-align:left}

@@ -37,3 +37,23 @@ describe("attn.report", function()
     assert.truthy(msg:find("cannot write /nonexistent-dir/report.html", 1, true))
   end)
 end)
+
+describe("attn.report plot", function()
+  it("calls the plot function once for the PNG and once for SVG, options intact", function()
+    local calls = {}
+    local function fake_plot(x, opts)
+      calls[#calls + 1] = { x = x, path = opts.path, format = opts.format, title = opts.title }
+      if opts.format == "svg" then return "<svg><text>" .. opts.title .. "</text></svg>" end
+      return opts.path
+    end
+    local r = report.new("t")
+    local opts = { title = "w" }
+    assert.are.equal(r, r:plot("cap", "/tmp/a.png", fake_plot, 42, opts))
+    assert.are.same({ { x = 42, path = "/tmp/a.png", title = "w" }, { x = 42, format = "svg", title = "w" } }, calls)
+    assert.are.same({ title = "w" }, opts)
+    assert.truthy(r:html():find("<figure><svg><text>w</text></svg><figcaption>cap</figcaption></figure>", 1, true))
+    local ok, msg = r:plot("cap", "/x.png", function() return nil, "cannot write /x.png" end, {})
+    assert.is_nil(ok)
+    assert.are.equal("cannot write /x.png", msg)
+  end)
+end)
