@@ -33,13 +33,14 @@ local X = attn.ones({ batch_size, num_queries, h })
 local Y = attn.ones({ batch_size, num_kvpairs, h })
 local out_cross = attention(X, Y, Y, valid_lens)
 local out_self = attention(X, X, X, valid_lens)
+local book_weights = attention.attention_weights -- (2, heads, 4, 4), kept before the calls below
 local function shape(t) return "(" .. table.concat(t:shape(), ", ") .. ")" end
 local lines = {
   string.format("attention(X (2, 4, %d), Y (2, 6, %d), Y, valid_lens {3, 2}) -> %s   (book: torch.Size([2, 4, 100]))",
     h, h, shape(out_cross)),
   string.format("self-attention(X, X, X, valid_lens {3, 2})                -> %s   (book: torch.Size([2, 4, 100]))",
     shape(out_self)),
-  string.format("attention_weights per head: %s", shape(attention.attention_weights)),
+  string.format("attention_weights per head: %s", shape(book_weights)),
 }
 
 -- Permutation equivariance: with random inputs and no positional encoding,
@@ -74,17 +75,17 @@ end
 
 -- Per-head heatmaps on the book's example (the book's exercise): with all-ones
 -- inputs every valid key gets the same weight, so the masking is what shows.
-local w = attention.attention_weights -- (2, heads, 4, 6) from the self-attention call above
 r:heading("Per-head attention weights")
 r:paragraph("Rows are samples (valid lengths 3 and 2), columns heads. All-ones inputs make the weights uniform over " ..
   "the valid keys; the random-input panels below show heads that differ.")
-local keys = {}
+local keys, head_titles = {}, {}
 for j = 1, num_queries do keys[j] = "k" .. j end
-assert(r:plot("book example, self-attention: weights per sample and head", out .. "/heads_book.png", plot.heatmaps, w,
-  { xlabel = "Keys", ylabel = "Queries", col_labels = keys }))
+for j = 1, heads do head_titles[j] = "head " .. j end
+assert(r:plot("book example, self-attention: weights per sample and head", out .. "/heads_book.png", plot.heatmaps, book_weights,
+  { xlabel = "Keys", ylabel = "Queries", col_labels = keys, titles = head_titles }))
 attention(Z, Z, Z)
 assert(r:plot("random inputs (8 positions): the heads attend differently", out .. "/heads_random.png", plot.heatmaps,
-  attention.attention_weights, { xlabel = "Keys", ylabel = "Queries" }))
+  attention.attention_weights, { xlabel = "Keys", ylabel = "Queries", titles = head_titles }))
 print(plot.terminal_heatmap(attention.attention_weights:select(1, 1):select(1, 1)))
 assert(r:write(out .. "/report.html"))
 print("wrote " .. out .. "/heads_book.png, " .. out .. "/heads_random.png and " .. out .. "/report.html")

@@ -69,7 +69,7 @@ local panels = attn.stack({ attn.stack({ wa1:squeeze(2), wa2:squeeze(2) }), attn
 assert(r:plot("attention weights: additive (top), dot-product (bottom); identical keys (left), random keys (right)",
   out .. "/weights.png", plot.heatmaps, panels, {
     xlabel = "Keys", ylabel = "Sample", col_labels = col_labels, row_labels = { "1", "2" },
-    titles = { { "additive, ones", "additive, random" }, { "dot, ones", "dot, random" } },
+    titles = { "additive, ones", "additive, random", "dot, ones", "dot, random" },
   }))
 
 -- A bilinear score for queries of width 5 and keys of width 3: q^T W k with a
@@ -90,7 +90,7 @@ print(bil)
 r:heading("Queries and keys of different widths: a bilinear score")
 r:pre(bil)
 assert(r:plot("bilinear attention weights with valid lengths 3 and 6", out .. "/bilinear.png", plot.heatmaps,
-  weights:unsqueeze(1), { xlabel = "Keys", ylabel = "Queries", titles = { { "sample 1", "sample 2" } } }))
+  weights:unsqueeze(1), { xlabel = "Keys", ylabel = "Queries", titles = { "sample 1", "sample 2" } }))
 assert(r:write(out .. "/report.html"))
 print("wrote " .. out .. "/weights.png, " .. out .. "/bilinear.png and " .. out .. "/report.html")
 if err > 1e-4 or math.abs(scores:get(2, 3, 4) - s) > 1e-4 then error("scoring: a check failed (see above)") end
