@@ -203,7 +203,7 @@ describe("nn.GRU", function()
     local loss = (out * gout):sum() + (state * gstate):sum()
     loss:backward()
     local grads = { X = X.grad, h0 = h0 and h0.grad }
-    for name, p in pairs(m:named_parameters()) do grads[name] = p.grad end
+    for _, e in ipairs(m:named_parameters()) do grads[e[1]] = e[2].grad end
     return out, state, grads
   end
 
