@@ -40,7 +40,7 @@ describe("nn.GELU", function()
   end)
 
   it("passes gradcheck away from the kink of |x| at 0", function()
-    local x = attn.tensor({ { -2, -0.7, 0.4 }, { 1.1, 2.5, -0.1 } }, "float64"):requires_grad(true)
+    local x = attn.tensor({ { -2, -0.7, 0.4 }, { 1.1, 2.5, -0.1 } }, "float64"):requires_grad_(true)
     helper.gradcheck(function(v) return nn.GELU()(v) end, { x })
   end)
 end)

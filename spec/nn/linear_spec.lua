@@ -203,8 +203,8 @@ describe("nn.LayerNorm", function()
   it("normalises over the trailing dims given, like a naive loop", function()
     attn.manual_seed(2)
     local ln = nn.LayerNorm({ 3, 4 }, { eps = 1e-3 })
-    ln.weight = attn.randn({ 3, 4 }):requires_grad(true)
-    ln.bias = attn.randn({ 3, 4 }):requires_grad(true)
+    ln.weight = attn.randn({ 3, 4 }):requires_grad_()
+    ln.bias = attn.randn({ 3, 4 }):requires_grad_()
     local x = attn.randn({ 2, 3, 4 }) * 3 + 1
     local rows = {}
     for b, sample in ipairs(x:totable()) do rows[b] = flat(sample) end
@@ -301,6 +301,6 @@ describe("nn.init", function()
     attn.manual_seed(8)
     local big = nn.init.normal_(attn.empty({ 100, 100 }), 1, 2)
     assert.is_true(math.abs(big:mean():item() - 1) < 0.06)
-    assert.is_true(m.weight:is_leaf() and m.weight:requires_grad())
+    assert.is_true(m.weight:is_leaf() and m.weight.requires_grad)
   end)
 end)

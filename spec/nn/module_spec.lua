@@ -55,7 +55,7 @@ describe("nn.Module", function()
     it("registers parameters assigned as leaf tensors that require grad", function()
       local M = nn.Module:extend("M")
       function M:init()
-        self.w = attn.ones({ 2 }):requires_grad(true) -- parameter
+        self.w = attn.ones({ 2 }):requires_grad_() -- parameter
         self.cache = attn.ones({ 2 })                 -- plain field
         self.n = 3
       end
@@ -117,7 +117,7 @@ describe("nn.Module", function()
         "head.weight", "head.bias" }, names)
       assert.close(sd["head.weight"], b.head.weight, { atol = 0 })
       assert.equal(b.head.weight:storage_id(), sd["head.weight"]:storage_id())
-      assert.is_false(sd["head.weight"]:requires_grad())
+      assert.is_false(sd["head.weight"].requires_grad)
     end)
 
     it("round-trips: a differently seeded module loads and then computes the same", function()
@@ -134,7 +134,7 @@ describe("nn.Module", function()
       local w = b.head.weight
       b:load_state_dict(a:state_dict())
       assert.equal(w, b.head.weight)
-      assert.is_true(w:requires_grad() and w:is_leaf())
+      assert.is_true(w.requires_grad and w:is_leaf())
     end)
 
     it("round-trips through a safetensors file", function()
@@ -238,7 +238,7 @@ describe("nn.Module", function()
       assert.equal(b, b:to("float64"))
       for _, p in ipairs(b:parameters()) do
         assert.equal("float64", p:dtype())
-        assert.is_true(p:requires_grad() and p:is_leaf())
+        assert.is_true(p.requires_grad and p:is_leaf())
       end
       assert.equal("float64", b.steps:dtype())
       assert.close(b.head.weight, w, { atol = 0 })

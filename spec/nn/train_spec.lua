@@ -134,7 +134,7 @@ describe("training", function()
       local src, sl, di, lab, ll = copy_batch(B, T, vocab)
       opt:zero_grad()
       criterion(m(src, sl, di), lab, ll):sum():backward()
-      nn.clip_grad_norm(m, 1)
+      nn.clip_grad_norm_(m, 1)
       opt:step()
     end
     local seconds = os.clock() - t0
@@ -171,7 +171,7 @@ describe("training", function()
       opt:zero_grad()
       local loss = criterion(m(x), y)
       loss:backward()
-      nn.clip_grad_norm(m, 1)
+      nn.clip_grad_norm_(m, 1)
       opt:step()
       if step == 100 then
         collectgarbage()

@@ -251,7 +251,7 @@ function Module:register_parameter(name, t)
   if t ~= nil and not is_tensor(t) then
     error(string.format("register_parameter: '%s' must be a tensor, got a %s", name, type(t)), 2)
   end
-  if t ~= nil and not t:requires_grad() then t:requires_grad(true) end
+  if t ~= nil and not t.requires_grad then t:requires_grad_() end
   unregister(self, name)
   add_name(self._param_names, name)
   rawget(self, "_attrs")[name] = t
