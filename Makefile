@@ -12,6 +12,8 @@ LUA_LMOD_DIR      ?= $(PREFIX)/share/lua/$(LUA_VERSION)
 LUA_CMODULE_DIR   ?= $(PREFIX)/lib/lua/$(LUA_VERSION)
 BLAS_FLAGS        ?= $(shell $(PKG_CONFIG) --cflags openblas lapacke 2>/dev/null)
 BLAS_LIBS         ?= $(shell $(PKG_CONFIG) --libs openblas lapacke 2>/dev/null)
+CAIRO_FLAGS       ?= $(shell $(PKG_CONFIG) --cflags cairo 2>/dev/null)
+CAIRO_LIBS        ?= $(shell $(PKG_CONFIG) --libs cairo 2>/dev/null)
 
 CC       ?= gcc
 # The baseline build runs on any CPU of its architecture: the vectorised row
@@ -40,7 +42,10 @@ ALL_CFLAGS = $(WARN) $(CFLAGS) -fPIC $(LUA_INCDIR) $(BLAS_FLAGS)
 LDLIBS    = $(BLAS_LIBS) -lpthread -lm
 
 DEBIAN_PACKAGES = lua5.4 liblua5.4-dev libopenblas-dev liblapacke-dev lua-busted lua-check \
-                  lua-cjson lua-filesystem pkgconf gcc make cppcheck valgrind
+                  lua-cjson lua-filesystem pkgconf gcc make cppcheck valgrind \
+                  fonts-dejavu-core \
+                  libcairo2-dev \
+                  lua-expat
 
 SRC       = $(wildcard src/*.c) $(wildcard src/cpu/*.c)
 HEADERS   = $(wildcard src/*.h src/cpu/*.h)
@@ -48,12 +53,16 @@ OBJ       = $(SRC:src/%.c=build/obj/%.o)
 ASAN_OBJ  = $(SRC:src/%.c=build/asan/%.o)
 MODULE    = lua/attn/core.so
 ASAN_MODULE = build/asan/attn/core.so
+# attn.cairo (drawing for attn.plot) is a separate module so attn.core links no cairo.
+CAIRO_SRC   = src/plot/lcairo.c
+CAIRO_MODULE = lua/attn/cairo.so
+ASAN_CAIRO_MODULE = build/asan/attn/cairo.so
 
 LUA_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="lua/?.so;;" OPENBLAS_NUM_THREADS=1
 
 .PHONY: all deps test test-asan check-c check-c-run demo bench lint clean install examples
 
-all: $(MODULE)
+all: $(MODULE) $(CAIRO_MODULE)
 
 # Installs whatever Debian package is missing (first command on a fresh machine).
 deps:
@@ -77,10 +86,13 @@ build/obj/cpu/vmath_%.o: src/cpu/vmath_%.c $(HEADERS)
 $(MODULE): $(OBJ)
 	$(CC) $(LIBFLAG) -o $@ $(OBJ) $(LDLIBS)
 
+$(CAIRO_MODULE): $(CAIRO_SRC)
+	@echo "cc $<"; $(CC) $(WARN) $(CFLAGS) -fPIC $(LUA_INCDIR) $(CAIRO_FLAGS) $(LIBFLAG) $< -o $@ $(CAIRO_LIBS)
+
 build/asan/%.o: src/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	@echo "cc (asan) $<"; $(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
-	  -fPIC $(LUA_INCDIR) $(BLAS_FLAGS) -c $< -o $@
+	  -DATTN_SANITIZED_BUILD -fPIC $(LUA_INCDIR) $(BLAS_FLAGS) -c $< -o $@
 
 build/asan/cpu/vmath_%.o: src/cpu/vmath_%.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -91,18 +103,27 @@ $(ASAN_MODULE): $(ASAN_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(LIBFLAG) -fsanitize=address,undefined -o $@ $(ASAN_OBJ) $(LDLIBS)
 
+$(ASAN_CAIRO_MODULE): $(CAIRO_SRC)
+	@mkdir -p $(dir $@)
+	@echo "cc (asan) $<"; $(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
+	  -fPIC $(LUA_INCDIR) $(CAIRO_FLAGS) $(LIBFLAG) $< -o $@ $(CAIRO_LIBS)
+
 # Specs through busted's TAP output; tools/tap-summary prints "N passed, N failed".
 test: deps
 	@$(MAKE) --no-print-directory all
 	@$(LUA_ENV) $(BUSTED) -o TAP $(BUSTED_ARGS) spec | tools/tap-summary
 
 # The whole suite with the module under AddressSanitizer + UBSan; any report fails.
-test-asan: deps
-	@$(MAKE) --no-print-directory $(ASAN_MODULE)
-	@LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
+# busted puts its --cpath (.busted: lua/?.so) ahead of LUA_CPATH, so the sanitized
+# module's folder is given as --cpath; spec/core/sanitizer_spec.lua checks which
+# module was loaded (ATTN_SANITIZED=1 asks it to insist on the sanitized one).
+ASAN_ENV = LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="build/asan/?.so;;" OPENBLAS_NUM_THREADS=1 \
-	  ATTN_SANITIZED=1 $(BUSTED) -o TAP $(BUSTED_ARGS) spec | tools/tap-summary
+	  ATTN_SANITIZED=1
+test-asan: deps
+	@$(MAKE) --no-print-directory $(ASAN_MODULE) $(ASAN_CAIRO_MODULE)
+	@$(ASAN_ENV) $(BUSTED) --cpath="build/asan/?.so" -o TAP $(BUSTED_ARGS) spec | tools/tap-summary
 
 # The C core's own unit tests (no Lua), under ASan+UBSan and then valgrind memcheck.
 # (A second make evaluates the pkg-config flags after deps has installed pkgconf.)
@@ -144,7 +165,9 @@ lint: deps
 install: all
 	install -d $(DESTDIR)$(LUA_CMODULE_DIR)/attn $(DESTDIR)$(LUA_LMOD_DIR)/attn
 	install -m 755 $(MODULE) $(DESTDIR)$(LUA_CMODULE_DIR)/attn/core.so
+	install -m 755 $(CAIRO_MODULE) $(DESTDIR)$(LUA_CMODULE_DIR)/attn/cairo.so
 	cd lua && find attn -name '*.lua' -exec install -D -m 644 {} $(DESTDIR)$(LUA_LMOD_DIR)/{} \;
+	install -D -m 644 data/fra-eng-sample.txt $(DESTDIR)$(LUA_LMOD_DIR)/attn/data/fra-eng-sample.txt
 
 clean:
-	rm -rf build $(MODULE) out
+	rm -rf build $(MODULE) $(CAIRO_MODULE) out

@@ -75,7 +75,11 @@ describe("nn.GRU", function()
 
   it("has PyTorch's parameter names, shapes, order and init bound", function()
     local m = nn.GRU{ input_size = 3, num_hiddens = 4, num_layers = 2 }
-    local map, names = m:named_parameters(), m:parameter_names()
+    local map, names = {}, m:parameter_names()
+    for i, p in ipairs(m:named_parameters()) do
+      assert.equal(names[i], p[1])
+      map[p[1]] = p[2]
+    end
     assert.same({ "weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0", "weight_ih_l1", "weight_hh_l1",
       "bias_ih_l1", "bias_hh_l1" }, names)
     assert.same({ 12, 3 }, map.weight_ih_l0:shape())
@@ -199,7 +203,7 @@ describe("nn.GRU", function()
     local loss = (out * gout):sum() + (state * gstate):sum()
     loss:backward()
     local grads = { X = X.grad, h0 = h0 and h0.grad }
-    for name, p in pairs(m:named_parameters()) do grads[name] = p.grad end
+    for _, e in ipairs(m:named_parameters()) do grads[e[1]] = e[2].grad end
     return out, state, grads
   end
 
