@@ -24,8 +24,15 @@ LDLIBS    = $(BLAS_LIBS) -lpthread -lm
 DEBIAN_PACKAGES = lua5.4 liblua5.4-dev libopenblas-dev liblapacke-dev lua-busted lua-check \
                   lua-cjson lua-filesystem pkgconf gcc make cppcheck valgrind
 
-SRC       = $(wildcard src/*.c)
-HEADERS   = $(wildcard src/*.h)
+SRC       = $(wildcard src/*.c src/cpu/*.c)
+HEADERS   = $(wildcard src/*.h src/cpu/*.h)
+# src/cpu/*_avx2.c and *_avx512.c hold kernels for one instruction set each, compiled with its
+# flags (x86-64 only; elsewhere they compile to nothing); the core picks one at run time, so the
+# baseline build runs everywhere. Kernels there are written for the vectoriser (-O3, FMA contraction).
+IS_X86      := $(findstring x86_64,$(shell $(CC) -dumpmachine 2>/dev/null))
+AVX2_FLAGS   = -mavx2 -mfma
+AVX512_FLAGS = -mavx2 -mfma -mavx512f -mavx512dq -mavx512bw -mavx512vl
+cpu_flags = $(if $(findstring src/cpu/,$1),-O3 -ffp-contract=fast $(if $(IS_X86),$(if $(findstring _avx512.c,$1),$(AVX512_FLAGS),$(if $(findstring _avx2.c,$1),$(AVX2_FLAGS)))))
 OBJ       = $(SRC:src/%.c=build/obj/%.o)
 ASAN_OBJ  = $(SRC:src/%.c=build/asan/%.o)
 MODULE    = lua/attn/core.so
@@ -50,7 +57,7 @@ deps:
 
 build/obj/%.o: src/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
-	@echo "cc $<"; $(CC) $(ALL_CFLAGS) -c $< -o $@
+	@echo "cc $<"; $(CC) $(ALL_CFLAGS) $(call cpu_flags,$<) -c $< -o $@
 
 $(MODULE): $(OBJ)
 	$(CC) $(LIBFLAG) -o $@ $(OBJ) $(LDLIBS)
@@ -58,7 +65,7 @@ $(MODULE): $(OBJ)
 build/asan/%.o: src/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	@echo "cc (asan) $<"; $(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
-	  -fPIC $(LUA_INCDIR) $(BLAS_FLAGS) -c $< -o $@
+	  -fPIC $(LUA_INCDIR) $(BLAS_FLAGS) $(call cpu_flags,$<) -c $< -o $@
 
 $(ASAN_MODULE): $(ASAN_OBJ)
 	@mkdir -p $(dir $@)
@@ -80,15 +87,25 @@ test-asan: deps
 # The C core's own unit tests (no Lua), under ASan+UBSan and then valgrind memcheck.
 # (A second make evaluates the pkg-config flags after deps has installed pkgconf.)
 CORE_SRC = $(filter src/attn_%.c,$(SRC))
+CPU_SRC  = $(filter src/cpu/%.c,$(SRC))
 check-c: deps
 	@$(MAKE) --no-print-directory check-c-run
 
-check-c-run:
+build/check-asan/%.o: src/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all $(call cpu_flags,$<) -c $< -o $@
+
+build/check/%.o: src/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) -O1 -g $(call cpu_flags,$<) -c $< -o $@
+
+check-c-run: $(CPU_SRC:src/%.c=build/check-asan/%.o) $(CPU_SRC:src/%.c=build/check/%.o)
 	@mkdir -p build
 	$(CC) $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -Isrc $(BLAS_FLAGS) \
-	  spec/c/test_core.c $(CORE_SRC) -o build/test_core_asan $(LDLIBS)
+	  spec/c/test_core.c $(CORE_SRC) $(CPU_SRC:src/%.c=build/check-asan/%.o) -o build/test_core_asan $(LDLIBS)
 	ASAN_OPTIONS=detect_leaks=1 OPENBLAS_NUM_THREADS=1 build/test_core_asan
-	$(CC) $(WARN) -O1 -g -Isrc $(BLAS_FLAGS) spec/c/test_core.c $(CORE_SRC) -o build/test_core $(LDLIBS)
+	$(CC) $(WARN) -O1 -g -Isrc $(BLAS_FLAGS) spec/c/test_core.c $(CORE_SRC) $(CPU_SRC:src/%.c=build/check/%.o) \
+	  -o build/test_core $(LDLIBS)
 	OPENBLAS_NUM_THREADS=1 valgrind -q --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite \
 	  build/test_core
 
