@@ -129,6 +129,13 @@ attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k, const
                                const attn_tensor *lse, const attn_tensor *dout, const attn_tensor *dweights,
                                attn_tensor *dq, attn_tensor *dk, attn_tensor *dv);
 
+/* The FMA throughput of one core in FLOP/s (the best of a few short runs of
+ * independent multiply-add chains in the widest vectors the flash kernels use
+ * on this CPU, timed in thread CPU time so other processes do not lower it).
+ * *isa, when not NULL, receives the kernel set's name ("avx512", "avx2" or
+ * "generic"). */
+double attn_flash_fma_peak(const char **isa);
+
 /* ---- attention over given scores ----------------------------------------- */
 
 /* The same masking, softmax, dropout and weighted sum for precomputed scores

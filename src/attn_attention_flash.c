@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "attn_alloc.h"
 #include "attn_attention_internal.h"
@@ -42,6 +43,35 @@ attn_status attn_attention_flash_kernels(int kernel, const char *op, const attn_
   *ks = &attn_flash_kernels_generic;
 #endif
   return ATTN_OK;
+}
+
+static double thread_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double attn_flash_fma_peak(const char **isa) {
+  const attn_flash_kernels *ks = NULL;
+  if (attn_attention_flash_kernels(ATTN_KERNEL_AUTO, "fma_peak", &ks) != ATTN_OK) return 0;
+  if (isa) *isa = ks->name;
+  volatile double sink = 0;
+  double best = 0;
+  int64_t iters = 1 << 16;
+  for (int rep = 0; rep < 7; rep++) {
+    double t0 = thread_seconds();
+    sink += ks->fma_loop(iters);
+    double t = thread_seconds() - t0;
+    if (t < 2e-3 && iters < ((int64_t)1 << 30)) { /* too short to time: grow, do not count */
+      iters *= 4;
+      rep--;
+      continue;
+    }
+    double rate = (double)iters * ks->fma_flops / t;
+    if (rate > best) best = rate;
+  }
+  (void)sink;
+  return best;
 }
 
 typedef struct {

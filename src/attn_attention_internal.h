@@ -138,6 +138,8 @@ typedef void (*attn_flash_item_fn)(const attn_flash_job *F, int64_t b, int64_t i
 typedef struct {
   const char *name;
   attn_flash_item_fn forward, backward_q, backward_k;
+  double (*fma_loop)(int64_t iters); /* the FMA peak probe: fma_flops per iteration */
+  int fma_flops;
 } attn_flash_kernels;
 
 /* The kernel set for opts->kernel (ATTN_KERNEL_*): a named ISA, or the best this CPU runs. */

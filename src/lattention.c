@@ -238,6 +238,19 @@ static int l_sdpa_backward(lua_State *L) {
 }
 
 /***
+ * The FMA peak of one core (see attn_flash_fma_peak).
+ * @function fma_peak
+ * @treturn number FLOP/s
+ * @treturn string the instruction set measured ("avx512", "avx2" or "generic")
+ */
+static int l_fma_peak(lua_State *L) {
+  const char *isa = "generic";
+  lua_pushnumber(L, attn_flash_fma_peak(&isa));
+  lua_pushstring(L, isa);
+  return 2;
+}
+
+/***
  * Masking, softmax, dropout and weighted sum over given scores.
  * @function scores_attention_forward
  * @tparam Tensor scores (B, Nq, Nk)
@@ -407,6 +420,7 @@ static int l_positional_encoding(lua_State *L) {
 static const luaL_Reg attention_functions[] = {
     {"sdpa_forward", l_sdpa_forward},
     {"sdpa_backward", l_sdpa_backward},
+    {"fma_peak", l_fma_peak},
     {"scores_attention_forward", l_scores_attention_forward},
     {"scores_attention_backward", l_scores_attention_backward},
     {"masked_softmax_forward", l_masked_softmax_forward},

@@ -23,6 +23,9 @@
 #define FLASH_FN(name) FLASH_CAT(name, FLASH_SUFFIX)
 
 #define TW ATTN_FLASH_TILE
+/* Keys per forward tile: two lane widths, so the P V product runs longer between its reloads of
+ * the output tile (the tile is then 32 KiB, still within L1 on current cores). */
+#define KT (2 * TW)
 
 typedef float flash_vf __attribute__((vector_size(FLASH_VL * 4)));
 
@@ -33,50 +36,47 @@ static inline flash_vf vload(const float *p) {
 }
 static inline void vstore(float *p, flash_vf v) { memcpy(p, &v, sizeof v); }
 
+/* Rows [n0, n0 + NB) of the product below, lanes [l0, l0 + VL * QV): NB x QV accumulators stay in
+ * registers over the whole k loop (NB is a constant after inlining). */
+static inline __attribute__((always_inline)) void mk_block(const int NB, int64_t K, int64_t n0, int64_t l0,
+                                                           const float *A, const float *B, int64_t bn, int64_t bk,
+                                                           float *C, const float *cs, int mode) {
+  flash_vf acc[FLASH_NR][FLASH_QV];
+  for (int r = 0; r < NB; r++)
+    for (int q = 0; q < FLASH_QV; q++) acc[r][q] = (flash_vf){0};
+  const float *ap = A + l0, *bp = B + n0 * bn;
+  for (int64_t k = 0; k < K; k++, ap += TW, bp += bk) {
+    flash_vf a[FLASH_QV];
+    for (int q = 0; q < FLASH_QV; q++) a[q] = vload(ap + q * FLASH_VL);
+    for (int r = 0; r < NB; r++) {
+      float bv = bp[r * bn];
+      for (int q = 0; q < FLASH_QV; q++) acc[r][q] += a[q] * bv;
+    }
+  }
+  for (int r = 0; r < NB; r++)
+    for (int q = 0; q < FLASH_QV; q++) {
+      float *cp = C + (n0 + r) * TW + l0 + q * FLASH_VL;
+      flash_vf c = acc[r][q];
+      if (mode == 1) c += vload(cp);
+      if (mode == 2) c += vload(cp) * vload(cs + l0 + q * FLASH_VL);
+      vstore(cp, c);
+    }
+}
+
 /* C[n][0:TW] = init + sum_{k < K} A[k][0:TW] * B[n*bn + k*bk] for n < N, where init is 0
  * (mode 0), C (mode 1) or C * cs lane-wise (mode 2: the online-softmax rescale). */
 static void mk(int64_t K, int64_t N, const float *A, const float *B, int64_t bn, int64_t bk, float *C,
                const float *cs, int mode) {
   for (int64_t l0 = 0; l0 < TW; l0 += FLASH_VL * FLASH_QV) {
     int64_t n0 = 0;
-    for (; n0 + FLASH_NR <= N; n0 += FLASH_NR) {
-      flash_vf acc[FLASH_NR][FLASH_QV];
-      for (int r = 0; r < FLASH_NR; r++)
-        for (int q = 0; q < FLASH_QV; q++) acc[r][q] = (flash_vf){0};
-      const float *ap = A + l0, *bp = B + n0 * bn;
-      for (int64_t k = 0; k < K; k++, ap += TW, bp += bk) {
-        flash_vf a[FLASH_QV];
-        for (int q = 0; q < FLASH_QV; q++) a[q] = vload(ap + q * FLASH_VL);
-        for (int r = 0; r < FLASH_NR; r++) {
-          float bv = bp[r * bn];
-          for (int q = 0; q < FLASH_QV; q++) acc[r][q] += a[q] * bv;
-        }
-      }
-      for (int r = 0; r < FLASH_NR; r++)
-        for (int q = 0; q < FLASH_QV; q++) {
-          float *cp = C + (n0 + r) * TW + l0 + q * FLASH_VL;
-          flash_vf c = acc[r][q];
-          if (mode == 1) c += vload(cp);
-          if (mode == 2) c += vload(cp) * vload(cs + l0 + q * FLASH_VL);
-          vstore(cp, c);
-        }
-    }
-    for (; n0 < N; n0++) {
-      flash_vf acc[FLASH_QV];
-      for (int q = 0; q < FLASH_QV; q++) acc[q] = (flash_vf){0};
-      const float *ap = A + l0, *bp = B + n0 * bn;
-      for (int64_t k = 0; k < K; k++, ap += TW, bp += bk) {
-        float bv = *bp;
-        for (int q = 0; q < FLASH_QV; q++) acc[q] += vload(ap + q * FLASH_VL) * bv;
-      }
-      for (int q = 0; q < FLASH_QV; q++) {
-        float *cp = C + n0 * TW + l0 + q * FLASH_VL;
-        flash_vf c = acc[q];
-        if (mode == 1) c += vload(cp);
-        if (mode == 2) c += vload(cp) * vload(cs + l0 + q * FLASH_VL);
-        vstore(cp, c);
-      }
-    }
+    for (; n0 + FLASH_NR <= N; n0 += FLASH_NR) mk_block(FLASH_NR, K, n0, l0, A, B, bn, bk, C, cs, mode);
+#if FLASH_NR > 4
+    for (; n0 + 4 <= N; n0 += 4) mk_block(4, K, n0, l0, A, B, bn, bk, C, cs, mode);
+#endif
+#if FLASH_NR > 2
+    for (; n0 + 2 <= N; n0 += 2) mk_block(2, K, n0, l0, A, B, bn, bk, C, cs, mode);
+#endif
+    for (; n0 < N; n0++) mk_block(1, K, n0, l0, A, B, bn, bk, C, cs, mode);
   }
 }
 
@@ -177,7 +177,7 @@ void FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i
   const attn_attention_job *J = F->J;
   const int64_t Nq = J->Nq, Nk = J->Nk, d = J->d, dv = J->dv;
   const int64_t r = Nq - i0 < TW ? Nq - i0 : TW;
-  float *Qt = ws, *Ot = Qt + d * TW, *S = Ot + dv * TW, *m = S + TW * TW, *l = m + TW, *al = l + TW, *mu = al + TW;
+  float *Qt = ws, *Ot = Qt + d * TW, *S = Ot + dv * TW, *m = S + KT * TW, *l = m + TW, *al = l + TW, *mu = al + TW;
   float *sum = mu + TW;
   int64_t *qa = (int64_t *)(sum + TW), *qb = qa + TW, *qe = qb + TW;
   query_ranges(J, b, i0, r, qa, qb, qe);
@@ -194,8 +194,8 @@ void FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i
     l[o] = 0;
   }
   const float *K = F->k.p + b * F->k.sb, *V = F->v.p + b * F->v.sb;
-  for (int64_t j0 = jlo; j0 < jhi; j0 += TW) {
-    int64_t nb = jhi - j0 < TW ? jhi - j0 : TW;
+  for (int64_t j0 = jlo; j0 < jhi; j0 += KT) {
+    int64_t nb = jhi - j0 < KT ? jhi - j0 : KT;
     int cls = classify(J, r, j0, j0 + nb, qa, qb, qe, m, F->fill2);
     if (cls == TILE_SKIP) continue;
     mk(d, nb, Qt, K + j0 * F->k.sr, F->k.sr, 1, S, NULL, 0);
@@ -236,8 +236,8 @@ void FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i
     mu[o] = m[o] == -INFINITY ? 0.0f : m[o];
     sum[o] = l[o] > 0 ? 1.0f / l[o] : 0.0f;
   }
-  for (int64_t j0 = jlo; j0 < jhi; j0 += TW) {
-    int64_t nb = jhi - j0 < TW ? jhi - j0 : TW;
+  for (int64_t j0 = jlo; j0 < jhi; j0 += KT) {
+    int64_t nb = jhi - j0 < KT ? jhi - j0 : KT;
     int cls = classify(J, r, j0, j0 + nb, qa, qb, qe, m, F->fill2);
     if (cls == TILE_SKIP) continue;
     mk(d, nb, Qt, K + j0 * F->k.sr, F->k.sr, 1, S, NULL, 0);
@@ -373,9 +373,24 @@ void FLASH_FN(attn_flash_backward_k_)(const attn_flash_job *F, int64_t b, int64_
   }
 }
 
+/* The FMA peak probe: 16 independent multiply-add chains (enough to cover the latency of two
+ * FMA pipes), iters rounds; returns a lane sum so the work is not optimised away. */
+static double fma_loop(int64_t iters) {
+  flash_vf acc[16], a = (flash_vf){0} + 0.999999f, c = (flash_vf){0} + 1e-7f;
+  for (int r = 0; r < 16; r++) acc[r] = (flash_vf){0} + (float)r;
+  for (int64_t it = 0; it < iters; it++)
+    for (int r = 0; r < 16; r++) acc[r] = acc[r] * a + c;
+  double s = 0;
+  for (int r = 0; r < 16; r++)
+    for (int l = 0; l < FLASH_VL; l++) s += acc[r][l];
+  return s;
+}
+
 const attn_flash_kernels FLASH_FN(attn_flash_kernels_) = {
     .name = FLASH_NAME,
     .forward = FLASH_FN(attn_flash_forward_),
     .backward_q = FLASH_FN(attn_flash_backward_q_),
     .backward_k = FLASH_FN(attn_flash_backward_k_),
+    .fma_loop = fma_loop,
+    .fma_flops = 16 * 2 * FLASH_VL,
 };
