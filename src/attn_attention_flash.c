@@ -16,31 +16,24 @@
 #include "attn_alloc.h"
 #include "attn_attention_internal.h"
 #include "attn_parallel.h"
+#include "attn_vmath.h"
 #include "cpu/flash_cpu.h"
 
 #define TW ATTN_FLASH_TILE
 
+/* The instruction-set path is attn_vmath's (one switch for all vectorised kernels: ATTN_ISA,
+ * attn_vmath_set_isa) unless the caller names one. */
 attn_status attn_attention_flash_kernels(int kernel, const char *op, const attn_flash_kernels **ks) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  int has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-  int has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (kernel == ATTN_KERNEL_FLASH_AVX512 && !has512)
-    return attn_error(ATTN_ERR_ARG, "%s: kernel flash_avx512 needs AVX-512 (F, DQ, BW, VL), which this CPU lacks", op);
-  if (kernel == ATTN_KERNEL_FLASH_AVX2 && !has2)
-    return attn_error(ATTN_ERR_ARG, "%s: kernel flash_avx2 needs AVX2 and FMA, which this CPU lacks", op);
-  if (kernel == ATTN_KERNEL_FLASH_GENERIC)
-    *ks = &attn_flash_kernels_generic;
-  else if (kernel == ATTN_KERNEL_FLASH_AVX2 || (kernel != ATTN_KERNEL_FLASH_AVX512 && !has512 && has2))
-    *ks = &attn_flash_kernels_avx2;
-  else if (has512)
-    *ks = &attn_flash_kernels_avx512;
-  else
-    *ks = &attn_flash_kernels_generic;
-#else
-  if (kernel == ATTN_KERNEL_FLASH_AVX2 || kernel == ATTN_KERNEL_FLASH_AVX512)
-    return attn_error(ATTN_ERR_ARG, "%s: x86-64 kernels were requested on another architecture", op);
+  const char *name = kernel == ATTN_KERNEL_FLASH_GENERIC  ? "generic"
+                     : kernel == ATTN_KERNEL_FLASH_AVX2   ? "avx2"
+                     : kernel == ATTN_KERNEL_FLASH_AVX512 ? "avx512"
+                                                          : attn_vmath_isa();
+  if (!attn_vmath_isa_supported(name))
+    return attn_error(ATTN_ERR_ARG, "%s: kernel flash_%s needs an instruction set this CPU or build lacks", op, name);
   *ks = &attn_flash_kernels_generic;
+#if defined(__x86_64__)
+  if (strcmp(name, "avx2") == 0) *ks = &attn_flash_kernels_avx2;
+  if (strcmp(name, "avx512") == 0) *ks = &attn_flash_kernels_avx512;
 #endif
   return ATTN_OK;
 }

@@ -174,18 +174,54 @@ int64_t attn_l_checkindices(lua_State *L, int arg, int64_t **out, const char *fn
   return n;
 }
 
-/* __index: methods first, then the tensor's own field table. */
+/* __index. A string key is a method (upvalue 1), else one of the tensor's
+ * own fields (its user value table: grad, grad_fn, ...), else a computed
+ * property (upvalue 2, e.g. requires_grad), else nil; methods come first so
+ * that t:method() costs one rawget. Any other key (an integer or a Torch-style
+ * index table) goes to the Lua indexer hooks.get (upvalue 3). */
 static int tensor_index(lua_State *L) {
+  if (lua_type(L, 2) != LUA_TSTRING) {
+    if (lua_getfield(L, lua_upvalueindex(3), "get") == LUA_TNIL) return 1;
+    lua_insert(L, 1);
+    lua_call(L, 2, 1);
+    return 1;
+  }
   lua_pushvalue(L, 2);
   if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;
   lua_pop(L, 1);
-  if (lua_getiuservalue(L, 1, 1) != LUA_TTABLE) return 1; /* nil */
+  if (lua_getiuservalue(L, 1, 1) == LUA_TTABLE) {
+    lua_pushvalue(L, 2);
+    if (lua_rawget(L, -2) != LUA_TNIL) return 1;
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
   lua_pushvalue(L, 2);
-  lua_rawget(L, -2);
+  if (lua_rawget(L, lua_upvalueindex(2)) == LUA_TNIL) return 1;
+  lua_pushvalue(L, 1);
+  lua_call(L, 1, 1);
   return 1;
 }
 
+/* __newindex. A string key with a setter (upvalue 1, e.g. requires_grad)
+ * calls it; any other string key is stored in the user value table. Other
+ * keys are element/slice assignment, done by the Lua hook hooks.set
+ * (upvalue 2). */
 static int tensor_newindex(lua_State *L) {
+  if (lua_type(L, 2) != LUA_TSTRING) {
+    if (lua_getfield(L, lua_upvalueindex(2), "set") == LUA_TNIL)
+      return attn_l_error(L, "tensor: cannot assign to a %s key", luaL_typename(L, 2));
+    lua_insert(L, 1);
+    lua_call(L, 3, 0);
+    return 0;
+  }
+  lua_pushvalue(L, 2);
+  if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) {
+    lua_pushvalue(L, 1);
+    lua_pushvalue(L, 3);
+    lua_call(L, 2, 0);
+    return 0;
+  }
+  lua_pop(L, 1);
   if (lua_getiuservalue(L, 1, 1) != LUA_TTABLE) {
     lua_pop(L, 1);
     lua_newtable(L);
@@ -292,9 +328,25 @@ static int l_rusage(lua_State *L) {
   return 2;
 }
 
+/* isa(): the active row-math path; isa(name): selects one ("auto" = the best)
+ * and returns the previous; isa_supported(name): whether this CPU can run it. */
+static int l_isa(lua_State *L) {
+  const char *previous = attn_vmath_isa();
+  if (!lua_isnoneornil(L, 1)) ATTN_L_TRY(L, attn_vmath_set_isa(luaL_checkstring(L, 1)));
+  lua_pushstring(L, previous);
+  return 1;
+}
+
+static int l_isa_supported(lua_State *L) {
+  lua_pushboolean(L, attn_vmath_isa_supported(luaL_checkstring(L, 1)));
+  return 1;
+}
+
 static const luaL_Reg core_functions[] = {
     {"clock", l_clock},
     {"cpu_clock", l_cpu_clock},
+    {"isa", l_isa},
+    {"isa_supported", l_isa_supported},
     {"rusage", l_rusage},
     {"memory", l_memory},
     {"empty_cache", l_empty_cache},
@@ -320,12 +372,21 @@ int luaopen_attn_core(lua_State *L) {
   lua_newtable(L); /* module */
   int created = luaL_newmetatable(L, ATTN_TENSOR_MT);
   if (created) {
-    lua_newtable(L); /* methods, filled in by the Lua facade */
-    lua_setfield(L, -2, "__methods");
+    /* Filled in by the Lua side (attn.tensor): methods, property getters
+     * and setters, and the indexing hooks {get =, set =}. */
+    static const char *const tables[] = {"__methods", "__getters", "__setters", "__hooks"};
+    for (int i = 0; i < 4; i++) {
+      lua_newtable(L);
+      lua_setfield(L, -2, tables[i]);
+    }
     lua_getfield(L, -1, "__methods");
-    lua_pushcclosure(L, tensor_index, 1);
+    lua_getfield(L, -2, "__getters");
+    lua_getfield(L, -3, "__hooks");
+    lua_pushcclosure(L, tensor_index, 3);
     lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, tensor_newindex);
+    lua_getfield(L, -1, "__setters");
+    lua_getfield(L, -2, "__hooks");
+    lua_pushcclosure(L, tensor_newindex, 2);
     lua_setfield(L, -2, "__newindex");
     lua_pushcfunction(L, tensor_release);
     lua_setfield(L, -2, "__gc");
@@ -346,7 +407,14 @@ int luaopen_attn_core(lua_State *L) {
   attn_l_open_linalg(L);
   attn_l_open_attention(L);
   attn_l_open_io(L);
+  attn_l_open_rnn(L);
   lua_pushfstring(L, "%d.%d.%d", ATTN_VERSION_MAJOR, ATTN_VERSION_MINOR, ATTN_VERSION_PATCH);
   lua_setfield(L, -2, "_VERSION");
+#ifdef ATTN_SANITIZED_BUILD
+  lua_pushboolean(L, 1); /* lets `make test-asan` prove it loaded this build */
+#else
+  lua_pushboolean(L, 0);
+#endif
+  lua_setfield(L, -2, "sanitized");
   return 1;
 }

@@ -35,18 +35,31 @@ end
 
 function Tensor.zero_(t) return Tensor.fill_(t, 0) end
 
---- requires_grad(): the flag; requires_grad(flag): sets it on a leaf and returns the tensor.
-function Tensor.requires_grad(t, flag)
-  if flag == nil then return t._rg == true end
+--- Sets whether autograd records operations on t (a leaf) and returns t.
+-- Read the flag as the field `t.requires_grad` (a boolean); assigning
+-- `t.requires_grad = flag` calls this too.
+-- @tparam Tensor t a float32 or float64 tensor
+-- @tparam[opt=true] boolean flag
+-- @treturn Tensor t
+-- @raise when turning it off on a non-leaf, or on for a non-floating dtype
+-- @usage local w = attn.randn(3, 2):requires_grad_()
+function Tensor.requires_grad_(t, flag)
+  if flag == nil then flag = true end
   if not flag and t.grad_fn then
-    error("requires_grad: cannot turn off grad on a non-leaf tensor (use :detach())", 2)
+    error("requires_grad_: cannot turn off grad on a non-leaf tensor (use :detach())", 2)
   end
   if flag and core.dtype(t) ~= "float32" and core.dtype(t) ~= "float64" then
-    error("requires_grad: only floating tensors can require grad", 2)
+    error("requires_grad_: only floating tensors can require grad, got " .. core.dtype(t), 2)
   end
   t._rg = flag and true or nil
   return t
 end
+
+-- Computed fields: t.requires_grad reads the flag as a boolean (false when
+-- unset), and assigning it goes through the checks of requires_grad_.
+local getters, setters = core.metatable.__getters, core.metatable.__setters
+function getters.requires_grad(t) return t._rg == true end
+function setters.requires_grad(t, flag) Tensor.requires_grad_(t, flag) end
 
 function Tensor.is_leaf(t) return t.grad_fn == nil end
 

@@ -62,9 +62,9 @@ describe("additive_scores", function()
       local Qh = attn.randn({ 2, 6, 3 }, dtype):transpose(2, 3):contiguous():transpose(2, 3) -- column-major
       local Kh = attn.randn({ 2, 9, 5 }, dtype):narrow(3, 2, 3)
       local w = attn.randn({ 6 }, dtype):narrow(1, 2, 3)
-      Qh:requires_grad(true)
-      Kh:requires_grad(true)
-      w:requires_grad(true)
+      Qh:requires_grad_()
+      Kh:requires_grad_()
+      w:requires_grad_()
       local S = attn.additive_scores(Qh, Kh, w)
       local t = dtype == "float64" and { atol = 1e-12 } or { atol = 1e-5 }
       helper.assert_close(S, naive_scores(Qh:totable(), Kh:totable(), w:totable()), t)
@@ -133,8 +133,8 @@ describe("additive_attention", function()
     end
     -- through the projections of the toy
     local queries, keys, values, W_q, W_k = toy("float64")
-    W_q:requires_grad(true)
-    W_k:requires_grad(true)
+    W_q:requires_grad_()
+    W_k:requires_grad_()
     local keys2 = keys + attn.randn({ 2, 10, 2 }, "float64")
     helper.gradcheck(function(wq, wk, wv)
       return (attn.additive_attention(queries:matmul(wq), keys2:matmul(wk), values, wv, { valid_lens = { 2, 6 } }))

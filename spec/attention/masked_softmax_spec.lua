@@ -95,7 +95,7 @@ describe("masked_softmax", function()
   it("back-propagates into non-contiguous inputs like the naive reference", function()
     attn.manual_seed(4)
     for _, dtype in ipairs { "float64", "float32" } do
-      local X = attn.randn({ 2, 7, 5 }, dtype):transpose(2, 3):requires_grad(true) -- (2, 5, 7)
+      local X = attn.randn({ 2, 7, 5 }, dtype):transpose(2, 3):requires_grad_() -- (2, 5, 7)
       local G = attn.randn({ 2, 5, 7 }, dtype)
       local vl = { { 1, 7, 0, 3, 2 }, { 7, 6, 5, 4, 3 } }
       local Y = attn.masked_softmax(X, vl)
@@ -149,7 +149,7 @@ describe("masked_softmax", function()
     local X = attn.randn({ 2, 2, 4 }, "float64")
     X:set(0 / 0, 1, 2, 4)
     X:set(1 / 0, 2, 1, 3)
-    X:requires_grad(true)
+    X:requires_grad_()
     local Y = attn.masked_softmax(X, { 3, 2 })
     for _, v in ipairs(Y:reshape(16):totable()) do assert.is_true(v == v) end
     Y:sum():backward()

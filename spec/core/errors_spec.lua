@@ -29,7 +29,7 @@ describe("errors", function()
     raises("add: expected tensors or numbers, got string and attn.Tensor",
       function() return attn.core.add("x", attn.ones({ 1 })) end)
     raises("add: expected tensors or numbers, got table and number", function() return attn.core.add({}, 1) end)
-    raises("zeros: shape must be a table of sizes like {2, 3}, got a number", function() return attn.zeros(3) end)
+    raises("zeros: expected sizes like (2, 3) or {2, 3}, got a function", function() return attn.zeros(print) end)
     raises("unknown dtype 'int8'", function() return attn.zeros({ 2 }, "int8") end)
   end)
 
