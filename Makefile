@@ -79,9 +79,12 @@ build/obj/%.o: src/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	@echo "cc $<"; $(CC) $(ALL_CFLAGS) -c $< -o $@
 
-build/obj/cpu/vmath_%.o: src/cpu/vmath_%.c $(HEADERS)
+# src/cpu/<name>_<isa>.c: compiled with CPU_FLAGS_<isa> (the last word of the file name).
+cpu_isa_flags = $(CPU_FLAGS_$(lastword $(subst _, ,$1)))
+
+build/obj/cpu/%.o: src/cpu/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
-	@echo "cc $< $(CPU_FLAGS_$*)"; $(CC) $(ALL_CFLAGS) $(CPU_OPT) $(CPU_FLAGS_$*) -c $< -o $@
+	@echo "cc $< $(call cpu_isa_flags,$*)"; $(CC) $(ALL_CFLAGS) $(CPU_OPT) $(call cpu_isa_flags,$*) -c $< -o $@
 
 $(MODULE): $(OBJ)
 	$(CC) $(LIBFLAG) -o $@ $(OBJ) $(LDLIBS)
@@ -94,10 +97,10 @@ build/asan/%.o: src/%.c $(HEADERS)
 	@echo "cc (asan) $<"; $(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
 	  -DATTN_SANITIZED_BUILD -fPIC $(LUA_INCDIR) $(BLAS_FLAGS) -c $< -o $@
 
-build/asan/cpu/vmath_%.o: src/cpu/vmath_%.c $(HEADERS)
+build/asan/cpu/%.o: src/cpu/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	@echo "cc (asan) $<"; $(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
-	  $(CPU_FLAGS_$*) -fPIC $(LUA_INCDIR) $(BLAS_FLAGS) -c $< -o $@
+	  $(call cpu_isa_flags,$*) -fPIC $(LUA_INCDIR) $(BLAS_FLAGS) -c $< -o $@
 
 $(ASAN_MODULE): $(ASAN_OBJ)
 	@mkdir -p $(dir $@)
