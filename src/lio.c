@@ -394,4 +394,4 @@ static const luaL_Reg io_functions[] = {
     {NULL, NULL},
 };
 
-void attn_l_open_io(lua_State *L) { luaL_setfuncs(L, io_functions, 0); }
+void attn_l_open_io(lua_State *L) { attn_l_setfuncs(L, io_functions); }

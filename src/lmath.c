@@ -324,4 +324,4 @@ static const luaL_Reg math_functions[] = {
     {NULL, NULL},
 };
 
-void attn_l_open_math(lua_State *L) { luaL_setfuncs(L, math_functions, 0); }
+void attn_l_open_math(lua_State *L) { attn_l_setfuncs(L, math_functions); }

@@ -506,6 +506,8 @@ static int l_copy_(lua_State *L) {
  * place, so whoever holds it (an optimizer) sees the change. */
 static int l_set_(lua_State *L) {
   attn_tensor *t = attn_l_check(L, 1), *src = attn_l_check(L, 2);
+  /* a finalizer may run inside another call that is using t (see tensor_free) */
+  if (attn_l_in_finalizer(L)) return attn_l_error(L, "set_: cannot replace a tensor's storage inside a finalizer");
   attn_tensor old = *t;
   attn_tensor_view(t, src);
   attn_tensor_free(&old);
@@ -587,4 +589,4 @@ static const luaL_Reg tensor_functions[] = {
     {"cat", l_cat},             {NULL, NULL},
 };
 
-void attn_l_open_tensor(lua_State *L) { luaL_setfuncs(L, tensor_functions, 0); }
+void attn_l_open_tensor(lua_State *L) { attn_l_setfuncs(L, tensor_functions); }
