@@ -180,15 +180,15 @@ int64_t attn_l_checkindices(lua_State *L, int arg, int64_t **out, const char *fn
  * that t:method() costs one rawget. Any other key (an integer or a Torch-style
  * index table) goes to the Lua indexer hooks.get (upvalue 3). */
 static int tensor_index(lua_State *L) {
+  lua_pushvalue(L, 2);
+  if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1; /* no other key is in the methods table */
+  lua_pop(L, 1);
   if (lua_type(L, 2) != LUA_TSTRING) {
     if (lua_getfield(L, lua_upvalueindex(3), "get") == LUA_TNIL) return 1;
     lua_insert(L, 1);
     lua_call(L, 2, 1);
     return 1;
   }
-  lua_pushvalue(L, 2);
-  if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;
-  lua_pop(L, 1);
   if (lua_getiuservalue(L, 1, 1) == LUA_TTABLE) {
     lua_pushvalue(L, 2);
     if (lua_rawget(L, -2) != LUA_TNIL) return 1;
