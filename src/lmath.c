@@ -36,7 +36,8 @@ static int binary_inplace(lua_State *L, attn_binary_op op) {
   if (b) {
     ATTN_L_TRY(L, attn_binary(op, a, b, a));
   } else {
-    ATTN_L_TRY(L, attn_binary_scalar(op, a, luaL_checknumber(L, 2), 0, a));
+    if (lua_type(L, 2) != LUA_TNUMBER) return attn_l_argerror(L, 2, "other", "a tensor or a number");
+    ATTN_L_TRY(L, attn_binary_scalar(op, a, lua_tonumber(L, 2), 0, a));
   }
   attn_l_bump_version(a);
   lua_settop(L, 1);
@@ -97,7 +98,8 @@ static int l_where(lua_State *L) {
   /* numbers become 0-d tensors of the common dtype */
   for (int i = 2; i <= 3; i++)
     if (!attn_l_test(L, i)) {
-      double v = luaL_checknumber(L, i);
+      if (lua_type(L, i) != LUA_TNUMBER) attn_l_argerror(L, i, NULL, "a tensor or a number");
+      double v = lua_tonumber(L, i);
       attn_tensor *s = attn_l_push_alloc(L, dt, 0, NULL);
       attn_fill(s, v);
       lua_replace(L, i);
@@ -116,7 +118,7 @@ static int l_where(lua_State *L) {
 /* masked_fill(x, mask, value): where mask != 0, value */
 static int l_masked_fill(lua_State *L) {
   attn_tensor *x = attn_l_check(L, 1), *m = attn_l_check(L, 2);
-  double v = luaL_checknumber(L, 3);
+  double v = attn_l_checknumber(L, 3, "value");
   attn_tensor *out = attn_l_push_like(L, x);
   ATTN_L_TRY(L, attn_masked_fill(x, m, v, out));
   return 1;
@@ -250,7 +252,10 @@ static int l_index_add_(lua_State *L) {
 /* The core takes 0-based index values: shift a 1-based index tensor once here. */
 static attn_tensor *zero_based(lua_State *L, int arg) {
   attn_tensor *idx = attn_l_test(L, arg);
-  if (!idx) luaL_typeerror(L, arg, "attn.Tensor of 1-based indices");
+  if (!idx) {
+    attn_l_argerror(L, arg, "index", "a tensor of 1-based indices");
+    return NULL; /* not reached: the error is raised */
+  }
   /* float64, whatever the data's dtype: float32 cannot hold indices past 2^24 */
   attn_tensor *z = attn_l_push_alloc(L, ATTN_F64, idx->ndim, idx->shape);
   if (attn_copy(z, idx) != ATTN_OK || attn_binary_scalar(ATTN_SUB, z, 1.0, 0, z) != ATTN_OK) attn_l_raise(L);
@@ -298,4 +303,4 @@ static const luaL_Reg math_functions[] = {
     {NULL, NULL},
 };
 
-void attn_l_open_math(lua_State *L) { luaL_setfuncs(L, math_functions, 0); }
+void attn_l_open_math(lua_State *L) { attn_l_setfuncs(L, math_functions); }

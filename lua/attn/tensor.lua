@@ -500,6 +500,10 @@ end
 
 --- NumPy matmul: 1-D operands are promoted (and the added dim removed after).
 function Tensor.matmul(a, b)
+  if not is_tensor(a) or not is_tensor(b) then
+    local bad = is_tensor(a) and b or a
+    error(string.format("matmul: argument %d must be a tensor, got a %s", is_tensor(a) and 2 or 1, type(bad)), 2)
+  end
   local a_vec, b_vec = core.dim(a) == 1, core.dim(b) == 1
   if a_vec or b_vec then
     local inner_b = core.size(b, b_vec and 1 or -2)
