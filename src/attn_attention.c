@@ -42,9 +42,10 @@ attn_status attn_attention_lengths(const char *op, const char *arg, const char *
       if (!(v == floor(v)) || !isfinite(v))
         return attn_error(ATTN_ERR_ARG, "%s: %s holds %g at entry %lld (1-based), not an integer (%s %s, %s)", op, arg,
                           v, pos, arg, attn_tensor_shape_str(lens), ctx);
-      if (v < 0 || v > (double)max_len)
-        return attn_error(ATTN_ERR_ARG, "%s: %s holds %g at entry %lld (1-based), out of range 0..%lld (%s %s, %s)", op,
-                          arg, v, pos, (long long)max_len, arg, attn_tensor_shape_str(lens), ctx);
+      if (v < 0)
+        return attn_error(ATTN_ERR_ARG, "%s: %s holds %g at entry %lld (1-based), a negative length (%s %s, %s)", op,
+                          arg, v, pos, arg, attn_tensor_shape_str(lens), ctx);
+      if (v > (double)max_len) v = (double)max_len; /* longer than the keys: every key is valid */
       if (one)
         for (int64_t q = 0; q < Nq; q++) out[b * Nq + q] = (int64_t)v;
       else

@@ -12,8 +12,9 @@
  *    before the softmax, exactly as the book's masked_softmax: they are not
  *    read, but they still take part in the softmax, so a row with len = 0 comes
  *    out uniform over all Nk keys (padding included). With ordinary scores the
- *    filled entries underflow to an exact 0 weight. Lengths must be integers
- *    in 0..Nk.
+ *    filled entries underflow to an exact 0 weight. Lengths must be
+ *    non-negative integers; a length above Nk means every key is valid (as in
+ *    PyTorch).
  *
  * 2. Keep-masks: `mask` (1 attend, 0 ignore; any float tensor broadcastable to
  *    (B, Nq, Nk), values must be 0 or 1), `causal` (query i sees keys j <= i)
@@ -60,7 +61,7 @@
 #define ATTN_MASKED_SOFTMAX_FILL (-1e6)
 
 typedef struct attn_attention_opts {
-  const attn_tensor *valid_lens; /* NULL, (B) or (B, Nq): integers in 0..Nk (d2l semantics) */
+  const attn_tensor *valid_lens; /* NULL, (B) or (B, Nq): integers >= 0, above Nk = all (d2l semantics) */
   const attn_tensor *mask;       /* NULL or keep-mask broadcastable to (B, Nq, Nk), values 0/1 */
   int causal;                    /* nonzero: query i sees keys j <= i */
   int64_t window;                /* >= 0: query i sees keys |i - j| <= window; < 0: off */
@@ -75,8 +76,11 @@ void attn_attention_opts_init(attn_attention_opts *opts);
 
 /* Reads lengths for (B, Nq) rows from lens, a 1-D (B) or (when allow_2d) 2-D
  * (B, Nq) float tensor, into out[b * Nq + i] (B * Nq entries), checking that
- * every value is an integer in 0..max_len. op and arg name the operation and
- * argument in errors; ctx describes the shapes it must fit (e.g. "keys [2x10x4]"). */
+ * every value is a non-negative integer. A length above max_len means "all
+ * max_len positions valid" and is stored as max_len (PyTorch's masking does
+ * the same; the book's predict_seq2seq passes the source length before
+ * truncation). op and arg name the operation and argument in errors; ctx
+ * describes the shapes it must fit (e.g. "keys [2x10x4]"). */
 attn_status attn_attention_lengths(const char *op, const char *arg, const char *ctx, const attn_tensor *lens, int64_t B,
                                    int64_t Nq, int64_t max_len, int allow_2d, int64_t *out);
 
@@ -127,7 +131,7 @@ attn_status attn_attention_masked_softmax_forward(const attn_tensor *x, const at
 attn_status attn_attention_masked_softmax_backward(const attn_tensor *y, const attn_tensor *dy,
                                                    const attn_tensor *valid_lens, attn_tensor *dx);
 
-/* x (B, T, ...) with valid_len (B) (integers in 0..T) -> out (x's shape): a
+/* x (B, T, ...) with valid_len (B) (integers >= 0; above T keeps all) -> out (x's shape): a
  * copy of x where every entry of sample b at time steps t >= valid_len[b] is
  * value (the masked entries of x are not read). The gradient is the same op
  * applied to the output's gradient with value 0. */
