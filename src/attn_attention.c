@@ -45,12 +45,15 @@ attn_status attn_attention_lengths(const char *op, const char *arg, const char *
         if (!(v == floor(v)) || !isfinite(v))
           return attn_error(ATTN_ERR_ARG, "%s: %s holds %g at entry %lld (1-based), not an integer (%s %s, %s)", op,
                             arg, v, pos, arg, attn_tensor_shape_str(lens), ctx);
-        len = v > (double)max_len ? max_len + 1 : (v < 0 ? -1 : (int64_t)v);
+        len = v > (double)max_len ? max_len : (v < 0 ? -1 : (int64_t)v);
       }
-      if (len < 0 || len > max_len)
-        return attn_error(ATTN_ERR_ARG, "%s: %s holds %lld at entry %lld (1-based), out of range 0..%lld (%s %s, %s)",
-                          op, arg, (long long)attn_tensor_get_i64(lens, idx), pos, (long long)max_len, arg,
-                          attn_tensor_shape_str(lens), ctx);
+      if (len < 0)
+        return attn_error(ATTN_ERR_ARG, "%s: %s holds %lld at entry %lld (1-based); lengths must be >= 0 (%s %s, %s)",
+                          op, arg, (long long)attn_tensor_get_i64(lens, idx), pos, arg, attn_tensor_shape_str(lens),
+                          ctx);
+      /* past the end means every position is valid: the book's predict_seq2seq
+       * passes the source length before truncation, and PyTorch's mask agrees */
+      if (len > max_len) len = max_len;
       if (one)
         for (int64_t q = 0; q < Nq; q++) out[b * Nq + q] = len;
       else

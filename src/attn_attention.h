@@ -7,13 +7,14 @@
  * Two masking conventions, never mixed up:
  *
  * 1. valid_lens (d2l's convention). An int64 tensor, or a float tensor of
- *    integer values, either 1-D (B): one length per sample, for every query row, or 2-D (B, Nq): one
- *    length per query row. Keys j >= len get the score -1e6 (after scaling)
+ *    integer values, either 1-D (B): one length per sample, for every query
+ *    row, or 2-D (B, Nq): one length per query row. Keys j >= len get the score -1e6 (after scaling)
  *    before the softmax, exactly as the book's masked_softmax: they are not
  *    read, but they still take part in the softmax, so a row with len = 0 comes
  *    out uniform over all Nk keys (padding included). With ordinary scores the
  *    filled entries underflow to an exact 0 weight. Lengths must be integers
- *    in 0..Nk.
+ *    >= 0; a length past Nk means all Nk keys (the book's predict_seq2seq
+ *    passes untruncated source lengths, and PyTorch's masking agrees).
  *
  * 2. Keep-masks: `mask` (1 attend, 0 ignore; any float tensor broadcastable to
  *    (B, Nq, Nk), values must be 0 or 1; int64 masks are converted by the
@@ -61,7 +62,7 @@
 #define ATTN_MASKED_SOFTMAX_FILL (-1e6)
 
 typedef struct attn_attention_opts {
-  const attn_tensor *valid_lens; /* NULL, (B) or (B, Nq): integers in 0..Nk (d2l semantics) */
+  const attn_tensor *valid_lens; /* NULL, (B) or (B, Nq): integers >= 0, > Nk meaning Nk (d2l semantics) */
   const attn_tensor *mask;       /* NULL or keep-mask broadcastable to (B, Nq, Nk), values 0/1 */
   int causal;                    /* nonzero: query i sees keys j <= i */
   int64_t window;                /* >= 0: query i sees keys |i - j| <= window; < 0: off */
@@ -75,8 +76,9 @@ typedef struct attn_attention_opts {
 void attn_attention_opts_init(attn_attention_opts *opts);
 
 /* Reads lengths for (B, Nq) rows from lens, a 1-D (B) or (when allow_2d) 2-D
- * (B, Nq) int64 or float tensor, into out[b * Nq + i] (B * Nq entries), checking that
- * every value is an integer in 0..max_len. op and arg name the operation and
+ * (B, Nq) int64 or float tensor, into out[b * Nq + i] (B * Nq entries),
+ * checking that every value is an integer >= 0; values past max_len are read
+ * as max_len (all positions valid). op and arg name the operation and
  * argument in errors; ctx describes the shapes it must fit (e.g. "keys [2x10x4]"). */
 attn_status attn_attention_lengths(const char *op, const char *arg, const char *ctx, const attn_tensor *lens, int64_t B,
                                    int64_t Nq, int64_t max_len, int allow_2d, int64_t *out);
@@ -128,7 +130,7 @@ attn_status attn_attention_masked_softmax_forward(const attn_tensor *x, const at
 attn_status attn_attention_masked_softmax_backward(const attn_tensor *y, const attn_tensor *dy,
                                                    const attn_tensor *valid_lens, attn_tensor *dx);
 
-/* x (B, T, ...) with valid_len (B) (integers in 0..T) -> out (x's shape): a
+/* x (B, T, ...) with valid_len (B) (integers >= 0; past T means T) -> out (x's shape): a
  * copy of x where every entry of sample b at time steps t >= valid_len[b] is
  * value (the masked entries of x are not read). The gradient is the same op
  * applied to the output's gradient with value 0. */
