@@ -292,6 +292,19 @@ static int l_scatter_add_(lua_State *L) {
   return 1;
 }
 
+/* sort(x, dim, descending): values and 1-based int64 indices, stable. */
+static int l_sort(lua_State *L) {
+  attn_tensor *x = attn_l_check(L, 1);
+  if (x->ndim == 0) return attn_l_error(L, "sort: needs at least 1 dim, got a 0-d tensor");
+  int dim = attn_l_checkdim(L, 2, x->ndim, 0, "sort");
+  int descending = lua_toboolean(L, 3);
+  attn_tensor *values = attn_l_push_like(L, x);
+  attn_tensor *indices = attn_l_push_alloc(L, ATTN_I64, x->ndim, x->shape);
+  ATTN_L_TRY(L, attn_sort(x, dim, descending, values, indices));
+  ATTN_L_TRY(L, attn_binary_scalar(ATTN_ADD, indices, 1.0, 0, indices));
+  return 2;
+}
+
 /* check_ids(ids, limit, op, what [, ctx]): raises unless every value of the
  * tensor ids (any dtype) is an integer in 1..limit; errors name op and what. */
 static int l_check_ids(lua_State *L) {
@@ -304,7 +317,7 @@ static int l_check_ids(lua_State *L) {
 }
 
 static const luaL_Reg math_functions[] = {
-    {"check_ids", l_check_ids},
+    {"check_ids", l_check_ids}, {"sort", l_sort},
     {"add", l_add},         {"sub", l_sub},         {"mul", l_mul},
     {"div", l_div},         {"pow", l_pow},         {"maximum", l_maximum},
     {"minimum", l_minimum}, {"eq", l_eq},           {"ne", l_ne},
