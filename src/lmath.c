@@ -3,17 +3,9 @@
 
 #include "lbind.h"
 
-/* Replaces the Lua number at idx with a 0-d tensor of dtype: exact for a Lua
- * integer into int64 (a double would round past 2^53), else as attn_fill. */
+/* Replaces the Lua number at idx with a 0-d tensor of dtype (see attn_l_push_number). */
 static attn_tensor *number_to_tensor(lua_State *L, int idx, attn_dtype dtype, const char *fn) {
-  int isint;
-  lua_Integer k = lua_tointegerx(L, idx, &isint);
-  double v = luaL_checknumber(L, idx);
-  attn_tensor *s = attn_l_push_alloc(L, dtype, 0, NULL);
-  if (dtype == ATTN_I64 && isint && lua_isinteger(L, idx))
-    attn_tensor_set_i64(s, NULL, (int64_t)k);
-  else if (attn_scalar_to(fn, dtype, v, attn_tensor_data(s)) != ATTN_OK)
-    attn_l_raise(L);
+  attn_tensor *s = attn_l_push_number(L, idx, dtype, fn);
   lua_replace(L, idx);
   return s;
 }

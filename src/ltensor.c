@@ -112,9 +112,10 @@ static int l_full(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   int nd = attn_l_checkshape(L, 1, shape, "full");
   attn_l_check_sizes(L, nd, shape, "full");
-  double v = luaL_checknumber(L, 2);
   attn_tensor *t = attn_l_push_alloc(L, attn_l_optdtype(L, 3, ATTN_F32), nd, shape);
-  ATTN_L_TRY(L, attn_fill(t, v));
+  attn_tensor *v = attn_l_push_number(L, 2, t->dtype, "full");
+  ATTN_L_TRY(L, attn_copy(t, v));
+  lua_pop(L, 1);
   return 1;
 }
 
@@ -536,7 +537,8 @@ static int l_set_(lua_State *L) {
 
 static int l_fill_(lua_State *L) {
   attn_tensor *t = attn_l_check(L, 1);
-  ATTN_L_TRY(L, attn_fill(t, luaL_checknumber(L, 2)));
+  attn_tensor *v = attn_l_push_number(L, 2, t->dtype, "fill_");
+  ATTN_L_TRY(L, attn_copy(t, v));
   attn_l_bump_version(t);
   lua_settop(L, 1);
   return 1;
