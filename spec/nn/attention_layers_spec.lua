@@ -391,7 +391,7 @@ describe("nn.PositionalEncoding", function()
     pe:eval()
     helper.gradcheck(function(x) return pe(x) end, { helper.param({ 2, 3, 8 }) })
     assert.error_matches(function() pe(attn.ones({ 1, 11, 8 })) end,
-      "input %[1x11x8%] must be %(..., T, 8%) with T <= max_len 10")
+      "input %[1x11x8%] must be %(..., T, 8%) with offset %+ T <= max_len 10")
   end)
 end)
 

@@ -23,6 +23,7 @@ local function check_positive_int(v, who, what)
     error(string.format("%s: %s must be a positive integer, got %s", who, what, tostring(v)), 3)
   end
 end
+M.check_positive_int = check_positive_int
 
 local function check_options(opts, who, allowed)
   if opts == nil then return {} end
