@@ -205,6 +205,16 @@ attn_tensor *attn_l_push_view(lua_State *L, const attn_tensor *view) {
   return t;
 }
 
+attn_tensor *attn_l_push_number(lua_State *L, int idx, attn_dtype dtype, const char *fn) {
+  double v = luaL_checknumber(L, idx);
+  attn_tensor *s = attn_l_push_alloc(L, dtype, 0, NULL);
+  if (dtype == ATTN_I64 && lua_isinteger(L, idx))
+    attn_tensor_set_i64(s, NULL, (int64_t)lua_tointeger(L, idx));
+  else if (attn_scalar_to(fn, dtype, v, attn_tensor_data(s)) != ATTN_OK)
+    attn_l_raise(L);
+  return s;
+}
+
 int attn_l_error(lua_State *L, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
