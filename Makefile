@@ -153,7 +153,7 @@ check-c-run: $(CPU_SRC:src/%.c=build/asan/%.o) $(CPU_SRC:src/%.c=build/obj/%.o)
 
 demo: deps
 	@$(MAKE) --no-print-directory all
-	@$(LUA_ENV) $(LUA) examples/demo.lua
+	@$(LUA_ENV) $(LUA) examples/bahdanau.lua $(DEMO_ARGS)
 
 # Every example with small sizes (a smoke run, as CI does).
 examples: deps

@@ -55,7 +55,8 @@ static int binary_inplace(lua_State *L, attn_binary_op op) {
   if (b) {
     ATTN_L_TRY(L, attn_binary(op, a, b, a));
   } else {
-    ATTN_L_TRY(L, attn_binary_scalar(op, a, luaL_checknumber(L, 2), 0, a));
+    if (lua_type(L, 2) != LUA_TNUMBER) return attn_l_argerror(L, 2, "other", "a tensor or a number");
+    ATTN_L_TRY(L, attn_binary_scalar(op, a, lua_tonumber(L, 2), 0, a));
   }
   attn_l_bump_version(a);
   lua_settop(L, 1);
@@ -115,7 +116,10 @@ static int l_where(lua_State *L) {
   attn_dtype dt = a ? a->dtype : (b ? b->dtype : c->dtype);
   /* numbers become 0-d tensors of the common dtype */
   for (int i = 2; i <= 3; i++)
-    if (!attn_l_test(L, i)) number_to_tensor(L, i, dt, "where");
+    if (!attn_l_test(L, i)) {
+      if (lua_type(L, i) != LUA_TNUMBER) attn_l_argerror(L, i, NULL, "a tensor or a number");
+      number_to_tensor(L, i, dt, "where");
+    }
   a = attn_l_check(L, 2);
   b = attn_l_check(L, 3);
   int nd, nd2;
@@ -130,7 +134,7 @@ static int l_where(lua_State *L) {
 /* masked_fill(x, mask, value): where mask != 0, value */
 static int l_masked_fill(lua_State *L) {
   attn_tensor *x = attn_l_check(L, 1), *m = attn_l_check(L, 2);
-  double v = luaL_checknumber(L, 3);
+  double v = attn_l_checknumber(L, 3, "value");
   attn_tensor *out = attn_l_push_like(L, x);
   ATTN_L_TRY(L, attn_masked_fill(x, m, v, out));
   return 1;
@@ -265,7 +269,10 @@ static int l_index_add_(lua_State *L) {
  * dtype is validated (integers >= 1) and shifted once here. */
 static attn_tensor *zero_based(lua_State *L, int arg, const char *fn) {
   attn_tensor *idx = attn_l_test(L, arg);
-  if (!idx) luaL_typeerror(L, arg, "attn.Tensor of 1-based indices");
+  if (!idx) {
+    attn_l_argerror(L, arg, "index", "a tensor of 1-based indices");
+    return NULL; /* not reached: the error is raised */
+  }
   attn_tensor *z = attn_l_push_alloc(L, ATTN_I64, idx->ndim, idx->shape);
   if (attn_index_convert(fn, "index", NULL, idx, 1, -1, z) != ATTN_OK) attn_l_raise(L);
   return z;
