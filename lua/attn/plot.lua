@@ -635,14 +635,63 @@ local function series_list(fn, ys)
 end
 
 local line_options = set { "path", "format", "xlabel", "ylabel", "title", "legend", "figsize", "dpi", "width",
-  "height" }
+  "height", "xscale", "yscale" }
+
+-- true for a log axis, false for a linear one.
+local function axis_scale(fn, opts, name)
+  local v = opts[name]
+  if v == nil or v == "linear" then return false end
+  if v == "log" then return true end
+  error(string.format("%s: %s must be 'linear' or 'log', got %s", fn, name, tostring(v)), 3)
+end
+
+-- log10 of each value; values <= 0 become NaN, i.e. gaps, as matplotlib masks them.
+local function log10_all(vals)
+  local out = {}
+  for i, v in ipairs(vals) do out[i] = v > 0 and math.log(v, 10) or 0 / 0 end
+  return out
+end
+
+-- Tick positions (in axis units: log10 of the value on a log axis) and labels.
+local function axis_ticks(lo, hi, n, log)
+  local pos, labels = {}, {}
+  if not log then
+    local dec
+    pos, dec = nice_ticks(lo, hi, n)
+    for i, v in ipairs(pos) do labels[i] = tick_label(v, dec) end
+    return pos, labels
+  end
+  -- powers of ten, with 2x and 5x between them when the axis spans less than two decades
+  local k0, k1 = math.floor(lo), math.ceil(hi)
+  local mults = (k1 - k0 >= 3) and { 1 } or { 1, 2, 5 }
+  local every = math.max(1, math.ceil((k1 - k0) / n))
+  for k = k0, k1 do
+    if k % every == 0 then
+      for _, m in ipairs(mults) do
+        local p = k + math.log(m, 10)
+        if p >= lo - 1e-9 and p <= hi + 1e-9 then
+          pos[#pos + 1], labels[#labels + 1] = p, string.format("%g", m * 10 ^ k)
+        end
+      end
+    end
+  end
+  if #pos < 3 then -- within a decade: round values, placed on the log axis
+    local vals, dec = nice_ticks(10 ^ lo, 10 ^ hi, n)
+    pos, labels = {}, {}
+    for _, v in ipairs(vals) do
+      if v > 0 then pos[#pos + 1], labels[#labels + 1] = math.log(v, 10), tick_label(v, dec) end
+    end
+  end
+  return pos, labels
+end
 
 --- Draws several series against x with ticks, axis labels, a title and a legend.
 -- @tparam Tensor|table|nil x the n positions (nil: 1..n)
 -- @tparam Tensor|table ys a list of series (tables or 1-D tensors of n numbers), one series, or a
 --   2-D tensor whose rows are series; NaN and infinite values leave gaps
 -- @tparam[opt] table opts `path`/`format` as for heatmaps; `xlabel`, `ylabel`, `title`; `legend`
---   (one name per series); `width`/`height` (default 480 x 300) or `figsize` with `dpi`
+--   (one name per series); `xscale`/`yscale` ("linear" or "log"; a log axis leaves gaps at
+--   values <= 0); `width`/`height` (default 480 x 300) or `figsize` with `dpi`
 -- @treturn string the path; without a path, the SVG text (or PNG/PDF bytes)
 -- @treturn[2] nil when the file cannot be written, and a message
 -- @raise on mismatched lengths, non-numbers or a bad option
@@ -675,6 +724,11 @@ function plot.lines(x, ys, opts)
   local W, H = figure_size(fn, opts)
   W, H = W or 480, H or 300
 
+  local xlog, ylog = axis_scale(fn, opts, "xscale"), axis_scale(fn, opts, "yscale")
+  if xlog then xs = log10_all(xs) end
+  if ylog then
+    for k, s in ipairs(series) do series[k] = log10_all(s) end
+  end
   local all = {}
   for _, s in ipairs(series) do for _, v in ipairs(s) do all[#all + 1] = v end end
   local x_lo, x_hi = finite_range(xs)
@@ -684,11 +738,8 @@ function plot.lines(x, ys, opts)
   -- 5% margins inside the axes, as matplotlib leaves them
   local mx, my = 0.05 * (x_hi - x_lo), 0.05 * (y_hi - y_lo)
   x_lo, x_hi, y_lo, y_hi = x_lo - mx, x_hi + mx, y_lo - my, y_hi + my
-  local xt, xdec = nice_ticks(x_lo, x_hi, 6)
-  local yt, ydec = nice_ticks(y_lo, y_hi, 5)
-  local xtl, ytl = {}, {}
-  for i, v in ipairs(xt) do xtl[i] = tick_label(v, xdec) end
-  for i, v in ipairs(yt) do ytl[i] = tick_label(v, ydec) end
+  local xt, xtl = axis_ticks(x_lo, x_hi, 6, xlog)
+  local yt, ytl = axis_ticks(y_lo, y_hi, 5, ylog)
 
   local pad, tick = 8, 3
   local lh_tick, lh_label = line_height(TICK_SIZE), line_height(LABEL_SIZE)

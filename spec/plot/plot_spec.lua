@@ -257,6 +257,27 @@ describe("attn.plot.lines", function()
     assert.same({ 320, 200 }, { files.png_size(png) })
   end)
 
+  it("puts a log axis' decades at equal distances, labels them, and leaves gaps at values <= 0", function()
+    local elems = parse(plot.lines(nil, { { 1, 0.1, 0.01, 0, 0.0001, 0.00001 } }, { format = "svg", yscale = "log" }))
+    local d = files.select(elems, "path", "series")[1].attrs.d
+    local ys = {}
+    for y in d:gmatch("[ML][%d.%-]+ ([%d.%-]+)") do ys[#ys + 1] = tonumber(y) end
+    assert.equals(5, #ys) -- the 0 is left out ...
+    local _, moves = d:gsub("M", "")
+    assert.equals(2, moves) -- ... as a gap
+    local step = ys[2] - ys[1]
+    assert.is_true(step > 10)
+    assert.is_true(math.abs(ys[3] - ys[2] - step) < 0.02 and math.abs(ys[4] - ys[3] - 2 * step) < 0.02)
+    local labels = {}
+    for _, e in ipairs(files.select(elems, "text", "ytick")) do labels[e.text] = tonumber(e.attrs.y) end
+    -- six decades: every other power of ten is labelled
+    for _, l in ipairs { "1", "0.01", "0.0001" } do assert.is_not_nil(labels[l], "tick " .. l) end
+    assert.is_nil(labels["0.1"])
+    assert.is_true(math.abs((labels["0.01"] - labels["1"]) - 2 * step) < 0.02)
+    assert.has_error(function() plot.lines(nil, { 1, 2 }, { format = "svg", xscale = "ln" }) end,
+      "plot.lines: xscale must be 'linear' or 'log', got ln")
+  end)
+
   it("raises clear errors on bad input and returns nil, message on an unwritable path", function()
     local cases = {
       { { 1, 2 }, { { 1, 2, 3 } }, nil, "series 1 has 3 values but x has 2" },
