@@ -502,6 +502,11 @@ function plot.heatmaps(weights, opts)
       angle, step, label_h = column_label_fit(col_labels, cell, TICK_SIZE)
     end
     local left = pad + ylabel_w + rowtick_w
+    if angle == -45 then -- a turned label hangs left of its tick: keep the first ones inside
+      for j, l in ipairs(col_labels) do
+        left = math.max(left, pad + (text_width(l, TICK_SIZE) + line_height(TICK_SIZE)) * 0.7071 - (j - 0.5) * cell)
+      end
+    end
     local right = cbar_w + pad + (angle == 0 and max_width(col_labels, TICK_SIZE) / 2 or 0)
     local top = pad + title_h
     local bottom = tick + 3 + label_h + xlabel_h + pad
@@ -510,7 +515,7 @@ function plot.heatmaps(weights, opts)
   -- Square cells: a default size from the matrix, or the largest that fits W x H.
   local function cell_for(left, right, top, bottom)
     local aw = (W or 0) - left - right - (C - 1) * gap
-    local ah = (H or 0) - top - bottom - (R - 1) * (gap + title_h + xlabel_h)
+    local ah = (H or 0) - top - bottom - (R - 1) * (gap + title_h)
     return math.max(1, math.min(aw / (C * NK), ah / (R * NQ)))
   end
   local cell
@@ -529,7 +534,7 @@ function plot.heatmaps(weights, opts)
     return list
   end
   local pw, ph = cell * NK, cell * NQ
-  local vgap = gap + title_h + xlabel_h -- between panel rows: the row's xlabel and the next row's titles
+  local vgap = gap + title_h -- between panel rows: the next row's titles (x labels go under the last row only)
   local gw, gh = C * pw + (C - 1) * gap, R * ph + (R - 1) * vgap
   W = W or math.ceil(left + gw + right)
   H = H or math.ceil(top + gh + bottom)
@@ -541,6 +546,18 @@ function plot.heatmaps(weights, opts)
   local fig = new_figure(W, H)
   local round = function(x) return math.floor(x + 0.5) end
   local capt = cap_height(TICK_SIZE)
+  -- Axis labels go with each panel, as in the book, unless they are longer than
+  -- a panel; then one label spans the whole grid.
+  local xlabel_each = xlabel and text_width(xlabel, LABEL_SIZE) <= pw + gap - 6
+  local ylabel_each = ylabel and text_width(ylabel, LABEL_SIZE) <= ph + vgap - 6
+  local ylabel_x = ox - rowtick_w - 4
+  if ylabel and not ylabel_each then
+    fig:text(ylabel_x, oy + gh / 2, ylabel, LABEL_SIZE, { angle = -90, align = 0.5, class = "ylabel" })
+  end
+  local xlabel_y = oy + gh + (bottom - xlabel_h - pad) + 2 + cap_height(LABEL_SIZE)
+  if xlabel and not xlabel_each then
+    fig:text(ox + gw / 2, xlabel_y, xlabel, LABEL_SIZE, { align = 0.5, class = "xlabel" })
+  end
   for r = 1, R do
     for c = 1, C do
       local x0, y0 = ox + (c - 1) * (pw + gap), oy + (r - 1) * (ph + vgap)
@@ -557,7 +574,10 @@ function plot.heatmaps(weights, opts)
       fig:frame(round(x0), round(y0), round(x0 + pw) - round(x0), round(y0 + ph) - round(y0))
       if titles then
         local t = #titles == C and titles[c] or titles[(r - 1) * C + c]
-        fig:text(x0 + pw / 2, y0 - 5, t, TITLE_SIZE, { align = 0.5, class = "title" })
+        -- a title wider than its panel gets a smaller font (down to 7 px) rather than meeting the next one
+        local size = TITLE_SIZE
+        while size > 7 and text_width(t, size) > pw + gap - 6 do size = size - 1 end
+        fig:text(x0 + pw / 2, y0 - 5, t, size, { align = 0.5, class = "title" })
       end
       if c == 1 then -- row tick labels and the y label, left of the first column
         for _, i in ipairs(shown(rstep, numbered_rows, NQ)) do
@@ -565,8 +585,8 @@ function plot.heatmaps(weights, opts)
           fig:line(x0 - tick, y, x0, y, FRAME, 0.8, "tick")
           fig:text(x0 - tick - 3, y + capt / 2, row_labels[i], TICK_SIZE, { align = 1, class = "ytick" })
         end
-        if ylabel then
-          fig:text(x0 - rowtick_w - 4, y0 + ph / 2, ylabel, LABEL_SIZE, { angle = -90, align = 0.5, class = "ylabel" })
+        if ylabel_each then
+          fig:text(ylabel_x, y0 + ph / 2, ylabel, LABEL_SIZE, { angle = -90, align = 0.5, class = "ylabel" })
         end
       end
       if r == R then -- column tick labels and the x label, under the last row
@@ -583,11 +603,7 @@ function plot.heatmaps(weights, opts)
             fig:text(x + capt / 2, ty, col_labels[j], TICK_SIZE, { angle = -90, align = 1, class = "xtick" })
           end
         end
-        if xlabel then
-          local label_h = bottom - tick - 3 - xlabel_h - pad
-          fig:text(x0 + pw / 2, ty + label_h + 2 + cap_height(LABEL_SIZE), xlabel, LABEL_SIZE,
-            { align = 0.5, class = "xlabel" })
-        end
+        if xlabel_each then fig:text(x0 + pw / 2, xlabel_y, xlabel, LABEL_SIZE, { align = 0.5, class = "xlabel" }) end
       end
     end
   end

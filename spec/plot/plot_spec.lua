@@ -153,6 +153,21 @@ describe("attn.plot.heatmaps", function()
     end
   end)
 
+  it("keeps turned labels inside the figure and spans one axis label over panels too narrow for it", function()
+    local toks = { "<unknown-token>", "perdu", ".", "<eos>" }
+    local elems = parse(plot.heatmaps(attn.rand({ 2, 3, 4, 4 }), { format = "svg", col_labels = toks,
+      xlabel = "Key positions, a label much longer than one panel", ylabel = "Queries", titles = { "a", "b", "c" } }))
+    local meter = cairo.surface("png", 1, 1)
+    meter:font("DejaVu Sans", 10)
+    for _, e in ipairs(files.select(elems, "text", "xtick")) do
+      assert.matches("rotate%(%-45", e.attrs.transform)
+      local reach = tonumber(e.attrs.x) - meter:text_extents(e.text) * 0.7071
+      assert.is_true(reach >= 0, e.text .. " starts at x = " .. reach)
+    end
+    assert.equals(1, #files.select(elems, "text", "xlabel"))
+    assert.equals(2, #files.select(elems, "text", "ylabel")) -- short enough for each row
+  end)
+
   it("takes tensors and nested tables alike, 2-D to 4-D", function()
     local t = attn.rand({ 2, 3, 4 })
     local a = plot.heatmaps(t, { format = "svg" })
