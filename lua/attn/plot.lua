@@ -287,10 +287,16 @@ local function render_svg(fig)
       'font-family="%s">', fig.width, fig.height, fig.width, fig.height, SVG_FONT),
     '<rect class="background" width="100%" height="100%" fill="#ffffff"/>',
   }
+  local in_rects = false
   for _, it in ipairs(fig.items) do
+    -- Runs of rectangles share a group with crispEdges: adjacent cells without
+    -- anti-aliased seams between them.
+    if (it.kind == "rect") ~= in_rects then
+      out[#out + 1] = in_rects and "</g>" or '<g shape-rendering="crispEdges">'
+      in_rects = not in_rects
+    end
     if it.kind == "rect" then
-      -- crispEdges: adjacent cells without anti-aliased seams between them
-      out[#out + 1] = string.format('<rect%s x="%s" y="%s" width="%s" height="%s" fill="%s" shape-rendering="crispEdges"/>',
+      out[#out + 1] = string.format('<rect%s x="%s" y="%s" width="%s" height="%s" fill="%s"/>',
         class_attr(it), num(it.x), num(it.y), num(it.w), num(it.h), color_hex(it.color))
     elseif it.kind == "path" then
       local d = {}
@@ -314,6 +320,7 @@ local function render_svg(fig)
         (it.color ~= INK) and (' fill="' .. color_hex(it.color) .. '"') or "", escape(it.str))
     end
   end
+  if in_rects then out[#out + 1] = "</g>" end
   out[#out + 1] = "</svg>"
   return table.concat(out, "\n") .. "\n"
 end
@@ -651,7 +658,7 @@ local function series_list(fn, ys)
 end
 
 local line_options = set { "path", "format", "xlabel", "ylabel", "title", "legend", "figsize", "dpi", "width",
-  "height", "xscale", "yscale" }
+  "height", "xscale", "yscale", "markers" }
 
 -- true for a log axis, false for a linear one.
 local function axis_scale(fn, opts, name)
@@ -677,26 +684,30 @@ local function axis_ticks(lo, hi, n, log)
     for i, v in ipairs(pos) do labels[i] = tick_label(v, dec) end
     return pos, labels
   end
-  -- powers of ten, with 2x and 5x between them when the axis spans less than two decades
+  -- powers of ten (every few when there are many), with 2x and 5x between them when that gives too few
   local k0, k1 = math.floor(lo), math.ceil(hi)
-  local mults = (k1 - k0 >= 3) and { 1 } or { 1, 2, 5 }
-  local every = math.max(1, math.ceil((k1 - k0) / n))
-  for k = k0, k1 do
-    if k % every == 0 then
-      for _, m in ipairs(mults) do
-        local p = k + math.log(m, 10)
-        if p >= lo - 1e-9 and p <= hi + 1e-9 then
-          pos[#pos + 1], labels[#labels + 1] = p, string.format("%g", m * 10 ^ k)
+  local function decades(mults, every)
+    pos, labels = {}, {}
+    for k = k0, k1 do
+      if k % every == 0 then
+        for _, m in ipairs(mults) do
+          local p = k + math.log(m, 10)
+          if p >= lo - 1e-9 and p <= hi + 1e-9 then
+            pos[#pos + 1], labels[#labels + 1] = p, string.format("%g", m * 10 ^ k)
+          end
         end
       end
     end
   end
-  if #pos < 3 then -- within a decade: round values, placed on the log axis
+  decades({ 1 }, math.max(1, math.ceil((k1 - k0) / n)))
+  if #pos < 3 then decades({ 1, 2, 5 }, 1) end
+  if #pos < 3 then -- within about a decade: round values, placed on the log axis, if they give more
     local vals, dec = nice_ticks(10 ^ lo, 10 ^ hi, n)
-    pos, labels = {}, {}
+    local lpos, llabels = {}, {}
     for _, v in ipairs(vals) do
-      if v > 0 then pos[#pos + 1], labels[#labels + 1] = math.log(v, 10), tick_label(v, dec) end
+      if v > 0 then lpos[#lpos + 1], llabels[#llabels + 1] = math.log(v, 10), tick_label(v, dec) end
     end
+    if #lpos > #pos then pos, labels = lpos, llabels end
   end
   return pos, labels
 end
@@ -707,7 +718,8 @@ end
 --   2-D tensor whose rows are series; NaN and infinite values leave gaps
 -- @tparam[opt] table opts `path`/`format` as for heatmaps; `xlabel`, `ylabel`, `title`; `legend`
 --   (one name per series); `xscale`/`yscale` ("linear" or "log"; a log axis leaves gaps at
---   values <= 0); `width`/`height` (default 480 x 300) or `figsize` with `dpi`
+--   values <= 0); `markers` (true: a square at every point, for measured data); `width`/`height`
+--   (default 480 x 300) or `figsize` with `dpi`
 -- @treturn string the path; without a path, the SVG text (or PNG/PDF bytes)
 -- @treturn[2] nil when the file cannot be written, and a message
 -- @raise on mismatched lengths, non-numbers or a bad option
@@ -741,6 +753,8 @@ function plot.lines(x, ys, opts)
   W, H = W or 480, H or 300
 
   local xlog, ylog = axis_scale(fn, opts, "xscale"), axis_scale(fn, opts, "yscale")
+  if opts.markers ~= nil and type(opts.markers) ~= "boolean" then error(fn .. ": markers must be a boolean", 2) end
+  local markers = opts.markers
   if xlog then xs = log10_all(xs) end
   if ylog then
     for k, s in ipairs(series) do series[k] = log10_all(s) end
@@ -804,6 +818,13 @@ function plot.lines(x, ys, opts)
     local color = SERIES_COLORS[(k - 1) % #SERIES_COLORS + 1]
     local dash = SERIES_DASHES[(k - 1) % #SERIES_DASHES + 1] or nil
     fig:path(runs, color, 1.5, dash, "series")
+    if markers then
+      for _, r in ipairs(runs) do
+        for i = 1, #r, 2 do
+          if not (i == 3 and #r == 4 and r[3] == r[1] + 0.01) then fig:rect(r[i] - 2, r[i + 1] - 2, 4, 4, color, "marker") end
+        end
+      end
+    end
   end
   fig:frame(left, top, aw, ah)
   if title then fig:text(left + aw / 2, top - 6, title, TITLE_SIZE, { align = 0.5, class = "title" }) end
@@ -820,6 +841,7 @@ function plot.lines(x, ys, opts)
       local y = ly + (k - 0.5) * lh_tick * 1.3
       local color = SERIES_COLORS[(k - 1) % #SERIES_COLORS + 1]
       fig:path({ { lx, y, lx + 24, y } }, color, 1.5, SERIES_DASHES[(k - 1) % #SERIES_DASHES + 1] or nil, "legend-line")
+      if markers then fig:rect(lx + 10, y - 2, 4, 4, color, "legend-marker") end
       fig:text(lx + 30, y + capt / 2, name, TICK_SIZE, { class = "legend" })
     end
   end
@@ -885,7 +907,11 @@ function plot.terminal_heatmap(weights, opts)
   local lines = {}
   for p = 1, panels do
     if titles then lines[#lines + 1] = titles[p]
-    elseif panels > 1 then lines[#lines + 1] = string.format("panel %d", p) end
+    elseif #shape == 4 and panels > 1 then
+      lines[#lines + 1] = string.format("[%d, %d]", (p - 1) // shape[2] + 1, (p - 1) % shape[2] + 1)
+    elseif panels > 1 then
+      lines[#lines + 1] = string.format("[%d]", p)
+    end
     for _, h in ipairs(header) do lines[#lines + 1] = h end
     for i = 1, NQ do
       local row = { row_labels and pad_to(row_labels[i], lw, true) .. " " or "", "|" }

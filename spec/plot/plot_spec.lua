@@ -53,6 +53,9 @@ describe("attn.plot.heatmaps", function()
     local elems = parse(svg)
     assert.equals("svg", elems[1].name)
     assert.equals(800, #files.select(elems, "rect", "cell"))
+    local groups = files.select(elems, "g") -- cells (and the colour bar) drawn without seams
+    assert.is_true(#groups >= 1)
+    for _, e in ipairs(groups) do assert.equals("crispEdges", e.attrs["shape-rendering"]) end
     assert.equals(64, #files.select(elems, "rect", "cbar"))
     assert.equals(8, #files.select(elems, "text", "title")) -- per column, repeated on each row as in the book
     assert.equals(4, #files.select(elems, "text", "xlabel"))
@@ -293,6 +296,19 @@ describe("attn.plot.lines", function()
       "plot.lines: xscale must be 'linear' or 'log', got ln")
   end)
 
+  it("marks every finite point on request, with a marker in the legend", function()
+    local elems = parse(plot.lines({ 16, 32, 64, 128 }, { { 1, 2, 0 / 0, 4 }, { 3, 2, 1, 0.5 } },
+      { format = "svg", markers = true, legend = { "a", "b" }, xscale = "log", yscale = "log" }))
+    assert.equals(7, #files.select(elems, "rect", "marker"))
+    assert.equals(2, #files.select(elems, "rect", "legend-marker"))
+    -- the log-log axes label round values on both axes
+    local xt = {}
+    for _, e in ipairs(files.select(elems, "text", "xtick")) do xt[#xt + 1] = e.text end
+    assert.same({ "20", "50", "100" }, xt)
+    assert.has_error(function() plot.lines(nil, { 1, 2 }, { format = "svg", markers = "yes" }) end,
+      "plot.lines: markers must be a boolean")
+  end)
+
   it("raises clear errors on bad input and returns nil, message on an unwritable path", function()
     local cases = {
       { { 1, 2 }, { { 1, 2, 3 } }, nil, "series 1 has 3 values but x has 2" },
@@ -331,6 +347,9 @@ describe("attn.plot.terminal_heatmap", function()
     local w = attn.tensor({ { { { 1 } }, { { 3 } } } }) -- (1, 2, 1, 1)
     local s = plot.terminal_heatmap(w, { titles = { "h1", "h2" }, vmin = 0, vmax = 4 })
     assert.equals("h1\n|░░|\nh2\n|▓▓|\nscale: ' '=0  ░=1  ▒=2  ▓=3  █=4", s)
+    -- without titles, panels are named by their (row, column) index
+    s = plot.terminal_heatmap(w, { vmin = 0, vmax = 4 })
+    assert.equals("[1, 1]\n|░░|\n[1, 2]\n|▓▓|\nscale: ' '=0  ░=1  ▒=2  ▓=3  █=4", s)
   end)
 
   it("draws one character per cell on request", function()
