@@ -71,10 +71,8 @@ function M.train_seq2seq(net, data_iter, opts)
     { lr = true, epochs = true, tgt_vocab = true, clip = true, device = true, progress = true, on_epoch = true,
       init = true })
   if not nn.is_module(net) then error("train_seq2seq: net must be a module", 2) end
-  local mt = getmetatable(data_iter)
-  if type(data_iter) ~= "function" and not (type(mt) == "table" and mt.__call) then
-    error("train_seq2seq: data_iter must be callable (a function or a loader) returning an iterator", 2)
-  end
+  local callable = type(data_iter) == "function" or type((getmetatable(data_iter) or {}).__call) == "function"
+  if not callable then error("train_seq2seq: data_iter must be callable, returning an iterator over one epoch", 2) end
   if type(opts.lr) ~= "number" or opts.lr < 0 then error("train_seq2seq: lr must be a number >= 0", 2) end
   if math.type(opts.epochs) ~= "integer" or opts.epochs < 1 then
     error("train_seq2seq: epochs must be a positive integer, got " .. tostring(opts.epochs), 2)

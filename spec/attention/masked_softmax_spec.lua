@@ -211,3 +211,30 @@ describe("sequence_mask", function()
     fails("at least 2 dims", attn.ones({ 3 }), { 1, 2, 3 })
   end)
 end)
+
+describe("masked_softmax with int64 lengths", function()
+  it("equals the float-length result, for 1-D and 2-D lengths", function()
+    attn.manual_seed(3)
+    local X = attn.randn({ 2, 3, 5 }, "float64")
+    for _, lens in ipairs({ { 2, 5 }, { { 1, 0, 5 }, { 3, 4, 2 } } }) do
+      local expected = naive_masked_softmax(X:totable(), lens)
+      assert.close(attn.masked_softmax(X, attn.tensor(lens, "int64")), expected, { atol = 1e-12 })
+      assert.close(attn.masked_softmax(X, attn.tensor(lens, "float32")), expected, { atol = 1e-12 })
+    end
+    helper.gradcheck(function(x) return attn.masked_softmax(x, attn.tensor({ 2, 4 }, "int64")) end,
+      { helper.param({ 2, 2, 4 }) })
+  end)
+
+  it("drive sequence_mask too", function()
+    local X = attn.tensor({ { 1, 2, 3 }, { 4, 5, 6 } }, "int64")
+    assert.same({ { 1, 0, 0 }, { 4, 5, 0 } }, attn.sequence_mask(X, attn.tensor({ 1, 2 }, "int64")):totable())
+    local F = attn.tensor({ { 1, 2, 3 }, { 4, 5, 6 } })
+    assert.same({ { 1, -1, -1 }, { 4, 5, 6 } }, attn.sequence_mask(F, attn.tensor({ 1, 3 }, "int64"), -1):totable())
+  end)
+
+  it("refuses negative int64 lengths, naming the entry", function()
+    local ok, err = pcall(attn.masked_softmax, attn.ones({ 2, 1, 3 }), attn.tensor({ 1, -1 }, "int64"))
+    assert.is_false(ok)
+    assert.truthy(err:find("valid_lens holds -1 at entry 2", 1, true), err)
+  end)
+end)
