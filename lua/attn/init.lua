@@ -296,9 +296,11 @@ attn.gradcheck = autograd.gradcheck
 
 -- ---------------------------------------------------------------- sub-modules
 
--- Loaded on first use: attn.linalg, attn.nn, attn.optim, and the functions of
--- attn.io and attn.attention appear as attn.save, attn.masked_softmax, ...
-local submodules = { linalg = "attn.linalg", nn = "attn.nn", optim = "attn.optim", progress = "attn.progress" }
+-- Loaded on first use: attn.linalg, attn.nn, attn.optim, attn.progress,
+-- attn.seq2seq, and the functions of attn.io and attn.attention appear as
+-- attn.save, attn.masked_softmax, ...
+local submodules = { linalg = "attn.linalg", nn = "attn.nn", optim = "attn.optim", progress = "attn.progress",
+  seq2seq = "attn.seq2seq" }
 local function_modules = { "attn.io", "attn.attention" }
 
 setmetatable(attn, {

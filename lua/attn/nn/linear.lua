@@ -34,6 +34,7 @@ local function check_options(opts, who, allowed)
   return opts
 end
 M.check_options = check_options
+M.check_positive_int = check_positive_int
 
 -- ---------------------------------------------------------------- dropout (functional)
 
