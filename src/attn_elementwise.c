@@ -13,8 +13,9 @@ static const char *unary_names[ATTN_UNARY_COUNT] = {"neg", "exp", "log", "sqrt",
 const char *attn_binary_name(attn_binary_op op) { return binary_names[op]; }
 const char *attn_unary_name(attn_unary_op op) { return unary_names[op]; }
 
-/* Three versions of each loop: all contiguous, contiguous with a scalar second
- * operand, and general strides. The first two let the compiler vectorise. */
+/* Four versions of each loop: all contiguous, contiguous with a scalar second
+ * or first operand, and general strides. The first three let the compiler
+ * vectorise. */
 #define BINARY_LOOP(T, EXPR)                                                            \
   do {                                                                                  \
     if (so == (int64_t)sizeof(T) && sa == so && sb == so) {                             \
@@ -30,6 +31,14 @@ const char *attn_unary_name(attn_unary_op op) { return unary_names[op]; }
       const T y = *(const T *)b;                                                        \
       for (int64_t i = 0; i < n; i++) {                                                 \
         T x = A[i];                                                                     \
+        O[i] = (EXPR);                                                                  \
+      }                                                                                 \
+    } else if (so == (int64_t)sizeof(T) && sa == 0 && sb == so) {                       \
+      T *O = (T *)o;                                                                    \
+      const T x = *(const T *)a;                                                        \
+      const T *B = (const T *)b;                                                        \
+      for (int64_t i = 0; i < n; i++) {                                                 \
+        T y = B[i];                                                                     \
         O[i] = (EXPR);                                                                  \
       }                                                                                 \
     } else {                                                                            \
