@@ -6,7 +6,8 @@
 #include "attn_vmath.h"
 
 static const char *binary_names[ATTN_BINARY_COUNT] = {"add", "sub", "mul", "div", "pow", "maximum",
-                                                       "minimum", "eq", "ne", "lt", "le", "gt", "ge"};
+                                                       "minimum", "eq", "ne", "lt", "le", "gt", "ge",
+                                                       "tanh_backward", "sigmoid_backward"};
 static const char *unary_names[ATTN_UNARY_COUNT] = {"neg", "exp", "log", "sqrt", "tanh", "sigmoid", "relu",
                                                      "abs", "sign", "square", "reciprocal", "sin", "cos"};
 
@@ -69,6 +70,8 @@ const char *attn_unary_name(attn_unary_op op) { return unary_names[op]; }
     case ATTN_LE: BINARY_LOOP(T, (T)(x <= y)); break;                                   \
     case ATTN_GT: BINARY_LOOP(T, (T)(x > y)); break;                                    \
     case ATTN_GE: BINARY_LOOP(T, (T)(x >= y)); break;                                   \
+    case ATTN_TANH_GRAD: BINARY_LOOP(T, x * (1 - y * y)); break;                        \
+    case ATTN_SIGMOID_GRAD: BINARY_LOOP(T, x * (y * (1 - y))); break;                   \
     default: break;                                                                     \
     }                                                                                   \
   }
