@@ -2,6 +2,7 @@
  * debt), tensor userdata plumbing shared by all binding files, and the
  * memory/thread/seed functions. */
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -14,10 +15,18 @@
 
 typedef struct {
   attn_rng rng;
-  size_t gc_debt; /* bytes allocated since the last GC step */
+  size_t gc_debt;     /* tensor bytes allocated since the last GC step */
+  size_t since_cycle; /* tensor bytes allocated since the last full collection */
+  size_t live_after;  /* live tensor bytes after that collection */
+  int deferred;       /* frees requested by finalizers, not yet done */
 } binding_state;
 
-static const char state_key = 0;
+static const char state_key = 0, deferred_key = 0;
+
+/* Lua states that have loaded the module; the last to close stops the worker
+ * pool and empties the cache before Lua unloads the library. */
+static pthread_mutex_t states_lock = PTHREAD_MUTEX_INITIALIZER;
+static int open_states;
 
 static binding_state *get_state(lua_State *L) {
   lua_rawgetp(L, LUA_REGISTRYINDEX, &state_key);
@@ -28,14 +37,83 @@ static binding_state *get_state(lua_State *L) {
 
 attn_rng *attn_l_rng(lua_State *L) { return &get_state(L)->rng; }
 
-/* Lets the collector feel tensor memory: one GC step per ~1 MB allocated. */
+/* lua_gc refuses every request (returns -1) while a finalizer runs. */
+int attn_l_in_finalizer(lua_State *L) { return lua_gc(L, LUA_GCISRUNNING) < 0; }
+
+int attn_l_rawfield(lua_State *L, int idx, const char *key) {
+  idx = lua_absindex(L, idx);
+  lua_pushstring(L, key);
+  return lua_rawget(L, idx);
+}
+
+/* Only counts: the collector is fed in settle(), after the call that
+ * allocated has finished with its operands. */
 static void account(lua_State *L, size_t bytes) {
   binding_state *s = get_state(L);
   s->gc_debt += bytes;
-  if (s->gc_debt >= ((size_t)1 << 20)) {
-    int kb = s->gc_debt / 1024 > 1 << 30 ? 1 << 30 : (int)(s->gc_debt / 1024);
-    s->gc_debt = 0;
-    lua_gc(L, LUA_GCSTEP, kb);
+  s->since_cycle += bytes;
+}
+
+#define STEP_BYTES ((size_t)1 << 20)
+#define MIN_CYCLE_BYTES ((size_t)16 << 20)
+
+static void drain_deferred(lua_State *L, binding_state *s) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &deferred_key) == LUA_TTABLE) {
+    lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
+    for (lua_Integer i = 1; i <= n; i++) {
+      lua_rawgeti(L, -1, i);
+      attn_tensor_free(lua_touserdata(L, -1));
+      lua_pop(L, 1);
+    }
+  }
+  lua_pop(L, 1);
+  lua_pushnil(L);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &deferred_key);
+  s->deferred = 0;
+}
+
+/* Runs after a binding function returned. Lua paces its collector by the Lua
+ * heap, which does not see tensor bytes: one GC step per MiB of tensors lets
+ * it feel them, and once the tensor bytes allocated since the last full
+ * collection exceed the live tensor bytes after it (16 MiB at least), a full
+ * collection runs, so tensor garbage stays bounded by live tensors whatever
+ * the size of the Lua heap. Skipped inside a finalizer, which may itself run
+ * inside another call's allocation. */
+static void settle(lua_State *L, binding_state *s) {
+  if (attn_l_in_finalizer(L)) return;
+  if (lua_gc(L, LUA_GCISRUNNING)) { /* a collector stopped by the script stays stopped */
+    size_t bound = s->live_after > MIN_CYCLE_BYTES ? s->live_after : MIN_CYCLE_BYTES;
+    if (s->since_cycle > bound) {
+      s->gc_debt = s->since_cycle = 0;
+      lua_gc(L, LUA_GCCOLLECT);
+      s->live_after = attn_alloc_live_bytes();
+    } else if (s->gc_debt >= STEP_BYTES) {
+      int kb = s->gc_debt / 1024 > 1 << 30 ? 1 << 30 : (int)(s->gc_debt / 1024);
+      s->gc_debt = 0;
+      if (lua_gc(L, LUA_GCSTEP, kb)) { /* the step finished a cycle */
+        s->since_cycle = 0;
+        s->live_after = attn_alloc_live_bytes();
+      }
+    }
+  }
+  if (s->deferred) drain_deferred(L, s);
+}
+
+static int guarded_call(lua_State *L) {
+  const luaL_Reg *reg = lua_touserdata(L, lua_upvalueindex(1));
+  int n = reg->func(L);
+  binding_state *s = lua_touserdata(L, lua_upvalueindex(2));
+  if (s->gc_debt >= STEP_BYTES || s->deferred) settle(L, s);
+  return n;
+}
+
+void attn_l_setfuncs(lua_State *L, const luaL_Reg *fns) {
+  binding_state *s = get_state(L);
+  for (; fns->name; fns++) {
+    lua_pushlightuserdata(L, (void *)fns);
+    lua_pushlightuserdata(L, s);
+    lua_pushcclosure(L, guarded_call, 2);
+    lua_setfield(L, -2, fns->name);
   }
 }
 
@@ -45,10 +123,62 @@ attn_tensor *attn_l_test(lua_State *L, int idx) {
   return t;
 }
 
+const char *attn_l_fname(lua_State *L) {
+  /* functions registered by attn_l_setfuncs carry their luaL_Reg as upvalue 1 */
+  const luaL_Reg *reg =
+      lua_type(L, lua_upvalueindex(1)) == LUA_TLIGHTUSERDATA ? lua_touserdata(L, lua_upvalueindex(1)) : NULL;
+  return reg && reg->name ? reg->name : "attn";
+}
+
+/* "no value", "nil", "a table", or the number itself ("2.5"). */
+static const char *got(lua_State *L, int arg) {
+  if (lua_isnone(L, arg)) return "no value";
+  if (lua_isnil(L, arg)) return "nil";
+  if (lua_type(L, arg) == LUA_TNUMBER) return lua_pushfstring(L, "%s", lua_tostring(L, arg));
+  if (luaL_testudata(L, arg, ATTN_TENSOR_MT)) return "a tensor";
+  return lua_pushfstring(L, "a %s", luaL_typename(L, arg));
+}
+
+int attn_l_argerror(lua_State *L, int arg, const char *what, const char *expected) {
+  if (what)
+    return attn_l_error(L, "%s: argument %d (%s) must be %s, got %s", attn_l_fname(L), arg, what, expected,
+                        got(L, arg));
+  return attn_l_error(L, "%s: argument %d must be %s, got %s", attn_l_fname(L), arg, expected, got(L, arg));
+}
+
 attn_tensor *attn_l_check(lua_State *L, int idx) {
   attn_tensor *t = attn_l_test(L, idx);
-  if (!t) luaL_typeerror(L, idx, "attn.Tensor");
+  if (!t) attn_l_argerror(L, idx, NULL, "a tensor");
   return t;
+}
+
+lua_Integer attn_l_checkinteger(lua_State *L, int arg, const char *what) {
+  int isint;
+  lua_Integer v = lua_tointegerx(L, arg, &isint);
+  if (!isint || lua_type(L, arg) != LUA_TNUMBER) attn_l_argerror(L, arg, what, "an integer");
+  return v;
+}
+
+lua_Integer attn_l_optinteger(lua_State *L, int arg, const char *what, lua_Integer def) {
+  return lua_isnoneornil(L, arg) ? def : attn_l_checkinteger(L, arg, what);
+}
+
+double attn_l_checknumber(lua_State *L, int arg, const char *what) {
+  if (lua_type(L, arg) != LUA_TNUMBER) attn_l_argerror(L, arg, what, "a number");
+  return lua_tonumber(L, arg);
+}
+
+double attn_l_optnumber(lua_State *L, int arg, const char *what, double def) {
+  return lua_isnoneornil(L, arg) ? def : attn_l_checknumber(L, arg, what);
+}
+
+const char *attn_l_checklstring(lua_State *L, int arg, const char *what, size_t *len) {
+  if (lua_type(L, arg) != LUA_TSTRING) attn_l_argerror(L, arg, what, "a string");
+  return lua_tolstring(L, arg, len);
+}
+
+void attn_l_checktable(lua_State *L, int arg, const char *what) {
+  if (lua_type(L, arg) != LUA_TTABLE) attn_l_argerror(L, arg, what, "a table");
 }
 
 static attn_tensor *push_empty(lua_State *L) {
@@ -86,13 +216,12 @@ int attn_l_error(lua_State *L, const char *fmt, ...) {
 int attn_l_raise(lua_State *L) { return attn_l_error(L, "%s", attn_last_error()); }
 
 int attn_l_checkdim(lua_State *L, int arg, int ndim, int extra, const char *fn) {
-  lua_Integer d = luaL_checkinteger(L, arg);
+  lua_Integer given = attn_l_checkinteger(L, arg, "dim"), d = given;
   lua_Integer n = ndim + extra;
   if (d < 0) d += n + 1;
   if (d < 1 || d > n) {
-    if (n == 0) return attn_l_error(L, "%s: dim %d given for a 0-d tensor", fn, (int)luaL_checkinteger(L, arg));
-    return attn_l_error(L, "%s: dim %d out of range (expected 1..%d or -%d..-1)", fn,
-                      (int)luaL_checkinteger(L, arg), (int)n, (int)n);
+    if (n == 0) return attn_l_error(L, "%s: dim %I given for a 0-d tensor", fn, given);
+    return attn_l_error(L, "%s: dim %I out of range (expected 1..%d or -%d..-1)", fn, given, (int)n, (int)n);
   }
   return (int)d - 1;
 }
@@ -113,7 +242,7 @@ int attn_l_checkshape(lua_State *L, int arg, int64_t *shape, const char *fn) {
   int ndim = 0;
   if (lua_istable(L, arg)) {
     lua_Integer n = (lua_Integer)lua_rawlen(L, arg);
-    if (n > ATTN_MAX_DIMS) attn_l_error(L, "%s: %d dims requested, at most %d supported", fn, (int)n, ATTN_MAX_DIMS);
+    if (n > ATTN_MAX_DIMS) attn_l_error(L, "%s: %I dims requested, at most %d supported", fn, n, ATTN_MAX_DIMS);
     for (lua_Integer i = 1; i <= n; i++) {
       lua_rawgeti(L, arg, i);
       shape[ndim++] = check_size(L, -1, (int)i, fn);
@@ -131,15 +260,15 @@ int attn_l_checkshape(lua_State *L, int arg, int64_t *shape, const char *fn) {
 void attn_l_check_sizes(lua_State *L, int ndim, const int64_t *shape, const char *fn) {
   for (int d = 0; d < ndim; d++)
     if (shape[d] < 0)
-      attn_l_error(L, "%s: negative size %d in shape %s", fn, (int)shape[d], attn_shape_str(ndim, shape));
+      attn_l_error(L, "%s: negative size %I in shape %s", fn, (lua_Integer)shape[d], attn_shape_str(ndim, shape));
 }
 
 attn_dtype attn_l_optdtype(lua_State *L, int arg, attn_dtype def) {
   if (lua_isnoneornil(L, arg)) return def;
-  const char *name = luaL_checkstring(L, arg);
+  const char *name = attn_l_checklstring(L, arg, "dtype", NULL);
   attn_dtype dt;
   if (attn_dtype_parse(name, &dt) != 0)
-    attn_l_error(L, "unknown dtype '%s' (expected \"float32\" or \"float64\")", name);
+    attn_l_error(L, "unknown dtype '%s' (expected \"float32\", \"float64\" or \"int64\")", name);
   return dt;
 }
 
@@ -147,28 +276,32 @@ int64_t attn_l_checkindices(lua_State *L, int arg, int64_t **out, const char *fn
   attn_tensor *t = attn_l_test(L, arg);
   int64_t n;
   if (t) {
-    if (t->ndim > 1) attn_l_error(L, "%s: index tensor must be 1-D, got %s", fn, attn_tensor_shape_str(t));
     n = attn_tensor_numel(t);
   } else {
-    luaL_checktype(L, arg, LUA_TTABLE);
+    if (!lua_istable(L, arg)) attn_l_argerror(L, arg, "index", "a 1-D tensor or a table of indices");
     n = (int64_t)lua_rawlen(L, arg);
   }
   if ((uint64_t)n > attn_alloc_max_request() / sizeof(int64_t))
     attn_l_error(L, "%s: %f indices are more than can be held", fn, (double)n);
+  if (t) { /* the core validates and shifts to 0-based into an int64 tensor left on the stack */
+    if (t->ndim > 1) attn_l_error(L, "%s: index tensor must be 1-D, got %s", fn, attn_tensor_shape_str(t));
+    attn_tensor *z = attn_l_push_alloc(L, ATTN_I64, t->ndim, t->shape);
+    ATTN_L_TRY(L, attn_index_convert(fn, "index", NULL, t, 1, -1, z));
+    *out = attn_tensor_data(z);
+    return n;
+  }
   int64_t *buf = lua_newuserdatauv(L, sizeof(int64_t) * (size_t)(n > 0 ? n : 1), 0);
   for (int64_t i = 0; i < n; i++) {
-    double v;
-    if (t) {
-      int64_t pos = i;
-      v = attn_tensor_get(t, t->ndim ? &pos : NULL);
-    } else {
-      lua_rawgeti(L, arg, (lua_Integer)i + 1);
-      if (!lua_isnumber(L, -1)) attn_l_error(L, "%s: index %d is a %s, not a number", fn, (int)i + 1, luaL_typename(L, -1));
-      v = lua_tonumber(L, -1);
-      lua_pop(L, 1);
+    lua_rawgeti(L, arg, (lua_Integer)i + 1);
+    int isint;
+    lua_Integer k = lua_tointegerx(L, -1, &isint);
+    if (!isint) {
+      if (!lua_isnumber(L, -1))
+        attn_l_error(L, "%s: index %I is a %s, not a number", fn, (lua_Integer)i + 1, luaL_typename(L, -1));
+      attn_l_error(L, "%s: index %f at position %I is not an integer", fn, lua_tonumber(L, -1), (lua_Integer)i + 1);
     }
-    if (v != floor(v) || !(fabs(v) < 9.0e15)) attn_l_error(L, "%s: index %f at position %d is not an integer", fn, v, (int)i + 1);
-    buf[i] = (int64_t)v - 1;
+    lua_pop(L, 1);
+    buf[i] = (int64_t)k - 1;
   }
   *out = buf;
   return n;
@@ -180,15 +313,15 @@ int64_t attn_l_checkindices(lua_State *L, int arg, int64_t **out, const char *fn
  * that t:method() costs one rawget. Any other key (an integer or a Torch-style
  * index table) goes to the Lua indexer hooks.get (upvalue 3). */
 static int tensor_index(lua_State *L) {
+  lua_pushvalue(L, 2);
+  if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1; /* no other key is in the methods table */
+  lua_pop(L, 1);
   if (lua_type(L, 2) != LUA_TSTRING) {
     if (lua_getfield(L, lua_upvalueindex(3), "get") == LUA_TNIL) return 1;
     lua_insert(L, 1);
     lua_call(L, 2, 1);
     return 1;
   }
-  lua_pushvalue(L, 2);
-  if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;
-  lua_pop(L, 1);
   if (lua_getiuservalue(L, 1, 1) == LUA_TTABLE) {
     lua_pushvalue(L, 2);
     if (lua_rawget(L, -2) != LUA_TNIL) return 1;
@@ -234,9 +367,44 @@ static int tensor_newindex(lua_State *L) {
   return 0;
 }
 
-static int tensor_release(lua_State *L) {
+static int tensor_gc(lua_State *L) { /* unreachable: nothing can be using it */
+  attn_tensor_free(luaL_checkudata(L, 1, ATTN_TENSOR_MT));
+  return 0;
+}
+
+/* t:free() and __close. A finalizer may run inside another binding call (an
+ * allocation there steps the collector) whose operand t may be: then the free
+ * waits, in a registry list, until that call has returned (see settle). */
+static int tensor_free(lua_State *L) {
   attn_tensor *t = luaL_checkudata(L, 1, ATTN_TENSOR_MT);
+  if (t->storage && attn_l_in_finalizer(L)) {
+    if (lua_rawgetp(L, LUA_REGISTRYINDEX, &deferred_key) != LUA_TTABLE) {
+      lua_pop(L, 1);
+      lua_newtable(L);
+      lua_pushvalue(L, -1);
+      lua_rawsetp(L, LUA_REGISTRYINDEX, &deferred_key);
+    }
+    lua_pushvalue(L, 1);
+    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+    get_state(L)->deferred = 1;
+    return 0;
+  }
   attn_tensor_free(t);
+  return 0;
+}
+
+/* __gc of the per-state data: Lua finalises it after every tensor (it was
+ * made before them) and before it unloads the library (package's table of
+ * loaded C libraries is older still). */
+static int state_gc(lua_State *L) {
+  (void)L;
+  pthread_mutex_lock(&states_lock);
+  int last = --open_states == 0;
+  pthread_mutex_unlock(&states_lock);
+  if (last) {
+    attn_parallel_shutdown(); /* no worker may be running inside the library when it goes */
+    attn_alloc_empty_cache();
+  }
   return 0;
 }
 
@@ -253,15 +421,15 @@ static int l_empty_cache(lua_State *L) {
 }
 
 static int l_set_cache_limit(lua_State *L) {
-  lua_Integer b = luaL_checkinteger(L, 1);
-  luaL_argcheck(L, b >= 0, 1, "cache limit must be >= 0 bytes");
+  lua_Integer b = attn_l_checkinteger(L, 1, "bytes");
+  if (b < 0) return attn_l_error(L, "set_cache_limit: bytes = %I must be >= 0", b);
   attn_alloc_set_cache_limit((size_t)b);
   return 0;
 }
 
 static int l_set_num_threads(lua_State *L) {
-  lua_Integer n = luaL_checkinteger(L, 1);
-  if (n < 1 || n > 64) return attn_l_error(L, "set_num_threads: n = %d must be in 1..64", (int)n);
+  lua_Integer n = attn_l_checkinteger(L, 1, "n");
+  if (n < 1 || n > 64) return attn_l_error(L, "set_num_threads: n = %I must be in 1..64", n);
   attn_set_num_threads((int)n);
   return 0;
 }
@@ -279,7 +447,7 @@ static int l_blas_threads(lua_State *L) {
 }
 
 static int l_manual_seed(lua_State *L) {
-  lua_Integer seed = luaL_checkinteger(L, 1);
+  lua_Integer seed = attn_l_checkinteger(L, 1, "seed");
   attn_rng_seed(attn_l_rng(L), (uint64_t)seed);
   return 0;
 }
@@ -289,7 +457,7 @@ static int l_rng_state(lua_State *L) { /* for saving/restoring generator state *
   if (lua_istable(L, 1)) {
     for (int i = 0; i < 4; i++) {
       lua_rawgeti(L, 1, i + 1);
-      r->s[i] = (uint64_t)luaL_checkinteger(L, -1);
+      r->s[i] = (uint64_t)attn_l_checkinteger(L, -1, "state entry");
       lua_pop(L, 1);
     }
     return 0;
@@ -307,6 +475,15 @@ static int l_clock(lua_State *L) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   lua_pushnumber(L, (lua_Number)ts.tv_sec + (lua_Number)ts.tv_nsec * 1e-9);
+  return 1;
+}
+
+/* Seconds of CPU time used by the process (all threads): for one-thread timings that other
+ * processes on a shared machine should not inflate. */
+static int l_cpu_clock(lua_State *L) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  lua_pushnumber(L, (lua_Number)ts.tv_sec + 1e-9 * (lua_Number)ts.tv_nsec);
   return 1;
 }
 
@@ -346,6 +523,7 @@ static int l_same_shape(lua_State *L) {
 static const luaL_Reg core_functions[] = {
     {"clock", l_clock},
     {"same_shape", l_same_shape},
+    {"cpu_clock", l_cpu_clock},
     {"isa", l_isa},
     {"isa_supported", l_isa_supported},
     {"rusage", l_rusage},
@@ -366,7 +544,14 @@ int luaopen_attn_core(lua_State *L) {
     binding_state *s = lua_newuserdatauv(L, sizeof(binding_state), 0);
     memset(s, 0, sizeof *s);
     attn_rng_seed(&s->rng, 0);
+    lua_createtable(L, 0, 1);
+    lua_pushcfunction(L, state_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_setmetatable(L, -2);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &state_key);
+    pthread_mutex_lock(&states_lock);
+    open_states++;
+    pthread_mutex_unlock(&states_lock);
   }
   lua_pop(L, 1);
 
@@ -389,9 +574,9 @@ int luaopen_attn_core(lua_State *L) {
     lua_getfield(L, -2, "__hooks");
     lua_pushcclosure(L, tensor_newindex, 2);
     lua_setfield(L, -2, "__newindex");
-    lua_pushcfunction(L, tensor_release);
+    lua_pushcfunction(L, tensor_gc);
     lua_setfield(L, -2, "__gc");
-    lua_pushcfunction(L, tensor_release);
+    lua_pushcfunction(L, tensor_free);
     lua_setfield(L, -2, "__close");
     lua_pushstring(L, "attn.Tensor");
     lua_setfield(L, -2, "__name");
@@ -399,10 +584,10 @@ int luaopen_attn_core(lua_State *L) {
   lua_getfield(L, -1, "__methods");
   lua_setfield(L, -3, "methods");
   lua_setfield(L, -2, "metatable");
-  lua_pushcfunction(L, tensor_release);
+  lua_pushcfunction(L, tensor_free);
   lua_setfield(L, -2, "free");
 
-  luaL_setfuncs(L, core_functions, 0);
+  attn_l_setfuncs(L, core_functions);
   attn_l_open_tensor(L);
   attn_l_open_math(L);
   attn_l_open_linalg(L);
