@@ -520,8 +520,19 @@ static int l_isa_supported(lua_State *L) {
   return 1;
 }
 
+/* same_shape(a, b): whether two tensors have the same dims and sizes (no
+ * tables made, for autograd's per-node checks). */
+static int l_same_shape(lua_State *L) {
+  const attn_tensor *a = attn_l_check(L, 1), *b = attn_l_check(L, 2);
+  int same = a->ndim == b->ndim;
+  for (int d = 0; same && d < a->ndim; d++) same = a->shape[d] == b->shape[d];
+  lua_pushboolean(L, same);
+  return 1;
+}
+
 static const luaL_Reg core_functions[] = {
     {"clock", l_clock},
+    {"same_shape", l_same_shape},
     {"cpu_clock", l_cpu_clock},
     {"isa", l_isa},
     {"isa_supported", l_isa_supported},
