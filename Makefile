@@ -60,7 +60,7 @@ ASAN_CAIRO_MODULE = build/asan/attn/cairo.so
 
 LUA_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="lua/?.so;;" OPENBLAS_NUM_THREADS=1
 
-.PHONY: all deps test test-asan check-c check-c-run demo bench lint clean install examples
+.PHONY: all deps test test-exit test-asan check-c check-c-run demo bench lint clean install examples
 
 all: $(MODULE) $(CAIRO_MODULE)
 
@@ -127,6 +127,12 @@ ASAN_ENV = LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-fil
 test-asan: deps
 	@$(MAKE) --no-print-directory $(ASAN_MODULE) $(ASAN_CAIRO_MODULE)
 	@$(ASAN_ENV) $(BUSTED) --cpath="build/asan/?.so" -o TAP $(BUSTED_ARGS) spec | tools/tap-summary
+
+# 300 short processes that exit right after starting 64 workers and running a
+# job: none may crash (the workers are joined before the library is unloaded).
+test-exit: deps
+	@$(MAKE) --no-print-directory all
+	@$(LUA_ENV) ATTN_EXIT_RUNS=300 $(BUSTED) -o TAP spec/core/exit_spec.lua | tools/tap-summary
 
 # The C core's own unit tests (no Lua), under ASan+UBSan and then valgrind memcheck.
 # (A second make evaluates the pkg-config flags after deps has installed pkgconf.)

@@ -36,19 +36,25 @@ attn_status attn_attention_lengths(const char *op, const char *arg, const char *
   int64_t rows = one ? 1 : Nq;
   for (int64_t b = 0; b < B; b++)
     for (int64_t i = 0; i < rows; i++) {
-      int64_t idx[2] = {b, i};
-      double v = attn_tensor_get(lens, idx);
+      int64_t idx[2] = {b, i}, len;
       long long pos = (long long)(b * rows + i) + 1;
-      if (!(v == floor(v)) || !isfinite(v))
-        return attn_error(ATTN_ERR_ARG, "%s: %s holds %g at entry %lld (1-based), not an integer (%s %s, %s)", op, arg,
-                          v, pos, arg, attn_tensor_shape_str(lens), ctx);
-      if (v < 0 || v > (double)max_len)
-        return attn_error(ATTN_ERR_ARG, "%s: %s holds %g at entry %lld (1-based), out of range 0..%lld (%s %s, %s)", op,
-                          arg, v, pos, (long long)max_len, arg, attn_tensor_shape_str(lens), ctx);
+      if (lens->dtype == ATTN_I64) {
+        len = attn_tensor_get_i64(lens, idx);
+      } else {
+        double v = attn_tensor_get(lens, idx);
+        if (!(v == floor(v)) || !isfinite(v))
+          return attn_error(ATTN_ERR_ARG, "%s: %s holds %g at entry %lld (1-based), not an integer (%s %s, %s)", op,
+                            arg, v, pos, arg, attn_tensor_shape_str(lens), ctx);
+        len = v > (double)max_len ? max_len : (v < 0 ? -1 : (int64_t)v);
+      }
+      if (len < 0)
+        return attn_error(ATTN_ERR_ARG, "%s: %s holds %g at entry %lld (1-based), a negative length (%s %s, %s)", op,
+                          arg, attn_tensor_get(lens, idx), pos, arg, attn_tensor_shape_str(lens), ctx);
+      if (len > max_len) len = max_len; /* longer than the keys: every key is valid (PyTorch) */
       if (one)
-        for (int64_t q = 0; q < Nq; q++) out[b * Nq + q] = (int64_t)v;
+        for (int64_t q = 0; q < Nq; q++) out[b * Nq + q] = len;
       else
-        out[b * Nq + i] = (int64_t)v;
+        out[b * Nq + i] = len;
     }
   return ATTN_OK;
 }
@@ -57,6 +63,7 @@ attn_status attn_attention_lengths(const char *op, const char *arg, const char *
 static attn_status prepare_mask(const char *op, const attn_tensor *mask, int64_t B, int64_t Nq, int64_t Nk,
                                 attn_tensor *view) {
   int64_t target[3] = {B, Nq, Nk};
+  if (!attn_dtype_is_float(mask->dtype)) return attn_check_float(op, mask);
   int ok = mask->ndim <= 3;
   for (int d = 0; ok && d < mask->ndim; d++) {
     int64_t s = mask->shape[mask->ndim - 1 - d];
@@ -296,6 +303,7 @@ static attn_status sdpa_setup(const char *op, const attn_tensor *q, const attn_t
   if (k->dtype != q->dtype || v->dtype != q->dtype)
     return attn_error(ATTN_ERR_DTYPE, "%s: dtypes differ: queries %s, keys %s, values %s", op,
                       attn_dtype_name(q->dtype), attn_dtype_name(k->dtype), attn_dtype_name(v->dtype));
+  if (attn_check_float(op, q) != ATTN_OK) return ATTN_ERR_DTYPE;
   J->dt = q->dtype;
   J->B = q->shape[0];
   J->Nq = q->shape[1];
@@ -441,6 +449,7 @@ static attn_status scores_setup(const char *op, const attn_tensor *s, const attn
   if (v && v->dtype != s->dtype)
     return attn_error(ATTN_ERR_DTYPE, "%s: dtypes differ: scores %s, values %s", op, attn_dtype_name(s->dtype),
                       attn_dtype_name(v->dtype));
+  if (attn_check_float(op, s) != ATTN_OK) return ATTN_ERR_DTYPE;
   J->dt = s->dtype;
   J->B = s->shape[0];
   J->Nq = s->shape[1];

@@ -6,17 +6,19 @@
  *
  * Two masking conventions, never mixed up:
  *
- * 1. valid_lens (d2l's convention). A float tensor of integer values, either
- *    1-D (B): one length per sample, for every query row, or 2-D (B, Nq): one
+ * 1. valid_lens (d2l's convention). An int64 tensor, or a float tensor of
+ *    integer values, either 1-D (B): one length per sample, for every query row, or 2-D (B, Nq): one
  *    length per query row. Keys j >= len get the score -1e6 (after scaling)
  *    before the softmax, exactly as the book's masked_softmax: they are not
  *    read, but they still take part in the softmax, so a row with len = 0 comes
  *    out uniform over all Nk keys (padding included). With ordinary scores the
- *    filled entries underflow to an exact 0 weight. Lengths must be integers
- *    in 0..Nk.
+ *    filled entries underflow to an exact 0 weight. Lengths must be
+ *    non-negative integers; a length above Nk means every key is valid (as in
+ *    PyTorch).
  *
  * 2. Keep-masks: `mask` (1 attend, 0 ignore; any float tensor broadcastable to
- *    (B, Nq, Nk), values must be 0 or 1), `causal` (query i sees keys j <= i)
+ *    (B, Nq, Nk), values must be 0 or 1; int64 masks are converted by the
+ *    binding), `causal` (query i sees keys j <= i)
  *    and `window` (query i sees keys with |i - j| <= window). Entries they
  *    remove are left out of the softmax by selection, never by adding a
  *    sentinel: they get weight exactly 0 and gradient exactly 0, and a query
@@ -82,7 +84,7 @@ enum {
 };
 
 typedef struct attn_attention_opts {
-  const attn_tensor *valid_lens; /* NULL, (B) or (B, Nq): integers in 0..Nk (d2l semantics) */
+  const attn_tensor *valid_lens; /* NULL, (B) or (B, Nq): integers >= 0, above Nk = all (d2l semantics) */
   const attn_tensor *mask;       /* NULL or keep-mask broadcastable to (B, Nq, Nk), values 0/1 */
   int causal;                    /* nonzero: query i sees keys j <= i */
   int64_t window;                /* >= 0: query i sees keys |i - j| <= window; < 0: off */
@@ -97,9 +99,12 @@ typedef struct attn_attention_opts {
 void attn_attention_opts_init(attn_attention_opts *opts);
 
 /* Reads lengths for (B, Nq) rows from lens, a 1-D (B) or (when allow_2d) 2-D
- * (B, Nq) float tensor, into out[b * Nq + i] (B * Nq entries), checking that
- * every value is an integer in 0..max_len. op and arg name the operation and
- * argument in errors; ctx describes the shapes it must fit (e.g. "keys [2x10x4]"). */
+ * (B, Nq) int64 or float tensor, into out[b * Nq + i] (B * Nq entries), checking
+ * that every value is a non-negative integer. A length above max_len means "all
+ * max_len positions valid" and is stored as max_len (PyTorch's masking does
+ * the same; the book's predict_seq2seq passes the source length before
+ * truncation). op and arg name the operation and argument in errors; ctx
+ * describes the shapes it must fit (e.g. "keys [2x10x4]"). */
 attn_status attn_attention_lengths(const char *op, const char *arg, const char *ctx, const attn_tensor *lens, int64_t B,
                                    int64_t Nq, int64_t max_len, int allow_2d, int64_t *out);
 
@@ -164,7 +169,7 @@ attn_status attn_attention_masked_softmax_forward(const attn_tensor *x, const at
 attn_status attn_attention_masked_softmax_backward(const attn_tensor *y, const attn_tensor *dy,
                                                    const attn_tensor *valid_lens, attn_tensor *dx);
 
-/* x (B, T, ...) with valid_len (B) (integers in 0..T) -> out (x's shape): a
+/* x (B, T, ...) with valid_len (B) (integers >= 0; above T keeps all) -> out (x's shape): a
  * copy of x where every entry of sample b at time steps t >= valid_len[b] is
  * value (the masked entries of x are not read). The gradient is the same op
  * applied to the output's gradient with value 0. */

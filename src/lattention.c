@@ -62,40 +62,45 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
   idx = lua_absindex(L, idx);
   luaL_checktype(L, idx, LUA_TTABLE);
 
-  lua_getfield(L, idx, "valid_lens");
+  attn_l_rawfield(L, idx, "valid_lens");
   o->valid_lens = opt_lens(L, -1, fn, "valid_lens"); /* a converted table stays above the field */
 
-  lua_getfield(L, idx, "mask");
+  attn_l_rawfield(L, idx, "mask");
   if (!lua_isnil(L, -1)) {
     o->mask = attn_l_test(L, -1);
     if (!o->mask) attn_l_error(L, "%s: mask must be a tensor (1 attend, 0 ignore), got a %s", fn, luaL_typename(L, -1));
+    if (o->mask && o->mask->dtype == ATTN_I64) { /* a comparison of ids: the kernels read float masks */
+      attn_tensor *m = attn_l_push_alloc(L, ATTN_F64, o->mask->ndim, o->mask->shape);
+      if (attn_copy(m, o->mask) != ATTN_OK) attn_l_raise(L);
+      o->mask = m; /* stays on the stack above the field */
+    }
   }
 
-  lua_getfield(L, idx, "causal");
+  attn_l_rawfield(L, idx, "causal");
   if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
     attn_l_error(L, "%s: causal must be a boolean, got a %s", fn, luaL_typename(L, -1));
   o->causal = lua_toboolean(L, -1);
   lua_pop(L, 1);
 
-  lua_getfield(L, idx, "window");
+  attn_l_rawfield(L, idx, "window");
   if (!lua_isnil(L, -1)) {
     int isint;
     lua_Integer w = lua_tointegerx(L, -1, &isint);
     if (!isint || w < 0)
       attn_l_error(L, "%s: window must be an integer >= 0 (keys within that distance), got %s", fn,
-                 luaL_tolstring(L, -1, NULL));
+                 lua_type(L, -1) == LUA_TNUMBER ? lua_tostring(L, -1) : luaL_typename(L, -1));
     o->window = (int64_t)w;
   }
   lua_pop(L, 1);
 
-  lua_getfield(L, idx, "scale");
+  attn_l_rawfield(L, idx, "scale");
   if (!lua_isnil(L, -1)) {
     if (lua_type(L, -1) != LUA_TNUMBER) attn_l_error(L, "%s: scale must be a number, got a %s", fn, luaL_typename(L, -1));
     o->scale = lua_tonumber(L, -1);
   }
   lua_pop(L, 1);
 
-  lua_getfield(L, idx, "dropout");
+  attn_l_rawfield(L, idx, "dropout");
   if (!lua_isnil(L, -1)) {
     if (lua_type(L, -1) != LUA_TNUMBER)
       attn_l_error(L, "%s: dropout must be a probability, got a %s", fn, luaL_typename(L, -1));
@@ -105,7 +110,7 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
   }
   lua_pop(L, 1);
 
-  lua_getfield(L, idx, "seed");
+  attn_l_rawfield(L, idx, "seed");
   if (!lua_isnil(L, -1)) {
     int isint;
     lua_Integer s = lua_tointegerx(L, -1, &isint);
@@ -116,7 +121,7 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
   }
   lua_pop(L, 1);
 
-  lua_getfield(L, idx, "kernel");
+  attn_l_rawfield(L, idx, "kernel");
   if (!lua_isnil(L, -1)) {
     static const char *const names[] = {"auto", "reference", "flash", "flash_generic", "flash_avx2", "flash_avx512",
                                         NULL};
@@ -130,14 +135,14 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
   }
   lua_pop(L, 1);
 
-  lua_getfield(L, idx, "need_weights");
+  attn_l_rawfield(L, idx, "need_weights");
   if (!lua_isnil(L, -1)) *need_weights = lua_toboolean(L, -1);
   lua_pop(L, 1);
 }
 
 static const char *opt_name(lua_State *L, int idx, const char *def) {
   if (!lua_istable(L, idx)) return def;
-  lua_getfield(L, idx, "name");
+  attn_l_rawfield(L, idx, "name");
   /* only a real string: the opts table then keeps it alive (a number would be
    * converted in a stack slot that is popped, leaving a dangling pointer) */
   const char *s = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : def;
@@ -148,7 +153,7 @@ static const char *opt_name(lua_State *L, int idx, const char *def) {
 /* want[k]: whether gradient k ("q", "k", "v" / "scores", "values") is wanted; table at idx or nil (all). */
 static int wants(lua_State *L, int idx, const char *key) {
   if (!lua_istable(L, idx)) return 1;
-  lua_getfield(L, idx, key);
+  attn_l_rawfield(L, idx, key);
   int w = lua_toboolean(L, -1);
   lua_pop(L, 1);
   return w;
@@ -432,4 +437,4 @@ static const luaL_Reg attention_functions[] = {
     {NULL, NULL},
 };
 
-void attn_l_open_attention(lua_State *L) { luaL_setfuncs(L, attention_functions, 0); }
+void attn_l_open_attention(lua_State *L) { attn_l_setfuncs(L, attention_functions); }

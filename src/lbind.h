@@ -49,6 +49,18 @@ static inline void attn_l_bump_version(attn_tensor *t) { t->storage->version++; 
 /* The per-state random generator. */
 attn_rng *attn_l_rng(lua_State *L);
 
+/* Reads t[key] of the table at idx without metamethods (pushes it, returns
+ * its type): options are read raw, so no Lua code runs inside a call. */
+int attn_l_rawfield(lua_State *L, int idx, const char *key);
+/* Whether Lua is running a finalizer now (possibly from an allocation inside
+ * another binding call, whose operands must then stay untouched). */
+int attn_l_in_finalizer(lua_State *L);
+
+/* Registers fns into the table on top, each wrapped so that what may run Lua
+ * code (GC steps paid for tensor bytes, frees requested by finalizers) runs
+ * only after the function has returned and its results are on the stack. */
+void attn_l_setfuncs(lua_State *L, const luaL_Reg *fns);
+
 /* Registration of each binding file's functions into the table on top. */
 void attn_l_open_tensor(lua_State *L);
 void attn_l_open_math(lua_State *L);

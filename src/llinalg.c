@@ -121,4 +121,4 @@ static const luaL_Reg linalg_functions[] = {
     {"linalg_det", l_linalg_det},     {NULL, NULL},
 };
 
-void attn_l_open_linalg(lua_State *L) { luaL_setfuncs(L, linalg_functions, 0); }
+void attn_l_open_linalg(lua_State *L) { attn_l_setfuncs(L, linalg_functions); }
