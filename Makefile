@@ -164,7 +164,7 @@ examples: deps
 
 bench: deps
 	@$(MAKE) --no-print-directory all
-	@$(LUA_ENV) $(LUA) bench/bench.lua
+	@QUICK=$(QUICK) $(LUA_ENV) $(LUA) bench/bench.lua
 
 lint: deps
 	luacheck lua spec examples bench

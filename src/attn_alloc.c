@@ -15,7 +15,7 @@ typedef struct free_block {
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static free_block *free_lists[CLASS_COUNT];
-static size_t live_bytes, cached_bytes;
+static size_t live_bytes, cached_bytes, peak_live_bytes;
 static size_t cache_limit = (size_t)4 << 30;
 static size_t max_request;
 
@@ -75,6 +75,7 @@ void *attn_alloc(size_t nbytes, size_t *capacity) {
   }
   pthread_mutex_lock(&lock);
   live_bytes += bytes;
+  if (live_bytes > peak_live_bytes) peak_live_bytes = live_bytes;
   pthread_mutex_unlock(&lock);
   *capacity = bytes;
   return p;
@@ -117,6 +118,14 @@ void attn_alloc_empty_cache(void) {
 size_t attn_alloc_live_bytes(void) {
   pthread_mutex_lock(&lock);
   size_t v = live_bytes;
+  pthread_mutex_unlock(&lock);
+  return v;
+}
+
+size_t attn_alloc_peak_bytes(int reset) {
+  pthread_mutex_lock(&lock);
+  size_t v = peak_live_bytes;
+  if (reset) peak_live_bytes = live_bytes;
   pthread_mutex_unlock(&lock);
   return v;
 }

@@ -424,6 +424,12 @@ static int l_memory(lua_State *L) {
   return 2;
 }
 
+/* peak_memory([reset]): the most bytes live at once since the last reset. */
+static int l_peak_memory(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)attn_alloc_peak_bytes(lua_toboolean(L, 1)));
+  return 1;
+}
+
 static int l_empty_cache(lua_State *L) {
   (void)L;
   attn_alloc_empty_cache();
@@ -538,6 +544,7 @@ static const luaL_Reg core_functions[] = {
     {"isa_supported", l_isa_supported},
     {"rusage", l_rusage},
     {"memory", l_memory},
+    {"peak_memory", l_peak_memory},
     {"empty_cache", l_empty_cache},
     {"set_cache_limit", l_set_cache_limit},
     {"set_num_threads", l_set_num_threads},
