@@ -12,30 +12,57 @@ LUA_LMOD_DIR      ?= $(PREFIX)/share/lua/$(LUA_VERSION)
 LUA_CMODULE_DIR   ?= $(PREFIX)/lib/lua/$(LUA_VERSION)
 BLAS_FLAGS        ?= $(shell $(PKG_CONFIG) --cflags openblas lapacke 2>/dev/null)
 BLAS_LIBS         ?= $(shell $(PKG_CONFIG) --libs openblas lapacke 2>/dev/null)
+CAIRO_FLAGS       ?= $(shell $(PKG_CONFIG) --cflags cairo 2>/dev/null)
+CAIRO_LIBS        ?= $(shell $(PKG_CONFIG) --libs cairo 2>/dev/null)
 
 CC       ?= gcc
-OPT      ?= -O2 -march=x86-64-v2 -mtune=native
+# The baseline build runs on any CPU of its architecture: the vectorised row
+# math in src/cpu/ is compiled once per instruction set with its own flags and
+# chosen at run time (src/attn_vmath.c), so no -march=native is needed.
+OPT      ?= -O2
 CFLAGS   ?= $(OPT)
-WARN      = -std=c11 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -Werror -Wno-unused-parameter
+# Warnings are errors in CI (.ci/run sets WERROR) and for the default build;
+# a user who passes their own OPT or CFLAGS (another compiler, other warnings)
+# gets the warnings without the failure unless they ask for WERROR=-Werror.
+ifeq ($(origin OPT)$(origin CFLAGS),filefile)
+WERROR   ?= -Werror
+endif
+WARN      = -std=c11 -D_POSIX_C_SOURCE=200809L -Wall -Wextra $(WERROR) -Wno-unused-parameter
+# Per-ISA flags of the src/cpu/ translation units (x86-64 only; elsewhere the
+# generic path alone is built and the others compile to nothing).
+ifneq ($(filter x86_64%,$(shell $(CC) -dumpmachine)),)
+CPU_FLAGS_avx2   = -mavx2 -mfma -ffp-contract=fast
+CPU_FLAGS_avx512 = -mavx512f -mavx512dq -mavx512vl -mavx512bw -mfma -mprefer-vector-width=512 -ffp-contract=fast
+endif
+# -fno-trapping-math lets float selects (clamps, special values) be if-converted,
+# which the vectoriser needs; the kernels never rely on floating-point traps.
+CPU_OPT   = -O3 -fno-trapping-math
 LIBFLAG  ?= -shared
 ALL_CFLAGS = $(WARN) $(CFLAGS) -fPIC $(LUA_INCDIR) $(BLAS_FLAGS)
 LDLIBS    = $(BLAS_LIBS) -lpthread -lm
 
 DEBIAN_PACKAGES = lua5.4 liblua5.4-dev libopenblas-dev liblapacke-dev lua-busted lua-check \
-                  lua-cjson lua-filesystem pkgconf gcc make cppcheck valgrind
+                  lua-cjson lua-filesystem pkgconf gcc make cppcheck valgrind \
+                  fonts-dejavu-core \
+                  libcairo2-dev \
+                  lua-expat
 
-SRC       = $(wildcard src/*.c)
-HEADERS   = $(wildcard src/*.h)
+SRC       = $(wildcard src/*.c) $(wildcard src/cpu/*.c)
+HEADERS   = $(wildcard src/*.h src/cpu/*.h)
 OBJ       = $(SRC:src/%.c=build/obj/%.o)
 ASAN_OBJ  = $(SRC:src/%.c=build/asan/%.o)
 MODULE    = lua/attn/core.so
 ASAN_MODULE = build/asan/attn/core.so
+# attn.cairo (drawing for attn.plot) is a separate module so attn.core links no cairo.
+CAIRO_SRC   = src/plot/lcairo.c
+CAIRO_MODULE = lua/attn/cairo.so
+ASAN_CAIRO_MODULE = build/asan/attn/cairo.so
 
 LUA_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="lua/?.so;;" OPENBLAS_NUM_THREADS=1
 
 .PHONY: all deps test test-exit test-asan check-c check-c-run demo bench lint clean install examples
 
-all: $(MODULE)
+all: $(MODULE) $(CAIRO_MODULE)
 
 # Installs whatever Debian package is missing (first command on a fresh machine).
 deps:
@@ -52,17 +79,37 @@ build/obj/%.o: src/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	@echo "cc $<"; $(CC) $(ALL_CFLAGS) -c $< -o $@
 
+# src/cpu/<name>_<isa>.c: compiled with CPU_FLAGS_<isa> (the last word of the file name).
+cpu_isa_flags = $(CPU_FLAGS_$(lastword $(subst _, ,$1)))
+
+build/obj/cpu/%.o: src/cpu/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	@echo "cc $< $(call cpu_isa_flags,$*)"; $(CC) $(ALL_CFLAGS) $(CPU_OPT) $(call cpu_isa_flags,$*) -c $< -o $@
+
 $(MODULE): $(OBJ)
 	$(CC) $(LIBFLAG) -o $@ $(OBJ) $(LDLIBS)
+
+$(CAIRO_MODULE): $(CAIRO_SRC)
+	@echo "cc $<"; $(CC) $(WARN) $(CFLAGS) -fPIC $(LUA_INCDIR) $(CAIRO_FLAGS) $(LIBFLAG) $< -o $@ $(CAIRO_LIBS)
 
 build/asan/%.o: src/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	@echo "cc (asan) $<"; $(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
 	  -DATTN_SANITIZED_BUILD -fPIC $(LUA_INCDIR) $(BLAS_FLAGS) -c $< -o $@
 
+build/asan/cpu/%.o: src/cpu/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	@echo "cc (asan) $<"; $(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
+	  $(call cpu_isa_flags,$*) -fPIC $(LUA_INCDIR) $(BLAS_FLAGS) -c $< -o $@
+
 $(ASAN_MODULE): $(ASAN_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(LIBFLAG) -fsanitize=address,undefined -o $@ $(ASAN_OBJ) $(LDLIBS)
+
+$(ASAN_CAIRO_MODULE): $(CAIRO_SRC)
+	@mkdir -p $(dir $@)
+	@echo "cc (asan) $<"; $(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
+	  -fPIC $(LUA_INCDIR) $(CAIRO_FLAGS) $(LIBFLAG) $< -o $@ $(CAIRO_LIBS)
 
 # Specs through busted's TAP output; tools/tap-summary prints "N passed, N failed".
 test: deps
@@ -78,7 +125,7 @@ ASAN_ENV = LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-fil
 	  LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="build/asan/?.so;;" OPENBLAS_NUM_THREADS=1 \
 	  ATTN_SANITIZED=1
 test-asan: deps
-	@$(MAKE) --no-print-directory $(ASAN_MODULE)
+	@$(MAKE) --no-print-directory $(ASAN_MODULE) $(ASAN_CAIRO_MODULE)
 	@$(ASAN_ENV) $(BUSTED) --cpath="build/asan/?.so" -o TAP $(BUSTED_ARGS) spec | tools/tap-summary
 
 # 300 short processes that exit right after starting 64 workers and running a
@@ -90,21 +137,23 @@ test-exit: deps
 # The C core's own unit tests (no Lua), under ASan+UBSan and then valgrind memcheck.
 # (A second make evaluates the pkg-config flags after deps has installed pkgconf.)
 CORE_SRC = $(filter src/attn_%.c,$(SRC))
+CPU_SRC  = $(wildcard src/cpu/*.c)
 check-c: deps
 	@$(MAKE) --no-print-directory check-c-run
 
-check-c-run:
+check-c-run: $(CPU_SRC:src/%.c=build/asan/%.o) $(CPU_SRC:src/%.c=build/obj/%.o)
 	@mkdir -p build
 	$(CC) $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -Isrc $(BLAS_FLAGS) \
-	  spec/c/test_core.c $(CORE_SRC) -o build/test_core_asan $(LDLIBS)
+	  spec/c/test_core.c $(CORE_SRC) $(CPU_SRC:src/%.c=build/asan/%.o) -o build/test_core_asan $(LDLIBS)
 	ASAN_OPTIONS=detect_leaks=1 OPENBLAS_NUM_THREADS=1 build/test_core_asan
-	$(CC) $(WARN) -O1 -g -Isrc $(BLAS_FLAGS) spec/c/test_core.c $(CORE_SRC) -o build/test_core $(LDLIBS)
+	$(CC) $(WARN) -O1 -g -Isrc $(BLAS_FLAGS) spec/c/test_core.c $(CORE_SRC) $(CPU_SRC:src/%.c=build/obj/%.o) \
+	  -o build/test_core $(LDLIBS)
 	OPENBLAS_NUM_THREADS=1 valgrind -q --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite \
 	  build/test_core
 
 demo: deps
 	@$(MAKE) --no-print-directory all
-	@$(LUA_ENV) $(LUA) examples/demo.lua
+	@$(LUA_ENV) $(LUA) examples/bahdanau.lua $(DEMO_ARGS)
 
 # Every example with small sizes (a smoke run, as CI does).
 examples: deps
@@ -125,7 +174,9 @@ lint: deps
 install: all
 	install -d $(DESTDIR)$(LUA_CMODULE_DIR)/attn $(DESTDIR)$(LUA_LMOD_DIR)/attn
 	install -m 755 $(MODULE) $(DESTDIR)$(LUA_CMODULE_DIR)/attn/core.so
+	install -m 755 $(CAIRO_MODULE) $(DESTDIR)$(LUA_CMODULE_DIR)/attn/cairo.so
 	cd lua && find attn -name '*.lua' -exec install -D -m 644 {} $(DESTDIR)$(LUA_LMOD_DIR)/{} \;
+	install -D -m 644 data/fra-eng-sample.txt $(DESTDIR)$(LUA_LMOD_DIR)/attn/data/fra-eng-sample.txt
 
 clean:
-	rm -rf build $(MODULE) out
+	rm -rf build $(MODULE) $(CAIRO_MODULE) out

@@ -106,7 +106,7 @@ end
 function helper.param(shape, scale)
   local t = attn.randn(shape, "float64")
   if scale then t = t * scale end
-  return t:requires_grad(true)
+  return t:requires_grad_()
 end
 
 --- Naive matrix product of nested tables (independent of BLAS).

@@ -15,6 +15,24 @@
 
 #define ATTN_TENSOR_MT "attn.Tensor"
 
+/* Argument errors name the function the user called: every binding function
+ * is registered (attn_l_setfuncs) as a closure whose upvalue 1 is its luaL_Reg
+ * entry, whose public name attn_l_fname reads back. (luaL_check* would name the local variable
+ * of the Lua wrapper that made the call, e.g. "bad argument #3 to 'f'".)
+ * Messages read "transpose: argument 3 (dim) must be an integer, got no
+ * value", counting arguments of the function form attn.transpose(x, d0, d1),
+ * which for a method call x:transpose(d0, d1) counts x as argument 1. */
+const char *attn_l_fname(lua_State *L);
+/* Raises "<fname>: argument <arg> (<what>) must be <expected>, got <value>";
+ * what may be NULL. */
+int attn_l_argerror(lua_State *L, int arg, const char *what, const char *expected);
+lua_Integer attn_l_checkinteger(lua_State *L, int arg, const char *what);
+lua_Integer attn_l_optinteger(lua_State *L, int arg, const char *what, lua_Integer def);
+double attn_l_checknumber(lua_State *L, int arg, const char *what);
+double attn_l_optnumber(lua_State *L, int arg, const char *what, double def);
+const char *attn_l_checklstring(lua_State *L, int arg, const char *what, size_t *len);
+void attn_l_checktable(lua_State *L, int arg, const char *what);
+
 /* The tensor at idx; raises if it is not one or was freed. */
 attn_tensor *attn_l_check(lua_State *L, int idx);
 /* The tensor at idx, or NULL if the value is not a tensor (raises if freed). */
@@ -67,6 +85,7 @@ void attn_l_open_math(lua_State *L);
 void attn_l_open_linalg(lua_State *L);
 void attn_l_open_attention(lua_State *L);
 void attn_l_open_io(lua_State *L);
+void attn_l_open_rnn(lua_State *L);
 
 #define ATTN_L_TRY(L, call)                         \
   do {                                              \

@@ -50,7 +50,7 @@ static const struct {
 } encodings[] = {
     {{"float32", "f32", "F32"}, ENC_F32, 4, ATTN_F32},    {{"float64", "f64", "F64"}, ENC_F64, 8, ATTN_F64},
     {{"float16", "f16", "F16"}, ENC_F16, 2, ATTN_F32},    {{"bfloat16", "bf16", "BF16"}, ENC_BF16, 2, ATTN_F32},
-    {{"int32", "i32", "I32"}, ENC_I32, 4, ATTN_F64},      {{"int64", "i64", "I64"}, ENC_I64, 8, ATTN_F64},
+    {{"int32", "i32", "I32"}, ENC_I32, 4, ATTN_I64},      {{"int64", "i64", "I64"}, ENC_I64, 8, ATTN_I64},
 };
 
 static int find_encoding(const char *name) {
@@ -89,11 +89,11 @@ static float half_to_float(uint16_t h) {
 }
 
 /* Decodes n elements of encoding e from src into the contiguous buffer dst
- * (float or double, per encodings[e].result). */
+ * (float, double or int64, per encodings[e].result). */
 static void decode(void *dst, const unsigned char *src, int64_t n, int e, int big) {
   size_t size = encodings[e].size;
   encoding enc = encodings[e].enc;
-  if ((enc == ENC_F32 || enc == ENC_F64) && big == !host_is_little()) {
+  if ((enc == ENC_F32 || enc == ENC_F64 || enc == ENC_I64) && big == !host_is_little()) {
     memcpy(dst, src, (size_t)n * size);
     return;
   }
@@ -120,15 +120,12 @@ static void decode(void *dst, const unsigned char *src, int64_t n, int e, int bi
       uint32_t b = (uint32_t)u;
       int32_t s;
       memcpy(&s, &b, 4);
-      ((double *)dst)[i] = (double)s;
+      ((int64_t *)dst)[i] = s;
       break;
     }
-    case ENC_I64: {
-      int64_t s;
-      memcpy(&s, &u, 8);
-      ((double *)dst)[i] = (double)s;
+    case ENC_I64:
+      memcpy((int64_t *)dst + i, &u, 8);
       break;
-    }
     }
   }
 }
@@ -201,7 +198,7 @@ static int l_tensor_to_bytes(lua_State *L) {
  * A new contiguous tensor decoded from bytes of a string.
  * Encodings: "float32"/"F32", "float64"/"F64" (bit-exact), "float16"/"F16"
  * and "bfloat16"/"BF16" (to float32, exact), "int32"/"I32" and "int64"/"I64"
- * (to float64; int64 beyond 2^53 rounds).
+ * (to int64, exact).
  * @function tensor_from_bytes
  * @tparam string str
  * @tparam integer offset 0-based byte offset of the first element
@@ -213,10 +210,10 @@ static int l_tensor_to_bytes(lua_State *L) {
  */
 static int l_tensor_from_bytes(lua_State *L) {
   size_t len;
-  const char *s = luaL_checklstring(L, 1, &len);
-  lua_Integer offset = luaL_checkinteger(L, 2);
-  const char *name = luaL_checkstring(L, 3);
-  luaL_checktype(L, 4, LUA_TTABLE);
+  const char *s = attn_l_checklstring(L, 1, "bytes", &len);
+  lua_Integer offset = attn_l_checkinteger(L, 2, "offset");
+  const char *name = attn_l_checklstring(L, 3, "encoding", NULL);
+  attn_l_checktable(L, 4, "shape");
   int big = lua_toboolean(L, 5);
   int e = find_encoding(name);
   if (e < 0)
@@ -374,9 +371,9 @@ static const char *push_temp_name(lua_State *L, const char *path, uint32_t salt,
  */
 static int l_write_file_atomic(lua_State *L) {
   size_t path_len;
-  const char *path = luaL_checklstring(L, 1, &path_len);
+  const char *path = attn_l_checklstring(L, 1, "path", &path_len);
   if (strlen(path) != path_len) return attn_l_error(L, "write_file_atomic: path contains a NUL byte");
-  luaL_checktype(L, 2, LUA_TTABLE);
+  attn_l_checktable(L, 2, "parts");
   lua_settop(L, 2);
   lua_Integer n = (lua_Integer)lua_rawlen(L, 2);
   /* Resolve every part before creating the file, so that nothing raises
@@ -470,7 +467,7 @@ static int l_write_file_atomic(lua_State *L) {
  * @treturn[2] string message
  */
 static int l_fsync(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
+  const char *path = attn_l_checklstring(L, 1, "path", NULL);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0 || fsync(fd) != 0) {
     int err = errno;

@@ -41,38 +41,62 @@ local function options(opt, fn)
 end
 
 local function finish(t, requires_grad)
-  if requires_grad then Tensor.requires_grad(t, true) end
+  if requires_grad then Tensor.requires_grad_(t, true) end
   return t
 end
 
--- Checks a shape table here so the error names the function the user called.
-local function shape_arg(shape, fn)
-  if type(shape) ~= "table" then
-    error(string.format("%s: shape must be a table of sizes like {2, 3}, got a %s", fn, type(shape)), 3)
-  end
-  for d, n in ipairs(shape) do
-    if math.type(n) ~= "integer" and not (type(n) == "number" and n == math.floor(n) and n < 2 ^ 63) then
-      error(string.format("%s: size %d is %s, not an integer", fn, d, tostring(n)), 3)
+-- The shape of a creation function: a table ({2, 3}) or leading integers
+-- (2, 3), followed by the other arguments; the last `keep` leading numbers
+-- are not sizes (full's value, bernoulli's p). Checked here so the error
+-- names the function the user called (error level 4: shape_of, the creation
+-- function, then the user's line).
+local function shape_of(fn, keep, ...)
+  local shape, rest
+  local first = ...
+  if type(first) == "table" then
+    shape, rest = first, table.pack(select(2, ...))
+  else
+    local n = 0
+    while type((select(n + 1, ...))) == "number" do n = n + 1 end
+    if first ~= nil and type(first) ~= "number" and type(first) ~= "string" then
+      error(string.format("%s: expected sizes like (2, 3) or {2, 3}, got a %s", fn, type(first)), 4)
     end
-    if n < 0 then
-      error(string.format("%s: negative size %s in shape [%s]", fn, tostring(n), table.concat(shape, "x")), 3)
+    n = math.max(n - keep, 0)
+    shape, rest = table.pack(...), table.pack(select(n + 1, ...))
+    for i = shape.n, n + 1, -1 do shape[i] = nil end
+    shape.n = nil
+  end
+  for d, size in ipairs(shape) do
+    if math.type(size) ~= "integer" and not (type(size) == "number" and size == math.floor(size) and size < 2 ^ 63) then
+      error(string.format("%s: size %d is %s, not an integer", fn, d, tostring(size)), 4)
+    end
+    if size < 0 then
+      error(string.format("%s: negative size %s in shape %s", fn, tostring(size), core.shape_str(shape)), 4)
     end
   end
-  return shape
+  return shape, table.unpack(rest, 1, rest.n)
 end
 
 -- ---------------------------------------------------------------- creation
 
+--- A tensor from a number or a nested table of numbers, or a copy of a tensor.
+-- @param data a number, a rectangular nested table of numbers, or a tensor
+-- @param[opt] opt dtype string or options table `{dtype =, requires_grad =}`
+-- @treturn Tensor a new tensor (float32 by default; a copy keeps the source's dtype)
+-- @raise on a ragged table, a non-number element or an unknown option
+-- @usage local x = attn.tensor({{1, 2, 3}, {4, 5, 6}}, "float64") -- (2, 3)
 function attn.tensor(data, opt)
   local dtype, rg = options(opt, "tensor")
   return finish(core.tensor(data, dtype), rg)
 end
 
--- Creation from a shape table and the optional last argument (dtype or options).
+-- Creation from a shape (a table or sizes) and the optional last argument
+-- (dtype or options).
 local function shaped(fn_name, make)
-  return function(shape, opt)
+  return function(...)
+    local shape, opt = shape_of(fn_name, 0, ...)
     local dtype, rg = options(opt, fn_name)
-    return finish(make(shape_arg(shape, fn_name), dtype), rg)
+    return finish(make(shape, dtype), rg)
   end
 end
 local function zeros_of(s, dt) return core.full(s, 0, dt) end
@@ -83,9 +107,11 @@ attn.ones = shaped("ones", ones_of)
 attn.rand = shaped("rand", core.rand)
 attn.randn = shaped("randn", core.randn)
 
-function attn.full(shape, value, opt)
+--- full(shape, value [, opt]) or full(n1, n2, ..., value [, opt]): every entry is value.
+function attn.full(...)
+  local shape, value, opt = shape_of("full", 1, ...)
   local dtype, rg = options(opt, "full")
-  return finish(core.full(shape_arg(shape, "full"), value, dtype), rg)
+  return finish(core.full(shape, value, dtype), rg)
 end
 
 --- arange(stop), arange(start, stop), arange(start, stop, step): values in [start, stop).
@@ -119,10 +145,34 @@ function attn.eye(n, m, opt)
   return finish(core.eye(n, m, dtype), rg)
 end
 
---- bernoulli(shape, p [, opt]): ones with probability p.
-function attn.bernoulli(shape, p, opt)
+--- Random integers uniform in [low, high) (PyTorch's `randint`: low inclusive,
+-- high exclusive), int64 unless opt names another dtype. Drawn sequentially
+-- from the seeded generator, so the thread count never changes them.
+-- @tparam integer low (optional: `randint(high, shape)` means low = 0)
+-- @tparam integer high
+-- @tparam {integer,...} shape
+-- @tparam[opt] string|table opt dtype or `{dtype =}`
+-- @treturn Tensor
+-- @raise when low >= high or the bounds are not integers
+-- @usage local ids = attn.randint(1, 11, { 4, 7 }) -- token ids 1..10
+function attn.randint(low, high, shape, opt)
+  if type(high) == "table" then low, high, shape, opt = 0, low, high, shape end
+  for _, v in ipairs({ low, high }) do
+    if math.type(v) ~= "integer" and not (type(v) == "number" and v == math.floor(v) and math.abs(v) < 2 ^ 63) then
+      error(string.format("randint: bounds must be integers, got %s", tostring(v)), 2)
+    end
+  end
+  local sizes, rest = shape_of("randint", 0, shape, opt)
+  local dtype, rg = options(rest, "randint")
+  if rg then error("randint: integer samples cannot require grad", 2) end
+  return core.randint(sizes, math.tointeger(low), math.tointeger(high), dtype)
+end
+
+--- bernoulli(shape, p [, opt]) or bernoulli(n1, n2, ..., p [, opt]): ones with probability p.
+function attn.bernoulli(...)
+  local shape, p, opt = shape_of("bernoulli", 1, ...)
   local dtype, rg = options(opt, "bernoulli")
-  return finish(core.bernoulli(shape_arg(shape, "bernoulli"), p, dtype), rg)
+  return finish(core.bernoulli(shape, p, dtype), rg)
 end
 
 local function like(fn_name, make)
@@ -186,6 +236,13 @@ attn.where = Tensor.where
 attn.bmm = Tensor.bmm
 
 attn.manual_seed = core.manual_seed
+--- Seconds from a monotonic wall clock (CLOCK_MONOTONIC), for timing code.
+-- Unlike `os.clock` (CPU time of the process) it counts time spent waiting and
+-- in other threads, and unlike `os.time` it has sub-microsecond resolution and
+-- never jumps when the system clock is set.
+-- @treturn number seconds since an arbitrary fixed point
+-- @usage local t0 = attn.clock(); step(); print(attn.clock() - t0, "s")
+attn.clock = core.clock
 attn.set_num_threads = core.set_num_threads
 attn.get_num_threads = core.get_num_threads
 attn.empty_cache = core.empty_cache

@@ -13,7 +13,7 @@
 -- ...) read at every step, so a learning-rate schedule may assign `opt.lr`.
 -- @module attn.optim
 -- @usage
--- local opt = attn.optim.Adam{params = model:parameters(), lr = 1e-3}
+-- local opt = attn.optim.Adam(model:parameters(), {lr = 1e-3}) -- or Adam{params = ..., lr = 1e-3}
 -- for _ = 1, steps do
 --   opt:zero_grad()
 --   local loss = criterion(model(x), y)
@@ -69,6 +69,24 @@ local function options_error(name, opts, allowed)
       return string.format("%s: unknown option '%s' (expected %s)", name, tostring(k), table.concat(names, ", "))
     end
   end
+end
+
+-- Both call forms give one options table: PyTorch's Adam(params, {lr = ...})
+-- (params first: a list or a tensor; the options optional) and the table
+-- form Adam{params = ..., lr = ...}. Returns the table, or nil and a message.
+local function call_options(name, a, b)
+  local positional = b ~= nil or is_tensor(a) or (type(a) == "table" and a[1] ~= nil)
+  if not positional then return a end
+  if type(b) ~= "table" and b ~= nil then
+    return nil, string.format("%s: options must be a table like {lr = 0.01}, got a %s", name, type(b))
+  end
+  local opts = {}
+  for k, v in pairs(b or {}) do opts[k] = v end
+  if opts.params ~= nil then
+    return nil, string.format("%s: params given twice (as the first argument and in the options)", name)
+  end
+  opts.params = a
+  return opts
 end
 
 -- A non-negative number, or the message saying why not.
@@ -236,12 +254,17 @@ local sgd_options = { params = true, lr = true, momentum = true, dampening = tru
 --     buf = g (first step), else buf = momentum * buf + (1 - dampening) * g
 --     g = nesterov and g + momentum * buf or buf        (when momentum ~= 0)
 --     p = p - lr * g
--- @tparam table opts `params` (list of tensors), `lr` (required, >= 0), `momentum` (0),
+-- Call it as PyTorch does, `SGD(params, {lr = 0.1})`, or with one table,
+-- `SGD{params = params, lr = 0.1}`.
+-- @param params_or_opts the list of parameter tensors, or the options table with `params` in it
+-- @tparam[opt] table opts `params` (list of tensors), `lr` (required, >= 0), `momentum` (0),
 --   `dampening` (0), `weight_decay` (0), `nesterov` (false; needs momentum > 0 and dampening 0)
 -- @treturn SGD
 -- @raise on a missing or invalid argument, naming the optimizer and the argument
-function optim.SGD(opts)
-  local msg = options_error("SGD", opts, sgd_options) or params_error("SGD", opts.params)
+function optim.SGD(params_or_opts, opts)
+  local msg
+  opts, msg = call_options("SGD", params_or_opts, opts)
+  msg = msg or options_error("SGD", opts, sgd_options) or params_error("SGD", opts.params)
   if msg then error(msg, 2) end
   if opts.lr == nil then error("SGD: lr is required", 2) end
   local self = new_optimizer(SGD, "SGD", opts.params, { "lr", "momentum", "dampening", "weight_decay", "nesterov" })
@@ -312,8 +335,10 @@ Adam.__index = Adam
 
 local adam_options = { params = true, lr = true, betas = true, eps = true, weight_decay = true }
 
-local function new_adam(name, opts, default_wd)
-  local msg = options_error(name, opts, adam_options) or params_error(name, opts.params)
+local function new_adam(name, params_or_opts, opts, default_wd)
+  local msg
+  opts, msg = call_options(name, params_or_opts, opts)
+  msg = msg or options_error(name, opts, adam_options) or params_error(name, opts.params)
   if msg then return nil, msg end
   local self = new_optimizer(Adam, name, opts.params, { "lr", "betas", "eps", "weight_decay" })
   self.decoupled = name == "AdamW"
@@ -350,24 +375,28 @@ end
 --     m = beta1 * m + (1 - beta1) * g
 --     v = beta2 * v + (1 - beta2) * g^2
 --     p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
--- @tparam table opts `params` (list of tensors), `lr` (1e-3), `betas` ({0.9, 0.999}, each in [0, 1)),
+-- Call it as PyTorch does, `Adam(params, {lr = 0.005})`, or with one table,
+-- `Adam{params = params, lr = 0.005}`.
+-- @param params_or_opts the list of parameter tensors, or the options table with `params` in it
+-- @tparam[opt] table opts `params` (list of tensors), `lr` (1e-3), `betas` ({0.9, 0.999}, each in [0, 1)),
 --   `eps` (1e-8), `weight_decay` (0)
 -- @treturn Adam
 -- @raise on an invalid argument, naming the optimizer and the argument
-function optim.Adam(opts)
-  local self, msg = new_adam("Adam", opts, 0)
+function optim.Adam(params_or_opts, opts)
+  local self, msg = new_adam("Adam", params_or_opts, opts, 0)
   if not self then error(msg, 2) end
   return self
 end
 
 --- AdamW, as torch.optim.AdamW: Adam without the L2 term; each parameter is
 -- decayed first, `p = p * (1 - lr * weight_decay)`. Same options as Adam,
--- but `weight_decay` defaults to 0.01 (PyTorch's default).
--- @tparam table opts
+-- but `weight_decay` defaults to 0.01 (PyTorch's default). Both call forms.
+-- @param params_or_opts the list of parameter tensors, or the options table with `params` in it
+-- @tparam[opt] table opts
 -- @treturn Adam
 -- @raise on an invalid argument, naming the optimizer and the argument
-function optim.AdamW(opts)
-  local self, msg = new_adam("AdamW", opts, 1e-2)
+function optim.AdamW(params_or_opts, opts)
+  local self, msg = new_adam("AdamW", params_or_opts, opts, 1e-2)
   if not self then error(msg, 2) end
   return self
 end

@@ -17,9 +17,9 @@ for _, name in ipairs {
   Tensor[name] = core[name]
 end
 
-local function refuse_inplace(name, t)
+local function refuse_inplace(name, t, level)
   if autograd.is_enabled() and t._rg then
-    error(name .. ": in-place update of a tensor that requires grad (use attn.no_grad or :detach())", 3)
+    error(name .. ": in-place update of a tensor that requires grad (use attn.no_grad or :detach())", level or 3)
   end
 end
 
@@ -35,18 +35,31 @@ end
 
 function Tensor.zero_(t) return Tensor.fill_(t, 0) end
 
---- requires_grad(): the flag; requires_grad(flag): sets it on a leaf and returns the tensor.
-function Tensor.requires_grad(t, flag)
-  if flag == nil then return t._rg == true end
+--- Sets whether autograd records operations on t (a leaf) and returns t.
+-- Read the flag as the field `t.requires_grad` (a boolean); assigning
+-- `t.requires_grad = flag` calls this too.
+-- @tparam Tensor t a float32 or float64 tensor
+-- @tparam[opt=true] boolean flag
+-- @treturn Tensor t
+-- @raise when turning it off on a non-leaf, or on for a non-floating dtype
+-- @usage local w = attn.randn(3, 2):requires_grad_()
+function Tensor.requires_grad_(t, flag)
+  if flag == nil then flag = true end
   if not flag and t.grad_fn then
-    error("requires_grad: cannot turn off grad on a non-leaf tensor (use :detach())", 2)
+    error("requires_grad_: cannot turn off grad on a non-leaf tensor (use :detach())", 2)
   end
   if flag and core.dtype(t) ~= "float32" and core.dtype(t) ~= "float64" then
-    error("requires_grad: only floating tensors can require grad", 2)
+    error("requires_grad_: only floating tensors can require grad, got " .. core.dtype(t), 2)
   end
   t._rg = flag and true or nil
   return t
 end
+
+-- Computed fields: t.requires_grad reads the flag as a boolean (false when
+-- unset), and assigning it goes through the checks of requires_grad_.
+local getters, setters = core.metatable.__getters, core.metatable.__setters
+function getters.requires_grad(t) return t._rg == true end
+function setters.requires_grad(t, flag) Tensor.requires_grad_(t, flag) end
 
 function Tensor.is_leaf(t) return t.grad_fn == nil end
 
@@ -245,7 +258,13 @@ Tensor.contiguous = view_op("contiguous", function(g) return g end)
 Tensor.clone = view_op("clone", function(g) return g end)
 Tensor.expand = view_op("expand", function(g, x) return sum_to(g, core.shape(x)) end)
 Tensor.transpose = view_op("transpose", function(g, _, a) return core.transpose(g, a[1], a[2]) end)
-Tensor.to = view_op("to", function(g, x) return core.to(g, core.dtype(x)) end)
+local to_float = view_op("to", function(g, x) return core.to(g, core.dtype(x)) end)
+--- to(dtype): converts (a no-op when the dtype matches). Converting to int64
+-- leaves the graph, as in PyTorch: ids carry no gradient.
+function Tensor.to(x, dtype)
+  if dtype == "int64" or dtype == "long" or dtype == "i64" then return core.to(x, dtype) end
+  return to_float(x, dtype)
+end
 
 function Tensor.permute(x, ...)
   local perm = type(...) == "table" and table.move(..., 1, #..., 1, {}) or { ... } -- a copy: the caller may reuse it
@@ -312,10 +331,185 @@ function Tensor.where(cond, a, b)
   end)
 end
 
+-- ---------------------------------------------------------------- Torch7-style indexing
+-- t[i] is the i-th slice along dim 1 (a view, a number for a 1-D tensor) and
+-- nil past the end, so ipairs(t) walks dim 1 and stops; t[{2, {1, 3}}] takes
+-- one entry per leading dim: an integer selects (the dim goes away), {a, b}
+-- narrows to a..b inclusive, {a} to a..a, {} keeps the dim; negative indices
+-- count from the end. Reads record select/narrow for autograd; assignments
+-- (t[i] = v, t[{...}] = v) fill or copy in place, like the other in-place
+-- methods. The C __index sends every non-string key here, so method lookup
+-- (string keys) never pays for it.
+
+local KEY_HELP = "an integer or a table like {2, {1, 3}}"
+
+-- A 1-based index i into a dim of size n (negative from the end); raises at
+-- `level` naming the key when it is out of range.
+local function position(i, n, d, shape_str, level)
+  local j = math.tointeger(i)
+  if j == nil then
+    error(string.format("tensor index: %s at dim %d is not an integer (%s)", tostring(i), d, KEY_HELP), level)
+  end
+  if j < 0 then j = j + n + 1 end
+  if j < 1 or j > n then
+    error(string.format("tensor index: %d out of range for dim %d of size %d (%s; indices are 1-based)", i, d, n,
+      shape_str), level)
+  end
+  return j
+end
+
+-- The view of t a key names, cut with select/narrow (the recorded methods
+-- for reads, the core's for writes). `level` is the error level of the
+-- caller's caller (the user's line).
+local function locate(t, key, select, narrow, level)
+  level = level + 1
+  local view, dim, shape_str = t, 1, core.shape_str(t)
+  for d = 1, #key do
+    local e, n = key[d], core.size(view, dim)
+    if type(e) == "number" then
+      view = select(view, dim, position(e, n, d, shape_str, level + 1))
+    elseif type(e) == "table" then
+      if #e > 2 then
+        error(string.format("tensor index: range at dim %d has %d entries; expected {}, {i} or {first, last}", d,
+          #e), level)
+      end
+      if #e > 0 then
+        local a = position(e[1], n, d, shape_str, level + 1)
+        local b = position(e[2] or e[1], n, d, shape_str, level + 1)
+        if b < a then
+          error(string.format("tensor index: range {%s, %s} at dim %d is empty (%s)", tostring(e[1]), tostring(e[2]),
+            d, shape_str), level)
+        end
+        view = narrow(view, dim, a, b - a + 1)
+      end
+      dim = dim + 1
+    else
+      error(string.format("tensor index: entry %d is a %s; expected an integer or a range table", d, type(e)), level)
+    end
+  end
+  return view
+end
+
+-- The key as a table of entries, and whether it selects every dim (the
+-- result is then a number). `level` as for locate.
+local function index_key(t, key, level)
+  local ndim = core.dim(t)
+  if ndim == 0 then error("tensor index: a 0-d tensor has no slices (use :item() or :fill_())", level + 1) end
+  if type(key) == "number" then key = { key } end
+  if type(key) ~= "table" then
+    error(string.format("tensor index: a %s key; expected %s", type(key), KEY_HELP), level + 1)
+  end
+  if #key > ndim then
+    error(string.format("tensor index: %d entries for a %d-D tensor %s", #key, ndim, core.shape_str(t)), level + 1)
+  end
+  local selected = 0
+  for _, e in ipairs(key) do
+    if type(e) == "number" then selected = selected + 1 end
+  end
+  return key, selected == ndim
+end
+
+local hooks = core.metatable.__hooks
+
+-- Called by the C __index for non-string keys: user line, C __index, here.
+function hooks.get(t, key)
+  if math.type(key) == "integer" and core.dim(t) > 0 then
+    local n = core.size(t, 1)
+    if key > n then return nil end -- the end of the sequence, for ipairs
+    if core.dim(t) == 1 then return core.get(t, position(key, n, 1, core.shape_str(t), 4)) end
+    return Tensor.select(t, 1, position(key, n, 1, core.shape_str(t), 4))
+  end
+  local k, scalar = index_key(t, key, 3)
+  if scalar then return core.item(locate(t, k, core.select, core.narrow, 3)) end
+  return locate(t, k, Tensor.select, Tensor.narrow, 3)
+end
+
+function hooks.set(t, key, value)
+  refuse_inplace("tensor index assignment", t, 4)
+  local view = locate(t, (index_key(t, key, 3)), core.select, core.narrow, 3)
+  if type(value) == "number" then
+    core.fill_(view, value)
+  elseif is_tensor(value) then
+    core.copy_(view, value)
+  else
+    error(string.format("tensor index assignment: the value is a %s; expected a number or a tensor", type(value)), 3)
+  end
+end
+
+-- A list of parts that a generic `for` can walk: `for x in t:split(1)`. The
+-- iterator is stateless (the previous part finds its own position), so the
+-- list can be walked again or from two loops at once.
+local function part_list(parts)
+  local at = {}
+  for i, p in ipairs(parts) do at[p] = i end
+  return setmetatable(parts, {
+    __call = function(self, _, prev) return self[prev == nil and 1 or at[prev] + 1] end,
+  })
+end
+
+--- Splits t along dim into views of `size` entries each (the last may be
+-- shorter), or of the sizes in a table, as torch.split. The result is a list
+-- that a `for` can also walk directly.
+-- @tparam Tensor t
+-- @param size an integer > 0, or a table of sizes summing to t:size(dim)
+-- @tparam[opt=1] int dim
+-- @treturn table list of views (differentiable, recorded as narrow)
+-- @raise on a size that is not a positive integer, or sizes that do not add up
+-- @usage for row in x:split(1) do print(row) end   -- (1, n) views of x's rows
+function Tensor.split(t, size, dim)
+  dim = dim or 1
+  local n = core.size(t, dim)
+  local sizes = {}
+  if type(size) == "table" then
+    local total = 0
+    for i, k in ipairs(size) do
+      if math.type(k) ~= "integer" or k < 0 then
+        error(string.format("split: size %d is %s, not a non-negative integer", i, tostring(k)), 2)
+      end
+      sizes[i], total = k, total + k
+    end
+    if total ~= n then
+      error(string.format("split: sizes add up to %d, but dim %d of %s has %d", total, dim, core.shape_str(t), n), 2)
+    end
+  else
+    if math.type(size) ~= "integer" or size < 1 then
+      error(string.format("split: size must be a positive integer, got %s", tostring(size)), 2)
+    end
+    for start = 1, n, size do sizes[#sizes + 1] = math.min(size, n - start + 1) end
+  end
+  local parts, start = {}, 1
+  for i, k in ipairs(sizes) do
+    parts[i] = Tensor.narrow(t, dim, start, k)
+    start = start + k
+  end
+  return part_list(parts)
+end
+
+--- Splits t along dim into n views of ceil(size / n) entries (fewer parts
+-- when the size does not allow n), as torch.chunk.
+-- @tparam Tensor t
+-- @tparam int n number of chunks (> 0)
+-- @tparam[opt=1] int dim
+-- @treturn table list of views, walkable by `for`
+-- @raise when n is not a positive integer
+-- @usage local q, k, v = table.unpack(qkv:chunk(3, -1))
+function Tensor.chunk(t, n, dim)
+  dim = dim or 1
+  if math.type(n) ~= "integer" or n < 1 then
+    error(string.format("chunk: n must be a positive integer, got %s", tostring(n)), 2)
+  end
+  local size = core.size(t, dim)
+  return Tensor.split(t, math.max(1, (size + n - 1) // n), dim)
+end
+
 -- ---------------------------------------------------------------- matmul
 
 --- NumPy matmul: 1-D operands are promoted (and the added dim removed after).
 function Tensor.matmul(a, b)
+  if not is_tensor(a) or not is_tensor(b) then
+    local bad = is_tensor(a) and b or a
+    error(string.format("matmul: argument %d must be a tensor, got a %s", is_tensor(a) and 2 or 1, type(bad)), 2)
+  end
   local a_vec, b_vec = core.dim(a) == 1, core.dim(b) == 1
   if a_vec or b_vec then
     local inner_b = core.size(b, b_vec and 1 or -2)

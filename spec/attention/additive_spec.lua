@@ -62,9 +62,9 @@ describe("additive_scores", function()
       local Qh = attn.randn({ 2, 6, 3 }, dtype):transpose(2, 3):contiguous():transpose(2, 3) -- column-major
       local Kh = attn.randn({ 2, 9, 5 }, dtype):narrow(3, 2, 3)
       local w = attn.randn({ 6 }, dtype):narrow(1, 2, 3)
-      Qh:requires_grad(true)
-      Kh:requires_grad(true)
-      w:requires_grad(true)
+      Qh:requires_grad_()
+      Kh:requires_grad_()
+      w:requires_grad_()
       local S = attn.additive_scores(Qh, Kh, w)
       local t = dtype == "float64" and { atol = 1e-12 } or { atol = 1e-5 }
       helper.assert_close(S, naive_scores(Qh:totable(), Kh:totable(), w:totable()), t)
@@ -133,8 +133,8 @@ describe("additive_attention", function()
     end
     -- through the projections of the toy
     local queries, keys, values, W_q, W_k = toy("float64")
-    W_q:requires_grad(true)
-    W_k:requires_grad(true)
+    W_q:requires_grad_()
+    W_k:requires_grad_()
     local keys2 = keys + attn.randn({ 2, 10, 2 }, "float64")
     helper.gradcheck(function(wq, wk, wv)
       return (attn.additive_attention(queries:matmul(wq), keys2:matmul(wk), values, wv, { valid_lens = { 2, 6 } }))
@@ -184,5 +184,21 @@ describe("bilinear_scores", function()
     local ok, err = pcall(attn.bilinear_scores, attn.randn({ 2, 3, 4 }), attn.randn({ 5, 6 }), attn.randn({ 2, 5, 6 }))
     assert.is_false(ok)
     assert.is_truthy(err:find("Q [2x3x4], W [5x6], K [2x5x6]", 1, true), err)
+  end)
+end)
+
+describe("additive_attention with int64 lengths", function()
+  it("equals the float-length result and the composition of its pieces", function()
+    attn.manual_seed(6)
+    local Qh, Kh, V, w = helper.param({ 2, 3, 4 }), helper.param({ 2, 5, 4 }), helper.param({ 2, 5, 2 }),
+      helper.param({ 4 })
+    for _, lens in ipairs { { 3, 0 }, { { 1, 2, 5 }, { 5, 4, 0 } } } do
+      local out, wts = attn.additive_attention(Qh, Kh, V, w, { valid_lens = attn.tensor(lens, "int64") })
+      local ref = attn.masked_softmax(attn.additive_scores(Qh, Kh, w), lens)
+      helper.assert_close(wts, ref, { atol = 1e-12 })
+      helper.assert_close(out, ref:matmul(V), { atol = 1e-12 })
+    end
+    local o = { valid_lens = attn.tensor({ 2, 5 }, "int64") }
+    helper.gradcheck(function(q, k, v, ww) return (attn.additive_attention(q, k, v, ww, o)) end, { Qh, Kh, V, w })
   end)
 end)

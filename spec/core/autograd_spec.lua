@@ -111,14 +111,32 @@ describe("autograd", function()
   it("detach and no_grad stop recording", function()
     local w = attn.ones({ 2 }, { requires_grad = true })
     local d = w:detach()
-    assert.is_false(d:requires_grad())
+    assert.is_false(d.requires_grad)
     assert.are.equal(w:storage_id(), d:storage_id())
     local y = attn.no_grad(function() return w * 2 end)
-    assert.is_false(y:requires_grad())
+    assert.is_false(y.requires_grad)
     assert.is_nil(y.grad_fn)
     assert.is_true(attn.is_grad_enabled())
     assert.has_error(function() attn.no_grad(function() error("boom") end) end)
     assert.is_true(attn.is_grad_enabled(), "grad mode restored after an error")
+  end)
+
+  it("reads requires_grad as a boolean field and sets it with requires_grad_", function()
+    local x = attn.zeros({ 2 }, "float64")
+    assert.are.equal(false, x.requires_grad) -- a boolean, so `if x.requires_grad` means what it says
+    assert.are.equal(x, x:requires_grad_()) -- returns the tensor (the default flag is true)
+    assert.are.equal(true, x.requires_grad)
+    local y = x * 2
+    assert.are.equal(true, y.requires_grad) -- results of recorded ops require grad
+    x:requires_grad_(false)
+    assert.are.equal(false, x.requires_grad)
+    x.requires_grad = true -- PyTorch's assignment form goes through the same checks
+    assert.are.equal(true, x.requires_grad)
+    assert.has_error(function() y:requires_grad_(false) end,
+      "requires_grad_: cannot turn off grad on a non-leaf tensor (use :detach())")
+    assert.has_error(function() (x * 2).requires_grad = false end,
+      "requires_grad_: cannot turn off grad on a non-leaf tensor (use :detach())")
+    assert.is_nil(x.no_such_field) -- unknown fields still read as nil
   end)
 
   it("frees the graph after backward unless retain_graph", function()
@@ -157,5 +175,39 @@ describe("autograd", function()
     collectgarbage()
     local after = attn.memory()
     assert.is_true(after - before < 64 * 1024, string.format("live bytes %d -> %d", before, after))
+  end)
+
+  it("keeps grad mode per coroutine: one suspended inside no_grad leaves the rest recording", function()
+    local autograd = require "attn.autograd"
+    local w = attn.ones({ 2 }, { requires_grad = true })
+    local co = coroutine.create(function()
+      attn.no_grad(function()
+        coroutine.yield(attn.is_grad_enabled(), (w * 2).grad_fn ~= nil)
+      end)
+      return attn.is_grad_enabled()
+    end)
+    local _, inside, recorded = coroutine.resume(co)
+    assert.is_false(inside)
+    assert.is_false(recorded)
+    -- the coroutine is parked inside no_grad, yet this code records as usual
+    assert.is_true(attn.is_grad_enabled())
+    local y = (w * 3):sum()
+    assert.is_true(y.grad_fn ~= nil)
+    y:backward()
+    assert.same({ 3, 3 }, w.grad:totable())
+    -- and no_grad here does not leak into the coroutine either
+    local resumed = attn.no_grad(function() return select(2, coroutine.resume(co)) end)
+    assert.is_true(resumed)
+    assert.is_true(autograd.is_enabled())
+  end)
+
+  it("names the operation whose backward failed", function()
+    local autograd = require "attn.autograd"
+    local w = attn.ones({ 2 }, { requires_grad = true })
+    local y = autograd.record("my_broken_op", w * 1, { w }, function() error("cannot differentiate here", 0) end)
+    assert.has_error(function() y:sum():backward() end,
+      "backward of 'my_broken_op' failed: cannot differentiate here")
+    -- grad mode is back on after the failure
+    assert.is_true(attn.is_grad_enabled())
   end)
 end)

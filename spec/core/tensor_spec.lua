@@ -17,9 +17,29 @@ describe("tensor creation", function()
     assert.are.equal("float64", attn.tensor({ { 1, 2 } }, "float64"):dtype())
     assert.are.equal("float64", attn.zeros({ 2, 3 }, { dtype = "float64" }):dtype())
     local p = attn.ones({ 2 }, { requires_grad = true })
-    assert.is_true(p:requires_grad())
+    assert.is_true(p.requires_grad)
     assert.has_error(function() attn.zeros({ 2 }, { dtyp = "float64" }) end,
       "zeros: unknown option 'dtyp' (expected dtype, requires_grad)")
+  end)
+
+  it("takes sizes as varargs or as a table, with the dtype or options last", function()
+    for _, name in ipairs { "empty", "zeros", "ones", "rand", "randn" } do
+      local a, b = attn[name](2, 3), attn[name]({ 2, 3 })
+      assert.are.same({ 2, 3 }, a:shape())
+      assert.are.same(b:shape(), a:shape())
+      assert.are.equal("float64", attn[name](2, 3, "float64"):dtype())
+      local p = attn[name](4, { dtype = "float64", requires_grad = true })
+      assert.are.same({ 4 }, p:shape())
+      assert.is_true(p.requires_grad)
+      assert.are.same({}, attn[name]():shape()) -- no sizes: a 0-d tensor
+    end
+    assert.are.same({ { 0, 0, 0 }, { 0, 0, 0 } }, attn.zeros(2, 3):totable())
+    assert.are.same({ { 7, 7 } }, attn.full(1, 2, 7):totable()) -- the last number is the value
+    assert.are.same({ { 7, 7 } }, attn.full({ 1, 2 }, 7, "float64"):totable())
+    assert.are.same({ { 1, 1, 1 } }, attn.bernoulli(1, 3, 1.0):totable())
+    assert.has_error(function() attn.zeros(2, -1) end, "zeros: negative size -1 in shape [2x-1]")
+    assert.has_error(function() attn.ones(2, 2.5) end, "ones: size 2 is 2.5, not an integer")
+    assert.has_error(function() attn.rand(true) end, "rand: expected sizes like (2, 3) or {2, 3}, got a boolean")
   end)
 
   it("keeps float64 precision and rounds float32", function()

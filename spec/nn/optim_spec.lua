@@ -234,7 +234,7 @@ describe("optim.Adam", function()
     assert.is_true(attn.is_grad_enabled())
     opt:step()
     assert.is_nil(x.grad_fn)
-    assert.is_true(x:requires_grad())
+    assert.is_true(x.requires_grad)
     assert.is_true(attn.is_grad_enabled())
   end)
 end)
@@ -386,7 +386,7 @@ describe("optimizers", function()
       end)
 
       it("keeps live memory flat over many steps", function()
-        local p = attn.randn({ 64, 64 }):requires_grad(true)
+        local p = attn.randn({ 64, 64 }):requires_grad_()
         local opt = make { p }
         p.grad = attn.randn { 64, 64 }
         opt:step()
@@ -453,6 +453,40 @@ describe("optimizer argument validation", function()
       assert.error_matches(case[1], case[2])
     end)
   end
+
+  it("accepts PyTorch's call form Adam(params, {lr = ...}) with the same result as the table form", function()
+    local forms = {
+      SGD = { { lr = 0.1, momentum = 0.9 } },
+      Adam = { { lr = 0.05, betas = { 0.8, 0.9 } }, {} },
+      AdamW = { { lr = 0.05, weight_decay = 0.1 } },
+    }
+    for name, option_sets in pairs(forms) do
+      for _, opts in ipairs(option_sets) do
+        local a = attn.tensor({ 1.0, -2.0 }, { dtype = "float64", requires_grad = true })
+        local b = attn.tensor({ 1.0, -2.0 }, { dtype = "float64", requires_grad = true })
+        local table_form = { params = { a } }
+        for k, v in pairs(opts) do table_form[k] = v end
+        local oa = attn.optim[name](table_form)
+        local ob = next(opts) and attn.optim[name]({ b }, opts) or attn.optim[name]({ b })
+        assert.is_nil(opts.params) -- the caller's options table is not modified
+        for step = 1, 3 do
+          a.grad = attn.tensor({ step, 0.5 }, "float64")
+          b.grad = attn.tensor({ step, 0.5 }, "float64")
+          oa:step()
+          ob:step()
+        end
+        assert.are_not.same({ 1.0, -2.0 }, b:totable())
+        assert.are.same(a:totable(), b:totable())
+      end
+    end
+    assert.error_matches(function() attn.optim.Adam({ p }, { params = { p } }) end,
+      "Adam: params given twice %(as the first argument and in the options%)")
+    assert.error_matches(function() attn.optim.SGD({ p }, 0.1) end,
+      "SGD: options must be a table like {lr = 0.01}, got a number")
+    assert.error_matches(function() attn.optim.SGD(p, { lr = 0.1 }) end, "SGD: params must be .*got a tensor")
+    assert.error_matches(function() attn.optim.SGD({ p }, { lr = 0.1, mom = 1 }) end, "SGD: unknown option 'mom'")
+    assert.error_matches(function() attn.optim.SGD({ p }) end, "SGD: lr is required")
+  end)
 
   it("rechecks hyper-parameters assigned after construction", function()
     local opt = attn.optim.Adam { params = { p } }

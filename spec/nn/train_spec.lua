@@ -37,7 +37,7 @@ local function reverse_batch(B, T, vocab)
 end
 
 local function accuracy(logits, labels)
-  return logits:argmax(-1):eq(attn.tensor(labels, logits:dtype())):mean():item()
+  return logits:argmax(-1):eq(attn.tensor(labels, "int64")):to(logits:dtype()):mean():item()
 end
 
 -- ---------------------------------------------------------------- a Bahdanau-style copier
@@ -123,9 +123,8 @@ describe("training", function()
     local vocab, T, B = 10, 6, 32
     local m = Seq2Seq(vocab, 16, 32)
     -- d2l's train_seq2seq init: Xavier-uniform on every Linear and GRU weight matrix
-    local params = m:named_parameters()
-    for _, name in ipairs(m:parameter_names()) do -- in order, so the draws are reproducible
-      if name:find("weight") and not name:find("embedding") then nn.init.xavier_uniform_(params[name]) end
+    for _, p in ipairs(m:named_parameters()) do -- in order, so the draws are reproducible
+      if p[1]:find("weight") and not p[1]:find("embedding") then nn.init.xavier_uniform_(p[2]) end
     end
     local opt = attn.optim.Adam{ params = m:parameters(), lr = 0.01 }
     local criterion = nn.MaskedSoftmaxCELoss()
@@ -135,7 +134,7 @@ describe("training", function()
       local src, sl, di, lab, ll = copy_batch(B, T, vocab)
       opt:zero_grad()
       criterion(m(src, sl, di), lab, ll):sum():backward()
-      nn.clip_grad_norm(m, 1)
+      nn.clip_grad_norm_(m, 1)
       opt:step()
     end
     local seconds = os.clock() - t0
@@ -172,7 +171,7 @@ describe("training", function()
       opt:zero_grad()
       local loss = criterion(m(x), y)
       loss:backward()
-      nn.clip_grad_norm(m, 1)
+      nn.clip_grad_norm_(m, 1)
       opt:step()
       if step == 100 then
         collectgarbage()

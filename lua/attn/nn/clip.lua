@@ -7,17 +7,23 @@ local core = attn.core
 
 local M = {}
 
---- clip_grad_norm(params, max_norm): the L2 norm of all gradients taken together
--- (parameters without `.grad` are skipped). If it exceeds max_norm, every
--- gradient is scaled in place by max_norm / norm. `params` is a list of tensors
--- or a module. Returns the norm before clipping (a number).
-function M.clip_grad_norm(params, max_norm)
+--- Clips gradients in place by their global L2 norm, as PyTorch's
+-- `clip_grad_norm_`: the norm of all gradients taken together (parameters
+-- without `.grad` are skipped); if it exceeds max_norm, every gradient is
+-- scaled in place by max_norm / norm. `nn.clip_grad_norm` is the same function
+-- (the name before the in-place underscore).
+-- @param params a list of tensors, or a module (its parameters)
+-- @tparam number max_norm the largest allowed norm (>= 0)
+-- @treturn number the norm before clipping
+-- @raise when params is not a list or a module, or max_norm is negative
+-- @usage loss:backward(); nn.clip_grad_norm_(model, 1); opt:step()
+function M.clip_grad_norm_(params, max_norm)
   if module.is_module(params) then params = params:parameters() end
   if type(params) ~= "table" or attn.is_tensor(params) then
-    error("clip_grad_norm: params must be a list of tensors or a module", 2)
+    error("clip_grad_norm_: params must be a list of tensors or a module", 2)
   end
   if type(max_norm) ~= "number" or max_norm < 0 then
-    error("clip_grad_norm: max_norm must be a non-negative number, got " .. tostring(max_norm), 2)
+    error("clip_grad_norm_: max_norm must be a non-negative number, got " .. tostring(max_norm), 2)
   end
   local total = 0
   for _, p in ipairs(params) do

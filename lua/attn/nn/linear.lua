@@ -1,5 +1,5 @@
---- Basic layers of `attn.nn`: Linear, Embedding, Dropout, LayerNorm, ReLU and
--- Sequential, with PyTorch's parameter names, layouts and default initialisation.
+--- Basic layers of `attn.nn`: Linear, Embedding, Dropout, LayerNorm and ReLU
+-- (Sequential is in attn.nn.containers), with PyTorch's parameter names, layouts and default initialisation.
 -- @module attn.nn.linear
 local attn = require "attn"
 local module = require "attn.nn.module"
@@ -23,6 +23,7 @@ local function check_positive_int(v, who, what)
     error(string.format("%s: %s must be a positive integer, got %s", who, what, tostring(v)), 3)
   end
 end
+M.check_positive_int = check_positive_int
 
 local function check_options(opts, who, allowed)
   if opts == nil then return {} end
@@ -112,27 +113,14 @@ function Embedding:init(num_embeddings, embedding_dim, opts)
   self:register_parameter("weight", attn.randn({ num_embeddings, embedding_dim }, opts.dtype or "float32"))
 end
 
--- Flat list of ids checked to be integers in 1..n.
-local function check_ids(flat, n, shape)
-  for i, v in ipairs(flat) do
-    if math.type(v) ~= "integer" and (v ~= math.floor(v)) then
-      error(string.format("Embedding: token id %.15g at position %d of ids %s is not an integer", v, i,
-        shape_str(shape)), 4)
-    end
-    if v < 1 or v > n then
-      error(string.format("Embedding: token id %.15g at position %d of ids %s is out of range 1..%d", v, i,
-        shape_str(shape), n), 4)
-    end
-  end
-end
-
+--- forward(ids): ids of any dtype (int64 preferred; float ids must hold
+-- integers), validated in the core against 1..num_embeddings.
 function Embedding:forward(ids)
-  if type(ids) == "table" and not attn.is_tensor(ids) then ids = attn.tensor(ids, self.weight:dtype()) end
+  if type(ids) == "table" and not attn.is_tensor(ids) then ids = attn.tensor(ids, "float64") end
   check_tensor(ids, "Embedding", "ids")
   local shape = ids:shape()
-  local flat = ids:reshape({ -1 })
-  check_ids(flat:totable(), self.num_embeddings, shape)
-  local out = self.weight:index_select(1, flat)
+  core.check_ids(ids, self.num_embeddings, "Embedding", "token id", "ids " .. shape_str(shape))
+  local out = self.weight:index_select(1, ids:reshape({ -1 }))
   shape[#shape + 1] = self.embedding_dim
   return out:reshape(shape)
 end
@@ -228,36 +216,8 @@ end
 
 -- ---------------------------------------------------------------- Sequential
 
---- `nn.Sequential(m1, m2, ...)`: applies the modules in turn. The children are
--- named "0", "1", ... as in PyTorch (state dict keys "0.weight"), while Lua
--- indexing is 1-based: `seq[1]` is child "0". `#seq` is the number of children.
-local Sequential = Module:extend("Sequential")
-M.Sequential = Sequential
-
-function Sequential:init(...)
-  local n = select("#", ...)
-  rawset(self, "n", 0)
-  for i = 1, n do self:append((select(i, ...))) end
-end
-
---- Appends a module (named by its 0-based position). Returns self.
-function Sequential:append(m)
-  if not module.is_module(m) then
-    error(string.format("Sequential: element %d must be a module, got a %s", self.n + 1, type(m)), 2)
-  end
-  local i = self.n + 1
-  rawset(self, "n", i)
-  self:add_module(tostring(i - 1), m, i)
-  return self
-end
-
-function Sequential:forward(x)
-  for i = 1, self.n do
-    x = self[i](x)
-  end
-  return x
-end
-
-function Sequential.__len(self) return self.n end
+-- Sequential lives with the other containers; exported here too for the code
+-- that takes it from this module.
+M.Sequential = require("attn.nn.containers").Sequential
 
 return M
