@@ -104,4 +104,4 @@ static const luaL_Reg rnn_functions[] = {
     {NULL, NULL},
 };
 
-void attn_l_open_rnn(lua_State *L) { luaL_setfuncs(L, rnn_functions, 0); }
+void attn_l_open_rnn(lua_State *L) { attn_l_setfuncs(L, rnn_functions); }
