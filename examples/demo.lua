@@ -3,6 +3,7 @@
 -- fixed Gaussian kernel, then with a learnable width trained by autograd, and a
 -- heatmap of the attention weights.
 local attn = require "attn"
+local plot = require "attn.plot"
 
 local smoke = os.getenv("ATTN_SMOKE") == "1"
 attn.manual_seed(0)
@@ -62,19 +63,19 @@ end
 local w1 = attn.no_grad(weights, w:detach())
 print(string.format("parametric (learned width %.3f): test MSE %.4f", w:item(), mse(w1:matmul(y_train))))
 
--- A coarse heatmap: rows are test queries, columns training keys, darker = more weight.
-local shades = { " ", ".", ":", "-", "=", "+", "*", "#", "%", "@" }
-local function heatmap(m, title)
-  print(title)
-  local max = m:max():item()
-  for i = 1, n_test, 5 do
-    local row = {}
-    for j = 1, n_train do
-      local v = m:get(i, j) / max
-      row[j] = shades[math.min(#shades, 1 + math.floor(v * (#shades - 1) + 0.5))]
-    end
-    print(string.format("  x=%.1f |%s|", x_test:get(i), table.concat(row)))
-  end
+-- Heatmaps: every fifth test query (rows) over the sorted training keys
+-- (columns), darker = more weight; in the terminal and as out/demo_attention.png.
+local rows, row_labels = {}, {}
+for i = 1, n_test, 5 do
+  rows[#rows + 1] = i
+  row_labels[#row_labels + 1] = string.format("x=%.1f", x_test:get(i))
 end
-heatmap(w0, "attention weights, Gaussian kernel (query rows, sorted training keys as columns):")
-heatmap(w1, "attention weights, learned kernel (sharper: a smaller neighbourhood per query):")
+local shown = { w0:index_select(1, rows), w1:index_select(1, rows) }
+print("attention weights, Gaussian kernel (query rows, sorted training keys as columns):")
+print(plot.terminal_heatmap(shown[1], { row_labels = row_labels, cell_width = 1, vmin = 0 }))
+print("attention weights, learned kernel (sharper: a smaller neighbourhood per query):")
+print(plot.terminal_heatmap(shown[2], { row_labels = row_labels, cell_width = 1, vmin = 0 }))
+os.execute("mkdir -p out")
+local png = assert(plot.heatmaps(attn.stack({ w0, w1 }):unsqueeze(1), { path = "out/demo_attention.png",
+  xlabel = "Sorted training inputs", ylabel = "Testing inputs", titles = { "Gaussian kernel", "Learned width" } }))
+print("wrote " .. png)

@@ -4,6 +4,7 @@
 -- the attention weights (the anti-diagonal is the reversal).
 -- Usage: lua5.4 examples/reverse_task.lua [steps]   (writes out/reverser.safetensors)
 local attn = require "attn"
+local plot = require "attn.plot"
 local nn = attn.nn
 
 local smoke = os.getenv("ATTN_SMOKE") == "1"
@@ -69,22 +70,18 @@ fresh:load_state_dict(tensors)
 print(string.format("reloaded from %s (%s, %s steps): accuracy %.1f%%", path, meta.task, meta.steps,
   100 * accuracy(fresh)))
 
--- Attention weights of the first held-out sequence, one heatmap per head.
+-- Attention weights of the first held-out sequence, one heatmap per head: in
+-- the terminal, and as out/reverse_attention.png.
 fresh({ x[1] })
 local w = fresh.attention.attention_weights -- (1, heads, T, T)
-local shades = { " ", ".", ":", "-", "=", "+", "*", "#", "@" }
-print("attention weights (rows: output position, columns: input position):")
-for h = 1, heads do
-  local lines = { string.format("head %d", h) }
-  for i = 1, T do
-    local row = {}
-    for j = 1, T do
-      row[j] = shades[1 + math.floor(w:get(1, h, i, j) * (#shades - 1) + 0.5)]
-    end
-    lines[#lines + 1] = "  |" .. table.concat(row) .. "|"
-  end
-  print(table.concat(lines, "\n"))
-end
+local tokens, titles = {}, {}
+for t = 1, T do tokens[t] = tostring(x[1][t]) end
+for h = 1, heads do titles[h] = "head " .. h end
+print("attention weights (rows: output position, columns: input tokens):")
+print(plot.terminal_heatmap(w, { titles = titles, col_labels = tokens, vmin = 0, vmax = 1 }))
+os.execute("mkdir -p out")
+print("wrote " .. assert(plot.heatmaps(w, { path = "out/reverse_attention.png", titles = titles, col_labels = tokens,
+  xlabel = "Input tokens", ylabel = "Output positions", vmin = 0, vmax = 1 })))
 if not smoke and acc < 0.99 then
   io.stderr:write("reverse task did not reach 99% accuracy\n")
   os.exit(1)

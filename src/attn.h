@@ -14,6 +14,8 @@
 #include "attn_ops.h"
 #include "attn_parallel.h"
 #include "attn_rng.h"
+#include "attn_rnn.h"
 #include "attn_tensor.h"
+#include "attn_vmath.h"
 
 #endif

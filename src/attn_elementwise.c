@@ -3,6 +3,7 @@
 
 #include "attn_iter.h"
 #include "attn_ops.h"
+#include "attn_vmath.h"
 
 static const char *binary_names[ATTN_BINARY_COUNT] = {"add", "sub", "mul", "div", "pow", "maximum",
                                                        "minimum", "eq", "ne", "lt", "le", "gt", "ge"};
@@ -211,6 +212,28 @@ attn_status attn_binary_scalar(attn_binary_op op, const attn_tensor *a, double s
 DEFINE_UNARY(f32, float)
 DEFINE_UNARY(f64, double)
 
+/* float32 exp, log, tanh and sigmoid go through attn_vmath's row kernels:
+ * contiguous runs directly, strided ones through a small buffer, so a value
+ * gets the same bits whatever the layout. */
+static void unary_vmath_f32(int64_t n, char **p, const int64_t *st, void *ctx) {
+  attn_unary_op op = *(const attn_unary_op *)ctx;
+  void (*f)(const float *, float *, int64_t) = op == ATTN_EXP    ? attn_vmath_exp_f32
+                                               : op == ATTN_LOG  ? attn_vmath_log_f32
+                                               : op == ATTN_TANH ? attn_vmath_tanh_f32
+                                                                 : attn_vmath_sigmoid_f32;
+  if (st[0] == 4 && st[1] == 4) {
+    f((const float *)p[1], (float *)p[0], n);
+    return;
+  }
+  float buf[256];
+  for (int64_t i = 0; i < n; i += 256) {
+    int64_t k = n - i < 256 ? n - i : 256;
+    for (int64_t j = 0; j < k; j++) buf[j] = *(const float *)(p[1] + (i + j) * st[1]);
+    f(buf, buf, k);
+    for (int64_t j = 0; j < k; j++) *(float *)(p[0] + (i + j) * st[0]) = buf[j];
+  }
+}
+
 attn_status attn_unary(attn_unary_op op, const attn_tensor *x, attn_tensor *out) {
   const char *name = unary_names[op];
   attn_status st = check_dtypes(name, x, out);
@@ -220,7 +243,8 @@ attn_status attn_unary(attn_unary_op op, const attn_tensor *x, attn_tensor *out)
   attn_iter_begin(&it, out->ndim, out->shape);
   attn_iter_add(&it, out);
   attn_iter_add(&it, x);
-  attn_iter_run(&it, out->dtype == ATTN_F32 ? unary_f32 : unary_f64, &op);
+  int vm = op == ATTN_EXP || op == ATTN_LOG || op == ATTN_TANH || op == ATTN_SIGMOID;
+  attn_iter_run(&it, out->dtype == ATTN_F32 ? (vm ? unary_vmath_f32 : unary_f32) : unary_f64, &op);
   return ATTN_OK;
 }
 

@@ -96,9 +96,10 @@ static void run_range(void *arg, int64_t begin, int64_t end) {
 }
 
 void attn_iter_run_cost(attn_iter *it, attn_iter_fn fn, void *ctx, int64_t cost) {
+  for (int d = 0; d < it->ndim; d++) /* before the product: an empty shape's may overflow */
+    if (it->shape[d] == 0) return;
   int64_t numel = 1;
   for (int d = 0; d < it->ndim; d++) numel *= it->shape[d];
-  if (numel == 0) return;
   if (cost < 1) cost = 1;
   coalesce(it);
   iter_job job = {it, fn, ctx};

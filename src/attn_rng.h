@@ -17,6 +17,11 @@ uint64_t attn_rng_next(attn_rng *rng);
 /* Uniform double in [0, 1) with 53 random bits. */
 double attn_rng_uniform01(attn_rng *rng);
 
+/* A counter-based draw: the splitmix64 finaliser of seed + (index + 1) times
+ * the golden ratio. Stateless, so a kernel can recompute entry `index` of a
+ * random mask (dropout) in backward, in any order, on any thread. */
+uint64_t attn_rng_hash(uint64_t seed, uint64_t index);
+
 /* Fill t (any strided view) in row-major element order. */
 attn_status attn_rng_uniform(attn_rng *rng, attn_tensor *t, double low, double high);
 attn_status attn_rng_normal(attn_rng *rng, attn_tensor *t, double mean, double std);

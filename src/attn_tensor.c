@@ -22,13 +22,20 @@ int attn_dtype_parse(const char *name, attn_dtype *out) {
   return -1;
 }
 
-static void set_contiguous_strides(attn_tensor *t) {
+/* Row-major strides; a size-0 dim counts as 1 (as in PyTorch), so the dims
+ * before it keep distinct strides and an empty tensor is not mistaken for an
+ * expanded view. An empty tensor's outer strides may not fit in int64: they
+ * address nothing, so they saturate to 0 instead of overflowing. */
+void attn_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
   int64_t s = 1;
-  for (int d = t->ndim - 1; d >= 0; d--) {
-    t->stride[d] = s;
-    s *= t->shape[d];
+  for (int d = ndim - 1; d >= 0; d--) {
+    stride[d] = s;
+    int64_t n = shape[d] > 1 ? shape[d] : 1;
+    s = s > INT64_MAX / n ? 0 : s * n;
   }
 }
+
+static void set_contiguous_strides(attn_tensor *t) { attn_contiguous_strides(t->ndim, t->shape, t->stride); }
 
 attn_status attn_tensor_init(attn_tensor *t, attn_dtype dtype, int ndim, const int64_t *shape) {
   t->storage = NULL;
@@ -98,6 +105,8 @@ void attn_tensor_free(attn_tensor *t) {
 }
 
 int64_t attn_tensor_numel(const attn_tensor *t) {
+  for (int d = 0; d < t->ndim; d++) /* a non-empty shape's product was checked when it was made */
+    if (t->shape[d] == 0) return 0;
   int64_t n = 1;
   for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
   return n;
@@ -114,6 +123,7 @@ int attn_tensor_is_contiguous(const attn_tensor *t) {
 }
 
 int attn_tensor_overlaps_itself(const attn_tensor *t) {
+  if (attn_tensor_numel(t) == 0) return 0; /* no elements, nothing to alias */
   for (int d = 0; d < t->ndim; d++)
     if (t->shape[d] > 1 && t->stride[d] == 0) return 1;
   return 0;
@@ -324,11 +334,7 @@ attn_status attn_view_reshape(const char *op, attn_tensor *t, int ndim, const in
   if (st != ATTN_OK) return st;
   int64_t stride[ATTN_MAX_DIMS];
   if (numel == 0 || attn_tensor_is_contiguous(t)) {
-    int64_t s = 1;
-    for (int d = ndim - 1; d >= 0; d--) {
-      stride[d] = s;
-      s *= shape[d];
-    }
+    attn_contiguous_strides(ndim, shape, stride);
   } else {
     /* Walk old dims in chunks that are contiguous among themselves; each chunk
      * must map onto a run of new dims with the same element count. */

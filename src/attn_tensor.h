@@ -54,6 +54,8 @@ void attn_tensor_view(attn_tensor *dst, const attn_tensor *src);
 void attn_tensor_free(attn_tensor *t);
 
 int64_t attn_tensor_numel(const attn_tensor *t);
+/* Row-major strides (in elements) of a contiguous tensor of shape (ndim). */
+void attn_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
 int attn_tensor_is_contiguous(const attn_tensor *t);
 /* Whether two different indices of t address the same element (a dim of size
  * > 1 with stride 0, as expand makes): such a view cannot be written to. */

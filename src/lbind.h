@@ -74,6 +74,7 @@ void attn_l_open_math(lua_State *L);
 void attn_l_open_linalg(lua_State *L);
 void attn_l_open_attention(lua_State *L);
 void attn_l_open_io(lua_State *L);
+void attn_l_open_rnn(lua_State *L);
 
 #define ATTN_L_TRY(L, call)                         \
   do {                                              \

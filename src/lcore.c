@@ -376,8 +376,24 @@ static int l_rusage(lua_State *L) {
   return 2;
 }
 
+/* isa(): the active row-math path; isa(name): selects one ("auto" = the best)
+ * and returns the previous; isa_supported(name): whether this CPU can run it. */
+static int l_isa(lua_State *L) {
+  const char *previous = attn_vmath_isa();
+  if (!lua_isnoneornil(L, 1)) ATTN_L_TRY(L, attn_vmath_set_isa(attn_l_checklstring(L, 1, "name", NULL)));
+  lua_pushstring(L, previous);
+  return 1;
+}
+
+static int l_isa_supported(lua_State *L) {
+  lua_pushboolean(L, attn_vmath_isa_supported(attn_l_checklstring(L, 1, "name", NULL)));
+  return 1;
+}
+
 static const luaL_Reg core_functions[] = {
     {"clock", l_clock},
+    {"isa", l_isa},
+    {"isa_supported", l_isa_supported},
     {"rusage", l_rusage},
     {"memory", l_memory},
     {"empty_cache", l_empty_cache},
@@ -438,7 +454,14 @@ int luaopen_attn_core(lua_State *L) {
   attn_l_open_linalg(L);
   attn_l_open_attention(L);
   attn_l_open_io(L);
+  attn_l_open_rnn(L);
   lua_pushfstring(L, "%d.%d.%d", ATTN_VERSION_MAJOR, ATTN_VERSION_MINOR, ATTN_VERSION_PATCH);
   lua_setfield(L, -2, "_VERSION");
+#ifdef ATTN_SANITIZED_BUILD
+  lua_pushboolean(L, 1); /* lets `make test-asan` prove it loaded this build */
+#else
+  lua_pushboolean(L, 0);
+#endif
+  lua_setfield(L, -2, "sanitized");
   return 1;
 }

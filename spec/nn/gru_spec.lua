@@ -75,7 +75,11 @@ describe("nn.GRU", function()
 
   it("has PyTorch's parameter names, shapes, order and init bound", function()
     local m = nn.GRU{ input_size = 3, num_hiddens = 4, num_layers = 2 }
-    local map, names = m:named_parameters(), m:parameter_names()
+    local map, names = {}, m:parameter_names()
+    for i, p in ipairs(m:named_parameters()) do
+      assert.equal(names[i], p[1])
+      map[p[1]] = p[2]
+    end
     assert.same({ "weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0", "weight_ih_l1", "weight_hh_l1",
       "bias_ih_l1", "bias_hh_l1" }, names)
     assert.same({ 12, 3 }, map.weight_ih_l0:shape())
@@ -187,5 +191,135 @@ describe("nn.GRU", function()
     end
     local per_step = (os.clock() - t0) / 5
     assert.is_true(per_step < 0.5, string.format("%.3f s per step", per_step))
+  end)
+
+  -- The fused C path against the composed-from-ops reference: outputs, final
+  -- state and every gradient, on odd sizes, with and without h0, 1-3 layers.
+  local function run(m, X, h0, gout, gstate)
+    for _, p in ipairs(m:parameters()) do p.grad = nil end
+    X.grad = nil
+    if h0 then h0.grad = nil end
+    local out, state = m(X, h0)
+    local loss = (out * gout):sum() + (state * gstate):sum()
+    loss:backward()
+    local grads = { X = X.grad, h0 = h0 and h0.grad }
+    for _, e in ipairs(m:named_parameters()) do grads[e[1]] = e[2].grad end
+    return out, state, grads
+  end
+
+  for _, case in ipairs {
+    { dtype = "float32", rtol = 1e-5, atol = 1e-6 },
+    { dtype = "float64", rtol = 1e-12, atol = 1e-13 },
+  } do
+    for layers = 1, 3 do
+      for _, with_h0 in ipairs { false, true } do
+        it(string.format("fused equals the composed path (%s, %d layers, %s)", case.dtype, layers,
+          with_h0 and "given h0" or "zero h0"), function()
+          local T, B, I, H = 7, 3, 5, 6
+          local fused = nn.GRU { input_size = I, num_hiddens = H, num_layers = layers, dtype = case.dtype }
+          local ref = nn.GRU { input_size = I, num_hiddens = H, num_layers = layers, dtype = case.dtype, fused = false }
+          ref:load_state_dict(fused:state_dict())
+          local opts = { dtype = case.dtype, requires_grad = true }
+          local X = attn.randn({ T, B, I }, opts)
+          local h0 = with_h0 and attn.randn({ layers, B, H }, opts) or nil
+          local gout, gstate = attn.randn({ T, B, H }, case.dtype), attn.randn({ layers, B, H }, case.dtype)
+          local o1, s1, g1 = run(fused, X, h0, gout, gstate)
+          local o2, s2, g2 = run(ref, X, h0, gout, gstate)
+          local tol = { rtol = case.rtol, atol = case.atol }
+          assert.close(o1, o2, tol)
+          assert.close(s1, s2, tol)
+          local n = 0
+          for name, g in pairs(g2) do
+            assert(g1[name], "fused path gave no gradient for " .. name)
+            assert.close(g1[name], g, tol)
+            n = n + 1
+          end
+          assert.equal(2 + 4 * layers - (with_h0 and 0 or 1), n)
+        end)
+      end
+    end
+  end
+
+  it("fused without biases equals the composed path", function()
+    local fused = nn.GRU { input_size = 4, num_hiddens = 5, num_layers = 2, bias = false, dtype = "float64" }
+    local ref = nn.GRU { input_size = 4, num_hiddens = 5, num_layers = 2, bias = false, dtype = "float64",
+      fused = false }
+    ref:load_state_dict(fused:state_dict())
+    local X = attn.randn({ 3, 2, 4 }, { dtype = "float64", requires_grad = true })
+    local gout, gstate = attn.randn({ 3, 2, 5 }, "float64"), attn.randn({ 2, 2, 5 }, "float64")
+    local o1, s1, g1 = run(fused, X, nil, gout, gstate)
+    local o2, s2, g2 = run(ref, X, nil, gout, gstate)
+    assert.close(o1, o2, { rtol = 1e-12 })
+    assert.close(s1, s2, { rtol = 1e-12 })
+    for name, g in pairs(g2) do assert.close(g1[name], g, { rtol = 1e-12, atol = 1e-13 }) end
+  end)
+
+  it("fused dropout passes gradcheck with a fixed seed and keeps about 1 - p of the entries", function()
+    local gru = require "attn.nn.gru"
+    local m = nn.GRU { input_size = 3, num_hiddens = 4, num_layers = 2, dtype = "float64" }
+    local params = {}
+    for k = 0, 1 do
+      for _, name in ipairs { "weight_ih_l", "weight_hh_l", "bias_ih_l", "bias_hh_l" } do
+        params[#params + 1] = m[name .. k]
+      end
+    end
+    local X, h0 = helper.param({ 3, 2, 3 }), helper.param({ 2, 2, 4 })
+    local inputs = { X, h0 }
+    for _, p in ipairs(params) do inputs[#inputs + 1] = p end
+    helper.gradcheck(function(x, h)
+      local out, state = gru.gru(x, h, params, 0.4, 77)
+      return attn.cat({ out, state }, 1)
+    end, inputs)
+    -- one step, one sample: column j of weight_ih_l1's gradient is (gate
+    -- gradient) * (layer 1's input j), so it is zero exactly where dropout hit
+    local H = 400
+    local wide = nn.GRU { input_size = 2, num_hiddens = H, num_layers = 2, dropout = 0.25 }
+    local out = wide(attn.randn({ 1, 1, 2 }))
+    out:sum():backward()
+    local dropped = wide.weight_ih_l1.grad:abs():sum(1):eq(0):sum():item()
+    assert(dropped >= 70 and dropped <= 130, string.format("%d of %d dropped, expected about 100", dropped, H))
+  end)
+
+  it("fused dropout gives the same bits on 1 and 2 threads for one seed", function()
+    local m = nn.GRU { input_size = 5, num_hiddens = 7, num_layers = 3, dropout = 0.3 }
+    local X = attn.randn({ 6, 4, 5 }, { requires_grad = true })
+    local function once(threads)
+      attn.set_num_threads(threads)
+      attn.manual_seed(3)
+      m:zero_grad()
+      X.grad = nil
+      local out, state = m(X)
+      ;(out:sum() + state:square():sum()):backward()
+      return out, state, X.grad, m.weight_ih_l0.grad
+    end
+    local a = { once(1) }
+    local b = { once(2) }
+    attn.set_num_threads(1)
+    for i = 1, 4 do helper.assert_identical(b[i], a[i]) end
+  end)
+
+  it("gru_cell is one fused step of layer 0 and matches the composed cell", function()
+    local gru = require "attn.nn.gru"
+    local m = nn.GRU { input_size = 3, num_hiddens = 5, dtype = "float64" }
+    local x, h = helper.param({ 4, 3 }), helper.param({ 4, 5 })
+    local got = gru.gru_cell(x, h, m.weight_ih_l0, m.weight_hh_l0, m.bias_ih_l0, m.bias_hh_l0)
+    local gi = x:matmul(m.weight_ih_l0:t()) + m.bias_ih_l0
+    local want = gru.composed_cell(gi, h, m.weight_hh_l0, m.bias_hh_l0)
+    assert.close(got, want, { rtol = 1e-12 })
+    helper.gradcheck(function(a, b)
+      return gru.gru_cell(a, b, m.weight_ih_l0, m.weight_hh_l0, m.bias_ih_l0, m.bias_hh_l0)
+    end, { x, h, m.weight_ih_l0, m.weight_hh_l0, m.bias_ih_l0, m.bias_hh_l0 })
+  end)
+
+  it("the fused kernel names the operand and shapes it refuses", function()
+    local gru = require "attn.nn.gru"
+    local w_ih, w_hh = attn.randn({ 12, 3 }), attn.randn({ 12, 4 })
+    assert.error_matches(function() gru.gru(attn.ones({ 2, 5, 2 }), nil, { w_ih, w_hh, false, false }) end,
+      "gru: weight_ih of layer 0 is %[12x3%], expected %[12x2%]")
+    assert.error_matches(function() gru.gru(attn.ones({ 2, 5, 3 }), nil, { w_ih, w_hh, attn.ones({ 11 }), false }) end,
+      "gru: bias_ih of layer 0 is %[11%], expected %[12%]")
+    assert.error_matches(function()
+      gru.gru(attn.ones({ 2, 5, 3 }, "float64"), nil, { w_ih, w_hh, false, false })
+    end, "gru: weight_ih of layer 0 is float32, the input is float64")
   end)
 end)

@@ -263,7 +263,7 @@ describe("nn.ReLU and nn.Sequential", function()
     assert.equal(3, #ffn)
     local names = ffn:parameter_names()
     assert.same({ "0.weight", "0.bias", "2.weight", "2.bias" }, names)
-    assert.equal(ffn[3].weight, ffn:named_parameters()["2.weight"])
+    assert.same({ "2.weight", ffn[3].weight }, ffn:named_parameters()[3])
     ffn:append(nn.ReLU())
     assert.equal(4, #ffn)
     local MySeq = nn.Sequential:extend("MySeq") -- subclasses keep #

@@ -70,16 +70,35 @@ describe("nn.Module", function()
   describe("enumeration", function()
     it("lists own parameters first, then children depth first, in registration order", function()
       local b = Block(2)
-      local map, names = b:named_parameters(), b:parameter_names()
+      local named, names = b:named_parameters(), b:parameter_names()
       assert.same({ "scale", "inner.0.weight", "inner.0.bias", "inner.1.weight", "inner.1.bias", "head.weight",
         "head.bias" }, names)
       local params = b:parameters()
       assert.equal(7, #params)
-      for i, n in ipairs(names) do assert.equal(map[n], params[i]) end
-      assert.equal(b.inner[2].weight, map["inner.1.weight"])
-      assert.equal(b.steps, b:named_buffers().steps)
+      for i, n in ipairs(names) do
+        assert.equal(n, named[i][1])
+        assert.equal(named[i][2], params[i])
+      end
+      assert.equal(b.inner[2].weight, named[4][2])
+      assert.same({ { "steps", b.steps } }, b:named_buffers())
       assert.equal(5, #b:modules()) -- Block, Sequential, 2 Linear, head
       assert.equal(2, #b:children())
+    end)
+
+    it("named_modules lists self first, depth first, each module once; apply visits children first", function()
+      local lin = nn.Linear(2, 2)
+      local o = nn.Sequential(lin, nn.Sequential(nn.ReLU(), lin))
+      local names = {}
+      for i, e in ipairs(o:named_modules()) do names[i] = e[1] .. "=" .. e[2]:class_name() end
+      assert.same({ "=Sequential", "0=Linear", "1=Sequential", "1.0=ReLU" }, names)
+      assert.equal(4, #o:modules())
+      assert.same({ lin, o[2] }, o:children())
+      local order = {}
+      assert.equal(o, o:apply(function(m) order[#order + 1] = m:class_name() end))
+      assert.same({ "Linear", "ReLU", "Linear", "Sequential", "Sequential" }, order)
+      -- the book's initialisation idiom
+      o:apply(function(m) if m:class_name() == "Linear" then nn.init.zeros_(m.weight) end end)
+      assert.equal(0, lin.weight:abs():sum():item())
     end)
 
     it("lists a shared parameter once", function()
@@ -147,6 +166,25 @@ describe("nn.Module", function()
         "load_state_dict: Block: missing key 'head.bias'", nil, true)
       local report = b:load_state_dict(sd, false)
       assert.same({ "head.bias" }, report.missing_keys)
+    end)
+
+    it("lists every missing and unexpected key and names a prefix that would match them", function()
+      local b = Block(2)
+      local wrapped = {}
+      for k, v in pairs(b:state_dict()) do wrapped["module." .. k] = v end
+      local ok, err = pcall(b.load_state_dict, b, wrapped)
+      assert.is_false(ok)
+      assert.matches("missing keys 'head.bias', 'head.weight', 'inner.0.bias', ", err, 1, true)
+      assert.matches("; unexpected keys 'module.head.bias', 'module.head.weight', ", err, 1, true)
+      assert.matches("(the checkpoint's keys carry an extra prefix 'module.')", err, 1, true)
+      local inner = {}
+      for k, v in pairs(b.inner:state_dict()) do inner[k] = v end
+      local o = nn.Sequential(b.inner)
+      err = select(2, pcall(o.load_state_dict, o, { ["0.weight"] = inner["0.weight"] }))
+      assert.matches("missing keys '0.0.bias', '0.0.weight', '0.1.bias', '0.1.weight'; unexpected key '0.weight'",
+        err, 1, true)
+      err = select(2, pcall(o.load_state_dict, o, inner))
+      assert.matches("(the checkpoint's keys lack the prefix '0.')", err, 1, true)
     end)
 
     it("raises on an unexpected key", function()
@@ -256,6 +294,28 @@ describe("nn.Module", function()
       function Holder:forward(x) return self.bad(x) end
       local _, err = pcall(Holder(), 1)
       assert.matches("^in Holder%.bad %(Bad%): .*module_spec%.lua:%d+: boom", err)
+    end)
+
+    it("keep the traceback of the error site: the user's forward frames are not lost", function()
+      local Deep = nn.Module:extend("Deep")
+      local function helper_fn(x)
+        local y = x:matmul(attn.ones({ 5, 5 })) -- the faulty line
+        return y
+      end
+      function Deep.forward(_, x)
+        local y = helper_fn(x) -- not a tail call, so Lua keeps this frame
+        return y
+      end
+      local Top = nn.Module:extend("Top")
+      function Top:init() self.deep = Deep() end
+      function Top:forward(x) return self.deep(x) end
+      local _, err = pcall(Top(), attn.ones({ 2, 3 }))
+      assert.matches("^in Top%.deep %(Deep%): matmul", err)
+      assert.matches("\nstack traceback:\n", err, 1, true)
+      assert.matches("in upvalue 'helper_fn'", err, 1, true)
+      assert.matches("module_spec.lua:%d+ in function <spec/nn/module_spec.lua:%d+>", err)
+      -- the depth bookkeeping recovered
+      assert.same({ 2, 5 }, Top()(attn.ones({ 2, 5 })):shape())
     end)
   end)
 end)

@@ -123,9 +123,8 @@ describe("training", function()
     local vocab, T, B = 10, 6, 32
     local m = Seq2Seq(vocab, 16, 32)
     -- d2l's train_seq2seq init: Xavier-uniform on every Linear and GRU weight matrix
-    local params = m:named_parameters()
-    for _, name in ipairs(m:parameter_names()) do -- in order, so the draws are reproducible
-      if name:find("weight") and not name:find("embedding") then nn.init.xavier_uniform_(params[name]) end
+    for _, p in ipairs(m:named_parameters()) do -- in order, so the draws are reproducible
+      if p[1]:find("weight") and not p[1]:find("embedding") then nn.init.xavier_uniform_(p[2]) end
     end
     local opt = attn.optim.Adam{ params = m:parameters(), lr = 0.01 }
     local criterion = nn.MaskedSoftmaxCELoss()

@@ -10,10 +10,14 @@
 --     n  = tanh(W_in x + b_in + r * (W_hn h + b_hn))
 --     h' = (1 - z) * n + z * h
 --
--- The input projections of all time steps of a layer are one matrix product;
--- only the recurrent part loops over time, and each step is one fused autograd
--- node (hand-written backward). Dropout (training mode only) is applied to the
--- outputs of every layer but the last.
+-- By default the whole forward (every layer, every step) is one C call and one
+-- autograd node (`M.gru`, over attn_rnn.h): the input projections of all steps
+-- are one GEMM per layer, the recurrent products one GEMM per step, the gate
+-- math one vectorised pass per step, and backward is one C call too. Dropout
+-- (training mode only) acts on the outputs of every layer but the last, with a
+-- mask hashed from a seed so backward rebuilds it. `nn.GRU{..., fused = false}`
+-- composes the same model from tensor ops (one node per step) instead: that
+-- path is the reference the specs compare the fused one against.
 -- @module attn.nn.gru
 -- @usage
 -- local rnn = nn.GRU{input_size = 8, num_hiddens = 16, num_layers = 2}
@@ -66,10 +70,10 @@ local function stack(list)
 end
 M.stack = stack
 
---- One GRU step as a single autograd node.
+--- One GRU step of the composed (reference) path as a single autograd node.
 -- gi (B, 3h): input projection W_ih x + b_ih; h (B, h); w_hh (3h, h); b_hh (3h).
 -- Returns h' (B, h).
-local function gru_cell(gi, h, w_hh, b_hh)
+local function composed_cell(gi, h, w_hh, b_hh)
   local H = core.size(h, 2)
   local gh = core.matmul(h, core.transpose(w_hh, 1, 2))
   if b_hh then gh = core.add(gh, b_hh) end
@@ -93,7 +97,40 @@ local function gru_cell(gi, h, w_hh, b_hh)
     return dgi, dh, dw, db
   end)
 end
-M.gru_cell = gru_cell
+M.composed_cell = composed_cell
+
+-- ---------------------------------------------------------------- fused GRU (C)
+
+local function contiguous(t) return t and core.contiguous(t) or nil end
+
+--- The fused multi-layer GRU as one autograd node.
+-- X (T, B, in); h0 (L, B, h) or nil for zeros; params a flat list of 4
+-- entries per layer {weight_ih, weight_hh, bias_ih, bias_hh} (false for no
+-- bias); dropout between layers (0 when not training); seed fixes the dropout
+-- mask (drawn from the generator when nil). Returns outputs (T, B, h) and the
+-- final state (L, B, h).
+-- @usage local out, hn = gru.gru(X, nil, { w_ih, w_hh, b_ih, b_hh })
+function M.gru(X, h0, params, dropout, seed)
+  dropout = dropout or 0
+  local x, h = core.contiguous(X), contiguous(h0)
+  local out, hn, saved
+  out, hn, saved, seed = core.gru_forward(x, h, params, dropout, seed)
+  local inputs = { X, h0 or false }
+  for i = 1, #params do inputs[i + 2] = params[i] end
+  record("gru", { out, hn }, inputs, function(gout, ghn)
+    local dx, dh0, grads = core.gru_backward(x, h, params, dropout, seed, saved, contiguous(gout), contiguous(ghn))
+    return dx, dh0, table.unpack(grads, 1, #params)
+  end)
+  return out, hn
+end
+
+--- A GRU cell for step-by-step decoders (PyTorch's `GRUCell`): x (B, in),
+-- h (B, h), weights as in nn.GRU's layer 0 (biases may be nil). Returns h'
+-- (B, h). One fused node over the same C kernel as nn.GRU.
+function M.gru_cell(x, h, w_ih, w_hh, b_ih, b_hh)
+  local _, hn = M.gru(x:unsqueeze(1), h:unsqueeze(1), { w_ih, w_hh, b_ih or false, b_hh or false })
+  return hn:select(1, 1)
+end
 
 -- ---------------------------------------------------------------- GRU
 
@@ -113,7 +150,7 @@ function GRU:init(a, b, c, d)
   local o
   if type(a) == "table" then
     o = linear.check_options(a, "GRU", { input_size = true, num_hiddens = true, hidden_size = true,
-      num_layers = true, dropout = true, bias = true, dtype = true })
+      num_layers = true, dropout = true, bias = true, dtype = true, fused = true })
   else
     o = { input_size = a, num_hiddens = b, num_layers = c, dropout = d }
   end
@@ -128,6 +165,7 @@ function GRU:init(a, b, c, d)
   end
   self.input_size, self.hidden_size, self.num_hiddens = o.input_size, h, h
   self.num_layers, self.dropout, self.bias = layers, p, o.bias ~= false
+  self.fused = o.fused ~= false
   local dtype = o.dtype or "float32"
   local bound = 1 / math.sqrt(h)
   for k = 0, layers - 1 do
@@ -159,6 +197,22 @@ function GRU:forward(X, h0)
     end
   end
   if T == 0 then error("GRU: input " .. shape_str(s) .. " has no time steps", 2) end
+  local p = self.training and self.dropout or 0
+  if self.fused and p < 1 then
+    local params = {}
+    for k = 0, self.num_layers - 1 do
+      params[4 * k + 1], params[4 * k + 2] = self["weight_ih_l" .. k], self["weight_hh_l" .. k]
+      params[4 * k + 3], params[4 * k + 4] = self["bias_ih_l" .. k] or false, self["bias_hh_l" .. k] or false
+    end
+    return M.gru(X, h0, params, p)
+  end
+  return self:composed_forward(X, h0)
+end
+
+--- The reference path: the same model composed from tensor ops (one node per
+-- step), without the shape checks of forward.
+function GRU:composed_forward(X, h0)
+  local T, B, H = X:size(1), X:size(2), self.hidden_size
   local finals = {}
   local input = X
   for k = 0, self.num_layers - 1 do
@@ -171,7 +225,7 @@ function GRU:forward(X, h0)
     local h = h0 and h0:select(1, k + 1) or attn.zeros({ B, H }, X:dtype())
     local outs = {}
     for t = 1, T do
-      h = gru_cell(steps[t], h, w_hh, b_hh)
+      h = composed_cell(steps[t], h, w_hh, b_hh)
       outs[t] = h
     end
     finals[k + 1] = h
@@ -185,6 +239,7 @@ function GRU:extra_repr()
   local parts = { string.format("%d, %d", self.input_size, self.hidden_size) }
   if self.num_layers ~= 1 then parts[#parts + 1] = "num_layers=" .. self.num_layers end
   if not self.bias then parts[#parts + 1] = "bias=False" end
+  if not self.fused then parts[#parts + 1] = "fused=False" end
   if self.dropout ~= 0 then parts[#parts + 1] = string.format("dropout=%g", self.dropout) end
   return table.concat(parts, ", ")
 end

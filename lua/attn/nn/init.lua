@@ -1,7 +1,8 @@
 --- `attn.nn`: layers, losses and initialisers with the book's PyTorch names.
 --
 -- Classes: Module (base; see attn.nn.module for writing your own), Linear,
--- Embedding, Dropout, LayerNorm, ReLU, Sequential, GRU, AdditiveAttention,
+-- Embedding, Dropout, LayerNorm, ReLU, Identity, GELU, BatchNorm1d,
+-- Sequential, ModuleList, ModuleDict, GRU, AdditiveAttention,
 -- DotProductAttention, MultiHeadAttention, PositionalEncoding,
 -- LearnedPositionalEncoding, CrossEntropyLoss, MaskedSoftmaxCELoss.
 -- Functions: nn.init.* (xavier_uniform_, uniform_, normal_, zeros_, ...),
@@ -18,6 +19,8 @@ local gru = require "attn.nn.gru"
 local attention = require "attn.nn.attention"
 local loss = require "attn.nn.loss"
 local clip = require "attn.nn.clip"
+local containers = require "attn.nn.containers"
+local layers = require "attn.nn.layers"
 
 local nn = {
   Module = module.Module,
@@ -30,6 +33,8 @@ local nn = {
 }
 
 for _, name in ipairs { "Linear", "Embedding", "Dropout", "LayerNorm", "ReLU", "Sequential" } do nn[name] = linear[name] end
+for _, name in ipairs { "ModuleList", "ModuleDict" } do nn[name] = containers[name] end
+for _, name in ipairs { "Identity", "GELU", "BatchNorm1d" } do nn[name] = layers[name] end
 nn.GRU = gru.GRU
 nn.cross_entropy = loss.cross_entropy
 nn.masked_token_mean = loss.masked_token_mean

@@ -1,5 +1,5 @@
---- Basic layers of `attn.nn`: Linear, Embedding, Dropout, LayerNorm, ReLU and
--- Sequential, with PyTorch's parameter names, layouts and default initialisation.
+--- Basic layers of `attn.nn`: Linear, Embedding, Dropout, LayerNorm and ReLU
+-- (Sequential is in attn.nn.containers), with PyTorch's parameter names, layouts and default initialisation.
 -- @module attn.nn.linear
 local attn = require "attn"
 local module = require "attn.nn.module"
@@ -228,36 +228,8 @@ end
 
 -- ---------------------------------------------------------------- Sequential
 
---- `nn.Sequential(m1, m2, ...)`: applies the modules in turn. The children are
--- named "0", "1", ... as in PyTorch (state dict keys "0.weight"), while Lua
--- indexing is 1-based: `seq[1]` is child "0". `#seq` is the number of children.
-local Sequential = Module:extend("Sequential")
-M.Sequential = Sequential
-
-function Sequential:init(...)
-  local n = select("#", ...)
-  rawset(self, "n", 0)
-  for i = 1, n do self:append((select(i, ...))) end
-end
-
---- Appends a module (named by its 0-based position). Returns self.
-function Sequential:append(m)
-  if not module.is_module(m) then
-    error(string.format("Sequential: element %d must be a module, got a %s", self.n + 1, type(m)), 2)
-  end
-  local i = self.n + 1
-  rawset(self, "n", i)
-  self:add_module(tostring(i - 1), m, i)
-  return self
-end
-
-function Sequential:forward(x)
-  for i = 1, self.n do
-    x = self[i](x)
-  end
-  return x
-end
-
-function Sequential.__len(self) return self.n end
+-- Sequential lives with the other containers; exported here too for the code
+-- that takes it from this module.
+M.Sequential = require("attn.nn.containers").Sequential
 
 return M

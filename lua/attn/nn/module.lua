@@ -7,17 +7,26 @@
 --
 -- **Registration.** Assigning a Module to a field (`self.W_q = nn.Linear(3, 4)`)
 -- registers it as a child; assigning a leaf tensor that requires grad registers it
--- as a parameter (`self.weight = attn.randn({4, 3}):requires_grad_()`). The
+-- as a parameter (`self.weight = attn.randn({4, 3}, {requires_grad = true})`). The
 -- explicit forms are `self:register_parameter(name, t)`, `self:register_buffer(name,
 -- t)` and `self:add_module(name, m)`. Registration order is the order of
 -- `parameters()`: own parameters first, then each child's, depth first. Assigning
 -- a plain tensor (no grad) keeps it an ordinary field, outside the state dict.
 -- Assigning `nil` to a registered name removes the entry from the enumeration.
--- Registration happens when a field is first set (Lua calls __newindex only for
--- absent keys): a field that first held a plain value and later receives a
--- module or parameter is not registered; use add_module / register_parameter.
+-- Fields live in a side table (`_attrs`), so every assignment passes through the
+-- registration check: a field that first held a plain value and later receives
+-- a module or a parameter registers then. A plain Lua table holding modules is
+-- refused (`self.blks = {nn.Linear(4, 4)}` raises and names `nn.ModuleList`),
+-- when assigned and again when the tree is enumerated (a table filled after the
+-- assignment), since its modules would silently never train. A module may not
+-- contain itself: a registration that would make a cycle raises.
+-- Lua evaluates multiple assignment right to left: `self.a, self.b = A, B`
+-- registers b first. Write one assignment per line where the order matters
+-- (it is the order of `parameters()` and of any initialisation loop over them).
 --
--- **Sequential children** are named "0", "1", ... as in PyTorch, so the state dict
+-- **Containers.** `nn.ModuleList`, `nn.ModuleDict` and `nn.Sequential` (in
+-- attn.nn.containers) hold children under PyTorch's names. List children (and
+-- Sequential's) are named "0", "1", ... as in PyTorch, so the state dict
 -- of `nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 8))` has keys
 -- "0.weight", "0.bias", "2.weight", "2.bias"; in Lua the layers are `seq[1]`,
 -- `seq[2]`, `seq[3]` (1-based, like every index of this library).
@@ -26,8 +35,10 @@
 -- child module is re-raised by the outermost module with the path of the failing
 -- module: "in MultiHeadAttention.W_q (Linear): Linear: input [2x4x3] has ...".
 -- Each level adds its own name once. An error raised by the outermost module's own
--- forward is passed through as it is (only a "…/attn/….lua:123: " position inside
--- this library is removed; positions in user code are kept).
+-- forward keeps its message (only a "…/attn/….lua:123: " position inside this
+-- library is removed; positions in user code are kept). Either way the message
+-- ends with the stack traceback taken where the error was raised (the module
+-- system catches errors with xpcall, so the user's frames are not lost).
 --
 -- @module attn.nn.Module
 -- @usage
@@ -50,6 +61,7 @@ local attn = require "attn"
 local autograd = require "attn.autograd"
 
 local is_tensor = autograd.is_tensor
+local shape_str = require("attn.core").shape_str -- "[2x3]" from a tensor or a table of sizes
 
 local M = {}
 
@@ -64,13 +76,18 @@ local INSTANCE_META = { "__index", "__newindex", "__call", "__tostring", "__len"
 local class_mt = {}
 
 -- Calling a class constructs an instance: registries first, then cls.init.
+-- Internal state (names starting with "_", and `training`) is stored in the
+-- instance itself; every other field lives in `_attrs`, so that each assignment
+-- reaches __newindex.
 function class_mt.__call(cls, ...)
-  local obj = {}
-  rawset(obj, "_param_names", {})
-  rawset(obj, "_buffer_names", {})
-  rawset(obj, "_module_names", {})
-  rawset(obj, "_keys", {})
-  rawset(obj, "training", true)
+  local obj = {
+    _param_names = {},
+    _buffer_names = {},
+    _module_names = {},
+    _keys = {},
+    _attrs = {},
+    training = true,
+  }
   setmetatable(obj, cls)
   cls.init(obj, ...)
   return obj
@@ -85,10 +102,7 @@ function class_mt.__tostring(cls) return "class " .. cls.__name end
 function Module.extend(parent, name)
   if type(name) ~= "string" then error("extend: expected a class name string", 2) end
   local cls = { __name = name, super = parent }
-  for _, k in ipairs(INSTANCE_META) do
-    if k ~= "__index" then cls[k] = rawget(parent, k) end
-  end
-  cls.__index = cls
+  for _, k in ipairs(INSTANCE_META) do cls[k] = rawget(parent, k) end
   setmetatable(cls, { __index = parent, __call = class_mt.__call, __tostring = class_mt.__tostring })
   return cls
 end
@@ -97,8 +111,14 @@ end
 function M.class(name, parent) return Module.extend(parent or Module, name) end
 
 Module.__name = "Module"
-Module.__index = Module
 setmetatable(Module, { __call = class_mt.__call, __tostring = class_mt.__tostring })
+
+-- Field lookup: the instance's attributes, then its class (methods).
+function Module.__index(self, k)
+  local v = rawget(self, "_attrs")[k]
+  if v ~= nil then return v end
+  return getmetatable(self)[k]
+end
 
 --- Base constructor: does nothing (the registries are set up before init runs).
 function Module.init() end
@@ -132,28 +152,96 @@ local function add_name(list, name)
   list[#list + 1] = name
 end
 
+local function has_name(list, name)
+  for _, n in ipairs(list) do
+    if n == name then return true end
+  end
+  return false
+end
+
 -- Forget `name` in every registry (a field being re-assigned with another kind).
 local function unregister(self, name)
   remove_name(self._param_names, name)
   remove_name(self._buffer_names, name)
   remove_name(self._module_names, name)
+  self._keys[name] = nil
 end
 
 local function is_param_tensor(v) return is_tensor(v) and v._rg == true and v.grad_fn == nil end
 
--- Field assignment: modules and leaf tensors requiring grad are registered.
+local function get(self, name) return rawget(self, "_attrs")[self._keys[name] or name] end
+
+-- The first module found in a plain Lua table (not a module, not a tensor), or nil.
+local function module_in_table(v)
+  if type(v) ~= "table" or is_module(v) or is_tensor(v) or getmetatable(v) ~= nil then return nil end
+  for k, x in pairs(v) do
+    if is_module(x) then return k, x end
+  end
+  return nil
+end
+
+local function plain_table_error(self, field, key, m, level)
+  error(string.format("%s: field '%s' is a plain Lua table holding a module (%s at key %s), which would never be " ..
+    "registered (not in parameters() or state_dict()); use nn.ModuleList (or nn.ModuleDict for named entries)",
+    self:class_name(), tostring(field), m:class_name(), tostring(key)), level)
+end
+
+-- True when `target` is `m` or one of its descendants (a cycle would follow).
+local function reaches(m, target, seen)
+  if m == target then return true end
+  seen = seen or {}
+  if seen[m] then return false end
+  seen[m] = true
+  for _, name in ipairs(m._module_names) do
+    local c = get(m, name)
+    if c ~= nil and reaches(c, target, seen) then return true end
+  end
+  return false
+end
+
+-- Registers `m` as child `name` (field `key`), refusing cycles.
+local function register_module(self, name, m, key, level)
+  if reaches(m, self) then
+    error(string.format("%s: cannot register '%s' (%s): the module would contain itself", self:class_name(),
+      tostring(name), m:class_name()), level + 1)
+  end
+  unregister(self, name)
+  add_name(self._module_names, name)
+  if key ~= nil and key ~= name then self._keys[name] = key end
+  rawset(m, "_name", name)
+end
+
+-- Field assignment: modules and leaf tensors requiring grad are registered; a
+-- registered child or parameter cannot silently become something else.
 function Module.__newindex(self, k, v)
-  if type(k) == "string" and not k:find("^_") then
+  if type(k) == "string" and k:sub(1, 1) == "_" then
+    rawset(self, k, v)
+    return
+  end
+  if type(k) == "string" then
     if is_module(v) then
-      unregister(self, k)
-      add_name(self._module_names, k)
-      rawset(v, "_name", k)
+      register_module(self, k, v, nil, 2)
     elseif is_param_tensor(v) then
       unregister(self, k)
       add_name(self._param_names, k)
+    elseif v == nil then
+      unregister(self, k)
+    elseif has_name(self._module_names, k) then
+      error(string.format("%s: cannot assign a %s to child module '%s' (a module or nil expected)",
+        self:class_name(), type(v), k), 2)
+    elseif has_name(self._param_names, k) then
+      error(string.format("%s: cannot assign %s to parameter '%s' (a leaf tensor that requires grad, or nil, " ..
+        "expected; change its values in place or use another name)", self:class_name(),
+        is_tensor(v) and "a tensor that is not a leaf requiring grad" or "a " .. type(v), k), 2)
+    elseif has_name(self._buffer_names, k) and not is_tensor(v) then
+      error(string.format("%s: cannot assign a %s to buffer '%s' (a tensor or nil expected)", self:class_name(),
+        type(v), k), 2)
+    else
+      local key, m = module_in_table(v)
+      if key ~= nil then plain_table_error(self, k, key, m, 3) end
     end
   end
-  rawset(self, k, v)
+  rawget(self, "_attrs")[k] = v
 end
 
 --- Registers `t` as a parameter under `name` (sets requires_grad). Returns t.
@@ -166,7 +254,7 @@ function Module:register_parameter(name, t)
   if t ~= nil and not t.requires_grad then t:requires_grad_() end
   unregister(self, name)
   add_name(self._param_names, name)
-  rawset(self, self._keys[name] or name, t)
+  rawget(self, "_attrs")[name] = t
   return t
 end
 
@@ -177,27 +265,33 @@ function Module:register_buffer(name, t)
   end
   unregister(self, name)
   add_name(self._buffer_names, name)
-  rawset(self, self._keys[name] or name, t)
+  rawget(self, "_attrs")[name] = t
   return t
 end
 
 --- Registers child module `m` under `name`; `key` (optional) is the Lua field
--- holding it when it differs from the name (Sequential stores "0" at field 1).
+-- holding it when it differs from the name (a ModuleList stores child "0" at 1).
+-- @raise when m is not a module, or when m contains self (a cycle)
 function Module:add_module(name, m, key)
   if not is_module(m) then
     error(string.format("add_module: '%s' must be a module, got a %s", tostring(name), type(m)), 2)
   end
-  unregister(self, name)
-  add_name(self._module_names, name)
-  if key ~= nil then self._keys[name] = key end
-  rawset(m, "_name", name)
-  rawset(self, key or name, m)
+  register_module(self, name, m, key, 2)
+  rawget(self, "_attrs")[key or name] = m
   return m
 end
 
-local function get(self, name) return rawget(self, self._keys[name] or name) end
-
 -- ---------------------------------------------------------------- enumeration
+
+-- Raises when a plain field of `m` holds modules (filled after it was assigned).
+local function check_plain_tables(m)
+  for k, v in pairs(rawget(m, "_attrs")) do
+    if type(v) == "table" and not is_tensor(v) and not is_module(v) then
+      local key, child = module_in_table(v)
+      if key ~= nil then plain_table_error(m, k, key, child, 0) end
+    end
+  end
+end
 
 --- The children as an ordered list of {name, module}.
 function Module:named_children()
@@ -217,65 +311,93 @@ function Module:children()
 end
 
 -- Visits (prefix, module) depth first: the module itself, then its children.
-local function walk(self, prefix, visit)
+-- A module reached again on its own path (a cycle made behind the registration
+-- checks) raises instead of recursing forever.
+local function walk(self, prefix, visit, path)
+  path = path or {}
+  if path[self] then
+    error(string.format("module tree has a cycle: %s (%s) contains itself", prefix:sub(1, -2), self:class_name()), 0)
+  end
+  check_plain_tables(self)
+  path[self] = true
   visit(prefix, self)
   for _, c in ipairs(self:named_children()) do
-    walk(c[2], prefix .. c[1] .. ".", visit)
+    walk(c[2], prefix .. c[1] .. ".", visit, path)
   end
+  path[self] = nil
 end
 
---- Every module of the tree (self first), depth first, as a list.
-function Module:modules()
-  local out = {}
-  walk(self, "", function(_, m) out[#out + 1] = m end)
+--- Every module of the tree with its dotted name (self first, named ""), depth
+-- first, each module once (PyTorch's named_modules).
+-- @treturn table list of {name, module}
+function Module:named_modules()
+  local out, seen = {}, {}
+  walk(self, "", function(prefix, m)
+    if not seen[m] then
+      seen[m] = true
+      out[#out + 1] = { prefix:sub(1, -2), m }
+    end
+  end)
   return out
 end
 
--- Ordered (name, tensor) pairs of one kind ("_param_names" or "_buffer_names").
+--- Every module of the tree (self first), depth first, each once, as a list.
+function Module:modules()
+  local out = {}
+  for _, e in ipairs(self:named_modules()) do out[#out + 1] = e[2] end
+  return out
+end
+
+--- Calls fn(m) on every child module (recursively, children before their
+-- parent) and then on self, as PyTorch's apply; used for initialisation:
+-- `net:apply(function(m) if m:class_name() == "Linear" then ... end end)`.
+-- @treturn Module self
+function Module:apply(fn)
+  if type(fn) ~= "function" then error("apply: expected a function, got a " .. type(fn), 2) end
+  for _, c in ipairs(self:children()) do c:apply(fn) end
+  fn(self)
+  return self
+end
+
+-- Ordered {name, tensor} pairs of one kind ("_param_names" or "_buffer_names").
 local function named_entries(self, registry, dedupe)
-  local names, values, seen = {}, {}, {}
+  local out, seen = {}, {}
   walk(self, "", function(prefix, m)
     for _, n in ipairs(m[registry]) do
       local t = get(m, n)
       if t ~= nil and not (dedupe and seen[t]) then
         seen[t] = true
-        names[#names + 1] = prefix .. n
-        values[#values + 1] = t
+        out[#out + 1] = { prefix .. n, t }
       end
     end
   end)
-  return names, values
+  return out
 end
 
 --- The parameters as a list: registration order, own before children's, depth
 -- first; a parameter shared by two modules appears once.
 function Module:parameters()
-  local _, values = named_entries(self, "_param_names", true)
+  local values = {}
+  for i, e in ipairs(named_entries(self, "_param_names", true)) do values[i] = e[2] end
   return values
 end
 
---- A table from dotted names ("W_q.weight", "0.bias") to parameter tensors.
--- (A single result, so it can be passed on directly; `parameter_names()` gives
--- the order.)
-function Module:named_parameters()
-  local names, values = named_entries(self, "_param_names", true)
-  local map = {}
-  for i, n in ipairs(names) do map[n] = values[i] end
-  return map
-end
+--- The parameters with their dotted names ("W_q.weight", "0.bias"), in
+-- `parameters()` order.
+-- @treturn table list of {name, tensor}
+-- @usage for _, p in ipairs(net:named_parameters()) do print(p[1], p[2]:shape()) end
+function Module:named_parameters() return named_entries(self, "_param_names", true) end
 
 --- The dotted parameter names, in `parameters()` order.
 function Module:parameter_names()
-  return (named_entries(self, "_param_names", true))
+  local names = {}
+  for i, e in ipairs(named_entries(self, "_param_names", true)) do names[i] = e[1] end
+  return names
 end
 
---- A table from dotted names to buffers.
-function Module:named_buffers()
-  local names, values = named_entries(self, "_buffer_names", true)
-  local map = {}
-  for i, n in ipairs(names) do map[n] = values[i] end
-  return map
-end
+--- The buffers with their dotted names, in registration order.
+-- @treturn table list of {name, tensor}
+function Module:named_buffers() return named_entries(self, "_buffer_names", true) end
 
 -- (name, owner module, field name) of every parameter and buffer, state-dict order.
 local function state_entries(self)
@@ -306,13 +428,42 @@ function Module:state_dict_keys()
   return names
 end
 
-local shape_str = require("attn.core").shape_str -- "[2x3]" from a tensor or a table of sizes
+-- "'a', 'b', 'c'" (at most `max` names, then "and N more").
+local function quote_list(list, max)
+  local parts = {}
+  for i = 1, math.min(#list, max) do parts[i] = "'" .. list[i] .. "'" end
+  if #list > max then parts[#parts + 1] = string.format("and %d more", #list - max) end
+  return table.concat(parts, ", ")
+end
+
+-- A hint when the unexpected keys are the missing ones with a prefix added or
+-- removed (a checkpoint of a wrapped or of an inner module).
+local function prefix_hint(missing, unexpected)
+  if #missing == 0 or #missing ~= #unexpected then return "" end
+  local function common(from, to)
+    local p = from[1]:sub(1, #from[1] - #to[1])
+    if p == "" or from[1]:sub(#p + 1) ~= to[1] then return nil end
+    for i = 2, #from do
+      if from[i]:sub(1, #p) ~= p or from[i]:sub(#p + 1) ~= to[i] then return nil end
+    end
+    return p
+  end
+  local sm, su = { table.unpack(missing) }, { table.unpack(unexpected) }
+  table.sort(sm)
+  table.sort(su)
+  local p = common(su, sm)
+  if p then return string.format(" (the checkpoint's keys carry an extra prefix '%s')", p) end
+  p = common(sm, su)
+  if p then return string.format(" (the checkpoint's keys lack the prefix '%s')", p) end
+  return ""
+end
 
 --- Copies the values of `sd` (name -> tensor or nested table) into the existing
 -- parameters and buffers, in place, outside autograd, converting the dtype.
--- With strict (the default) a missing or unexpected key raises; a mis-shaped key
--- always raises. Nothing is copied unless every check passes. Returns
--- {missing_keys = {...}, unexpected_keys = {...}} (sorted).
+-- With strict (the default) missing or unexpected keys raise, and the message
+-- lists both kinds (and names a prefix that would make them match); a
+-- mis-shaped key always raises. Nothing is copied unless every check passes.
+-- Returns {missing_keys = {...}, unexpected_keys = {...}} (sorted).
 -- @raise "load_state_dict: MultiHeadAttention: missing key 'W_o.weight'"
 function Module:load_state_dict(sd, strict)
   if strict == nil then strict = true end
@@ -327,9 +478,16 @@ function Module:load_state_dict(sd, strict)
   for k in pairs(sd) do
     if not known[k] then unexpected[#unexpected + 1] = tostring(k) end
   end
+  table.sort(missing)
   table.sort(unexpected)
-  if strict and #missing > 0 then error(string.format("%smissing key '%s'", who, missing[1]), 2) end
-  if strict and #unexpected > 0 then error(string.format("%sunexpected key '%s'", who, unexpected[1]), 2) end
+  if strict and (#missing > 0 or #unexpected > 0) then
+    local parts = {}
+    if #missing > 0 then parts[1] = (#missing == 1 and "missing key " or "missing keys ") .. quote_list(missing, 8) end
+    if #unexpected > 0 then
+      parts[#parts + 1] = (#unexpected == 1 and "unexpected key " or "unexpected keys ") .. quote_list(unexpected, 8)
+    end
+    error(who .. table.concat(parts, "; ") .. prefix_hint(missing, unexpected), 2)
+  end
   local sources = {}
   for i, e in ipairs(entries) do
     local src = sd[e[1]]
@@ -376,7 +534,7 @@ end
 -- updates them), their gradients are dropped. Returns self.
 function Module:to(dtype)
   attn.no_grad(function()
-    walk(self, "", function(_, m)
+    for _, m in ipairs(self:modules()) do
       for _, registry in ipairs { "_param_names", "_buffer_names" } do
         for _, n in ipairs(m[registry]) do
           local t = get(m, n)
@@ -386,7 +544,7 @@ function Module:to(dtype)
           end
         end
       end
-    end)
+    end
   end)
   return self
 end
@@ -405,12 +563,6 @@ local depth = 0
 
 local ModuleError = {}
 ModuleError.__index = ModuleError
-function ModuleError.__tostring(e) return e:message() end
-function ModuleError:message(root)
-  local path = table.concat(self.path, ".")
-  if root then path = root .. "." .. path end
-  return string.format("in %s (%s): %s", path, self.leaf, self.msg)
-end
 
 -- Removes a leading "…/attn/….lua:123: " position (one inside this library)
 -- from an error message; positions in user code are kept.
@@ -419,28 +571,42 @@ local function strip_position(msg)
   return (msg:gsub("^[^\n:]-attn/[^\n:]-%.lua:%d+: ", "", 1))
 end
 
+function ModuleError:message(root)
+  local text = strip_position(self.msg)
+  if #self.path > 0 then
+    text = string.format("in %s (%s): %s", root .. "." .. table.concat(self.path, "."), self.leaf, text)
+  end
+  return text .. "\n" .. self.traceback
+end
+function ModuleError.__tostring(e) return e:message("?") end
+
+-- xpcall's handler: runs where the error was raised, so the stack is intact.
+local function capture(err)
+  if getmetatable(err) == ModuleError then return err end
+  -- "file:12: in ..." becomes "file:12 in ...": tools that strip a leading
+  -- "position: " from a message (luassert, many loggers) must not eat the message.
+  local tb = debug.traceback(nil, 2):gsub(":(%d+): ", ":%1 ")
+  return setmetatable({ path = {}, msg = err, traceback = tb }, ModuleError)
+end
+
 local function finish_call(self, ok, ...)
   depth = depth - 1
   if ok then return ... end
   local err = ...
-  local name = rawget(self, "_name") or self:class_name()
-  if getmetatable(err) == ModuleError then
-    if depth > 0 then
-      table.insert(err.path, 1, name)
-      error(err, 0)
-    end
-    error(err:message(self:class_name()), 0)
-  end
+  if err.leaf == nil then err.leaf = self:class_name() end
   if depth > 0 then
-    error(setmetatable({ path = { name }, leaf = self:class_name(), msg = strip_position(err) }, ModuleError), 0)
+    table.insert(err.path, 1, rawget(self, "_name") or self:class_name())
+    error(err, 0)
   end
-  error(type(err) == "string" and strip_position(err) or err, 0)
+  if #err.path == 0 and type(err.msg) ~= "string" then error(err.msg, 0) end -- a user's error object
+  error(err:message(self:class_name()), 0)
 end
 
---- `m(...)` runs `m:forward(...)`, adding the module path to nested errors.
+--- `m(...)` runs `m:forward(...)`, adding the module path and the traceback of
+-- the error site to errors.
 function Module.__call(self, ...)
   depth = depth + 1
-  return finish_call(self, pcall(self.forward, self, ...))
+  return finish_call(self, xpcall(self.forward, capture, self, ...))
 end
 
 --- Subclasses implement forward.

@@ -1,0 +1,143 @@
+--- More layers of `attn.nn`: Identity, GELU and BatchNorm1d (the book compares
+-- batch with layer normalisation), with PyTorch's names and behaviour.
+-- @module attn.nn.layers
+local attn = require "attn"
+local module = require "attn.nn.module"
+local linear = require "attn.nn.linear"
+
+local Module = module.Module
+local shape_str = attn.core.shape_str
+
+local M = {}
+
+-- ---------------------------------------------------------------- Identity
+
+--- `nn.Identity()`: returns its input unchanged (extra arguments are ignored).
+local Identity = Module:extend("Identity")
+M.Identity = Identity
+
+function Identity.forward(_, x) return x end
+
+-- ---------------------------------------------------------------- GELU
+
+-- Coefficients of Abramowitz & Stegun 7.1.26: erf(z) = 1 - poly(t) exp(-z^2),
+-- t = 1 / (1 + p z), z >= 0, absolute error below 1.5e-7 (under float32's
+-- resolution of Phi), built from differentiable tensor operations.
+local AS_P = 0.3275911
+local AS_A = { 0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429 }
+
+-- The standard normal CDF Phi(x) elementwise.
+local function normal_cdf(x)
+  local z = x:abs() * (1 / math.sqrt(2))
+  local t = (z * AS_P + 1):reciprocal()
+  local poly = t * AS_A[5]
+  for i = 4, 1, -1 do poly = (poly + AS_A[i]) * t end
+  local tail = poly * (-(z:square())):exp() * 0.5 -- P(N > |x|)
+  return attn.where(attn.core.ge(x, 0), 1 - tail, tail)
+end
+M.normal_cdf = normal_cdf
+
+--- `nn.GELU([{approximate = "none"|"tanh"}])`: x * Phi(x), Phi the standard
+-- normal CDF (PyTorch's default, exact to float32 precision); "tanh" is the
+-- approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+local GELU = Module:extend("GELU")
+M.GELU = GELU
+
+function GELU:init(opts)
+  opts = linear.check_options(opts, "GELU", { approximate = true })
+  local a = opts.approximate or "none"
+  if a ~= "none" and a ~= "tanh" then
+    error(string.format("GELU: approximate must be 'none' or 'tanh', got '%s'", tostring(a)), 3)
+  end
+  self.approximate = a
+end
+
+function GELU:forward(x)
+  if not attn.is_tensor(x) then error("GELU: input must be a tensor, got a " .. type(x), 2) end
+  if self.approximate == "tanh" then
+    local inner = (x + x:pow(3) * 0.044715) * math.sqrt(2 / math.pi)
+    return x * (inner:tanh() + 1) * 0.5
+  end
+  return x * normal_cdf(x)
+end
+
+function GELU:extra_repr() return string.format("approximate='%s'", self.approximate) end
+
+-- ---------------------------------------------------------------- BatchNorm1d
+
+--- `nn.BatchNorm1d(num_features [, {eps = 1e-5, momentum = 0.1, affine = true,
+-- track_running_stats = true}])`: input (N, C) or (N, C, L), normalised per
+-- channel C. In training the batch statistics are used (biased variance over N
+-- and L) and the running estimates move: running = (1 - momentum) * running +
+-- momentum * batch, with the unbiased variance for running_var; in eval mode
+-- the running estimates are used. Parameters weight (ones) and bias (zeros);
+-- buffers running_mean (zeros), running_var (ones), num_batches_tracked (a
+-- scalar), as PyTorch's state dict has them.
+local BatchNorm1d = Module:extend("BatchNorm1d")
+M.BatchNorm1d = BatchNorm1d
+
+function BatchNorm1d:init(num_features, opts)
+  if math.type(num_features) ~= "integer" or num_features < 1 then
+    error("BatchNorm1d: num_features must be a positive integer, got " .. tostring(num_features), 3)
+  end
+  opts = linear.check_options(opts, "BatchNorm1d",
+    { eps = true, momentum = true, affine = true, track_running_stats = true, dtype = true })
+  local dtype = opts.dtype or "float32"
+  self.num_features = num_features
+  self.eps = opts.eps or 1e-5
+  self.momentum = opts.momentum or 0.1
+  self.affine = opts.affine ~= false
+  self.track_running_stats = opts.track_running_stats ~= false
+  if self.affine then
+    self:register_parameter("weight", attn.ones({ num_features }, dtype))
+    self:register_parameter("bias", attn.zeros({ num_features }, dtype))
+  end
+  if self.track_running_stats then
+    self:register_buffer("running_mean", attn.zeros({ num_features }, dtype))
+    self:register_buffer("running_var", attn.ones({ num_features }, dtype))
+    self:register_buffer("num_batches_tracked", attn.zeros({}, dtype))
+  end
+end
+
+function BatchNorm1d:forward(x)
+  if not attn.is_tensor(x) then error("BatchNorm1d: input must be a tensor, got a " .. type(x), 2) end
+  local s, C = x:shape(), self.num_features
+  if (#s ~= 2 and #s ~= 3) or s[2] ~= C then
+    error(string.format("BatchNorm1d: input %s must be (N, %d) or (N, %d, L)", shape_str(s), C, C), 2)
+  end
+  -- channels last, flattened: (N * L, C)
+  local rows = #s == 2 and x or x:transpose(2, 3):reshape({ -1, C })
+  local n = rows:size(1)
+  local view = #s == 2 and { 1, C } or { 1, C, 1 }
+  local mean, var
+  if self.training or not self.track_running_stats then
+    if n < 2 and self.training then
+      error(string.format("BatchNorm1d: training needs more than one value per channel, got input %s", shape_str(s)),
+        2)
+    end
+    mean = rows:mean(1)
+    var = (rows - mean):square():mean(1)
+    if self.training and self.track_running_stats then
+      local m = self.momentum
+      attn.no_grad(function()
+        local core = attn.core
+        local bm, bv = mean:detach(), var:detach() * (n / math.max(n - 1, 1))
+        core.copy_(self.running_mean, self.running_mean * (1 - m) + bm * m)
+        core.copy_(self.running_var, self.running_var * (1 - m) + bv * m)
+        core.copy_(self.num_batches_tracked, self.num_batches_tracked + 1)
+      end)
+    end
+  else
+    mean, var = self.running_mean, self.running_var
+  end
+  local y = (x - mean:reshape(view)) / (var:reshape(view) + self.eps):sqrt()
+  if self.affine then y = y * self.weight:reshape(view) + self.bias:reshape(view) end
+  return y
+end
+
+function BatchNorm1d:extra_repr()
+  return string.format("%d, eps=%g, momentum=%g, affine=%s, track_running_stats=%s", self.num_features, self.eps,
+    self.momentum, self.affine and "True" or "False", self.track_running_stats and "True" or "False")
+end
+
+return M

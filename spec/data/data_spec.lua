@@ -1,0 +1,339 @@
+local attn = require "attn"
+local data = require "attn.data"
+local helper = require "helper"
+
+local SAMPLE = "data/fra-eng-sample.txt"
+local FULL = "../shared/data/fra-eng/fra.txt" -- the whole corpus, outside the repository
+local BOOK_RESERVED = { "<pad>", "<bos>", "<eos>" }
+
+local function have_full()
+  local f = io.open(FULL, "rb")
+  if f then f:close() end
+  return f ~= nil
+end
+local FULL_MISSING = FULL .. " is absent (d2l's fra-eng.zip unpacked there); the full-corpus checks are skipped"
+
+local function joined(lists)
+  local out = {}
+  for i, l in ipairs(lists) do out[i] = table.concat(l, " ") end
+  return out
+end
+
+describe("data.lower", function()
+  it("lowercases the corpus' letters and the Latin-1 / Latin Extended-A blocks as Python's str.lower", function()
+    local pairs_ = {
+      { "Ç", "ç" }, { "À", "à" }, { "É", "é" }, { "Ê", "ê" }, { "Ô", "ô" }, { "Â", "â" }, { "Œ", "œ" },
+      { "Ÿ", "ÿ" }, { "Ø", "ø" }, { "Þ", "þ" }, { "Ā", "ā" }, { "Ĳ", "ĳ" }, { "Ĺ", "ĺ" }, { "Ň", "ň" },
+      { "Ŋ", "ŋ" }, { "Ž", "ž" }, { "İ", "i\u{307}" }, -- Python: i + combining dot above
+      { "ß", "ß" }, { "ĸ", "ĸ" }, { "×", "×" }, { "ſ", "ſ" }, { "ẞ", "ß" },
+      { "ΑΒΓ ΣΩ Ά Ώ", "αβγ σω ά ώ" }, { "СЪЁЖ Ѐ Ѡ Ӑ", "съёж ѐ ѡ ӑ" },
+      { "Go. HELLO, World!", "go. hello, world!" }, { "abc xyz 019 @[`{", "abc xyz 019 @[`{" },
+      { "Ça alors !", "ça alors !" }, { "J’AI EXPIRÉ.", "j’ai expiré." },
+    }
+    for _, p in ipairs(pairs_) do assert.are.equal(p[2], data.lower(p[1])) end
+  end)
+
+  it("passes bytes that are not valid UTF-8 through unchanged", function()
+    for _, s in ipairs { "\xC3", "\xC3\xC3", "\x80\x81", "\xFF\xFE", "\xC3\x80\x80", "\xE2\x80", "\xF8\x88\x80\x80" } do
+      assert.are.equal(s, data.lower(s))
+    end
+    assert.are.equal("a\xFFé\xC3", data.lower("A\xFFÉ\xC3"))
+  end)
+end)
+
+describe("data.preprocess", function()
+  it("turns the book's first 6 lines into the tokens d2l lists", function()
+    -- The raw bytes of fra.txt's first lines, with their U+202F before "!".
+    local raw = "Go.\tVa !\nHi.\tSalut !\nRun!\tCours\u{202F}!\nRun!\tCourez\u{202F}!\nWho?\tQui ?\n" ..
+      "Wow!\tÇa alors\u{202F}!\n"
+    assert.are.equal("go .\tva !\nhi .\tsalut !\nrun !\tcours !\nrun !\tcourez !\nwho ?\tqui ?\nwow !\tça alors !\n",
+      data.preprocess(raw))
+  end)
+
+  it("spaces every , . ! ? not at index 0 and not after a space, after tabs and newlines too", function()
+    assert.are.equal(".a ? ! ?\t ,b\n .", data.preprocess(".a?!?\t,b\n."))
+    assert.are.equal("a b ,c  .", data.preprocess("A\u{A0}b,c\u{202F} ."))
+    assert.are.equal("« j'ai » – x", data.preprocess("« J'ai » – X")) -- nothing else is touched
+  end)
+
+  it("keeps empty tokens when splitting on single spaces, as str.split(' ')", function()
+    assert.are.same({ "a", "", "b", "" }, data.split("a  b "))
+    assert.are.same({ "" }, data.split(""))
+  end)
+end)
+
+describe("data.read_fra_eng", function()
+  local dir
+  before_each(function() dir = helper.make_tmpdir() end)
+  after_each(function() helper.remove_tree(dir) end)
+
+  it("reads the shipped sample's first lines exactly as the book tokenizes them", function()
+    local src, tgt, report = data.read_fra_eng(SAMPLE, { num_examples = 5 })
+    assert.are.same({ "go .", "hi .", "run !", "run !", "who ?", "wow !" }, joined(src))
+    assert.are.same({ "va !", "salut !", "cours !", "courez !", "qui ?", "ça alors !" }, joined(tgt))
+    assert.are.same({ { "go", "." }, { "hi", "." } }, { src[1], src[2] })
+    assert.are.equal(6, report.lines)
+  end)
+
+  it("reads 601 pairs for num_examples = 600 (the book's loop), ending at i exhaled . / j’ai expiré .", function()
+    local src, tgt, report = data.read_fra_eng(SAMPLE, { num_examples = 600 })
+    assert.are.equal(601, #src)
+    assert.are.equal(601, #tgt)
+    assert.are.equal("i exhaled .", table.concat(src[601], " "))
+    assert.are.equal("j’ai expiré .", table.concat(tgt[601], " "))
+    assert.are.same({ lines = 601, pairs = 601, malformed = 0 }, { lines = report.lines, pairs = report.pairs,
+      malformed = report.malformed })
+    local all = data.read_fra_eng(SAMPLE)
+    assert.are.equal(1000, #all)
+  end)
+
+  it("reports malformed lines with their line numbers, keeps the good ones, never raises", function()
+    local path = dir .. "/bad.txt"
+    helper.write_bytes(path, table.concat({
+      "Go.\tVa !",                 -- 1 good
+      "no tab here",               -- 2
+      "a\tb\tc",                   -- 3 two tabs
+      "\tVide.",                   -- 4 empty English
+      "Empty.\t \u{202F}",         -- 5 empty French (only spaces after preprocessing)
+      "Caf\xC3.\tCaf\xE9 !",       -- 6 invalid UTF-8
+      "Hi.\tSalut !\r",            -- 7 good, CRLF
+      "",                          -- 8 blank: no tab
+      "Run!\tCours !",             -- 9 good, last line without a newline
+    }, "\n"))
+    local src, tgt, report = data.read_fra_eng(path)
+    assert.are.same({ "go .", "hi .", "run !" }, joined(src))
+    assert.are.same({ "va !", "salut !", "cours !" }, joined(tgt))
+    assert.are.equal(9, report.lines)
+    assert.are.equal(3, report.pairs)
+    assert.are.equal(6, report.malformed)
+    assert.are.same({ no_tab = 2, extra_tab = 1, empty_side = 2, invalid_utf8 = 1 }, report.counts)
+    local lines, reasons = {}, {}
+    for i, p in ipairs(report.problems) do lines[i], reasons[i] = p.line, p.reason end
+    assert.are.same({ 2, 3, 4, 5, 6, 8 }, lines)
+    assert.are.same({ "no tab", "more than one tab", "empty English side", "empty French side",
+      "invalid UTF-8 at byte 4 of the line", "no tab" }, reasons)
+    assert.matches("3 pairs from 9 lines, 6 malformed %(line 2: no tab; line 3: more than one tab", tostring(report))
+    -- Malformed lines still count as lines for num_examples, as in the book's loop.
+    local some = data.read_fra_eng(path, { num_examples = 6 })
+    assert.are.same({ "go .", "hi ." }, joined(some))
+  end)
+
+  it("returns nil and a message for a file that cannot be read", function()
+    local src, msg = data.read_fra_eng(dir .. "/missing.txt")
+    assert.is_nil(src)
+    assert.matches("read_fra_eng: cannot open .*missing%.txt", msg)
+    src, msg = data.read_fra_eng(dir)
+    assert.is_nil(src)
+    assert.matches("read_fra_eng: cannot read", msg)
+    local empty = dir .. "/empty.txt"
+    helper.write_bytes(empty, "")
+    local e, _, report = data.read_fra_eng(empty)
+    assert.are.same({}, e)
+    assert.are.equal(0, report.lines)
+  end)
+
+  it("raises on bad arguments", function()
+    assert.error_matches(function() data.read_fra_eng(SAMPLE, { num_examples = 0 }) end, "num_examples must be")
+    assert.error_matches(function() data.read_fra_eng(SAMPLE, { num_exemples = 6 }) end, "unknown option 'num_exemples'")
+    assert.error_matches(function() data.read_fra_eng(nil) end, "path must be a string")
+  end)
+end)
+
+describe("data.Vocab", function()
+  it("puts <unk> first, then the reserved tokens, then by descending count with ties in first-appearance order", function()
+    -- counts: b 3, c 2, a 2 (c seen first), d 1, e 1
+    local v = data.Vocab({ { "b", "c", "a" }, { "a", "b", "c", "d" }, { "b", "e" } }, { reserved = { "<pad>" } })
+    assert.are.same({ "<unk>", "<pad>", "b", "c", "a", "d", "e" }, v.idx_to_token)
+    assert.are.same({ { "b", 3 }, { "c", 2 }, { "a", 2 }, { "d", 1 }, { "e", 1 } }, v.token_freqs)
+    local m = data.Vocab({ { "b", "c", "a" }, { "a", "b", "c", "d" }, { "b", "e" } }, { min_freq = 2 })
+    assert.are.same({ "<unk>", "b", "c", "a" }, m.idx_to_token)
+    -- A flat list counts the same way; a reserved token seen in the text is not repeated.
+    local f = data.Vocab({ "x", "<eos>", "y", "y" }, { reserved_tokens = { "<eos>" } })
+    assert.are.same({ "<unk>", "<eos>", "y", "x" }, f.idx_to_token)
+  end)
+
+  it("looks tokens and ids up both ways, 1-based", function()
+    local v = data.Vocab({ { "go", "." }, { "go", "!" }, { "ids", "." } }, { reserved = BOOK_RESERVED })
+    -- The book's ids: <unk> 0, <pad> 1, <bos> 2, <eos> 3; here each is one more.
+    assert.are.same({ 1, 2, 3, 4 }, { v["<unk>"], v["<pad>"], v["<bos>"], v["<eos>"] })
+    assert.are.equal(1, v.unk)
+    assert.are.equal(8, #v)
+    assert.are.equal(5, v["go"])
+    assert.are.equal(1, v["never seen"])
+    assert.are.same({ 5, 6, 1 }, v:ids({ "go", ".", "zzz" }))
+    assert.are.same({ 5, 6, 1 }, v[{ "go", ".", "zzz" }]) -- the book's vocab[tokens]
+    assert.are.same({ "go", ".", "<unk>" }, v:tokens({ 5, 6, 1 }))
+    assert.are.same({ "go", "." }, v:tokens(attn.tensor({ 5, 6 }, data.ID_DTYPE)))
+    assert.are.same(v:tokens({ 7 }), v:to_tokens({ 7 }))
+    assert.are.equal("<eos>", v:token(4))
+    -- "ids" is a method name, so vocab["ids"] is the method; vocab:id always means the token.
+    assert.are.equal(8, v:id("ids"))
+    assert.are.equal("function", type(v["ids"]))
+    assert.matches("Vocab%(8 tokens: <unk> <pad> <bos> <eos> go %.", tostring(v))
+  end)
+
+  it("raises on ids outside the vocabulary and on bad input", function()
+    local v = data.Vocab({ "a" })
+    assert.error_matches(function() v:token(3) end, "Vocab:token: id 3 is not in 1..2")
+    assert.error_matches(function() v:tokens({ 1, 0 }) end, "id 0 at position 2 is not in 1..2")
+    assert.error_matches(function() v:tokens({ 1.5 }) end, "id 1.5 at position 1")
+    assert.error_matches(function() v:tokens(attn.zeros({ 1, 1 })) end, "expected a 1%-D tensor of ids, got %[1x1%]")
+    assert.error_matches(function() data.Vocab({ { "a", 3 } }) end, "tokens must be strings")
+    assert.error_matches(function() data.Vocab({}, { min_freqs = 2 }) end, "unknown option 'min_freqs'")
+  end)
+
+  it("gives the book's 184 source and 201 target tokens for the 601 training pairs of the sample", function()
+    local src, tgt = data.read_fra_eng(SAMPLE, { num_examples = 600 })
+    local sv = data.Vocab(src, { min_freq = 2, reserved = BOOK_RESERVED })
+    local tv = data.Vocab(tgt, { min_freq = 2, reserved = BOOK_RESERVED })
+    assert.are.equal(184, #sv)
+    assert.are.equal(201, #tv) -- 203 with ASCII-only lowercasing ("ça" and "Ça" apart)
+    assert.are.equal(tv["ça"], tv:id("ça"))
+    assert.is_true(tv["ça"] > 4)
+  end)
+end)
+
+describe("data.truncate_pad and data.build_array", function()
+  it("cuts or pads to num_steps", function()
+    assert.are.same({ 48, 5, 2, 2, 2, 2, 2, 2, 2, 2 }, data.truncate_pad({ 48, 5 }, 10, 2))
+    assert.are.same({ 1, 2, 3 }, data.truncate_pad({ 1, 2, 3, 4, 5 }, 3, 9))
+    assert.error_matches(function() data.truncate_pad({ 1 }, 0, 2) end, "num_steps must be a positive integer")
+  end)
+
+  it("appends <eos>, pads with <pad>, and counts <eos> in the valid lengths", function()
+    local src = data.read_fra_eng(SAMPLE, { num_examples = 600 })
+    local v = data.Vocab(src, { min_freq = 2, reserved = BOOK_RESERVED })
+    local steps = 4
+    local X, len = data.build_array(src, v, steps)
+    assert.are.same({ #src, steps }, X:shape())
+    assert.are.same({ #src }, len:shape())
+    assert.are.equal(data.ID_DTYPE, X:dtype())
+    local rows, lens = X:totable(), len:totable()
+    for i, line in ipairs(src) do
+      -- Independent: ids, then <eos> if there is room, then pads.
+      local want = {}
+      for j, tok in ipairs(line) do want[j] = v.token_to_idx[tok] or 1 end
+      want[#want + 1] = 4
+      for j = #want + 1, steps do want[j] = 2 end
+      for j = #want, steps + 1, -1 do want[j] = nil end
+      assert.are.same(want, rows[i])
+      assert.are.equal(math.min(#line + 1, steps), lens[i])
+    end
+    local e, el = data.build_array({}, v, 3)
+    assert.are.same({ 0, 3 }, e:shape())
+    assert.are.same({ 0 }, el:shape())
+  end)
+end)
+
+describe("data.load_fra_eng", function()
+  -- Every (X row, Y row) pair of an epoch, as a multiset of strings.
+  local function epoch_rows(loader)
+    local seen, batches = {}, {}
+    for X, X_len, Y, Y_len in loader() do
+      batches[#batches + 1] = { X:shape()[1], X:totable(), X_len:totable(), Y:totable(), Y_len:totable() }
+      local x, y = X:totable(), Y:totable()
+      for i = 1, #x do
+        local key = table.concat(x[i], ",") .. "|" .. table.concat(y[i], ",")
+        seen[key] = (seen[key] or 0) + 1
+      end
+    end
+    return seen, batches
+  end
+
+  it("yields every pair once per epoch in batches of the requested shape, the last one smaller", function()
+    local data_iter, src_vocab, tgt_vocab = data.load_fra_eng(64, 10, { seed = 7 })
+    assert.are.equal(184, #src_vocab)
+    assert.are.equal(201, #tgt_vocab)
+    assert.are.equal(601, data_iter.num_examples)
+    assert.are.equal(10, #data_iter)
+    local X, _, Y = table.unpack(data_iter.dataset)
+    local want = {}
+    local x, y = X:totable(), Y:totable()
+    for i = 1, #x do
+      local key = table.concat(x[i], ",") .. "|" .. table.concat(y[i], ",")
+      want[key] = (want[key] or 0) + 1
+    end
+    local seen, batches = epoch_rows(data_iter)
+    assert.are.same(want, seen)
+    assert.are.equal(10, #batches)
+    local tokens, max_x, max_y = 0, 0, 0
+    for b, batch in ipairs(batches) do
+      assert.are.equal(b < 10 and 64 or 601 - 9 * 64, batch[1])
+      for i = 1, batch[1] do
+        assert.are.equal(10, #batch[2][i])
+        tokens = tokens + batch[5][i]
+        max_x, max_y = math.max(max_x, batch[3][i]), math.max(max_y, batch[5][i])
+      end
+    end
+    assert.are.equal(2541, tokens) -- target tokens per epoch in the book's Bahdanau run (with <eos>)
+    -- The longest sentences have 4 and 7 tokens (5 and 8 with <eos>): num_steps 10 never cuts.
+    assert.are.same({ 5, 8 }, { max_x, max_y })
+  end)
+
+  it("draws its order from the seed alone: same seed same batches (any thread count), other seeds differ", function()
+    local _, a = epoch_rows(data.load_fra_eng(64, 10, { seed = 3 }))
+    local threads = attn.get_num_threads()
+    attn.set_num_threads(2)
+    local _, b = epoch_rows(data.load_fra_eng(64, 10, { seed = 3 }))
+    attn.set_num_threads(threads)
+    assert.are.same(a, b)
+    local _, c = epoch_rows(data.load_fra_eng(64, 10, { seed = 4 }))
+    assert.are_not.same(a, c)
+    -- Consecutive epochs of one loader differ; the sequence of epochs is fixed by the seed.
+    local l1, l2 = data.load_fra_eng(64, 10, { seed = 3 }), data.load_fra_eng(64, 10, { seed = 3 })
+    local _, e1 = epoch_rows(l1)
+    local _, e2 = epoch_rows(l1)
+    assert.are.same(a, e1)
+    assert.are_not.same(e1, e2)
+    epoch_rows(l2)
+    assert.are.same(e2, select(2, epoch_rows(l2)))
+    -- Without a seed, attn's generator supplies one.
+    attn.manual_seed(5)
+    local _, d1 = epoch_rows(data.load_fra_eng(64, 10))
+    attn.manual_seed(5)
+    local _, d2 = epoch_rows(data.load_fra_eng(64, 10))
+    assert.are.same(d1, d2)
+  end)
+
+  it("keeps the file order with shuffle = false, and reads the whole file with num_examples = math.huge", function()
+    local loader = data.load_fra_eng(1000, 10, { shuffle = false, num_examples = math.huge })
+    assert.are.equal(1000, loader.num_examples)
+    assert.are.equal(1, #loader)
+    for X in loader() do assert.are.same(loader.dataset[1]:totable(), X:totable()) end
+  end)
+
+  it("returns nil and a message for an unreadable file, and raises on bad arguments", function()
+    local it_, msg = data.load_fra_eng(2, 8, { path = "/nonexistent/fra.txt" })
+    assert.is_nil(it_)
+    assert.matches("cannot open /nonexistent/fra%.txt", msg)
+    assert.error_matches(function() data.load_fra_eng(0, 8) end, "batch_size must be a positive integer")
+    assert.error_matches(function() data.load_fra_eng(2, 8, { seed = 1.5 }) end, "seed must be an integer")
+    assert.error_matches(function() data.load_fra_eng(2, 8, { bach = 1 }) end, "unknown option 'bach'")
+  end)
+
+  it("finds the shipped sample next to the module", function()
+    local path = assert(data.sample_path())
+    assert.are.equal(helper.read_bytes(SAMPLE), helper.read_bytes(path))
+  end)
+end)
+
+describe("the full corpus", function()
+  it("gives the book's source vocabulary of 10012 where go . is {48, 5} (book [47, 4]), target 17851", function()
+    if not have_full() then
+      pending(FULL_MISSING)
+      return
+    end
+    local t0 = os.clock()
+    local src, tgt, report = data.read_fra_eng(FULL)
+    local seconds = os.clock() - t0
+    assert.are.equal(167130, #src)
+    assert.are.equal(0, report.malformed)
+    assert.is_true(seconds < 30, string.format("reading took %.1f s of CPU", seconds))
+    local sv = data.Vocab(src, { min_freq = 2, reserved = BOOK_RESERVED })
+    local tv = data.Vocab(tgt, { min_freq = 2, reserved = BOOK_RESERVED })
+    assert.are.equal(10012, #sv)
+    assert.are.equal(17851, #tv)
+    assert.are.same({ 48, 5 }, sv[src[1]])
+    assert.are.same({ 48, 5, 2, 2, 2, 2, 2, 2, 2, 2 }, data.truncate_pad(sv[src[1]], 10, sv["<pad>"]))
+  end)
+end)

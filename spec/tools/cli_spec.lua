@@ -1,0 +1,65 @@
+local cli = require "attn.cli"
+
+-- Runs cli.parse with exit/print captured: returns opts or {exit = code, text = printed}.
+local function run(argv, spec)
+  local printed, code = {}, nil
+  local ok, res = pcall(cli.parse, argv, spec, {
+    exit = function(c) code = c; error("exit") end,
+    print = function(s) printed[#printed + 1] = s end,
+  })
+  if ok then return res end
+  assert(code, res)
+  return { exit = code, text = table.concat(printed, "\n") }
+end
+
+local SPEC = {
+  name = "toy", description = "a toy experiment",
+  options = {
+    { "epochs", "integer", 250, "training epochs" },
+    { "lr", "number", 0.005, "learning rate" },
+    { "scoring", "string", "additive", "additive or dot" },
+    { "quiet", "boolean", false, "no progress" },
+  },
+}
+
+describe("attn.cli", function()
+  it("gives the defaults, the common options and out/<name>", function()
+    local o = run({}, SPEC)
+    assert.are.same({ 250, 0.005, "additive", false, 0, "out/toy" },
+      { o.epochs, o.lr, o.scoring, o.quiet, o.seed, o.out })
+    assert.is_nil(o.data)
+  end)
+
+  it("reads --name value, --name=value, flags and dashes in names", function()
+    local o = run({ "--epochs", "3", "--lr=0.5", "--quiet", "--seed", "7", "--out", "/tmp/x", "--data=f.txt" }, SPEC)
+    assert.are.same({ 3, 0.5, true, 7, "/tmp/x", "f.txt" }, { o.epochs, o.lr, o.quiet, o.seed, o.out, o.data })
+    assert.are.equal("integer", math.type(o.epochs))
+  end)
+
+  it("stops with exit 2 and the usage on unknown options, bad values, missing values", function()
+    for _, argv in ipairs { { "--nope" }, { "--epochs", "x" }, { "--epochs", "2.5" }, { "--lr" }, { "stray" } } do
+      local r = run(argv, SPEC)
+      assert.are.equal(2, r.exit, table.concat(argv, " "))
+      assert.truthy(r.text:find("usage: lua5.4 examples/toy.lua", 1, true))
+    end
+  end)
+
+  it("prints every option with its default on --help and exits 0", function()
+    local r = run({ "--help" }, SPEC)
+    assert.are.equal(0, r.exit)
+    for _, needle in ipairs { "--epochs INTEGER", "(default 250)", "--seed INTEGER", "--out STRING", "--data STRING",
+      "--quiet", "a toy experiment" } do
+      assert.truthy(r.text:find(needle, 1, true), needle)
+    end
+  end)
+
+  it("makes nested folders and reports failures", function()
+    local base = os.tmpname()
+    os.remove(base)
+    assert.are.equal(base .. "/a/b", cli.mkdir(base .. "/a/b"))
+    local f = assert(io.open(base .. "/a/b/x", "w"))
+    f:close()
+    assert.is_nil((cli.mkdir(base .. "/a/b/x/y")))
+    os.execute("rm -rf '" .. base .. "'")
+  end)
+end)

@@ -1,0 +1,51 @@
+/* attn_rnn: a fused multi-layer GRU over a whole sequence, forward and
+ * backward, with PyTorch's gate order (r, z, n) and layouts.
+ *
+ * Layer k of L (input size in_0 = I, in_k = H above) with weights
+ * w_ih[k] (3H, in_k), w_hh[k] (3H, H) and optional biases b_ih[k], b_hh[k]
+ * (3H), one step over an input x_t (B, in_k) and state h (B, H):
+ *
+ *     r = sigmoid(W_ir x + b_ir + W_hr h + b_hr)
+ *     z = sigmoid(W_iz x + b_iz + W_hz h + b_hz)
+ *     n = tanh(W_in x + b_in + r * (W_hn h + b_hn))
+ *     h' = (1 - z) * n + z * h
+ *
+ * The input projections of all T steps are one GEMM per layer, the recurrent
+ * product one GEMM per step, and the gate math one vectorised pass per step
+ * (attn_vmath for float32). Dropout with probability p acts on the outputs of
+ * every layer but the last when p > 0: entry i of layer k's output is kept
+ * when attn_rng_hash(seed + k, i) is at least p * 2^64 and then scaled by
+ * 1 / (1 - p), so backward rebuilds the mask from the seed. Everything runs
+ * on the calling thread in a fixed order: results do not depend on the
+ * thread count. All operands share a dtype and must be contiguous. */
+#ifndef ATTN_RNN_H
+#define ATTN_RNN_H
+
+#include "attn_tensor.h"
+
+/* Number of elements of the `saved` tensor that forward fills and backward
+ * reads: per layer the states h_0..h_T (T+1, B, H) and the gates r, z
+ * (T, B, 2H), n (T, B, H) and W_hn h + b_hn (T, B, H). */
+int64_t attn_gru_saved_numel(int64_t T, int64_t B, int64_t H, int layers);
+
+/* x (T, B, I); h0 (L, B, H) or NULL for zeros; w_ih, w_hh, b_ih, b_hh arrays
+ * of L tensors (bias entries may be NULL); dropout p in [0, 1).
+ * Writes out (T, B, H) (the last layer's states), hn (L, B, H) (every layer's
+ * last state) and saved (1-D, attn_gru_saved_numel entries). */
+attn_status attn_gru_forward(const attn_tensor *x, const attn_tensor *h0, int layers, const attn_tensor *const *w_ih,
+                             const attn_tensor *const *w_hh, const attn_tensor *const *b_ih,
+                             const attn_tensor *const *b_hh, double dropout, uint64_t seed, attn_tensor *out,
+                             attn_tensor *hn, attn_tensor *saved);
+
+/* Gradients of the forward above from dout (T, B, H) and dhn (L, B, H)
+ * (either may be NULL for zero). x, h0, weights, dropout, seed and saved as
+ * given to (and filled by) forward. Writes dx (T, B, I), dh0 (L, B, H, or
+ * NULL to skip), dw_ih[k], dw_hh[k] and db_ih[k], db_hh[k] (NULL entries are
+ * skipped; the arrays themselves may not be NULL). */
+attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int layers,
+                              const attn_tensor *const *w_ih, const attn_tensor *const *w_hh, double dropout,
+                              uint64_t seed, const attn_tensor *saved, const attn_tensor *dout,
+                              const attn_tensor *dhn, attn_tensor *dx, attn_tensor *dh0, attn_tensor *const *dw_ih,
+                              attn_tensor *const *dw_hh, attn_tensor *const *db_ih, attn_tensor *const *db_hh);
+
+#endif

@@ -1,0 +1,183 @@
+/* The row math of attn_vmath, written once in plain C that the compiler
+ * vectorises; each src/cpu/vmath_<isa>.c includes it with its own VMATH_SUFFIX
+ * and is compiled with that ISA's flags (see the Makefile), so one binary
+ * carries every path and attn_vmath.c picks one at run time.
+ *
+ * float32 exp, log, tanh and sigmoid evaluate in double internally: a
+ * degree-7 polynomial after range reduction has a relative error near 5e-9,
+ * so the float result is within 1 ulp of the exact value over the whole
+ * range (denormal inputs and outputs included, as doubles have room for
+ * them), and no branch depends on the data: special values (+-inf, NaN,
+ * zero, negatives for log) are chosen by selects at the end. Bit patterns go
+ * through memcpy (type punning without aliasing trouble; compilers turn it
+ * into a register move). */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define VMATH_CAT2(a, b) a##b
+#define VMATH_CAT(a, b) VMATH_CAT2(a, b)
+#define VMATH_FN(name) VMATH_CAT(name, VMATH_SUFFIX)
+
+/* The loops vectorise only when the element functions are inlined into them. */
+#if defined(__GNUC__)
+#define VM_INLINE static inline __attribute__((always_inline))
+#else
+#define VM_INLINE static inline
+#endif
+
+VM_INLINE uint64_t vm_bits(double x) {
+  uint64_t b;
+  memcpy(&b, &x, 8);
+  return b;
+}
+VM_INLINE double vm_double(uint64_t b) {
+  double x;
+  memcpy(&x, &b, 8);
+  return x;
+}
+
+/* exp(x) for x in [-745, 709] (callers clamp): x = n ln2 + r with |r| <= ln2/2,
+ * e^r by its Taylor series to degree 7, times 2^n built in the exponent bits.
+ * NaN propagates through the arithmetic. */
+VM_INLINE double vm_exp_core(double x) {
+  const double shifter = 6755399441055744.0; /* 1.5 * 2^52: adding it rounds to an integer */
+  double kd = x * 1.4426950408889634 + shifter;
+  double n = kd - shifter;
+  double r = x - n * 0.6931471803691238;
+  r = r - n * 1.9082149292705877e-10;
+  double p = 1.0 / 5040;
+  p = p * r + 1.0 / 720;
+  p = p * r + 1.0 / 120;
+  p = p * r + 1.0 / 24;
+  p = p * r + 1.0 / 6;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  uint64_t k = vm_bits(kd) - vm_bits(shifter); /* n as a two's complement integer */
+  return p * vm_double((k + 1023) << 52);
+}
+
+VM_INLINE double vm_clamp(double x, double lo, double hi) {
+  x = x < lo ? lo : x; /* NaN compares false and stays NaN */
+  return x > hi ? hi : x;
+}
+
+/* exp of a float: below -104 the result rounds to 0, above 89 to +inf. */
+VM_INLINE float vm_expf(float x) { return (float)vm_exp_core(vm_clamp(x, -104.0, 89.0)); }
+
+/* sigmoid(x) = 1 / (1 + e^-x): exact 0 below -110 (e^-110 is under half the
+ * smallest denormal) and 1 above 40 (e^-40 is under half an ulp of 1). */
+VM_INLINE float vm_sigmoidf(float x) {
+  double e = vm_exp_core(-vm_clamp(x, -110.0, 40.0));
+  return (float)(1.0 / (1.0 + e));
+}
+
+/* tanh(x) = sign(x) (e - 1) / (e + 1) with e = e^(2|x|), which loses no more
+ * than a few bits of a double for |x| >= 2^-10; below that the odd series
+ * x - x^3/3 + 2x^5/15 is exact to float precision (and keeps tiny and
+ * denormal inputs exact). |x| > 10 gives +-1 (tanh(10) rounds to 1). The
+ * sign goes on last with copysign, so -0 stays -0 and NaN stays NaN. Every
+ * select compares doubles and picks doubles: mixed-width selects would stop
+ * the vectoriser. */
+VM_INLINE float vm_tanhf(float x) {
+  double a = fabs((double)x);
+  double e = vm_exp_core(2 * (a > 10 ? 10 : a));
+  double t = (e - 1) / (e + 1);
+  double a2 = a * a;
+  double s = a * (1 + a2 * (-1.0 / 3 + a2 * (2.0 / 15)));
+  return (float)copysign(a < 0x1p-10 ? s : t, (double)x);
+}
+
+/* log(x): a float is a normal double, so x = m 2^e with m in [sqrt(1/2), sqrt(2))
+ * from the bits, and log m = 2 atanh(s), s = (m - 1) / (m + 1), |s| < 0.172,
+ * whose odd series to s^11 is exact to double rounding of a float. */
+VM_INLINE float vm_logf(float x) {
+  double d = x;
+  uint64_t b = vm_bits(d);
+  double m1 = vm_double((b & 0x000FFFFFFFFFFFFFull) | (1023ull << 52)); /* mantissa in [1, 2) */
+  double big = m1 > 1.4142135623730951 ? 1.0 : 0.0;
+  double m = m1 * (1 - 0.5 * big);
+  /* exponent as a double without an int64 -> double conversion (none in AVX2) */
+  double e = vm_double(0x4330000000000000ull | ((b >> 52) & 0x7FF)) - 4503599627370496.0 - 1023 + big;
+  double s = (m - 1) / (m + 1);
+  double s2 = s * s;
+  double p = 1.0 / 11;
+  p = p * s2 + 1.0 / 9;
+  p = p * s2 + 1.0 / 7;
+  p = p * s2 + 1.0 / 5;
+  p = p * s2 + 1.0 / 3;
+  p = p * s2 + 1.0;
+  double y = e * 0.6931471805599453 + 2 * s * p;
+  const double inf = 1.0 / 0.0;
+  /* +inf stays +inf, 0 gives -inf, negatives and NaN give NaN */
+  return (float)(d > 0 ? (d < inf ? y : inf) : (d == 0 ? -inf : inf - inf));
+}
+
+/* Row kernels: y[j] = f(x[j]) for j < n (y may alias x). */
+void VMATH_FN(attn_vmath_exp_f32_)(const float *x, float *y, int64_t n) {
+  for (int64_t j = 0; j < n; j++) y[j] = vm_expf(x[j]);
+}
+void VMATH_FN(attn_vmath_log_f32_)(const float *x, float *y, int64_t n) {
+  for (int64_t j = 0; j < n; j++) y[j] = vm_logf(x[j]);
+}
+void VMATH_FN(attn_vmath_tanh_f32_)(const float *x, float *y, int64_t n) {
+  for (int64_t j = 0; j < n; j++) y[j] = vm_tanhf(x[j]);
+}
+void VMATH_FN(attn_vmath_sigmoid_f32_)(const float *x, float *y, int64_t n) {
+  for (int64_t j = 0; j < n; j++) y[j] = vm_sigmoidf(x[j]);
+}
+
+/* exp(x) for x <= 0 in float for the softmax rows: exact 0 below -87 and for
+ * -inf, NaN stays NaN, relative error about 1e-7 elsewhere (cheaper than the
+ * double path above, and the softmax normalises anyway). */
+VM_INLINE float vm_exp_neg_f(float x) {
+  uint32_t xb, kb, sb, yb;
+  memcpy(&xb, &x, 4);
+  float kf = x * 1.44269504088896341f + 12583039.0f; /* round(x / ln 2) + 127 in the low bits */
+  memcpy(&kb, &kf, 4);
+  float n = kf - 12583039.0f;
+  float r = x - n * 0.693145751953125f;
+  r = r - n * 1.428606765330187045e-06f;
+  float p = 1.0f / 5040;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  sb = kb << 23;
+  float s;
+  memcpy(&s, &sb, 4);
+  float y = p * s;
+  memcpy(&yb, &y, 4);
+  /* keep y unless -87 > x >= -inf (sign bit set, magnitude above 87) */
+  yb &= (uint32_t)0 - (uint32_t)(xb <= 0xC2AE0000u || xb > 0xFF800000u);
+  memcpy(&y, &yb, 4);
+  return y;
+}
+
+/* x[j] = exp(x[j] - m), returns the sum: float lanes over runs of 256 entries,
+ * added up in double (so the rounding error stays near 1e-7 for long rows). */
+double VMATH_FN(attn_vmath_exp_row_f32_)(float *x, int64_t n, float m) {
+  double s = 0;
+  int64_t j = 0;
+  while (j + 16 <= n) {
+    float s16[16] = {0};
+    int64_t stop = j + 256 < n ? j + 256 : n;
+    for (; j + 16 <= stop; j += 16)
+      for (int k = 0; k < 16; k++) {
+        float e = vm_exp_neg_f(x[j + k] - m);
+        x[j + k] = e;
+        s16[k] += e;
+      }
+    for (int k = 0; k < 16; k += 2) s += (double)s16[k] + s16[k + 1];
+  }
+  for (; j < n; j++) {
+    float e = vm_exp_neg_f(x[j] - m);
+    x[j] = e;
+    s += e;
+  }
+  return s;
+}

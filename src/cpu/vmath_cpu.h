@@ -1,0 +1,22 @@
+/* attn_vmath (internal): the per-ISA row kernels behind attn_vmath.h's
+ * dispatch. Every set has the same functions with the ISA as suffix; the
+ * AVX2 and AVX-512 sets exist only on x86-64. */
+#ifndef ATTN_VMATH_CPU_H
+#define ATTN_VMATH_CPU_H
+
+#include <stdint.h>
+
+#define ATTN_VMATH_DECLARE(isa)                                                   \
+  void attn_vmath_exp_f32_##isa(const float *x, float *y, int64_t n);             \
+  void attn_vmath_log_f32_##isa(const float *x, float *y, int64_t n);             \
+  void attn_vmath_tanh_f32_##isa(const float *x, float *y, int64_t n);            \
+  void attn_vmath_sigmoid_f32_##isa(const float *x, float *y, int64_t n);         \
+  double attn_vmath_exp_row_f32_##isa(float *x, int64_t n, float m);
+
+ATTN_VMATH_DECLARE(generic)
+#if defined(__x86_64__)
+ATTN_VMATH_DECLARE(avx2)
+ATTN_VMATH_DECLARE(avx512)
+#endif
+
+#endif

@@ -1,0 +1,472 @@
+/* attn.cairo: a thin Lua binding of cairo for attn.plot (not part of the
+ * numeric core; lua/attn/core.so links nothing of this).
+ *
+ * A surface userdata owns one cairo surface and its drawing context. Output
+ * goes through cairo's stream functions either to a FILE opened here (so an
+ * unwritable path is reported at creation, as nil + message) or to a growing
+ * memory buffer that finish() returns as a string. Every argument is checked
+ * before cairo sees it: a context that enters an error state stays broken, so
+ * misuse (NaN or huge coordinates, invalid UTF-8, bad sizes) is raised as a
+ * Lua error instead of being passed on. */
+#include <cairo-pdf.h>
+#include <cairo-svg.h>
+#include <cairo.h>
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <lauxlib.h>
+#include <lua.h>
+
+#define SURFACE_MT "attn.cairo.Surface"
+/* Bounds: a figure side (pixels or points) and any coordinate or length. */
+#define MAX_SIDE 16384
+#define MAX_COORD 1e6
+#define MAX_DASHES 16
+
+enum kind { KIND_PNG, KIND_SVG, KIND_PDF };
+
+typedef struct {
+  cairo_surface_t *surface;
+  cairo_t *cr;
+  enum kind kind;
+  int width, height;
+  FILE *file;          /* output file, or NULL for memory output */
+  char *buf;           /* memory output */
+  size_t len, cap;
+  int write_failed;
+  int finished;
+} surface;
+
+static cairo_status_t write_cb(void *closure, const unsigned char *data, unsigned int n) {
+  surface *s = closure;
+  if (s->file) {
+    if (fwrite(data, 1, n, s->file) != n) {
+      s->write_failed = 1;
+      return CAIRO_STATUS_WRITE_ERROR;
+    }
+    return CAIRO_STATUS_SUCCESS;
+  }
+  if (s->len + n > s->cap) {
+    size_t cap = s->cap ? s->cap : 4096;
+    while (cap < s->len + n) cap *= 2;
+    char *p = realloc(s->buf, cap);
+    if (!p) {
+      s->write_failed = 1;
+      return CAIRO_STATUS_NO_MEMORY;
+    }
+    s->buf = p;
+    s->cap = cap;
+  }
+  memcpy(s->buf + s->len, data, n);
+  s->len += n;
+  return CAIRO_STATUS_SUCCESS;
+}
+
+static void release(surface *s) {
+  if (s->cr) cairo_destroy(s->cr);
+  if (s->surface) cairo_surface_destroy(s->surface);
+  if (s->file) fclose(s->file);
+  free(s->buf);
+  s->cr = NULL;
+  s->surface = NULL;
+  s->file = NULL;
+  s->buf = NULL;
+  s->len = s->cap = 0;
+}
+
+static surface *check_surface(lua_State *L, int idx) {
+  surface *s = luaL_checkudata(L, idx, SURFACE_MT);
+  if (s->finished || !s->cr) luaL_error(L, "cairo: surface is already finished");
+  return s;
+}
+
+/* A finite number within the coordinate bound. */
+static double check_coord(lua_State *L, int arg, const char *what) {
+  double v = luaL_checknumber(L, arg);
+  if (!(v >= -MAX_COORD && v <= MAX_COORD))
+    luaL_error(L, "cairo: %s must be a finite number within +-1e6, got %f", what, v);
+  return v;
+}
+
+static double check_unit(lua_State *L, int arg, const char *what) {
+  double v = luaL_checknumber(L, arg);
+  if (!(v >= 0 && v <= 1)) luaL_error(L, "cairo: %s must be in [0, 1], got %f", what, v);
+  return v;
+}
+
+static int check_side(lua_State *L, int arg, const char *what) {
+  lua_Integer v = luaL_checkinteger(L, arg);
+  if (v < 1 || v > MAX_SIDE) luaL_error(L, "cairo: %s must be an integer in 1..%d, got %d", what, MAX_SIDE, (int)v);
+  return (int)v;
+}
+
+/* cairo's text functions put a context in a permanent error state on invalid
+ * UTF-8, so strings are checked here first. */
+static int valid_utf8(const unsigned char *p, size_t n) {
+  size_t i = 0;
+  while (i < n) {
+    unsigned c = p[i];
+    size_t k;
+    unsigned min;
+    if (c == 0) return 0;
+    if (c < 0x80) { i++; continue; }
+    if ((c & 0xE0) == 0xC0) { k = 1; min = 0x80; c &= 0x1F; }
+    else if ((c & 0xF0) == 0xE0) { k = 2; min = 0x800; c &= 0x0F; }
+    else if ((c & 0xF8) == 0xF0) { k = 3; min = 0x10000; c &= 0x07; }
+    else return 0;
+    for (size_t j = 1; j <= k; j++) {
+      if (i + j >= n || (p[i + j] & 0xC0) != 0x80) return 0;
+      c = (c << 6) | (p[i + j] & 0x3F);
+    }
+    if (c < min || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) return 0;
+    i += k + 1;
+  }
+  return 1;
+}
+
+static const char *check_text(lua_State *L, int arg) {
+  size_t n;
+  const char *str = luaL_checklstring(L, arg, &n);
+  if (n > 4096) luaL_error(L, "cairo: text longer than 4096 bytes");
+  if (!valid_utf8((const unsigned char *)str, n)) luaL_error(L, "cairo: text is not valid UTF-8 (or contains a zero byte)");
+  return str;
+}
+
+/* Raises if cairo reports an error on the context (should not happen after
+ * the checks above; it is a guard, not a code path). */
+static void check_status(lua_State *L, surface *s) {
+  cairo_status_t st = cairo_status(s->cr);
+  if (st != CAIRO_STATUS_SUCCESS) luaL_error(L, "cairo: %s", cairo_status_to_string(st));
+}
+
+/* cairo.surface(format, width, height [, path]) -> surface | nil, message */
+static int l_surface(lua_State *L) {
+  static const char *const kinds[] = {"png", "svg", "pdf", NULL};
+  int kind = luaL_checkoption(L, 1, NULL, kinds);
+  int width = check_side(L, 2, "width");
+  int height = check_side(L, 3, "height");
+  const char *path = luaL_optstring(L, 4, NULL);
+  if (kind == KIND_PNG && (double)width * height > 64.0 * 1024 * 1024)
+    return luaL_error(L, "cairo: a %dx%d image is too large (at most 64 Mpixels)", width, height);
+  surface *s = lua_newuserdatauv(L, sizeof *s, 0);
+  memset(s, 0, sizeof *s);
+  s->kind = (enum kind)kind;
+  s->width = width;
+  s->height = height;
+  luaL_setmetatable(L, SURFACE_MT);
+  if (path) {
+    s->file = fopen(path, "wb");
+    if (!s->file) {
+      int e = errno;
+      lua_pushnil(L);
+      lua_pushfstring(L, "%s: %s", path, strerror(e));
+      return 2;
+    }
+  }
+  switch (s->kind) {
+    case KIND_PNG: s->surface = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, width, height); break;
+    case KIND_SVG: s->surface = cairo_svg_surface_create_for_stream(write_cb, s, width, height); break;
+    case KIND_PDF: s->surface = cairo_pdf_surface_create_for_stream(write_cb, s, width, height); break;
+  }
+  cairo_status_t st = cairo_surface_status(s->surface);
+  if (st == CAIRO_STATUS_SUCCESS) {
+    s->cr = cairo_create(s->surface);
+    st = cairo_status(s->cr);
+  }
+  if (st != CAIRO_STATUS_SUCCESS) {
+    release(s);
+    return luaL_error(L, "cairo.surface: %s", cairo_status_to_string(st));
+  }
+  return 1;
+}
+
+/* cairo.read_png(path) -> surface | nil, message: for reading pixels back. */
+static int l_read_png(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    int e = errno;
+    lua_pushnil(L);
+    lua_pushfstring(L, "%s: %s", path, strerror(e));
+    return 2;
+  }
+  fclose(f);
+  cairo_surface_t *img = cairo_image_surface_create_from_png(path);
+  cairo_status_t st = cairo_surface_status(img);
+  if (st != CAIRO_STATUS_SUCCESS) {
+    cairo_surface_destroy(img);
+    lua_pushnil(L);
+    /* (cairo 1.16 reports a file that is not a PNG as "out of memory") */
+    lua_pushfstring(L, "%s: cannot read as PNG (%s)", path, cairo_status_to_string(st));
+    return 2;
+  }
+  surface *s = lua_newuserdatauv(L, sizeof *s, 0);
+  memset(s, 0, sizeof *s);
+  s->kind = KIND_PNG;
+  s->surface = img;
+  s->width = cairo_image_surface_get_width(img);
+  s->height = cairo_image_surface_get_height(img);
+  luaL_setmetatable(L, SURFACE_MT);
+  s->cr = cairo_create(img);
+  if (cairo_status(s->cr) != CAIRO_STATUS_SUCCESS) {
+    release(s);
+    return luaL_error(L, "cairo.read_png: out of memory");
+  }
+  return 1;
+}
+
+static int l_size(lua_State *L) {
+  surface *s = luaL_checkudata(L, 1, SURFACE_MT);
+  lua_pushinteger(L, s->width);
+  lua_pushinteger(L, s->height);
+  return 2;
+}
+
+/* s:set_color(r, g, b [, a]) with components in [0, 1]. */
+static int l_set_color(lua_State *L) {
+  surface *s = check_surface(L, 1);
+  double r = check_unit(L, 2, "red"), g = check_unit(L, 3, "green"), b = check_unit(L, 4, "blue");
+  double a = lua_isnoneornil(L, 5) ? 1.0 : check_unit(L, 5, "alpha");
+  cairo_set_source_rgba(s->cr, r, g, b, a);
+  return 0;
+}
+
+static int l_set_line_width(lua_State *L) {
+  surface *s = check_surface(L, 1);
+  double w = luaL_checknumber(L, 2);
+  if (!(w > 0 && w <= 1000)) return luaL_error(L, "cairo: line width must be in (0, 1000], got %f", w);
+  cairo_set_line_width(s->cr, w);
+  return 0;
+}
+
+/* s:set_dash({on, off, ...}) or s:set_dash() for solid lines. */
+static int l_set_dash(lua_State *L) {
+  surface *s = check_surface(L, 1);
+  double d[MAX_DASHES];
+  int n = 0;
+  if (!lua_isnoneornil(L, 2)) {
+    luaL_checktype(L, 2, LUA_TTABLE);
+    lua_Integer len = luaL_len(L, 2);
+    if (len > MAX_DASHES) return luaL_error(L, "cairo: at most %d dash lengths", MAX_DASHES);
+    double total = 0;
+    for (int i = 0; i < (int)len; i++) {
+      lua_geti(L, 2, i + 1);
+      int ok;
+      d[i] = lua_tonumberx(L, -1, &ok);
+      lua_pop(L, 1);
+      if (!ok || !(d[i] >= 0 && d[i] <= 1000)) return luaL_error(L, "cairo: dash length %d must be a number in [0, 1000]", i + 1);
+      total += d[i];
+    }
+    if (len > 0 && total <= 0) return luaL_error(L, "cairo: dash lengths must not all be zero");
+    n = (int)len;
+  }
+  cairo_set_dash(s->cr, d, n, 0);
+  return 0;
+}
+
+static int l_rectangle(lua_State *L) {
+  surface *s = check_surface(L, 1);
+  double x = check_coord(L, 2, "x"), y = check_coord(L, 3, "y");
+  double w = check_coord(L, 4, "width"), h = check_coord(L, 5, "height");
+  cairo_rectangle(s->cr, x, y, w, h);
+  return 0;
+}
+
+static int l_move_to(lua_State *L) {
+  surface *s = check_surface(L, 1);
+  cairo_move_to(s->cr, check_coord(L, 2, "x"), check_coord(L, 3, "y"));
+  return 0;
+}
+
+static int l_line_to(lua_State *L) {
+  surface *s = check_surface(L, 1);
+  cairo_line_to(s->cr, check_coord(L, 2, "x"), check_coord(L, 3, "y"));
+  return 0;
+}
+
+static int l_close_path(lua_State *L) {
+  cairo_close_path(check_surface(L, 1)->cr);
+  return 0;
+}
+
+static int l_fill(lua_State *L) {
+  surface *s = check_surface(L, 1);
+  cairo_fill(s->cr);
+  check_status(L, s);
+  return 0;
+}
+
+static int l_stroke(lua_State *L) {
+  surface *s = check_surface(L, 1);
+  cairo_stroke(s->cr);
+  check_status(L, s);
+  return 0;
+}
+
+/* s:font(family, size [, bold]) through cairo's simple font selection
+ * (fontconfig picks the face; DejaVu Sans covers the corpus' letters). */
+static int l_font(lua_State *L) {
+  surface *s = check_surface(L, 1);
+  const char *family = check_text(L, 2);
+  double size = luaL_checknumber(L, 3);
+  if (!(size > 0 && size <= 1000)) return luaL_error(L, "cairo: font size must be in (0, 1000], got %f", size);
+  cairo_select_font_face(s->cr, family, CAIRO_FONT_SLANT_NORMAL,
+                         lua_toboolean(L, 4) ? CAIRO_FONT_WEIGHT_BOLD : CAIRO_FONT_WEIGHT_NORMAL);
+  cairo_set_font_size(s->cr, size);
+  check_status(L, s);
+  return 0;
+}
+
+/* s:text(x, y, str [, angle [, align]]): str with its baseline origin at
+ * (x, y), turned by angle degrees clockwise about that point, and shifted
+ * along the baseline by align times its advance (0 start, 0.5 middle, 1 end). */
+static int l_text(lua_State *L) {
+  surface *s = check_surface(L, 1);
+  double x = check_coord(L, 2, "x"), y = check_coord(L, 3, "y");
+  const char *str = check_text(L, 4);
+  double angle = lua_isnoneornil(L, 5) ? 0 : luaL_checknumber(L, 5);
+  double align = lua_isnoneornil(L, 6) ? 0 : check_unit(L, 6, "align");
+  if (!(angle >= -360 && angle <= 360)) return luaL_error(L, "cairo: angle must be in [-360, 360] degrees, got %f", angle);
+  cairo_text_extents_t e;
+  cairo_text_extents(s->cr, str, &e);
+  cairo_save(s->cr);
+  cairo_translate(s->cr, x, y);
+  cairo_rotate(s->cr, angle * (3.14159265358979323846 / 180));
+  cairo_move_to(s->cr, -align * e.x_advance, 0);
+  cairo_show_text(s->cr, str);
+  cairo_new_path(s->cr);
+  cairo_restore(s->cr);
+  check_status(L, s);
+  return 0;
+}
+
+/* s:text_extents(str) -> advance, ink width, ink height, x bearing, y bearing */
+static int l_text_extents(lua_State *L) {
+  surface *s = check_surface(L, 1);
+  const char *str = check_text(L, 2);
+  cairo_text_extents_t e;
+  cairo_text_extents(s->cr, str, &e);
+  check_status(L, s);
+  lua_pushnumber(L, e.x_advance);
+  lua_pushnumber(L, e.width);
+  lua_pushnumber(L, e.height);
+  lua_pushnumber(L, e.x_bearing);
+  lua_pushnumber(L, e.y_bearing);
+  return 5;
+}
+
+/* s:font_extents() -> ascent, descent, line height */
+static int l_font_extents(lua_State *L) {
+  surface *s = check_surface(L, 1);
+  cairo_font_extents_t e;
+  cairo_font_extents(s->cr, &e);
+  check_status(L, s);
+  lua_pushnumber(L, e.ascent);
+  lua_pushnumber(L, e.descent);
+  lua_pushnumber(L, e.height);
+  return 3;
+}
+
+/* s:pixel(x, y) -> r, g, b, a (0..255, unpremultiplied) of the pixel covering
+ * the point (x, y) on a PNG (image) surface; 0-based like drawing coordinates. */
+static int l_pixel(lua_State *L) {
+  surface *s = check_surface(L, 1);
+  if (s->kind != KIND_PNG) return luaL_error(L, "cairo: pixel() needs a png surface");
+  double fx = luaL_checknumber(L, 2), fy = luaL_checknumber(L, 3);
+  if (!(fx >= 0 && fx < s->width && fy >= 0 && fy < s->height))
+    return luaL_error(L, "cairo: pixel (%f, %f) outside the %dx%d image", fx, fy, s->width, s->height);
+  cairo_surface_flush(s->surface);
+  const unsigned char *data = cairo_image_surface_get_data(s->surface);
+  int stride = cairo_image_surface_get_stride(s->surface);
+  if (!data) return luaL_error(L, "cairo: image data not available");
+  uint32_t px;
+  memcpy(&px, data + (size_t)floor(fy) * (size_t)stride + 4 * (size_t)floor(fx), sizeof px);
+  unsigned a = px >> 24, c[3] = {(px >> 16) & 255, (px >> 8) & 255, px & 255};
+  for (int i = 0; i < 3; i++) lua_pushinteger(L, a ? (c[i] * 255 + a / 2) / a : 0);
+  lua_pushinteger(L, a);
+  return 4;
+}
+
+/* s:finish() -> true (file output) or the bytes (memory output), or nil,
+ * message when writing failed. The surface is unusable afterwards. */
+static int l_finish(lua_State *L) {
+  surface *s = check_surface(L, 1);
+  cairo_status_t st = CAIRO_STATUS_SUCCESS;
+  cairo_destroy(s->cr);
+  s->cr = NULL;
+  if (s->kind == KIND_PNG) st = cairo_surface_write_to_png_stream(s->surface, write_cb, s);
+  cairo_surface_finish(s->surface);
+  if (st == CAIRO_STATUS_SUCCESS) st = cairo_surface_status(s->surface);
+  s->finished = 1;
+  int failed = st != CAIRO_STATUS_SUCCESS || s->write_failed;
+  int e = 0;
+  if (s->file) {
+    if (fclose(s->file) != 0 && !failed) {
+      e = errno;
+      failed = 1;
+    }
+    s->file = NULL;
+    if (failed) {
+      lua_pushnil(L);
+      lua_pushstring(L, e ? strerror(e) : s->write_failed ? "write error" : cairo_status_to_string(st));
+    } else {
+      lua_pushboolean(L, 1);
+    }
+  } else if (failed) {
+    lua_pushnil(L);
+    lua_pushstring(L, s->write_failed ? "out of memory" : cairo_status_to_string(st));
+  } else {
+    lua_pushlstring(L, s->buf ? s->buf : "", s->len);
+  }
+  release(s);
+  return failed ? 2 : 1;
+}
+
+static int l_gc(lua_State *L) {
+  surface *s = luaL_checkudata(L, 1, SURFACE_MT);
+  release(s);
+  s->finished = 1;
+  return 0;
+}
+
+static int l_tostring(lua_State *L) {
+  surface *s = luaL_checkudata(L, 1, SURFACE_MT);
+  static const char *const names[] = {"png", "svg", "pdf"};
+  lua_pushfstring(L, "cairo surface (%s, %dx%d%s)", names[s->kind], s->width, s->height, s->finished ? ", finished" : "");
+  return 1;
+}
+
+static const luaL_Reg methods[] = {
+    {"size", l_size},       {"set_color", l_set_color}, {"set_line_width", l_set_line_width},
+    {"set_dash", l_set_dash}, {"rectangle", l_rectangle}, {"move_to", l_move_to},
+    {"line_to", l_line_to}, {"close_path", l_close_path}, {"fill", l_fill},
+    {"stroke", l_stroke},   {"font", l_font},           {"text", l_text},
+    {"text_extents", l_text_extents}, {"font_extents", l_font_extents}, {"pixel", l_pixel},
+    {"finish", l_finish},   {NULL, NULL}};
+
+static const luaL_Reg functions[] = {{"surface", l_surface}, {"read_png", l_read_png}, {NULL, NULL}};
+
+int luaopen_attn_cairo(lua_State *L);
+
+int luaopen_attn_cairo(lua_State *L) {
+  luaL_newmetatable(L, SURFACE_MT);
+  luaL_newlib(L, methods);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, l_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, l_gc);
+  lua_setfield(L, -2, "__close");
+  lua_pushcfunction(L, l_tostring);
+  lua_setfield(L, -2, "__tostring");
+  lua_pop(L, 1);
+  luaL_newlib(L, functions);
+  lua_pushstring(L, cairo_version_string());
+  lua_setfield(L, -2, "version");
+  lua_pushinteger(L, MAX_SIDE);
+  lua_setfield(L, -2, "max_side");
+  return 1;
+}
