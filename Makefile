@@ -52,6 +52,7 @@ DEBIAN_PACKAGES = lua5.4 liblua5.4-dev libopenblas-dev liblapacke-dev lua-busted
                   libcairo2-dev \
                   lua-expat \
                   lua-ldoc \
+                  lua-markdown \
                   luarocks
 
 SRC       = $(wildcard src/*.c) $(wildcard src/cpu/*.c)
@@ -67,7 +68,7 @@ ASAN_CAIRO_MODULE = build/asan/attn/cairo.so
 
 LUA_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="lua/?.so;;" OPENBLAS_NUM_THREADS=1
 
-.PHONY: all deps test test-asan check-c check-c-run check-install demo bench lint clean install uninstall examples help
+.PHONY: all deps test test-asan check-c check-c-run check-install doc doc-check demo bench lint clean install uninstall examples help
 
 all: $(MODULE) $(CAIRO_MODULE) ## build lua/attn/core.so and lua/attn/cairo.so
 
@@ -155,6 +156,18 @@ check-c-run: $(CPU_SRC:src/%.c=build/asan/%.o) $(CPU_SRC:src/%.c=build/obj/%.o)
 	OPENBLAS_NUM_THREADS=1 valgrind -q --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite \
 	  build/test_core
 
+# The LDoc reference (config.ld: lua/attn and the doc-only files in doc-src/
+# for the functions written in C) as HTML in doc/, after doc-check: every
+# public name, found by walking the attn tables at run time, needs an entry.
+doc: doc-check ## build the HTML reference into doc/ (LDoc), after doc-check
+	@ldoc -q . && echo "reference: doc/index.html"
+
+doc-check: deps ## list public names without a doc entry; fails if any
+	@$(MAKE) --no-print-directory all
+	@mkdir -p build
+	@LUA_PATH="./?.lua;;" ldoc --filter tools.doc_names.filter . 2>build/ldoc-warnings.txt | grep "	" >build/doc-names.txt
+	@$(LUA_ENV) $(LUA) tools/doc-check.lua build/doc-names.txt
+
 # luarocks make into a temporary tree from a clean copy, require attn from
 # another folder, luarocks remove; then make install/uninstall with DESTDIR.
 check-install: deps ## check the rockspec and make install/uninstall in temporary trees
@@ -174,7 +187,7 @@ bench: deps ## run bench/bench.lua
 	@$(LUA_ENV) $(LUA) bench/bench.lua
 
 lint: deps ## luacheck and cppcheck
-	luacheck lua spec examples bench
+	luacheck lua spec examples bench tools
 	@# Kernels walk operands through byte pointers with byte strides and cast them to the
 	@# element type; the allocator guarantees alignment, so invalidPointerCast is noise here.
 	cppcheck --quiet --error-exitcode=1 --enable=warning,performance,portability --inline-suppr \
