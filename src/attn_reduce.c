@@ -2,6 +2,7 @@
  * callback; the iterator (and the worker pool) runs over the other dims, so
  * each output is computed by one thread in a fixed order. */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "attn_alloc.h"
@@ -241,6 +242,8 @@ attn_status attn_sort(const attn_tensor *x, int dim, int descending, attn_tensor
                       attn_tensor_shape_str(x));
   int64_t len = x->shape[dim], rows = len > 0 ? attn_tensor_numel(x) / len : 0;
   if (rows == 0 || len == 0) return ATTN_OK;
+  if ((uint64_t)len > SIZE_MAX / (3 * sizeof(int64_t)))
+    return attn_error(ATTN_ERR_MEMORY, "sort: a row of %lld is more than can be held", (long long)len);
   size_t cap;
   char *scratch = attn_alloc(sizeof(int64_t) * 3 * (size_t)len, &cap); /* keys, perm, tmp */
   if (!scratch) return attn_error(ATTN_ERR_MEMORY, "sort: out of memory for a row of %lld", (long long)len);
