@@ -17,6 +17,9 @@
 typedef enum {
   ATTN_ADD, ATTN_SUB, ATTN_MUL, ATTN_DIV, ATTN_POW, ATTN_MAXIMUM, ATTN_MINIMUM,
   ATTN_EQ, ATTN_NE, ATTN_LT, ATTN_LE, ATTN_GT, ATTN_GE, /* comparisons give 1 or 0 */
+  /* gradients through an activation from its output y, with x the incoming
+   * gradient: x (1 - y^2) for tanh, x y (1 - y) for sigmoid (one pass, no temporaries) */
+  ATTN_TANH_GRAD, ATTN_SIGMOID_GRAD,
   ATTN_BINARY_COUNT
 } attn_binary_op;
 

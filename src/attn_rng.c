@@ -29,13 +29,6 @@ uint64_t attn_rng_next(attn_rng *rng) {
   return result;
 }
 
-uint64_t attn_rng_hash(uint64_t seed, uint64_t index) {
-  uint64_t z = seed + (index + 1) * 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
 double attn_rng_uniform01(attn_rng *rng) { return (double)(attn_rng_next(rng) >> 11) * 0x1.0p-53; }
 
 /* Visits every element of t in row-major order. */

@@ -19,8 +19,14 @@ double attn_rng_uniform01(attn_rng *rng);
 
 /* A counter-based draw: the splitmix64 finaliser of seed + (index + 1) times
  * the golden ratio. Stateless, so a kernel can recompute entry `index` of a
- * random mask (dropout) in backward, in any order, on any thread. */
-uint64_t attn_rng_hash(uint64_t seed, uint64_t index);
+ * random mask (dropout) in backward, in any order, on any thread; inline, so
+ * mask loops vectorise. */
+static inline uint64_t attn_rng_hash(uint64_t seed, uint64_t index) {
+  uint64_t z = seed + (index + 1) * 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
 
 /* Fill t (any strided view) in row-major element order. */
 attn_status attn_rng_uniform(attn_rng *rng, attn_tensor *t, double low, double high);

@@ -73,6 +73,8 @@ BINARY_FN(lt, ATTN_LT)
 BINARY_FN(le, ATTN_LE)
 BINARY_FN(gt, ATTN_GT)
 BINARY_FN(ge, ATTN_GE)
+BINARY_FN(tanh_backward, ATTN_TANH_GRAD)
+BINARY_FN(sigmoid_backward, ATTN_SIGMOID_GRAD)
 BINARY_INPLACE_FN(add, ATTN_ADD)
 BINARY_INPLACE_FN(sub, ATTN_SUB)
 BINARY_INPLACE_FN(mul, ATTN_MUL)
@@ -316,6 +318,7 @@ static int l_check_ids(lua_State *L) {
 }
 
 static const luaL_Reg math_functions[] = {
+    {"tanh_backward", l_tanh_backward}, {"sigmoid_backward", l_sigmoid_backward},
     {"check_ids", l_check_ids}, {"sort", l_sort},
     {"add", l_add},         {"sub", l_sub},         {"mul", l_mul},
     {"div", l_div},         {"pow", l_pow},         {"maximum", l_maximum},

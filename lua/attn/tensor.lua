@@ -2,6 +2,8 @@
 -- Each method runs the core op, then records a backward closure through
 -- attn.autograd when an input requires grad. Non-differentiable helpers
 -- (shape queries, comparisons, in-place updates) are the core functions as is.
+-- The reference of every method is in doc-src/tensor.luadoc and here.
+-- @module attn.Tensor
 local core = require "attn.core"
 local autograd = require "attn.autograd"
 
@@ -153,8 +155,9 @@ Tensor.neg = unary("neg", function(g) return core.neg(g) end)
 Tensor.exp = unary("exp", function(g, _, out) return core.mul(g, out) end)
 Tensor.log = unary("log", function(g, x) return core.div(g, x) end)
 Tensor.sqrt = unary("sqrt", function(g, _, out) return core.div(g, core.mul(out, 2)) end)
-Tensor.tanh = unary("tanh", function(g, _, out) return core.mul(g, core.sub(1, core.square(out))) end)
-Tensor.sigmoid = unary("sigmoid", function(g, _, out) return core.mul(g, core.mul(out, core.sub(1, out))) end)
+-- tanh' = 1 - y^2 and sigmoid' = y (1 - y) from the output y, each one fused kernel
+Tensor.tanh = unary("tanh", function(g, _, out) return core.tanh_backward(g, out) end)
+Tensor.sigmoid = unary("sigmoid", function(g, _, out) return core.sigmoid_backward(g, out) end)
 Tensor.relu = unary("relu", function(g, x) return core.mul(g, core.gt(x, 0)) end)
 Tensor.abs = unary("abs", function(g, x) return core.mul(g, core.sign(x)) end)
 Tensor.square = unary("square", function(g, x) return core.mul(g, core.mul(x, 2)) end)
