@@ -2,6 +2,7 @@
  * callback; the iterator (and the worker pool) runs over the other dims, so
  * each output is computed by one thread in a fixed order. */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "attn_alloc.h"
@@ -197,34 +198,44 @@ attn_status attn_softmax(const attn_tensor *x, int dim, int log_softmax, attn_te
 
 /* ------------------------------------------------------------ sort */
 
-/* One row's keys: doubles for float dtypes (float widens exactly), int64 for
- * int64 (exact past 2^53). NaN sorts above everything, ties keep their order. */
+/* Each entry becomes an unsigned key whose plain order is the wanted order:
+ * floats by their IEEE bits (sign flipped, negatives inverted; -0 taken as 0,
+ * every NaN as one value above +inf), int64 with its sign bit flipped, and all
+ * keys inverted for a descending sort. A stable merge sort of (key, position)
+ * pairs then needs one unsigned comparison per step. */
 typedef struct {
-  const double *d;
-  const int64_t *i;
-  int descending;
-} sort_keys;
+  uint64_t key;
+  int64_t pos;
+} sort_pair;
 
-/* Whether key a goes strictly before key b. */
-static int goes_before(const sort_keys *k, int64_t a, int64_t b) {
-  if (k->i) return k->descending ? k->i[a] > k->i[b] : k->i[a] < k->i[b];
-  double x = k->d[a], y = k->d[b];
-  int xn = x != x, yn = y != y;
-  if (xn || yn) return k->descending ? xn && !yn : !xn && yn;
-  return k->descending ? x > y : x < y;
+static uint64_t float_key(double v) {
+  if (v != v) return UINT64_MAX;
+  if (v == 0) v = 0; /* -0 sorts with +0 */
+  uint64_t b;
+  memcpy(&b, &v, 8);
+  return (b >> 63) ? ~b : b | ((uint64_t)1 << 63);
 }
 
-/* Stable bottom-up merge sort of the positions perm[0..n) by their keys. */
-static void merge_sort(const sort_keys *k, int64_t *perm, int64_t *tmp, int64_t n) {
-  for (int64_t width = 1; width < n; width *= 2) {
+/* Stable bottom-up merge sort of a[0..n) by key; tmp holds n pairs. */
+static void merge_sort(sort_pair *a, sort_pair *tmp, int64_t n) {
+  for (int64_t lo = 0; lo < n; lo += 16) { /* insertion sort of short runs first */
+    int64_t hi = lo + 16 < n ? lo + 16 : n;
+    for (int64_t i = lo + 1; i < hi; i++) {
+      sort_pair p = a[i];
+      int64_t j = i;
+      for (; j > lo && a[j - 1].key > p.key; j--) a[j] = a[j - 1];
+      a[j] = p;
+    }
+  }
+  for (int64_t width = 16; width < n; width *= 2) {
     for (int64_t lo = 0; lo < n; lo += 2 * width) {
       int64_t mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
-      int64_t a = lo, b = mid, o = lo;
-      while (a < mid && b < hi) tmp[o++] = goes_before(k, perm[b], perm[a]) ? perm[b++] : perm[a++];
-      while (a < mid) tmp[o++] = perm[a++];
-      while (b < hi) tmp[o++] = perm[b++];
+      int64_t x = lo, y = mid, o = lo;
+      while (x < mid && y < hi) tmp[o++] = a[y].key < a[x].key ? a[y++] : a[x++];
+      while (x < mid) tmp[o++] = a[x++];
+      while (y < hi) tmp[o++] = a[y++];
     }
-    memcpy(perm, tmp, sizeof(int64_t) * (size_t)n);
+    memcpy(a, tmp, sizeof(sort_pair) * (size_t)n);
   }
 }
 
@@ -241,42 +252,39 @@ attn_status attn_sort(const attn_tensor *x, int dim, int descending, attn_tensor
                       attn_tensor_shape_str(x));
   int64_t len = x->shape[dim], rows = len > 0 ? attn_tensor_numel(x) / len : 0;
   if (rows == 0 || len == 0) return ATTN_OK;
+  if ((uint64_t)len > SIZE_MAX / (2 * sizeof(sort_pair)))
+    return attn_error(ATTN_ERR_MEMORY, "sort: a row of %lld is more than can be held", (long long)len);
   size_t cap;
-  char *scratch = attn_alloc(sizeof(int64_t) * 3 * (size_t)len, &cap); /* keys, perm, tmp */
-  if (!scratch) return attn_error(ATTN_ERR_MEMORY, "sort: out of memory for a row of %lld", (long long)len);
-  int64_t *perm = (int64_t *)scratch + len, *tmp = perm + len;
-  sort_keys k = {NULL, NULL, descending};
-  if (x->dtype == ATTN_I64)
-    k.i = (const int64_t *)scratch;
-  else
-    k.d = (const double *)scratch;
+  sort_pair *pairs = attn_alloc(sizeof(sort_pair) * 2 * (size_t)len, &cap);
+  if (!pairs) return attn_error(ATTN_ERR_MEMORY, "sort: out of memory for a row of %lld", (long long)len);
   /* rows in row-major order of the other dims; pos walks them with pos[dim] = 0 */
+  size_t es = attn_dtype_size(x->dtype);
+  int64_t xs = x->stride[dim] * (int64_t)es, vs = values->stride[dim] * (int64_t)es;
+  int64_t is = indices->stride[dim] * (int64_t)sizeof(int64_t);
+  uint64_t flip = descending ? UINT64_MAX : 0;
   int64_t pos[ATTN_MAX_DIMS] = {0};
   for (int64_t r = 0; r < rows; r++) {
+    const char *xr = attn_tensor_ptr(x, pos);
+    char *vr = attn_tensor_ptr(values, pos), *ir = attn_tensor_ptr(indices, pos);
     for (int64_t j = 0; j < len; j++) {
-      pos[dim] = j;
-      if (x->dtype == ATTN_I64)
-        ((int64_t *)scratch)[j] = attn_tensor_get_i64(x, pos);
-      else
-        ((double *)scratch)[j] = attn_tensor_get(x, pos);
-      perm[j] = j;
+      const char *e = xr + j * xs;
+      uint64_t key = x->dtype == ATTN_I64   ? (uint64_t)*(const int64_t *)e ^ ((uint64_t)1 << 63)
+                     : x->dtype == ATTN_F64 ? float_key(*(const double *)e)
+                                            : float_key(*(const float *)e);
+      pairs[j].key = key ^ flip;
+      pairs[j].pos = j;
     }
-    merge_sort(&k, perm, tmp, len);
+    merge_sort(pairs, pairs + len, len);
     for (int64_t j = 0; j < len; j++) {
-      int64_t src[ATTN_MAX_DIMS];
-      memcpy(src, pos, sizeof src);
-      src[dim] = perm[j];
-      pos[dim] = j;
-      memcpy(attn_tensor_ptr(values, pos), attn_tensor_ptr(x, src), attn_dtype_size(x->dtype));
-      attn_tensor_set_i64(indices, pos, perm[j]);
+      memcpy(vr + j * vs, xr + pairs[j].pos * xs, es);
+      *(int64_t *)(ir + j * is) = pairs[j].pos;
     }
-    pos[dim] = 0;
     for (int d = x->ndim - 1; d >= 0; d--) {
       if (d == dim) continue;
       if (++pos[d] < x->shape[d]) break;
       pos[d] = 0;
     }
   }
-  attn_free(scratch, cap);
+  attn_free(pairs, cap);
   return ATTN_OK;
 }

@@ -1,6 +1,7 @@
 #include "attn_rng.h"
 
 #include <math.h>
+#include <stdint.h>
 
 #include "attn_alloc.h"
 
@@ -138,6 +139,8 @@ attn_status attn_rng_multinomial(attn_rng *rng, const attn_tensor *probs, int64_
   if (n < 0 || (n > 0 && C == 0))
     return attn_error(ATTN_ERR_ARG, "%s: cannot draw %lld samples from %lld categories", op, (long long)n,
                       (long long)C);
+  if ((uint64_t)C > SIZE_MAX / sizeof(double))
+    return attn_error(ATTN_ERR_MEMORY, "%s: %lld categories are more than can be held", op, (long long)C);
   size_t cap;
   double *w = attn_alloc(sizeof(double) * (size_t)(C > 0 ? C : 1), &cap);
   if (!w) return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for %lld categories", op, (long long)C);

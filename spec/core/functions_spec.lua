@@ -172,9 +172,16 @@ describe("sort and topk", function()
 
   it("sort keeps int64 exact and defaults to the last dim, ascending", function()
     local big = (1 << 53) + 1
-    local v, i = attn.tensor({ { big, big - 1, -big } }, "int64"):sort()
-    assert.same({ { -big, big - 1, big } }, v:totable())
-    assert.same({ { 3, 2, 1 } }, i:totable())
+    local v, i = attn.tensor({ { big, big - 1, -big, math.maxinteger, math.mininteger } }, "int64"):sort()
+    assert.same({ { math.mininteger, -big, big - 1, big, math.maxinteger } }, v:totable())
+    assert.same({ { 5, 3, 2, 1, 4 } }, i:totable())
+    -- -0 ties with +0 (order kept), infinities at the ends, NaN above +inf
+    local f = attn.tensor({ 0.0, -0.0, math.huge, -math.huge, 0 / 0, -1e-300 }, "float64")
+    local fv, fi = f:sort()
+    assert.same({ 4, 6, 1, 2, 3, 5 }, fi:totable())
+    assert.equal(-math.huge, fv:get(1))
+    local _, di = f:sort(1, true)
+    assert.same({ 5, 3, 1, 2, 6, 4 }, di:totable())
   end)
 
   it("topk matches the head of the naive sort, largest and smallest", function()
