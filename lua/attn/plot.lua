@@ -517,22 +517,21 @@ function plot.heatmaps(weights, opts)
     local right = cbar_w + pad + (angle == 0 and max_width(col_labels, TICK_SIZE) / 2 or 0)
     local top = pad + title_h
     local bottom = tick + 3 + label_h + xlabel_h + pad
-    return left, right, top, bottom, angle, step
+    return left, right, top, bottom, angle, step, label_h
   end
   -- Square cells: a default size from the matrix, or the largest that fits W x H.
+  local default_cell = math.max(4, math.min(R * C > 1 and 24 or 36, math.floor(300 / math.max(NQ, NK))))
   local function cell_for(left, right, top, bottom)
-    local aw = (W or 0) - left - right - (C - 1) * gap
-    local ah = (H or 0) - top - bottom - (R - 1) * (gap + title_h)
-    return math.max(1, math.min(aw / (C * NK), ah / (R * NQ)))
+    local aw = W and (W - left - right - (C - 1) * gap) / (C * NK) or math.huge
+    local ah = H and (H - top - bottom - (R - 1) * (gap + title_h)) / (R * NQ) or math.huge
+    return math.max(1, math.min(aw, ah))
   end
-  local cell
-  if W and H then
-    cell = cell_for(margins(20))
+  local cell = default_cell
+  if W or H then -- the largest square cells that fit the given size(s)
+    cell = cell_for(margins(default_cell))
     cell = cell_for(margins(cell))
-  else
-    cell = math.max(4, math.min(24, math.floor(300 / math.max(NQ, NK))))
   end
-  local left, right, top, bottom, angle, cstep = margins(cell)
+  local left, right, top, bottom, angle, cstep, xtick_h = margins(cell)
   local rstep = numbered_rows and thin_step(NQ, cell, lh_tick * 1.6) or thin_step(NQ, cell, lh_tick * 0.9)
   -- Thinned numbers sit on multiples of the step (5, 10, ...); thinned tokens on 1, 1 + step, ...
   local function shown(step, numbered, n)
@@ -543,6 +542,21 @@ function plot.heatmaps(weights, opts)
   local pw, ph = cell * NK, cell * NQ
   local vgap = gap + title_h -- between panel rows: the next row's titles (x labels go under the last row only)
   local gw, gh = C * pw + (C - 1) * gap, R * ph + (R - 1) * vgap
+  -- Room for axis labels longer than the whole grid: a free-size figure grows,
+  -- a fixed size gets a smaller font (down to 7 px).
+  local xlabel_size, ylabel_size = LABEL_SIZE, LABEL_SIZE
+  -- (a long y label may reach down beside the column tick labels, never to the x label)
+  local span_h = gh + tick + 3 + xtick_h
+  local ylabel_need = ylabel and text_width(ylabel, LABEL_SIZE) + 4 or 0
+  if ylabel then
+    if not H and ylabel_need > span_h then top = top + ylabel_need - span_h end
+    while H and ylabel_size > 7 and text_width(ylabel, ylabel_size) > H - 2 * pad do ylabel_size = ylabel_size - 1 end
+  end
+  if xlabel then
+    local half = text_width(xlabel, LABEL_SIZE) / 2 + pad
+    if not W then left, right = math.max(left, half - gw / 2), math.max(right, half - gw / 2) end
+    while W and xlabel_size > 7 and text_width(xlabel, xlabel_size) > W - 2 * pad do xlabel_size = xlabel_size - 1 end
+  end
   W = W or math.ceil(left + gw + right)
   H = H or math.ceil(top + gh + bottom)
   if W > 16384 or H > 16384 then error(string.format("%s: figure would be %dx%d pixels; give width/height", fn, W, H), 2) end
@@ -559,11 +573,12 @@ function plot.heatmaps(weights, opts)
   local ylabel_each = ylabel and text_width(ylabel, LABEL_SIZE) <= ph + vgap - 6
   local ylabel_x = ox - rowtick_w - 4
   if ylabel and not ylabel_each then
-    fig:text(ylabel_x, oy + gh / 2, ylabel, LABEL_SIZE, { angle = -90, align = 0.5, class = "ylabel" })
+    local yc = ylabel_need <= gh and oy + gh / 2 or oy + span_h - ylabel_need / 2
+    fig:text(ylabel_x, yc, ylabel, ylabel_size, { angle = -90, align = 0.5, class = "ylabel" })
   end
-  local xlabel_y = oy + gh + (bottom - xlabel_h - pad) + 2 + cap_height(LABEL_SIZE)
+  local xlabel_y = oy + gh + tick + 3 + xtick_h + 2 + cap_height(LABEL_SIZE)
   if xlabel and not xlabel_each then
-    fig:text(ox + gw / 2, xlabel_y, xlabel, LABEL_SIZE, { align = 0.5, class = "xlabel" })
+    fig:text(ox + gw / 2, xlabel_y, xlabel, xlabel_size, { align = 0.5, class = "xlabel" })
   end
   for r = 1, R do
     for c = 1, C do

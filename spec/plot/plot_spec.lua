@@ -44,6 +44,10 @@ describe("attn.plot.heatmaps", function()
     -- figsize in inches at dpi, and PNG bytes when there is no path
     local mem = plot.heatmaps(w, { format = "png", figsize = { 3.5, 4 }, dpi = 80 })
     assert.same({ 280, 320 }, { files.png_size(mem) })
+    -- a width alone: cells fill it, and the height follows
+    local cells = files.select(parse(plot.heatmaps(w, { format = "svg", width = 900 })), "rect", "cell")
+    assert.is_true(tonumber(cells[1].attrs.width) >= 15, "cell width " .. cells[1].attrs.width)
+    assert.same(900, (files.png_size(plot.heatmaps(w, { format = "png", width = 900 }))))
   end)
 
   it("returns SVG text with one rect per cell, a colour bar, and escaped real text", function()
@@ -169,6 +173,24 @@ describe("attn.plot.heatmaps", function()
     end
     assert.equals(1, #files.select(elems, "text", "xlabel"))
     assert.equals(2, #files.select(elems, "text", "ylabel")) -- short enough for each row
+  end)
+
+  it("makes room for axis labels longer than the whole grid, keeping them apart", function()
+    local xl, yl = "Key positions (source tokens, the whole sentence)", "Query positions (decoder steps)"
+    local elems = parse(plot.heatmaps(attn.rand({ 2, 4 }), { format = "svg", xlabel = xl, ylabel = yl,
+      col_labels = { "i'm", "home", ".", "<eos>" } }))
+    local svg = elems[1].attrs
+    local meter = cairo.surface("png", 1, 1)
+    meter:font("DejaVu Sans", 11)
+    local x = files.select(elems, "text", "xlabel")[1].attrs
+    local y = files.select(elems, "text", "ylabel")[1].attrs
+    local xw, yw = meter:text_extents(xl), meter:text_extents(yl)
+    -- both inside the figure
+    assert.is_true(x.x - xw / 2 >= 0 and x.x + xw / 2 <= tonumber(svg.width))
+    assert.is_true(y.y - yw / 2 >= 0 and y.y + yw / 2 <= tonumber(svg.height))
+    -- the turned y label ends above the x label's capitals
+    assert.is_true(y.y + yw / 2 <= x.y - 11 * 0.73, string.format("y label ends at %g, x label top at %g",
+      y.y + yw / 2, x.y - 11 * 0.73))
   end)
 
   it("takes tensors and nested tables alike, 2-D to 4-D", function()
