@@ -303,10 +303,16 @@ function Module:named_children()
   return out
 end
 
---- The children as a list of modules, in registration order.
+--- The children as a list of modules, in registration order; a module
+-- registered twice (tied layers) is listed once, as PyTorch's children().
 function Module:children()
-  local out = {}
-  for _, c in ipairs(self:named_children()) do out[#out + 1] = c[2] end
+  local out, seen = {}, {}
+  for _, c in ipairs(self:named_children()) do
+    if not seen[c[2]] then
+      seen[c[2]] = true
+      out[#out + 1] = c[2]
+    end
+  end
   return out
 end
 
