@@ -34,7 +34,8 @@
 -- **Errors.** Calling `m(...)` runs `m:forward(...)`. An error raised inside a
 -- child module is re-raised by the outermost module with the path of the failing
 -- module: "in MultiHeadAttention.W_q (Linear): Linear: input [2x4x3] has ...".
--- Each level adds its own name once. An error raised by the outermost module's own
+-- The path is the registered one (a block of a ModuleList that is iterated, not
+-- called, shows as "Net.blks.1"). An error raised by the outermost module's own
 -- forward keeps its message (only a "…/attn/….lua:123: " position inside this
 -- library is removed; positions in user code are kept). Either way the message
 -- ends with the stack traceback taken where the error was raised (the module
