@@ -34,16 +34,16 @@ static const attn_tensor *opt_lens(lua_State *L, int idx, const char *fn, const 
     lua_rawgeti(L, idx, (lua_Integer)r + 1);
     if (ndim == 1) {
       if (lua_type(L, -1) != LUA_TNUMBER)
-        attn_l_error(L, "%s: %s entry %d is a %s, not a number", fn, arg, (int)r + 1, luaL_typename(L, -1));
+        attn_l_error(L, "%s: %s entry %I is a %s, not a number", fn, arg, (lua_Integer)r + 1, luaL_typename(L, -1));
       data[r] = lua_tonumber(L, -1);
     } else {
       if (!lua_istable(L, -1) || (int64_t)lua_rawlen(L, -1) != shape[1])
-        attn_l_error(L, "%s: %s must be a table of numbers or of rows of equal length %d (row %d differs)", fn, arg,
-                   (int)shape[1], (int)r + 1);
+        attn_l_error(L, "%s: %s must be a table of numbers or of rows of equal length %I (row %I differs)", fn, arg,
+                   (lua_Integer)shape[1], (lua_Integer)r + 1);
       for (int64_t c = 0; c < shape[1]; c++) {
         lua_rawgeti(L, -1, (lua_Integer)c + 1);
         if (lua_type(L, -1) != LUA_TNUMBER)
-          attn_l_error(L, "%s: %s entry [%d][%d] is a %s, not a number", fn, arg, (int)r + 1, (int)c + 1,
+          attn_l_error(L, "%s: %s entry [%I][%I] is a %s, not a number", fn, arg, (lua_Integer)r + 1, (lua_Integer)c + 1,
                      luaL_typename(L, -1));
         data[r * shape[1] + c] = lua_tonumber(L, -1);
         lua_pop(L, 1);
@@ -60,7 +60,7 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
   *need_weights = 1;
   if (lua_isnoneornil(L, idx)) return;
   idx = lua_absindex(L, idx);
-  luaL_checktype(L, idx, LUA_TTABLE);
+  attn_l_checktable(L, idx, "options");
 
   attn_l_rawfield(L, idx, "valid_lens");
   o->valid_lens = opt_lens(L, -1, fn, "valid_lens"); /* a converted table stays above the field */
@@ -356,7 +356,7 @@ static int l_masked_softmax_backward(lua_State *L) {
  */
 static int l_sequence_mask(lua_State *L) {
   attn_tensor *x = attn_l_check(L, 1);
-  double value = luaL_optnumber(L, 3, 0);
+  double value = attn_l_optnumber(L, 3, "value", 0);
   if (lua_isnoneornil(L, 2)) return attn_l_error(L, "sequence_mask: valid_len is required");
   const attn_tensor *lens = opt_lens(L, 2, "sequence_mask", "valid_len");
   attn_tensor *out = attn_l_push_like(L, x);
@@ -415,7 +415,7 @@ static int l_additive_scores_backward(lua_State *L) {
  * @treturn Tensor (max_len, d)
  */
 static int l_positional_encoding(lua_State *L) {
-  lua_Integer n = luaL_checkinteger(L, 1), d = luaL_checkinteger(L, 2);
+  lua_Integer n = attn_l_checkinteger(L, 1, "max_len"), d = attn_l_checkinteger(L, 2, "d");
   if (n < 0 || d < 0) return attn_l_error(L, "positional_encoding: max_len %I and d %I must be >= 0", n, d);
   int64_t shape[2] = {n, d};
   attn_tensor *out = attn_l_push_alloc(L, attn_l_optdtype(L, 3, ATTN_F32), 2, shape);

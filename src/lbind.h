@@ -15,6 +15,24 @@
 
 #define ATTN_TENSOR_MT "attn.Tensor"
 
+/* Argument errors name the function the user called: every binding function
+ * is registered (attn_l_setfuncs) as a closure whose upvalue 1 is its luaL_Reg
+ * entry, whose public name attn_l_fname reads back. (luaL_check* would name the local variable
+ * of the Lua wrapper that made the call, e.g. "bad argument #3 to 'f'".)
+ * Messages read "transpose: argument 3 (dim) must be an integer, got no
+ * value", counting arguments of the function form attn.transpose(x, d0, d1),
+ * which for a method call x:transpose(d0, d1) counts x as argument 1. */
+const char *attn_l_fname(lua_State *L);
+/* Raises "<fname>: argument <arg> (<what>) must be <expected>, got <value>";
+ * what may be NULL. */
+int attn_l_argerror(lua_State *L, int arg, const char *what, const char *expected);
+lua_Integer attn_l_checkinteger(lua_State *L, int arg, const char *what);
+lua_Integer attn_l_optinteger(lua_State *L, int arg, const char *what, lua_Integer def);
+double attn_l_checknumber(lua_State *L, int arg, const char *what);
+double attn_l_optnumber(lua_State *L, int arg, const char *what, double def);
+const char *attn_l_checklstring(lua_State *L, int arg, const char *what, size_t *len);
+void attn_l_checktable(lua_State *L, int arg, const char *what);
+
 /* The tensor at idx; raises if it is not one or was freed. */
 attn_tensor *attn_l_check(lua_State *L, int idx);
 /* The tensor at idx, or NULL if the value is not a tensor (raises if freed). */
@@ -25,6 +43,10 @@ attn_tensor *attn_l_push_alloc(lua_State *L, attn_dtype dtype, int ndim, const i
 attn_tensor *attn_l_push_like(lua_State *L, const attn_tensor *x);
 /* Pushes a view sharing view->storage (retains it). */
 attn_tensor *attn_l_push_view(lua_State *L, const attn_tensor *view);
+/* Pushes the Lua number at idx as a 0-d tensor of dtype: exact for a Lua
+ * integer into int64 (a double would round past 2^53); for int64, a float
+ * must hold an integer (errors name fn). */
+attn_tensor *attn_l_push_number(lua_State *L, int idx, attn_dtype dtype, const char *fn);
 /* Raises the core's last error message. */
 int attn_l_raise(lua_State *L);
 /* Raises a formatted message (lua_pushfstring formats: %s %d %f %p %c %%)

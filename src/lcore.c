@@ -123,10 +123,62 @@ attn_tensor *attn_l_test(lua_State *L, int idx) {
   return t;
 }
 
+const char *attn_l_fname(lua_State *L) {
+  /* functions registered by attn_l_setfuncs carry their luaL_Reg as upvalue 1 */
+  const luaL_Reg *reg =
+      lua_type(L, lua_upvalueindex(1)) == LUA_TLIGHTUSERDATA ? lua_touserdata(L, lua_upvalueindex(1)) : NULL;
+  return reg && reg->name ? reg->name : "attn";
+}
+
+/* "no value", "nil", "a table", or the number itself ("2.5"). */
+static const char *got(lua_State *L, int arg) {
+  if (lua_isnone(L, arg)) return "no value";
+  if (lua_isnil(L, arg)) return "nil";
+  if (lua_type(L, arg) == LUA_TNUMBER) return lua_pushfstring(L, "%s", lua_tostring(L, arg));
+  if (luaL_testudata(L, arg, ATTN_TENSOR_MT)) return "a tensor";
+  return lua_pushfstring(L, "a %s", luaL_typename(L, arg));
+}
+
+int attn_l_argerror(lua_State *L, int arg, const char *what, const char *expected) {
+  if (what)
+    return attn_l_error(L, "%s: argument %d (%s) must be %s, got %s", attn_l_fname(L), arg, what, expected,
+                        got(L, arg));
+  return attn_l_error(L, "%s: argument %d must be %s, got %s", attn_l_fname(L), arg, expected, got(L, arg));
+}
+
 attn_tensor *attn_l_check(lua_State *L, int idx) {
   attn_tensor *t = attn_l_test(L, idx);
-  if (!t) luaL_typeerror(L, idx, "attn.Tensor");
+  if (!t) attn_l_argerror(L, idx, NULL, "a tensor");
   return t;
+}
+
+lua_Integer attn_l_checkinteger(lua_State *L, int arg, const char *what) {
+  int isint;
+  lua_Integer v = lua_tointegerx(L, arg, &isint);
+  if (!isint || lua_type(L, arg) != LUA_TNUMBER) attn_l_argerror(L, arg, what, "an integer");
+  return v;
+}
+
+lua_Integer attn_l_optinteger(lua_State *L, int arg, const char *what, lua_Integer def) {
+  return lua_isnoneornil(L, arg) ? def : attn_l_checkinteger(L, arg, what);
+}
+
+double attn_l_checknumber(lua_State *L, int arg, const char *what) {
+  if (lua_type(L, arg) != LUA_TNUMBER) attn_l_argerror(L, arg, what, "a number");
+  return lua_tonumber(L, arg);
+}
+
+double attn_l_optnumber(lua_State *L, int arg, const char *what, double def) {
+  return lua_isnoneornil(L, arg) ? def : attn_l_checknumber(L, arg, what);
+}
+
+const char *attn_l_checklstring(lua_State *L, int arg, const char *what, size_t *len) {
+  if (lua_type(L, arg) != LUA_TSTRING) attn_l_argerror(L, arg, what, "a string");
+  return lua_tolstring(L, arg, len);
+}
+
+void attn_l_checktable(lua_State *L, int arg, const char *what) {
+  if (lua_type(L, arg) != LUA_TTABLE) attn_l_argerror(L, arg, what, "a table");
 }
 
 static attn_tensor *push_empty(lua_State *L) {
@@ -153,6 +205,16 @@ attn_tensor *attn_l_push_view(lua_State *L, const attn_tensor *view) {
   return t;
 }
 
+attn_tensor *attn_l_push_number(lua_State *L, int idx, attn_dtype dtype, const char *fn) {
+  double v = luaL_checknumber(L, idx);
+  attn_tensor *s = attn_l_push_alloc(L, dtype, 0, NULL);
+  if (dtype == ATTN_I64 && lua_isinteger(L, idx))
+    attn_tensor_set_i64(s, NULL, (int64_t)lua_tointeger(L, idx));
+  else if (attn_scalar_to(fn, dtype, v, attn_tensor_data(s)) != ATTN_OK)
+    attn_l_raise(L);
+  return s;
+}
+
 int attn_l_error(lua_State *L, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -164,13 +226,12 @@ int attn_l_error(lua_State *L, const char *fmt, ...) {
 int attn_l_raise(lua_State *L) { return attn_l_error(L, "%s", attn_last_error()); }
 
 int attn_l_checkdim(lua_State *L, int arg, int ndim, int extra, const char *fn) {
-  lua_Integer d = luaL_checkinteger(L, arg);
+  lua_Integer given = attn_l_checkinteger(L, arg, "dim"), d = given;
   lua_Integer n = ndim + extra;
   if (d < 0) d += n + 1;
   if (d < 1 || d > n) {
-    if (n == 0) return attn_l_error(L, "%s: dim %d given for a 0-d tensor", fn, (int)luaL_checkinteger(L, arg));
-    return attn_l_error(L, "%s: dim %d out of range (expected 1..%d or -%d..-1)", fn,
-                      (int)luaL_checkinteger(L, arg), (int)n, (int)n);
+    if (n == 0) return attn_l_error(L, "%s: dim %I given for a 0-d tensor", fn, given);
+    return attn_l_error(L, "%s: dim %I out of range (expected 1..%d or -%d..-1)", fn, given, (int)n, (int)n);
   }
   return (int)d - 1;
 }
@@ -191,7 +252,7 @@ int attn_l_checkshape(lua_State *L, int arg, int64_t *shape, const char *fn) {
   int ndim = 0;
   if (lua_istable(L, arg)) {
     lua_Integer n = (lua_Integer)lua_rawlen(L, arg);
-    if (n > ATTN_MAX_DIMS) attn_l_error(L, "%s: %d dims requested, at most %d supported", fn, (int)n, ATTN_MAX_DIMS);
+    if (n > ATTN_MAX_DIMS) attn_l_error(L, "%s: %I dims requested, at most %d supported", fn, n, ATTN_MAX_DIMS);
     for (lua_Integer i = 1; i <= n; i++) {
       lua_rawgeti(L, arg, i);
       shape[ndim++] = check_size(L, -1, (int)i, fn);
@@ -209,12 +270,12 @@ int attn_l_checkshape(lua_State *L, int arg, int64_t *shape, const char *fn) {
 void attn_l_check_sizes(lua_State *L, int ndim, const int64_t *shape, const char *fn) {
   for (int d = 0; d < ndim; d++)
     if (shape[d] < 0)
-      attn_l_error(L, "%s: negative size %d in shape %s", fn, (int)shape[d], attn_shape_str(ndim, shape));
+      attn_l_error(L, "%s: negative size %I in shape %s", fn, (lua_Integer)shape[d], attn_shape_str(ndim, shape));
 }
 
 attn_dtype attn_l_optdtype(lua_State *L, int arg, attn_dtype def) {
   if (lua_isnoneornil(L, arg)) return def;
-  const char *name = luaL_checkstring(L, arg);
+  const char *name = attn_l_checklstring(L, arg, "dtype", NULL);
   attn_dtype dt;
   if (attn_dtype_parse(name, &dt) != 0)
     attn_l_error(L, "unknown dtype '%s' (expected \"float32\", \"float64\" or \"int64\")", name);
@@ -223,7 +284,13 @@ attn_dtype attn_l_optdtype(lua_State *L, int arg, attn_dtype def) {
 
 int64_t attn_l_checkindices(lua_State *L, int arg, int64_t **out, const char *fn) {
   attn_tensor *t = attn_l_test(L, arg);
-  int64_t n = t ? attn_tensor_numel(t) : (luaL_checktype(L, arg, LUA_TTABLE), (int64_t)lua_rawlen(L, arg));
+  int64_t n;
+  if (t) {
+    n = attn_tensor_numel(t);
+  } else {
+    if (!lua_istable(L, arg)) attn_l_argerror(L, arg, "index", "a 1-D tensor or a table of indices");
+    n = (int64_t)lua_rawlen(L, arg);
+  }
   if ((uint64_t)n > attn_alloc_max_request() / sizeof(int64_t))
     attn_l_error(L, "%s: %f indices are more than can be held", fn, (double)n);
   if (t) { /* the core validates and shifts to 0-based into an int64 tensor left on the stack */
@@ -239,8 +306,9 @@ int64_t attn_l_checkindices(lua_State *L, int arg, int64_t **out, const char *fn
     int isint;
     lua_Integer k = lua_tointegerx(L, -1, &isint);
     if (!isint) {
-      if (!lua_isnumber(L, -1)) attn_l_error(L, "%s: index %d is a %s, not a number", fn, (int)i + 1, luaL_typename(L, -1));
-      attn_l_error(L, "%s: index %f at position %d is not an integer", fn, lua_tonumber(L, -1), (int)i + 1);
+      if (!lua_isnumber(L, -1))
+        attn_l_error(L, "%s: index %I is a %s, not a number", fn, (lua_Integer)i + 1, luaL_typename(L, -1));
+      attn_l_error(L, "%s: index %f at position %I is not an integer", fn, lua_tonumber(L, -1), (lua_Integer)i + 1);
     }
     lua_pop(L, 1);
     buf[i] = (int64_t)k - 1;
@@ -255,15 +323,15 @@ int64_t attn_l_checkindices(lua_State *L, int arg, int64_t **out, const char *fn
  * that t:method() costs one rawget. Any other key (an integer or a Torch-style
  * index table) goes to the Lua indexer hooks.get (upvalue 3). */
 static int tensor_index(lua_State *L) {
+  lua_pushvalue(L, 2);
+  if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1; /* no other key is in the methods table */
+  lua_pop(L, 1);
   if (lua_type(L, 2) != LUA_TSTRING) {
     if (lua_getfield(L, lua_upvalueindex(3), "get") == LUA_TNIL) return 1;
     lua_insert(L, 1);
     lua_call(L, 2, 1);
     return 1;
   }
-  lua_pushvalue(L, 2);
-  if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;
-  lua_pop(L, 1);
   if (lua_getiuservalue(L, 1, 1) == LUA_TTABLE) {
     lua_pushvalue(L, 2);
     if (lua_rawget(L, -2) != LUA_TNIL) return 1;
@@ -369,15 +437,15 @@ static int l_empty_cache(lua_State *L) {
 }
 
 static int l_set_cache_limit(lua_State *L) {
-  lua_Integer b = luaL_checkinteger(L, 1);
-  luaL_argcheck(L, b >= 0, 1, "cache limit must be >= 0 bytes");
+  lua_Integer b = attn_l_checkinteger(L, 1, "bytes");
+  if (b < 0) return attn_l_error(L, "set_cache_limit: bytes = %I must be >= 0", b);
   attn_alloc_set_cache_limit((size_t)b);
   return 0;
 }
 
 static int l_set_num_threads(lua_State *L) {
-  lua_Integer n = luaL_checkinteger(L, 1);
-  if (n < 1 || n > 64) return attn_l_error(L, "set_num_threads: n = %d must be in 1..64", (int)n);
+  lua_Integer n = attn_l_checkinteger(L, 1, "n");
+  if (n < 1 || n > 64) return attn_l_error(L, "set_num_threads: n = %I must be in 1..64", n);
   attn_set_num_threads((int)n);
   return 0;
 }
@@ -395,7 +463,7 @@ static int l_blas_threads(lua_State *L) {
 }
 
 static int l_manual_seed(lua_State *L) {
-  lua_Integer seed = luaL_checkinteger(L, 1);
+  lua_Integer seed = attn_l_checkinteger(L, 1, "seed");
   attn_rng_seed(attn_l_rng(L), (uint64_t)seed);
   return 0;
 }
@@ -405,7 +473,7 @@ static int l_rng_state(lua_State *L) { /* for saving/restoring generator state *
   if (lua_istable(L, 1)) {
     for (int i = 0; i < 4; i++) {
       lua_rawgeti(L, 1, i + 1);
-      r->s[i] = (uint64_t)luaL_checkinteger(L, -1);
+      r->s[i] = (uint64_t)attn_l_checkinteger(L, -1, "state entry");
       lua_pop(L, 1);
     }
     return 0;
@@ -458,8 +526,19 @@ static int l_isa_supported(lua_State *L) {
   return 1;
 }
 
+/* same_shape(a, b): whether two tensors have the same dims and sizes (no
+ * tables made, for autograd's per-node checks). */
+static int l_same_shape(lua_State *L) {
+  const attn_tensor *a = attn_l_check(L, 1), *b = attn_l_check(L, 2);
+  int same = a->ndim == b->ndim;
+  for (int d = 0; same && d < a->ndim; d++) same = a->shape[d] == b->shape[d];
+  lua_pushboolean(L, same);
+  return 1;
+}
+
 static const luaL_Reg core_functions[] = {
     {"clock", l_clock},
+    {"same_shape", l_same_shape},
     {"cpu_clock", l_cpu_clock},
     {"isa", l_isa},
     {"isa_supported", l_isa_supported},

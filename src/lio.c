@@ -202,10 +202,10 @@ static int l_tensor_to_bytes(lua_State *L) {
  */
 static int l_tensor_from_bytes(lua_State *L) {
   size_t len;
-  const char *s = luaL_checklstring(L, 1, &len);
-  lua_Integer offset = luaL_checkinteger(L, 2);
-  const char *name = luaL_checkstring(L, 3);
-  luaL_checktype(L, 4, LUA_TTABLE);
+  const char *s = attn_l_checklstring(L, 1, "bytes", &len);
+  lua_Integer offset = attn_l_checkinteger(L, 2, "offset");
+  const char *name = attn_l_checklstring(L, 3, "encoding", NULL);
+  attn_l_checktable(L, 4, "shape");
   int big = lua_toboolean(L, 5);
   int e = find_encoding(name);
   if (e < 0)
@@ -283,9 +283,9 @@ static void sync_parent_dir(const char *path) {
  */
 static int l_write_file_atomic(lua_State *L) {
   size_t path_len;
-  const char *path = luaL_checklstring(L, 1, &path_len);
+  const char *path = attn_l_checklstring(L, 1, "path", &path_len);
   if (strlen(path) != path_len) return attn_l_error(L, "write_file_atomic: path contains a NUL byte");
-  luaL_checktype(L, 2, LUA_TTABLE);
+  attn_l_checktable(L, 2, "parts");
   lua_settop(L, 2);
   lua_Integer n = (lua_Integer)lua_rawlen(L, 2);
   /* Resolve every part before creating the file, so that nothing raises
@@ -372,7 +372,7 @@ static int l_write_file_atomic(lua_State *L) {
  * @treturn[2] string message
  */
 static int l_fsync(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
+  const char *path = attn_l_checklstring(L, 1, "path", NULL);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0 || fsync(fd) != 0) {
     int err = errno;

@@ -57,11 +57,11 @@ static void fill_from_table(lua_State *L, int idx, int depth, int ndim, const in
   }
   if (lua_type(L, idx) != LUA_TTABLE || (int64_t)lua_rawlen(L, idx) != shape[depth]) {
     format_path(where, sizeof where, path, depth);
-    attn_l_error(L, "tensor: table is not rectangular: entry %s has %s where a table of %d was expected (shape %s)",
+    attn_l_error(L, "tensor: table is not rectangular: entry %s has %s where a table of %I was expected (shape %s)",
                depth ? where : "(top)",
-               lua_type(L, idx) == LUA_TTABLE ? lua_pushfstring(L, "%d entries", (int)lua_rawlen(L, idx))
+               lua_type(L, idx) == LUA_TTABLE ? lua_pushfstring(L, "%I entries", (lua_Integer)lua_rawlen(L, idx))
                                               : luaL_typename(L, idx),
-               (int)shape[depth], attn_shape_str(ndim, shape));
+               (lua_Integer)shape[depth], attn_shape_str(ndim, shape));
   }
   for (int64_t i = 0; i < shape[depth]; i++) {
     path[depth] = i;
@@ -91,7 +91,7 @@ static int l_tensor(lua_State *L) {
 }
 
 static int shape_and_dtype(lua_State *L, int64_t *shape, attn_dtype *dt, const char *fn) {
-  luaL_checktype(L, 1, LUA_TTABLE);
+  attn_l_checktable(L, 1, "shape");
   int ndim = attn_l_checkshape(L, 1, shape, fn);
   attn_l_check_sizes(L, ndim, shape, fn);
   *dt = attn_l_optdtype(L, 2, ATTN_F32);
@@ -109,12 +109,14 @@ static int l_empty(lua_State *L) {
 /* full(shape, value [, dtype]) */
 static int l_full(lua_State *L) {
   int64_t shape[ATTN_MAX_DIMS];
-  luaL_checktype(L, 1, LUA_TTABLE);
+  attn_l_checktable(L, 1, "shape");
   int nd = attn_l_checkshape(L, 1, shape, "full");
   attn_l_check_sizes(L, nd, shape, "full");
-  double v = luaL_checknumber(L, 2);
+  attn_l_checknumber(L, 2, "value");
   attn_tensor *t = attn_l_push_alloc(L, attn_l_optdtype(L, 3, ATTN_F32), nd, shape);
-  ATTN_L_TRY(L, attn_fill(t, v));
+  attn_tensor *v = attn_l_push_number(L, 2, t->dtype, "full");
+  ATTN_L_TRY(L, attn_copy(t, v));
+  lua_pop(L, 1);
   return 1;
 }
 
@@ -125,7 +127,8 @@ static int checked_count(lua_State *L, double n, const char *fn) {
 
 /* arange(start, stop, step [, dtype]): values start, start+step, ... < stop */
 static int l_arange(lua_State *L) {
-  double start = luaL_checknumber(L, 1), stop = luaL_checknumber(L, 2), step = luaL_checknumber(L, 3);
+  double start = attn_l_checknumber(L, 1, "start"), stop = attn_l_checknumber(L, 2, "stop"),
+         step = attn_l_checknumber(L, 3, "step");
   if (step == 0 || !isfinite(start) || !isfinite(stop) || !isfinite(step))
     return attn_l_error(L, "arange: need finite start, stop and a nonzero step, got %f, %f, %f", start, stop, step);
   double count = ceil((stop - start) / step);
@@ -138,9 +141,9 @@ static int l_arange(lua_State *L) {
 }
 
 static int l_linspace(lua_State *L) {
-  double start = luaL_checknumber(L, 1), stop = luaL_checknumber(L, 2);
-  lua_Integer n = luaL_checkinteger(L, 3);
-  if (n < 0) return attn_l_error(L, "linspace: negative count %d", (int)n);
+  double start = attn_l_checknumber(L, 1, "start"), stop = attn_l_checknumber(L, 2, "stop");
+  lua_Integer n = attn_l_checkinteger(L, 3, "steps");
+  if (n < 0) return attn_l_error(L, "linspace: negative count %I", n);
   int64_t len = n;
   attn_tensor *t = attn_l_push_alloc(L, attn_l_optdtype(L, 4, ATTN_F32), 1, &len);
   ATTN_L_TRY(L, attn_linspace(t, start, stop));
@@ -149,8 +152,8 @@ static int l_linspace(lua_State *L) {
 
 /* eye(n [, m [, dtype]]) */
 static int l_eye(lua_State *L) {
-  lua_Integer n = luaL_checkinteger(L, 1), m = luaL_optinteger(L, 2, n);
-  if (n < 0 || m < 0) return attn_l_error(L, "eye: negative size %d x %d", (int)n, (int)m);
+  lua_Integer n = attn_l_checkinteger(L, 1, "n"), m = attn_l_optinteger(L, 2, "m", n);
+  if (n < 0 || m < 0) return attn_l_error(L, "eye: negative size %I x %I", n, m);
   int64_t shape[2] = {n, m};
   attn_tensor *t = attn_l_push_alloc(L, attn_l_optdtype(L, 3, ATTN_F32), 2, shape);
   ATTN_L_TRY(L, attn_eye(t));
@@ -172,10 +175,10 @@ static int l_randn(lua_State *L) { return random_tensor(L, 1); }
 /* bernoulli(shape, p [, dtype]) */
 static int l_bernoulli(lua_State *L) {
   int64_t shape[ATTN_MAX_DIMS];
-  luaL_checktype(L, 1, LUA_TTABLE);
+  attn_l_checktable(L, 1, "shape");
   int nd = attn_l_checkshape(L, 1, shape, "bernoulli");
   attn_l_check_sizes(L, nd, shape, "bernoulli");
-  double p = luaL_checknumber(L, 2);
+  double p = attn_l_checknumber(L, 2, "p");
   attn_tensor *t = attn_l_push_alloc(L, attn_l_optdtype(L, 3, ATTN_F32), nd, shape);
   ATTN_L_TRY(L, attn_rng_bernoulli(attn_l_rng(L), t, p));
   return 1;
@@ -193,10 +196,30 @@ static int l_randint(lua_State *L) {
   return 1;
 }
 
+/* multinomial(probs, n [, replacement]): probs (C) or (R, C) -> 1-based int64
+ * category ids (n) or (R, n). */
+static int l_multinomial(lua_State *L) {
+  attn_tensor p = *attn_l_check(L, 1);
+  lua_Integer n = luaL_checkinteger(L, 2);
+  int replacement = lua_toboolean(L, 3);
+  int vec = p.ndim == 1;
+  if (p.ndim != 1 && p.ndim != 2)
+    return attn_l_error(L, "multinomial: probabilities must be 1-D (C) or 2-D (rows, C), got %s",
+                        attn_tensor_shape_str(&p));
+  if (n < 0) return attn_l_error(L, "multinomial: num_samples %I must be >= 0", n);
+  if (vec) attn_view_unsqueeze(&p, 0);
+  int64_t shape[2] = {p.shape[0], n};
+  attn_tensor *out = attn_l_push_alloc(L, ATTN_I64, 2, shape);
+  ATTN_L_TRY(L, attn_rng_multinomial(attn_l_rng(L), &p, n, replacement, out));
+  ATTN_L_TRY(L, attn_binary_scalar(ATTN_ADD, out, 1.0, 0, out));
+  if (vec) attn_view_select(out, 0, 0);
+  return 1;
+}
+
 /* uniform_(t, low, high), normal_(t, mean, std): in-place fills */
 static int l_uniform_(lua_State *L) {
   attn_tensor *t = attn_l_check(L, 1);
-  ATTN_L_TRY(L, attn_rng_uniform(attn_l_rng(L), t, luaL_optnumber(L, 2, 0), luaL_optnumber(L, 3, 1)));
+  ATTN_L_TRY(L, attn_rng_uniform(attn_l_rng(L), t, attn_l_optnumber(L, 2, "low", 0), attn_l_optnumber(L, 3, "high", 1)));
   attn_l_bump_version(t);
   lua_settop(L, 1);
   return 1;
@@ -204,7 +227,7 @@ static int l_uniform_(lua_State *L) {
 
 static int l_normal_(lua_State *L) {
   attn_tensor *t = attn_l_check(L, 1);
-  ATTN_L_TRY(L, attn_rng_normal(attn_l_rng(L), t, luaL_optnumber(L, 2, 0), luaL_optnumber(L, 3, 1)));
+  ATTN_L_TRY(L, attn_rng_normal(attn_l_rng(L), t, attn_l_optnumber(L, 2, "mean", 0), attn_l_optnumber(L, 3, "std", 1)));
   attn_l_bump_version(t);
   lua_settop(L, 1);
   return 1;
@@ -229,7 +252,7 @@ static int l_shape_str(lua_State *L) {
     lua_pushstring(L, attn_tensor_shape_str(t));
     return 1;
   }
-  luaL_checktype(L, 1, LUA_TTABLE);
+  attn_l_checktable(L, 1, "shape");
   int64_t shape[ATTN_MAX_DIMS];
   int n = attn_l_checkshape(L, 1, shape, "shape_str");
   lua_pushstring(L, attn_shape_str(n, shape));
@@ -322,8 +345,8 @@ static int l_totable(lua_State *L) {
 static int l_item(lua_State *L) {
   attn_tensor *t = attn_l_check(L, 1);
   if (attn_tensor_numel(t) != 1)
-    return attn_l_error(L, "item: tensor %s has %d elements, item needs exactly 1", attn_tensor_shape_str(t),
-                      (int)attn_tensor_numel(t));
+    return attn_l_error(L, "item: tensor %s has %I elements, item needs exactly 1", attn_tensor_shape_str(t),
+                      (lua_Integer)attn_tensor_numel(t));
   int64_t pos[ATTN_MAX_DIMS] = {0};
   push_element(L, t, pos);
   return 1;
@@ -336,11 +359,11 @@ static void check_index(lua_State *L, const attn_tensor *t, int arg, int64_t *po
     attn_l_error(L, "%s: %d indices given for %d-D tensor %s", fn, given < 0 ? 0 : given, t->ndim,
                attn_tensor_shape_str(t));
   for (int d = 0; d < t->ndim; d++) {
-    lua_Integer i = luaL_checkinteger(L, arg + d);
+    lua_Integer given = attn_l_checkinteger(L, arg + d, "index"), i = given;
     if (i < 0) i += t->shape[d] + 1;
     if (i < 1 || i > t->shape[d])
-      attn_l_error(L, "%s: index %d out of range for dim %d of size %d (%s)", fn, (int)luaL_checkinteger(L, arg + d),
-                 d + 1, (int)t->shape[d], attn_tensor_shape_str(t));
+      attn_l_error(L, "%s: index %I out of range for dim %d of size %I (%s)", fn, given, d + 1,
+                   (lua_Integer)t->shape[d], attn_tensor_shape_str(t));
     pos[d] = i - 1;
   }
 }
@@ -356,7 +379,7 @@ static int l_get(lua_State *L) {
 /* set(t, value, i, j, ...) */
 static int l_set(lua_State *L) {
   attn_tensor *t = attn_l_check(L, 1);
-  double v = luaL_checknumber(L, 2);
+  double v = attn_l_checknumber(L, 2, "value");
   int64_t pos[ATTN_MAX_DIMS];
   check_index(L, t, 3, pos, "set");
   if (t->dtype == ATTN_I64) {
@@ -404,7 +427,7 @@ static int l_permute(lua_State *L) {
 static int l_narrow(lua_State *L) {
   attn_tensor v = *attn_l_check(L, 1);
   int dim = attn_l_checkdim(L, 2, v.ndim, 0, "narrow");
-  lua_Integer start = luaL_checkinteger(L, 3), len = luaL_checkinteger(L, 4);
+  lua_Integer start = attn_l_checkinteger(L, 3, "start"), len = attn_l_checkinteger(L, 4, "length");
   if (start < 0) start += v.shape[dim] + 1;
   return push_transformed(L, &v, attn_view_narrow(&v, dim, start - 1, len));
 }
@@ -412,7 +435,7 @@ static int l_narrow(lua_State *L) {
 static int l_select(lua_State *L) {
   attn_tensor v = *attn_l_check(L, 1);
   int dim = attn_l_checkdim(L, 2, v.ndim, 0, "select");
-  lua_Integer i = luaL_checkinteger(L, 3);
+  lua_Integer i = attn_l_checkinteger(L, 3, "index");
   if (i < 0) i += v.shape[dim] + 1;
   return push_transformed(L, &v, attn_view_select(&v, dim, i - 1));
 }
@@ -481,7 +504,7 @@ static int l_clone(lua_State *L) {
 /* to(t, dtype): the same tensor if the dtype matches, else a converted copy. */
 static int l_to(lua_State *L) {
   attn_tensor *x = attn_l_check(L, 1);
-  luaL_checkstring(L, 2);
+  attn_l_checklstring(L, 2, "dtype", NULL);
   attn_dtype dt = attn_l_optdtype(L, 2, x->dtype);
   if (dt == x->dtype) {
     lua_settop(L, 1);
@@ -518,7 +541,9 @@ static int l_set_(lua_State *L) {
 
 static int l_fill_(lua_State *L) {
   attn_tensor *t = attn_l_check(L, 1);
-  ATTN_L_TRY(L, attn_fill(t, luaL_checknumber(L, 2)));
+  attn_l_checknumber(L, 2, "value");
+  attn_tensor *v = attn_l_push_number(L, 2, t->dtype, "fill_");
+  ATTN_L_TRY(L, attn_copy(t, v));
   attn_l_bump_version(t);
   lua_settop(L, 1);
   return 1;
@@ -526,7 +551,7 @@ static int l_fill_(lua_State *L) {
 
 /* cat(list, dim) */
 static int l_cat(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
+  attn_l_checktable(L, 1, "tensors");
   int n = (int)lua_rawlen(L, 1);
   if (n == 0) return attn_l_error(L, "cat: empty list of tensors");
   lua_rawgeti(L, 1, 1);
@@ -569,7 +594,7 @@ static const luaL_Reg tensor_functions[] = {
     {"linspace", l_linspace},   {"eye", l_eye},
     {"rand", l_rand},           {"randn", l_randn},
     {"bernoulli", l_bernoulli}, {"uniform_", l_uniform_},
-    {"randint", l_randint},
+    {"randint", l_randint},     {"multinomial", l_multinomial},
     {"normal_", l_normal_},     {"shape", l_shape},
     {"stride", l_stride},       {"size", l_size},
     {"shape_str", l_shape_str},

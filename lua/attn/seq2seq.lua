@@ -16,12 +16,14 @@
 -- @module attn.seq2seq
 -- @usage
 -- local s2s = require "attn.seq2seq"
+-- local data_iter, src_vocab, tgt_vocab = assert(require("attn.data").load_fra_eng(64, 10, {seed = 1}))
 -- local history = s2s.train_seq2seq(net, data_iter, {lr = 0.005, epochs = 250, tgt_vocab = tgt_vocab})
 -- local fr, weights = s2s.predict_seq2seq(net, "go .", src_vocab, tgt_vocab, 10, {save_attention_weights = true})
 local attn = require "attn"
 local nn = require "attn.nn"
 local progress = require "attn.progress"
 local linear = require "attn.nn.linear"
+local data = require "attn.data" -- data.lower: Python's Unicode lowercasing, as the book's .lower()
 
 local M = {}
 
@@ -69,7 +71,8 @@ function M.train_seq2seq(net, data_iter, opts)
     { lr = true, epochs = true, tgt_vocab = true, clip = true, device = true, progress = true, on_epoch = true,
       init = true })
   if not nn.is_module(net) then error("train_seq2seq: net must be a module", 2) end
-  if type(data_iter) ~= "function" then error("train_seq2seq: data_iter must be a function returning an iterator", 2) end
+  local callable = type(data_iter) == "function" or type((getmetatable(data_iter) or {}).__call) == "function"
+  if not callable then error("train_seq2seq: data_iter must be callable, returning an iterator over one epoch", 2) end
   if type(opts.lr) ~= "number" or opts.lr < 0 then error("train_seq2seq: lr must be a number >= 0", 2) end
   if math.type(opts.epochs) ~= "integer" or opts.epochs < 1 then
     error("train_seq2seq: epochs must be a positive integer, got " .. tostring(opts.epochs), 2)
@@ -139,7 +142,7 @@ local function encode_source(net, src_sentence, src_vocab, num_steps, who)
     error(who .. ": num_steps must be a positive integer, got " .. tostring(num_steps), 3)
   end
   local words = {}
-  for w in (src_sentence:lower() .. " "):gmatch("(.-) ") do words[#words + 1] = w end
+  for w in (data.lower(src_sentence) .. " "):gmatch("(.-) ") do words[#words + 1] = w end
   local ids = src_vocab:ids(words)
   ids[#ids + 1] = src_vocab["<eos>"]
   local valid_len = #ids

@@ -17,9 +17,9 @@ for _, name in ipairs {
   Tensor[name] = core[name]
 end
 
-local function refuse_inplace(name, t)
+local function refuse_inplace(name, t, level)
   if autograd.is_enabled() and t._rg then
-    error(name .. ": in-place update of a tensor that requires grad (use attn.no_grad or :detach())", 3)
+    error(name .. ": in-place update of a tensor that requires grad (use attn.no_grad or :detach())", level or 3)
   end
 end
 
@@ -153,8 +153,9 @@ Tensor.neg = unary("neg", function(g) return core.neg(g) end)
 Tensor.exp = unary("exp", function(g, _, out) return core.mul(g, out) end)
 Tensor.log = unary("log", function(g, x) return core.div(g, x) end)
 Tensor.sqrt = unary("sqrt", function(g, _, out) return core.div(g, core.mul(out, 2)) end)
-Tensor.tanh = unary("tanh", function(g, _, out) return core.mul(g, core.sub(1, core.square(out))) end)
-Tensor.sigmoid = unary("sigmoid", function(g, _, out) return core.mul(g, core.mul(out, core.sub(1, out))) end)
+-- tanh' = 1 - y^2 and sigmoid' = y (1 - y) from the output y, each one fused kernel
+Tensor.tanh = unary("tanh", function(g, _, out) return core.tanh_backward(g, out) end)
+Tensor.sigmoid = unary("sigmoid", function(g, _, out) return core.sigmoid_backward(g, out) end)
 Tensor.relu = unary("relu", function(g, x) return core.mul(g, core.gt(x, 0)) end)
 Tensor.abs = unary("abs", function(g, x) return core.mul(g, core.sign(x)) end)
 Tensor.square = unary("square", function(g, x) return core.mul(g, core.mul(x, 2)) end)
@@ -199,6 +200,13 @@ function Tensor.mean(x, dim, keepdim)
   end)
 end
 
+-- Gradient of values picked along dim at indices (max/min, sort, topk): g
+-- (indices' shape) added into zeros of x's shape at those positions.
+local function scatter_back(x, dim, indices, g)
+  local gin = core.full(core.shape(x), 0, core.dtype(x))
+  return core.scatter_add_(gin, dim, core.contiguous(indices), core.contiguous(g))
+end
+
 local function extreme(name)
   local f = core[name]
   return function(x, dim, keepdim)
@@ -212,16 +220,53 @@ local function extreme(name)
     end
     local values, indices = f(x, dim, keepdim)
     record(name, values, { x }, function(g)
-      local gin = core.full(core.shape(x), 0, core.dtype(x))
       local idx = keepdim and indices or core.unsqueeze(indices, dim)
-      local gk = keepdim and g or core.unsqueeze(g, dim)
-      return core.scatter_add_(gin, dim, core.contiguous(idx), core.contiguous(gk))
+      return scatter_back(x, dim, idx, keepdim and g or core.unsqueeze(g, dim))
     end)
     return values, indices
   end
 end
 Tensor.max = extreme("max")
 Tensor.min = extreme("min")
+
+--- Sorts along a dim, stably (equal values keep their order; NaN sorts above
+-- every number). Differentiable in the values.
+-- @tparam Tensor x
+-- @tparam[opt=-1] integer dim
+-- @tparam[opt=false] boolean descending
+-- @treturn Tensor values, x's shape and dtype
+-- @treturn Tensor indices, int64 1-based positions in x along dim
+-- @usage local v, i = attn.tensor({3, 1, 2}):sort() -- {1, 2, 3}, {2, 3, 1}
+function Tensor.sort(x, dim, descending)
+  dim = dim or -1
+  local values, indices = core.sort(x, dim, descending)
+  record("sort", values, { x }, function(g) return scatter_back(x, dim, indices, g) end)
+  return values, indices
+end
+
+--- The k largest (or smallest) entries along a dim, sorted, and their
+-- indices; ties keep their order. Differentiable in the values.
+-- @tparam Tensor x
+-- @tparam integer k 0..size of dim
+-- @tparam[opt=-1] integer dim
+-- @tparam[opt=true] boolean largest
+-- @treturn Tensor values, x's shape with k along dim
+-- @treturn Tensor indices, int64 1-based
+-- @raise when k is not an integer in 0..size
+-- @usage local v, i = probs:topk(2) -- two most likely classes per row
+function Tensor.topk(x, k, dim, largest)
+  dim = dim or -1
+  if largest == nil then largest = true end
+  local n = core.dim(x) > 0 and core.size(x, dim) or 0
+  if math.type(k) ~= "integer" or k < 0 or k > n then
+    error(string.format("topk: k = %s must be an integer in 0..%d (size of dim %d of %s)", tostring(k), n, dim,
+      core.shape_str(x)), 2)
+  end
+  local sorted, order = core.sort(x, dim, largest)
+  local values, indices = core.contiguous(core.narrow(sorted, dim, 1, k)), core.contiguous(core.narrow(order, dim, 1, k))
+  record("topk", values, { x }, function(g) return scatter_back(x, dim, indices, g) end)
+  return values, indices
+end
 
 function Tensor.softmax(x, dim)
   local out = core.softmax(x, dim)
@@ -299,6 +344,39 @@ end
 
 function Tensor.flatten(x) return Tensor.reshape(x, core.numel(x)) end
 
+--- Torch's `repeat(sizes)` under another name (`repeat` is a Lua keyword):
+-- the tensor tiled sizes[d] times along each dim. With fewer sizes than dims
+-- the leading dims are kept (as torch.tile); with more, x gains leading dims
+-- of size 1 first. Built from unsqueeze, expand and reshape, so it is
+-- differentiable and works for every dtype.
+-- @tparam Tensor x
+-- @param ... sizes as integers or one table
+-- @treturn Tensor a new tensor, size x.size(d) * sizes[d] along each dim
+-- @usage attn.tensor({1, 2}):tile(2, 2) -- {{1, 2, 1, 2}, {1, 2, 1, 2}}
+function Tensor.tile(x, ...)
+  local reps = type(...) == "table" and table.move(..., 1, #..., 1, {}) or { ... }
+  local shape = core.shape(x)
+  for d, r in ipairs(reps) do
+    if math.type(r) ~= "integer" or r < 0 then
+      error(string.format("tile: repeat count %d is %s, not an integer >= 0", d, tostring(r)), 2)
+    end
+  end
+  while #reps < #shape do table.insert(reps, 1, 1) end
+  while #shape < #reps do table.insert(shape, 1, 1) end
+  -- one dim at a time: (.., s, ..) -> (.., 1, s, ..) -> (.., r, s, ..) -> (.., r*s, ..)
+  local t, copied = Tensor.reshape(x, table.move(shape, 1, #shape, 1, {})), false
+  for d = 1, #shape do
+    if reps[d] ~= 1 then
+      local wide = core.shape(t)
+      table.insert(wide, d, reps[d])
+      shape[d] = shape[d] * reps[d]
+      t = Tensor.reshape(Tensor.expand(Tensor.unsqueeze(t, d), wide), table.move(shape, 1, #shape, 1, {}))
+      copied = true
+    end
+  end
+  return copied and t or Tensor.clone(t) -- always a new tensor, as Torch's repeat
+end
+
 -- ---------------------------------------------------------------- indexing
 
 function Tensor.index_select(x, dim, index)
@@ -331,10 +409,185 @@ function Tensor.where(cond, a, b)
   end)
 end
 
+-- ---------------------------------------------------------------- Torch7-style indexing
+-- t[i] is the i-th slice along dim 1 (a view, a number for a 1-D tensor) and
+-- nil past the end, so ipairs(t) walks dim 1 and stops; t[{2, {1, 3}}] takes
+-- one entry per leading dim: an integer selects (the dim goes away), {a, b}
+-- narrows to a..b inclusive, {a} to a..a, {} keeps the dim; negative indices
+-- count from the end. Reads record select/narrow for autograd; assignments
+-- (t[i] = v, t[{...}] = v) fill or copy in place, like the other in-place
+-- methods. The C __index sends every non-string key here, so method lookup
+-- (string keys) never pays for it.
+
+local KEY_HELP = "an integer or a table like {2, {1, 3}}"
+
+-- A 1-based index i into a dim of size n (negative from the end); raises at
+-- `level` naming the key when it is out of range.
+local function position(i, n, d, shape_str, level)
+  local j = math.tointeger(i)
+  if j == nil then
+    error(string.format("tensor index: %s at dim %d is not an integer (%s)", tostring(i), d, KEY_HELP), level)
+  end
+  if j < 0 then j = j + n + 1 end
+  if j < 1 or j > n then
+    error(string.format("tensor index: %d out of range for dim %d of size %d (%s; indices are 1-based)", i, d, n,
+      shape_str), level)
+  end
+  return j
+end
+
+-- The view of t a key names, cut with select/narrow (the recorded methods
+-- for reads, the core's for writes). `level` is the error level of the
+-- caller's caller (the user's line).
+local function locate(t, key, select, narrow, level)
+  level = level + 1
+  local view, dim, shape_str = t, 1, core.shape_str(t)
+  for d = 1, #key do
+    local e, n = key[d], core.size(view, dim)
+    if type(e) == "number" then
+      view = select(view, dim, position(e, n, d, shape_str, level + 1))
+    elseif type(e) == "table" then
+      if #e > 2 then
+        error(string.format("tensor index: range at dim %d has %d entries; expected {}, {i} or {first, last}", d,
+          #e), level)
+      end
+      if #e > 0 then
+        local a = position(e[1], n, d, shape_str, level + 1)
+        local b = position(e[2] or e[1], n, d, shape_str, level + 1)
+        if b < a then
+          error(string.format("tensor index: range {%s, %s} at dim %d is empty (%s)", tostring(e[1]), tostring(e[2]),
+            d, shape_str), level)
+        end
+        view = narrow(view, dim, a, b - a + 1)
+      end
+      dim = dim + 1
+    else
+      error(string.format("tensor index: entry %d is a %s; expected an integer or a range table", d, type(e)), level)
+    end
+  end
+  return view
+end
+
+-- The key as a table of entries, and whether it selects every dim (the
+-- result is then a number). `level` as for locate.
+local function index_key(t, key, level)
+  local ndim = core.dim(t)
+  if ndim == 0 then error("tensor index: a 0-d tensor has no slices (use :item() or :fill_())", level + 1) end
+  if type(key) == "number" then key = { key } end
+  if type(key) ~= "table" then
+    error(string.format("tensor index: a %s key; expected %s", type(key), KEY_HELP), level + 1)
+  end
+  if #key > ndim then
+    error(string.format("tensor index: %d entries for a %d-D tensor %s", #key, ndim, core.shape_str(t)), level + 1)
+  end
+  local selected = 0
+  for _, e in ipairs(key) do
+    if type(e) == "number" then selected = selected + 1 end
+  end
+  return key, selected == ndim
+end
+
+local hooks = core.metatable.__hooks
+
+-- Called by the C __index for non-string keys: user line, C __index, here.
+function hooks.get(t, key)
+  if math.type(key) == "integer" and core.dim(t) > 0 then
+    local n = core.size(t, 1)
+    if key > n then return nil end -- the end of the sequence, for ipairs
+    if core.dim(t) == 1 then return core.get(t, position(key, n, 1, core.shape_str(t), 4)) end
+    return Tensor.select(t, 1, position(key, n, 1, core.shape_str(t), 4))
+  end
+  local k, scalar = index_key(t, key, 3)
+  if scalar then return core.item(locate(t, k, core.select, core.narrow, 3)) end
+  return locate(t, k, Tensor.select, Tensor.narrow, 3)
+end
+
+function hooks.set(t, key, value)
+  refuse_inplace("tensor index assignment", t, 4)
+  local view = locate(t, (index_key(t, key, 3)), core.select, core.narrow, 3)
+  if type(value) == "number" then
+    core.fill_(view, value)
+  elseif is_tensor(value) then
+    core.copy_(view, value)
+  else
+    error(string.format("tensor index assignment: the value is a %s; expected a number or a tensor", type(value)), 3)
+  end
+end
+
+-- A list of parts that a generic `for` can walk: `for x in t:split(1)`. The
+-- iterator is stateless (the previous part finds its own position), so the
+-- list can be walked again or from two loops at once.
+local function part_list(parts)
+  local at = {}
+  for i, p in ipairs(parts) do at[p] = i end
+  return setmetatable(parts, {
+    __call = function(self, _, prev) return self[prev == nil and 1 or at[prev] + 1] end,
+  })
+end
+
+--- Splits t along dim into views of `size` entries each (the last may be
+-- shorter), or of the sizes in a table, as torch.split. The result is a list
+-- that a `for` can also walk directly.
+-- @tparam Tensor t
+-- @param size an integer > 0, or a table of sizes summing to t:size(dim)
+-- @tparam[opt=1] int dim
+-- @treturn table list of views (differentiable, recorded as narrow)
+-- @raise on a size that is not a positive integer, or sizes that do not add up
+-- @usage for row in x:split(1) do print(row) end   -- (1, n) views of x's rows
+function Tensor.split(t, size, dim)
+  dim = dim or 1
+  local n = core.size(t, dim)
+  local sizes = {}
+  if type(size) == "table" then
+    local total = 0
+    for i, k in ipairs(size) do
+      if math.type(k) ~= "integer" or k < 0 then
+        error(string.format("split: size %d is %s, not a non-negative integer", i, tostring(k)), 2)
+      end
+      sizes[i], total = k, total + k
+    end
+    if total ~= n then
+      error(string.format("split: sizes add up to %d, but dim %d of %s has %d", total, dim, core.shape_str(t), n), 2)
+    end
+  else
+    if math.type(size) ~= "integer" or size < 1 then
+      error(string.format("split: size must be a positive integer, got %s", tostring(size)), 2)
+    end
+    for start = 1, n, size do sizes[#sizes + 1] = math.min(size, n - start + 1) end
+  end
+  local parts, start = {}, 1
+  for i, k in ipairs(sizes) do
+    parts[i] = Tensor.narrow(t, dim, start, k)
+    start = start + k
+  end
+  return part_list(parts)
+end
+
+--- Splits t along dim into n views of ceil(size / n) entries (fewer parts
+-- when the size does not allow n), as torch.chunk.
+-- @tparam Tensor t
+-- @tparam int n number of chunks (> 0)
+-- @tparam[opt=1] int dim
+-- @treturn table list of views, walkable by `for`
+-- @raise when n is not a positive integer
+-- @usage local q, k, v = table.unpack(qkv:chunk(3, -1))
+function Tensor.chunk(t, n, dim)
+  dim = dim or 1
+  if math.type(n) ~= "integer" or n < 1 then
+    error(string.format("chunk: n must be a positive integer, got %s", tostring(n)), 2)
+  end
+  local size = core.size(t, dim)
+  return Tensor.split(t, math.max(1, (size + n - 1) // n), dim)
+end
+
 -- ---------------------------------------------------------------- matmul
 
 --- NumPy matmul: 1-D operands are promoted (and the added dim removed after).
 function Tensor.matmul(a, b)
+  if not is_tensor(a) or not is_tensor(b) then
+    local bad = is_tensor(a) and b or a
+    error(string.format("matmul: argument %d must be a tensor, got a %s", is_tensor(a) and 2 or 1, type(bad)), 2)
+  end
   local a_vec, b_vec = core.dim(a) == 1, core.dim(b) == 1
   if a_vec or b_vec then
     local inner_b = core.size(b, b_vec and 1 or -2)

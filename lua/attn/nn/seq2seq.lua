@@ -42,9 +42,7 @@ local function check_ids(who, X)
 end
 
 local function need_size(who, what, v)
-  if math.type(v) ~= "integer" or v < 1 then
-    error(string.format("%s: %s must be a positive integer, got %s", who, what, tostring(v)), 4)
-  end
+  linear.check_positive_int(v, who, what)
   return v
 end
 
@@ -169,7 +167,8 @@ end
 -- ---------------------------------------------------------------- Seq2SeqAttentionDecoder
 
 --- `nn.Seq2SeqAttentionDecoder(vocab_size, embed_size, num_hiddens, num_layers
--- [, dropout])`: the Bahdanau decoder. At each step the query is the previous
+-- [, dropout [, {scoring = "additive"|"dot"}]])`: the Bahdanau decoder
+-- (`scoring = "dot"` swaps in scaled dot-product attention, the book's exercise). At each step the query is the previous
 -- step's last-layer hidden state (B, 1, h); additive attention over the encoder
 -- outputs, masked by the source valid lengths, gives a context (B, 1, h) that is
 -- concatenated (context first, as the book) with the token embedding as the
@@ -181,9 +180,19 @@ end
 local Seq2SeqAttentionDecoder = AttentionDecoder:extend("Seq2SeqAttentionDecoder")
 M.Seq2SeqAttentionDecoder = Seq2SeqAttentionDecoder
 
-function Seq2SeqAttentionDecoder:init(vocab_size, embed_size, num_hiddens, num_layers, dropout)
-  local v, e, h, l, p = sizes("Seq2SeqAttentionDecoder", vocab_size, embed_size, num_hiddens, num_layers, dropout)
-  self.attention = attention.AdditiveAttention(h, h, h, p)
+function Seq2SeqAttentionDecoder:init(vocab_size, embed_size, num_hiddens, num_layers, dropout, opts)
+  local who = "Seq2SeqAttentionDecoder"
+  local v, e, h, l, p = sizes(who, vocab_size, embed_size, num_hiddens, num_layers, dropout)
+  opts = linear.check_options(opts, who, { scoring = true })
+  local scoring = opts.scoring or "additive"
+  if scoring == "additive" then
+    self.attention = attention.AdditiveAttention(h, h, h, p)
+  elseif scoring == "dot" then
+    -- the book's exercise: scaled dot-product scoring (query and keys are both h wide)
+    self.attention = attention.DotProductAttention(p)
+  else
+    error(string.format("%s: scoring must be 'additive' or 'dot', got %s", who, tostring(scoring)), 3)
+  end
   self.embedding = Embedding(v, e)
   self.rnn = gru.GRU(e + h, h, l, p)
   self.dense = Linear(h, v)
