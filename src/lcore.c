@@ -516,13 +516,13 @@ static int l_rusage(lua_State *L) {
  * and returns the previous; isa_supported(name): whether this CPU can run it. */
 static int l_isa(lua_State *L) {
   const char *previous = attn_vmath_isa();
-  if (!lua_isnoneornil(L, 1)) ATTN_L_TRY(L, attn_vmath_set_isa(luaL_checkstring(L, 1)));
+  if (!lua_isnoneornil(L, 1)) ATTN_L_TRY(L, attn_vmath_set_isa(attn_l_checklstring(L, 1, "name", NULL)));
   lua_pushstring(L, previous);
   return 1;
 }
 
 static int l_isa_supported(lua_State *L) {
-  lua_pushboolean(L, attn_vmath_isa_supported(luaL_checkstring(L, 1)));
+  lua_pushboolean(L, attn_vmath_isa_supported(attn_l_checklstring(L, 1, "name", NULL)));
   return 1;
 }
 

@@ -2,6 +2,8 @@
 -- Each method runs the core op, then records a backward closure through
 -- attn.autograd when an input requires grad. Non-differentiable helpers
 -- (shape queries, comparisons, in-place updates) are the core functions as is.
+-- The reference of every method is in doc-src/tensor.luadoc and here.
+-- @module attn.Tensor
 local core = require "attn.core"
 local autograd = require "attn.autograd"
 
