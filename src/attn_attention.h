@@ -110,6 +110,13 @@ attn_status attn_attention_lengths(const char *op, const char *arg, const char *
 
 /* ---- scaled dot-product attention ---------------------------------------- */
 
+/* Whether the flash kernel may run for Nq queries and Nk keys under opts->kernel (it then also
+ * needs float32 and finite operands): calls smaller than one 64 x 64 tile stay on the reference
+ * path unless a flash kernel is asked for, as the tile's padding would dominate. */
+static inline int attn_sdpa_flash_size(int64_t Nq, int64_t Nk, int kernel) {
+  return kernel != ATTN_KERNEL_REFERENCE && (kernel != ATTN_KERNEL_AUTO || Nq * Nk >= 64 * 64);
+}
+
 /* q (B, Nq, d), k (B, Nk, d), v (B, Nk, dv) -> out (B, Nq, dv) and, when
  * weights is not NULL, weights (B, Nq, Nk) (the softmax before dropout).
  * scores = scale * q k^T, masked as opts says, softmax over keys, dropout,
