@@ -68,7 +68,8 @@ ASAN_CAIRO_MODULE = build/asan/attn/cairo.so
 
 LUA_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="lua/?.so;;" OPENBLAS_NUM_THREADS=1
 
-.PHONY: all deps test test-asan check-c check-c-run check-install doc doc-check demo bench lint clean install uninstall examples help
+.PHONY: all deps test test-exit test-asan check-c check-c-run check-install doc doc-check demo bench lint clean install \
+        uninstall examples help
 
 all: $(MODULE) $(CAIRO_MODULE) ## build lua/attn/core.so and lua/attn/cairo.so
 
@@ -93,9 +94,12 @@ build/obj/%.o: src/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	@echo "cc $<"; $(CC) $(ALL_CFLAGS) -c $< -o $@
 
-build/obj/cpu/vmath_%.o: src/cpu/vmath_%.c $(HEADERS)
+# src/cpu/<name>_<isa>.c: compiled with CPU_FLAGS_<isa> (the last word of the file name).
+cpu_isa_flags = $(CPU_FLAGS_$(lastword $(subst _, ,$1)))
+
+build/obj/cpu/%.o: src/cpu/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
-	@echo "cc $< $(CPU_FLAGS_$*)"; $(CC) $(ALL_CFLAGS) $(CPU_OPT) $(CPU_FLAGS_$*) -c $< -o $@
+	@echo "cc $< $(call cpu_isa_flags,$*)"; $(CC) $(ALL_CFLAGS) $(CPU_OPT) $(call cpu_isa_flags,$*) -c $< -o $@
 
 $(MODULE): $(OBJ)
 	$(CC) $(LIBFLAG) -o $@ $(OBJ) $(LDLIBS)
@@ -108,10 +112,10 @@ build/asan/%.o: src/%.c $(HEADERS)
 	@echo "cc (asan) $<"; $(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
 	  -DATTN_SANITIZED_BUILD -fPIC $(LUA_CFLAGS) $(BLAS_FLAGS) -c $< -o $@
 
-build/asan/cpu/vmath_%.o: src/cpu/vmath_%.c $(HEADERS)
+build/asan/cpu/%.o: src/cpu/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	@echo "cc (asan) $<"; $(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
-	  $(CPU_FLAGS_$*) -fPIC $(LUA_CFLAGS) $(BLAS_FLAGS) -c $< -o $@
+	  $(call cpu_isa_flags,$*) -fPIC $(LUA_CFLAGS) $(BLAS_FLAGS) -c $< -o $@
 
 $(ASAN_MODULE): $(ASAN_OBJ)
 	@mkdir -p $(dir $@)
@@ -138,6 +142,12 @@ ASAN_ENV = LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-fil
 test-asan: deps ## every spec with the module under AddressSanitizer and UBSan
 	@$(MAKE) --no-print-directory $(ASAN_MODULE) $(ASAN_CAIRO_MODULE)
 	@$(ASAN_ENV) $(BUSTED) --cpath="build/asan/?.so" -o TAP $(BUSTED_ARGS) spec | tools/tap-summary
+
+# 300 short processes that exit right after starting 64 workers and running a
+# job: none may crash (the workers are joined before the library is unloaded).
+test-exit: deps ## 300 short processes that exit right after starting workers: none may crash
+	@$(MAKE) --no-print-directory all
+	@$(LUA_ENV) ATTN_EXIT_RUNS=300 $(BUSTED) -o TAP spec/core/exit_spec.lua | tools/tap-summary
 
 # The C core's own unit tests (no Lua), under ASan+UBSan and then valgrind memcheck.
 # (A second make evaluates the pkg-config flags after deps has installed pkgconf.)
@@ -175,7 +185,7 @@ check-install: deps ## check the rockspec and make install/uninstall in temporar
 
 demo: deps ## build and run examples/demo.lua
 	@$(MAKE) --no-print-directory all
-	@$(LUA_ENV) $(LUA) examples/demo.lua
+	@$(LUA_ENV) $(LUA) examples/bahdanau.lua $(DEMO_ARGS)
 
 # Every example with small sizes (a smoke run, as CI does).
 examples: deps ## run every example with small sizes

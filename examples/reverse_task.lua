@@ -56,7 +56,7 @@ local x, y = batch_of(256)
 local function accuracy(m)
   m:eval()
   local pred = attn.no_grad(function() return m(x):argmax(-1) end)
-  return pred:eq(attn.tensor(y)):mean():item()
+  return pred:eq(attn.tensor(y, "int64")):to("float32"):mean():item()
 end
 local acc = accuracy(model)
 print(string.format("held-out token accuracy: %.1f%%", 100 * acc))

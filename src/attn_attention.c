@@ -36,19 +36,25 @@ attn_status attn_attention_lengths(const char *op, const char *arg, const char *
   int64_t rows = one ? 1 : Nq;
   for (int64_t b = 0; b < B; b++)
     for (int64_t i = 0; i < rows; i++) {
-      int64_t idx[2] = {b, i};
-      double v = attn_tensor_get(lens, idx);
+      int64_t idx[2] = {b, i}, len;
       long long pos = (long long)(b * rows + i) + 1;
-      if (!(v == floor(v)) || !isfinite(v))
-        return attn_error(ATTN_ERR_ARG, "%s: %s holds %g at entry %lld (1-based), not an integer (%s %s, %s)", op, arg,
-                          v, pos, arg, attn_tensor_shape_str(lens), ctx);
-      if (v < 0 || v > (double)max_len)
-        return attn_error(ATTN_ERR_ARG, "%s: %s holds %g at entry %lld (1-based), out of range 0..%lld (%s %s, %s)", op,
-                          arg, v, pos, (long long)max_len, arg, attn_tensor_shape_str(lens), ctx);
+      if (lens->dtype == ATTN_I64) {
+        len = attn_tensor_get_i64(lens, idx);
+      } else {
+        double v = attn_tensor_get(lens, idx);
+        if (!(v == floor(v)) || !isfinite(v))
+          return attn_error(ATTN_ERR_ARG, "%s: %s holds %g at entry %lld (1-based), not an integer (%s %s, %s)", op,
+                            arg, v, pos, arg, attn_tensor_shape_str(lens), ctx);
+        len = v > (double)max_len ? max_len : (v < 0 ? -1 : (int64_t)v);
+      }
+      if (len < 0)
+        return attn_error(ATTN_ERR_ARG, "%s: %s holds %g at entry %lld (1-based), a negative length (%s %s, %s)", op,
+                          arg, attn_tensor_get(lens, idx), pos, arg, attn_tensor_shape_str(lens), ctx);
+      if (len > max_len) len = max_len; /* longer than the keys: every key is valid (PyTorch) */
       if (one)
-        for (int64_t q = 0; q < Nq; q++) out[b * Nq + q] = (int64_t)v;
+        for (int64_t q = 0; q < Nq; q++) out[b * Nq + q] = len;
       else
-        out[b * Nq + i] = (int64_t)v;
+        out[b * Nq + i] = len;
     }
   return ATTN_OK;
 }
@@ -57,6 +63,7 @@ attn_status attn_attention_lengths(const char *op, const char *arg, const char *
 static attn_status prepare_mask(const char *op, const attn_tensor *mask, int64_t B, int64_t Nq, int64_t Nk,
                                 attn_tensor *view) {
   int64_t target[3] = {B, Nq, Nk};
+  if (!attn_dtype_is_float(mask->dtype)) return attn_check_float(op, mask);
   int ok = mask->ndim <= 3;
   for (int d = 0; ok && d < mask->ndim; d++) {
     int64_t s = mask->shape[mask->ndim - 1 - d];
@@ -151,7 +158,7 @@ static attn_status check_output(const char *op, const char *name, const attn_ten
 
 /* Temporaries of one call, released by job_free. */
 typedef struct {
-  attn_tensor tmp[8];
+  attn_tensor tmp[16];
   int ntmp;
   int64_t *lens;
   size_t lens_cap;
@@ -209,6 +216,70 @@ static attn_status operand(job_mem *mem, const attn_tensor *t, int blas, attn_at
   return mat3_prepare(t, blas, &mem->tmp[mem->ntmp++], m);
 }
 
+/* ------------------------------------------------------------ flash path */
+
+/* 1 when every element of the 3-D float32 tensor t is finite (exponent bits not all ones; an
+ * integer test, so the loop vectorises). */
+static int all_finite_f32(const attn_tensor *t) {
+  const float *p = attn_tensor_data(t);
+  const int64_t n = t->shape[2], sc = t->stride[2];
+  uint32_t bad = 0;
+  for (int64_t b = 0; b < t->shape[0]; b++)
+    for (int64_t r = 0; r < t->shape[1]; r++) {
+      const float *x = p + b * t->stride[0] + r * t->stride[1];
+      if (sc == 1)
+        for (int64_t c = 0; c < n; c++) {
+          uint32_t u;
+          memcpy(&u, &x[c], 4);
+          bad |= (u & 0x7f800000u) == 0x7f800000u;
+        }
+      else
+        for (int64_t c = 0; c < n; c++) {
+          uint32_t u;
+          memcpy(&u, &x[c * sc], 4);
+          bad |= (u & 0x7f800000u) == 0x7f800000u;
+        }
+      if (bad) return 0;
+    }
+  return 1;
+}
+
+/* Non-finite operands keep the reference path's guarantee that a NaN or inf in a removed entry
+ * cannot reach the result; float64 always takes the reference path. */
+static int flash_applies(const attn_attention_job *J, const attn_attention_opts *o, const attn_tensor *q,
+                         const attn_tensor *k, const attn_tensor *v) {
+  return o->kernel != ATTN_KERNEL_REFERENCE && J->dt == ATTN_F32 && J->d > 0 && J->dv > 0 && J->B > 0 &&
+         J->Nq > 0 && J->Nk > 0 && all_finite_f32(q) && all_finite_f32(k) && all_finite_f32(v);
+}
+
+/* t as a float32 operand with unit column stride (a contiguous copy when it has none). */
+static attn_status flash_operand(job_mem *mem, const attn_tensor *t, attn_flash_mat *m) {
+  if (t->shape[2] > 1 && t->stride[2] != 1) {
+    attn_tensor *tmp = &mem->tmp[mem->ntmp++];
+    attn_status st = attn_tensor_clone(tmp, t, t->dtype);
+    if (st != ATTN_OK) return st;
+    t = tmp;
+  }
+  m->p = attn_tensor_data(t);
+  m->sb = t->stride[0];
+  m->sr = t->stride[1];
+  return ATTN_OK;
+}
+
+static attn_status flash_setup(attn_flash_job *F, const attn_flash_kernels **ks, attn_attention_job *J,
+                               job_mem *mem, const char *op, const attn_tensor *q, const attn_tensor *k,
+                               const attn_tensor *v, const attn_attention_opts *o) {
+  attn_status st = attn_attention_flash_kernels(o->kernel, op, ks);
+  if (st != ATTN_OK) return st;
+  memset(F, 0, sizeof *F);
+  F->J = J;
+  F->qscale = (float)(J->scale * 1.4426950408889634);
+  F->fill2 = (float)(ATTN_MASKED_SOFTMAX_FILL * 1.4426950408889634);
+  if ((st = flash_operand(mem, q, &F->q)) != ATTN_OK || (st = flash_operand(mem, k, &F->k)) != ATTN_OK)
+    return st;
+  return flash_operand(mem, v, &F->v);
+}
+
 /* ------------------------------------------------------------ public entry points */
 
 static attn_status sdpa_setup(const char *op, const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
@@ -232,6 +303,7 @@ static attn_status sdpa_setup(const char *op, const attn_tensor *q, const attn_t
   if (k->dtype != q->dtype || v->dtype != q->dtype)
     return attn_error(ATTN_ERR_DTYPE, "%s: dtypes differ: queries %s, keys %s, values %s", op,
                       attn_dtype_name(q->dtype), attn_dtype_name(k->dtype), attn_dtype_name(v->dtype));
+  if (attn_check_float(op, q) != ATTN_OK) return ATTN_ERR_DTYPE;
   J->dt = q->dtype;
   J->B = q->shape[0];
   J->Nq = q->shape[1];
@@ -249,8 +321,17 @@ static attn_status sdpa_setup(const char *op, const attn_tensor *q, const attn_t
   return ATTN_OK;
 }
 
+static attn_status check_lse(const char *op, const attn_tensor *lse, int64_t B, int64_t Nq) {
+  int64_t shape[2] = {B, Nq};
+  if (!same_shape(lse, 2, shape) || lse->dtype != ATTN_F64 || !attn_tensor_is_contiguous(lse))
+    return attn_error(ATTN_ERR_SHAPE, "%s: lse %s must be a contiguous float64 tensor of shape %s", op,
+                      attn_tensor_shape_str(lse), attn_shape_str(2, shape));
+  return ATTN_OK;
+}
+
 attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
-                              const attn_attention_opts *o, attn_tensor *out, attn_tensor *weights) {
+                              const attn_attention_opts *o, attn_tensor *out, attn_tensor *weights,
+                              attn_tensor *lse) {
   const char *op = "dot_product_attention";
   attn_attention_job J;
   job_mem mem;
@@ -259,10 +340,24 @@ attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k, const 
   if (st == ATTN_OK) {
     int64_t os[3] = {J.B, J.Nq, J.dv}, ws[3] = {J.B, J.Nq, J.Nk};
     if ((st = check_output(op, "out", out, J.dt, os)) == ATTN_OK &&
-        (!weights || (st = check_output(op, "weights", weights, J.dt, ws)) == ATTN_OK)) {
+        (!weights || (st = check_output(op, "weights", weights, J.dt, ws)) == ATTN_OK) &&
+        (!lse || (st = check_lse(op, lse, J.B, J.Nq)) == ATTN_OK)) {
       J.out = attn_tensor_data(out);
       J.weights = weights ? attn_tensor_data(weights) : NULL;
-      st = attn_attention_run_forward(&J, op);
+      if (flash_applies(&J, o, q, k, v)) {
+        attn_flash_job F;
+        const attn_flash_kernels *ks;
+        if ((st = flash_setup(&F, &ks, &J, &mem, op, q, k, v, o)) == ATTN_OK) {
+          F.out = (float *)J.out;
+          F.weights = (float *)J.weights;
+          F.lse = lse ? attn_tensor_data(lse) : NULL;
+          st = attn_attention_run_flash_forward(&F, ks, op);
+        }
+      } else {
+        st = attn_attention_run_forward(&J, op);
+        double *l = lse ? attn_tensor_data(lse) : NULL;
+        for (int64_t i = 0; l && i < J.B * J.Nq; i++) l[i] = NAN;
+      }
     }
   }
   job_free(&mem);
@@ -295,15 +390,16 @@ static attn_status attach_backward_inputs(const char *op, attn_attention_job *J,
 }
 
 attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
-                               const attn_attention_opts *o, const attn_tensor *weights, const attn_tensor *dout,
-                               const attn_tensor *dweights, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv) {
+                               const attn_attention_opts *o, const attn_tensor *weights, const attn_tensor *out,
+                               const attn_tensor *lse, const attn_tensor *dout, const attn_tensor *dweights,
+                               attn_tensor *dq, attn_tensor *dk, attn_tensor *dv) {
   const char *op = "dot_product_attention backward";
   attn_attention_job J;
   job_mem mem;
   char ctx[256];
   attn_status st = sdpa_setup(op, q, k, v, o, &J, &mem, ctx, sizeof ctx);
   if (st != ATTN_OK) goto done;
-  int64_t qs[3] = {J.B, J.Nq, J.d}, ks[3] = {J.B, J.Nk, J.d}, vs[3] = {J.B, J.Nk, J.dv};
+  int64_t qs[3] = {J.B, J.Nq, J.d}, ks[3] = {J.B, J.Nk, J.d}, vs[3] = {J.B, J.Nk, J.dv}, os[3] = {J.B, J.Nq, J.dv};
   if ((st = attach_backward_inputs(op, &J, &mem, ctx, weights, dout, dweights)) != ATTN_OK) goto done;
   if ((dq && (st = check_output(op, "dq", dq, J.dt, qs)) != ATTN_OK) ||
       (dk && (st = check_output(op, "dk", dk, J.dt, ks)) != ATTN_OK) ||
@@ -312,6 +408,24 @@ attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k, const
   J.gq = dq ? attn_tensor_data(dq) : NULL;
   J.gk = dk ? attn_tensor_data(dk) : NULL;
   J.gv = dv ? attn_tensor_data(dv) : NULL;
+  if (out && lse && dout && !dweights) {
+    if ((st = check_input(op, "out", out, J.dt, os, ctx)) != ATTN_OK || (st = check_lse(op, lse, J.B, J.Nq)) != ATTN_OK)
+      goto done;
+    const double *l = attn_tensor_data(lse);
+    if (flash_applies(&J, o, q, k, v) && !isnan(l[0]) && all_finite_f32(dout) && all_finite_f32(out)) {
+      attn_flash_job F;
+      attn_flash_mat om;
+      const attn_flash_kernels *ks;
+      if ((st = flash_setup(&F, &ks, &J, &mem, op, q, k, v, o)) != ATTN_OK ||
+          (st = flash_operand(&mem, dout, &F.dout)) != ATTN_OK || (st = flash_operand(&mem, out, &om)) != ATTN_OK)
+        goto done;
+      F.dq = (float *)J.gq;
+      F.dk = (float *)J.gk;
+      F.dv = (float *)J.gv;
+      st = attn_attention_run_flash_backward(&F, ks, om, l, J.Nq, op);
+      goto done;
+    }
+  }
   st = attn_attention_run_backward(&J, op);
 done:
   job_free(&mem);
@@ -335,6 +449,7 @@ static attn_status scores_setup(const char *op, const attn_tensor *s, const attn
   if (v && v->dtype != s->dtype)
     return attn_error(ATTN_ERR_DTYPE, "%s: dtypes differ: scores %s, values %s", op, attn_dtype_name(s->dtype),
                       attn_dtype_name(v->dtype));
+  if (attn_check_float(op, s) != ATTN_OK) return ATTN_ERR_DTYPE;
   J->dt = s->dtype;
   J->B = s->shape[0];
   J->Nq = s->shape[1];

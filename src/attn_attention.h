@@ -6,17 +6,19 @@
  *
  * Two masking conventions, never mixed up:
  *
- * 1. valid_lens (d2l's convention). A float tensor of integer values, either
- *    1-D (B): one length per sample, for every query row, or 2-D (B, Nq): one
+ * 1. valid_lens (d2l's convention). An int64 tensor, or a float tensor of
+ *    integer values, either 1-D (B): one length per sample, for every query row, or 2-D (B, Nq): one
  *    length per query row. Keys j >= len get the score -1e6 (after scaling)
  *    before the softmax, exactly as the book's masked_softmax: they are not
  *    read, but they still take part in the softmax, so a row with len = 0 comes
  *    out uniform over all Nk keys (padding included). With ordinary scores the
- *    filled entries underflow to an exact 0 weight. Lengths must be integers
- *    in 0..Nk.
+ *    filled entries underflow to an exact 0 weight. Lengths must be
+ *    non-negative integers; a length above Nk means every key is valid (as in
+ *    PyTorch).
  *
  * 2. Keep-masks: `mask` (1 attend, 0 ignore; any float tensor broadcastable to
- *    (B, Nq, Nk), values must be 0 or 1), `causal` (query i sees keys j <= i)
+ *    (B, Nq, Nk), values must be 0 or 1; int64 masks are converted by the
+ *    binding), `causal` (query i sees keys j <= i)
  *    and `window` (query i sees keys with |i - j| <= window). Entries they
  *    remove are left out of the softmax by selection, never by adding a
  *    sentinel: they get weight exactly 0 and gradient exactly 0, and a query
@@ -36,7 +38,19 @@
  * (b, i, j) is a hash of (seed, b, i, j), so the backward pass recomputes the
  * same mask, and results do not depend on the thread count.
  *
- * Speed: dot-product attention computes the two products with cblas gemm,
+ * Speed: float32 dot-product attention runs the flash kernels
+ * (src/attn_attention_flash.c, src/cpu/flash_*.c): per block of 64 queries
+ * the scores of 64 keys at a time are made by a register-blocked
+ * micro-kernel (AVX-512, AVX2+FMA or portable C, chosen at run time), masked
+ * inside the tile, folded into a running max and sum (online softmax) and
+ * multiplied into the output at once, so no score row is ever stored; tiles
+ * no query sees (causal, window, lengths) are skipped. The backward pass
+ * rebuilds the weights tile by tile from the saved log-sum-exp. The blocked
+ * path below stays the reference (and runs for float64, for non-finite
+ * operands, for gradients of the weights, and when opts.kernel asks for it);
+ * the two agree within 1e-5 relative.
+ *
+ * Reference path: dot-product attention computes the two products with cblas gemm,
  * in blocks of ATTN_SDPA_BLOCK query rows, parallel over (batch, row block)
  * with attn_parallel_for; each worker needs an O(block x Nk) workspace, so
  * skipping the weights (weights == NULL) never allocates (Nq x Nk) per batch.
@@ -59,8 +73,18 @@
 /* The score d2l's masked_softmax writes into positions past valid_lens. */
 #define ATTN_MASKED_SOFTMAX_FILL (-1e6)
 
+/* Which dot-product attention kernel runs (attn_attention_opts.kernel). */
+enum {
+  ATTN_KERNEL_AUTO = 0,      /* flash where it applies (float32, finite operands), else reference */
+  ATTN_KERNEL_REFERENCE,     /* the blocked sgemm path */
+  ATTN_KERNEL_FLASH,         /* as AUTO */
+  ATTN_KERNEL_FLASH_GENERIC, /* flash with the portable C micro-kernels */
+  ATTN_KERNEL_FLASH_AVX2,    /* flash with the AVX2 + FMA micro-kernels (error when the CPU lacks them) */
+  ATTN_KERNEL_FLASH_AVX512   /* flash with the AVX-512 micro-kernels (likewise) */
+};
+
 typedef struct attn_attention_opts {
-  const attn_tensor *valid_lens; /* NULL, (B) or (B, Nq): integers in 0..Nk (d2l semantics) */
+  const attn_tensor *valid_lens; /* NULL, (B) or (B, Nq): integers >= 0, above Nk = all (d2l semantics) */
   const attn_tensor *mask;       /* NULL or keep-mask broadcastable to (B, Nq, Nk), values 0/1 */
   int causal;                    /* nonzero: query i sees keys j <= i */
   int64_t window;                /* >= 0: query i sees keys |i - j| <= window; < 0: off */
@@ -68,15 +92,19 @@ typedef struct attn_attention_opts {
                                     dot products, 1 for given scores) */
   double dropout;                /* probability in [0, 1]; 0 turns dropout off */
   uint64_t seed;                 /* dropout stream (same seed forward and backward) */
+  int kernel;                    /* ATTN_KERNEL_*: dot-product attention's kernel (default AUTO) */
 } attn_attention_opts;
 
 /* No masks, default scale, no dropout. */
 void attn_attention_opts_init(attn_attention_opts *opts);
 
 /* Reads lengths for (B, Nq) rows from lens, a 1-D (B) or (when allow_2d) 2-D
- * (B, Nq) float tensor, into out[b * Nq + i] (B * Nq entries), checking that
- * every value is an integer in 0..max_len. op and arg name the operation and
- * argument in errors; ctx describes the shapes it must fit (e.g. "keys [2x10x4]"). */
+ * (B, Nq) int64 or float tensor, into out[b * Nq + i] (B * Nq entries), checking
+ * that every value is a non-negative integer. A length above max_len means "all
+ * max_len positions valid" and is stored as max_len (PyTorch's masking does
+ * the same; the book's predict_seq2seq passes the source length before
+ * truncation). op and arg name the operation and argument in errors; ctx
+ * describes the shapes it must fit (e.g. "keys [2x10x4]"). */
 attn_status attn_attention_lengths(const char *op, const char *arg, const char *ctx, const attn_tensor *lens, int64_t B,
                                    int64_t Nq, int64_t max_len, int allow_2d, int64_t *out);
 
@@ -85,19 +113,33 @@ attn_status attn_attention_lengths(const char *op, const char *arg, const char *
 /* q (B, Nq, d), k (B, Nk, d), v (B, Nk, dv) -> out (B, Nq, dv) and, when
  * weights is not NULL, weights (B, Nq, Nk) (the softmax before dropout).
  * scores = scale * q k^T, masked as opts says, softmax over keys, dropout,
- * times v. */
+ * times v. lse (B, Nq) float64, contiguous, or NULL: receives each row's
+ * log-sum-exp of the scaled, masked scores (+inf for a row with no key) when
+ * the flash kernel ran, NaN when the reference path ran; the backward pass
+ * uses it to rebuild the weights. */
 attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
-                              const attn_attention_opts *opts, attn_tensor *out, attn_tensor *weights);
+                              const attn_attention_opts *opts, attn_tensor *out, attn_tensor *weights,
+                              attn_tensor *lse);
 
 /* Gradients of attn_sdpa_forward. dout (B, Nq, dv) and dweights (B, Nq, Nk)
  * are the gradients of the two outputs (either may be NULL: unused output).
  * weights (B, Nq, Nk) are the stored forward weights, or NULL to recompute
  * them block by block. dq (B, Nq, d), dk (B, Nk, d), dv (B, Nk, dv) receive
  * the gradients; any of them may be NULL when not wanted. opts must equal
- * the forward's (including the seed). Masked entries contribute exactly 0. */
+ * the forward's (including the seed). Masked entries contribute exactly 0.
+ * out (B, Nq, dv) and lse (B, Nq) are the forward's outputs or NULL; with
+ * both (and lse not NaN) and no dweights, the flash backward runs. */
 attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
-                               const attn_attention_opts *opts, const attn_tensor *weights, const attn_tensor *dout,
-                               const attn_tensor *dweights, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv);
+                               const attn_attention_opts *opts, const attn_tensor *weights, const attn_tensor *out,
+                               const attn_tensor *lse, const attn_tensor *dout, const attn_tensor *dweights,
+                               attn_tensor *dq, attn_tensor *dk, attn_tensor *dv);
+
+/* The FMA throughput of one core in FLOP/s (the best of a few short runs of
+ * independent multiply-add chains in the widest vectors the flash kernels use
+ * on this CPU, timed in thread CPU time so other processes do not lower it).
+ * *isa, when not NULL, receives the kernel set's name ("avx512", "avx2" or
+ * "generic"). */
+double attn_flash_fma_peak(const char **isa);
 
 /* ---- attention over given scores ----------------------------------------- */
 
@@ -127,7 +169,7 @@ attn_status attn_attention_masked_softmax_forward(const attn_tensor *x, const at
 attn_status attn_attention_masked_softmax_backward(const attn_tensor *y, const attn_tensor *dy,
                                                    const attn_tensor *valid_lens, attn_tensor *dx);
 
-/* x (B, T, ...) with valid_len (B) (integers in 0..T) -> out (x's shape): a
+/* x (B, T, ...) with valid_len (B) (integers >= 0; above T keeps all) -> out (x's shape): a
  * copy of x where every entry of sample b at time steps t >= valid_len[b] is
  * value (the masked entries of x are not read). The gradient is the same op
  * applied to the output's gradient with value 0. */

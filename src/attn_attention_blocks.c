@@ -21,19 +21,7 @@ static void gemm(attn_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K,
     cblas_dgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, alpha, A, lda, B, ldb, beta, C, (int)ldc);
 }
 
-/* Keys query i may see before the keep-mask: [*a, *b). */
-static void key_range(const attn_attention_job *J, int64_t i, int64_t *a, int64_t *b) {
-  int64_t lo = 0, hi = J->Nk;
-  if (J->window >= 0) {
-    lo = i - J->window;
-    if (lo < 0) lo = 0;
-    if (i + J->window + 1 < hi) hi = i + J->window + 1;
-  }
-  if (J->causal && i + 1 < hi) hi = i + 1;
-  if (lo > hi) lo = hi;
-  *a = lo;
-  *b = hi;
-}
+#define key_range attn_attention_key_range
 
 static int64_t row_len(const attn_attention_job *J, int64_t b, int64_t i) {
   return J->lens ? J->lens[b * J->Nq + i] : J->Nk;

@@ -132,7 +132,7 @@ static attn_status additive_check(const char *op, const attn_tensor *qh, const a
   if (kh->dtype != qh->dtype || wv->dtype != qh->dtype)
     return attn_error(ATTN_ERR_DTYPE, "%s: dtypes differ: queries %s, keys %s, w_v %s", op, attn_dtype_name(qh->dtype),
                       attn_dtype_name(kh->dtype), attn_dtype_name(wv->dtype));
-  return ATTN_OK;
+  return attn_check_float(op, qh);
 }
 
 static attn_status check_out3(const char *op, const char *name, const attn_tensor *t, attn_dtype dt, int ndim,
@@ -242,6 +242,7 @@ done:
 /* ------------------------------------------------------------ positional encoding */
 
 attn_status attn_attention_positional_encoding(attn_tensor *out) {
+  if (attn_check_float("positional_encoding", out) != ATTN_OK) return ATTN_ERR_DTYPE;
   if (out->ndim != 2 || !attn_tensor_is_contiguous(out))
     return attn_error(ATTN_ERR_SHAPE, "positional_encoding: output %s must be a contiguous (max_len, d) tensor",
                       attn_tensor_shape_str(out));

@@ -77,9 +77,78 @@ typedef struct {
   atomic_int failed;
 } attn_attention_job;
 
+/* Keys query i may see before the keep-mask and the lengths: [*a, *b) (causal, window). */
+static inline void attn_attention_key_range(const attn_attention_job *J, int64_t i, int64_t *a, int64_t *b) {
+  int64_t lo = 0, hi = J->Nk;
+  if (J->window >= 0) {
+    lo = i - J->window;
+    if (lo < 0) lo = 0;
+    if (i + J->window + 1 < hi) hi = i + J->window + 1;
+  }
+  if (J->causal && i + 1 < hi) hi = i + 1;
+  if (lo > hi) lo = hi;
+  *a = lo;
+  *b = hi;
+}
+
+/* Dropout keep factor of entry (b, i, j): 0 when dropped, 1/(1-p) when kept. */
+static inline double attn_attention_keep(const attn_attention_job *J, int64_t b, int64_t i, int64_t j) {
+  uint64_t idx = ((uint64_t)b * (uint64_t)J->Nq + (uint64_t)i) * (uint64_t)J->Nk + (uint64_t)j;
+  uint64_t u = attn_attention_mix64(J->drop.seed + (idx + 1) * 0x9E3779B97F4A7C15ULL) >> 11;
+  return u < J->drop.threshold ? 0.0 : J->drop.factor;
+}
+
 /* Forward over (batch, row block), writing J->out and/or J->weights. */
 attn_status attn_attention_run_forward(attn_attention_job *J, const char *op);
 /* Backward, writing the gradient outputs that are not NULL. */
 attn_status attn_attention_run_backward(attn_attention_job *J, const char *op);
+
+/* ---- flash kernels (float32; src/attn_attention_flash.c, src/cpu/flash_*.c) ---- */
+
+/* Lanes per tile: a tile holds 64 queries (or keys) side by side in vector
+ * lanes, times up to ATTN_FLASH_TILE keys (or queries) in rows. */
+#define ATTN_FLASH_TILE 64
+
+/* A float32 operand with unit column stride: row r of batch b at p + b*sb + r*sr. */
+typedef struct {
+  const float *p;
+  int64_t sb, sr;
+} attn_flash_mat;
+
+typedef struct {
+  const attn_attention_job *J;
+  attn_flash_mat q, k, v, dout;
+  float qscale;       /* scale * log2(e): scores in base-2 units */
+  float fill2;        /* d2l's fill value in the same units */
+  float *out, *weights;       /* forward outputs */
+  double *lse;                /* forward: natural log-sum-exp per (b, i), +inf for a row with no key */
+  const float *lse2, *D;      /* backward: per (b, i) log2-sum-exp and dout . out */
+  const float *fillp;         /* backward: per (b, i) weight of one filled key (d2l's -1e6), in double
+                                 precision before rounding (lse2 alone is too coarse near -1e6) */
+  float *dq, *dk, *dv;        /* backward outputs (contiguous), may be NULL */
+} attn_flash_job;
+
+/* Floats of per-thread workspace an item needs (int64 masks included). */
+static inline size_t attn_flash_workspace(int64_t d, int64_t dv) {
+  return (size_t)(2 * d + 2 * dv + 2 * ATTN_FLASH_TILE + 16) * ATTN_FLASH_TILE;
+}
+
+/* One query block (forward, dq) or key block (dk, dv) of head b, row offset i0. */
+typedef void (*attn_flash_item_fn)(const attn_flash_job *F, int64_t b, int64_t i0, float *ws);
+typedef struct {
+  const char *name;
+  attn_flash_item_fn forward, backward_q, backward_k;
+  double (*fma_loop)(int64_t iters); /* the FMA peak probe: fma_flops per iteration */
+  int fma_flops;
+} attn_flash_kernels;
+
+/* The kernel set for opts->kernel (ATTN_KERNEL_*): a named ISA, or the best this CPU runs. */
+attn_status attn_attention_flash_kernels(int kernel, const char *op, const attn_flash_kernels **ks);
+/* Writes F->out, F->lse and (when not NULL) F->weights. */
+attn_status attn_attention_run_flash_forward(const attn_flash_job *F, const attn_flash_kernels *ks, const char *op);
+/* Writes F->dq, F->dk, F->dv (those not NULL) from the forward's out (B, Nq, dv) and lse
+ * (element [b][i] at lse[b * lse_sb + i]); F->dout must be set. */
+attn_status attn_attention_run_flash_backward(attn_flash_job *F, const attn_flash_kernels *ks, attn_flash_mat out,
+                                              const double *lse, int64_t lse_sb, const char *op);
 
 #endif

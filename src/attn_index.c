@@ -1,5 +1,6 @@
 /* Index-based selection and its accumulating reverse, plus creation kernels. */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "attn_ops.h"
@@ -56,6 +57,41 @@ attn_status attn_index_add(attn_tensor *out, int dim, const int64_t *index, int6
   return ATTN_OK;
 }
 
+attn_status attn_index_convert(const char *op, const char *what, const char *ctx, const attn_tensor *src,
+                               int64_t base, int64_t limit, attn_tensor *out) {
+  int64_t n = attn_tensor_numel(src), pos[ATTN_MAX_DIMS] = {0};
+  if (out && (out->dtype != ATTN_I64 || !attn_tensor_is_contiguous(out) || attn_tensor_numel(out) != n))
+    return attn_error(ATTN_ERR_SHAPE, "%s: index output %s must be a contiguous int64 tensor of %lld elements", op,
+                      attn_tensor_shape_str(out), (long long)n);
+  char shape_ctx[64];
+  if (!ctx) {
+    snprintf(shape_ctx, sizeof shape_ctx, "indices %s", attn_tensor_shape_str(src));
+    ctx = shape_ctx;
+  }
+  int64_t *o = out ? attn_tensor_data(out) : NULL;
+  for (int64_t e = 0; e < n; e++) {
+    int64_t v;
+    if (src->dtype == ATTN_I64) {
+      v = attn_tensor_get_i64(src, pos);
+    } else {
+      double d = attn_tensor_get(src, pos);
+      if (!(d == floor(d) && fabs(d) < 9.0e15))
+        return attn_error(ATTN_ERR_ARG, "%s: %s %g at position %lld is not an integer (%s)", op, what, d,
+                          (long long)e + 1, ctx);
+      v = (int64_t)d;
+    }
+    if (v < base || (limit >= 0 && v - base >= limit))
+      return attn_error(ATTN_ERR_ARG, "%s: %s %lld at position %lld is out of range %lld..%lld (%s)", op, what,
+                        (long long)v, (long long)e + 1, (long long)base, (long long)(base + limit - 1), ctx);
+    if (o) o[e] = v - base;
+    for (int d = src->ndim - 1; d >= 0; d--) {
+      if (++pos[d] < src->shape[d]) break;
+      pos[d] = 0;
+    }
+  }
+  return ATTN_OK;
+}
+
 /* Shared walk of gather/scatter_add: visits every element of index in
  * row-major order with the offsets into the indexed tensor and the other one. */
 static attn_status gather_walk(const char *op, const attn_tensor *big, int dim, const attn_tensor *index,
@@ -63,6 +99,9 @@ static attn_status gather_walk(const char *op, const attn_tensor *big, int dim, 
   if (dim < 0 || dim >= big->ndim)
     return attn_error(ATTN_ERR_ARG, "%s: dim %d out of range for %d-D tensor %s", op, dim + 1, big->ndim,
                       attn_tensor_shape_str(big));
+  if (index->dtype != ATTN_I64)
+    return attn_error(ATTN_ERR_DTYPE, "%s: index %s must be int64 (0-based), got %s", op,
+                      attn_tensor_shape_str(index), attn_dtype_name(index->dtype));
   int bad = index->ndim != big->ndim || other->ndim != index->ndim || other->dtype != big->dtype;
   for (int d = 0; !bad && d < index->ndim; d++)
     bad = other->shape[d] != index->shape[d] || (d != dim && index->shape[d] > big->shape[d]);
@@ -71,22 +110,26 @@ static attn_status gather_walk(const char *op, const attn_tensor *big, int dim, 
                       "outside dim %d (and one dtype)", op, attn_tensor_shape_str(index),
                       attn_tensor_shape_str(other), attn_tensor_shape_str(big), dim + 1);
   int64_t n = attn_tensor_numel(index), pos[ATTN_MAX_DIMS] = {0};
+  size_t es = attn_dtype_size(big->dtype);
   for (int pass = 0; pass < 2; pass++) { /* validate everything before writing anything */
     memset(pos, 0, sizeof pos);
     for (int64_t e = 0; e < n; e++) {
-      double v = attn_tensor_get(index, pos);
+      int64_t v = attn_tensor_get_i64(index, pos);
       if (pass == 0) {
-        if (!(v >= 0 && v < (double)big->shape[dim]) || v != floor(v))
-          return attn_error(ATTN_ERR_ARG, "%s: index value %g out of range 1..%lld for dim %d of %s", op, v + 1,
-                            (long long)big->shape[dim], dim + 1, attn_tensor_shape_str(big));
+        if (v < 0 || v >= big->shape[dim])
+          return attn_error(ATTN_ERR_ARG, "%s: index value %lld out of range 1..%lld for dim %d of %s", op,
+                            (long long)v + 1, (long long)big->shape[dim], dim + 1, attn_tensor_shape_str(big));
       } else {
         int64_t bpos[ATTN_MAX_DIMS];
         memcpy(bpos, pos, sizeof bpos);
-        bpos[dim] = (int64_t)v;
-        if (scatter)
-          attn_tensor_set((attn_tensor *)big, bpos, attn_tensor_get(big, bpos) + attn_tensor_get(other, pos));
+        bpos[dim] = v;
+        if (!scatter)
+          memcpy(attn_tensor_ptr(other, pos), attn_tensor_ptr(big, bpos), es);
+        else if (big->dtype == ATTN_I64)
+          attn_tensor_set_i64((attn_tensor *)big, bpos,
+                              (int64_t)((uint64_t)attn_tensor_get_i64(big, bpos) + (uint64_t)attn_tensor_get_i64(other, pos)));
         else
-          attn_tensor_set((attn_tensor *)other, pos, attn_tensor_get(big, bpos));
+          attn_tensor_set((attn_tensor *)big, bpos, attn_tensor_get(big, bpos) + attn_tensor_get(other, pos));
       }
       for (int d = index->ndim - 1; d >= 0; d--) {
         if (++pos[d] < index->shape[d]) break;

@@ -57,6 +57,9 @@ attn_status attn_linalg_out_shapes(attn_linalg_op op, const attn_tensor *a, cons
                                    attn_linalg_shapes *out) {
   const char *name = attn_linalg_name(op);
   memset(out, 0, sizeof *out);
+  attn_status fst = attn_check_float(name, a);
+  if (fst == ATTN_OK && b) fst = attn_check_float(name, b);
+  if (fst != ATTN_OK) return fst;
   if (a->ndim < 2)
     return attn_error(ATTN_ERR_SHAPE, "%s: A must be a matrix (2-D) or a batch of matrices, got %s", name,
                       attn_tensor_shape_str(a));

@@ -14,6 +14,8 @@ attn_status attn_matmul_shape(const attn_tensor *a, const attn_tensor *b, int *n
   if (a->shape[a->ndim - 1] != b->shape[b->ndim - 2])
     return attn_error(ATTN_ERR_SHAPE, "matmul: inner dims differ: %s @ %s", attn_tensor_shape_str(a),
                       attn_tensor_shape_str(b));
+  attn_status fst = attn_check_float("matmul", a->dtype == ATTN_I64 ? a : b);
+  if (fst != ATTN_OK) return fst;
   if (a->dtype != b->dtype)
     return attn_error(ATTN_ERR_DTYPE, "matmul: dtypes differ: %s %s @ %s %s", attn_dtype_name(a->dtype),
                       attn_tensor_shape_str(a), attn_dtype_name(b->dtype), attn_tensor_shape_str(b));

@@ -3,9 +3,12 @@
  * Conventions: outputs are passed in, already allocated with the shape the
  * function documents (the binding allocates them; attn_*_shape helpers give
  * the shape). Inputs may be any strided view (transposed, narrowed, expanded)
- * and all operands of one call share a dtype. Dims are 0-based. Reductions
- * accumulate in double and parallelise only over independent outputs, so
- * results do not depend on the thread count. */
+ * and all operands of one call share a dtype (conditions, masks and index
+ * tensors excepted, as documented). Dims are 0-based. Reductions accumulate in
+ * double (int64 sums in int64) and parallelise only over independent outputs,
+ * so results do not depend on the thread count. int64 operands are accepted
+ * where documented (see attn_tensor.h); elsewhere they fail through
+ * attn_check_float. */
 #ifndef ATTN_OPS_H
 #define ATTN_OPS_H
 
@@ -30,23 +33,27 @@ const char *attn_unary_name(attn_unary_op op);
 
 /* out = a op b. a, b broadcast (NumPy rules) to out's shape, which must be
  * their broadcast shape. out may alias a or b when that operand has out's shape
- * and layout. */
+ * and layout. int64: all ops but div and pow; add, sub, mul wrap on overflow. */
 attn_status attn_binary(attn_binary_op op, const attn_tensor *a, const attn_tensor *b, attn_tensor *out);
-/* out = a op s (or s op a when scalar_left). out has a's shape. */
+/* out = a op s (or s op a when scalar_left). out has a's shape. For int64, s
+ * must be an integer (see attn_scalar_to). */
 attn_status attn_binary_scalar(attn_binary_op op, const attn_tensor *a, double s, int scalar_left,
                                attn_tensor *out);
-/* out = f(x), same shape (out may alias x). */
+/* out = f(x), same shape (out may alias x). int64: neg, abs and sign only. */
 attn_status attn_unary(attn_unary_op op, const attn_tensor *x, attn_tensor *out);
-/* out = cond != 0 ? a : b; cond, a, b broadcast to out's shape. */
+/* out = cond != 0 ? a : b; cond, a, b broadcast to out's shape; cond may have
+ * any dtype, a, b and out share one. */
 attn_status attn_where(const attn_tensor *cond, const attn_tensor *a, const attn_tensor *b, attn_tensor *out);
-/* out = mask != 0 ? value : x; mask broadcasts to x's shape; out has x's shape. */
+/* out = mask != 0 ? value : x; mask (any dtype) broadcasts to x's shape; out
+ * has x's shape and dtype. */
 attn_status attn_masked_fill(const attn_tensor *x, const attn_tensor *mask, double value, attn_tensor *out);
 
-/* Reduction over dim of x (N-D). out has x's shape with dim set to 1.
- * indices (may be NULL; only for MAX/MIN) receives 0-based positions of the
- * first extreme value, as doubles in indices' dtype. */
+/* Reduction over dim of x (N-D). out has x's shape and dtype with dim set to 1.
+ * indices (may be NULL; only for MAX/MIN) is an int64 tensor of out's shape
+ * that receives the 0-based position of the first extreme value. int64 x:
+ * SUM (exact, wrapping), MAX and MIN only. */
 attn_status attn_reduce(attn_reduce_op op, const attn_tensor *x, int dim, attn_tensor *out, attn_tensor *indices);
-/* Softmax / log-softmax over dim, numerically stable; out has x's shape. */
+/* Softmax / log-softmax over dim, numerically stable; out has x's shape (float only). */
 attn_status attn_softmax(const attn_tensor *x, int dim, int log, attn_tensor *out);
 
 /* index: 0-based positions (length n, validated against x's dim size).
@@ -54,11 +61,21 @@ attn_status attn_softmax(const attn_tensor *x, int dim, int log, attn_tensor *ou
 attn_status attn_index_select(const attn_tensor *x, int dim, const int64_t *index, int64_t n, attn_tensor *out);
 /* out[..., index[k], ...] += src[..., k, ...] along dim; src has out's shape with dim = n. */
 attn_status attn_index_add(attn_tensor *out, int dim, const int64_t *index, int64_t n, const attn_tensor *src);
-/* index has x's ndim; sizes <= x's except along dim; out has index's shape.
- * out[i][j][k] = x[i][index[i][j][k]][k] for dim 1 (0-based values in index). */
+/* index (int64, 0-based values) has x's ndim; sizes <= x's except along dim;
+ * out has index's shape and x's dtype (elements are copied bit-exactly).
+ * out[i][j][k] = x[i][index[i][j][k]][k] for dim 1. */
 attn_status attn_gather(const attn_tensor *x, int dim, const attn_tensor *index, attn_tensor *out);
-/* Reverse of gather: out[i][index[i][j][k]][k] += src[i][j][k]; src has index's shape. */
+/* Reverse of gather: out[i][index[i][j][k]][k] += src[i][j][k]; src has index's
+ * shape and out's dtype; index is int64 with 0-based values. */
 attn_status attn_scatter_add(attn_tensor *out, int dim, const attn_tensor *index, const attn_tensor *src);
+
+/* Ids to indices: checks that every value of src (any dtype) is an integer in
+ * base..base+limit-1 (limit < 0: no upper bound) and, when out is not NULL
+ * (int64, src's shape, contiguous), writes value - base into it. Errors read
+ * "op: <what> v at position p (1-based, row-major) is not an integer (<ctx>)"
+ * or "... is out of range base..base+limit-1 (<ctx>)"; ctx NULL names src's shape. */
+attn_status attn_index_convert(const char *op, const char *what, const char *ctx, const attn_tensor *src,
+                               int64_t base, int64_t limit, attn_tensor *out);
 
 /* Output shape of matmul: a (..., M, K) @ b (..., K, N) -> (..., M, N), batch
  * dims broadcast. Both operands need at least 2 dims. */

@@ -20,6 +20,8 @@ static void *job_ctx;
 static int64_t job_n, job_chunk;
 static int job_chunks;
 static uint64_t worker_start_generation[MAX_THREADS];
+static pthread_t worker_threads[MAX_THREADS];
+static int stopping; /* set by attn_parallel_shutdown */
 static _Thread_local int inside_worker;
 
 static void run_chunk(int index) {
@@ -36,7 +38,8 @@ static void *worker_main(void *arg) {
   inside_worker = 1;
   pthread_mutex_lock(&pool_lock);
   for (;;) {
-    while (generation == seen) pthread_cond_wait(&work_ready, &pool_lock);
+    while (generation == seen && !stopping) pthread_cond_wait(&work_ready, &pool_lock);
+    if (stopping) break;
     seen = generation;
     if (id >= job_chunks) continue;
     pthread_mutex_unlock(&pool_lock);
@@ -44,6 +47,7 @@ static void *worker_main(void *arg) {
     pthread_mutex_lock(&pool_lock);
     if (--pending == 0) pthread_cond_signal(&work_done);
   }
+  pthread_mutex_unlock(&pool_lock);
   return NULL;
 }
 
@@ -54,13 +58,12 @@ static void ensure_workers(void) {
     openblas_set_num_threads(1);
   }
   while (workers_started < num_threads - 1) {
-    pthread_t th;
     worker_start_generation[workers_started + 1] = generation;
-    if (pthread_create(&th, NULL, worker_main, (void *)(intptr_t)(workers_started + 1)) != 0) {
+    if (pthread_create(&worker_threads[workers_started + 1], NULL, worker_main,
+                       (void *)(intptr_t)(workers_started + 1)) != 0) {
       num_threads = workers_started + 1; /* run with what we have */
       break;
     }
-    pthread_detach(th);
     workers_started++;
   }
 }
@@ -110,6 +113,21 @@ void attn_parallel_for(int64_t n, int64_t grain, attn_task_fn fn, void *ctx) {
   inside_worker = 0;
   pthread_mutex_lock(&pool_lock);
   while (pending > 0) pthread_cond_wait(&work_done, &pool_lock);
+  pthread_mutex_unlock(&pool_lock);
+  pthread_mutex_unlock(&job_lock);
+}
+
+void attn_parallel_shutdown(void) {
+  pthread_mutex_lock(&job_lock); /* waits for a running job */
+  pthread_mutex_lock(&pool_lock);
+  stopping = 1;
+  pthread_cond_broadcast(&work_ready);
+  int n = workers_started;
+  pthread_mutex_unlock(&pool_lock);
+  for (int i = 1; i <= n; i++) pthread_join(worker_threads[i], NULL);
+  pthread_mutex_lock(&pool_lock);
+  stopping = 0;
+  workers_started = 0;
   pthread_mutex_unlock(&pool_lock);
   pthread_mutex_unlock(&job_lock);
 }

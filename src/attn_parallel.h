@@ -21,4 +21,8 @@ void attn_parallel_for(int64_t n, int64_t grain, attn_task_fn fn, void *ctx);
 void attn_set_num_threads(int n);
 int attn_get_num_threads(void);
 
+/* Stops and joins every worker (they run library code, so this must happen
+ * before the library is unloaded). The pool restarts on next use. */
+void attn_parallel_shutdown(void);
+
 #endif

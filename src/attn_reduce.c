@@ -28,6 +28,26 @@ static inline void store(char *p, attn_dtype dt, double v) {
     *(float *)p = (float)v;
 }
 
+/* int64 rows: exact integer sums (wrapping like the elementwise add) and extremes. */
+static void reduce_rows_i64(int64_t n, char **p, const int64_t *st, void *arg) {
+  const reduce_ctx *c = arg;
+  for (int64_t i = 0; i < n; i++) {
+    const char *x = p[1] + i * st[1];
+    int64_t acc = c->op == ATTN_SUM ? 0 : *(const int64_t *)x, best = 0;
+    for (int64_t k = c->op == ATTN_SUM ? 0 : 1; k < c->len; k++) {
+      int64_t v = *(const int64_t *)(x + k * c->xstride);
+      if (c->op == ATTN_SUM) {
+        acc = (int64_t)((uint64_t)acc + (uint64_t)v);
+      } else if (c->op == ATTN_MAX ? v > acc : v < acc) {
+        acc = v;
+        best = k;
+      }
+    }
+    *(int64_t *)(p[0] + i * st[0]) = acc;
+    if (c->with_index) *(int64_t *)(p[2] + i * st[2]) = best;
+  }
+}
+
 static void reduce_rows(int64_t n, char **p, const int64_t *st, void *arg) {
   const reduce_ctx *c = arg;
   for (int64_t i = 0; i < n; i++) {
@@ -57,7 +77,7 @@ static void reduce_rows(int64_t n, char **p, const int64_t *st, void *arg) {
       break;
     }
     store(p[0] + i * st[0], c->dtype, acc);
-    if (c->with_index) store(p[2] + i * st[2], c->dtype, (double)best);
+    if (c->with_index) *(int64_t *)(p[2] + i * st[2]) = best;
   }
 }
 
@@ -69,7 +89,8 @@ attn_status attn_reduce(attn_reduce_op op, const attn_tensor *x, int dim, attn_t
                       attn_tensor_shape_str(x));
   if (x->shape[dim] == 0 && (op == ATTN_MAX || op == ATTN_MIN))
     return attn_error(ATTN_ERR_SHAPE, "%s: dim %d of %s is empty", name, dim + 1, attn_tensor_shape_str(x));
-  if (out->ndim != x->ndim || out->dtype != x->dtype || (indices && indices->dtype != x->dtype))
+  if ((op == ATTN_MEAN || op == ATTN_PROD) && x->dtype == ATTN_I64) return attn_check_float(name, x);
+  if (out->ndim != x->ndim || out->dtype != x->dtype || (indices && indices->dtype != ATTN_I64))
     return attn_error(ATTN_ERR_SHAPE, "%s: output %s does not fit input %s", name,
                       attn_tensor_shape_str(out), attn_tensor_shape_str(x));
   for (int d = 0; d < x->ndim; d++)
@@ -94,7 +115,7 @@ attn_status attn_reduce(attn_reduce_op op, const attn_tensor *x, int dim, attn_t
     attn_view_select(&iv, dim, 0);
     attn_iter_add(&it, &iv);
   }
-  attn_iter_run_cost(&it, reduce_rows, &c, c.len);
+  attn_iter_run_cost(&it, x->dtype == ATTN_I64 ? reduce_rows_i64 : reduce_rows, &c, c.len);
   return ATTN_OK;
 }
 
@@ -151,6 +172,8 @@ static void softmax_rows(int64_t n, char **p, const int64_t *st, void *arg) {
 
 attn_status attn_softmax(const attn_tensor *x, int dim, int log_softmax, attn_tensor *out) {
   const char *name = log_softmax ? "log_softmax" : "softmax";
+  attn_status st = attn_check_float(name, x);
+  if (st != ATTN_OK) return st;
   if (dim < 0 || dim >= x->ndim)
     return attn_error(ATTN_ERR_ARG, "%s: dim %d out of range for %d-D tensor %s", name, dim + 1, x->ndim,
                       attn_tensor_shape_str(x));

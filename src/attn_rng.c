@@ -80,6 +80,8 @@ static double draw_bernoulli(attn_rng *rng, double p, double unused, int *sv, do
 }
 
 attn_status attn_rng_uniform(attn_rng *rng, attn_tensor *t, double low, double high) {
+  attn_status st = attn_check_float("rand", t);
+  if (st != ATTN_OK) return st;
   if (!(low <= high) || !isfinite(low) || !isfinite(high))
     return attn_error(ATTN_ERR_ARG, "rand: bounds [%g, %g) are not an interval", low, high);
   fill_each(rng, t, draw_uniform, low, high);
@@ -87,6 +89,8 @@ attn_status attn_rng_uniform(attn_rng *rng, attn_tensor *t, double low, double h
 }
 
 attn_status attn_rng_normal(attn_rng *rng, attn_tensor *t, double mean, double std) {
+  attn_status st = attn_check_float("randn", t);
+  if (st != ATTN_OK) return st;
   if (!(std >= 0) || !isfinite(mean) || !isfinite(std))
     return attn_error(ATTN_ERR_ARG, "randn: need finite mean and std >= 0, got %g and %g", mean, std);
   fill_each(rng, t, draw_normal, mean, std);
@@ -96,5 +100,31 @@ attn_status attn_rng_normal(attn_rng *rng, attn_tensor *t, double mean, double s
 attn_status attn_rng_bernoulli(attn_rng *rng, attn_tensor *t, double p) {
   if (!(p >= 0 && p <= 1)) return attn_error(ATTN_ERR_ARG, "bernoulli: p = %g is not in [0, 1]", p);
   fill_each(rng, t, draw_bernoulli, p, 0);
+  return ATTN_OK;
+}
+
+uint64_t attn_rng_below(attn_rng *rng, uint64_t n) {
+  if (n == 0) return attn_rng_next(rng); /* the full 2^64 range */
+  /* Reject the top partial block of 2^64 so every value is equally likely. */
+  uint64_t limit = UINT64_MAX - UINT64_MAX % n, r;
+  do r = attn_rng_next(rng);
+  while (r >= limit);
+  return r % n;
+}
+
+attn_status attn_rng_randint(attn_rng *rng, attn_tensor *t, int64_t low, int64_t high) {
+  if (low >= high)
+    return attn_error(ATTN_ERR_ARG, "randint: empty range: low %lld must be below high %lld", (long long)low,
+                      (long long)high);
+  uint64_t span = (uint64_t)high - (uint64_t)low; /* fits: high - low < 2^64 */
+  int64_t index[ATTN_MAX_DIMS] = {0};
+  int64_t n = attn_tensor_numel(t);
+  for (int64_t i = 0; i < n; i++) {
+    attn_tensor_set_i64(t, index, (int64_t)((uint64_t)low + attn_rng_below(rng, span)));
+    for (int d = t->ndim - 1; d >= 0; d--) {
+      if (++index[d] < t->shape[d]) break;
+      index[d] = 0;
+    }
+  }
   return ATTN_OK;
 }

@@ -25,7 +25,13 @@ uint64_t attn_rng_hash(uint64_t seed, uint64_t index);
 /* Fill t (any strided view) in row-major element order. */
 attn_status attn_rng_uniform(attn_rng *rng, attn_tensor *t, double low, double high);
 attn_status attn_rng_normal(attn_rng *rng, attn_tensor *t, double mean, double std);
-/* 1 with probability p, else 0; p in [0, 1]. */
+/* uniform and normal need a float t (attn_check_float). */
+/* 1 with probability p, else 0; p in [0, 1]. Any dtype. */
 attn_status attn_rng_bernoulli(attn_rng *rng, attn_tensor *t, double p);
+/* Uniform integer in [0, n) without modulo bias (n = 0: all of uint64). */
+uint64_t attn_rng_below(attn_rng *rng, uint64_t n);
+/* Integers uniform in [low, high) (PyTorch's randint), any dtype (float
+ * dtypes round values past their precision). low < high. */
+attn_status attn_rng_randint(attn_rng *rng, attn_tensor *t, int64_t low, int64_t high);
 
 #endif

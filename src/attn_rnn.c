@@ -163,6 +163,7 @@ static attn_status check_common(const char *op, const attn_tensor *x, const attn
                       attn_tensor_shape_str(x));
   if (!attn_tensor_is_contiguous(x))
     return attn_error(ATTN_ERR_ARG, "%s: input %s must be contiguous", op, attn_tensor_shape_str(x));
+  if (attn_check_float(op, x) != ATTN_OK) return ATTN_ERR_DTYPE;
   if (layers < 1 || !w_hh[0] || w_hh[0]->ndim != 2 || w_hh[0]->shape[1] < 1)
     return attn_error(ATTN_ERR_ARG, "%s: needs at least one layer with a 2-D weight_hh", op);
   if (!(dropout_p >= 0 && dropout_p < 1))

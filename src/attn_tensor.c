@@ -1,25 +1,53 @@
 #include "attn_tensor.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "attn_alloc.h"
 #include "attn_iter.h"
 
-size_t attn_dtype_size(attn_dtype dtype) { return dtype == ATTN_F64 ? 8 : 4; }
+size_t attn_dtype_size(attn_dtype dtype) { return dtype == ATTN_F32 ? 4 : 8; }
 
-const char *attn_dtype_name(attn_dtype dtype) { return dtype == ATTN_F64 ? "float64" : "float32"; }
+const char *attn_dtype_name(attn_dtype dtype) {
+  return dtype == ATTN_F32 ? "float32" : (dtype == ATTN_F64 ? "float64" : "int64");
+}
 
 int attn_dtype_parse(const char *name, attn_dtype *out) {
-  if (!strcmp(name, "float32") || !strcmp(name, "float") || !strcmp(name, "f32")) {
-    *out = ATTN_F32;
-    return 0;
-  }
-  if (!strcmp(name, "float64") || !strcmp(name, "double") || !strcmp(name, "f64")) {
-    *out = ATTN_F64;
-    return 0;
-  }
+  static const struct {
+    const char *name;
+    attn_dtype dtype;
+  } names[] = {{"float32", ATTN_F32}, {"float", ATTN_F32}, {"f32", ATTN_F32}, {"float64", ATTN_F64},
+               {"double", ATTN_F64},  {"f64", ATTN_F64},   {"int64", ATTN_I64}, {"long", ATTN_I64},
+               {"i64", ATTN_I64}};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (!strcmp(name, names[i].name)) {
+      *out = names[i].dtype;
+      return 0;
+    }
   return -1;
+}
+
+attn_status attn_check_float(const char *op, const attn_tensor *t) {
+  if (attn_dtype_is_float(t->dtype)) return ATTN_OK;
+  return attn_error(ATTN_ERR_DTYPE, "%s: needs a float tensor, got int64 %s; convert with :to(\"float32\")", op,
+                    attn_tensor_shape_str(t));
+}
+
+attn_status attn_scalar_to(const char *op, attn_dtype dtype, double v, void *buf) {
+  if (dtype == ATTN_F32) {
+    float f = (float)v;
+    memcpy(buf, &f, 4);
+  } else if (dtype == ATTN_F64) {
+    memcpy(buf, &v, 8);
+  } else {
+    if (!(v == floor(v) && fabs(v) < 9223372036854775808.0))
+      return attn_error(ATTN_ERR_DTYPE, "%s: int64 tensor with the non-integer number %g; convert the tensor "
+                        "with :to(\"float32\")", op, v);
+    int64_t i = (int64_t)v;
+    memcpy(buf, &i, 8);
+  }
+  return ATTN_OK;
 }
 
 /* Row-major strides; a size-0 dim counts as 1 (as in PyTorch), so the dims
@@ -141,18 +169,37 @@ static int64_t element_offset(const attn_tensor *t, const int64_t *index) {
   return off;
 }
 
+void *attn_tensor_ptr(const attn_tensor *t, const int64_t *index) {
+  return (char *)attn_tensor_data(t) + element_offset(t, index) * (int64_t)attn_dtype_size(t->dtype);
+}
+
 double attn_tensor_get(const attn_tensor *t, const int64_t *index) {
-  int64_t off = element_offset(t, index);
-  if (t->dtype == ATTN_F64) return ((const double *)attn_tensor_data(t))[off];
-  return ((const float *)attn_tensor_data(t))[off];
+  const void *p = attn_tensor_ptr(t, index);
+  if (t->dtype == ATTN_F64) return *(const double *)p;
+  if (t->dtype == ATTN_I64) return (double)*(const int64_t *)p;
+  return *(const float *)p;
+}
+
+int64_t attn_tensor_get_i64(const attn_tensor *t, const int64_t *index) {
+  if (t->dtype == ATTN_I64) return *(const int64_t *)attn_tensor_ptr(t, index);
+  return attn_double_to_i64(attn_tensor_get(t, index));
 }
 
 void attn_tensor_set(attn_tensor *t, const int64_t *index, double value) {
-  int64_t off = element_offset(t, index);
+  void *p = attn_tensor_ptr(t, index);
   if (t->dtype == ATTN_F64)
-    ((double *)attn_tensor_data(t))[off] = value;
+    *(double *)p = value;
+  else if (t->dtype == ATTN_I64)
+    *(int64_t *)p = attn_double_to_i64(value);
   else
-    ((float *)attn_tensor_data(t))[off] = (float)value;
+    *(float *)p = (float)value;
+}
+
+void attn_tensor_set_i64(attn_tensor *t, const int64_t *index, int64_t value) {
+  if (t->dtype == ATTN_I64)
+    *(int64_t *)attn_tensor_ptr(t, index) = value;
+  else
+    attn_tensor_set(t, index, (double)value);
 }
 
 static attn_status check_dim(const char *op, const attn_tensor *t, int dim, int extra) {
@@ -393,34 +440,41 @@ static int broadcasts_to(const attn_tensor *src, const attn_tensor *dst) {
   return 1;
 }
 
-#define COPY_LOOP(TD, TS)                                            \
-  for (int64_t i = 0; i < n; i++)                                    \
-    *(TD *)(p[0] + i * step[0]) = (TD) * (const TS *)(p[1] + i * step[1]);
+/* Same-dtype copies are a memcpy when both sides are contiguous. Conversions
+ * to int64 go through attn_double_to_i64 (truncation, no undefined behaviour). */
+#define DEFINE_COPY_SAME(NAME, T)                                                   \
+  static void NAME(int64_t n, char **p, const int64_t *step, void *ctx) {          \
+    (void)ctx;                                                                     \
+    if (step[0] == (int64_t)sizeof(T) && step[1] == (int64_t)sizeof(T)) {          \
+      memcpy(p[0], p[1], (size_t)n * sizeof(T));                                   \
+      return;                                                                      \
+    }                                                                              \
+    for (int64_t i = 0; i < n; i++) *(T *)(p[0] + i * step[0]) = *(const T *)(p[1] + i * step[1]); \
+  }
+#define DEFINE_COPY_CONVERT(NAME, TD, TS, CONV)                                     \
+  static void NAME(int64_t n, char **p, const int64_t *step, void *ctx) {          \
+    (void)ctx;                                                                     \
+    for (int64_t i = 0; i < n; i++) *(TD *)(p[0] + i * step[0]) = CONV(*(const TS *)(p[1] + i * step[1])); \
+  }
+#define AS_FLOAT(v) ((float)(v))
+#define AS_DOUBLE(v) ((double)(v))
+#define AS_I64(v) attn_double_to_i64((double)(v))
+DEFINE_COPY_SAME(copy_f32_f32, float)
+DEFINE_COPY_SAME(copy_f64_f64, double)
+DEFINE_COPY_SAME(copy_i64_i64, int64_t)
+DEFINE_COPY_CONVERT(copy_f32_f64, float, double, AS_FLOAT)
+DEFINE_COPY_CONVERT(copy_f32_i64, float, int64_t, AS_FLOAT)
+DEFINE_COPY_CONVERT(copy_f64_f32, double, float, AS_DOUBLE)
+DEFINE_COPY_CONVERT(copy_f64_i64, double, int64_t, AS_DOUBLE)
+DEFINE_COPY_CONVERT(copy_i64_f32, int64_t, float, AS_I64)
+DEFINE_COPY_CONVERT(copy_i64_f64, int64_t, double, AS_I64)
 
-static void copy_f32_f32(int64_t n, char **p, const int64_t *step, void *ctx) {
-  (void)ctx;
-  if (step[0] == 4 && step[1] == 4) {
-    memcpy(p[0], p[1], (size_t)n * 4);
-    return;
-  }
-  COPY_LOOP(float, float)
-}
-static void copy_f64_f64(int64_t n, char **p, const int64_t *step, void *ctx) {
-  (void)ctx;
-  if (step[0] == 8 && step[1] == 8) {
-    memcpy(p[0], p[1], (size_t)n * 8);
-    return;
-  }
-  COPY_LOOP(double, double)
-}
-static void copy_f32_f64(int64_t n, char **p, const int64_t *step, void *ctx) {
-  (void)ctx;
-  COPY_LOOP(float, double)
-}
-static void copy_f64_f32(int64_t n, char **p, const int64_t *step, void *ctx) {
-  (void)ctx;
-  COPY_LOOP(double, float)
-}
+/* copy_fns[dst dtype][src dtype] */
+static const attn_iter_fn copy_fns[3][3] = {
+    {copy_f32_f32, copy_f32_f64, copy_f32_i64},
+    {copy_f64_f32, copy_f64_f64, copy_f64_i64},
+    {copy_i64_f32, copy_i64_f64, copy_i64_i64},
+};
 
 attn_status attn_copy(attn_tensor *dst, const attn_tensor *src) {
   if (attn_tensor_overlaps_itself(dst))
@@ -433,19 +487,19 @@ attn_status attn_copy(attn_tensor *dst, const attn_tensor *src) {
   attn_iter_begin(&it, dst->ndim, dst->shape);
   attn_iter_add(&it, dst);
   attn_iter_add(&it, src);
-  attn_iter_fn fn = dst->dtype == ATTN_F32 ? (src->dtype == ATTN_F32 ? copy_f32_f32 : copy_f32_f64)
-                                           : (src->dtype == ATTN_F32 ? copy_f64_f32 : copy_f64_f64);
-  attn_iter_run(&it, fn, NULL);
+  attn_iter_run(&it, copy_fns[dst->dtype][src->dtype], NULL);
   return ATTN_OK;
 }
 
 attn_status attn_fill(attn_tensor *t, double value) {
-  float f = (float)value;
+  char buf[8];
+  attn_status st = attn_scalar_to("fill", t->dtype, value, buf);
+  if (st != ATTN_OK) return st;
   attn_iter it;
   attn_iter_begin(&it, t->ndim, t->shape);
   attn_iter_add(&it, t);
-  attn_iter_add_scalar(&it, t->dtype == ATTN_F32 ? (void *)&f : (void *)&value);
-  attn_iter_run(&it, t->dtype == ATTN_F32 ? copy_f32_f32 : copy_f64_f64, NULL);
+  attn_iter_add_scalar(&it, buf);
+  attn_iter_run(&it, copy_fns[t->dtype][t->dtype], NULL);
   return ATTN_OK;
 }
 

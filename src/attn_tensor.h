@@ -15,7 +15,12 @@
 
 #define ATTN_MAX_DIMS 8
 
-typedef enum { ATTN_F32 = 0, ATTN_F64 = 1 } attn_dtype;
+/* Two float dtypes for math and one integer dtype for ids, indices and
+ * lengths. int64 takes part only in what ids need (creation, views, copies,
+ * conversions, comparisons, add/sub/mul, maximum/minimum, sum/max/min, where,
+ * indexing); every other kernel requires a float dtype through
+ * attn_check_float, whose message says how to convert. */
+typedef enum { ATTN_F32 = 0, ATTN_F64 = 1, ATTN_I64 = 2 } attn_dtype;
 
 typedef struct attn_storage {
   void *data;
@@ -36,8 +41,24 @@ typedef struct attn_tensor {
 
 size_t attn_dtype_size(attn_dtype dtype);
 const char *attn_dtype_name(attn_dtype dtype);
-/* "float32"/"float"/"f32" or "float64"/"double"/"f64"; returns 0 on success. */
+/* "float32"/"float"/"f32", "float64"/"double"/"f64" or "int64"/"long"/"i64";
+ * returns 0 on success. */
 int attn_dtype_parse(const char *name, attn_dtype *out);
+static inline int attn_dtype_is_float(attn_dtype dtype) { return dtype != ATTN_I64; }
+/* The one rule for int64 in float math: ATTN_OK for a float tensor, else an
+ * ATTN_ERR_DTYPE error naming op, t's shape and the conversion to use. */
+attn_status attn_check_float(const char *op, const attn_tensor *t);
+/* double -> int64 without undefined behaviour: truncates toward zero,
+ * saturates outside the int64 range, NaN gives 0. */
+static inline int64_t attn_double_to_i64(double v) {
+  if (v != v) return 0;
+  if (v >= 9223372036854775807.0) return INT64_MAX;
+  if (v <= -9223372036854775808.0) return INT64_MIN;
+  return (int64_t)v;
+}
+/* Writes the scalar v in dtype into buf (8 bytes). For int64, v must be an
+ * integer in range, else an error naming op says to convert the tensor. */
+attn_status attn_scalar_to(const char *op, attn_dtype dtype, double v, void *buf);
 
 /* New contiguous tensor of the given shape with uninitialised contents.
  * Fails on negative sizes, more than ATTN_MAX_DIMS dims, overflow, or when
@@ -64,9 +85,15 @@ int attn_tensor_overlaps_itself(const attn_tensor *t);
 void *attn_tensor_data(const attn_tensor *t);
 /* Shape as "[2x3]" (see attn_shape_str). */
 const char *attn_tensor_shape_str(const attn_tensor *t);
-/* Element at a 0-based multi-index as double; index must be in range. */
+/* Element at a 0-based multi-index as double; index must be in range. int64
+ * values beyond 2^53 round; attn_tensor_get_i64 reads them exactly (float
+ * values are converted with attn_double_to_i64). set converts the same way. */
 double attn_tensor_get(const attn_tensor *t, const int64_t *index);
+int64_t attn_tensor_get_i64(const attn_tensor *t, const int64_t *index);
 void attn_tensor_set(attn_tensor *t, const int64_t *index, double value);
+void attn_tensor_set_i64(attn_tensor *t, const int64_t *index, int64_t value);
+/* Address of the element at a 0-based multi-index. */
+void *attn_tensor_ptr(const attn_tensor *t, const int64_t *index);
 
 /* Metadata transforms: they edit the view struct *t in place (no storage
  * reference changes) and validate their arguments, naming op in errors. */
@@ -88,10 +115,11 @@ attn_status attn_shape_infer(const char *op, int64_t numel, int ndim, int64_t *s
 attn_status attn_broadcast_shape(const char *op, int andim, const int64_t *ashape, int bndim,
                                  const int64_t *bshape, int *out_ndim, int64_t *out_shape);
 
-/* dst[...] = src[...]: src broadcast to dst's shape, dtype converted.
+/* dst[...] = src[...]: src broadcast to dst's shape, dtype converted (float
+ * to int64 truncates toward zero, see attn_double_to_i64).
  * dst may be any strided view; dst and src must not partially overlap. */
 attn_status attn_copy(attn_tensor *dst, const attn_tensor *src);
-/* Every element of t becomes value. */
+/* Every element of t becomes value (for int64: an integer, see attn_scalar_to). */
 attn_status attn_fill(attn_tensor *t, double value);
 /* New contiguous copy of src, in dtype. */
 attn_status attn_tensor_clone(attn_tensor *dst, const attn_tensor *src, attn_dtype dtype);

@@ -62,40 +62,45 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
   idx = lua_absindex(L, idx);
   attn_l_checktable(L, idx, "options");
 
-  lua_getfield(L, idx, "valid_lens");
+  attn_l_rawfield(L, idx, "valid_lens");
   o->valid_lens = opt_lens(L, -1, fn, "valid_lens"); /* a converted table stays above the field */
 
-  lua_getfield(L, idx, "mask");
+  attn_l_rawfield(L, idx, "mask");
   if (!lua_isnil(L, -1)) {
     o->mask = attn_l_test(L, -1);
     if (!o->mask) attn_l_error(L, "%s: mask must be a tensor (1 attend, 0 ignore), got a %s", fn, luaL_typename(L, -1));
+    if (o->mask && o->mask->dtype == ATTN_I64) { /* a comparison of ids: the kernels read float masks */
+      attn_tensor *m = attn_l_push_alloc(L, ATTN_F64, o->mask->ndim, o->mask->shape);
+      if (attn_copy(m, o->mask) != ATTN_OK) attn_l_raise(L);
+      o->mask = m; /* stays on the stack above the field */
+    }
   }
 
-  lua_getfield(L, idx, "causal");
+  attn_l_rawfield(L, idx, "causal");
   if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
     attn_l_error(L, "%s: causal must be a boolean, got a %s", fn, luaL_typename(L, -1));
   o->causal = lua_toboolean(L, -1);
   lua_pop(L, 1);
 
-  lua_getfield(L, idx, "window");
+  attn_l_rawfield(L, idx, "window");
   if (!lua_isnil(L, -1)) {
     int isint;
     lua_Integer w = lua_tointegerx(L, -1, &isint);
     if (!isint || w < 0)
       attn_l_error(L, "%s: window must be an integer >= 0 (keys within that distance), got %s", fn,
-                 luaL_tolstring(L, -1, NULL));
+                 lua_type(L, -1) == LUA_TNUMBER ? lua_tostring(L, -1) : luaL_typename(L, -1));
     o->window = (int64_t)w;
   }
   lua_pop(L, 1);
 
-  lua_getfield(L, idx, "scale");
+  attn_l_rawfield(L, idx, "scale");
   if (!lua_isnil(L, -1)) {
     if (lua_type(L, -1) != LUA_TNUMBER) attn_l_error(L, "%s: scale must be a number, got a %s", fn, luaL_typename(L, -1));
     o->scale = lua_tonumber(L, -1);
   }
   lua_pop(L, 1);
 
-  lua_getfield(L, idx, "dropout");
+  attn_l_rawfield(L, idx, "dropout");
   if (!lua_isnil(L, -1)) {
     if (lua_type(L, -1) != LUA_TNUMBER)
       attn_l_error(L, "%s: dropout must be a probability, got a %s", fn, luaL_typename(L, -1));
@@ -105,7 +110,7 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
   }
   lua_pop(L, 1);
 
-  lua_getfield(L, idx, "seed");
+  attn_l_rawfield(L, idx, "seed");
   if (!lua_isnil(L, -1)) {
     int isint;
     lua_Integer s = lua_tointegerx(L, -1, &isint);
@@ -116,14 +121,28 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
   }
   lua_pop(L, 1);
 
-  lua_getfield(L, idx, "need_weights");
+  attn_l_rawfield(L, idx, "kernel");
+  if (!lua_isnil(L, -1)) {
+    static const char *const names[] = {"auto", "reference", "flash", "flash_generic", "flash_avx2", "flash_avx512",
+                                        NULL};
+    const char *s = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
+    int found = -1;
+    for (int i = 0; names[i]; i++)
+      if (strcmp(s, names[i]) == 0) found = i;
+    if (found < 0)
+      attn_l_error(L, "%s: kernel must be one of auto, reference, flash, flash_generic, flash_avx2, flash_avx512", fn);
+    o->kernel = found; /* the names follow the ATTN_KERNEL_* order */
+  }
+  lua_pop(L, 1);
+
+  attn_l_rawfield(L, idx, "need_weights");
   if (!lua_isnil(L, -1)) *need_weights = lua_toboolean(L, -1);
   lua_pop(L, 1);
 }
 
 static const char *opt_name(lua_State *L, int idx, const char *def) {
   if (!lua_istable(L, idx)) return def;
-  lua_getfield(L, idx, "name");
+  attn_l_rawfield(L, idx, "name");
   /* only a real string: the opts table then keeps it alive (a number would be
    * converted in a stack slot that is popped, leaving a dangling pointer) */
   const char *s = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : def;
@@ -134,7 +153,7 @@ static const char *opt_name(lua_State *L, int idx, const char *def) {
 /* want[k]: whether gradient k ("q", "k", "v" / "scores", "values") is wanted; table at idx or nil (all). */
 static int wants(lua_State *L, int idx, const char *key) {
   if (!lua_istable(L, idx)) return 1;
-  lua_getfield(L, idx, key);
+  attn_l_rawfield(L, idx, key);
   int w = lua_toboolean(L, -1);
   lua_pop(L, 1);
   return w;
@@ -157,6 +176,8 @@ static void push_seed(lua_State *L, const attn_attention_opts *o) {
  * @treturn Tensor out (B, Nq, dv)
  * @treturn ?Tensor weights (B, Nq, Nk), nil when need_weights is false
  * @treturn ?integer the dropout seed (nil without dropout)
+ * @treturn ?Tensor lse (B, Nq), each row's log-sum-exp for the flash backward (nil when the
+ *   reference path ran)
  */
 static int l_sdpa_forward(lua_State *L) {
   attn_tensor *q = attn_l_check(L, 1), *k = attn_l_check(L, 2), *v = attn_l_check(L, 3);
@@ -170,15 +191,17 @@ static int l_sdpa_forward(lua_State *L) {
                       attn_tensor_shape_str(q), attn_tensor_shape_str(k), attn_tensor_shape_str(v));
   attn_tensor *out = attn_l_push_alloc(L, q->dtype, 3, os);
   int out_idx = lua_gettop(L);
-  attn_tensor *w = need_weights ? attn_l_push_alloc(L, q->dtype, 3, ws) : NULL;
-  ATTN_L_TRY(L, attn_sdpa_forward(q, k, v, &o, out, w));
+  attn_tensor *w = need_weights ? attn_l_push_alloc(L, q->dtype, 3, ws) : (lua_pushnil(L), NULL);
+  attn_tensor *lse = q->dtype == ATTN_F32 ? attn_l_push_alloc(L, ATTN_F64, 2, ws) : NULL;
+  ATTN_L_TRY(L, attn_sdpa_forward(q, k, v, &o, out, w, lse));
   lua_pushvalue(L, out_idx);
-  if (w)
-    lua_pushvalue(L, out_idx + 1);
+  lua_pushvalue(L, out_idx + 1);
+  push_seed(L, &o);
+  if (lse && ws[0] * ws[1] > 0 && !isnan(((const double *)attn_tensor_data(lse))[0]))
+    lua_pushvalue(L, out_idx + 2);
   else
     lua_pushnil(L);
-  push_seed(L, &o);
-  return 3;
+  return 4;
 }
 
 /***
@@ -192,6 +215,8 @@ static int l_sdpa_forward(lua_State *L) {
  * @tparam ?Tensor dweights gradient of weights (or nil)
  * @tparam ?Tensor weights the stored weights (nil: recomputed)
  * @tparam[opt] table want {q = bool, k = bool, v = bool} (default: all)
+ * @tparam[opt] Tensor out the forward's output (with lse: the flash backward)
+ * @tparam[opt] Tensor lse the forward's fourth result
  * @treturn ?Tensor dq
  * @treturn ?Tensor dk
  * @treturn ?Tensor dv
@@ -202,6 +227,8 @@ static int l_sdpa_backward(lua_State *L) {
   attn_tensor *dw = lua_isnoneornil(L, 6) ? NULL : attn_l_check(L, 6);
   attn_tensor *w = lua_isnoneornil(L, 7) ? NULL : attn_l_check(L, 7);
   int want_q = wants(L, 8, "q"), want_k = wants(L, 8, "k"), want_v = wants(L, 8, "v");
+  attn_tensor *out = lua_isnoneornil(L, 9) ? NULL : attn_l_check(L, 9);
+  attn_tensor *lse = lua_isnoneornil(L, 10) ? NULL : attn_l_check(L, 10);
   attn_attention_opts o;
   int need_weights;
   read_opts(L, 4, "dot_product_attention backward", &o, &need_weights);
@@ -211,8 +238,21 @@ static int l_sdpa_backward(lua_State *L) {
   attn_tensor *dq = want_q ? attn_l_push_like(L, q) : (lua_pushnil(L), NULL);
   attn_tensor *dk = want_k ? attn_l_push_like(L, k) : (lua_pushnil(L), NULL);
   attn_tensor *dv = want_v ? attn_l_push_like(L, v) : (lua_pushnil(L), NULL);
-  ATTN_L_TRY(L, attn_sdpa_backward(q, k, v, &o, w, dout, dw, dq, dk, dv));
+  ATTN_L_TRY(L, attn_sdpa_backward(q, k, v, &o, w, out, lse, dout, dw, dq, dk, dv));
   return 3;
+}
+
+/***
+ * The FMA peak of one core (see attn_flash_fma_peak).
+ * @function fma_peak
+ * @treturn number FLOP/s
+ * @treturn string the instruction set measured ("avx512", "avx2" or "generic")
+ */
+static int l_fma_peak(lua_State *L) {
+  const char *isa = "generic";
+  lua_pushnumber(L, attn_flash_fma_peak(&isa));
+  lua_pushstring(L, isa);
+  return 2;
 }
 
 /***
@@ -385,6 +425,7 @@ static int l_positional_encoding(lua_State *L) {
 static const luaL_Reg attention_functions[] = {
     {"sdpa_forward", l_sdpa_forward},
     {"sdpa_backward", l_sdpa_backward},
+    {"fma_peak", l_fma_peak},
     {"scores_attention_forward", l_scores_attention_forward},
     {"scores_attention_backward", l_scores_attention_backward},
     {"masked_softmax_forward", l_masked_softmax_forward},

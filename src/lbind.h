@@ -16,13 +16,12 @@
 #define ATTN_TENSOR_MT "attn.Tensor"
 
 /* Argument errors name the function the user called: every binding function
- * is registered (attn_l_setfuncs) as a closure whose upvalue 1 is its public
- * name, read back by attn_l_fname. (luaL_check* would name the local variable
+ * is registered (attn_l_setfuncs) as a closure whose upvalue 1 is its luaL_Reg
+ * entry, whose public name attn_l_fname reads back. (luaL_check* would name the local variable
  * of the Lua wrapper that made the call, e.g. "bad argument #3 to 'f'".)
  * Messages read "transpose: argument 3 (dim) must be an integer, got no
  * value", counting arguments of the function form attn.transpose(x, d0, d1),
  * which for a method call x:transpose(d0, d1) counts x as argument 1. */
-void attn_l_setfuncs(lua_State *L, const luaL_Reg *fns);
 const char *attn_l_fname(lua_State *L);
 /* Raises "<fname>: argument <arg> (<what>) must be <expected>, got <value>";
  * what may be NULL. */
@@ -67,6 +66,18 @@ int64_t attn_l_checkindices(lua_State *L, int arg, int64_t **out, const char *fn
 static inline void attn_l_bump_version(attn_tensor *t) { t->storage->version++; }
 /* The per-state random generator. */
 attn_rng *attn_l_rng(lua_State *L);
+
+/* Reads t[key] of the table at idx without metamethods (pushes it, returns
+ * its type): options are read raw, so no Lua code runs inside a call. */
+int attn_l_rawfield(lua_State *L, int idx, const char *key);
+/* Whether Lua is running a finalizer now (possibly from an allocation inside
+ * another binding call, whose operands must then stay untouched). */
+int attn_l_in_finalizer(lua_State *L);
+
+/* Registers fns into the table on top, each wrapped so that what may run Lua
+ * code (GC steps paid for tensor bytes, frees requested by finalizers) runs
+ * only after the function has returned and its results are on the stack. */
+void attn_l_setfuncs(lua_State *L, const luaL_Reg *fns);
 
 /* Registration of each binding file's functions into the table on top. */
 void attn_l_open_tensor(lua_State *L);

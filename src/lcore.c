@@ -2,6 +2,7 @@
  * debt), tensor userdata plumbing shared by all binding files, and the
  * memory/thread/seed functions. */
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -14,10 +15,18 @@
 
 typedef struct {
   attn_rng rng;
-  size_t gc_debt; /* bytes allocated since the last GC step */
+  size_t gc_debt;     /* tensor bytes allocated since the last GC step */
+  size_t since_cycle; /* tensor bytes allocated since the last full collection */
+  size_t live_after;  /* live tensor bytes after that collection */
+  int deferred;       /* frees requested by finalizers, not yet done */
 } binding_state;
 
-static const char state_key = 0;
+static const char state_key = 0, deferred_key = 0;
+
+/* Lua states that have loaded the module; the last to close stops the worker
+ * pool and empties the cache before Lua unloads the library. */
+static pthread_mutex_t states_lock = PTHREAD_MUTEX_INITIALIZER;
+static int open_states;
 
 static binding_state *get_state(lua_State *L) {
   lua_rawgetp(L, LUA_REGISTRYINDEX, &state_key);
@@ -28,14 +37,83 @@ static binding_state *get_state(lua_State *L) {
 
 attn_rng *attn_l_rng(lua_State *L) { return &get_state(L)->rng; }
 
-/* Lets the collector feel tensor memory: one GC step per ~1 MB allocated. */
+/* lua_gc refuses every request (returns -1) while a finalizer runs. */
+int attn_l_in_finalizer(lua_State *L) { return lua_gc(L, LUA_GCISRUNNING) < 0; }
+
+int attn_l_rawfield(lua_State *L, int idx, const char *key) {
+  idx = lua_absindex(L, idx);
+  lua_pushstring(L, key);
+  return lua_rawget(L, idx);
+}
+
+/* Only counts: the collector is fed in settle(), after the call that
+ * allocated has finished with its operands. */
 static void account(lua_State *L, size_t bytes) {
   binding_state *s = get_state(L);
   s->gc_debt += bytes;
-  if (s->gc_debt >= ((size_t)1 << 20)) {
-    int kb = s->gc_debt / 1024 > 1 << 30 ? 1 << 30 : (int)(s->gc_debt / 1024);
-    s->gc_debt = 0;
-    lua_gc(L, LUA_GCSTEP, kb);
+  s->since_cycle += bytes;
+}
+
+#define STEP_BYTES ((size_t)1 << 20)
+#define MIN_CYCLE_BYTES ((size_t)16 << 20)
+
+static void drain_deferred(lua_State *L, binding_state *s) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &deferred_key) == LUA_TTABLE) {
+    lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
+    for (lua_Integer i = 1; i <= n; i++) {
+      lua_rawgeti(L, -1, i);
+      attn_tensor_free(lua_touserdata(L, -1));
+      lua_pop(L, 1);
+    }
+  }
+  lua_pop(L, 1);
+  lua_pushnil(L);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &deferred_key);
+  s->deferred = 0;
+}
+
+/* Runs after a binding function returned. Lua paces its collector by the Lua
+ * heap, which does not see tensor bytes: one GC step per MiB of tensors lets
+ * it feel them, and once the tensor bytes allocated since the last full
+ * collection exceed the live tensor bytes after it (16 MiB at least), a full
+ * collection runs, so tensor garbage stays bounded by live tensors whatever
+ * the size of the Lua heap. Skipped inside a finalizer, which may itself run
+ * inside another call's allocation. */
+static void settle(lua_State *L, binding_state *s) {
+  if (attn_l_in_finalizer(L)) return;
+  if (lua_gc(L, LUA_GCISRUNNING)) { /* a collector stopped by the script stays stopped */
+    size_t bound = s->live_after > MIN_CYCLE_BYTES ? s->live_after : MIN_CYCLE_BYTES;
+    if (s->since_cycle > bound) {
+      s->gc_debt = s->since_cycle = 0;
+      lua_gc(L, LUA_GCCOLLECT);
+      s->live_after = attn_alloc_live_bytes();
+    } else if (s->gc_debt >= STEP_BYTES) {
+      int kb = s->gc_debt / 1024 > 1 << 30 ? 1 << 30 : (int)(s->gc_debt / 1024);
+      s->gc_debt = 0;
+      if (lua_gc(L, LUA_GCSTEP, kb)) { /* the step finished a cycle */
+        s->since_cycle = 0;
+        s->live_after = attn_alloc_live_bytes();
+      }
+    }
+  }
+  if (s->deferred) drain_deferred(L, s);
+}
+
+static int guarded_call(lua_State *L) {
+  const luaL_Reg *reg = lua_touserdata(L, lua_upvalueindex(1));
+  int n = reg->func(L);
+  binding_state *s = lua_touserdata(L, lua_upvalueindex(2));
+  if (s->gc_debt >= STEP_BYTES || s->deferred) settle(L, s);
+  return n;
+}
+
+void attn_l_setfuncs(lua_State *L, const luaL_Reg *fns) {
+  binding_state *s = get_state(L);
+  for (; fns->name; fns++) {
+    lua_pushlightuserdata(L, (void *)fns);
+    lua_pushlightuserdata(L, s);
+    lua_pushcclosure(L, guarded_call, 2);
+    lua_setfield(L, -2, fns->name);
   }
 }
 
@@ -45,17 +123,11 @@ attn_tensor *attn_l_test(lua_State *L, int idx) {
   return t;
 }
 
-void attn_l_setfuncs(lua_State *L, const luaL_Reg *fns) {
-  for (; fns->name; fns++) {
-    lua_pushstring(L, fns->name);
-    lua_pushcclosure(L, fns->func, 1);
-    lua_setfield(L, -2, fns->name);
-  }
-}
-
 const char *attn_l_fname(lua_State *L) {
-  const char *name = lua_type(L, lua_upvalueindex(1)) == LUA_TSTRING ? lua_tostring(L, lua_upvalueindex(1)) : NULL;
-  return name ? name : "attn";
+  /* functions registered by attn_l_setfuncs carry their luaL_Reg as upvalue 1 */
+  const luaL_Reg *reg =
+      lua_type(L, lua_upvalueindex(1)) == LUA_TLIGHTUSERDATA ? lua_touserdata(L, lua_upvalueindex(1)) : NULL;
+  return reg && reg->name ? reg->name : "attn";
 }
 
 /* "no value", "nil", "a table", or the number itself ("2.5"). */
@@ -196,7 +268,7 @@ attn_dtype attn_l_optdtype(lua_State *L, int arg, attn_dtype def) {
   const char *name = attn_l_checklstring(L, arg, "dtype", NULL);
   attn_dtype dt;
   if (attn_dtype_parse(name, &dt) != 0)
-    attn_l_error(L, "unknown dtype '%s' (expected \"float32\" or \"float64\")", name);
+    attn_l_error(L, "unknown dtype '%s' (expected \"float32\", \"float64\" or \"int64\")", name);
   return dt;
 }
 
@@ -204,7 +276,6 @@ int64_t attn_l_checkindices(lua_State *L, int arg, int64_t **out, const char *fn
   attn_tensor *t = attn_l_test(L, arg);
   int64_t n;
   if (t) {
-    if (t->ndim > 1) attn_l_error(L, "%s: index tensor must be 1-D, got %s", fn, attn_tensor_shape_str(t));
     n = attn_tensor_numel(t);
   } else {
     if (!lua_istable(L, arg)) attn_l_argerror(L, arg, "index", "a 1-D tensor or a table of indices");
@@ -212,20 +283,25 @@ int64_t attn_l_checkindices(lua_State *L, int arg, int64_t **out, const char *fn
   }
   if ((uint64_t)n > attn_alloc_max_request() / sizeof(int64_t))
     attn_l_error(L, "%s: %f indices are more than can be held", fn, (double)n);
+  if (t) { /* the core validates and shifts to 0-based into an int64 tensor left on the stack */
+    if (t->ndim > 1) attn_l_error(L, "%s: index tensor must be 1-D, got %s", fn, attn_tensor_shape_str(t));
+    attn_tensor *z = attn_l_push_alloc(L, ATTN_I64, t->ndim, t->shape);
+    ATTN_L_TRY(L, attn_index_convert(fn, "index", NULL, t, 1, -1, z));
+    *out = attn_tensor_data(z);
+    return n;
+  }
   int64_t *buf = lua_newuserdatauv(L, sizeof(int64_t) * (size_t)(n > 0 ? n : 1), 0);
   for (int64_t i = 0; i < n; i++) {
-    double v;
-    if (t) {
-      int64_t pos = i;
-      v = attn_tensor_get(t, t->ndim ? &pos : NULL);
-    } else {
-      lua_rawgeti(L, arg, (lua_Integer)i + 1);
-      if (!lua_isnumber(L, -1)) attn_l_error(L, "%s: index %I is a %s, not a number", fn, (lua_Integer)i + 1, luaL_typename(L, -1));
-      v = lua_tonumber(L, -1);
-      lua_pop(L, 1);
+    lua_rawgeti(L, arg, (lua_Integer)i + 1);
+    int isint;
+    lua_Integer k = lua_tointegerx(L, -1, &isint);
+    if (!isint) {
+      if (!lua_isnumber(L, -1))
+        attn_l_error(L, "%s: index %I is a %s, not a number", fn, (lua_Integer)i + 1, luaL_typename(L, -1));
+      attn_l_error(L, "%s: index %f at position %I is not an integer", fn, lua_tonumber(L, -1), (lua_Integer)i + 1);
     }
-    if (v != floor(v) || !(fabs(v) < 9.0e15)) attn_l_error(L, "%s: index %f at position %I is not an integer", fn, v, (lua_Integer)i + 1);
-    buf[i] = (int64_t)v - 1;
+    lua_pop(L, 1);
+    buf[i] = (int64_t)k - 1;
   }
   *out = buf;
   return n;
@@ -291,9 +367,44 @@ static int tensor_newindex(lua_State *L) {
   return 0;
 }
 
-static int tensor_release(lua_State *L) {
+static int tensor_gc(lua_State *L) { /* unreachable: nothing can be using it */
+  attn_tensor_free(luaL_checkudata(L, 1, ATTN_TENSOR_MT));
+  return 0;
+}
+
+/* t:free() and __close. A finalizer may run inside another binding call (an
+ * allocation there steps the collector) whose operand t may be: then the free
+ * waits, in a registry list, until that call has returned (see settle). */
+static int tensor_free(lua_State *L) {
   attn_tensor *t = luaL_checkudata(L, 1, ATTN_TENSOR_MT);
+  if (t->storage && attn_l_in_finalizer(L)) {
+    if (lua_rawgetp(L, LUA_REGISTRYINDEX, &deferred_key) != LUA_TTABLE) {
+      lua_pop(L, 1);
+      lua_newtable(L);
+      lua_pushvalue(L, -1);
+      lua_rawsetp(L, LUA_REGISTRYINDEX, &deferred_key);
+    }
+    lua_pushvalue(L, 1);
+    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+    get_state(L)->deferred = 1;
+    return 0;
+  }
   attn_tensor_free(t);
+  return 0;
+}
+
+/* __gc of the per-state data: Lua finalises it after every tensor (it was
+ * made before them) and before it unloads the library (package's table of
+ * loaded C libraries is older still). */
+static int state_gc(lua_State *L) {
+  (void)L;
+  pthread_mutex_lock(&states_lock);
+  int last = --open_states == 0;
+  pthread_mutex_unlock(&states_lock);
+  if (last) {
+    attn_parallel_shutdown(); /* no worker may be running inside the library when it goes */
+    attn_alloc_empty_cache();
+  }
   return 0;
 }
 
@@ -367,6 +478,15 @@ static int l_clock(lua_State *L) {
   return 1;
 }
 
+/* Seconds of CPU time used by the process (all threads): for one-thread timings that other
+ * processes on a shared machine should not inflate. */
+static int l_cpu_clock(lua_State *L) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  lua_pushnumber(L, (lua_Number)ts.tv_sec + 1e-9 * (lua_Number)ts.tv_nsec);
+  return 1;
+}
+
 /* The process's minor page faults and peak RSS in bytes (getrusage). */
 static int l_rusage(lua_State *L) {
   struct rusage ru;
@@ -392,6 +512,7 @@ static int l_isa_supported(lua_State *L) {
 
 static const luaL_Reg core_functions[] = {
     {"clock", l_clock},
+    {"cpu_clock", l_cpu_clock},
     {"isa", l_isa},
     {"isa_supported", l_isa_supported},
     {"rusage", l_rusage},
@@ -412,7 +533,14 @@ int luaopen_attn_core(lua_State *L) {
     binding_state *s = lua_newuserdatauv(L, sizeof(binding_state), 0);
     memset(s, 0, sizeof *s);
     attn_rng_seed(&s->rng, 0);
+    lua_createtable(L, 0, 1);
+    lua_pushcfunction(L, state_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_setmetatable(L, -2);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &state_key);
+    pthread_mutex_lock(&states_lock);
+    open_states++;
+    pthread_mutex_unlock(&states_lock);
   }
   lua_pop(L, 1);
 
@@ -435,9 +563,9 @@ int luaopen_attn_core(lua_State *L) {
     lua_getfield(L, -2, "__hooks");
     lua_pushcclosure(L, tensor_newindex, 2);
     lua_setfield(L, -2, "__newindex");
-    lua_pushcfunction(L, tensor_release);
+    lua_pushcfunction(L, tensor_gc);
     lua_setfield(L, -2, "__gc");
-    lua_pushcfunction(L, tensor_release);
+    lua_pushcfunction(L, tensor_free);
     lua_setfield(L, -2, "__close");
     lua_pushstring(L, "attn.Tensor");
     lua_setfield(L, -2, "__name");
@@ -445,7 +573,7 @@ int luaopen_attn_core(lua_State *L) {
   lua_getfield(L, -1, "__methods");
   lua_setfield(L, -3, "methods");
   lua_setfield(L, -2, "metatable");
-  lua_pushcfunction(L, tensor_release);
+  lua_pushcfunction(L, tensor_free);
   lua_setfield(L, -2, "free");
 
   attn_l_setfuncs(L, core_functions);

@@ -42,7 +42,7 @@ static const struct {
 } encodings[] = {
     {{"float32", "f32", "F32"}, ENC_F32, 4, ATTN_F32},    {{"float64", "f64", "F64"}, ENC_F64, 8, ATTN_F64},
     {{"float16", "f16", "F16"}, ENC_F16, 2, ATTN_F32},    {{"bfloat16", "bf16", "BF16"}, ENC_BF16, 2, ATTN_F32},
-    {{"int32", "i32", "I32"}, ENC_I32, 4, ATTN_F64},      {{"int64", "i64", "I64"}, ENC_I64, 8, ATTN_F64},
+    {{"int32", "i32", "I32"}, ENC_I32, 4, ATTN_I64},      {{"int64", "i64", "I64"}, ENC_I64, 8, ATTN_I64},
 };
 
 static int find_encoding(const char *name) {
@@ -81,11 +81,11 @@ static float half_to_float(uint16_t h) {
 }
 
 /* Decodes n elements of encoding e from src into the contiguous buffer dst
- * (float or double, per encodings[e].result). */
+ * (float, double or int64, per encodings[e].result). */
 static void decode(void *dst, const unsigned char *src, int64_t n, int e, int big) {
   size_t size = encodings[e].size;
   encoding enc = encodings[e].enc;
-  if ((enc == ENC_F32 || enc == ENC_F64) && big == !host_is_little()) {
+  if ((enc == ENC_F32 || enc == ENC_F64 || enc == ENC_I64) && big == !host_is_little()) {
     memcpy(dst, src, (size_t)n * size);
     return;
   }
@@ -112,15 +112,12 @@ static void decode(void *dst, const unsigned char *src, int64_t n, int e, int bi
       uint32_t b = (uint32_t)u;
       int32_t s;
       memcpy(&s, &b, 4);
-      ((double *)dst)[i] = (double)s;
+      ((int64_t *)dst)[i] = s;
       break;
     }
-    case ENC_I64: {
-      int64_t s;
-      memcpy(&s, &u, 8);
-      ((double *)dst)[i] = (double)s;
+    case ENC_I64:
+      memcpy((int64_t *)dst + i, &u, 8);
       break;
-    }
     }
   }
 }
@@ -193,7 +190,7 @@ static int l_tensor_to_bytes(lua_State *L) {
  * A new contiguous tensor decoded from bytes of a string.
  * Encodings: "float32"/"F32", "float64"/"F64" (bit-exact), "float16"/"F16"
  * and "bfloat16"/"BF16" (to float32, exact), "int32"/"I32" and "int64"/"I64"
- * (to float64; int64 beyond 2^53 rounds).
+ * (to int64, exact).
  * @function tensor_from_bytes
  * @tparam string str
  * @tparam integer offset 0-based byte offset of the first element

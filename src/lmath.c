@@ -3,10 +3,29 @@
 
 #include "lbind.h"
 
+/* Replaces the Lua number at idx with a 0-d tensor of dtype: exact for a Lua
+ * integer into int64 (a double would round past 2^53), else as attn_fill. */
+static attn_tensor *number_to_tensor(lua_State *L, int idx, attn_dtype dtype, const char *fn) {
+  int isint;
+  lua_Integer k = lua_tointegerx(L, idx, &isint);
+  if (lua_type(L, idx) != LUA_TNUMBER) attn_l_argerror(L, idx, NULL, "a tensor or a number");
+  double v = lua_tonumber(L, idx);
+  attn_tensor *s = attn_l_push_alloc(L, dtype, 0, NULL);
+  if (dtype == ATTN_I64 && isint && lua_isinteger(L, idx))
+    attn_tensor_set_i64(s, NULL, (int64_t)k);
+  else if (attn_scalar_to(fn, dtype, v, attn_tensor_data(s)) != ATTN_OK)
+    attn_l_raise(L);
+  lua_replace(L, idx);
+  return s;
+}
+
 /* binary(a, b): tensor or number on either side; output is fresh. */
 static int binary(lua_State *L, attn_binary_op op) {
   attn_tensor *a = attn_l_test(L, 1), *b = attn_l_test(L, 2);
   const char *name = attn_binary_name(op);
+  /* an integer next to an int64 tensor becomes a 0-d int64 tensor: exact past 2^53 */
+  if (a && !b && a->dtype == ATTN_I64 && lua_isinteger(L, 2)) b = number_to_tensor(L, 2, ATTN_I64, name);
+  if (b && !a && b->dtype == ATTN_I64 && lua_isinteger(L, 1)) a = number_to_tensor(L, 1, ATTN_I64, name);
   if (a && b) {
     int nd;
     int64_t shape[ATTN_MAX_DIMS];
@@ -33,6 +52,7 @@ static int binary(lua_State *L, attn_binary_op op) {
 /* binary_(a, b): a = a op b in place; b (tensor or number) broadcasts to a. */
 static int binary_inplace(lua_State *L, attn_binary_op op) {
   attn_tensor *a = attn_l_check(L, 1), *b = attn_l_test(L, 2);
+  if (!b && a->dtype == ATTN_I64 && lua_isinteger(L, 2)) b = number_to_tensor(L, 2, ATTN_I64, attn_binary_name(op));
   if (b) {
     ATTN_L_TRY(L, attn_binary(op, a, b, a));
   } else {
@@ -99,10 +119,7 @@ static int l_where(lua_State *L) {
   for (int i = 2; i <= 3; i++)
     if (!attn_l_test(L, i)) {
       if (lua_type(L, i) != LUA_TNUMBER) attn_l_argerror(L, i, NULL, "a tensor or a number");
-      double v = lua_tonumber(L, i);
-      attn_tensor *s = attn_l_push_alloc(L, dt, 0, NULL);
-      attn_fill(s, v);
-      lua_replace(L, i);
+      number_to_tensor(L, i, dt, "where");
     }
   a = attn_l_check(L, 2);
   b = attn_l_check(L, 3);
@@ -156,7 +173,7 @@ static int reduce(lua_State *L, attn_reduce_op op, const char *name, int want_in
   memcpy(shape, flat.shape, sizeof shape);
   shape[dim] = 1;
   attn_tensor *out = attn_l_push_alloc(L, flat.dtype, flat.ndim, shape);
-  attn_tensor *idx = want_indices ? attn_l_push_alloc(L, flat.dtype, flat.ndim, shape) : NULL;
+  attn_tensor *idx = want_indices ? attn_l_push_alloc(L, ATTN_I64, flat.ndim, shape) : NULL;
   ATTN_L_TRY(L, attn_reduce(op, &flat, dim, out, idx));
   int nret = want_indices ? 2 : 1;
   if (idx) ATTN_L_TRY(L, attn_binary_scalar(ATTN_ADD, idx, 1.0, 0, idx)); /* 1-based positions */
@@ -249,23 +266,23 @@ static int l_index_add_(lua_State *L) {
   return 1;
 }
 
-/* The core takes 0-based index values: shift a 1-based index tensor once here. */
-static attn_tensor *zero_based(lua_State *L, int arg) {
+/* The core takes 0-based int64 index values: a 1-based index tensor of any
+ * dtype is validated (integers >= 1) and shifted once here. */
+static attn_tensor *zero_based(lua_State *L, int arg, const char *fn) {
   attn_tensor *idx = attn_l_test(L, arg);
   if (!idx) {
     attn_l_argerror(L, arg, "index", "a tensor of 1-based indices");
     return NULL; /* not reached: the error is raised */
   }
-  /* float64, whatever the data's dtype: float32 cannot hold indices past 2^24 */
-  attn_tensor *z = attn_l_push_alloc(L, ATTN_F64, idx->ndim, idx->shape);
-  if (attn_copy(z, idx) != ATTN_OK || attn_binary_scalar(ATTN_SUB, z, 1.0, 0, z) != ATTN_OK) attn_l_raise(L);
+  attn_tensor *z = attn_l_push_alloc(L, ATTN_I64, idx->ndim, idx->shape);
+  if (attn_index_convert(fn, "index", NULL, idx, 1, -1, z) != ATTN_OK) attn_l_raise(L);
   return z;
 }
 
 static int l_gather(lua_State *L) {
   attn_tensor *x = attn_l_check(L, 1);
   int dim = attn_l_checkdim(L, 2, x->ndim, 0, "gather");
-  attn_tensor *idx = zero_based(L, 3);
+  attn_tensor *idx = zero_based(L, 3, "gather");
   attn_tensor *out = attn_l_push_alloc(L, x->dtype, idx->ndim, idx->shape);
   ATTN_L_TRY(L, attn_gather(x, dim, idx, out));
   return 1;
@@ -276,14 +293,27 @@ static int l_scatter_add_(lua_State *L) {
   attn_tensor *out = attn_l_check(L, 1);
   int dim = attn_l_checkdim(L, 2, out->ndim, 0, "scatter_add_");
   attn_tensor *src = attn_l_check(L, 4);
-  attn_tensor *idx = zero_based(L, 3);
+  attn_tensor *idx = zero_based(L, 3, "scatter_add_");
   ATTN_L_TRY(L, attn_scatter_add(out, dim, idx, src));
   attn_l_bump_version(out);
   lua_settop(L, 1);
   return 1;
 }
 
+/* check_ids(ids, limit, op, what [, ctx]): raises unless every value of the
+ * tensor ids (any dtype) is an integer in 1..limit; errors name op and what. */
+static int l_check_ids(lua_State *L) {
+  attn_tensor *t = attn_l_check(L, 1);
+  lua_Integer limit = attn_l_checkinteger(L, 2, "limit");
+  const char *op = attn_l_checklstring(L, 3, "op", NULL), *what = attn_l_checklstring(L, 4, "what", NULL);
+  const char *ctx = lua_isnoneornil(L, 5) ? NULL : attn_l_checklstring(L, 5, "context", NULL);
+  ATTN_L_TRY(L, attn_index_convert(op, what, ctx, t, 1, (int64_t)limit, NULL));
+  lua_settop(L, 1);
+  return 1;
+}
+
 static const luaL_Reg math_functions[] = {
+    {"check_ids", l_check_ids},
     {"add", l_add},         {"sub", l_sub},         {"mul", l_mul},
     {"div", l_div},         {"pow", l_pow},         {"maximum", l_maximum},
     {"minimum", l_minimum}, {"eq", l_eq},           {"ne", l_ne},

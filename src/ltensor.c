@@ -38,6 +38,16 @@ static void fill_from_table(lua_State *L, int idx, int depth, int ndim, const in
       attn_l_error(L, "tensor: element at %s is a %s, not a number (shape %s)", where, luaL_typename(L, idx),
                  attn_shape_str(ndim, shape));
     }
+    if (t->dtype == ATTN_I64) { /* exact for Lua integers; floats must hold an integer */
+      int isint;
+      lua_Integer k = lua_tointegerx(L, idx, &isint);
+      if (!isint) {
+        format_path(where, sizeof where, path, depth);
+        attn_l_error(L, "tensor: element at %s is %s, not an integer (dtype int64)", where, lua_tostring(L, idx));
+      }
+      ((int64_t *)t->storage->data)[(*flat)++] = (int64_t)k;
+      return;
+    }
     double v = lua_tonumber(L, idx);
     if (t->dtype == ATTN_F64)
       ((double *)t->storage->data)[(*flat)++] = v;
@@ -172,6 +182,18 @@ static int l_bernoulli(lua_State *L) {
   return 1;
 }
 
+/* randint(shape, low, high [, dtype]): integers in [low, high), int64 by default. */
+static int l_randint(lua_State *L) {
+  int64_t shape[ATTN_MAX_DIMS];
+  attn_l_checktable(L, 1, "shape");
+  int nd = attn_l_checkshape(L, 1, shape, "randint");
+  attn_l_check_sizes(L, nd, shape, "randint");
+  lua_Integer low = attn_l_checkinteger(L, 2, "low"), high = attn_l_checkinteger(L, 3, "high");
+  attn_tensor *t = attn_l_push_alloc(L, attn_l_optdtype(L, 4, ATTN_I64), nd, shape);
+  ATTN_L_TRY(L, attn_rng_randint(attn_l_rng(L), t, (int64_t)low, (int64_t)high));
+  return 1;
+}
+
 /* uniform_(t, low, high), normal_(t, mean, std): in-place fills */
 static int l_uniform_(lua_State *L) {
   attn_tensor *t = attn_l_check(L, 1);
@@ -269,9 +291,17 @@ static int l_storage_offset(lua_State *L) {
   return 1;
 }
 
+/* One element as a Lua value: an integer for int64, a float otherwise. */
+static void push_element(lua_State *L, const attn_tensor *t, const int64_t *pos) {
+  if (t->dtype == ATTN_I64)
+    lua_pushinteger(L, (lua_Integer)attn_tensor_get_i64(t, pos));
+  else
+    lua_pushnumber(L, attn_tensor_get(t, pos));
+}
+
 static void push_table_rec(lua_State *L, const attn_tensor *t, int depth, int64_t *pos) {
   if (depth == t->ndim) {
-    lua_pushnumber(L, attn_tensor_get(t, pos));
+    push_element(L, t, pos);
     return;
   }
   lua_createtable(L, (int)t->shape[depth], 0);
@@ -296,7 +326,7 @@ static int l_item(lua_State *L) {
     return attn_l_error(L, "item: tensor %s has %I elements, item needs exactly 1", attn_tensor_shape_str(t),
                       (lua_Integer)attn_tensor_numel(t));
   int64_t pos[ATTN_MAX_DIMS] = {0};
-  lua_pushnumber(L, attn_tensor_get(t, pos));
+  push_element(L, t, pos);
   return 1;
 }
 
@@ -320,7 +350,7 @@ static int l_get(lua_State *L) {
   attn_tensor *t = attn_l_check(L, 1);
   int64_t pos[ATTN_MAX_DIMS];
   check_index(L, t, 2, pos, "get");
-  lua_pushnumber(L, attn_tensor_get(t, pos));
+  push_element(L, t, pos);
   return 1;
 }
 
@@ -330,7 +360,14 @@ static int l_set(lua_State *L) {
   double v = attn_l_checknumber(L, 2, "value");
   int64_t pos[ATTN_MAX_DIMS];
   check_index(L, t, 3, pos, "set");
-  attn_tensor_set(t, pos, v);
+  if (t->dtype == ATTN_I64) {
+    int isint;
+    lua_Integer k = lua_tointegerx(L, 2, &isint);
+    if (!isint) return attn_l_error(L, "set: %f is not an integer (int64 tensor %s)", v, attn_tensor_shape_str(t));
+    attn_tensor_set_i64(t, pos, (int64_t)k);
+  } else {
+    attn_tensor_set(t, pos, v);
+  }
   attn_l_bump_version(t);
   lua_settop(L, 1);
   return 1;
@@ -470,6 +507,8 @@ static int l_copy_(lua_State *L) {
  * place, so whoever holds it (an optimizer) sees the change. */
 static int l_set_(lua_State *L) {
   attn_tensor *t = attn_l_check(L, 1), *src = attn_l_check(L, 2);
+  /* a finalizer may run inside another call that is using t (see tensor_free) */
+  if (attn_l_in_finalizer(L)) return attn_l_error(L, "set_: cannot replace a tensor's storage inside a finalizer");
   attn_tensor old = *t;
   attn_tensor_view(t, src);
   attn_tensor_free(&old);
@@ -531,6 +570,7 @@ static const luaL_Reg tensor_functions[] = {
     {"linspace", l_linspace},   {"eye", l_eye},
     {"rand", l_rand},           {"randn", l_randn},
     {"bernoulli", l_bernoulli}, {"uniform_", l_uniform_},
+    {"randint", l_randint},
     {"normal_", l_normal_},     {"shape", l_shape},
     {"stride", l_stride},       {"size", l_size},
     {"shape_str", l_shape_str},

@@ -146,12 +146,12 @@ function M.dot_product_attention(Q, K, V, opts)
   check_tensor(fn, "keys", K, 3, "(B, Nk, d)")
   check_tensor(fn, "values", V, 3, "(B, Nk, dv)")
   local kopts = kernel_options(fn, opts)
-  local out, weights, seed = core.sdpa_forward(Q, K, V, kopts)
+  local out, weights, seed, lse = core.sdpa_forward(Q, K, V, kopts)
   kopts.seed = seed
   if autograd.needs_grad({ Q, K, V }) then
     record(fn, weights and { out, weights } or out, { Q, K, V }, function(g_out, g_w)
       if g_out == nil and g_w == nil then return nil end
-      return core.sdpa_backward(Q, K, V, kopts, g_out, g_w, weights, { q = rg(Q), k = rg(K), v = rg(V) })
+      return core.sdpa_backward(Q, K, V, kopts, g_out, g_w, weights, { q = rg(Q), k = rg(K), v = rg(V) }, out, lse)
     end)
   end
   return out, weights

@@ -10,16 +10,24 @@ local core = require "attn.core"
 
 local autograd = {}
 
-local enabled = true
+-- Grad mode belongs to the running coroutine (weak keys, so finished
+-- coroutines are collected): a coroutine that yields inside no_grad leaves
+-- grad mode off for itself only, never for the code that resumed it. Every
+-- coroutine starts with grad mode on.
+local modes = setmetatable({}, { __mode = "k" })
+local running = coroutine.running
 
-function autograd.is_enabled() return enabled end
+local function is_enabled() return modes[running()] ~= false end
+autograd.is_enabled = is_enabled
 
---- Runs fn with grad mode set to `mode`, restoring it even when fn raises.
+--- Runs fn with grad mode set to `mode` in the running coroutine, restoring
+-- it even when fn raises.
 function autograd.with_mode(mode, fn, ...)
-  local previous = enabled
-  enabled = mode
+  local co = running()
+  local previous = modes[co]
+  modes[co] = mode and true or false
   local results = table.pack(pcall(fn, ...))
-  enabled = previous
+  modes[co] = previous
   if not results[1] then error(results[2], 0) end
   return table.unpack(results, 2, results.n)
 end
@@ -35,7 +43,7 @@ local function requires(t) return is_tensor(t) and t._rg == true end
 local snapshot
 
 function autograd.needs_grad(inputs)
-  if not enabled then return false end
+  if not is_enabled() then return false end
   for i = 1, #inputs do
     if requires(inputs[i]) then return true end
   end
@@ -186,14 +194,20 @@ function autograd.backward(root, grad, opts)
     leaf_grads[root] = grad
     leaf_order[1] = root
   end
-  autograd.with_mode(false, function()
+  -- The node whose backward function is running: an error it raises is
+  -- reported with the node's name, so a failure deep in a graph says which
+  -- operation's gradient broke.
+  local failing
+  local ok, err = pcall(autograd.with_mode, false, function()
     for k = #order, 1, -1 do
       local node = order[k]
       local gs = node_grads[node]
       node_grads[node] = nil
       -- a node no gradient reached (e.g. the condition of a where) contributes nothing
       if gs then check_versions(node) end
+      failing = node
       local in_grads = gs and table.pack(node.backward(table.unpack(gs, 1, node.noutputs))) or {}
+      failing = nil
       for i, input in ipairs(node.inputs) do
         local g = in_grads[i]
         if g ~= nil and requires(input) then
@@ -214,6 +228,10 @@ function autograd.backward(root, grad, opts)
       end
     end
   end)
+  if not ok then
+    if failing then error(string.format("backward of '%s' failed: %s", failing.name, tostring(err)), 2) end
+    error(err, 0)
+  end
   for _, leaf in ipairs(leaf_order) do
     local g = leaf_grads[leaf]
     if leaf.grad == nil then

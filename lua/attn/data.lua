@@ -216,7 +216,7 @@ function data.read_fra_eng(path, opts)
       block_end = nl
     end
   end
-  local raw = text:sub(1, block_end)
+  local raw = block_end == #text and text or text:sub(1, block_end)
   local done = data.preprocess(raw)
   local check_utf8 = not utf8.len(raw) -- only a text with a bad byte needs the per-line check
   local raw_pos, pos, lineno = 1, 1, 0
@@ -386,11 +386,7 @@ vocab_methods.to_tokens = vocab_methods.tokens
 
 -- ---------------------------------------------------------------- arrays
 
-local function check_positive_int(v, who, what)
-  if math.type(v) ~= "integer" or v < 1 then
-    error(string.format("%s: %s must be a positive integer, got %s", who, what, tostring(v)), 3)
-  end
-end
+local check_positive_int = linear.check_positive_int
 
 --- The first `num_steps` ids of a sequence, or the sequence padded on the right
 -- with `pad_id` up to `num_steps` (the book's `truncate_pad`). Returns a new table.
@@ -529,6 +525,18 @@ function data.sample_path()
     table.concat(tried, " and ") .. "); pass {path = '.../fra.txt'}"
 end
 
+-- The four id tensors and both vocabularies of a corpus file (book settings).
+local function read_arrays(path, num_examples, num_steps)
+  local source, target, report = data.read_fra_eng(path, { num_examples = num_examples })
+  if not source then return nil, target end
+  local reserved = { "<pad>", "<bos>", "<eos>" }
+  local src_vocab = data.Vocab(source, { min_freq = 2, reserved = reserved })
+  local tgt_vocab = data.Vocab(target, { min_freq = 2, reserved = reserved })
+  local X, X_len = data.build_array(source, src_vocab, num_steps)
+  local Y, Y_len = data.build_array(target, tgt_vocab, num_steps)
+  return { X, X_len, Y, Y_len }, src_vocab, tgt_vocab, report
+end
+
 --- The book's `load_data_nmt`: reads the corpus, builds both vocabularies
 -- (`min_freq = 2`, reserved `<pad> <bos> <eos>`) and the id arrays, and returns a
 -- loader of shuffled batches.
@@ -567,21 +575,20 @@ function data.load_fra_eng(batch_size, num_steps, opts)
   end
   local num_examples = opts.num_examples
   if num_examples == nil then num_examples = 600 end
-  local source, target, report = data.read_fra_eng(path, { num_examples = num_examples })
-  if not source then return nil, target end
-  local reserved = { "<pad>", "<bos>", "<eos>" }
-  local src_vocab = data.Vocab(source, { min_freq = 2, reserved = reserved })
-  local tgt_vocab = data.Vocab(target, { min_freq = 2, reserved = reserved })
-  local X, X_len = data.build_array(source, src_vocab, num_steps)
-  local Y, Y_len = data.build_array(target, tgt_vocab, num_steps)
+  local dataset, src_vocab, tgt_vocab, report = read_arrays(path, num_examples, num_steps)
+  if not dataset then return nil, src_vocab end
+  -- The token lists (about 100 MB of Lua heap for the whole corpus) are garbage now;
+  -- collect them here rather than let them sit through the first epochs of training.
+  collectgarbage()
   if seed == nil then
     local u = attn.rand({ 2 }, "float64"):totable()
     seed = (math.floor(u[1] * 2 ^ 32) << 32) | math.floor(u[2] * 2 ^ 32)
   end
+  local n = dataset[1]:size(1)
   local loader = setmetatable({
-    batch_size = batch_size, num_steps = num_steps, num_examples = #source,
-    num_batches = (#source + batch_size - 1) // batch_size, shuffle = opts.shuffle ~= false,
-    dataset = { X, X_len, Y, Y_len }, report = report, rng = pcg_new(seed),
+    batch_size = batch_size, num_steps = num_steps, num_examples = n,
+    num_batches = (n + batch_size - 1) // batch_size, shuffle = opts.shuffle ~= false,
+    dataset = dataset, report = report, rng = pcg_new(seed),
   }, Loader)
   return loader, src_vocab, tgt_vocab
 end

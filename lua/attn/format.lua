@@ -79,7 +79,8 @@ function format.tostring(t)
   local n = core.numel(t)
   if n == 0 then return header .. " (empty)" end
   local elide = n > THRESHOLD
-  local fmt = number_format(displayed_values(t, elide))
+  -- int64 values are Lua integers: %d prints them exactly, past 2^53 included
+  local fmt = dtype == "int64" and "%d" or number_format(displayed_values(t, elide))
   local lines = { header }
   local nd = #shape
   if nd == 0 then

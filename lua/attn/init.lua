@@ -184,6 +184,29 @@ function attn.eye(n, m, opt)
   return finish(core.eye(n, m, dtype), rg)
 end
 
+--- Random integers uniform in [low, high) (PyTorch's `randint`: low inclusive,
+-- high exclusive), int64 unless opt names another dtype. Drawn sequentially
+-- from the seeded generator, so the thread count never changes them.
+-- @tparam integer low (optional: `randint(high, shape)` means low = 0)
+-- @tparam integer high
+-- @tparam {integer,...} shape
+-- @tparam[opt] string|table opt dtype or `{dtype =}`
+-- @treturn Tensor
+-- @raise when low >= high or the bounds are not integers
+-- @usage local ids = attn.randint(1, 11, { 4, 7 }) -- token ids 1..10
+function attn.randint(low, high, shape, opt)
+  if type(high) == "table" then low, high, shape, opt = 0, low, high, shape end
+  for _, v in ipairs({ low, high }) do
+    if math.type(v) ~= "integer" and not (type(v) == "number" and v == math.floor(v) and math.abs(v) < 2 ^ 63) then
+      error(string.format("randint: bounds must be integers, got %s", tostring(v)), 2)
+    end
+  end
+  local sizes, rest = shape_of("randint", 0, shape, opt)
+  local dtype, rg = options(rest, "randint")
+  if rg then error("randint: integer samples cannot require grad", 2) end
+  return core.randint(sizes, math.tointeger(low), math.tointeger(high), dtype)
+end
+
 --- bernoulli(shape, p [, opt]) or bernoulli(n1, n2, ..., p [, opt]): ones with probability p.
 function attn.bernoulli(...)
   local shape, p, opt = shape_of("bernoulli", 1, ...)

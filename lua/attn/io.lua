@@ -20,10 +20,11 @@
 -- where its data end. Trailing bytes usually mean a damaged or concatenated
 -- file, so they are reported rather than ignored.
 --
--- **dtypes.** safetensors: F32 and F64 load bit-exactly; F16 and BF16 load
--- into float32 (exactly: every half value is a float). `.npy`: `<f4` and
--- `<f8` bit-exactly, `<f2` into float32, `<i4` and `<i8` into float64 (int64
--- beyond 2^53 rounds), and the big-endian `>` forms of all of them.
+-- **dtypes.** safetensors: F32, F64 and I64 load bit-exactly; F16 and BF16
+-- load into float32 (exactly: every half value is a float), I32 into int64.
+-- float32, float64 and int64 tensors are saved as F32, F64 and I64. `.npy`:
+-- `<f4`, `<f8` and `<i8` bit-exactly (both ways), `<f2` into float32, `<i4`
+-- into int64, and the big-endian `>` forms of all of them.
 -- `fortran_order: True` arrays are transposed into row-major order. `.npy`
 -- versions 1.0, 2.0 and 3.0 are read; 1.0 is written.
 --
@@ -99,8 +100,9 @@ end
 
 -- ---------------------------------------------------------------- safetensors
 
-local save_dtypes = { float32 = "F32", float64 = "F64" }
-local load_dtypes = { F32 = 4, F64 = 8, F16 = 2, BF16 = 2 }
+local save_dtypes = { float32 = "F32", float64 = "F64", int64 = "I64" }
+local load_dtypes = { F32 = 4, F64 = 8, F16 = 2, BF16 = 2, I64 = 8, I32 = 4 }
+local itemsizes = { float32 = 4, float64 = 8, int64 = 8 }
 
 --- Saves a state dict as a safetensors file (atomically).
 -- @tparam string path
@@ -148,7 +150,7 @@ function M.save(path, tensors, metadata)
   for _, name in ipairs(sorted_keys(tensors)) do
     local t = tensors[name]
     local dtype = core.dtype(t)
-    local nbytes = core.numel(t) * (dtype == "float64" and 8 or 4)
+    local nbytes = core.numel(t) * itemsizes[dtype]
     entries[#entries + 1] = string.format('%s:{"dtype":"%s","shape":[%s],"data_offsets":[%d,%d]}', json_string(name),
       save_dtypes[dtype], table.concat(core.shape(t), ","), offset, offset + nbytes)
     parts[#parts + 1] = t
@@ -203,7 +205,7 @@ local function check_entry(name, e, buffer_len)
   end
   local itemsize = load_dtypes[dtype]
   if not itemsize then
-    return nil, string.format("%s: unsupported dtype '%s' (supported: F32, F64, F16, BF16)", where, dtype)
+    return nil, string.format("%s: unsupported dtype '%s' (supported: F32, F64, F16, BF16, I64, I32)", where, dtype)
   end
   if not is_array(e.shape) then
     return nil, string.format("%s: shape is %s, not an array of sizes", where, json_type(e.shape))
@@ -342,7 +344,7 @@ local NPY_MAGIC = "\x93NUMPY"
 
 --- Saves one tensor as a NumPy `.npy` file, format version 1.0 (atomically).
 -- @tparam string path
--- @tparam Tensor t float32 (`<f4`) or float64 (`<f8`); strided views are written row-major
+-- @tparam Tensor t float32 (`<f4`), float64 (`<f8`) or int64 (`<i8`); strided views are written row-major
 -- @treturn[1] boolean true
 -- @treturn[2] nil
 -- @treturn[2] string message
@@ -353,7 +355,7 @@ function M.save_npy(path, t)
   local shape = core.shape(t)
   local dims = #shape == 1 and shape[1] .. "," or table.concat(shape, ", ")
   local header = string.format("{'descr': '%s', 'fortran_order': False, 'shape': (%s), }",
-    core.dtype(t) == "float64" and "<f8" or "<f4", dims)
+    ({ float32 = "<f4", float64 = "<f8", int64 = "<i8" })[core.dtype(t)], dims)
   local preamble
   if #header + 11 <= 65535 then
     header = header .. string.rep(" ", -(10 + #header + 1) % 64) .. "\n"
@@ -490,7 +492,7 @@ local npy_types = { f4 = { "float32", 4 }, f8 = { "float64", 8 }, f2 = { "float1
 
 --- Loads a NumPy `.npy` file (versions 1.0, 2.0 and 3.0).
 -- @tparam string path
--- @treturn[1] Tensor float32 for `f4`/`f2`, float64 for `f8`/`i4`/`i8`; always row-major
+-- @treturn[1] Tensor float32 for `f4`/`f2`, float64 for `f8`, int64 for `i4`/`i8` (exact); always row-major
 -- @treturn[2] nil
 -- @treturn[2] string message naming the file and the problem
 function M.load_npy(path)

@@ -57,7 +57,9 @@ local function opt_string(fn, opts, name)
   if v ~= nil and type(v) ~= "string" then
     error(string.format("%s: %s must be a string, got a %s", fn, name, type(v)), 3)
   end
-  if v and not utf8.len(v) then error(string.format("%s: %s is not valid UTF-8", fn, name), 3) end
+  if v and (not utf8.len(v) or #v > 1000) then
+    error(string.format("%s: %s is not valid UTF-8 of at most 1000 bytes", fn, name), 3)
+  end
   return v
 end
 
@@ -74,7 +76,9 @@ local function opt_labels(fn, opts, name, n, n2)
     local s = v[i]
     if type(s) == "number" then s = string.format("%g", s) end
     if type(s) ~= "string" then error(string.format("%s: %s[%d] must be a string, got a %s", fn, name, i, type(s)), 3) end
-    if not utf8.len(s) then error(string.format("%s: %s[%d] is not valid UTF-8", fn, name, i), 3) end
+    if not utf8.len(s) or #s > 1000 then
+      error(string.format("%s: %s[%d] is not valid UTF-8 of at most 1000 bytes", fn, name, i), 3)
+    end
     out[i] = s
   end
   return out
@@ -391,8 +395,9 @@ local function nice_ticks(lo, hi, n)
 end
 
 local function tick_label(v, decimals)
+  if decimals > 6 or math.abs(v) >= 1e7 then return string.format("%.4g", v) end
   local s = string.format("%." .. decimals .. "f", v)
-  if tonumber(s) == 0 then s = string.format("%." .. decimals .. "f", 0) end
+  if tonumber(s) == 0 then s = string.format("%." .. decimals .. "f", 0) end -- no "-0.0"
   return s
 end
 

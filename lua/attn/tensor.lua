@@ -260,7 +260,13 @@ Tensor.contiguous = view_op("contiguous", function(g) return g end)
 Tensor.clone = view_op("clone", function(g) return g end)
 Tensor.expand = view_op("expand", function(g, x) return sum_to(g, core.shape(x)) end)
 Tensor.transpose = view_op("transpose", function(g, _, a) return core.transpose(g, a[1], a[2]) end)
-Tensor.to = view_op("to", function(g, x) return core.to(g, core.dtype(x)) end)
+local to_float = view_op("to", function(g, x) return core.to(g, core.dtype(x)) end)
+--- to(dtype): converts (a no-op when the dtype matches). Converting to int64
+-- leaves the graph, as in PyTorch: ids carry no gradient.
+function Tensor.to(x, dtype)
+  if dtype == "int64" or dtype == "long" or dtype == "i64" then return core.to(x, dtype) end
+  return to_float(x, dtype)
+end
 
 function Tensor.permute(x, ...)
   local perm = type(...) == "table" and table.move(..., 1, #..., 1, {}) or { ... } -- a copy: the caller may reuse it

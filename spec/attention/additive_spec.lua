@@ -186,3 +186,19 @@ describe("bilinear_scores", function()
     assert.is_truthy(err:find("Q [2x3x4], W [5x6], K [2x5x6]", 1, true), err)
   end)
 end)
+
+describe("additive_attention with int64 lengths", function()
+  it("equals the float-length result and the composition of its pieces", function()
+    attn.manual_seed(6)
+    local Qh, Kh, V, w = helper.param({ 2, 3, 4 }), helper.param({ 2, 5, 4 }), helper.param({ 2, 5, 2 }),
+      helper.param({ 4 })
+    for _, lens in ipairs { { 3, 0 }, { { 1, 2, 5 }, { 5, 4, 0 } } } do
+      local out, wts = attn.additive_attention(Qh, Kh, V, w, { valid_lens = attn.tensor(lens, "int64") })
+      local ref = attn.masked_softmax(attn.additive_scores(Qh, Kh, w), lens)
+      helper.assert_close(wts, ref, { atol = 1e-12 })
+      helper.assert_close(out, ref:matmul(V), { atol = 1e-12 })
+    end
+    local o = { valid_lens = attn.tensor({ 2, 5 }, "int64") }
+    helper.gradcheck(function(q, k, v, ww) return (attn.additive_attention(q, k, v, ww, o)) end, { Qh, Kh, V, w })
+  end)
+end)

@@ -59,6 +59,12 @@ describe("repeat_interleave", function()
     assert.is_nil(attn.repeat_interleave(nil, 4))
     assert.is_false(pcall(attn.repeat_interleave, { 1, 2 }, 1.5))
   end)
+
+  it("keeps int64 lengths int64 and exact", function()
+    local r = attn.repeat_interleave(attn.tensor({ 3, (1 << 53) + 1 }, "int64"), 2)
+    assert.are.equal("int64", r:dtype())
+    assert.same({ 3, 3, (1 << 53) + 1, (1 << 53) + 1 }, r:totable())
+  end)
 end)
 
 describe("multi-head attention from the functional pieces", function()

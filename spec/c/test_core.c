@@ -130,11 +130,84 @@ static void test_matmul(void) {
   attn_tensor_free(&c);
 }
 
+/* int64: exact values past 2^53, wrapping arithmetic, extremes with int64
+ * indices, conversions, index validation, lengths, and the float-only rule. */
+static void test_int64(void) {
+  const int64_t big = ((int64_t)1 << 53) + 1;
+  attn_tensor a, b, out, idx, f;
+  int64_t s3[1] = {3}, s1[1] = {1};
+  CHECK(attn_tensor_init(&a, ATTN_I64, 1, s3) == ATTN_OK, "int64 init");
+  CHECK(attn_dtype_size(ATTN_I64) == 8 && !strcmp(attn_dtype_name(ATTN_I64), "int64"), "size and name");
+  attn_dtype dt;
+  CHECK(attn_dtype_parse("long", &dt) == 0 && dt == ATTN_I64, "'long' parses as int64");
+  int64_t *A = a.storage->data;
+  A[0] = big;
+  A[1] = INT64_MAX;
+  A[2] = -7;
+  attn_tensor_init(&b, ATTN_I64, 1, s3);
+  attn_tensor_init(&out, ATTN_I64, 1, s3);
+  CHECK(attn_fill(&b, 1) == ATTN_OK, "fill");
+  CHECK(attn_binary(ATTN_ADD, &a, &b, &out) == ATTN_OK, "add");
+  const int64_t *O = out.storage->data;
+  CHECK(O[0] == big + 1 && O[1] == INT64_MIN && O[2] == -6, "exact, wrapping add: %lld %lld %lld", (long long)O[0],
+        (long long)O[1], (long long)O[2]);
+  CHECK(attn_binary_scalar(ATTN_MUL, &a, 2.0, 1, &out) == ATTN_OK && O[2] == -14, "scalar mul");
+  CHECK(attn_binary_scalar(ATTN_ADD, &a, 0.5, 0, &out) == ATTN_ERR_DTYPE, "non-integer scalar refused");
+  CHECK(attn_binary(ATTN_DIV, &a, &b, &out) == ATTN_ERR_DTYPE, "div refused");
+  CHECK(strstr(attn_last_error(), "div: needs a float tensor, got int64 [3]; convert with :to(\"float32\")") != NULL,
+        "message: %s", attn_last_error());
+  CHECK(attn_unary(ATTN_EXP, &a, &out) == ATTN_ERR_DTYPE, "exp refused");
+  CHECK(attn_unary(ATTN_NEG, &a, &out) == ATTN_OK && O[0] == -big, "neg");
+  attn_tensor_init(&f, ATTN_F32, 1, s3);
+  CHECK(attn_binary(ATTN_ADD, &a, &f, &f) == ATTN_ERR_DTYPE, "int64 + float32 refused");
+  CHECK(strstr(attn_last_error(), "convert it with :to(\"float32\")") != NULL, "message: %s", attn_last_error());
+  /* extremes: the value and its 0-based int64 index */
+  attn_tensor mx;
+  attn_tensor_init(&mx, ATTN_I64, 1, s1);
+  attn_tensor_init(&idx, ATTN_I64, 1, s1);
+  CHECK(attn_reduce(ATTN_MAX, &a, 0, &mx, &idx) == ATTN_OK, "max");
+  CHECK(((int64_t *)mx.storage->data)[0] == INT64_MAX && ((int64_t *)idx.storage->data)[0] == 1, "max and index");
+  CHECK(attn_reduce(ATTN_SUM, &b, 0, &mx, NULL) == ATTN_OK && ((int64_t *)mx.storage->data)[0] == 3, "sum");
+  CHECK(attn_reduce(ATTN_MEAN, &a, 0, &mx, NULL) == ATTN_ERR_DTYPE, "mean refused");
+  /* conversions: float -> int64 truncates toward zero, NaN and overflow do not trap */
+  float *F = f.storage->data;
+  F[0] = -2.7f;
+  F[1] = NAN;
+  F[2] = 1e30f;
+  CHECK(attn_copy(&out, &f) == ATTN_OK && O[0] == -2 && O[1] == 0 && O[2] == INT64_MAX, "float to int64");
+  /* ids: validation and the shift to 0-based */
+  F[0] = 3;
+  F[1] = 1;
+  F[2] = 2.5f;
+  CHECK(attn_index_convert("gather", "index", NULL, &f, 1, 3, &out) == ATTN_ERR_ARG, "non-integer id refused");
+  CHECK(strstr(attn_last_error(), "gather: index 2.5 at position 3 is not an integer (indices [3])") != NULL,
+        "message: %s", attn_last_error());
+  F[2] = 2;
+  CHECK(attn_index_convert("gather", "index", NULL, &f, 1, 3, &out) == ATTN_OK && O[0] == 2 && O[1] == 0 && O[2] == 1,
+        "ids shifted to 0-based");
+  CHECK(attn_index_convert("Embedding", "token id", "ids [3]", &a, 1, 5, NULL) == ATTN_ERR_ARG, "range checked");
+  CHECK(strstr(attn_last_error(), "Embedding: token id 9007199254740993 at position 1 is out of range 1..5 (ids [3])") !=
+            NULL, "message: %s", attn_last_error());
+  /* lengths: int64 read exactly; negative refused */
+  int64_t lens[3];
+  A[0] = 2;
+  A[1] = 0;
+  A[2] = 4;
+  CHECK(attn_attention_lengths("masked_softmax", "valid_lens", "X", &a, 3, 1, 4, 0, lens) == ATTN_OK &&
+            lens[0] == 2 && lens[1] == 0 && lens[2] == 4, "int64 lengths");
+  A[1] = -1;
+  CHECK(attn_attention_lengths("masked_softmax", "valid_lens", "X", &a, 3, 1, 4, 0, lens) == ATTN_ERR_ARG,
+        "negative length refused");
+  attn_tensor *all[] = {&a, &b, &out, &idx, &f, &mx};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) attn_tensor_free(all[i]);
+}
+
 int main(void) {
   test_allocator();
   test_views_and_errors();
   test_broadcast_and_reduce();
   test_matmul();
+  test_int64();
   attn_alloc_empty_cache();
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;

@@ -176,4 +176,38 @@ describe("autograd", function()
     local after = attn.memory()
     assert.is_true(after - before < 64 * 1024, string.format("live bytes %d -> %d", before, after))
   end)
+
+  it("keeps grad mode per coroutine: one suspended inside no_grad leaves the rest recording", function()
+    local autograd = require "attn.autograd"
+    local w = attn.ones({ 2 }, { requires_grad = true })
+    local co = coroutine.create(function()
+      attn.no_grad(function()
+        coroutine.yield(attn.is_grad_enabled(), (w * 2).grad_fn ~= nil)
+      end)
+      return attn.is_grad_enabled()
+    end)
+    local _, inside, recorded = coroutine.resume(co)
+    assert.is_false(inside)
+    assert.is_false(recorded)
+    -- the coroutine is parked inside no_grad, yet this code records as usual
+    assert.is_true(attn.is_grad_enabled())
+    local y = (w * 3):sum()
+    assert.is_true(y.grad_fn ~= nil)
+    y:backward()
+    assert.same({ 3, 3 }, w.grad:totable())
+    -- and no_grad here does not leak into the coroutine either
+    local resumed = attn.no_grad(function() return select(2, coroutine.resume(co)) end)
+    assert.is_true(resumed)
+    assert.is_true(autograd.is_enabled())
+  end)
+
+  it("names the operation whose backward failed", function()
+    local autograd = require "attn.autograd"
+    local w = attn.ones({ 2 }, { requires_grad = true })
+    local y = autograd.record("my_broken_op", w * 1, { w }, function() error("cannot differentiate here", 0) end)
+    assert.has_error(function() y:sum():backward() end,
+      "backward of 'my_broken_op' failed: cannot differentiate here")
+    -- grad mode is back on after the failure
+    assert.is_true(attn.is_grad_enabled())
+  end)
 end)

@@ -328,12 +328,23 @@ describe("the full corpus", function()
     local seconds = os.clock() - t0
     assert.are.equal(167130, #src)
     assert.are.equal(0, report.malformed)
-    assert.is_true(seconds < 30, string.format("reading took %.1f s of CPU", seconds))
+    assert.is_true(seconds < 10, string.format("reading took %.1f s of CPU", seconds))
     local sv = data.Vocab(src, { min_freq = 2, reserved = BOOK_RESERVED })
     local tv = data.Vocab(tgt, { min_freq = 2, reserved = BOOK_RESERVED })
     assert.are.equal(10012, #sv)
     assert.are.equal(17851, #tv)
     assert.are.same({ 48, 5 }, sv[src[1]])
     assert.are.same({ 48, 5, 2, 2, 2, 2, 2, 2, 2, 2 }, data.truncate_pad(sv[src[1]], 10, sv["<pad>"]))
+  end)
+
+  it("gives 184 / 201 tokens with the book's 600 examples, as the shipped sample does", function()
+    if not have_full() then
+      pending(FULL_MISSING)
+      return
+    end
+    local src, tgt = data.read_fra_eng(FULL, { num_examples = 600 })
+    assert.are.equal(601, #src)
+    assert.are.equal(184, #data.Vocab(src, { min_freq = 2, reserved = BOOK_RESERVED }))
+    assert.are.equal(201, #data.Vocab(tgt, { min_freq = 2, reserved = BOOK_RESERVED }))
   end)
 end)

@@ -124,15 +124,28 @@ describe(".npy", function()
       assert.are.equal("float64", e:dtype())
     end)
 
-    it("converts <i4, <i8 to float64 and <f2 to float32", function()
+    it("round-trips int64 as <i8 bit-exactly, past 2^53 and at the extremes", function()
+      local t = attn.tensor({ { (1 << 53) + 1, -((1 << 53) + 3) }, { math.maxinteger, math.mininteger } }, "int64")
+      local path = dir .. "/ids.npy"
+      assert.is_true(attn.save_npy(path, t:transpose(1, 2)))
+      assert.truthy(read_bytes(path):find("'descr': '<i8'", 1, true))
+      local back = assert(attn.load_npy(path))
+      assert_same(back, t:transpose(1, 2):contiguous())
+      assert.are.equal(math.mininteger, back:get(2, 2))
+    end)
+
+    it("loads <i4 and <i8 into int64 (exactly, past 2^53) and <f2 into float32", function()
       write_bytes(dir .. "/i4.npy", npy(dict("<i4", "(3,)"), string.pack("<i4i4i4", -7, 0, 2147483647)))
-      write_bytes(dir .. "/i8.npy", npy(dict("<i8", "(2,)"), string.pack("<i8i8", -(1 << 40), 1 << 52)))
+      write_bytes(dir .. "/i8.npy", npy(dict("<i8", "(3,)"), string.pack("<i8i8i8", -(1 << 40), (1 << 53) + 1,
+        math.mininteger)))
       write_bytes(dir .. "/f2.npy", npy(dict("<f2", "(3,)"), string.pack("<I2I2I2", 0x3c00, 0xbc00, 0x0400)))
       local i4, i8 = attn.load_npy(dir .. "/i4.npy"), attn.load_npy(dir .. "/i8.npy")
       local f2 = attn.load_npy(dir .. "/f2.npy")
-      assert.are.equal("float64", i4:dtype())
+      assert.are.equal("int64", i4:dtype())
       assert.are.same({ -7, 0, 2147483647 }, i4:totable())
-      assert.are.same({ -(2 ^ 40), 2 ^ 52 }, i8:totable())
+      assert.are.equal("int64", i8:dtype())
+      assert.are.same({ -(1 << 40), (1 << 53) + 1, math.mininteger }, i8:totable())
+      assert.are.equal(math.type(i8:get(2)), "integer")
       assert.are.equal("float32", f2:dtype())
       assert.are.same({ 1, -1, 2 ^ -14 }, f2:totable())
     end)
@@ -411,8 +424,8 @@ with open(d + "/v2.npy", "wb") as f:
 out["v2"] = out["f4"]
 print(json.dumps(out))
 ]=], dir)
-      local dtypes = { f4 = "float32", f8 = "float64", f8t = "float64", s = "float64", be = "float32", i8 = "float64",
-        i4 = "float64", f2 = "float32", e = "float32", v2 = "float32" }
+      local dtypes = { f4 = "float32", f8 = "float64", f8t = "float64", s = "float64", be = "float32", i8 = "int64",
+        i4 = "int64", f2 = "float32", e = "float32", v2 = "float32" }
       for name, dt in pairs(dtypes) do
         local t, msg = attn.load_npy(dir .. "/" .. name .. ".npy")
         assert.is_not_nil(t, msg)

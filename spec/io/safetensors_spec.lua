@@ -47,6 +47,31 @@ describe("safetensors", function()
       assert.are.equal(0, n)
     end)
 
+    it("is bit-exact for int64 (I64), values past 2^53 and the extremes included", function()
+      local ids = attn.tensor({ { 1, -2, (1 << 53) + 1 }, { math.maxinteger, math.mininteger, 0 } }, "int64")
+      local path = dir .. "/ids.safetensors"
+      assert.is_true(attn.save(path, { ids = ids, strided = ids:transpose(1, 2) }))
+      local raw = read_bytes(path)
+      local n = string.unpack("<I8", raw)
+      local header = cjson.decode(raw:sub(9, 8 + n))
+      assert.are.equal("I64", header.ids.dtype)
+      assert.are.equal(48, header.ids.data_offsets[2] - header.ids.data_offsets[1])
+      local loaded = assert(attn.load(path))
+      assert_same(loaded.ids, ids)
+      assert_same(loaded.strided, ids:transpose(1, 2):contiguous())
+      assert.are.equal((1 << 53) + 1, loaded.ids:get(1, 3))
+      assert.are.equal("integer", math.type(loaded.ids:get(2, 1)))
+    end)
+
+    it("loads I32 into int64", function()
+      local path = dir .. "/i32.safetensors"
+      write_bytes(path, st_file('{"t":{"dtype":"I32","shape":[3],"data_offsets":[0,12]}}    ',
+        string.pack("<i4i4i4", -7, 0, 2147483647)))
+      local loaded = assert(attn.load(path))
+      assert.are.equal("int64", loaded.t:dtype())
+      assert.are.same({ -7, 0, 2147483647 }, loaded.t:totable())
+    end)
+
     it("keeps special values: signed zeros, infinities, NaN, subnormals, extremes", function()
       local specials = { 0.0, -0.0, math.huge, -math.huge, 0 / 0, 1e-45, -1.4e-45, 3.4028234663852886e38, 1e-40 }
       local doubles = { -0.0, 4.9406564584124654e-324, 1.7976931348623157e308, -math.huge, 0 / 0, math.pi }
@@ -273,8 +298,8 @@ describe("safetensors", function()
     end)
 
     it("an unsupported dtype, named", function()
-      expect_fail(st_file(entry('{"dtype":"I64","shape":[1],"data_offsets":[0,8]}'), string.rep("\0", 8)),
-        "tensor 't': unsupported dtype 'I64' %(supported: F32, F64, F16, BF16%)")
+      expect_fail(st_file(entry('{"dtype":"U8","shape":[1],"data_offsets":[0,1]}'), string.rep("\0", 8)),
+        "tensor 't': unsupported dtype 'U8' %(supported: F32, F64, F16, BF16, I64, I32%)")
       expect_fail(st_file(entry('{"dtype":"f32","shape":[1],"data_offsets":[0,4]}'), "\0\0\0\0"),
         "tensor 't': unsupported dtype 'f32'")
     end)

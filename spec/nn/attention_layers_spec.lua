@@ -391,7 +391,7 @@ describe("nn.PositionalEncoding", function()
     pe:eval()
     helper.gradcheck(function(x) return pe(x) end, { helper.param({ 2, 3, 8 }) })
     assert.error_matches(function() pe(attn.ones({ 1, 11, 8 })) end,
-      "input %[1x11x8%] must be %(..., T, 8%) with T <= max_len 10")
+      "input %[1x11x8%] must be %(..., T, 8%) with offset %+ T <= max_len 10")
   end)
 end)
 
@@ -406,5 +406,23 @@ describe("nn.LearnedPositionalEncoding", function()
     assert.close(pe(X) - X, attn.tensor({ W[1], W[2], W[3] }):unsqueeze(1):expand({ 2, 3, 4 }), { atol = 1e-6 })
     pe:to("float64")
     helper.gradcheck(function(x) return pe(x) end, { helper.param({ 2, 3, 4 }), pe.embedding.weight })
+  end)
+end)
+
+describe("attention layers with int64 valid_lens", function()
+  it("give the same outputs and weights as float lengths, 1-D and 2-D", function()
+    attn.manual_seed(21)
+    local q, k, v = attn.randn({ 2, 3, 4 }), attn.randn({ 2, 5, 4 }), attn.randn({ 2, 5, 6 })
+    local layers = { nn.DotProductAttention(0), nn.AdditiveAttention(4, 4, 8, 0), nn.MultiHeadAttention(4, 4, 6, 8, 2, 0) }
+    for _, m in ipairs(layers) do
+      m:eval()
+      for _, lens in ipairs({ { 5, 2 }, { { 1, 2, 3 }, { 4, 5, 0 } } }) do
+        local a = m(q, k, v, attn.tensor(lens, "int64"))
+        local wa = m.attention_weights
+        local b = m(q, k, v, attn.tensor(lens))
+        assert.close(a, b, { atol = 0 })
+        assert.close(wa, m.attention_weights, { atol = 0 })
+      end
+    end
   end)
 end)

@@ -136,11 +136,24 @@ describe("nn.Embedding", function()
     assert.same({ 4, 3 }, m({ 1, 2, 3, 4 }):shape())
   end)
 
+  it("takes int64 ids (exactly as float ids) and validates them in the core", function()
+    local m = nn.Embedding(5, 3)
+    local ids = { { 1, 5 }, { 2, 2 } }
+    assert.close(m(attn.tensor(ids, "int64")), m(attn.tensor(ids)), { atol = 0 })
+    assert.same({ 2, 2, 3 }, m(attn.tensor(ids, "int64")):shape())
+    assert.error_matches(function() m(attn.tensor({ { 1 }, { 9 } }, "int64")) end,
+      "Embedding: token id 9 at position 2 is out of range 1..5 %(ids %[2x1%]%)")
+    helper.gradcheck(function(w)
+      m.weight = w
+      return (m(attn.tensor({ 2, 2, 4 }, "int64")) ^ 2):sum()
+    end, { helper.param({ 5, 3 }) })
+  end)
+
   it("validates ids", function()
     local m = nn.Embedding(5, 3)
-    assert.error_matches(function() m({ 1, 6 }) end, "token id 6 at position 2 of ids %[2%] is out of range 1..5")
-    assert.error_matches(function() m({ { 0 } }) end, "token id 0 at position 1 of ids %[1x1%] is out of range")
-    assert.error_matches(function() m({ 1.5 }) end, "token id 1.5 at position 1 of ids %[1%] is not an integer")
+    assert.error_matches(function() m({ 1, 6 }) end, "Embedding: token id 6 at position 2 is out of range 1..5 %(ids %[2%]%)")
+    assert.error_matches(function() m({ { 0 } }) end, "token id 0 at position 1 is out of range 1..5 %(ids %[1x1%]%)")
+    assert.error_matches(function() m({ 1.5 }) end, "token id 1.5 at position 1 is not an integer %(ids %[1%]%)")
   end)
 
   it("sends gradients to the rows used (repeated ids accumulate)", function()

@@ -43,7 +43,7 @@ describe("nn.CrossEntropyLoss", function()
     local loss = nn.CrossEntropyLoss()
     local logits = attn.randn({ 2, 3 })
     assert.error_matches(function() loss(logits, { 1, 4 }) end,
-      "label 4 at position 2 is not a class id in 1..3 (labels [2], logits [2x3])", nil, true)
+      "CrossEntropyLoss: label 4 at position 2 is out of range 1..3 (labels [2], logits [2x3])", nil, true)
     assert.error_matches(function() loss(logits, { 0, 1 }) end, "label 0 at position 1", nil, true)
     assert.error_matches(function() loss(logits, { 1, 2, 3 }) end,
       "labels [3] must have the shape of logits [2x3] without its last (class) dim", nil, true)
@@ -153,5 +153,27 @@ describe("nn.clip_grad_norm_", function()
     assert.are.equal(nn.clip_grad_norm_, nn.clip_grad_norm)
     assert.error_matches(function() nn.clip_grad_norm_({ attn.zeros(1) }, -1) end,
       "clip_grad_norm_: max_norm must be a non%-negative number, got %-1")
+  end)
+end)
+
+describe("losses with int64 labels and lengths", function()
+  it("equal the float-id results, with gradients", function()
+    attn.manual_seed(8)
+    local logits = attn.randn({ 2, 3, 5 })
+    local label = { { 1, 5, 2 }, { 3, 3, 4 } }
+    local lens = { 2, 3 }
+    local L, V = attn.tensor(label, "int64"), attn.tensor(lens, "int64")
+    local ce = nn.CrossEntropyLoss()
+    assert.close(ce(logits, L), ce(logits, label), { atol = 0 })
+    local masked = nn.MaskedSoftmaxCELoss()
+    assert.close(masked(logits, L, V), masked(logits, label, lens), { atol = 0 })
+    local m1, b1, n1 = nn.masked_token_mean(logits, L, V)
+    local m2, b2, n2 = nn.masked_token_mean(logits, label, lens)
+    assert.close(m1, m2, { atol = 0 })
+    assert.close(b1, b2, { atol = 0 })
+    assert.equal(n2, n1)
+    helper.gradcheck(function(p) return masked(p, L, V) end, { helper.param({ 2, 3, 5 }) })
+    assert.error_matches(function() ce(logits, attn.tensor({ { 1, 6, 2 }, { 3, 3, 4 } }, "int64")) end,
+      "CrossEntropyLoss: label 6 at position 2 is out of range 1..5 (labels [2x3], logits [2x3x5])", nil, true)
   end)
 end)

@@ -37,7 +37,7 @@ local function reverse_batch(B, T, vocab)
 end
 
 local function accuracy(logits, labels)
-  return logits:argmax(-1):eq(attn.tensor(labels, logits:dtype())):mean():item()
+  return logits:argmax(-1):eq(attn.tensor(labels, "int64")):to(logits:dtype()):mean():item()
 end
 
 -- ---------------------------------------------------------------- a Bahdanau-style copier

@@ -131,7 +131,8 @@ static int valid_utf8(const unsigned char *p, size_t n) {
 static const char *check_text(lua_State *L, int arg) {
   size_t n;
   const char *str = luaL_checklstring(L, arg, &n);
-  if (n > 4096) luaL_error(L, "cairo: text longer than 4096 bytes");
+  /* (with the font size bound, this keeps text within cairo's fixed-point range) */
+  if (n > 1024) luaL_error(L, "cairo: text longer than 1024 bytes");
   if (!valid_utf8((const unsigned char *)str, n)) luaL_error(L, "cairo: text is not valid UTF-8 (or contains a zero byte)");
   return str;
 }
@@ -313,7 +314,7 @@ static int l_font(lua_State *L) {
   surface *s = check_surface(L, 1);
   const char *family = check_text(L, 2);
   double size = luaL_checknumber(L, 3);
-  if (!(size > 0 && size <= 1000)) return luaL_error(L, "cairo: font size must be in (0, 1000], got %f", size);
+  if (!(size > 0 && size <= 200)) return luaL_error(L, "cairo: font size must be in (0, 200], got %f", size);
   cairo_select_font_face(s->cr, family, CAIRO_FONT_SLANT_NORMAL,
                          lua_toboolean(L, 4) ? CAIRO_FONT_WEIGHT_BOLD : CAIRO_FONT_WEIGHT_NORMAL);
   cairo_set_font_size(s->cr, size);

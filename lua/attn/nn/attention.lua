@@ -230,26 +230,32 @@ function PositionalEncoding:init(...)
   self.P = attn.positional_encoding(self.max_len, self.num_hiddens, "float32")
 end
 
--- The table's first T rows in `dtype`, (T, num_hiddens).
-function PositionalEncoding:encoding(T, dtype)
+-- T rows of the table from 0-based position `offset` (default 0) in `dtype`, (T, num_hiddens).
+function PositionalEncoding:encoding(T, dtype, offset)
   if self.P:dtype() ~= dtype then self.P = self.P:to(dtype) end
   local P = self.P
   if P:dim() == 3 then P = P:select(1, 1) end
-  return P:narrow(1, 1, T)
+  return P:narrow(1, (offset or 0) + 1, T)
 end
 
-local function check_positions(who, X, d, max_len)
+local function check_positions(who, X, d, max_len, offset)
   if not attn.is_tensor(X) then error(who .. ": input must be a tensor (B, T, d), got a " .. type(X), 3) end
+  if offset ~= nil and (math.type(offset) ~= "integer" or offset < 0) then
+    error(string.format("%s: offset must be a non-negative integer, got %s", who, tostring(offset)), 3)
+  end
   local s = X:shape()
-  if #s < 2 or s[#s] ~= d or s[#s - 1] > max_len then
-    error(string.format("%s: input %s must be (..., T, %d) with T <= max_len %d", who, shape_str(s), d, max_len), 3)
+  if #s < 2 or s[#s] ~= d or s[#s - 1] + (offset or 0) > max_len then
+    error(string.format("%s: input %s must be (..., T, %d) with offset + T <= max_len %d (offset %d)", who,
+      shape_str(s), d, max_len, offset or 0), 3)
   end
   return s[#s - 1]
 end
 
-function PositionalEncoding:forward(X)
-  local T = check_positions("PositionalEncoding", X, self.num_hiddens, self.max_len)
-  return self.dropout(X + self:encoding(T, X:dtype()))
+--- forward(X [, offset]): the positions are offset, offset + 1, ... (0-based;
+-- default 0), for a decoder fed one step at a time.
+function PositionalEncoding:forward(X, offset)
+  local T = check_positions("PositionalEncoding", X, self.num_hiddens, self.max_len, offset)
+  return self.dropout(X + self:encoding(T, X:dtype(), offset))
 end
 
 --- `nn.LearnedPositionalEncoding{num_hiddens, max_len, dropout}` (or positional):
@@ -270,10 +276,10 @@ function LearnedPositionalEncoding:init(...)
   self.dropout = Dropout(o.dropout or 0)
 end
 
-function LearnedPositionalEncoding:forward(X)
-  local T = check_positions("LearnedPositionalEncoding", X, self.num_hiddens, self.max_len)
+function LearnedPositionalEncoding:forward(X, offset)
+  local T = check_positions("LearnedPositionalEncoding", X, self.num_hiddens, self.max_len, offset)
   local positions = {}
-  for t = 1, T do positions[t] = t end
+  for t = 1, T do positions[t] = t + (offset or 0) end
   return self.dropout(X + self.embedding(positions))
 end
 

@@ -42,10 +42,8 @@ end
 
 --- Appends a module (named by its 0-based position). Returns self.
 function ModuleList:append(m)
-  local i = self._n + 1
-  check_module(self, m, i, 2)
-  self:add_module(tostring(i - 1), m, i)
-  self._n = i
+  check_module(self, m, self._n + 1, 2)
+  self:add_module(tostring(self._n), m)
   return self
 end
 
@@ -58,22 +56,35 @@ function ModuleList:extend(modules)
   return self
 end
 
--- Rebuilds the registry from a Lua list (after an insert or a replacement), so
--- names stay "0".."n-1" in order.
-local function relist(self, mods)
-  for i = 1, self._n do
-    rawget(self, "_attrs")[i] = nil
-    self._keys[tostring(i - 1)] = nil
-  end
-  self._module_names = {}
-  self._n = 0
-  for _, m in ipairs(mods) do self:append(m) end
+--- Registers `m` under `name` at the next position (PyTorch's
+-- Sequential.add_module: the book names its blocks "block0", "block1", ...);
+-- `list[#list]` is then `m`. Returns m.
+function ModuleList:add_module(name, m, key)
+  if key ~= nil then return Module.add_module(self, name, m, key) end
+  local i = self._n + 1
+  check_module(self, m, i, 2)
+  Module.add_module(self, name, m, i)
+  self._n = i
+  return m
 end
 
+-- The children as {name, module} in position order.
 local function as_list(self)
-  local mods = {}
-  for i = 1, self._n do mods[i] = self[i] end
-  return mods
+  local entries = {}
+  for i, c in ipairs(self:named_children()) do entries[i] = c end
+  return entries
+end
+
+-- Rebuilds the registry from {name, module} entries (after an insert or a
+-- replacement): positional names ("0", "1", ...) are renumbered, others kept.
+local function relist(self, entries)
+  for i = 1, self._n do rawget(self, "_attrs")[i] = nil end
+  self._module_names, self._keys = {}, {}
+  self._n = 0
+  for i, e in ipairs(entries) do
+    local name = (e[1] == nil or e[1]:match("^%d+$")) and tostring(i - 1) or e[1]
+    self:add_module(name, e[2])
+  end
 end
 
 --- Inserts a module before position `index` (1-based; #list + 1 appends).
@@ -83,9 +94,9 @@ function ModuleList:insert(index, m)
       self._n + 1), 2)
   end
   check_module(self, m, index, 2)
-  local mods = as_list(self)
-  table.insert(mods, index, m)
-  relist(self, mods)
+  local entries = as_list(self)
+  table.insert(entries, index, { nil, m })
+  relist(self, entries)
   return self
 end
 
@@ -98,9 +109,9 @@ function ModuleList.__newindex(self, k, v)
   end
   check_module(self, v, k, 2)
   if k == self._n + 1 then return self:append(v) end
-  local mods = as_list(self)
-  mods[k] = v
-  relist(self, mods)
+  local entries = as_list(self)
+  entries[k] = { entries[k][1], v }
+  relist(self, entries)
 end
 
 function ModuleList.__len(self) return self._n end

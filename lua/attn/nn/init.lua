@@ -2,7 +2,11 @@
 --
 -- Classes: Module (base; see attn.nn.module for writing your own), Linear,
 -- Embedding, Dropout, LayerNorm, ReLU, Identity, GELU, BatchNorm1d,
--- Sequential, ModuleList, ModuleDict, GRU, AdditiveAttention,
+-- Sequential, ModuleList, ModuleDict, GRU, the book's seq2seq models
+-- (Encoder, Decoder, AttentionDecoder, EncoderDecoder, Seq2SeqEncoder,
+-- Seq2SeqDecoder, Seq2SeqAttentionDecoder; attn.nn.seq2seq) and Transformer
+-- (PositionWiseFFN, AddNorm, TransformerEncoderBlock, TransformerEncoder,
+-- TransformerDecoderBlock, TransformerDecoder; attn.nn.transformer), AdditiveAttention,
 -- DotProductAttention, MultiHeadAttention, PositionalEncoding,
 -- LearnedPositionalEncoding, CrossEntropyLoss, MaskedSoftmaxCELoss.
 -- Functions: nn.init.* (xavier_uniform_, uniform_, normal_, zeros_, ...),
@@ -21,6 +25,8 @@ local loss = require "attn.nn.loss"
 local clip = require "attn.nn.clip"
 local containers = require "attn.nn.containers"
 local layers = require "attn.nn.layers"
+local seq2seq = require "attn.nn.seq2seq"
+local transformer = require "attn.nn.transformer"
 
 local nn = {
   Module = module.Module,
@@ -35,6 +41,14 @@ local nn = {
 for _, name in ipairs { "Linear", "Embedding", "Dropout", "LayerNorm", "ReLU", "Sequential" } do nn[name] = linear[name] end
 for _, name in ipairs { "ModuleList", "ModuleDict" } do nn[name] = containers[name] end
 for _, name in ipairs { "Identity", "GELU", "BatchNorm1d" } do nn[name] = layers[name] end
+for _, name in ipairs { "Encoder", "Decoder", "AttentionDecoder", "EncoderDecoder", "Seq2SeqEncoder", "Seq2SeqDecoder",
+  "Seq2SeqAttentionDecoder" } do
+  nn[name] = seq2seq[name]
+end
+for _, name in ipairs { "PositionWiseFFN", "AddNorm", "TransformerEncoderBlock", "TransformerEncoder",
+  "TransformerDecoderBlock", "TransformerDecoder" } do
+  nn[name] = transformer[name]
+end
 nn.GRU = gru.GRU
 nn.cross_entropy = loss.cross_entropy
 nn.masked_token_mean = loss.masked_token_mean

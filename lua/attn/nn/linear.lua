@@ -23,6 +23,7 @@ local function check_positive_int(v, who, what)
     error(string.format("%s: %s must be a positive integer, got %s", who, what, tostring(v)), 3)
   end
 end
+M.check_positive_int = check_positive_int
 
 local function check_options(opts, who, allowed)
   if opts == nil then return {} end
@@ -114,27 +115,14 @@ function Embedding:init(num_embeddings, embedding_dim, opts)
   self:register_parameter("weight", attn.randn({ num_embeddings, embedding_dim }, opts.dtype or "float32"))
 end
 
--- Flat list of ids checked to be integers in 1..n.
-local function check_ids(flat, n, shape)
-  for i, v in ipairs(flat) do
-    if math.type(v) ~= "integer" and (v ~= math.floor(v)) then
-      error(string.format("Embedding: token id %.15g at position %d of ids %s is not an integer", v, i,
-        shape_str(shape)), 4)
-    end
-    if v < 1 or v > n then
-      error(string.format("Embedding: token id %.15g at position %d of ids %s is out of range 1..%d", v, i,
-        shape_str(shape), n), 4)
-    end
-  end
-end
-
+--- forward(ids): ids of any dtype (int64 preferred; float ids must hold
+-- integers), validated in the core against 1..num_embeddings.
 function Embedding:forward(ids)
-  if type(ids) == "table" and not attn.is_tensor(ids) then ids = attn.tensor(ids, self.weight:dtype()) end
+  if type(ids) == "table" and not attn.is_tensor(ids) then ids = attn.tensor(ids, "float64") end
   check_tensor(ids, "Embedding", "ids")
   local shape = ids:shape()
-  local flat = ids:reshape({ -1 })
-  check_ids(flat:totable(), self.num_embeddings, shape)
-  local out = self.weight:index_select(1, flat)
+  core.check_ids(ids, self.num_embeddings, "Embedding", "token id", "ids " .. shape_str(shape))
+  local out = self.weight:index_select(1, ids:reshape({ -1 }))
   shape[#shape + 1] = self.embedding_dim
   return out:reshape(shape)
 end

@@ -24,9 +24,10 @@ local M = {}
 
 local shape_str = require("attn.core").shape_str -- "[2x3]" from a tensor or a table of sizes
 
--- Labels as a tensor of `dtype`, checked against the logits' shape (..., C).
-local function check_labels(who, logits, labels, dtype)
-  if type(labels) == "table" and not attn.is_tensor(labels) then labels = attn.tensor(labels, dtype) end
+-- Labels as a tensor (int64, or float holding integers), checked in the core
+-- against the logits' shape (..., C) and the class range 1..C.
+local function check_labels(who, logits, labels)
+  if type(labels) == "table" and not attn.is_tensor(labels) then labels = attn.tensor(labels, "float64") end
   if not attn.is_tensor(labels) then error(string.format("%s: labels must be a tensor or a table", who), 4) end
   local ls, ps = labels:shape(), logits:shape()
   local ok = #ls == #ps - 1
@@ -35,14 +36,8 @@ local function check_labels(who, logits, labels, dtype)
     error(string.format("%s: labels %s must have the shape of logits %s without its last (class) dim", who,
       shape_str(ls), shape_str(ps)), 4)
   end
-  local C = ps[#ps]
-  for i, v in ipairs(labels:reshape({ -1 }):totable()) do
-    if v ~= math.floor(v) or v < 1 or v > C then
-      error(string.format("%s: label %.15g at position %d is not a class id in 1..%d (labels %s, logits %s)", who,
-        v, i, C, shape_str(ls), shape_str(ps)), 4)
-    end
-  end
-  if labels:dtype() ~= dtype then labels = labels:to(dtype) end
+  local ctx = string.format("labels %s, logits %s", shape_str(ls), shape_str(ps))
+  attn.core.check_ids(labels, ps[#ps], who, "label", ctx)
   return labels
 end
 
@@ -53,7 +48,7 @@ function M.cross_entropy(logits, labels, who)
   if not attn.is_tensor(logits) or logits:dim() < 1 then
     error(string.format("%s: logits must be a tensor (..., C)", who), 3)
   end
-  labels = check_labels(who, logits, labels, logits:dtype())
+  labels = check_labels(who, logits, labels)
   local logp = logits:log_softmax(-1)
   return -(logp:gather(logits:dim(), labels:unsqueeze(-1)):squeeze(-1))
 end

@@ -1,4 +1,4 @@
--- make demo: attention pooling f(q) = sum_i softmax(a(q, k_i)) v_i on d2l's
+-- Attention pooling: f(q) = sum_i softmax(a(q, k_i)) v_i on d2l's
 -- Nadaraya-Watson regression task (data the script generates), first with the
 -- fixed Gaussian kernel, then with a learnable width trained by autograd, and a
 -- heatmap of the attention weights.
@@ -64,7 +64,7 @@ local w1 = attn.no_grad(weights, w:detach())
 print(string.format("parametric (learned width %.3f): test MSE %.4f", w:item(), mse(w1:matmul(y_train))))
 
 -- Heatmaps: every fifth test query (rows) over the sorted training keys
--- (columns), darker = more weight; in the terminal and as out/demo_attention.png.
+-- (columns), darker = more weight; in the terminal and as out/pooling/attention.png.
 local rows, row_labels = {}, {}
 for i = 1, n_test, 5 do
   rows[#rows + 1] = i
@@ -75,7 +75,7 @@ print("attention weights, Gaussian kernel (query rows, sorted training keys as c
 print(plot.terminal_heatmap(shown[1], { row_labels = row_labels, cell_width = 1, vmin = 0 }))
 print("attention weights, learned kernel (sharper: a smaller neighbourhood per query):")
 print(plot.terminal_heatmap(shown[2], { row_labels = row_labels, cell_width = 1, vmin = 0 }))
-os.execute("mkdir -p out")
-local png = assert(plot.heatmaps(attn.stack({ w0, w1 }):unsqueeze(1), { path = "out/demo_attention.png",
+assert(require("attn.cli").mkdir("out/pooling"))
+local png = assert(plot.heatmaps(attn.stack({ w0, w1 }):unsqueeze(1), { path = "out/pooling/attention.png",
   xlabel = "Sorted training inputs", ylabel = "Testing inputs", titles = { "Gaussian kernel", "Learned width" } }))
 print("wrote " .. png)

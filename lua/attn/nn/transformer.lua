@@ -1,0 +1,226 @@
+--- The book's Transformer (d2l v0.17, PyTorch tab): PositionWiseFFN, AddNorm,
+-- TransformerEncoderBlock, TransformerEncoder, TransformerDecoderBlock and
+-- TransformerDecoder, with the book's constructor signatures and state-dict keys.
+--
+-- Blocks sit in `blks`, a Sequential whose children are named "block0",
+-- "block1", ... as the book's `add_module("block" + str(i), ...)` names them, so
+-- the keys are `blks.block0.attention.W_q.weight`, `blks.block0.addnorm1.ln.weight`,
+-- `blks.block0.ffn.dense1.weight`, ...; in Lua the blocks are `blks[1]`, `blks[2]`.
+--
+-- **Decoder state** (as the book): {enc_outputs, enc_valid_lens, cache}, where
+-- cache[i] holds block i's past inputs (B, t, h), used as keys and values of its
+-- self-attention when the decoder is fed one step at a time. A block's query
+-- row j (0-based) sees cached + j + 1 keys: causal over a whole sequence in
+-- training (the book's valid lengths 1..T) and every key at a one-step call.
+--
+-- **Positions at prediction.** The book adds the encoding of position 0 at
+-- every one-step call (its decoder sees one token, and adds P[:, :1]); training
+-- uses positions 0..T-1. `positions = "book"` (the default) keeps that;
+-- `positions = "absolute"` offsets a call by the number of cached steps, so a
+-- step-by-step decode equals the causal forward over the whole prefix.
+-- @module attn.nn.transformer
+local attn = require "attn"
+local module = require "attn.nn.module"
+local linear = require "attn.nn.linear"
+local attention = require "attn.nn.attention"
+local containers = require "attn.nn.containers"
+local seq2seq = require "attn.nn.seq2seq"
+
+local Module = module.Module
+local Linear, ReLU, Dropout, LayerNorm, Embedding = linear.Linear, linear.ReLU, linear.Dropout, linear.LayerNorm,
+  linear.Embedding
+local MultiHeadAttention = attention.MultiHeadAttention
+
+local M = {}
+
+-- ---------------------------------------------------------------- PositionWiseFFN
+
+--- `nn.PositionWiseFFN(ffn_num_input, ffn_num_hiddens, ffn_num_outputs)`:
+-- dense2(relu(dense1(X))) on the last dim. Keys dense1.*, dense2.*.
+-- @type PositionWiseFFN
+local PositionWiseFFN = Module:extend("PositionWiseFFN")
+M.PositionWiseFFN = PositionWiseFFN
+
+function PositionWiseFFN:init(ffn_num_input, ffn_num_hiddens, ffn_num_outputs)
+  self.dense1 = Linear(ffn_num_input, ffn_num_hiddens)
+  self.relu = ReLU()
+  self.dense2 = Linear(ffn_num_hiddens, ffn_num_outputs)
+end
+
+function PositionWiseFFN:forward(X) return self.dense2(self.relu(self.dense1(X))) end
+
+-- ---------------------------------------------------------------- AddNorm
+
+--- `nn.AddNorm(normalized_shape, dropout)`: ln(dropout(Y) + X), the residual
+-- connection and layer normalisation. Key ln.weight, ln.bias.
+-- @type AddNorm
+local AddNorm = Module:extend("AddNorm")
+M.AddNorm = AddNorm
+
+function AddNorm:init(normalized_shape, dropout)
+  self.dropout = Dropout(dropout or 0)
+  self.ln = LayerNorm(normalized_shape)
+end
+
+function AddNorm:forward(X, Y) return self.ln(self.dropout(Y) + X) end
+
+-- ---------------------------------------------------------------- encoder
+
+--- `nn.TransformerEncoderBlock(key_size, query_size, value_size, num_hiddens,
+-- norm_shape, ffn_num_input, ffn_num_hiddens, num_heads, dropout [, use_bias])`:
+-- multi-head self-attention, AddNorm, position-wise FFN, AddNorm.
+-- forward(X (B, T, num_hiddens), valid_lens) -> (B, T, num_hiddens).
+-- @type TransformerEncoderBlock
+local TransformerEncoderBlock = Module:extend("TransformerEncoderBlock")
+M.TransformerEncoderBlock = TransformerEncoderBlock
+
+function TransformerEncoderBlock:init(key_size, query_size, value_size, num_hiddens, norm_shape, ffn_num_input,
+                                      ffn_num_hiddens, num_heads, dropout, use_bias)
+  self.attention = MultiHeadAttention(key_size, query_size, value_size, num_hiddens, num_heads, dropout,
+    use_bias == true)
+  self.addnorm1 = AddNorm(norm_shape, dropout)
+  self.ffn = PositionWiseFFN(ffn_num_input, ffn_num_hiddens, num_hiddens)
+  self.addnorm2 = AddNorm(norm_shape, dropout)
+end
+
+function TransformerEncoderBlock:forward(X, valid_lens)
+  local Y = self.addnorm1(X, self.attention(X, X, X, valid_lens))
+  return self.addnorm2(Y, self.ffn(Y))
+end
+
+--- `nn.TransformerEncoder(vocab_size, key_size, query_size, value_size,
+-- num_hiddens, norm_shape, ffn_num_input, ffn_num_hiddens, num_heads,
+-- num_layers, dropout [, use_bias])`: embedding scaled by sqrt(num_hiddens),
+-- sinusoidal positions, num_layers blocks. forward(X (B, T) ids, valid_lens) ->
+-- (B, T, num_hiddens); afterwards `attention_weights[i]` is block i's
+-- (B, num_heads, T, T) (eval mode), and `stacked_attention_weights(b)` gives
+-- sample b's as (num_layers, num_heads, T, T), the book's heatmap tensor.
+-- @type TransformerEncoder
+local TransformerEncoder = seq2seq.Encoder:extend("TransformerEncoder")
+M.TransformerEncoder = TransformerEncoder
+
+function TransformerEncoder:init(vocab_size, key_size, query_size, value_size, num_hiddens, norm_shape, ffn_num_input,
+                                 ffn_num_hiddens, num_heads, num_layers, dropout, use_bias)
+  self.num_hiddens = num_hiddens
+  self.embedding = Embedding(vocab_size, num_hiddens)
+  self.pos_encoding = attention.PositionalEncoding(num_hiddens, dropout)
+  self.blks = containers.Sequential()
+  for i = 0, num_layers - 1 do
+    self.blks:add_module("block" .. i, TransformerEncoderBlock(key_size, query_size, value_size, num_hiddens,
+      norm_shape, ffn_num_input, ffn_num_hiddens, num_heads, dropout, use_bias))
+  end
+end
+
+function TransformerEncoder:forward(X, valid_lens)
+  X = self.pos_encoding(self.embedding(X) * math.sqrt(self.num_hiddens))
+  local weights = {}
+  for i, blk in ipairs(self.blks) do
+    X = blk(X, valid_lens)
+    weights[i] = blk.attention.attention_weights
+  end
+  self.attention_weights = weights
+  return X
+end
+
+--- Sample b's (default 1) attention weights of the last call, stacked over
+-- the blocks: (num_layers, num_heads, Nq, Nk); nil when they were not kept
+-- (training mode).
+function TransformerEncoder:stacked_attention_weights(b)
+  local per_layer = {}
+  for i, w in ipairs(self.attention_weights or {}) do per_layer[i] = w:select(1, b or 1) end
+  if #per_layer == 0 or #per_layer < #self.blks then return nil end
+  return attn.stack(per_layer, 1)
+end
+
+-- ---------------------------------------------------------------- decoder
+
+--- `nn.TransformerDecoderBlock(key_size, query_size, value_size, num_hiddens,
+-- norm_shape, ffn_num_input, ffn_num_hiddens, num_heads, dropout, i)`: masked
+-- self-attention, AddNorm, encoder-decoder attention (masked by the source
+-- lengths), AddNorm, FFN, AddNorm. `i` is the block's 0-based index into the
+-- state's cache. forward(X (B, T, h), state) -> (B, T, h), state (cache updated).
+-- @type TransformerDecoderBlock
+local TransformerDecoderBlock = Module:extend("TransformerDecoderBlock")
+M.TransformerDecoderBlock = TransformerDecoderBlock
+
+function TransformerDecoderBlock:init(key_size, query_size, value_size, num_hiddens, norm_shape, ffn_num_input,
+                                      ffn_num_hiddens, num_heads, dropout, i)
+  self.i = i
+  self.attention1 = MultiHeadAttention(key_size, query_size, value_size, num_hiddens, num_heads, dropout)
+  self.addnorm1 = AddNorm(norm_shape, dropout)
+  self.attention2 = MultiHeadAttention(key_size, query_size, value_size, num_hiddens, num_heads, dropout)
+  self.addnorm2 = AddNorm(norm_shape, dropout)
+  self.ffn = PositionWiseFFN(ffn_num_input, ffn_num_hiddens, num_hiddens)
+  self.addnorm3 = AddNorm(norm_shape, dropout)
+end
+
+function TransformerDecoderBlock:forward(X, state)
+  local enc_outputs, enc_valid_lens, cache = state[1], state[2], state[3]
+  local slot = self.i + 1
+  local past = cache[slot]
+  local key_values = past and attn.cat({ past, X }, 2) or X
+  cache[slot] = key_values
+  -- row j of the new steps sees the cached steps and itself: lengths
+  -- cached + 1 .. cached + T for every sample (the book's causal lengths)
+  local B, T = X:size(1), X:size(2)
+  local cached = past and past:size(2) or 0
+  local lens = attn.arange(cached + 1, cached + T + 1, X:dtype()):reshape({ 1, T }):expand({ B, T })
+  local X2 = self.attention1(X, key_values, key_values, lens)
+  local Y = self.addnorm1(X, X2)
+  local Y2 = self.attention2(Y, enc_outputs, enc_outputs, enc_valid_lens)
+  local Z = self.addnorm2(Y, Y2)
+  return self.addnorm3(Z, self.ffn(Z)), state
+end
+
+--- `nn.TransformerDecoder(vocab_size, key_size, query_size, value_size,
+-- num_hiddens, norm_shape, ffn_num_input, ffn_num_hiddens, num_heads,
+-- num_layers, dropout [, {positions = "book"|"absolute"}])`: embedding scaled by
+-- sqrt(num_hiddens), positions, num_layers decoder blocks, dense to the
+-- vocabulary. init_state({enc_outputs}, enc_valid_lens) -> {enc_outputs,
+-- enc_valid_lens, cache = {}}. forward(X (B, T) ids, state) -> (B, T,
+-- vocab_size), state. Afterwards `attention_weights[1][i]` (self-attention) and
+-- `attention_weights[2][i]` (encoder-decoder attention) are block i's
+-- (B, num_heads, Nq, Nk), as the book's `_attention_weights` (eval mode).
+-- @type TransformerDecoder
+local TransformerDecoder = seq2seq.AttentionDecoder:extend("TransformerDecoder")
+M.TransformerDecoder = TransformerDecoder
+
+function TransformerDecoder:init(vocab_size, key_size, query_size, value_size, num_hiddens, norm_shape, ffn_num_input,
+                                 ffn_num_hiddens, num_heads, num_layers, dropout, opts)
+  opts = linear.check_options(opts, "TransformerDecoder", { positions = true })
+  local positions = opts.positions or "book"
+  if positions ~= "book" and positions ~= "absolute" then
+    error(string.format("TransformerDecoder: positions must be 'book' or 'absolute', got '%s'", tostring(positions)),
+      3)
+  end
+  self.positions = positions
+  self.num_hiddens, self.num_layers = num_hiddens, num_layers
+  self.embedding = Embedding(vocab_size, num_hiddens)
+  self.pos_encoding = attention.PositionalEncoding(num_hiddens, dropout)
+  self.blks = containers.Sequential()
+  for i = 0, num_layers - 1 do
+    self.blks:add_module("block" .. i, TransformerDecoderBlock(key_size, query_size, value_size, num_hiddens,
+      norm_shape, ffn_num_input, ffn_num_hiddens, num_heads, dropout, i))
+  end
+  self.dense = Linear(num_hiddens, vocab_size)
+end
+
+function TransformerDecoder.init_state(_, enc_outputs, enc_valid_lens)
+  return { enc_outputs[1], enc_valid_lens, {} }
+end
+
+function TransformerDecoder:forward(X, state)
+  local offset = 0
+  if self.positions == "absolute" and state[3][1] then offset = state[3][1]:size(2) end
+  X = self.pos_encoding(self.embedding(X) * math.sqrt(self.num_hiddens), offset)
+  local self_w, cross_w = {}, {}
+  for i, blk in ipairs(self.blks) do
+    X, state = blk(X, state)
+    self_w[i] = blk.attention1.attention_weights
+    cross_w[i] = blk.attention2.attention_weights
+  end
+  self.attention_weights = { self_w, cross_w }
+  return self.dense(X), state
+end
+
+return M

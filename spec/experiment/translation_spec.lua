@@ -1,0 +1,62 @@
+-- The translation experiment end to end on the shipped sample, kept short:
+-- a tiny model, two epochs; then --load reproduces the same translations.
+local attn = require "attn"
+local translation = require "attn.translation"
+local metrics = require "attn.metrics"
+local nn = attn.nn
+
+local function build(src_vocab, tgt_vocab)
+  return nn.EncoderDecoder(nn.Seq2SeqEncoder(#src_vocab, 8, 8, 1, 0),
+    nn.Seq2SeqAttentionDecoder(#tgt_vocab, 8, 8, 1, 0))
+end
+
+-- translation.run with its printing captured: ok, result or error, printed text.
+local function try(argv)
+  local printed = {}
+  local real_print = _G.print
+  _G.print = function(...) printed[#printed + 1] = table.concat({ ... }, " ") end
+  local ok, res = pcall(translation.run, { name = "tiny", title = "tiny", description = "d", epochs = 2, book = "b",
+    build = build, argv = argv })
+  _G.print = real_print
+  return ok, res, table.concat(printed, "\n")
+end
+
+local function run(argv)
+  local ok, res, printed = try(argv)
+  assert(ok, res)
+  return res, printed
+end
+
+describe("attn.translation", function()
+  local dir = os.tmpname()
+  os.remove(dir)
+  teardown(function() os.execute("rm -rf '" .. dir .. "'") end)
+
+  it("trains, saves, scores the book's four sentences, and --load gives the same translations", function()
+    local trained, log = run { "--out", dir, "--quiet", "--seed", "3", "--batch_size", "128" }
+    assert.are.equal(2, #trained.history)
+    assert.truthy(log:find("vocabularies 184 (English) and 201 (French)", 1, true))
+    for i, row in ipairs(trained.rows) do
+      assert.are.equal(translation.ENGLISH[i], row.source)
+      assert.are.equal(metrics.bleu(row.translation, translation.FRENCH[i], 2), row.bleu)
+      assert.truthy(log:find(row.source .. " => " .. row.translation, 1, true))
+    end
+    for _, f in ipairs { "report.html", "loss.png", "tiny.safetensors" } do
+      local h = io.open(dir .. "/" .. f, "rb")
+      assert(h, f .. " missing")
+      h:close()
+    end
+    local loaded = run { "--out", dir .. "/again", "--load", dir .. "/tiny.safetensors" }
+    assert.is_nil(loaded.history)
+    for i, row in ipairs(loaded.rows) do assert.are.equal(trained.rows[i].translation, row.translation) end
+    local html = assert(io.open(dir .. "/again/report.html")):read("a")
+    assert.truthy(html:find("Weights loaded from", 1, true))
+  end)
+
+  it("refuses a checkpoint trained on other vocabularies", function()
+    local _ = run { "--out", dir .. "/small", "--quiet", "--num_examples", "100", "--epochs", "1" }
+    local ok, err = try { "--out", dir .. "/x", "--load", dir .. "/small/tiny.safetensors" }
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("vocabulary of", 1, true), err)
+  end)
+end)

@@ -1,0 +1,152 @@
+/* Flash attention drivers (float32): pick the kernel set for this CPU, split
+ * the work over the pool and give every worker its own small workspace. The
+ * per-ISA kernels live in src/cpu/flash_*.c (one source, src/cpu/flash_body.h).
+ *
+ * Work split: items are (head, block of 64 queries) for the forward and dq,
+ * (head, block of 64 keys) for dk and dv; each item writes its own rows, so
+ * nothing is reduced across threads and results do not depend on the thread
+ * count. Within a head the items are visited outside-in (0, n-1, 1, n-2, ...),
+ * so the contiguous chunks attn_parallel_for hands out carry equal work even
+ * when causal masking makes later query blocks dearer. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "attn_alloc.h"
+#include "attn_attention_internal.h"
+#include "attn_parallel.h"
+#include "attn_vmath.h"
+#include "cpu/flash_cpu.h"
+
+#define TW ATTN_FLASH_TILE
+
+/* The instruction-set path is attn_vmath's (one switch for all vectorised kernels: ATTN_ISA,
+ * attn_vmath_set_isa) unless the caller names one. */
+attn_status attn_attention_flash_kernels(int kernel, const char *op, const attn_flash_kernels **ks) {
+  const char *name = kernel == ATTN_KERNEL_FLASH_GENERIC  ? "generic"
+                     : kernel == ATTN_KERNEL_FLASH_AVX2   ? "avx2"
+                     : kernel == ATTN_KERNEL_FLASH_AVX512 ? "avx512"
+                                                          : attn_vmath_isa();
+  if (!attn_vmath_isa_supported(name))
+    return attn_error(ATTN_ERR_ARG, "%s: kernel flash_%s needs an instruction set this CPU or build lacks", op, name);
+  *ks = &attn_flash_kernels_generic;
+#if defined(__x86_64__)
+  if (strcmp(name, "avx2") == 0) *ks = &attn_flash_kernels_avx2;
+  if (strcmp(name, "avx512") == 0) *ks = &attn_flash_kernels_avx512;
+#endif
+  return ATTN_OK;
+}
+
+static double thread_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double attn_flash_fma_peak(const char **isa) {
+  const attn_flash_kernels *ks = NULL;
+  if (attn_attention_flash_kernels(ATTN_KERNEL_AUTO, "fma_peak", &ks) != ATTN_OK) return 0;
+  if (isa) *isa = ks->name;
+  volatile double sink = 0;
+  double best = 0;
+  int64_t iters = 1 << 16;
+  for (int rep = 0; rep < 7; rep++) {
+    double t0 = thread_seconds();
+    sink += ks->fma_loop(iters);
+    double t = thread_seconds() - t0;
+    if (t < 2e-3 && iters < ((int64_t)1 << 30)) { /* too short to time: grow, do not count */
+      iters *= 4;
+      rep--;
+      continue;
+    }
+    double rate = (double)iters * ks->fma_flops / t;
+    if (rate > best) best = rate;
+  }
+  (void)sink;
+  return best;
+}
+
+typedef struct {
+  const attn_flash_job *F;
+  attn_flash_item_fn fn;
+  int64_t per_head; /* blocks per head */
+  atomic_int failed;
+} flash_run;
+
+static void flash_task(void *ctx, int64_t begin, int64_t end) {
+  flash_run *R = ctx;
+  const attn_attention_job *J = R->F->J;
+  size_t cap = 0;
+  float *ws = attn_alloc(attn_flash_workspace(J->d, J->dv) * sizeof(float), &cap);
+  if (!ws) {
+    atomic_store(&R->failed, 1);
+    return;
+  }
+  for (int64_t item = begin; item < end; item++) {
+    int64_t b = item / R->per_head, p = item % R->per_head;
+    int64_t blk = p % 2 == 0 ? p / 2 : R->per_head - 1 - p / 2;
+    R->fn(R->F, b, blk * TW, ws);
+  }
+  attn_free(ws, cap);
+}
+
+static int run_items(const attn_flash_job *F, attn_flash_item_fn fn, int64_t rows, double flops_per_block) {
+  flash_run R = {.F = F, .fn = fn, .per_head = (rows + TW - 1) / TW};
+  atomic_init(&R.failed, 0);
+  attn_parallel_for(F->J->B * R.per_head, (int64_t)(2e5 / flops_per_block) + 1, flash_task, &R);
+  return !atomic_load(&R.failed);
+}
+
+attn_status attn_attention_run_flash_forward(const attn_flash_job *F, const attn_flash_kernels *ks, const char *op) {
+  const attn_attention_job *J = F->J;
+  double flops = 2.0 * TW * (double)J->Nk * (double)(J->d + J->dv);
+  if (!run_items(F, ks->forward, J->Nq, flops))
+    return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the workspace", op);
+  return ATTN_OK;
+}
+
+typedef struct {
+  attn_flash_job *F;
+  attn_flash_mat o;
+  const double *lse;
+  int64_t lse_sb;
+  float *lse2, *D, *fillp;
+} prep_ctx;
+
+/* D = dout . out, lse in base 2 and the weight of a filled key, per (b, i). */
+static void prep_task(void *ctx, int64_t begin, int64_t end) {
+  prep_ctx *P = ctx;
+  const attn_attention_job *J = P->F->J;
+  for (int64_t item = begin; item < end; item++) {
+    int64_t b = item / J->Nq, i = item % J->Nq;
+    const float *g = P->F->dout.p + b * P->F->dout.sb + i * P->F->dout.sr, *o = P->o.p + b * P->o.sb + i * P->o.sr;
+    double s = 0;
+    for (int64_t c = 0; c < J->dv; c++) s += (double)g[c] * o[c];
+    P->D[item] = (float)s;
+    double l = P->lse[b * P->lse_sb + i];
+    P->lse2[item] = (float)(l * 1.4426950408889634);
+    P->fillp[item] = (float)exp2((double)P->F->fill2 - l * 1.4426950408889634); /* the kernels' own fill value */
+  }
+}
+
+attn_status attn_attention_run_flash_backward(attn_flash_job *F, const attn_flash_kernels *ks, attn_flash_mat out,
+                                              const double *lse, int64_t lse_sb, const char *op) {
+  const attn_attention_job *J = F->J;
+  size_t cap = 0, n = (size_t)(J->B * J->Nq);
+  float *buf = attn_alloc(3 * (n ? n : 1) * sizeof(float), &cap);
+  if (!buf) return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the row statistics", op);
+  prep_ctx P = {.F = F, .o = out, .lse = lse, .lse_sb = lse_sb, .lse2 = buf, .D = buf + n, .fillp = buf + 2 * n};
+  attn_parallel_for((int64_t)n, 256, prep_task, &P);
+  F->lse2 = P.lse2;
+  F->D = P.D;
+  F->fillp = P.fillp;
+  double flops = 2.0 * TW * (double)(J->Nk > J->Nq ? J->Nk : J->Nq) * (double)(2 * J->d + 2 * J->dv);
+  int ok = 1;
+  if (F->dq) ok = run_items(F, ks->backward_q, J->Nq, flops);
+  if (ok && (F->dk || F->dv)) ok = run_items(F, ks->backward_k, J->Nk, flops);
+  attn_free(buf, cap);
+  F->lse2 = F->D = F->fillp = NULL;
+  if (!ok) return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the workspace", op);
+  return ATTN_OK;
+}

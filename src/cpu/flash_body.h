@@ -1,0 +1,396 @@
+/* The flash attention kernels (float32), written once: each src/cpu/flash_<isa>.c
+ * defines FLASH_SUFFIX and the register block (FLASH_VL floats per vector,
+ * FLASH_QV vectors by FLASH_NR broadcasts) and includes this file, compiled
+ * with that ISA's flags (see the Makefile); src/attn_attention_flash.c picks
+ * one set at run time.
+ *
+ * Layout: a tile keeps 64 queries (forward, dq) or 64 keys (dk, dv) in vector
+ * lanes, one row per key (or query). Every product is then the one
+ * micro-kernel below, C[n][lanes] += sum_k A[k][lanes] * B[n, k], with A a
+ * packed tile and B read straight from the caller's rows by broadcasts, so
+ * K and V are never re-packed, the row maximum of the online softmax is a
+ * lane-wise max, and the score tile (64 x 64 floats) never leaves L1/L2.
+ * Scores are kept in base-2 units (q is scaled by scale * log2 e once when
+ * packed), so the softmax uses exp2. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "../attn_attention_internal.h"
+
+#define FLASH_CAT2(a, b) a##b
+#define FLASH_CAT(a, b) FLASH_CAT2(a, b)
+#define FLASH_FN(name) FLASH_CAT(name, FLASH_SUFFIX)
+
+#define TW ATTN_FLASH_TILE
+/* Keys per forward tile: two lane widths, so the P V product runs longer between its reloads of
+ * the output tile (the tile is then 32 KiB, still within L1 on current cores). */
+#define KT (2 * TW)
+
+typedef float flash_vf __attribute__((vector_size(FLASH_VL * 4)));
+
+static inline flash_vf vload(const float *p) {
+  flash_vf v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+static inline void vstore(float *p, flash_vf v) { memcpy(p, &v, sizeof v); }
+
+/* Rows [n0, n0 + NB) of the product below, lanes [l0, l0 + VL * QV): NB x QV accumulators stay in
+ * registers over the whole k loop (NB is a constant after inlining). */
+static inline __attribute__((always_inline)) void mk_block(const int NB, int64_t K, int64_t n0, int64_t l0,
+                                                           const float *A, const float *B, int64_t bn, int64_t bk,
+                                                           float *C, const float *cs, int mode) {
+  flash_vf acc[FLASH_NR][FLASH_QV];
+  for (int r = 0; r < NB; r++)
+    for (int q = 0; q < FLASH_QV; q++) acc[r][q] = (flash_vf){0};
+  const float *ap = A + l0, *bp = B + n0 * bn;
+  for (int64_t k = 0; k < K; k++, ap += TW, bp += bk) {
+    flash_vf a[FLASH_QV];
+    for (int q = 0; q < FLASH_QV; q++) a[q] = vload(ap + q * FLASH_VL);
+    for (int r = 0; r < NB; r++) {
+      float bv = bp[r * bn];
+      for (int q = 0; q < FLASH_QV; q++) acc[r][q] += a[q] * bv;
+    }
+  }
+  for (int r = 0; r < NB; r++)
+    for (int q = 0; q < FLASH_QV; q++) {
+      float *cp = C + (n0 + r) * TW + l0 + q * FLASH_VL;
+      flash_vf c = acc[r][q];
+      if (mode == 1) c += vload(cp);
+      if (mode == 2) c += vload(cp) * vload(cs + l0 + q * FLASH_VL);
+      vstore(cp, c);
+    }
+}
+
+/* C[n][0:TW] = init + sum_{k < K} A[k][0:TW] * B[n*bn + k*bk] for n < N, where init is 0
+ * (mode 0), C (mode 1) or C * cs lane-wise (mode 2: the online-softmax rescale). */
+static void mk(int64_t K, int64_t N, const float *A, const float *B, int64_t bn, int64_t bk, float *C,
+               const float *cs, int mode) {
+  for (int64_t l0 = 0; l0 < TW; l0 += FLASH_VL * FLASH_QV) {
+    int64_t n0 = 0;
+    for (; n0 + FLASH_NR <= N; n0 += FLASH_NR) mk_block(FLASH_NR, K, n0, l0, A, B, bn, bk, C, cs, mode);
+#if FLASH_NR > 4
+    for (; n0 + 4 <= N; n0 += 4) mk_block(4, K, n0, l0, A, B, bn, bk, C, cs, mode);
+#endif
+#if FLASH_NR > 2
+    for (; n0 + 2 <= N; n0 += 2) mk_block(2, K, n0, l0, A, B, bn, bk, C, cs, mode);
+#endif
+    for (; n0 < N; n0++) mk_block(1, K, n0, l0, A, B, bn, bk, C, cs, mode);
+  }
+}
+
+/* 2^x, vectorisable: exact 0 below -126 and for -inf, NaN stays NaN, relative error about 1e-7. */
+static inline float exp2_f(float x) {
+  uint32_t xb, kb, sb, yb;
+  memcpy(&xb, &x, 4);
+  float kf = x + 12583039.0f; /* round(x) + 127 in the low mantissa bits */
+  memcpy(&kb, &kf, 4);
+  float r = (x - (kf - 12583039.0f)) * 0.693147180559945f;
+  float p = 1.0f / 5040;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  sb = kb << 23;
+  float s;
+  memcpy(&s, &sb, 4);
+  float y = p * s;
+  memcpy(&yb, &y, 4);
+  yb &= (uint32_t)0 - (uint32_t)(xb <= 0xC2FC0000u || xb > 0xFF800000u); /* -126 > x >= -inf: 0 */
+  memcpy(&y, &yb, 4);
+  return y;
+}
+
+/* ---- masks ---------------------------------------------------------------- */
+
+/* Per query row (offset o from q0, o < nq): visible keys [a, b) and the first filled key e
+ * (d2l's valid_lens: keys in [e, b) score fill). Rows past the real ones see nothing. */
+static void query_ranges(const attn_attention_job *J, int64_t b, int64_t q0, int64_t nq, int64_t *qa, int64_t *qb,
+                         int64_t *qe) {
+  for (int64_t o = 0; o < TW; o++) {
+    if (o >= nq) {
+      qa[o] = qb[o] = qe[o] = 0;
+      continue;
+    }
+    int64_t i = q0 + o, a, bb;
+    attn_attention_key_range(J, i, &a, &bb);
+    int64_t len = J->lens ? J->lens[b * J->Nq + i] : J->Nk;
+    qa[o] = a;
+    qb[o] = bb;
+    qe[o] = len < bb ? (len > a ? len : a) : bb;
+  }
+}
+
+enum { TILE_SKIP, TILE_CLEAN, TILE_MASKED };
+
+/* Class of the tile keys [k0, k1) x query rows [0, nq): skipped when no row sees a key, or when
+ * every key a row sees is a filled one whose weight underflows to 0 (negligible[o]: the row's
+ * max, or log-sum-exp, lies more than 150 above the fill); clean when every row sees every key
+ * unfilled and there is no keep-mask. */
+static int classify(const attn_attention_job *J, int64_t nq, int64_t k0, int64_t k1, const int64_t *qa,
+                    const int64_t *qb, const int64_t *qe, const float *level, float fill2) {
+  int visible = 0, clean = J->mask == NULL, needed = 0;
+  for (int64_t o = 0; o < nq; o++) {
+    int64_t lo = qa[o] > k0 ? qa[o] : k0, hi = qb[o] < k1 ? qb[o] : k1;
+    if (!(qa[o] <= k0 && k1 <= qe[o])) clean = 0;
+    if (lo >= hi) continue;
+    visible = 1;
+    if (lo < qe[o] || !(level[o] > fill2 + 150.0f)) needed = 1;
+  }
+  if (!visible || !needed) return TILE_SKIP;
+  return clean ? TILE_CLEAN : TILE_MASKED;
+}
+
+static inline int keep_mask_at(const attn_attention_job *J, int64_t b, int64_t i, int64_t j) {
+  size_t off = (size_t)(b * J->msb + i * J->msr + j * J->msc);
+  return J->mdt == ATTN_F32 ? ((const float *)J->mask)[off] != 0 : ((const double *)J->mask)[off] != 0;
+}
+
+/* Masks tile T (rows x TW): lanes_q says whether lanes are queries (else rows are). Removed
+ * entries become -inf, filled ones fill2. Query offsets index qa/qb/qe from q0; keys from k0. */
+static void mask_tile(const attn_attention_job *J, int64_t b, float *T, int64_t rows, int lanes_q, int64_t q0,
+                      int64_t k0, const int64_t *qa, const int64_t *qb, const int64_t *qe, float fill2) {
+  for (int64_t n = 0; n < rows; n++)
+    for (int64_t l = 0; l < TW; l++) {
+      int64_t o = lanes_q ? l : n, j = k0 + (lanes_q ? n : l);
+      float *x = &T[n * TW + l];
+      if (j < qa[o] || j >= qb[o] || (J->mask && !keep_mask_at(J, b, q0 + o, j)))
+        *x = -INFINITY;
+      else if (j >= qe[o])
+        *x = fill2;
+    }
+}
+
+/* ---- forward ---------------------------------------------------------------- */
+
+static void pack_t(float *dst, const float *src, int64_t sr, int64_t rows, int64_t width, float scale) {
+  for (int64_t o = 0; o < TW; o++)
+    for (int64_t c = 0; c < width; c++) dst[c * TW + o] = o < rows ? src[o * sr + c] * scale : 0.0f;
+}
+
+/* Output, log-sum-exp and (when wanted) weights of queries [i0, i0 + 64) of head b. */
+void FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i0, float *ws) {
+  const attn_attention_job *J = F->J;
+  const int64_t Nq = J->Nq, Nk = J->Nk, d = J->d, dv = J->dv;
+  const int64_t r = Nq - i0 < TW ? Nq - i0 : TW;
+  float *Qt = ws, *Ot = Qt + d * TW, *S = Ot + dv * TW, *m = S + KT * TW, *l = m + TW, *al = l + TW, *mu = al + TW;
+  float *sum = mu + TW;
+  int64_t *qa = (int64_t *)(sum + TW), *qb = qa + TW, *qe = qb + TW;
+  query_ranges(J, b, i0, r, qa, qb, qe);
+  int64_t jlo = Nk, jhi = 0;
+  for (int64_t o = 0; o < r; o++)
+    if (qa[o] < qb[o]) {
+      if (qa[o] < jlo) jlo = qa[o];
+      if (qb[o] > jhi) jhi = qb[o];
+    }
+  pack_t(Qt, F->q.p + b * F->q.sb + i0 * F->q.sr, F->q.sr, r, d, F->qscale);
+  memset(Ot, 0, sizeof(float) * (size_t)(dv * TW));
+  for (int64_t o = 0; o < TW; o++) {
+    m[o] = -INFINITY;
+    l[o] = 0;
+  }
+  const float *K = F->k.p + b * F->k.sb, *V = F->v.p + b * F->v.sb;
+  for (int64_t j0 = jlo; j0 < jhi; j0 += KT) {
+    int64_t nb = jhi - j0 < KT ? jhi - j0 : KT;
+    int cls = classify(J, r, j0, j0 + nb, qa, qb, qe, m, F->fill2);
+    if (cls == TILE_SKIP) continue;
+    mk(d, nb, Qt, K + j0 * F->k.sr, F->k.sr, 1, S, NULL, 0);
+    if (cls == TILE_MASKED) mask_tile(J, b, S, nb, 1, i0, j0, qa, qb, qe, F->fill2);
+    /* online softmax: new running max, rescale factor of what came before, exp2 and row sums */
+    for (int64_t o = 0; o < TW; o++) mu[o] = m[o];
+    for (int64_t n = 0; n < nb; n++)
+      for (int64_t o = 0; o < TW; o++) mu[o] = S[n * TW + o] > mu[o] ? S[n * TW + o] : mu[o];
+    for (int64_t o = 0; o < TW; o++) {
+      float mnew = mu[o];
+      mu[o] = mnew == -INFINITY ? 0.0f : mnew;
+      al[o] = exp2_f(m[o] - mu[o]);
+      m[o] = mnew;
+      sum[o] = 0;
+    }
+    for (int64_t n = 0; n < nb; n++)
+      for (int64_t o = 0; o < TW; o++) {
+        float p = exp2_f(S[n * TW + o] - mu[o]);
+        S[n * TW + o] = p;
+        sum[o] += p;
+      }
+    for (int64_t o = 0; o < TW; o++) l[o] = l[o] * al[o] + sum[o];
+    if (J->dropout)
+      for (int64_t n = 0; n < nb; n++)
+        for (int64_t o = 0; o < r; o++) S[n * TW + o] *= (float)attn_attention_keep(J, b, i0 + o, j0 + n);
+    mk(nb, dv, S, V + j0 * F->v.sr, 1, F->v.sr, Ot, al, 2);
+  }
+  for (int64_t o = 0; o < r; o++) {
+    float inv = l[o] > 0 ? 1.0f / l[o] : 0.0f;
+    float *orow = F->out + ((b * Nq + i0 + o) * dv);
+    for (int64_t c = 0; c < dv; c++) orow[c] = Ot[c * TW + o] * inv;
+    if (F->lse) F->lse[b * Nq + i0 + o] = l[o] > 0 ? ((double)m[o] + log2((double)l[o])) * 0.6931471805599453 : INFINITY;
+  }
+  if (!F->weights) return;
+  /* weights: the scores once more, normalised with the final max and sum */
+  for (int64_t o = 0; o < r; o++) memset(F->weights + (b * Nq + i0 + o) * Nk, 0, sizeof(float) * (size_t)Nk);
+  for (int64_t o = 0; o < TW; o++) {
+    mu[o] = m[o] == -INFINITY ? 0.0f : m[o];
+    sum[o] = l[o] > 0 ? 1.0f / l[o] : 0.0f;
+  }
+  for (int64_t j0 = jlo; j0 < jhi; j0 += KT) {
+    int64_t nb = jhi - j0 < KT ? jhi - j0 : KT;
+    int cls = classify(J, r, j0, j0 + nb, qa, qb, qe, m, F->fill2);
+    if (cls == TILE_SKIP) continue;
+    mk(d, nb, Qt, K + j0 * F->k.sr, F->k.sr, 1, S, NULL, 0);
+    if (cls == TILE_MASKED) mask_tile(J, b, S, nb, 1, i0, j0, qa, qb, qe, F->fill2);
+    for (int64_t n = 0; n < nb; n++)
+      for (int64_t o = 0; o < TW; o++) S[n * TW + o] = exp2_f(S[n * TW + o] - mu[o]) * sum[o];
+    for (int64_t o = 0; o < r; o++) {
+      float *wrow = F->weights + (b * Nq + i0 + o) * Nk + j0;
+      for (int64_t n = 0; n < nb; n++) wrow[n] = S[n * TW + o];
+    }
+  }
+}
+
+/* ---- backward ----------------------------------------------------------------- */
+
+/* dq of queries [i0, i0 + 64) of head b: loops over key tiles, rebuilding P from the saved
+ * log-sum-exp. dS = P (dP - D) with D = dout . out; filled and removed keys give 0. */
+void FLASH_FN(attn_flash_backward_q_)(const attn_flash_job *F, int64_t b, int64_t i0, float *ws) {
+  const attn_attention_job *J = F->J;
+  const int64_t Nq = J->Nq, d = J->d, dv = J->dv;
+  const int64_t r = Nq - i0 < TW ? Nq - i0 : TW;
+  float *Qt = ws, *dOt = Qt + d * TW, *dQt = dOt + dv * TW, *S = dQt + d * TW, *dP = S + TW * TW;
+  float *lse2 = dP + TW * TW, *D = lse2 + TW;
+  int64_t *qa = (int64_t *)(D + TW), *qb = qa + TW, *qe = qb + TW;
+  query_ranges(J, b, i0, r, qa, qb, qe);
+  int64_t jlo = J->Nk, jhi = 0;
+  for (int64_t o = 0; o < r; o++)
+    if (qa[o] < qb[o]) {
+      if (qa[o] < jlo) jlo = qa[o];
+      if (qb[o] > jhi) jhi = qb[o];
+    }
+  pack_t(Qt, F->q.p + b * F->q.sb + i0 * F->q.sr, F->q.sr, r, d, F->qscale);
+  pack_t(dOt, F->dout.p + b * F->dout.sb + i0 * F->dout.sr, F->dout.sr, r, dv, 1.0f);
+  memset(dQt, 0, sizeof(float) * (size_t)(d * TW));
+  for (int64_t o = 0; o < TW; o++) {
+    lse2[o] = o < r ? F->lse2[b * Nq + i0 + o] : INFINITY;
+    D[o] = o < r ? F->D[b * Nq + i0 + o] : 0.0f;
+  }
+  const float *K = F->k.p + b * F->k.sb, *V = F->v.p + b * F->v.sb;
+  for (int64_t j0 = jlo; j0 < jhi; j0 += TW) {
+    int64_t nb = jhi - j0 < TW ? jhi - j0 : TW;
+    int cls = classify(J, r, j0, j0 + nb, qa, qb, qe, lse2, F->fill2);
+    if (cls == TILE_SKIP) continue;
+    mk(d, nb, Qt, K + j0 * F->k.sr, F->k.sr, 1, S, NULL, 0);
+    if (cls == TILE_MASKED) mask_tile(J, b, S, nb, 1, i0, j0, qa, qb, qe, F->fill2);
+    mk(dv, nb, dOt, V + j0 * F->v.sr, F->v.sr, 1, dP, NULL, 0);
+    if (J->dropout)
+      for (int64_t n = 0; n < nb; n++)
+        for (int64_t o = 0; o < r; o++) dP[n * TW + o] *= (float)attn_attention_keep(J, b, i0 + o, j0 + n);
+    for (int64_t n = 0; n < nb; n++)
+      for (int64_t o = 0; o < TW; o++) {
+        float p = exp2_f(S[n * TW + o] - lse2[o]);
+        dP[n * TW + o] = p * (dP[n * TW + o] - D[o]);
+      }
+    if (cls == TILE_MASKED)
+      for (int64_t n = 0; n < nb; n++)
+        for (int64_t o = 0; o < TW; o++)
+          if (j0 + n >= qe[o]) dP[n * TW + o] = 0.0f;
+    mk(nb, d, dP, K + j0 * F->k.sr, 1, F->k.sr, dQt, NULL, 1);
+  }
+  float sc = (float)J->scale;
+  for (int64_t o = 0; o < r; o++) {
+    float *row = F->dq + (b * Nq + i0 + o) * d;
+    for (int64_t c = 0; c < d; c++) row[c] = dQt[c * TW + o] * sc;
+  }
+}
+
+/* dk and dv of keys [j0, j0 + 64) of head b: lanes are keys, rows are queries, looping over
+ * query tiles. */
+void FLASH_FN(attn_flash_backward_k_)(const attn_flash_job *F, int64_t b, int64_t j0, float *ws) {
+  const attn_attention_job *J = F->J;
+  const int64_t Nq = J->Nq, Nk = J->Nk, d = J->d, dv = J->dv;
+  const int64_t nk = Nk - j0 < TW ? Nk - j0 : TW, j1 = j0 + nk;
+  float *Kt = ws, *Vt = Kt + d * TW, *dKt = Vt + dv * TW, *dVt = dKt + d * TW, *S = dVt + dv * TW,
+        *dP = S + TW * TW;
+  float *lse2 = dP + TW * TW;
+  int64_t *qa = (int64_t *)(lse2 + TW), *qb = qa + TW, *qe = qb + TW;
+  pack_t(Kt, F->k.p + b * F->k.sb + j0 * F->k.sr, F->k.sr, nk, d, F->qscale);
+  pack_t(Vt, F->v.p + b * F->v.sb + j0 * F->v.sr, F->v.sr, nk, dv, 1.0f);
+  memset(dKt, 0, sizeof(float) * (size_t)(d * TW));
+  memset(dVt, 0, sizeof(float) * (size_t)(dv * TW));
+  const float *Q = F->q.p + b * F->q.sb, *dO = F->dout.p + b * F->dout.sb;
+  /* causal: queries before j0 see none of these keys */
+  int64_t istart = J->causal && J->window < 0 ? (j0 / TW) * TW : 0;
+  for (int64_t i0 = istart; i0 < Nq; i0 += TW) {
+    int64_t nr = Nq - i0 < TW ? Nq - i0 : TW;
+    query_ranges(J, b, i0, nr, qa, qb, qe);
+    for (int64_t o = 0; o < TW; o++) lse2[o] = o < nr ? F->lse2[b * Nq + i0 + o] : INFINITY;
+    int cls = classify(J, nr, j0, j1, qa, qb, qe, lse2, F->fill2);
+    if (cls == TILE_SKIP) continue;
+    mk(d, nr, Kt, Q + i0 * F->q.sr, F->q.sr, 1, S, NULL, 0);
+    if (cls == TILE_MASKED) mask_tile(J, b, S, nr, 0, i0, j0, qa, qb, qe, F->fill2);
+    mk(dv, nr, Vt, dO + i0 * F->dout.sr, F->dout.sr, 1, dP, NULL, 0);
+    for (int64_t n = 0; n < nr; n++) {
+      const float L2 = lse2[n], Dn = F->D[b * Nq + i0 + n];
+      float *s = S + n * TW, *g = dP + n * TW;
+      if (J->dropout) {
+        for (int64_t o = 0; o < nk; o++) {
+          float p = exp2_f(s[o] - L2), kf = (float)attn_attention_keep(J, b, i0 + n, j0 + o);
+          g[o] = p * (g[o] * kf - Dn);
+          s[o] = p * kf;
+        }
+        for (int64_t o = nk; o < TW; o++) s[o] = g[o] = 0;
+      } else {
+        for (int64_t o = 0; o < TW; o++) {
+          float p = exp2_f(s[o] - L2);
+          g[o] = p * (g[o] - Dn);
+          s[o] = p;
+        }
+      }
+      if (cls == TILE_MASKED) /* filled keys: no score gradient; their weight comes from fillp (exact) */
+        for (int64_t o = 0; o < TW; o++) {
+          int64_t j = j0 + o;
+          if (j < qe[n]) continue;
+          g[o] = 0.0f;
+          if (j < qb[n] && (!J->mask || keep_mask_at(J, b, i0 + n, j)))
+            s[o] = F->fillp[b * Nq + i0 + n] * (J->dropout ? (float)attn_attention_keep(J, b, i0 + n, j) : 1.0f);
+        }
+    }
+    mk(nr, dv, S, dO + i0 * F->dout.sr, 1, F->dout.sr, dVt, NULL, 1);
+    mk(nr, d, dP, Q + i0 * F->q.sr, 1, F->q.sr, dKt, NULL, 1);
+  }
+  float sc = (float)J->scale;
+  for (int64_t o = 0; o < nk; o++) {
+    if (F->dk) {
+      float *row = F->dk + (b * Nk + j0 + o) * d;
+      for (int64_t c = 0; c < d; c++) row[c] = dKt[c * TW + o] * sc;
+    }
+    if (F->dv) {
+      float *row = F->dv + (b * Nk + j0 + o) * dv;
+      for (int64_t c = 0; c < dv; c++) row[c] = dVt[c * TW + o];
+    }
+  }
+}
+
+/* The FMA peak probe: 16 independent multiply-add chains (enough to cover the latency of two
+ * FMA pipes), iters rounds; returns a lane sum so the work is not optimised away. */
+static double fma_loop(int64_t iters) {
+  flash_vf acc[16], a = (flash_vf){0} + 0.999999f, c = (flash_vf){0} + 1e-7f;
+  for (int r = 0; r < 16; r++) acc[r] = (flash_vf){0} + (float)r;
+  for (int64_t it = 0; it < iters; it++)
+    for (int r = 0; r < 16; r++) acc[r] = acc[r] * a + c;
+  double s = 0;
+  for (int r = 0; r < 16; r++)
+    for (int l = 0; l < FLASH_VL; l++) s += acc[r][l];
+  return s;
+}
+
+const attn_flash_kernels FLASH_FN(attn_flash_kernels_) = {
+    .name = FLASH_NAME,
+    .forward = FLASH_FN(attn_flash_forward_),
+    .backward_q = FLASH_FN(attn_flash_backward_q_),
+    .backward_k = FLASH_FN(attn_flash_backward_k_),
+    .fma_loop = fma_loop,
+    .fma_flops = 16 * 2 * FLASH_VL,
+};
