@@ -245,9 +245,11 @@ static int all_finite_f32(const attn_tensor *t) {
 }
 
 /* Non-finite operands keep the reference path's guarantee that a NaN or inf in a removed entry
- * cannot reach the result; float64 always takes the reference path. */
+ * cannot reach the result; float64 always takes the reference path, and so do calls smaller than
+ * one 64 x 64 tile unless a flash kernel is asked for (the tile's padding would dominate). */
 static int flash_applies(const attn_attention_job *J, const attn_attention_opts *o, const attn_tensor *q,
                          const attn_tensor *k, const attn_tensor *v) {
+  if (o->kernel == ATTN_KERNEL_AUTO && J->Nq * J->Nk < (int64_t)ATTN_FLASH_TILE * ATTN_FLASH_TILE) return 0;
   return o->kernel != ATTN_KERNEL_REFERENCE && J->dt == ATTN_F32 && J->d > 0 && J->dv > 0 && J->B > 0 &&
          J->Nq > 0 && J->Nk > 0 && all_finite_f32(q) && all_finite_f32(k) && all_finite_f32(v);
 }

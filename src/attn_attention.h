@@ -75,7 +75,7 @@
 
 /* Which dot-product attention kernel runs (attn_attention_opts.kernel). */
 enum {
-  ATTN_KERNEL_AUTO = 0,      /* flash where it applies (float32, finite operands), else reference */
+  ATTN_KERNEL_AUTO = 0,      /* flash where it applies (float32, finite operands, Nq * Nk >= 64 * 64) */
   ATTN_KERNEL_REFERENCE,     /* the blocked sgemm path */
   ATTN_KERNEL_FLASH,         /* as AUTO */
   ATTN_KERNEL_FLASH_GENERIC, /* flash with the portable C micro-kernels */

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "attn_alloc.h"
 #include "attn_iter.h"
 #include "attn_ops.h"
 #include "attn_vmath.h"
@@ -191,5 +192,91 @@ attn_status attn_softmax(const attn_tensor *x, int dim, int log_softmax, attn_te
   attn_iter_add(&it, &ov);
   attn_iter_add(&it, &xv);
   attn_iter_run_cost(&it, softmax_rows, &c, 4 * c.len);
+  return ATTN_OK;
+}
+
+/* ------------------------------------------------------------ sort */
+
+/* One row's keys: doubles for float dtypes (float widens exactly), int64 for
+ * int64 (exact past 2^53). NaN sorts above everything, ties keep their order. */
+typedef struct {
+  const double *d;
+  const int64_t *i;
+  int descending;
+} sort_keys;
+
+/* Whether key a goes strictly before key b. */
+static int goes_before(const sort_keys *k, int64_t a, int64_t b) {
+  if (k->i) return k->descending ? k->i[a] > k->i[b] : k->i[a] < k->i[b];
+  double x = k->d[a], y = k->d[b];
+  int xn = x != x, yn = y != y;
+  if (xn || yn) return k->descending ? xn && !yn : !xn && yn;
+  return k->descending ? x > y : x < y;
+}
+
+/* Stable bottom-up merge sort of the positions perm[0..n) by their keys. */
+static void merge_sort(const sort_keys *k, int64_t *perm, int64_t *tmp, int64_t n) {
+  for (int64_t width = 1; width < n; width *= 2) {
+    for (int64_t lo = 0; lo < n; lo += 2 * width) {
+      int64_t mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
+      int64_t a = lo, b = mid, o = lo;
+      while (a < mid && b < hi) tmp[o++] = goes_before(k, perm[b], perm[a]) ? perm[b++] : perm[a++];
+      while (a < mid) tmp[o++] = perm[a++];
+      while (b < hi) tmp[o++] = perm[b++];
+    }
+    memcpy(perm, tmp, sizeof(int64_t) * (size_t)n);
+  }
+}
+
+attn_status attn_sort(const attn_tensor *x, int dim, int descending, attn_tensor *values, attn_tensor *indices) {
+  if (dim < 0 || dim >= x->ndim)
+    return attn_error(ATTN_ERR_ARG, "sort: dim %d out of range for %d-D tensor %s", dim + 1, x->ndim,
+                      attn_tensor_shape_str(x));
+  int ok = values->ndim == x->ndim && indices->ndim == x->ndim && values->dtype == x->dtype &&
+           indices->dtype == ATTN_I64;
+  for (int d = 0; ok && d < x->ndim; d++) ok = values->shape[d] == x->shape[d] && indices->shape[d] == x->shape[d];
+  if (!ok)
+    return attn_error(ATTN_ERR_SHAPE, "sort: outputs %s and %s must have the shape of %s (values in its dtype, "
+                      "indices int64)", attn_tensor_shape_str(values), attn_tensor_shape_str(indices),
+                      attn_tensor_shape_str(x));
+  int64_t len = x->shape[dim], rows = len > 0 ? attn_tensor_numel(x) / len : 0;
+  if (rows == 0 || len == 0) return ATTN_OK;
+  size_t cap;
+  char *scratch = attn_alloc(sizeof(int64_t) * 3 * (size_t)len, &cap); /* keys, perm, tmp */
+  if (!scratch) return attn_error(ATTN_ERR_MEMORY, "sort: out of memory for a row of %lld", (long long)len);
+  int64_t *perm = (int64_t *)scratch + len, *tmp = perm + len;
+  sort_keys k = {NULL, NULL, descending};
+  if (x->dtype == ATTN_I64)
+    k.i = (const int64_t *)scratch;
+  else
+    k.d = (const double *)scratch;
+  /* rows in row-major order of the other dims; pos walks them with pos[dim] = 0 */
+  int64_t pos[ATTN_MAX_DIMS] = {0};
+  for (int64_t r = 0; r < rows; r++) {
+    for (int64_t j = 0; j < len; j++) {
+      pos[dim] = j;
+      if (x->dtype == ATTN_I64)
+        ((int64_t *)scratch)[j] = attn_tensor_get_i64(x, pos);
+      else
+        ((double *)scratch)[j] = attn_tensor_get(x, pos);
+      perm[j] = j;
+    }
+    merge_sort(&k, perm, tmp, len);
+    for (int64_t j = 0; j < len; j++) {
+      int64_t src[ATTN_MAX_DIMS];
+      memcpy(src, pos, sizeof src);
+      src[dim] = perm[j];
+      pos[dim] = j;
+      memcpy(attn_tensor_ptr(values, pos), attn_tensor_ptr(x, src), attn_dtype_size(x->dtype));
+      attn_tensor_set_i64(indices, pos, perm[j]);
+    }
+    pos[dim] = 0;
+    for (int d = x->ndim - 1; d >= 0; d--) {
+      if (d == dim) continue;
+      if (++pos[d] < x->shape[d]) break;
+      pos[d] = 0;
+    }
+  }
+  attn_free(scratch, cap);
   return ATTN_OK;
 }

@@ -207,6 +207,42 @@ function attn.randint(low, high, shape, opt)
   return core.randint(sizes, math.tointeger(low), math.tointeger(high), dtype)
 end
 
+--- Normal samples N(mean, std^2) of a shape (PyTorch's `normal(mean, std, size)`
+-- with number arguments), from the seeded generator.
+-- @tparam number mean
+-- @tparam number std >= 0
+-- @tparam {integer,...} shape
+-- @tparam[opt] string|table opt dtype or `{dtype =, requires_grad =}`
+-- @treturn Tensor
+-- @raise when std < 0 or mean or std is not finite
+-- @usage local w = attn.normal(0, 0.01, { 4, 3 })
+function attn.normal(mean, std, shape, opt)
+  local sizes, rest = shape_of("normal", 0, shape, opt)
+  local dtype, rg = options(rest, "normal")
+  if type(mean) ~= "number" or type(std) ~= "number" then
+    error(string.format("normal: mean and std must be numbers, got %s and %s", type(mean), type(std)), 2)
+  end
+  return finish(core.normal_(core.empty(sizes, dtype), mean, std), rg)
+end
+
+--- Draws category ids from rows of probabilities (PyTorch's `multinomial`).
+-- Rows need not sum to 1 (weights >= 0). Without replacement a category is
+-- drawn at most once per row. Draws come from the seeded generator in row
+-- order, so the thread count never changes them.
+-- @tparam Tensor probs (C) or (R, C), float
+-- @tparam integer num_samples
+-- @tparam[opt=false] boolean replacement
+-- @treturn Tensor int64 1-based ids, (num_samples) or (R, num_samples)
+-- @raise on negative or non-finite weights, an all-zero row, or more samples
+-- than nonzero categories without replacement
+-- @usage local next_token = attn.multinomial(logits:softmax(-1), 1)
+function attn.multinomial(probs, num_samples, replacement)
+  if math.type(num_samples) ~= "integer" then
+    error(string.format("multinomial: num_samples must be an integer, got %s", tostring(num_samples)), 2)
+  end
+  return core.multinomial(probs, num_samples, replacement == true)
+end
+
 --- bernoulli(shape, p [, opt]) or bernoulli(n1, n2, ..., p [, opt]): ones with probability p.
 function attn.bernoulli(...)
   local shape, p, opt = shape_of("bernoulli", 1, ...)
@@ -375,9 +411,11 @@ attn.gradcheck = autograd.gradcheck
 
 -- ---------------------------------------------------------------- sub-modules
 
--- Loaded on first use: attn.linalg, attn.nn, attn.optim, and the functions of
--- attn.io and attn.attention appear as attn.save, attn.masked_softmax, ...
-local submodules = { linalg = "attn.linalg", nn = "attn.nn", optim = "attn.optim", progress = "attn.progress" }
+-- Loaded on first use: attn.linalg, attn.nn, attn.optim, attn.progress,
+-- attn.seq2seq, and the functions of attn.io and attn.attention appear as
+-- attn.save, attn.masked_softmax, ...
+local submodules = { linalg = "attn.linalg", nn = "attn.nn", optim = "attn.optim", progress = "attn.progress",
+  seq2seq = "attn.seq2seq" }
 local function_modules = { "attn.io", "attn.attention" }
 
 setmetatable(attn, {

@@ -131,7 +131,8 @@ static void test_matmul(void) {
 }
 
 /* int64: exact values past 2^53, wrapping arithmetic, extremes with int64
- * indices, conversions, index validation, lengths, and the float-only rule. */
+ * indices, conversions, index validation, lengths (past the end: all valid;
+ * negative: refused), and the float-only rule. */
 static void test_int64(void) {
   const int64_t big = ((int64_t)1 << 53) + 1;
   attn_tensor a, b, out, idx, f;
@@ -195,6 +196,9 @@ static void test_int64(void) {
   A[2] = 4;
   CHECK(attn_attention_lengths("masked_softmax", "valid_lens", "X", &a, 3, 1, 4, 0, lens) == ATTN_OK &&
             lens[0] == 2 && lens[1] == 0 && lens[2] == 4, "int64 lengths");
+  A[1] = 9;
+  CHECK(attn_attention_lengths("masked_softmax", "valid_lens", "X", &a, 3, 1, 4, 0, lens) == ATTN_OK && lens[1] == 4,
+        "a length past the end means all positions");
   A[1] = -1;
   CHECK(attn_attention_lengths("masked_softmax", "valid_lens", "X", &a, 3, 1, 4, 0, lens) == ATTN_ERR_ARG,
         "negative length refused");

@@ -4,6 +4,7 @@
 local attn = require "attn"
 local module = require "attn.nn.module"
 local init = require "attn.nn.init_fns"
+local autograd = require "attn.autograd"
 
 local Module = module.Module
 local core = attn.core
@@ -34,6 +35,7 @@ local function check_options(opts, who, allowed)
   return opts
 end
 M.check_options = check_options
+M.check_positive_int = check_positive_int
 
 -- ---------------------------------------------------------------- dropout (functional)
 
@@ -72,6 +74,30 @@ function Linear:init(in_features, out_features, opts)
   end
 end
 
+--- The affine map y = x W^T + b as one autograd node (instead of transpose,
+-- matmul, reshape and add): x (..., in), weight (out, in), bias (out) or nil
+-- -> (..., out). Backward: dx = g W, dW = g^T x, db = the column sums of g,
+-- over x and g flattened to rows.
+-- @usage local y = linear.linear(x, m.weight, m.bias)
+function M.linear(x, weight, bias)
+  local s = core.shape(x)
+  local n = #s
+  local fin, fout = core.size(weight, 2), core.size(weight, 1)
+  local x2 = n == 2 and x or core.reshape(x, -1, fin)
+  local y = core.matmul(x2, core.transpose(weight, 1, 2))
+  if bias then core.add_(y, bias) end -- y is fresh: nobody else sees the write
+  if n ~= 2 then
+    s[n] = fout
+    y = core.reshape(y, s)
+  end
+  return autograd.record("linear", y, { x, weight, bias or false }, function(g)
+    local g2 = n == 2 and g or core.reshape(g, -1, fout)
+    local dx = core.matmul(g2, weight)
+    if n ~= 2 then dx = core.reshape(dx, core.shape(x)) end
+    return dx, core.matmul(core.transpose(g2, 1, 2), x2), bias and core.sum(g2, 1) or nil
+  end)
+end
+
 function Linear:forward(x)
   check_tensor(x, "Linear", "input")
   local s = x:shape()
@@ -80,17 +106,7 @@ function Linear:forward(x)
     error(string.format("Linear: input %s has last dim %s, expected in_features = %d (weight %s)", shape_str(s),
       tostring(s[n]), self.in_features, shape_str(self.weight:shape())), 2)
   end
-  local wt = self.weight:t()
-  local y
-  if n <= 2 then
-    y = x:matmul(wt)
-  else
-    local out_shape = { table.unpack(s, 1, n - 1) }
-    out_shape[n] = self.out_features
-    y = x:reshape({ -1, self.in_features }):matmul(wt):reshape(out_shape)
-  end
-  if self.bias then y = y + self.bias end
-  return y
+  return M.linear(x, self.weight, self.bias)
 end
 
 function Linear:extra_repr()

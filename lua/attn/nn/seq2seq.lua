@@ -42,9 +42,7 @@ local function check_ids(who, X)
 end
 
 local function need_size(who, what, v)
-  if math.type(v) ~= "integer" or v < 1 then
-    error(string.format("%s: %s must be a positive integer, got %s", who, what, tostring(v)), 4)
-  end
+  linear.check_positive_int(v, who, what)
   return v
 end
 

@@ -99,16 +99,22 @@ end
 local TransformerEncoder = seq2seq.Encoder:extend("TransformerEncoder")
 M.TransformerEncoder = TransformerEncoder
 
-function TransformerEncoder:init(vocab_size, key_size, query_size, value_size, num_hiddens, norm_shape, ffn_num_input,
-                                 ffn_num_hiddens, num_heads, num_layers, dropout, use_bias)
-  self.num_hiddens = num_hiddens
+-- The embedding, positional encoding and blocks shared by the encoder and the
+-- decoder: blks.block0, ... made by make_block(i) for i = 0 .. num_layers - 1.
+local function embed_and_blocks(self, vocab_size, num_hiddens, dropout, num_layers, make_block)
+  self.num_hiddens, self.num_layers = num_hiddens, num_layers
   self.embedding = Embedding(vocab_size, num_hiddens)
   self.pos_encoding = attention.PositionalEncoding(num_hiddens, dropout)
   self.blks = containers.Sequential()
-  for i = 0, num_layers - 1 do
-    self.blks:add_module("block" .. i, TransformerEncoderBlock(key_size, query_size, value_size, num_hiddens,
-      norm_shape, ffn_num_input, ffn_num_hiddens, num_heads, dropout, use_bias))
-  end
+  for i = 0, num_layers - 1 do self.blks:add_module("block" .. i, make_block(i)) end
+end
+
+function TransformerEncoder:init(vocab_size, key_size, query_size, value_size, num_hiddens, norm_shape, ffn_num_input,
+                                 ffn_num_hiddens, num_heads, num_layers, dropout, use_bias)
+  embed_and_blocks(self, vocab_size, num_hiddens, dropout, num_layers, function()
+    return TransformerEncoderBlock(key_size, query_size, value_size, num_hiddens, norm_shape, ffn_num_input,
+      ffn_num_hiddens, num_heads, dropout, use_bias)
+  end)
 end
 
 function TransformerEncoder:forward(X, valid_lens)
@@ -194,14 +200,10 @@ function TransformerDecoder:init(vocab_size, key_size, query_size, value_size, n
       3)
   end
   self.positions = positions
-  self.num_hiddens, self.num_layers = num_hiddens, num_layers
-  self.embedding = Embedding(vocab_size, num_hiddens)
-  self.pos_encoding = attention.PositionalEncoding(num_hiddens, dropout)
-  self.blks = containers.Sequential()
-  for i = 0, num_layers - 1 do
-    self.blks:add_module("block" .. i, TransformerDecoderBlock(key_size, query_size, value_size, num_hiddens,
-      norm_shape, ffn_num_input, ffn_num_hiddens, num_heads, dropout, i))
-  end
+  embed_and_blocks(self, vocab_size, num_hiddens, dropout, num_layers, function(i)
+    return TransformerDecoderBlock(key_size, query_size, value_size, num_hiddens, norm_shape, ffn_num_input,
+      ffn_num_hiddens, num_heads, dropout, i)
+  end)
   self.dense = Linear(num_hiddens, vocab_size)
 end
 
