@@ -206,7 +206,8 @@ attn_tensor *attn_l_push_view(lua_State *L, const attn_tensor *view) {
 }
 
 attn_tensor *attn_l_push_number(lua_State *L, int idx, attn_dtype dtype, const char *fn) {
-  double v = luaL_checknumber(L, idx);
+  if (lua_type(L, idx) != LUA_TNUMBER) attn_l_argerror(L, idx, NULL, "a tensor or a number");
+  double v = lua_tonumber(L, idx);
   attn_tensor *s = attn_l_push_alloc(L, dtype, 0, NULL);
   if (dtype == ATTN_I64 && lua_isinteger(L, idx))
     attn_tensor_set_i64(s, NULL, (int64_t)lua_tointeger(L, idx));

@@ -310,8 +310,9 @@ static int l_sort(lua_State *L) {
  * tensor ids (any dtype) is an integer in 1..limit; errors name op and what. */
 static int l_check_ids(lua_State *L) {
   attn_tensor *t = attn_l_check(L, 1);
-  lua_Integer limit = luaL_checkinteger(L, 2);
-  const char *op = luaL_checkstring(L, 3), *what = luaL_checkstring(L, 4), *ctx = luaL_optstring(L, 5, NULL);
+  lua_Integer limit = attn_l_checkinteger(L, 2, "limit");
+  const char *op = attn_l_checklstring(L, 3, "op", NULL), *what = attn_l_checklstring(L, 4, "what", NULL);
+  const char *ctx = lua_isnoneornil(L, 5) ? NULL : attn_l_checklstring(L, 5, "context", NULL);
   ATTN_L_TRY(L, attn_index_convert(op, what, ctx, t, 1, (int64_t)limit, NULL));
   lua_settop(L, 1);
   return 1;

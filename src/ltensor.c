@@ -187,10 +187,10 @@ static int l_bernoulli(lua_State *L) {
 /* randint(shape, low, high [, dtype]): integers in [low, high), int64 by default. */
 static int l_randint(lua_State *L) {
   int64_t shape[ATTN_MAX_DIMS];
-  luaL_checktype(L, 1, LUA_TTABLE);
+  attn_l_checktable(L, 1, "shape");
   int nd = attn_l_checkshape(L, 1, shape, "randint");
   attn_l_check_sizes(L, nd, shape, "randint");
-  lua_Integer low = luaL_checkinteger(L, 2), high = luaL_checkinteger(L, 3);
+  lua_Integer low = attn_l_checkinteger(L, 2, "low"), high = attn_l_checkinteger(L, 3, "high");
   attn_tensor *t = attn_l_push_alloc(L, attn_l_optdtype(L, 4, ATTN_I64), nd, shape);
   ATTN_L_TRY(L, attn_rng_randint(attn_l_rng(L), t, (int64_t)low, (int64_t)high));
   return 1;
@@ -200,7 +200,7 @@ static int l_randint(lua_State *L) {
  * category ids (n) or (R, n). */
 static int l_multinomial(lua_State *L) {
   attn_tensor p = *attn_l_check(L, 1);
-  lua_Integer n = luaL_checkinteger(L, 2);
+  lua_Integer n = attn_l_checkinteger(L, 2, "num_samples");
   int replacement = lua_toboolean(L, 3);
   int vec = p.ndim == 1;
   if (p.ndim != 1 && p.ndim != 2)

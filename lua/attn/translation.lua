@@ -18,11 +18,13 @@ local seq2seq = require "attn.seq2seq"
 
 local translation = {}
 
---- The book's test sentences and their references.
+--- The book's test sentences (English sources).
 translation.ENGLISH = { "go .", "i lost .", "he's calm .", "i'm home ." }
+--- Their references (French), in the same order.
 translation.FRENCH = { "va !", "j'ai perdu .", "il est calme .", "je suis chez moi ." }
 
---- The options every translation script takes (besides --seed, --out, --data).
+--- The options every translation script takes, besides the seed, out and data
+-- options every script has (attn.cli).
 -- @tparam integer epochs the book's number of epochs for this model
 -- @treturn table option list for `cli.parse`
 function translation.options(epochs)
