@@ -9,11 +9,12 @@ describe("bench probes", function()
     local live = core.memory()
     core.peak_memory(true)
     assert.are.equal(live, core.peak_memory())
-    do
+    local function allocate() -- the tensor is garbage once this returns
       local t = attn.zeros { 256, 1024 } -- 1 MiB of float32
+      assert.are.equal(2 ^ 18, t:numel())
       assert.is_true(core.peak_memory() >= live + 2 ^ 20)
-      t = nil -- luacheck: ignore 311
     end
+    allocate()
     collectgarbage()
     collectgarbage()
     local peak = core.peak_memory(true) -- reading with reset returns the old peak
