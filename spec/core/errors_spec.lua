@@ -118,4 +118,12 @@ describe("errors", function()
     attn.no_grad(function() p:add_(1) end)
     assert.are.same({ 2, 2 }, p:totable())
   end)
+
+  it("an index below 1 says where indices start, one above the size names the size", function()
+    local x = attn.tensor({ 1, 2, 3 })
+    raises("index_select: index 0 at position 1 is out of range: indices start at 1 (indices [1])",
+      function() return x:index_select(1, attn.tensor({ 0 })) end)
+    raises("index_select: index 5 at position 1 out of range 1..3 for dim 1 of [3]",
+      function() return x:index_select(1, attn.tensor({ 5 })) end)
+  end)
 end)
