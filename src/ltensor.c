@@ -43,6 +43,9 @@ static void fill_from_table(lua_State *L, int idx, int depth, int ndim, const in
       lua_Integer k = lua_tointegerx(L, idx, &isint);
       if (!isint) {
         format_path(where, sizeof where, path, depth);
+        lua_Number v = lua_tonumber(L, idx);
+        if (v == floor(v) && isfinite(v))
+          attn_l_error(L, "tensor: element at %s is %s, outside the int64 range", where, lua_tostring(L, idx));
         attn_l_error(L, "tensor: element at %s is %s, not an integer (dtype int64)", where, lua_tostring(L, idx));
       }
       ((int64_t *)t->storage->data)[(*flat)++] = (int64_t)k;

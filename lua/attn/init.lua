@@ -85,7 +85,11 @@ end
 -- @treturn Tensor a new tensor (float32 by default; a copy keeps the source's dtype)
 -- @raise on a ragged table, a non-number element or an unknown option
 -- @usage local x = attn.tensor({{1, 2, 3}, {4, 5, 6}}, "float64") -- (2, 3)
-function attn.tensor(data, opt)
+function attn.tensor(data, opt, ...)
+  if select("#", ...) > 0 then
+    error("tensor: expected (data [, dtype or options]), got a third argument; put dtype and requires_grad in one " ..
+      "options table", 2)
+  end
   local dtype, rg = options(opt, "tensor")
   return finish(core.tensor(data, dtype), rg)
 end

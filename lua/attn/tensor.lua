@@ -356,6 +356,7 @@ function Tensor.flatten(x) return Tensor.reshape(x, core.numel(x)) end
 -- @treturn Tensor a new tensor, size x.size(d) * sizes[d] along each dim
 -- @usage attn.tensor({1, 2}):tile(2, 2) -- {{1, 2, 1, 2}, {1, 2, 1, 2}}
 function Tensor.tile(x, ...)
+  if select("#", ...) == 0 then error("tile: expected repeat counts (integers or one table), got none", 2) end
   local reps = type(...) == "table" and table.move(..., 1, #..., 1, {}) or { ... }
   local shape = core.shape(x)
   for d, r in ipairs(reps) do

@@ -126,4 +126,12 @@ describe("errors", function()
     raises("index_select: index 5 at position 1 out of range 1..3 for dim 1 of [3]",
       function() return x:index_select(1, attn.tensor({ 5 })) end)
   end)
+
+  it("prints NaN as nan, and names a missing tile count and a value outside int64", function()
+    assert.truthy(tostring(attn.tensor({ 1, 0 / 0, 2 })):find(" nan ", 1, true))
+    assert.falsy(tostring(attn.tensor({ 1, 0 / 0, 2 })):find("-nan", 1, true))
+    raises("tile: expected repeat counts (integers or one table), got none", function() return attn.ones({ 2 }):tile() end)
+    raises("tensor: element at [1] is 9.2233720368548e+18, outside the int64 range",
+      function() return attn.tensor({ 2 ^ 63 }, "int64") end)
+  end)
 end)
