@@ -233,22 +233,29 @@ end
 
 helper.sanitized = os.getenv("ATTN_SANITIZED") == "1"
 
---- Runs Lua source in a child lua5.4 with the module this suite loaded (the
--- sanitized one under `make test-asan`), so a crash fails a spec instead of the
--- whole run. With `times`, runs it that many times and stops at the first
--- failure. Returns exit_ok, exit_kind ("exit"/"signal"), code, and the
--- combined output.
-function helper.run_lua(source, times)
+--- The shell command that runs the Lua file `script` in a child lua5.4 with
+-- the module this suite loaded (the sanitized one under `make test-asan`).
+function helper.lua_command(script)
   local so = assert(package.searchpath("attn.core", package.cpath))
-  local cpath = so:gsub("attn/core%.so$", "?.so")
+  return string.format('LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="%s;;" lua5.4 %s',
+    so:gsub("attn/core%.so$", "?.so"), script)
+end
+
+--- Runs Lua source in a child process (see lua_command), so a crash fails a
+-- spec instead of the whole run. opts: times (run it that many times, stop at
+-- the first failure), shell (commands run first in the child's shell, e.g.
+-- "ulimit -f 64"). Returns exit_ok, exit_kind ("exit"/"signal"), code, and
+-- the combined output.
+function helper.run_lua(source, opts)
+  opts = opts or {}
   local script = os.tmpname()
   helper.write_bytes(script, source)
-  local cmd = string.format('LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="%s;;" lua5.4 %s 2>&1',
-    cpath, script)
-  if times then -- the same script `times` times; exits non-zero after the first failure
+  local cmd = helper.lua_command(script) .. " 2>&1"
+  if opts.times then
     cmd = string.format("i=0; while [ $i -lt %d ]; do %s || { echo \"run $i failed: $?\"; exit 1; }; i=$((i+1)); done",
-      times, cmd)
+      opts.times, cmd)
   end
+  if opts.shell then cmd = opts.shell .. "; " .. cmd end
   local p = assert(io.popen(cmd))
   local out = p:read("a")
   local ok, kind, code = p:close()

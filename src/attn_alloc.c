@@ -15,7 +15,10 @@ typedef struct free_block {
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static free_block *free_lists[CLASS_COUNT];
-static size_t live_bytes, cached_bytes;
+/* peak_live_bytes is the measurement peak (reset by attn_alloc_peak_live_bytes);
+ * live_peak the lifetime high-water mark that bounds the cache. */
+static size_t live_bytes, cached_bytes, peak_live_bytes, live_peak;
+static uint64_t clock_ticks, class_used[CLASS_COUNT]; /* when each class was last used */
 static size_t cache_limit = (size_t)4 << 30;
 static size_t max_request;
 
@@ -30,6 +33,14 @@ static int size_class(size_t n, size_t *class_bytes) {
   size_t quarters = (n - base + step - 1) / step; /* 1..4 */
   *class_bytes = base + quarters * step;
   return (octave - 6) * 4 + (int)quarters;
+}
+
+/* Size in bytes of class index cls (the inverse of size_class). */
+static size_t class_size(int cls) {
+  if (cls == 0) return MIN_BLOCK;
+  int octave = (cls - 1) / 4 + 6, quarters = (cls - 1) % 4 + 1;
+  size_t base = (size_t)1 << octave;
+  return base + (size_t)quarters * (base / 4);
 }
 
 static pthread_once_t max_request_once = PTHREAD_ONCE_INIT;
@@ -67,6 +78,7 @@ void *attn_alloc(size_t nbytes, size_t *capacity) {
     p = free_lists[cls];
     free_lists[cls] = free_lists[cls]->next;
     cached_bytes -= bytes;
+    class_used[cls] = ++clock_ticks;
   }
   pthread_mutex_unlock(&lock);
   if (!p && posix_memalign(&p, 64, bytes) != 0) {
@@ -75,6 +87,8 @@ void *attn_alloc(size_t nbytes, size_t *capacity) {
   }
   pthread_mutex_lock(&lock);
   live_bytes += bytes;
+  if (live_bytes > peak_live_bytes) peak_live_bytes = live_bytes;
+  if (live_bytes > live_peak) live_peak = live_bytes;
   pthread_mutex_unlock(&lock);
   *capacity = bytes;
   return p;
@@ -84,17 +98,41 @@ void attn_free(void *ptr, size_t capacity) {
   if (!ptr) return;
   size_t bytes;
   int cls = size_class(capacity, &bytes);
+  free_block *evicted = NULL;
   pthread_mutex_lock(&lock);
   live_bytes -= capacity;
-  if (cls < CLASS_COUNT && bytes == capacity && cached_bytes + capacity <= cache_limit) {
-    free_block *b = ptr;
-    b->next = free_lists[cls];
-    free_lists[cls] = b;
-    cached_bytes += capacity;
-    ptr = NULL;
+  /* The cache never holds more than the most ever live at once (what a loop
+   * can reuse) nor more than the limit; to take this block it gives up blocks
+   * of the classes used longest ago. */
+  size_t bound = live_peak < cache_limit ? live_peak : cache_limit;
+  if (cls < CLASS_COUNT && bytes == capacity && capacity <= bound) {
+    while (cached_bytes + capacity > bound) {
+      int victim = -1;
+      for (int i = 0; i < CLASS_COUNT; i++)
+        if (i != cls && free_lists[i] && (victim < 0 || class_used[i] < class_used[victim])) victim = i;
+      if (victim < 0) break;
+      free_block *b = free_lists[victim];
+      free_lists[victim] = b->next;
+      cached_bytes -= class_size(victim);
+      b->next = evicted;
+      evicted = b;
+    }
+    if (cached_bytes + capacity <= bound) {
+      free_block *b = ptr;
+      b->next = free_lists[cls];
+      free_lists[cls] = b;
+      cached_bytes += capacity;
+      class_used[cls] = ++clock_ticks;
+      ptr = NULL;
+    }
   }
   pthread_mutex_unlock(&lock);
   free(ptr);
+  while (evicted) {
+    free_block *next = evicted->next;
+    free(evicted);
+    evicted = next;
+  }
 }
 
 void attn_alloc_empty_cache(void) {
@@ -117,6 +155,14 @@ void attn_alloc_empty_cache(void) {
 size_t attn_alloc_live_bytes(void) {
   pthread_mutex_lock(&lock);
   size_t v = live_bytes;
+  pthread_mutex_unlock(&lock);
+  return v;
+}
+
+size_t attn_alloc_peak_bytes(int reset) {
+  pthread_mutex_lock(&lock);
+  size_t v = peak_live_bytes;
+  if (reset) peak_live_bytes = live_bytes;
   pthread_mutex_unlock(&lock);
   return v;
 }

@@ -16,7 +16,8 @@
 void *attn_alloc(size_t nbytes, size_t *capacity);
 
 /* Returns a block obtained from attn_alloc with its capacity; it goes to the
- * cache unless the cache is over its limit. */
+ * cache unless that would make the cache larger than its limit or than the
+ * largest number of bytes ever live at once. */
 void attn_free(void *ptr, size_t capacity);
 
 /* Gives every cached block back to the system. */
@@ -25,6 +26,10 @@ void attn_alloc_empty_cache(void);
 /* Bytes in blocks handed out and not yet freed, and bytes held in the cache. */
 size_t attn_alloc_live_bytes(void);
 size_t attn_alloc_cached_bytes(void);
+
+/* The most bytes live at once since the last reset (or the start); reset != 0
+ * restarts the count from the bytes live now (benchmarks: extra memory of a call). */
+size_t attn_alloc_peak_bytes(int reset);
 
 /* Largest number of bytes the cache keeps (default 4 GiB); 0 disables it. */
 void attn_alloc_set_cache_limit(size_t bytes);

@@ -112,6 +112,7 @@ static attn_status check_binary_dtype(attn_binary_op op, const attn_tensor *t) {
 }
 
 static const attn_iter_fn binary_fns[3] = {binary_f32, binary_f64, binary_i64};
+static attn_status run_binary(attn_binary_op op, const attn_tensor *a, const attn_tensor *b, attn_tensor *out);
 
 static attn_status check_writable(const char *op, const attn_tensor *out) {
   if (attn_tensor_overlaps_itself(out))
@@ -166,14 +167,25 @@ static attn_status check_joint_broadcast(const char *op, int n, const attn_tenso
   return ATTN_OK;
 }
 
-attn_status attn_binary(attn_binary_op op, const attn_tensor *a, const attn_tensor *b, attn_tensor *out) {
+attn_status attn_binary(attn_binary_op op, const attn_tensor *a_in, const attn_tensor *b_in, attn_tensor *out) {
   const char *name = binary_names[op];
-  attn_status st = check_dtypes(name, a, b);
-  if (st == ATTN_OK) st = check_dtypes(name, a, out);
-  if (st == ATTN_OK) st = check_binary_dtype(op, a);
+  attn_status st = check_dtypes(name, a_in, b_in);
+  if (st == ATTN_OK) st = check_dtypes(name, a_in, out);
+  if (st == ATTN_OK) st = check_binary_dtype(op, a_in);
   if (st == ATTN_OK) st = check_writable(name, out);
-  if (st == ATTN_OK) st = check_broadcast_out(name, a, b, out);
+  if (st == ATTN_OK) st = check_broadcast_out(name, a_in, b_in, out);
   if (st != ATTN_OK) return st;
+  attn_tensor ta = {0}, tb = {0}; /* inputs that overlap out are read from copies */
+  const attn_tensor *a = a_in, *b = b_in;
+  st = attn_unalias(out, a_in, &ta, &a);
+  if (st == ATTN_OK) st = attn_unalias(out, b_in, &tb, &b);
+  if (st == ATTN_OK) st = run_binary(op, a, b, out);
+  attn_tensor_free(&ta);
+  attn_tensor_free(&tb);
+  return st;
+}
+
+static attn_status run_binary(attn_binary_op op, const attn_tensor *a, const attn_tensor *b, attn_tensor *out) {
   attn_iter it;
   attn_iter_begin(&it, out->ndim, out->shape);
   attn_iter_add(&it, out);

@@ -44,17 +44,21 @@ attn_status attn_index_select(const attn_tensor *x, int dim, const int64_t *inde
   return ATTN_OK;
 }
 
-attn_status attn_index_add(attn_tensor *out, int dim, const int64_t *index, int64_t n, const attn_tensor *src) {
+attn_status attn_index_add(attn_tensor *out, int dim, const int64_t *index, int64_t n, const attn_tensor *src_in) {
   attn_status st = check_index_args("index_add", out, dim, index, n, dim >= 0 && dim < out->ndim ? out->shape[dim] : 0);
-  if (st == ATTN_OK) st = check_slices("index_add", out, src, dim, n);
+  if (st == ATTN_OK) st = check_slices("index_add", out, src_in, dim, n);
   if (st != ATTN_OK) return st;
-  for (int64_t k = 0; k < n; k++) { /* in order: repeated indices accumulate deterministically */
+  attn_tensor tmp; /* a source overlapping out is read from a copy */
+  const attn_tensor *src;
+  st = attn_unalias(out, src_in, &tmp, &src);
+  for (int64_t k = 0; st == ATTN_OK && k < n; k++) { /* in order: repeated indices accumulate deterministically */
     attn_tensor s = *src, d = *out;
     attn_view_select(&s, dim, k);
     attn_view_select(&d, dim, index[k]);
-    attn_binary(ATTN_ADD, &d, &s, &d);
+    st = attn_binary(ATTN_ADD, &d, &s, &d);
   }
-  return ATTN_OK;
+  attn_tensor_free(&tmp);
+  return st;
 }
 
 attn_status attn_index_convert(const char *op, const char *what, const char *ctx, const attn_tensor *src,

@@ -56,6 +56,11 @@ attn_status attn_masked_fill(const attn_tensor *x, const attn_tensor *mask, doub
  * that receives the 0-based position of the first extreme value. int64 x:
  * SUM (exact, wrapping), MAX and MIN only. */
 attn_status attn_reduce(attn_reduce_op op, const attn_tensor *x, int dim, attn_tensor *out, attn_tensor *indices);
+/* Stable sort along dim (any dtype): values (x's shape and dtype) get each
+ * row in ascending order, or descending when descending is nonzero; indices
+ * (int64, x's shape) the 0-based source positions. Equal keys keep their
+ * order; NaN sorts above every number (last ascending, first descending). */
+attn_status attn_sort(const attn_tensor *x, int dim, int descending, attn_tensor *values, attn_tensor *indices);
 /* Softmax / log-softmax over dim, numerically stable; out has x's shape (float only). */
 attn_status attn_softmax(const attn_tensor *x, int dim, int log, attn_tensor *out);
 

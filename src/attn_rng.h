@@ -39,5 +39,11 @@ uint64_t attn_rng_below(attn_rng *rng, uint64_t n);
 /* Integers uniform in [low, high) (PyTorch's randint), any dtype (float
  * dtypes round values past their precision). low < high. */
 attn_status attn_rng_randint(attn_rng *rng, attn_tensor *t, int64_t low, int64_t high);
+/* probs (R, C) float, rows of nonnegative weights (need not sum to 1) -> out
+ * (R, n) int64, contiguous: n 0-based category draws per row, row after row.
+ * Without replacement a drawn category's weight becomes 0, so n may not
+ * exceed the row's nonzero categories. Validates everything before drawing. */
+attn_status attn_rng_multinomial(attn_rng *rng, const attn_tensor *probs, int64_t n, int replacement,
+                                 attn_tensor *out);
 
 #endif

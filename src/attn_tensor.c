@@ -157,6 +157,38 @@ int attn_tensor_overlaps_itself(const attn_tensor *t) {
   return 0;
 }
 
+/* Byte span [lo, hi) of the elements of t relative to its storage. */
+static void byte_span(const attn_tensor *t, int64_t *lo, int64_t *hi) {
+  int64_t es = (int64_t)attn_dtype_size(t->dtype), below = 0, above = 0;
+  for (int d = 0; d < t->ndim; d++) {
+    int64_t reach = (t->shape[d] - 1) * t->stride[d];
+    if (reach < 0) below += reach; else above += reach;
+  }
+  *lo = (t->offset + below) * es;
+  *hi = (t->offset + above + 1) * es;
+}
+
+int attn_tensor_aliases(const attn_tensor *w, const attn_tensor *r) {
+  if (!w->storage || w->storage != r->storage) return 0;
+  if (attn_tensor_numel(w) == 0 || attn_tensor_numel(r) == 0) return 0;
+  int same = w->dtype == r->dtype && w->offset == r->offset && w->ndim == r->ndim;
+  for (int d = 0; same && d < w->ndim; d++) same = w->shape[d] == r->shape[d] && (w->shape[d] == 1 || w->stride[d] == r->stride[d]);
+  if (same) return 0;
+  int64_t wlo, whi, rlo, rhi;
+  byte_span(w, &wlo, &whi);
+  byte_span(r, &rlo, &rhi);
+  return wlo < rhi && rlo < whi;
+}
+
+attn_status attn_unalias(const attn_tensor *w, const attn_tensor *r, attn_tensor *tmp, const attn_tensor **use) {
+  tmp->storage = NULL;
+  *use = r;
+  if (!attn_tensor_aliases(w, r)) return ATTN_OK;
+  attn_status st = attn_tensor_clone(tmp, r, r->dtype);
+  if (st == ATTN_OK) *use = tmp;
+  return st;
+}
+
 void *attn_tensor_data(const attn_tensor *t) {
   return (char *)t->storage->data + t->offset * (int64_t)attn_dtype_size(t->dtype);
 }
@@ -476,18 +508,23 @@ static const attn_iter_fn copy_fns[3][3] = {
     {copy_i64_f32, copy_i64_f64, copy_i64_i64},
 };
 
-attn_status attn_copy(attn_tensor *dst, const attn_tensor *src) {
+attn_status attn_copy(attn_tensor *dst, const attn_tensor *src_in) {
+  attn_tensor tmp;
+  const attn_tensor *src;
   if (attn_tensor_overlaps_itself(dst))
     return attn_error(ATTN_ERR_ARG, "copy: destination %s is an expanded view (several indices share one element); "
                       "write to a contiguous copy", attn_tensor_shape_str(dst));
-  if (!broadcasts_to(src, dst))
+  if (!broadcasts_to(src_in, dst))
     return attn_error(ATTN_ERR_SHAPE, "copy: source %s does not broadcast to destination %s",
-                      attn_tensor_shape_str(src), attn_tensor_shape_str(dst));
+                      attn_tensor_shape_str(src_in), attn_tensor_shape_str(dst));
+  attn_status st = attn_unalias(dst, src_in, &tmp, &src); /* overlapping copy: through a temporary */
+  if (st != ATTN_OK) return st;
   attn_iter it;
   attn_iter_begin(&it, dst->ndim, dst->shape);
   attn_iter_add(&it, dst);
   attn_iter_add(&it, src);
   attn_iter_run(&it, copy_fns[dst->dtype][src->dtype], NULL);
+  attn_tensor_free(&tmp);
   return ATTN_OK;
 }
 

@@ -81,6 +81,15 @@ int attn_tensor_is_contiguous(const attn_tensor *t);
 /* Whether two different indices of t address the same element (a dim of size
  * > 1 with stride 0, as expand makes): such a view cannot be written to. */
 int attn_tensor_overlaps_itself(const attn_tensor *t);
+/* Whether writing w element by element can change what reading r returns:
+ * they share storage bytes and are not the very same view (same dtype,
+ * offset, shape and strides, where each element is read before it is
+ * written). Conservative: compares the byte spans the views cover. */
+int attn_tensor_aliases(const attn_tensor *w, const attn_tensor *r);
+/* What a kernel that writes w should read instead of r: r itself, or, when r
+ * aliases w, a contiguous copy made in *tmp (*tmp is left released
+ * otherwise; release it after the kernel in both cases). */
+attn_status attn_unalias(const attn_tensor *w, const attn_tensor *r, attn_tensor *tmp, const attn_tensor **use);
 /* Address of element 0 of the view. */
 void *attn_tensor_data(const attn_tensor *t);
 /* Shape as "[2x3]" (see attn_shape_str). */

@@ -6,17 +6,25 @@
  * on any host; a host-order memcpy is only a fast path, taken when the host is
  * detected (at run time) to be little-endian.
  *
- * Atomic writes: the bytes go to a temporary file next to the target
- * ("<path>.tmp.<pid>.<hex>", created with O_EXCL), which is flushed with
- * fsync and renamed over the target; the directory is then fsync'ed (best
- * effort). On any failure the temporary file is removed and the target is
+ * Atomic writes: the bytes go to a temporary file next to the target, which
+ * is flushed with fsync and renamed over the target; the directory is then
+ * fsync'ed (best effort). Where the file system allows it the temporary file
+ * is unnamed (O_TMPFILE) until it is complete, so a process killed while
+ * writing leaves nothing behind; it gets its name "<path>.tmp.<pid>.<hex>"
+ * (created with O_EXCL) just before the rename. Elsewhere it is named from the
+ * start, and each save removes such names left by processes that no longer
+ * exist. On any failure the temporary file is removed and the target is
  * untouched. Bad argument types raise; I/O failures return nil, msg. */
+#define _GNU_SOURCE /* O_TMPFILE */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -249,30 +257,110 @@ static int write_all(int fd, const char *p, size_t n) {
   return 0;
 }
 
+/* The folder of path into dir (size bytes); returns the file name's start,
+ * or NULL when the folder's name does not fit. */
+static const char *parent_dir(const char *path, char *dir, size_t size) {
+  const char *slash = strrchr(path, '/');
+  if (!slash) {
+    strcpy(dir, ".");
+    return path;
+  }
+  size_t n = slash == path ? 1 : (size_t)(slash - path);
+  if (n >= size) return NULL;
+  memcpy(dir, path, n);
+  dir[n] = 0;
+  return slash + 1;
+}
+
+/* Removes "<name>.tmp.<pid>.<hex>" files next to path whose process no longer
+ * exists: what a save killed while writing a named temporary leaves. */
+static void remove_stale_temps(const char *path) {
+  char dir[4096];
+  const char *name = parent_dir(path, dir, sizeof dir);
+  if (!name) return;
+  size_t len = strlen(name);
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    const char *s = e->d_name;
+    if (strncmp(s, name, len) != 0 || strncmp(s + len, ".tmp.", 5) != 0) continue;
+    char *end;
+    long pid = strtol(s + len + 5, &end, 10);
+    if (end == s + len + 5 || *end != '.' || pid <= 0 || pid == (long)getpid()) continue;
+    size_t hex = strspn(end + 1, "0123456789abcdef");
+    if (hex == 0 || end[1 + hex] != 0) continue;
+    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to judge */
+    (void)unlinkat(dirfd(d), s, 0);
+  }
+  closedir(d);
+}
+
+/* An unnamed file in path's folder (O_TMPFILE), or -1 where unsupported. */
+static int open_unnamed(const char *path) {
+#ifdef O_TMPFILE
+  char dir[4096];
+  if (!parent_dir(path, dir, sizeof dir)) return -1;
+  return open(dir, O_TMPFILE | O_WRONLY | O_CLOEXEC, 0666);
+#else
+  (void)path;
+  return -1;
+#endif
+}
+
 /* Best effort: makes the rename durable. Errors are ignored (some file
  * systems cannot fsync a directory); the data itself was already synced. */
 static void sync_parent_dir(const char *path) {
-  const char *slash = strrchr(path, '/');
   char dir[4096];
-  if (!slash) {
-    strcpy(dir, ".");
-  } else {
-    size_t n = slash == path ? 1 : (size_t)(slash - path);
-    if (n >= sizeof dir) return;
-    memcpy(dir, path, n);
-    dir[n] = 0;
-  }
+  if (!parent_dir(path, dir, sizeof dir)) return;
   int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;
   (void)fsync(fd);
   close(fd);
 }
 
+/* Writes the n resolved parts (table at index 3) to fd and fsyncs it;
+ * returns NULL, or what failed with its errno in *err. */
+static const char *write_parts(lua_State *L, int fd, lua_Integer n, int *err) {
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_rawgeti(L, 3, i);
+    const char *p;
+    size_t len;
+    if (lua_type(L, -1) == LUA_TSTRING) {
+      p = lua_tolstring(L, -1, &len);
+    } else {
+      attn_tensor *t = attn_l_test(L, -1);
+      len = tensor_nbytes(L, t);
+      p = len ? (const char *)attn_tensor_data(t) : "";
+    }
+    int failed = write_all(fd, p, len) != 0;
+    lua_pop(L, 1);
+    if (failed) {
+      *err = errno;
+      return "cannot write temporary file";
+    }
+  }
+  if (fsync(fd) != 0) {
+    *err = errno;
+    return "cannot fsync temporary file";
+  }
+  return NULL;
+}
+
+/* Pushes (at index 4) and returns the temporary name "<path>.tmp.<pid>.<hex>". */
+static const char *push_temp_name(lua_State *L, const char *path, uint32_t salt, int attempt) {
+  lua_settop(L, 3);
+  char suffix[40];
+  snprintf(suffix, sizeof suffix, ".tmp.%ld.%08x", (long)getpid(), (unsigned)(salt + 0x9e3779b9u * (uint32_t)attempt));
+  return lua_pushfstring(L, "%s%s", path, suffix);
+}
+
 /***
  * Writes strings (and tensors, as their little-endian row-major bytes) in
- * order to a temporary file in the directory of path, fsyncs it and renames
- * it over path. On failure the temporary file is removed and path is left as
- * it was.
+ * order to a temporary file in the directory of path (unnamed until complete
+ * where the file system allows), fsyncs it and renames it over path. On
+ * failure the temporary file is removed and path is left as it was; stale
+ * temporaries of killed saves to path are removed first.
  * @function write_file_atomic
  * @tparam string path
  * @tparam {string|Tensor,...} parts
@@ -307,43 +395,50 @@ static int l_write_file_atomic(lua_State *L) {
     lua_rawseti(L, 3, i);
   }
 
+  remove_stale_temps(path);
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   uint32_t salt = (uint32_t)ts.tv_nsec ^ (uint32_t)ts.tv_sec * 2654435761u ^ (uint32_t)(uintptr_t)&ts;
-  const char *tmp = NULL;
-  int fd = -1;
-  for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
-    lua_settop(L, 3);
-    char suffix[40];
-    snprintf(suffix, sizeof suffix, ".tmp.%ld.%08x", (long)getpid(), (unsigned)(salt + 0x9e3779b9u * (uint32_t)attempt));
-    tmp = lua_pushfstring(L, "%s%s", path, suffix);
-    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0 && errno != EEXIST) break;
+  int unnamed = open_unnamed(path);
+  const char *tmp = NULL, *what = NULL;
+  int fd = unnamed, err = 0;
+  if (unnamed >= 0) { /* written first, named once complete */
+    what = write_parts(L, unnamed, n, &err);
+    if (!what) {
+      char proc[64];
+      snprintf(proc, sizeof proc, "/proc/self/fd/%d", unnamed);
+      int linked = -1;
+      for (int attempt = 0; attempt < 100 && linked != 0; attempt++) {
+        tmp = push_temp_name(L, path, salt, attempt);
+        linked = linkat(AT_FDCWD, proc, AT_FDCWD, tmp, AT_SYMLINK_FOLLOW);
+        if (linked != 0 && errno != EEXIST) break;
+      }
+      if (linked != 0) { /* no /proc, or linking refused: write a named file instead */
+        close(unnamed);
+        fd = -1;
+      }
+    }
   }
   if (fd < 0) {
-    int err = errno;
+    for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
+      tmp = push_temp_name(L, path, salt, attempt);
+      fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+      if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd < 0) {
+      err = errno;
+      lua_pushnil(L);
+      lua_pushfstring(L, "%s: cannot create temporary file '%s': %s", path, tmp, strerror(err));
+      return 2;
+    }
+    what = write_parts(L, fd, n, &err);
+  }
+  if (what && fd == unnamed) { /* failed before it had a name: nothing to remove */
+    close(fd);
     lua_pushnil(L);
-    lua_pushfstring(L, "%s: cannot create temporary file '%s': %s", path, tmp, strerror(err));
+    lua_pushfstring(L, "%s: %s: %s", path, what, strerror(err));
     return 2;
   }
-
-  const char *what = NULL; /* the temporary name stays anchored at index 4 */
-  for (lua_Integer i = 1; i <= n && !what; i++) {
-    lua_rawgeti(L, 3, i);
-    const char *p;
-    size_t len;
-    if (lua_type(L, -1) == LUA_TSTRING) {
-      p = lua_tolstring(L, -1, &len);
-    } else {
-      attn_tensor *t = attn_l_test(L, -1);
-      len = tensor_nbytes(L, t);
-      p = len ? (const char *)attn_tensor_data(t) : "";
-    }
-    if (write_all(fd, p, len) != 0) what = "cannot write temporary file";
-    lua_pop(L, 1);
-  }
-  if (!what && fsync(fd) != 0) what = "cannot fsync temporary file";
-  int err = errno;
   if (close(fd) != 0 && !what) {
     what = "cannot close temporary file";
     err = errno;

@@ -131,7 +131,8 @@ static void test_matmul(void) {
 }
 
 /* int64: exact values past 2^53, wrapping arithmetic, extremes with int64
- * indices, conversions, index validation, lengths, and the float-only rule. */
+ * indices, conversions, index validation, lengths (past the end: all valid;
+ * negative: refused), and the float-only rule. */
 static void test_int64(void) {
   const int64_t big = ((int64_t)1 << 53) + 1;
   attn_tensor a, b, out, idx, f;
@@ -195,11 +196,50 @@ static void test_int64(void) {
   A[2] = 4;
   CHECK(attn_attention_lengths("masked_softmax", "valid_lens", "X", &a, 3, 1, 4, 0, lens) == ATTN_OK &&
             lens[0] == 2 && lens[1] == 0 && lens[2] == 4, "int64 lengths");
+  A[1] = 9;
+  CHECK(attn_attention_lengths("masked_softmax", "valid_lens", "X", &a, 3, 1, 4, 0, lens) == ATTN_OK && lens[1] == 4,
+        "a length past the end means all positions");
   A[1] = -1;
   CHECK(attn_attention_lengths("masked_softmax", "valid_lens", "X", &a, 3, 1, 4, 0, lens) == ATTN_ERR_ARG,
         "negative length refused");
   attn_tensor *all[] = {&a, &b, &out, &idx, &f, &mx};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) attn_tensor_free(all[i]);
+}
+
+/* sort against the expected stable order; multinomial never draws a zero weight. */
+static void test_sort_and_multinomial(void) {
+  attn_tensor x, v, i, p, out;
+  int64_t s6[1] = {6};
+  attn_tensor_init(&x, ATTN_F32, 1, s6);
+  attn_tensor_init(&v, ATTN_F32, 1, s6);
+  attn_tensor_init(&i, ATTN_I64, 1, s6);
+  const float in[6] = {2, NAN, -1, 2, -0.0f, 0};
+  memcpy(x.storage->data, in, sizeof in);
+  CHECK(attn_sort(&x, 0, 0, &v, &i) == ATTN_OK, "sort");
+  const int64_t want[6] = {2, 4, 5, 0, 3, 1}; /* -1, -0, 0, 2, 2, NaN: ties keep their order */
+  int ok = 1;
+  for (int k = 0; k < 6; k++) ok &= ((int64_t *)i.storage->data)[k] == want[k];
+  CHECK(ok, "stable ascending order with NaN last");
+  CHECK(isnan(((float *)v.storage->data)[5]) && ((float *)v.storage->data)[0] == -1, "values follow the indices");
+  int64_t sp[2] = {1, 4}, so[2] = {1, 200};
+  attn_tensor_init(&p, ATTN_F64, 2, sp);
+  attn_tensor_init(&out, ATTN_I64, 2, so);
+  const double w[4] = {0.5, 0, 2, 0};
+  memcpy(p.storage->data, w, sizeof w);
+  attn_rng rng;
+  attn_rng_seed(&rng, 3);
+  CHECK(attn_rng_multinomial(&rng, &p, 200, 1, &out) == ATTN_OK, "multinomial with replacement");
+  ok = 1;
+  for (int k = 0; k < 200; k++) {
+    int64_t c = ((int64_t *)out.storage->data)[k];
+    ok &= c == 0 || c == 2;
+  }
+  CHECK(ok, "zero weights are never drawn");
+  CHECK(attn_rng_multinomial(&rng, &p, 200, 0, &out) == ATTN_ERR_ARG, "too many draws without replacement");
+  CHECK(strstr(attn_last_error(), "row 1 has 2 categories with nonzero probability") != NULL, "message: %s",
+        attn_last_error());
+  attn_tensor *all[] = {&x, &v, &i, &p, &out};
+  for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) attn_tensor_free(all[k]);
 }
 
 /* One GRU step, one layer, B = H = 1, input size 1, against the equations by
@@ -306,6 +346,8 @@ int main(void) {
   test_broadcast_and_reduce();
   test_matmul();
   test_int64();
+  test_sort_and_multinomial();
+
   test_gru();
   test_vmath();
   attn_alloc_empty_cache();

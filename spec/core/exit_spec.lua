@@ -13,7 +13,7 @@ describe("process exit", function()
       local y = attn.ones({4}) + 1
       assert(y:sum():item() == 8)
       os.exit(0, true)
-    ]], runs)
+    ]], { times = runs })
     assert.is_true(ok, string.format("%s %s after %d runs:\n%s", tostring(kind), tostring(code), runs, out))
   end)
 end)

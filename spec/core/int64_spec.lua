@@ -27,7 +27,9 @@ describe("int64 tensors", function()
     assert.are.same({ 3 }, attn.empty({ 3 }, "int64"):shape())
     assert.are.equal(math.mininteger, attn.tensor(math.mininteger, "int64"):item())
     raises("tensor: element at [2] is 1.5, not an integer (dtype int64)", function() attn.tensor({ 1, 1.5 }, "int64") end)
-    raises("fill: int64 tensor with the non-integer number 0.5", function() attn.full({ 2 }, 0.5, "int64") end)
+    raises("full: int64 tensor with the non-integer number 0.5", function() attn.full({ 2 }, 0.5, "int64") end)
+    assert.are.same({ big, big }, attn.full({ 2 }, big, "int64"):totable()) -- exact past 2^53
+    assert.are.same({ -big }, attn.zeros({ 1 }, "int64"):fill_(-big):totable())
     raises("only floating tensors can require grad", function() attn.tensor({ 1 }, { dtype = "int64", requires_grad = true }) end)
   end)
 

@@ -35,6 +35,7 @@ local function check_options(opts, who, allowed)
   return opts
 end
 M.check_options = check_options
+M.check_positive_int = check_positive_int
 
 -- ---------------------------------------------------------------- dropout (functional)
 
@@ -53,6 +54,7 @@ end
 --- `nn.Linear(in_features, out_features [, {bias = true}])`: y = x W^T + b.
 -- weight (out, in) and bias (out), both U(-1/sqrt(in), 1/sqrt(in)) (PyTorch's
 -- kaiming-uniform with a = sqrt(5)); input (..., in) -> (..., out).
+-- @type Linear
 local Linear = Module:extend("Linear")
 M.Linear = Linear
 
@@ -117,6 +119,7 @@ end
 --- `nn.Embedding(num_embeddings, embedding_dim)`: a lookup table, weight (n, d) ~ N(0, 1).
 -- forward(ids): ids are 1-based token ids, a tensor of any shape or a (nested) Lua
 -- table; returns (ids shape..., d). Gradients flow to the weight rows used.
+-- @type Embedding
 local Embedding = Module:extend("Embedding")
 M.Embedding = Embedding
 
@@ -146,6 +149,7 @@ function Embedding:extra_repr() return string.format("%d, %d", self.num_embeddin
 
 --- `nn.Dropout(p)`: inverted dropout in training mode, identity in eval mode or
 -- with p = 0. The mask comes from `attn.bernoulli` (the engine's generator).
+-- @type Dropout
 local Dropout = Module:extend("Dropout")
 M.Dropout = Dropout
 
@@ -170,6 +174,7 @@ function Dropout:extra_repr() return string.format("p=%g, inplace=False", self.p
 -- normalises over the trailing dims given (a number d or a shape table), with
 -- the biased variance as PyTorch: y = (x - mean) / sqrt(var + eps) * weight + bias.
 -- weight starts at ones and bias at zeros, both of shape normalized_shape.
+-- @type LayerNorm
 local LayerNorm = Module:extend("LayerNorm")
 M.LayerNorm = LayerNorm
 
@@ -239,6 +244,7 @@ end
 -- ---------------------------------------------------------------- ReLU
 
 --- `nn.ReLU()`: max(x, 0) elementwise.
+-- @type ReLU
 local ReLU = Module:extend("ReLU")
 M.ReLU = ReLU
 

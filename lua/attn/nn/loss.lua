@@ -68,6 +68,7 @@ end
 
 --- `nn.CrossEntropyLoss{reduction = "mean"|"sum"|"none"}`: called as
 -- loss(logits (..., C), labels (...)) with 1-based class ids (tensor or table).
+-- @type CrossEntropyLoss
 local CrossEntropyLoss = Module:extend("CrossEntropyLoss")
 M.CrossEntropyLoss = CrossEntropyLoss
 
@@ -119,6 +120,7 @@ end
 -- -> (B), d2l's per-sequence loss: the cross-entropies of the first valid_len[b]
 -- tokens summed and divided by T (the book's scaling, see the module comment).
 -- Labels are 1-based class ids.
+-- @type MaskedSoftmaxCELoss
 local MaskedSoftmaxCELoss = Module:extend("MaskedSoftmaxCELoss")
 M.MaskedSoftmaxCELoss = MaskedSoftmaxCELoss
 
