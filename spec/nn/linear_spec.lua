@@ -243,6 +243,31 @@ describe("nn.LayerNorm", function()
     helper.gradcheck(function(x) return ln(x) end, { helper.param({ 2, 2, 3 }), ln.weight, ln.bias })
   end)
 
+  it("the fused node equals the composed ops (float32 values and gradients); no-affine passes gradcheck", function()
+    local ln = nn.LayerNorm({ 3, 4 })
+    attn.no_grad(function()
+      ln.weight:copy_(attn.randn({ 3, 4 }))
+      ln.bias:copy_(attn.randn({ 3, 4 }))
+    end)
+    local x = attn.randn({ 5, 3, 4 }, { requires_grad = true })
+    local g = attn.randn({ 5, 3, 4 })
+    local y1 = ln(x)
+    y1:backward(g)
+    local gx, gw, gb = x.grad, ln.weight.grad, ln.bias.grad
+    x.grad, ln.weight.grad, ln.bias.grad = nil, nil, nil
+    local x2 = x:reshape({ 5, 12 })
+    local c = x2 - x2:mean(-1, true)
+    local y2 = (c / (c:square():mean(-1, true) + 1e-5):sqrt()):reshape({ 5, 3, 4 }) * ln.weight + ln.bias
+    y2:backward(g)
+    local tol = { rtol = 1e-5, atol = 1e-5 }
+    assert.close(y1, y2, tol)
+    assert.close(gx, x.grad, tol)
+    assert.close(gw, ln.weight.grad, tol)
+    assert.close(gb, ln.bias.grad, tol)
+    local plain = nn.LayerNorm(4, { elementwise_affine = false, dtype = "float64" })
+    helper.gradcheck(function(a) return plain(a) end, { helper.param({ 3, 4 }) })
+  end)
+
   it("names the shapes on a mismatch", function()
     assert.error_matches(function() nn.LayerNorm(4)(attn.ones({ 2, 3 })) end,
       "LayerNorm: input %[2x3%] does not end with normalized_shape %[4%]")

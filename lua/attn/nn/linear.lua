@@ -206,14 +206,32 @@ function LayerNorm:forward(x)
   if not ok then
     error(string.format("LayerNorm: input %s does not end with normalized_shape %s", shape_str(s), shape_str(ns)), 2)
   end
-  local lead = { table.unpack(s, 1, n - k) }
-  lead[#lead + 1] = self.normalized_numel
-  local x2 = x:reshape(lead)
-  local centered = x2 - x2:mean(-1, true)
-  local var = centered:square():mean(-1, true)
-  local y = (centered / (var + self.eps):sqrt()):reshape(s)
-  if self.elementwise_affine then y = y * self.weight + self.bias end
-  return y
+  return M.layer_norm(x, self.normalized_numel, self.weight, self.bias, self.eps)
+end
+
+--- Layer normalisation over the last entries of x as one autograd node
+-- (instead of about eight): rows of n = normalized_numel entries become
+-- (x - mean) / sqrt(var + eps) (biased variance), then times weight plus bias
+-- when given (both of n entries, any shape). Backward, with xhat the
+-- normalised row and d = g * weight: dx = (d - mean(d) - xhat mean(d xhat)) / std.
+-- @usage local y = linear.layer_norm(x, 8, w, b, 1e-5)
+function M.layer_norm(x, n, weight, bias, eps)
+  local s = core.shape(x)
+  local x2 = core.reshape(x, -1, n)
+  local xc = core.sub(x2, core.mean(x2, 2, true))
+  local std = core.sqrt(core.add(core.mean(core.square(xc), 2, true), eps))
+  local xhat = core.div(xc, std)
+  local w = weight and core.reshape(weight, n)
+  local y = w and core.add(core.mul(xhat, w), core.reshape(bias, n)) or xhat
+  return autograd.record("layer_norm", core.reshape(y, s), { x, weight or false, bias or false }, function(g)
+    local g2 = core.reshape(g, -1, n)
+    local d = w and core.mul(g2, w) or g2
+    local dx = core.sub(core.sub(d, core.mean(d, 2, true)), core.mul(xhat, core.mean(core.mul(d, xhat), 2, true)))
+    dx = core.reshape(core.div(dx, std), s)
+    if not weight then return dx end
+    return dx, core.reshape(core.sum(core.mul(g2, xhat), 1), core.shape(weight)),
+      core.reshape(core.sum(g2, 1), core.shape(bias))
+  end)
 end
 
 function LayerNorm:extra_repr()
