@@ -90,6 +90,7 @@ void attn_l_open_linalg(lua_State *L);
 void attn_l_open_attention(lua_State *L);
 void attn_l_open_io(lua_State *L);
 void attn_l_open_rnn(lua_State *L);
+void attn_l_open_norm(lua_State *L);
 
 #define ATTN_L_TRY(L, call)                         \
   do {                                              \

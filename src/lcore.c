@@ -612,6 +612,7 @@ int luaopen_attn_core(lua_State *L) {
   attn_l_open_attention(L);
   attn_l_open_io(L);
   attn_l_open_rnn(L);
+  attn_l_open_norm(L);
   lua_pushfstring(L, "%d.%d.%d", ATTN_VERSION_MAJOR, ATTN_VERSION_MINOR, ATTN_VERSION_PATCH);
   lua_setfield(L, -2, "_VERSION");
 #ifdef ATTN_SANITIZED_BUILD

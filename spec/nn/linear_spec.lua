@@ -274,6 +274,96 @@ describe("nn.LayerNorm", function()
   end)
 end)
 
+describe("layer_norm kernel", function()
+  local linear = require "attn.nn.linear"
+
+  -- Output and every gradient of fn(x, w, b) under the upstream gradient g.
+  local function run(fn, x, w, b, n, g)
+    local xs, ws, bs = x:clone():requires_grad_(), w and w:clone():requires_grad_(), b and b:clone():requires_grad_()
+    local y = fn(xs, n, ws, bs, 1e-5)
+    y:backward(g)
+    return y, xs.grad, ws and ws.grad, bs and bs.grad
+  end
+
+  local cases = {
+    { x = { 7, 5 }, ns = { 5 } },
+    { x = { 2, 100, 24 }, ns = { 100, 24 } }, -- the book's LayerNorm([100, 24])
+    { x = { 3, 5, 7 }, ns = { 7 } },
+    { x = { 3, 5, 7 }, ns = { 5, 7 } },
+    { x = { 4, 1 }, ns = { 1 } }, -- one entry per row: xhat = 0, y = bias
+    { x = { 0, 3 }, ns = { 3 } }, -- no rows: zero parameter gradients
+  }
+  for _, dtype in ipairs { "float32", "float64" } do
+    local tol = dtype == "float32" and { rtol = 1e-5, atol = 1e-5 } or { rtol = 1e-12, atol = 1e-12 }
+    for _, c in ipairs(cases) do
+      for _, affine in ipairs { true, false } do
+        local name = string.format("equals the composed ops, %s %s over %s, affine %s", dtype,
+          attn.core.shape_str(c.x), attn.core.shape_str(c.ns),
+          tostring(affine))
+        it(name, function()
+          attn.manual_seed(11)
+          local n = 1
+          for _, d in ipairs(c.ns) do n = n * d end
+          local x = attn.randn(c.x, dtype) * 3 + 1
+          local w = affine and attn.randn(c.ns, dtype) or nil
+          local b = affine and attn.randn(c.ns, dtype) or nil
+          local g = attn.randn(c.x, dtype)
+          local k = { run(linear.layer_norm, x, w, b, n, g) }
+          local r = { run(linear.layer_norm_reference, x, w, b, n, g) }
+          assert.same(c.x, k[1]:shape())
+          for i = 1, affine and 4 or 2 do
+            assert.equal(dtype, k[i]:dtype())
+            assert.same(r[i]:shape(), k[i]:shape())
+            assert.close(k[i], r[i], tol)
+          end
+        end)
+      end
+    end
+  end
+
+  it("takes non-contiguous input and weight with only a bias", function()
+    attn.manual_seed(5)
+    local x = attn.randn({ 6, 4 }, "float64"):transpose(1, 2) -- (4, 6), strided
+    local b = attn.randn({ 6 }, "float64")
+    local g = attn.randn({ 4, 6 }, "float64")
+    local k = { run(linear.layer_norm, x, nil, b, 6, g) }
+    local r = { run(linear.layer_norm_reference, x, nil, b, 6, g) }
+    for i = 1, 2 do assert.close(k[i], r[i], { rtol = 1e-12, atol = 1e-12 }) end
+    assert.close(k[4], r[4], { rtol = 1e-12, atol = 1e-12 })
+  end)
+
+  it("passes gradcheck (float64, two normalised dims)", function()
+    local w, b = helper.param({ 3, 2 }), helper.param({ 3, 2 })
+    helper.gradcheck(function(x, ww, bb) return linear.layer_norm(x, 6, ww, bb, 1e-5) end,
+      { helper.param({ 4, 3, 2 }), w, b })
+  end)
+
+  it("gives the same bits on 1 and 2 threads", function()
+    attn.manual_seed(3)
+    local x, w, b = attn.randn { 3000, 33 }, attn.randn { 33 }, attn.randn { 33 }
+    local g = attn.randn { 3000, 33 }
+    local before = attn.get_num_threads()
+    local res = {}
+    for _, t in ipairs { 1, 2 } do
+      attn.set_num_threads(t)
+      res[t] = { run(linear.layer_norm, x, w, b, 33, g) }
+    end
+    attn.set_num_threads(before)
+    for i = 1, 4 do helper.assert_identical(res[2][i], res[1][i]) end
+  end)
+
+  it("names the shapes when the rows do not fit", function()
+    assert.error_matches(function() attn.core.layer_norm_forward(attn.ones({ 2, 3 }), 4, nil, nil, 1e-5) end,
+      "layer_norm: input %[2x3%] does not split into rows of 4 entries")
+    assert.error_matches(function()
+      attn.core.layer_norm_forward(attn.ones({ 2, 3 }), 3, attn.ones({ 4 }), nil, 1e-5)
+    end, "layer_norm: weight %[4%] must have 3 entries")
+    assert.error_matches(function()
+      attn.core.layer_norm_forward(attn.ones({ 2, 3 }), 3, attn.ones({ 3 }, "float64"), nil, 1e-5)
+    end, "layer_norm: weight %[3%] is float64, expected float32")
+  end)
+end)
+
 describe("nn.ReLU and nn.Sequential", function()
   it("ReLU clamps at zero and passes gradcheck", function()
     assert.close(nn.ReLU()(attn.tensor({ -1, 0, 2 })), { 0, 0, 2 }, { atol = 0 })

@@ -210,27 +210,43 @@ function LayerNorm:forward(x)
 end
 
 --- Layer normalisation over the last entries of x as one autograd node
--- (instead of about eight): rows of n = normalized_numel entries become
--- (x - mean) / sqrt(var + eps) (biased variance), then times weight plus bias
--- when given (both of n entries, any shape). Backward, with xhat the
--- normalised row and d = g * weight: dx = (d - mean(d) - xhat mean(d xhat)) / std.
+-- backed by the C kernel (attn_layernorm.h): rows of n = normalized_numel
+-- entries become (x - mean) / sqrt(var + eps) (biased variance), then times
+-- weight plus bias when given (both of n entries, any shape). Forward saves
+-- the per-row mean and 1/std (float64); backward is one pass over the rows
+-- for dx and one over the columns for the weight and bias gradients.
 -- @usage local y = linear.layer_norm(x, 8, w, b, 1e-5)
 function M.layer_norm(x, n, weight, bias, eps)
+  local xc = core.contiguous(x)
+  local w, b = weight and core.contiguous(weight), bias and core.contiguous(bias)
+  local y, mean, rstd = core.layer_norm_forward(xc, n, w, b, eps)
+  return autograd.record("layer_norm", y, { x, weight or false, bias or false }, function(g)
+    local dx, dw, db = core.layer_norm_backward(xc, n, w, mean, rstd, core.contiguous(g), weight ~= nil or bias ~= nil)
+    if weight == nil and bias == nil then return dx end
+    return dx, weight and dw or nil, bias and core.reshape(db, core.shape(bias)) or nil
+  end)
+end
+
+--- The same node composed from core ops, the reference the kernel is
+-- checked against. Backward, with xhat the normalised row and d = g * weight:
+-- dx = (d - mean(d) - xhat mean(d xhat)) / std.
+-- @usage local y = linear.layer_norm_reference(x, 8, w, b, 1e-5)
+function M.layer_norm_reference(x, n, weight, bias, eps)
   local s = core.shape(x)
   local x2 = core.reshape(x, -1, n)
   local xc = core.sub(x2, core.mean(x2, 2, true))
   local std = core.sqrt(core.add(core.mean(core.square(xc), 2, true), eps))
   local xhat = core.div(xc, std)
   local w = weight and core.reshape(weight, n)
-  local y = w and core.add(core.mul(xhat, w), core.reshape(bias, n)) or xhat
+  local y = w and core.mul(xhat, w) or xhat
+  if bias then y = core.add(y, core.reshape(bias, n)) end
   return autograd.record("layer_norm", core.reshape(y, s), { x, weight or false, bias or false }, function(g)
     local g2 = core.reshape(g, -1, n)
     local d = w and core.mul(g2, w) or g2
     local dx = core.sub(core.sub(d, core.mean(d, 2, true)), core.mul(xhat, core.mean(core.mul(d, xhat), 2, true)))
     dx = core.reshape(core.div(dx, std), s)
-    if not weight then return dx end
-    return dx, core.reshape(core.sum(core.mul(g2, xhat), 1), core.shape(weight)),
-      core.reshape(core.sum(g2, 1), core.shape(bias))
+    return dx, weight and core.reshape(core.sum(core.mul(g2, xhat), 1), core.shape(weight)) or nil,
+      bias and core.reshape(core.sum(g2, 1), core.shape(bias)) or nil
   end)
 end
 
