@@ -206,6 +206,10 @@ static void additive32_forward_task(void *ctx, int64_t begin, int64_t end) {
   }
 }
 
+static void add_row(float *restrict y, const float *restrict x, int64_t n) {
+  for (int64_t c = 0; c < n; c++) y[c] += x[c];
+}
+
 /* Batches b: dq[b], dk[b] and the partial dw of b from one tanh per unmasked
  * pair (masked pairs, whose grad is 0, are never evaluated). */
 static void additive32_backward_task(void *ctx, int64_t begin, int64_t end) {
@@ -235,15 +239,16 @@ static void additive32_backward_task(void *ctx, int64_t begin, int64_t end) {
               kp[np++] = J->k + (b * Nk + j) * h;
             }
           tanh_pairs(q, kp, np, c0, nc, t);
+          /* Separate unconditional loops over c, so each one vectorises. */
           for (int64_t p = 0; p < np; p++) {
-            const float gj = g[jp[p]], *tp = t + p * nc;
-            float *dkj = dk ? dk + jp[p] * h + c0 : NULL;
+            const float gj = g[jp[p]];
+            float *restrict tp = t + p * nc, *restrict dwc = dw + c0;
             for (int64_t c = 0; c < nc; c++) {
-              float u = gj * (1 - tp[c] * tp[c]);
-              dw[c0 + c] += gj * tp[c];
-              if (dq) dq[c0 + c] += u;
-              if (dkj) dkj[c] += u;
+              dwc[c] += gj * tp[c];
+              tp[c] = gj * (1 - tp[c] * tp[c]); /* now the grad of the pre-activation */
             }
+            if (dq) add_row(dq + c0, tp, nc);
+            if (dk) add_row(dk + jp[p] * h + c0, tp, nc);
           }
         }
       }
