@@ -187,7 +187,9 @@ attn_status attn_attention_sequence_mask(const attn_tensor *x, const attn_tensor
 
 /* qh (B, Nq, h), kh (B, Nk, h), wv (h) -> out (B, Nq, Nk) with
  * out[b,i,j] = sum_c wv[c] tanh(qh[b,i,c] + kh[b,j,c]), without forming the
- * (B, Nq, Nk, h) tensor. Accumulates in double. */
+ * (B, Nq, Nk, h) tensor. float64: libm tanh, double sums (the reference);
+ * float32: the vectorised attn_vmath tanh over blocks of (i, j) pairs, float
+ * sums in a fixed order per row. */
 attn_status attn_attention_additive_scores_forward(const attn_tensor *qh, const attn_tensor *kh, const attn_tensor *wv,
                                                    attn_tensor *out);
 

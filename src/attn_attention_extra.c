@@ -1,5 +1,6 @@
 /* The smaller attention kernels: d2l's sequence_mask, additive attention
- * scores (forward and backward without the (B, Nq, Nk, h) tensor) and the
+ * scores (forward and backward without the (B, Nq, Nk, h) tensor; float32
+ * through the vectorised tanh, one tanh per pair in the backward) and the
  * sinusoidal positional encoding. */
 #include <math.h>
 #include <stdatomic.h>
@@ -9,6 +10,7 @@
 #include "attn_alloc.h"
 #include "attn_attention.h"
 #include "attn_parallel.h"
+#include "attn_vmath.h"
 
 /* ------------------------------------------------------------ sequence_mask */
 
@@ -145,9 +147,129 @@ static attn_status check_out3(const char *op, const char *name, const attn_tenso
   return ATTN_OK;
 }
 
-static int64_t additive_grain(const additive_job *J, int64_t inner) {
-  double work = (double)inner * (double)J->h * 20.0; /* ~20 flops per tanh */
+/* Items per parallel chunk for items of `tanhs` tanh each, costing `flops`
+ * apiece (libm's double tanh ~20, the vectorised float one ~4). */
+static int64_t additive_grain(int64_t tanhs, double flops) {
+  double work = (double)tanhs * flops;
   return (int64_t)(2e5 / (work > 1 ? work : 1)) + 1;
+}
+
+/* float32 path: the shared vectorised tanh (attn_vmath) over blocks of (i, j)
+ * pairs, float arithmetic in a fixed order per output row. The float64 path
+ * above (libm, double) stays as the plain reference. */
+enum { ADDITIVE_BLOCK = 1024 }; /* floats of tanh per block: 4 KiB, in L1 */
+
+typedef struct {
+  int64_t B, Nq, Nk, h;
+  const float *q, *k, *w, *g; /* contiguous */
+  float *out, *dq, *dk;       /* contiguous outputs, or NULL */
+  float *dw_b;                /* (B, h) partial sums of dw */
+} additive32_job;
+
+/* Pairs of one block: np keys starting at k (rows of h floats), columns
+ * c0 .. c0 + hc - 1. t[p * hc + c] = tanh(q[c0 + c] + k[p][c0 + c]). */
+static void tanh_pairs(const float *q, const float *const *k, int64_t np, int64_t c0, int64_t hc, float *t) {
+  for (int64_t p = 0; p < np; p++)
+    for (int64_t c = 0; c < hc; c++) t[p * hc + c] = q[c0 + c] + k[p][c0 + c];
+  attn_vmath_tanh_f32(t, t, np * hc);
+}
+
+/* Keys per block and columns per chunk: whole rows of h when they fit. */
+static int64_t block_cols(int64_t h) { return h < ADDITIVE_BLOCK ? h : ADDITIVE_BLOCK; }
+
+static void additive32_forward_task(void *ctx, int64_t begin, int64_t end) {
+  const additive32_job *J = ctx;
+  const int64_t h = J->h, hc = block_cols(h), jb = ADDITIVE_BLOCK / hc;
+  float t[ADDITIVE_BLOCK];
+  const float *kp[ADDITIVE_BLOCK];
+  for (int64_t row = begin; row < end; row++) { /* row = b * Nq + i */
+    int64_t b = row / J->Nq;
+    const float *q = J->q + row * h;
+    float *out = J->out + row * J->Nk;
+    for (int64_t j = 0; j < J->Nk; j++) out[j] = 0;
+    for (int64_t c0 = 0; c0 < h; c0 += hc) {
+      int64_t nc = h - c0 < hc ? h - c0 : hc;
+      for (int64_t j0 = 0; j0 < J->Nk; j0 += jb) {
+        int64_t np = J->Nk - j0 < jb ? J->Nk - j0 : jb;
+        for (int64_t p = 0; p < np; p++) kp[p] = J->k + (b * J->Nk + j0 + p) * h;
+        tanh_pairs(q, kp, np, c0, nc, t);
+        for (int64_t p = 0; p < np; p++) {
+          float s[4] = {0, 0, 0, 0}; /* four lanes the compiler can keep in one register */
+          int64_t c = 0;
+          for (; c + 4 <= nc; c += 4)
+            for (int l = 0; l < 4; l++) s[l] += J->w[c0 + c + l] * t[p * nc + c + l];
+          for (; c < nc; c++) s[0] += J->w[c0 + c] * t[p * nc + c];
+          out[j0 + p] += (s[0] + s[1]) + (s[2] + s[3]);
+        }
+      }
+    }
+  }
+}
+
+static void add_row(float *restrict y, const float *restrict x, int64_t n) {
+  for (int64_t c = 0; c < n; c++) y[c] += x[c];
+}
+
+/* Batches b: dq[b], dk[b] and the partial dw of b from one tanh per unmasked
+ * pair (masked pairs, whose grad is 0, are never evaluated). */
+static void additive32_backward_task(void *ctx, int64_t begin, int64_t end) {
+  const additive32_job *J = ctx;
+  const int64_t h = J->h, Nq = J->Nq, Nk = J->Nk, hc = block_cols(h), jb = ADDITIVE_BLOCK / hc;
+  float t[ADDITIVE_BLOCK];
+  const float *kp[ADDITIVE_BLOCK];
+  int64_t jp[ADDITIVE_BLOCK];
+  for (int64_t b = begin; b < end; b++) {
+    float *dw = J->dw_b + b * h;
+    float *dk = J->dk ? J->dk + b * Nk * h : NULL;
+    for (int64_t c = 0; c < h; c++) dw[c] = 0;
+    if (dk)
+      for (int64_t x = 0; x < Nk * h; x++) dk[x] = 0;
+    for (int64_t i = 0; i < Nq; i++) {
+      const float *q = J->q + (b * Nq + i) * h, *g = J->g + (b * Nq + i) * Nk;
+      float *dq = J->dq ? J->dq + (b * Nq + i) * h : NULL;
+      if (dq)
+        for (int64_t c = 0; c < h; c++) dq[c] = 0;
+      for (int64_t c0 = 0; c0 < h; c0 += hc) {
+        int64_t nc = h - c0 < hc ? h - c0 : hc;
+        for (int64_t j = 0; j < Nk;) {
+          int64_t np = 0;
+          for (; j < Nk && np < jb; j++)
+            if (g[j] != 0) {
+              jp[np] = j;
+              kp[np++] = J->k + (b * Nk + j) * h;
+            }
+          tanh_pairs(q, kp, np, c0, nc, t);
+          /* Separate unconditional loops over c, so each one vectorises. */
+          for (int64_t p = 0; p < np; p++) {
+            const float gj = g[jp[p]];
+            float *restrict tp = t + p * nc, *restrict dwc = dw + c0;
+            for (int64_t c = 0; c < nc; c++) {
+              dwc[c] += gj * tp[c];
+              tp[c] = gj * (1 - tp[c] * tp[c]); /* now the grad of the pre-activation */
+            }
+            if (dq) add_row(dq + c0, tp, nc);
+            if (dk) add_row(dk + jp[p] * h + c0, tp, nc);
+          }
+        }
+      }
+      if (dq)
+        for (int64_t c = 0; c < h; c++) dq[c] *= J->w[c];
+    }
+    if (dk)
+      for (int64_t j = 0; j < Nk; j++)
+        for (int64_t c = 0; c < h; c++) dk[j * h + c] *= J->w[c];
+  }
+}
+
+/* Data of t as contiguous float32: t's own, or a copy made in *tmp. */
+static attn_status f32_data(const attn_tensor *t, attn_tensor *tmp, const float **p) {
+  if (attn_tensor_is_contiguous(t)) {
+    *p = attn_tensor_data(t);
+    return ATTN_OK;
+  }
+  attn_status st = attn_tensor_clone(tmp, t, ATTN_F32);
+  *p = st == ATTN_OK ? attn_tensor_data(tmp) : NULL;
+  return st;
 }
 
 attn_status attn_attention_additive_scores_forward(const attn_tensor *qh, const attn_tensor *kh, const attn_tensor *wv,
@@ -158,6 +280,16 @@ attn_status attn_attention_additive_scores_forward(const attn_tensor *qh, const 
   int64_t os[3] = {qh->shape[0], qh->shape[1], kh->shape[1]};
   if ((st = check_out3(op, "scores", out, qh->dtype, 3, os)) != ATTN_OK) return st;
   attn_tensor q = {0}, k = {0}, w = {0};
+  if (qh->dtype == ATTN_F32) {
+    additive32_job J = {.B = os[0], .Nq = os[1], .Nk = os[2], .h = qh->shape[2], .out = attn_tensor_data(out)};
+    if ((st = f32_data(qh, &q, &J.q)) == ATTN_OK && (st = f32_data(kh, &k, &J.k)) == ATTN_OK &&
+        (st = f32_data(wv, &w, &J.w)) == ATTN_OK)
+      attn_parallel_for(J.B * J.Nq, additive_grain(J.Nk * J.h, 4), additive32_forward_task, &J);
+    attn_tensor_free(&q);
+    attn_tensor_free(&k);
+    attn_tensor_free(&w);
+    return st;
+  }
   if ((st = attn_tensor_clone(&q, qh, ATTN_F64)) == ATTN_OK && (st = attn_tensor_clone(&k, kh, ATTN_F64)) == ATTN_OK &&
       (st = attn_tensor_clone(&w, wv, ATTN_F64)) == ATTN_OK) {
     additive_job J = {.B = os[0],
@@ -169,7 +301,7 @@ attn_status attn_attention_additive_scores_forward(const attn_tensor *qh, const 
                       .w = attn_tensor_data(&w),
                       .dt = qh->dtype,
                       .out = attn_tensor_data(out)};
-    attn_parallel_for(J.B * J.Nq, additive_grain(&J, J.Nk), additive_forward_task, &J);
+    attn_parallel_for(J.B * J.Nq, additive_grain(J.Nk * J.h, 20), additive_forward_task, &J);
   }
   attn_tensor_free(&q);
   attn_tensor_free(&k);
@@ -196,6 +328,35 @@ attn_status attn_attention_additive_scores_backward(const attn_tensor *qh, const
   attn_tensor q = {0}, k = {0}, w = {0}, g = {0};
   size_t cap = 0;
   double *dw_rows = NULL;
+  if (qh->dtype == ATTN_F32) {
+    additive32_job J = {.B = B,
+                        .Nq = Nq,
+                        .Nk = Nk,
+                        .h = h,
+                        .dq = dqh ? attn_tensor_data(dqh) : NULL,
+                        .dk = dkh ? attn_tensor_data(dkh) : NULL};
+    float *dw_b = NULL;
+    if ((st = f32_data(qh, &q, &J.q)) != ATTN_OK || (st = f32_data(kh, &k, &J.k)) != ATTN_OK ||
+        (st = f32_data(wv, &w, &J.w)) != ATTN_OK || (st = f32_data(dscores, &g, &J.g)) != ATTN_OK)
+      goto done;
+    dw_b = attn_alloc(sizeof(float) * (size_t)(B * h > 0 ? B * h : 1), &cap);
+    if (!dw_b) {
+      st = attn_error(ATTN_ERR_MEMORY, "%s: out of memory", op);
+      goto done;
+    }
+    J.dw_b = dw_b;
+    attn_parallel_for(B, additive_grain(Nq * Nk * h, 4), additive32_backward_task, &J);
+    if (dwv) {
+      float *out = attn_tensor_data(dwv);
+      for (int64_t c = 0; c < h; c++) {
+        double s = 0; /* fixed order over b: the same bits on any thread count */
+        for (int64_t b = 0; b < B; b++) s += dw_b[b * h + c];
+        out[c] = (float)s;
+      }
+    }
+    attn_free(dw_b, cap);
+    goto done;
+  }
   if ((st = attn_tensor_clone(&q, qh, ATTN_F64)) != ATTN_OK || (st = attn_tensor_clone(&k, kh, ATTN_F64)) != ATTN_OK ||
       (st = attn_tensor_clone(&w, wv, ATTN_F64)) != ATTN_OK ||
       (st = attn_tensor_clone(&g, dscores, ATTN_F64)) != ATTN_OK)
@@ -219,7 +380,7 @@ attn_status attn_attention_additive_scores_backward(const attn_tensor *qh, const
       goto done;
     }
     J.dw_rows = dw_rows;
-    attn_parallel_for(B * Nq, additive_grain(&J, Nk), additive_query_task, &J);
+    attn_parallel_for(B * Nq, additive_grain(Nk * h, 20), additive_query_task, &J);
     if (dwv) {
       char *out = attn_tensor_data(dwv);
       for (int64_t c = 0; c < h; c++) {
@@ -229,7 +390,7 @@ attn_status attn_attention_additive_scores_backward(const attn_tensor *qh, const
       }
     }
   }
-  if (dkh) attn_parallel_for(B * Nk, additive_grain(&J, Nq), additive_key_task, &J);
+  if (dkh) attn_parallel_for(B * Nk, additive_grain(Nq * h, 20), additive_key_task, &J);
 done:
   if (dw_rows) attn_free(dw_rows, cap);
   attn_tensor_free(&q);

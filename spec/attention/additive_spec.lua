@@ -78,6 +78,39 @@ describe("additive_scores", function()
     end
   end)
 
+  it("float32 blocks of pairs: wide h, many keys, masked grads, same bits on 1 and 2 threads", function()
+    -- h 1030 splits every key's columns into chunks; h 40 with 60 keys spreads the pairs of a
+    -- row over several tanh blocks.
+    for _, size in ipairs { { 2, 3, 2, 1030 }, { 3, 2, 60, 40 } } do
+      local B, Nq, Nk, h = table.unpack(size)
+      attn.manual_seed(2)
+      local Qh = attn.randn({ B, Nq, h }, "float32")
+      local Kh = attn.randn({ B, Nk, h }, "float32")
+      local w = attn.randn({ h }, "float32")
+      local G = attn.randn({ B, Nq, Nk }, "float32")
+      G:set(0, 1, 1, 1)
+      G:set(0, B, Nq, Nk)
+      local q, k, wt = Qh:totable(), Kh:totable(), w:totable()
+      local dq, dk, dw = naive_scores_backward(q, k, wt, G:totable())
+      local before = attn.get_num_threads()
+      local res = {}
+      for _, n in ipairs { 1, 2 } do
+        attn.set_num_threads(n)
+        local Qr, Kr, wr = Qh:clone():requires_grad_(), Kh:clone():requires_grad_(), w:clone():requires_grad_()
+        local S = attn.additive_scores(Qr, Kr, wr)
+        ;(S * G):sum():backward()
+        res[n] = { S, Qr.grad, Kr.grad, wr.grad }
+      end
+      attn.set_num_threads(before)
+      local tol = { atol = 1e-5, rtol = 1e-5 }
+      helper.assert_close(res[1][1], naive_scores(q, k, wt), { atol = 1e-4, rtol = 1e-5 })
+      helper.assert_close(res[1][2], dq, tol)
+      helper.assert_close(res[1][3], dk, tol)
+      helper.assert_close(res[1][4], dw, { atol = 1e-4, rtol = 1e-5 })
+      for i = 1, 4 do helper.assert_identical(res[2][i], res[1][i]) end
+    end
+  end)
+
   it("passes gradient checks", function()
     local Qh, Kh, w = helper.param({ 2, 3, 4 }), helper.param({ 2, 5, 4 }), helper.param({ 4 })
     helper.gradcheck(attn.additive_scores, { Qh, Kh, w })
