@@ -1,5 +1,7 @@
 #include "attn_rng.h"
 
+#include <float.h>
+
 #include <math.h>
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
@@ -55,7 +57,8 @@ static void fill_each(attn_rng *rng, attn_tensor *t, draw_fn draw, double a, dou
 static double draw_uniform(attn_rng *rng, double low, double high, int *sv, double *sp) {
   (void)sv;
   (void)sp;
-  return low + (high - low) * attn_rng_uniform01(rng);
+  double u = attn_rng_uniform01(rng);
+  return low * (1.0 - u) + high * u; /* a convex combination: finite for any finite bounds (high - low may not be) */
 }
 
 /* Box-Muller, using both values of each pair. */
@@ -84,6 +87,8 @@ attn_status attn_rng_uniform(attn_rng *rng, attn_tensor *t, double low, double h
   if (st != ATTN_OK) return st;
   if (!(low <= high) || !isfinite(low) || !isfinite(high))
     return attn_error(ATTN_ERR_ARG, "rand: bounds [%g, %g) are not an interval", low, high);
+  if (t->dtype == ATTN_F32 && (fabs(low) > FLT_MAX || fabs(high) > FLT_MAX))
+    return attn_error(ATTN_ERR_ARG, "rand: bounds [%g, %g) exceed the float32 range", low, high);
   fill_each(rng, t, draw_uniform, low, high);
   return ATTN_OK;
 }
