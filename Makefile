@@ -7,9 +7,14 @@ PKG_CONFIG ?= pkg-config
 PREFIX     ?= /usr/local
 DESTDIR    ?=
 LUA_VERSION       = 5.4
-LUA_INCDIR        ?= $(shell $(PKG_CONFIG) --cflags lua5.4 2>/dev/null)
-LUA_LMOD_DIR      ?= $(PREFIX)/share/lua/$(LUA_VERSION)
-LUA_CMODULE_DIR   ?= $(PREFIX)/lib/lua/$(LUA_VERSION)
+# LuaRocks' variables: LUA_INCDIR is a directory (lua.h), LUADIR and LIBDIR
+# the install folders of Lua and C modules; CFLAGS and LIBFLAG below. The
+# module never links liblua (the interpreter provides it), so LUA_LIBDIR is
+# accepted and unused.
+LUA_INCDIR        ?= $(patsubst -I%,%,$(filter -I%,$(shell $(PKG_CONFIG) --cflags lua5.4 2>/dev/null)))
+LUA_CFLAGS         = $(if $(LUA_INCDIR),-I$(LUA_INCDIR))
+LUA_LMOD_DIR      ?= $(if $(LUADIR),$(LUADIR),$(PREFIX)/share/lua/$(LUA_VERSION))
+LUA_CMODULE_DIR   ?= $(if $(LIBDIR),$(LIBDIR),$(PREFIX)/lib/lua/$(LUA_VERSION))
 BLAS_FLAGS        ?= $(shell $(PKG_CONFIG) --cflags openblas lapacke 2>/dev/null)
 BLAS_LIBS         ?= $(shell $(PKG_CONFIG) --libs openblas lapacke 2>/dev/null)
 CAIRO_FLAGS       ?= $(shell $(PKG_CONFIG) --cflags cairo 2>/dev/null)
@@ -19,7 +24,9 @@ CC       ?= gcc
 # The baseline build runs on any CPU of its architecture: the vectorised row
 # math in src/cpu/ is compiled once per instruction set with its own flags and
 # chosen at run time (src/attn_vmath.c), so no -march=native is needed.
-OPT      ?= -O2
+# -fvect-cost-model=dynamic: GCC's -O2 model only vectorises loops that need
+# no runtime checks, which leaves the elementwise kernels scalar.
+OPT      ?= -O2 -fvect-cost-model=dynamic
 CFLAGS   ?= $(OPT)
 # Warnings are errors in CI (.ci/run sets WERROR) and for the default build;
 # a user who passes their own OPT or CFLAGS (another compiler, other warnings)
@@ -38,14 +45,17 @@ endif
 # which the vectoriser needs; the kernels never rely on floating-point traps.
 CPU_OPT   = -O3 -fno-trapping-math
 LIBFLAG  ?= -shared
-ALL_CFLAGS = $(WARN) $(CFLAGS) -fPIC $(LUA_INCDIR) $(BLAS_FLAGS)
+ALL_CFLAGS = $(WARN) $(CFLAGS) -fPIC $(LUA_CFLAGS) $(BLAS_FLAGS)
 LDLIBS    = $(BLAS_LIBS) -lpthread -lm
 
 DEBIAN_PACKAGES = lua5.4 liblua5.4-dev libopenblas-dev liblapacke-dev lua-busted lua-check \
                   lua-cjson lua-filesystem pkgconf gcc make cppcheck valgrind \
                   fonts-dejavu-core \
                   libcairo2-dev \
-                  lua-expat
+                  lua-expat \
+                  lua-ldoc \
+                  lua-markdown \
+                  luarocks
 
 SRC       = $(wildcard src/*.c) $(wildcard src/cpu/*.c)
 HEADERS   = $(wildcard src/*.h src/cpu/*.h)
@@ -60,17 +70,24 @@ ASAN_CAIRO_MODULE = build/asan/attn/cairo.so
 
 LUA_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="lua/?.so;;" OPENBLAS_NUM_THREADS=1
 
-.PHONY: all deps test test-exit test-asan test-leaks fuzz fuzz-files check-c check-c-run demo bench lint clean install examples
+.PHONY: all deps test test-exit test-asan test-leaks fuzz fuzz-files check-c check-c-run check-install doc \
+        doc-check demo bench lint clean install uninstall examples help
 
-all: $(MODULE) $(CAIRO_MODULE)
+all: $(MODULE) $(CAIRO_MODULE) ## build lua/attn/core.so and lua/attn/cairo.so
+
+# `make help`: every target with its one-line description (its "##" comment).
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /\1\t/' | awk -F '\t' '{ printf "  %-15s %s\n", $$1, $$2 }'
 
 # Installs whatever Debian package is missing (first command on a fresh machine).
-deps:
-	@missing=""; for p in $(DEBIAN_PACKAGES); do \
+# NO_DEPS=1 skips it (packagers, LuaRocks, machines without apt).
+deps: ## install the missing Debian packages with apt-get (skipped with NO_DEPS=1)
+	@if [ "$(NO_DEPS)" = 1 ]; then exit 0; fi; \
+	missing=""; for p in $(DEBIAN_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
-	  echo "installing Debian packages:$$missing"; \
+	  echo "make deps: installing missing Debian packages with apt-get:$$missing (NO_DEPS=1 skips this)"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
@@ -90,17 +107,17 @@ $(MODULE): $(OBJ)
 	$(CC) $(LIBFLAG) -o $@ $(OBJ) $(LDLIBS)
 
 $(CAIRO_MODULE): $(CAIRO_SRC)
-	@echo "cc $<"; $(CC) $(WARN) $(CFLAGS) -fPIC $(LUA_INCDIR) $(CAIRO_FLAGS) $(LIBFLAG) $< -o $@ $(CAIRO_LIBS)
+	@echo "cc $<"; $(CC) $(WARN) $(CFLAGS) -fPIC $(LUA_CFLAGS) $(CAIRO_FLAGS) $(LIBFLAG) $< -o $@ $(CAIRO_LIBS)
 
 build/asan/%.o: src/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	@echo "cc (asan) $<"; $(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
-	  -DATTN_SANITIZED_BUILD -fPIC $(LUA_INCDIR) $(BLAS_FLAGS) -c $< -o $@
+	  -DATTN_SANITIZED_BUILD -fPIC $(LUA_CFLAGS) $(BLAS_FLAGS) -c $< -o $@
 
 build/asan/cpu/%.o: src/cpu/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	@echo "cc (asan) $<"; $(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
-	  $(call cpu_isa_flags,$*) -fPIC $(LUA_INCDIR) $(BLAS_FLAGS) -c $< -o $@
+	  $(call cpu_isa_flags,$*) -fPIC $(LUA_CFLAGS) $(BLAS_FLAGS) -c $< -o $@
 
 $(ASAN_MODULE): $(ASAN_OBJ)
 	@mkdir -p $(dir $@)
@@ -109,10 +126,10 @@ $(ASAN_MODULE): $(ASAN_OBJ)
 $(ASAN_CAIRO_MODULE): $(CAIRO_SRC)
 	@mkdir -p $(dir $@)
 	@echo "cc (asan) $<"; $(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
-	  -fPIC $(LUA_INCDIR) $(CAIRO_FLAGS) $(LIBFLAG) $< -o $@ $(CAIRO_LIBS)
+	  -fPIC $(LUA_CFLAGS) $(CAIRO_FLAGS) $(LIBFLAG) $< -o $@ $(CAIRO_LIBS)
 
 # Specs through busted's TAP output; tools/tap-summary prints "N passed, N failed".
-test: deps
+test: deps ## build and run every spec ("N passed, N failed")
 	@$(MAKE) --no-print-directory all
 	@$(LUA_ENV) $(BUSTED) -o TAP $(BUSTED_ARGS) spec | tools/tap-summary
 
@@ -124,7 +141,7 @@ ASAN_ENV = LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-fil
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="build/asan/?.so;;" OPENBLAS_NUM_THREADS=1 \
 	  ATTN_SANITIZED=1
-test-asan: deps
+test-asan: deps ## every spec with the module under AddressSanitizer and UBSan
 	@$(MAKE) --no-print-directory $(ASAN_MODULE) $(ASAN_CAIRO_MODULE)
 	@$(ASAN_ENV) $(BUSTED) --cpath="build/asan/?.so" -o TAP $(BUSTED_ARGS) spec | tools/tap-summary
 
@@ -143,7 +160,7 @@ build/fuzz/fuzz_files: tools/fuzz_files.c $(FUZZ_OBJ)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer $(LUA_INCDIR) tools/fuzz_files.c $(FUZZ_OBJ) -o $@ \
 	  $(shell $(PKG_CONFIG) --libs lua5.4 2>/dev/null || echo -llua5.4) $(LDLIBS)
 
-fuzz-files: deps
+fuzz-files: deps ## libFuzzer on the safetensors, .npy and corpus readers (FUZZ_FILES_SECONDS)
 	@$(MAKE) --no-print-directory build/fuzz/fuzz_files
 	@d=$$(mktemp -d); $(LUA_ENV) $(LUA) tools/fuzz_seeds.lua $$d && \
 	  $(LUA_ENV) ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 build/fuzz/fuzz_files \
@@ -151,7 +168,7 @@ fuzz-files: deps
 
 # The whole suite under LeakSanitizer (the ASan module, leak checking on): a
 # leak that nothing references any more fails the run.
-test-leaks: deps
+test-leaks: deps ## every spec under LeakSanitizer
 	@$(MAKE) --no-print-directory $(ASAN_MODULE)
 	@$(ASAN_ENV) ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 $(BUSTED) --cpath="build/asan/?.so" -o TAP $(BUSTED_ARGS) spec \
 	  | tools/tap-summary
@@ -160,7 +177,7 @@ test-leaks: deps
 # scratch folder (it saves files under hostile names). FUZZ_SECONDS, FUZZ_SEED.
 FUZZ_SECONDS ?= 60
 FUZZ_SEED    ?= $(shell date +%s)
-fuzz: deps
+fuzz: deps ## the seeded API fuzzer under ASan+UBSan (FUZZ_SECONDS, FUZZ_SEED)
 	@$(MAKE) --no-print-directory $(ASAN_MODULE)
 	@d=$$(mktemp -d); cd $$d && LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
@@ -169,7 +186,7 @@ fuzz: deps
 
 # 300 short processes that exit right after starting 64 workers and running a
 # job: none may crash (the workers are joined before the library is unloaded).
-test-exit: deps
+test-exit: deps ## 300 processes that exit right after a parallel job with 64 workers
 	@$(MAKE) --no-print-directory all
 	@$(LUA_ENV) ATTN_EXIT_RUNS=300 $(BUSTED) -o TAP spec/core/exit_spec.lua | tools/tap-summary
 
@@ -177,7 +194,7 @@ test-exit: deps
 # (A second make evaluates the pkg-config flags after deps has installed pkgconf.)
 CORE_SRC = $(filter src/attn_%.c,$(SRC))
 CPU_SRC  = $(wildcard src/cpu/*.c)
-check-c: deps
+check-c: deps ## the C core's unit tests under ASan and valgrind
 	@$(MAKE) --no-print-directory check-c-run
 
 check-c-run: $(CPU_SRC:src/%.c=build/asan/%.o) $(CPU_SRC:src/%.c=build/obj/%.o)
@@ -190,32 +207,58 @@ check-c-run: $(CPU_SRC:src/%.c=build/asan/%.o) $(CPU_SRC:src/%.c=build/obj/%.o)
 	OPENBLAS_NUM_THREADS=1 valgrind -q --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite \
 	  build/test_core
 
-demo: deps
+# The LDoc reference (config.ld: lua/attn and the doc-only files in doc-src/
+# for the functions written in C) as HTML in doc/, after doc-check: every
+# public name, found by walking the attn tables at run time, needs an entry.
+doc: doc-check ## build the HTML reference into doc/ (LDoc), after doc-check
+	@ldoc -q . && echo "reference: doc/index.html"
+
+doc-check: deps ## list public names without a doc entry; fails if any
+	@$(MAKE) --no-print-directory all
+	@mkdir -p build
+	@LUA_PATH="./?.lua;;" ldoc --filter tools.doc_names.filter . 2>build/ldoc-warnings.txt | grep "	" >build/doc-names.txt
+	@$(LUA_ENV) $(LUA) tools/doc-check.lua build/doc-names.txt
+
+# luarocks make into a temporary tree from a clean copy, require attn from
+# another folder, luarocks remove; then make install/uninstall with DESTDIR.
+check-install: deps ## check the rockspec and make install/uninstall in temporary trees
+	@tools/check-install
+
+demo: deps ## train Bahdanau attention on the shipped sample (examples/bahdanau.lua)
 	@$(MAKE) --no-print-directory all
 	@$(LUA_ENV) $(LUA) examples/bahdanau.lua $(DEMO_ARGS)
 
 # Every example with small sizes (a smoke run, as CI does).
-examples: deps
+examples: deps ## run every example with small sizes
 	@$(MAKE) --no-print-directory all
 	@set -e; for f in examples/*.lua; do echo "example $$f"; $(LUA_ENV) ATTN_SMOKE=1 $(LUA) $$f; done
 
-bench: deps
+bench: deps ## run bench/bench.lua
 	@$(MAKE) --no-print-directory all
-	@$(LUA_ENV) $(LUA) bench/bench.lua
+	@QUICK=$(QUICK) $(LUA_ENV) $(LUA) bench/bench.lua
 
-lint: deps
-	luacheck lua spec examples bench tools/fuzz.lua
+lint: deps ## luacheck and cppcheck
+	luacheck lua spec examples bench tools
 	@# Kernels walk operands through byte pointers with byte strides and cast them to the
 	@# element type; the allocator guarantees alignment, so invalidPointerCast is noise here.
 	cppcheck --quiet --error-exitcode=1 --enable=warning,performance,portability --inline-suppr \
 	  --suppress=missingIncludeSystem --suppress=invalidPointerCast -I src src
 
-install: all
+install: all ## install into PREFIX (or LUADIR/LIBDIR), honouring DESTDIR
 	install -d $(DESTDIR)$(LUA_CMODULE_DIR)/attn $(DESTDIR)$(LUA_LMOD_DIR)/attn
 	install -m 755 $(MODULE) $(DESTDIR)$(LUA_CMODULE_DIR)/attn/core.so
 	install -m 755 $(CAIRO_MODULE) $(DESTDIR)$(LUA_CMODULE_DIR)/attn/cairo.so
 	cd lua && find attn -name '*.lua' -exec install -D -m 644 {} $(DESTDIR)$(LUA_LMOD_DIR)/{} \;
 	install -D -m 644 data/fra-eng-sample.txt $(DESTDIR)$(LUA_LMOD_DIR)/attn/data/fra-eng-sample.txt
 
-clean:
+# Removes what install put there (the same variables), then the folders left empty.
+uninstall: ## remove what make install installed (same PREFIX/LUADIR/LIBDIR/DESTDIR)
+	rm -f $(DESTDIR)$(LUA_CMODULE_DIR)/attn/core.so $(DESTDIR)$(LUA_CMODULE_DIR)/attn/cairo.so
+	cd lua && find attn -name '*.lua' -exec rm -f $(DESTDIR)$(LUA_LMOD_DIR)/{} \;
+	rm -f $(DESTDIR)$(LUA_LMOD_DIR)/attn/data/fra-eng-sample.txt
+	for d in $(DESTDIR)$(LUA_LMOD_DIR)/attn $(DESTDIR)$(LUA_CMODULE_DIR)/attn; do \
+	  [ ! -d $$d ] || find $$d -depth -type d -empty -delete; \
+	done
+
+clean: ## remove build outputs
 	rm -rf build $(MODULE) $(CAIRO_MODULE) out

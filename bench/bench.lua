@@ -1,78 +1,342 @@
--- make bench: the engine's core throughput, then every bench/*_bench.lua.
--- All figures come from one run on this machine; compare ratios, not absolutes.
+-- make bench [QUICK=1]: one table of the engine's speed on this machine, printed and written to
+-- out/bench/bench.md and out/bench/bench.json.
+--
+-- Rows: the measured FMA peak of one core; dot-product attention forward and forward+backward
+-- (causal and not, N = 128 .. 8192, d = 64 and 128, 1 and 2 threads) with GFLOP/s, % of the
+-- peak, the extra memory a call takes and the OpenBLAS sgemm pair on the same products; the
+-- book's small calls; training steps of the book's models at its settings. When /usr/bin/python3
+-- has torch, bench/torch_bench.py times the same rows (one thread) and the table shows the ratio.
+--
+-- Clocks: one-thread rows use process CPU time (other processes on a shared machine then slow
+-- the measurement less), two-thread rows wall time; every figure is the best of three rounds.
+-- Flop counts: forward 4 B N^2 d (half of it when causal), forward+backward 3.5 times that
+-- (the usual convention: backward = 2.5 forwards; recomputation is not counted).
 local attn = require "attn"
-local clock = attn.core.clock
+local core = attn.core
+local nn = attn.nn
 
-local function time_it(fn, min_seconds)
-  fn() -- warm-up: first touch of fresh pages, BLAS buffers
-  local reps, t0 = 0, clock()
-  repeat
-    fn()
-    reps = reps + 1
-  until clock() - t0 >= (min_seconds or 0.5)
-  return (clock() - t0) / reps
-end
+local QUICK = os.getenv("QUICK") == "1" or os.getenv("QUICK") == "yes"
+local BUDGET = QUICK and 0.12 or 0.3 -- seconds per measurement (at least one call per round)
+local SIZES = QUICK and { 256, 1024, 2048 } or { 128, 256, 512, 1024, 2048, 4096, 8192 }
+local DIMS = QUICK and { 64 } or { 64, 128 }
+local TORCH_MAX_N = QUICK and 1024 or 4096 -- PyTorch materialises (B, N, N): keep its rows bounded
+local PYTHON = "/usr/bin/python3"
+local started = core.clock()
 
-print(string.format("attn %s bench, %d threads", attn._VERSION, attn.get_num_threads()))
-print("\n-- matmul (cblas gemm inside the worker pool)")
-print(string.format("%-28s %10s %10s", "shape", "ms/call", "GFLOP/s"))
-for _, case in ipairs {
-  { 256, 256, 256 }, { 1024, 1024, 1024 }, { 2048, 64, 2048 }, { 8, 512, 64, 512 },
-} do
-  local a, b, flops
-  if #case == 3 then
-    local m, k, n = case[1], case[2], case[3]
-    a, b, flops = attn.randn({ m, k }), attn.randn({ k, n }), 2 * m * k * n
-  else
-    local bs, m, k, n = case[1], case[2], case[3], case[4]
-    a, b, flops = attn.randn({ bs, m, k }), attn.randn({ bs, k, n }), 2 * bs * m * k * n
-  end
-  local s = time_it(function() return attn.core.matmul(a, b) end)
-  print(string.format("%-28s %10.3f %10.1f", table.concat(case, "x"), s * 1e3, flops / s / 1e9))
-end
-
-print("\n-- elementwise and softmax on 4M float32 elements")
-local x, y = attn.randn({ 2048, 2048 }), attn.randn({ 2048, 2048 })
-local n = x:numel()
-for _, case in ipairs {
-  { "add (contiguous)", function() return attn.core.add(x, y) end, 12 },
-  { "add (transposed operand)", function() return attn.core.add(x, y:t()) end, 12 },
-  { "exp", function() return attn.core.exp(x) end, 8 },
-  { "softmax over last dim", function() return attn.core.softmax(x, 2) end, 8 },
-  { "sum over last dim", function() return attn.core.sum(x, 2) end, 4 },
-} do
-  local s = time_it(case[2])
-  print(string.format("%-28s %10.3f ms %8.2f GB/s", case[1], s * 1e3, n * case[3] / s / 1e9))
-end
-
--- The caching allocator's effect on an attention-sized step (4 MiB outputs):
--- with the cache off, freed blocks go back to glibc, which unmaps large ones.
-print("\n-- allocation reuse: 1024x1024 scores, softmax, weighted sum; 30 steps")
-local q = attn.randn({ 1024, 64 })
-local function attention_step() return attn.core.matmul(attn.core.softmax(attn.core.matmul(q, q:t()), 2), q) end
-local function faults() return (attn.core.rusage()) end
-local function measure(limit)
-  attn.set_cache_limit(limit)
-  attn.empty_cache()
-  for _ = 1, 3 do attention_step() end
+-- Best seconds per call over three rounds: CPU time and wall time.
+local function measure(fn, budget)
+  fn()
   collectgarbage()
-  local f0, t0 = faults(), clock()
-  for _ = 1, 30 do
-    attention_step()
-    collectgarbage("step", 0)
+  local cpu, wall = math.huge, math.huge
+  for _ = 1, 3 do
+    local reps, c0, w0 = 0, core.cpu_clock(), core.clock()
+    repeat
+      fn()
+      reps = reps + 1
+    until core.clock() - w0 >= (budget or BUDGET) / 3
+    cpu = math.min(cpu, (core.cpu_clock() - c0) / reps)
+    wall = math.min(wall, (core.clock() - w0) / reps)
   end
-  return (clock() - t0) / 30, (faults() - f0) / 30
+  collectgarbage()
+  return cpu, wall
 end
-local t_off, f_off = measure(0)
-local t_on, f_on = measure(4 * 2 ^ 30)
-print(string.format("cache off: %.2f ms/step, %.0f minor faults/step", t_off * 1e3, f_off))
-print(string.format("cache on:  %.2f ms/step, %.0f minor faults/step (%.2fx faster)", t_on * 1e3, f_on,
-  t_off / t_on))
 
--- Component benches.
-local names = {}
-for f in io.popen("ls bench/*_bench.lua 2>/dev/null"):lines() do names[#names + 1] = f end
-for _, f in ipairs(names) do
-  print("\n== " .. f)
-  dofile(f)
+local function per_call(fn, threads, budget)
+  local cpu, wall = measure(fn, budget)
+  return threads == 1 and cpu or wall, wall
 end
+
+-- ------------------------------------------------------------ rows
+
+local rows, torch_cases = {}, {}
+local function add(row)
+  rows[#rows + 1] = row
+  return row
+end
+
+local peak, isa = core.fma_peak()
+add { id = "peak", what = "FMA peak, one core (" .. isa .. ")", threads = 1, gflops = peak / 1e9, pct = 100 }
+
+-- Heads per call: about 8 heads' worth of work at N = 1024, never fewer than one.
+local function heads_for(N) return math.max(1, math.min(64, math.floor(8 * (1024 / N) ^ 2 + 0.5))) end
+
+local function mib(bytes) return bytes / 2 ^ 20 end
+
+-- Extra bytes a call allocates beyond its results (the allocator's peak of live bytes).
+local function extra_memory(fn, result_bytes)
+  collectgarbage()
+  local live = core.memory()
+  core.peak_memory(true)
+  fn() -- the peak is a maximum: the results may be collected afterwards
+  local extra = core.peak_memory() - live - result_bytes
+  collectgarbage()
+  return math.max(0, extra)
+end
+
+attn.manual_seed(0)
+local scaling = {}
+for _, N in ipairs(SIZES) do
+  for _, d in ipairs(DIMS) do
+    local B = heads_for(N)
+    local q, k, v, dout = attn.randn { B, N, d }, attn.randn { B, N, d }, attn.randn { B, N, d }, attn.randn { B, N, d }
+    local full_flops = 4.0 * B * N * N * d
+    local sgemm = {}
+    for _, threads in ipairs { 1, 2 } do
+      attn.set_num_threads(threads)
+      -- the same two products per head through OpenBLAS: S = Q K^T, then S V
+      local qs, ks, vs = q:select(1, 1), k:select(1, 1):t(), v:select(1, 1)
+      local t = per_call(function() return core.matmul(core.matmul(qs, ks), vs) end, threads)
+      sgemm[threads] = full_flops / B / t / 1e9
+      for _, causal in ipairs { false, true } do
+        local o = { need_weights = false, causal = causal }
+        local flops = full_flops * (causal and 0.5 or 1)
+        local size = string.format("N %d, d %d, %d heads%s", N, d, B, causal and ", causal" or "")
+        local fwd = function() return core.sdpa_forward(q, k, v, o) end
+        local out, _, _, lse = core.sdpa_forward(q, k, v, o)
+        local bwd = function() return core.sdpa_backward(q, k, v, o, dout, nil, nil, nil, out, lse) end
+        local tf, wf = per_call(fwd, threads)
+        local tb, wb = per_call(bwd, threads)
+        local out_bytes = 4 * B * N * d + 8 * B * N
+        local mem = extra_memory(function()
+          local o2, _, _, l2 = core.sdpa_forward(q, k, v, o)
+          return o2, l2, core.sdpa_backward(q, k, v, o, dout, nil, nil, nil, o2, l2)
+        end, out_bytes + 3 * 4 * B * N * d)
+        local key = string.format("attn_%d_%d_%s", N, d, causal and "causal" or "full")
+        local rf = add { id = key .. "_fwd_t" .. threads, what = "attention forward", size = size, threads = threads,
+          seconds = tf, gflops = flops / tf / 1e9, pct = 100 * flops / tf / peak,
+          sgemm = not causal and sgemm[threads] or nil, extra_mib = mib(mem), N = N, d = d, causal = causal }
+        local rb = add { id = key .. "_fwdbwd_t" .. threads, what = "attention forward+backward", size = size,
+          threads = threads, seconds = tf + tb, gflops = 3.5 * flops / (tf + tb) / 1e9,
+          pct = 100 * 3.5 * flops / (tf + tb) / peak, extra_mib = mib(mem), N = N, d = d, causal = causal }
+        scaling[key] = scaling[key] or {}
+        scaling[key][threads] = { fwd = wf, fwdbwd = wf + wb, rows = { rf, rb } }
+        if threads == 1 and N <= TORCH_MAX_N then
+          torch_cases[#torch_cases + 1] = { id = key, kind = "attention", B = B, N = N, d = d, causal = causal,
+            budget = BUDGET, rows = { fwd = rf, fwd_bwd = rb } }
+        end
+        io.stderr:write(string.format("  %-40s %d thr  fwd %7.1f GFLOP/s  fwd+bwd %7.1f GFLOP/s\n", size, threads,
+          rf.gflops, rb.gflops))
+      end
+    end
+  end
+end
+attn.set_num_threads(1)
+-- two threads against one, wall clock on both sides
+for _, s in pairs(scaling) do
+  if s[1] and s[2] then
+    s[2].rows[1].scaling = s[1].fwd / s[2].fwd
+    s[2].rows[2].scaling = s[1].fwdbwd / s[2].fwdbwd
+  end
+end
+
+-- ------------------------------------------------------------ the book's small calls and models
+
+local function book_row(id, what, size, fn, torch_case)
+  local t = per_call(fn, 1, 0.5)
+  local r = add { id = id, what = what, size = size, threads = 1, seconds = t }
+  if torch_case then
+    torch_case.id, torch_case.rows, torch_case.budget = id, { time = r }, 0.5
+    torch_cases[#torch_cases + 1] = torch_case
+  end
+  io.stderr:write(string.format("  %-40s %10.2f us\n", what, t * 1e6))
+end
+
+attn.manual_seed(0)
+do -- d2l 11.3: DotProductAttention(dropout 0.5) in eval mode, queries (2, 1, 2), keys (2, 10, 2)
+  local att = nn.DotProductAttention(0.5)
+  att:eval()
+  local queries, keys = attn.randn { 2, 1, 2 }, attn.ones { 2, 10, 2 }
+  local values = attn.arange(40):reshape { 1, 10, 4 }:expand { 2, 10, 4 }:contiguous()
+  local lens = attn.tensor { 2, 6 }
+  book_row("book_dot", "DotProductAttention call (d2l 11.3)", "B 2, 1 x 10 keys",
+    function() return att(queries, keys, values, lens) end, { kind = "dot" })
+  local add_att = nn.AdditiveAttention { key_size = 2, query_size = 20, num_hiddens = 8, dropout = 0.1 }
+  add_att:eval()
+  local q20 = attn.randn { 2, 1, 20 }
+  book_row("book_additive", "AdditiveAttention call (d2l 11.3)", "B 2, 1 x 10 keys, 8 hidden",
+    function() return add_att(q20, keys, values, lens) end, { kind = "additive" })
+  local mha = nn.MultiHeadAttention { key_size = 100, query_size = 100, value_size = 100, num_hiddens = 100,
+    num_heads = 5, dropout = 0.5 }
+  mha:eval()
+  local X, Y, vl = attn.ones { 2, 4, 100 }, attn.ones { 2, 6, 100 }, attn.tensor { 3, 2 }
+  book_row("book_mha", "MultiHeadAttention call (d2l 11.5)", "100 hidden, 5 heads, 4 x 6",
+    function() return mha(X, Y, Y, vl) end, { kind = "mha" })
+end
+
+-- Training batches at the book's settings: batch 64, 10 steps, ids from a fixed LCG.
+local BATCH, STEPS, VOCAB = 64, 10, 200
+local seed = 12345
+local function random_ids(rows_, cols, lo, hi)
+  local ids = {}
+  for i = 1, rows_ do
+    ids[i] = {}
+    for j = 1, cols do
+      seed = (seed * 1103515245 + 12345) % 2147483648
+      ids[i][j] = lo + seed % (hi - lo + 1)
+    end
+  end
+  return attn.tensor(ids)
+end
+local src, dec_in = random_ids(BATCH, STEPS, 4, VOCAB - 1), random_ids(BATCH, STEPS, 4, VOCAB - 1)
+local lens = random_ids(1, BATCH, 2, STEPS):reshape { BATCH }
+local book = { kind = nil, batch = BATCH, steps = STEPS, vocab = VOCAB, embed = 32, hidden = 32, layers = 2 }
+local function case(kind, extra)
+  local c = {}
+  for k_, v_ in pairs(book) do c[k_] = v_ end
+  for k_, v_ in pairs(extra or {}) do c[k_] = v_ end
+  c.kind = kind
+  return c
+end
+
+local function train_row(id, what, net, size, torch_case)
+  net:train()
+  local opt = attn.optim.Adam { params = net:parameters(), lr = 0.005 }
+  local loss = nn.MaskedSoftmaxCELoss()
+  book_row(id, what, size, function()
+    opt:zero_grad()
+    local Y_hat = net(src, dec_in, lens)
+    loss(Y_hat, dec_in, lens):sum():backward()
+    nn.clip_grad_norm_(net, 1)
+    opt:step()
+  end, torch_case)
+end
+
+train_row("train_bahdanau", "Bahdanau training step (d2l 11.4)",
+  nn.EncoderDecoder(nn.Seq2SeqEncoder(VOCAB, 32, 32, 2, 0.2), nn.Seq2SeqAttentionDecoder(VOCAB, 32, 32, 2, 0.2)),
+  "batch 64 x 10, GRU 2 x 32, vocab 200", case("bahdanau"))
+train_row("train_transformer", "Transformer training step (d2l 11.7)",
+  nn.EncoderDecoder(nn.TransformerEncoder(VOCAB, 32, 32, 32, 32, { 32 }, 32, 64, 4, 2, 0.2),
+    nn.TransformerDecoder(VOCAB, 32, 32, 32, 32, { 32 }, 32, 64, 4, 2, 0.2)),
+  "batch 64 x 10, 32 hidden, 4 heads, FFN 64, 2 blocks", case("transformer", { ffn = 64, heads = 4 }))
+
+do -- the GRU encoder alone, forward + backward (embedding 32, 2 x 32, dropout 0.1)
+  local emb, rnn = nn.Embedding(VOCAB, 32), nn.GRU { input_size = 32, num_hiddens = 32, num_layers = 2, dropout = 0.1 }
+  rnn:train()
+  book_row("train_gru", "GRU encoder forward+backward", "batch 64 x 10, 2 x 32", function()
+    local out, state = rnn(emb(src):transpose(1, 2))
+    local total = out:sum() + state:sum()
+    total:backward()
+    for _, p in ipairs(rnn:parameters()) do p.grad = nil end
+    emb.weight.grad = nil
+  end, case("gru_step"))
+end
+
+do -- MultiHeadAttention(32, 4 heads) self-attention training step with Adam
+  local mha = nn.MultiHeadAttention { key_size = 32, query_size = 32, value_size = 32, num_hiddens = 32,
+    num_heads = 4, dropout = 0.1 }
+  mha:train()
+  local X = attn.randn { BATCH, STEPS, 32 }
+  local opt = attn.optim.Adam { params = mha:parameters(), lr = 0.005 }
+  book_row("train_mha", "MultiHeadAttention(32, 4) training step", "batch 64 x 10", function()
+    opt:zero_grad()
+    mha(X, X, X):sum():backward()
+    opt:step()
+  end, case("mha_step", { heads = 4 }))
+end
+
+-- ------------------------------------------------------------ PyTorch
+
+local cjson = require "cjson"
+local torch_note
+local function has_torch()
+  local f = io.open(PYTHON, "r")
+  if not f then return false end
+  f:close()
+  return os.execute(PYTHON .. " -c 'import torch' 2>/dev/null") == true
+end
+if not has_torch() then
+  torch_note = PYTHON .. " has no torch (Debian: apt-get install python3-torch): PyTorch columns skipped"
+  io.stderr:write(torch_note .. "\n")
+else
+  -- PyTorch runs with jemalloc when the system has it (as the issue's figures do), else as shipped.
+  local jemalloc = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+  local f = io.open(jemalloc, "r")
+  local preload = ""
+  if f then
+    f:close()
+    preload = "LD_PRELOAD=" .. jemalloc .. " "
+  end
+  local payload = {}
+  for _, c in ipairs(torch_cases) do
+    local p = {}
+    for k_, v_ in pairs(c) do
+      if k_ ~= "rows" then p[k_] = v_ end
+    end
+    payload[#payload + 1] = p
+  end
+  local input = os.tmpname()
+  local fh = assert(io.open(input, "w"))
+  fh:write(cjson.encode(payload))
+  fh:close()
+  io.stderr:write(string.format("  PyTorch: %d rows through bench/torch_bench.py%s\n", #payload,
+    preload ~= "" and " (jemalloc)" or ""))
+  local p = io.popen(preload .. "OMP_NUM_THREADS=1 " .. PYTHON .. " bench/torch_bench.py < " .. input)
+  local text = p:read("a")
+  p:close()
+  os.remove(input)
+  local ok, res = pcall(cjson.decode, text)
+  if not ok or type(res) ~= "table" then
+    torch_note = "bench/torch_bench.py failed; PyTorch columns skipped"
+  else
+    torch_note = string.format("PyTorch %s, one thread, %s", res.version,
+      preload ~= "" and "jemalloc" or "glibc malloc")
+    for _, c in ipairs(torch_cases) do
+      local r = res.rows[c.id]
+      if r then
+        for field, row in pairs(c.rows) do
+          local t = r[field]
+          if field == "fwd_bwd" then t = r.fwd_bwd end
+          row.torch_seconds = t
+          row.vs_torch = t / row.seconds
+        end
+      end
+    end
+  end
+end
+
+-- ------------------------------------------------------------ output
+
+local function fmt_time(s)
+  if not s then return "" end
+  if s < 1e-3 then return string.format("%.2f us", s * 1e6) end
+  return string.format("%.2f ms", s * 1e3)
+end
+local function fmt(v, pattern) return v and string.format(pattern, v) or "" end
+
+local header = { "row", "size", "thr", "attn", "GFLOP/s", "% peak", "extra MiB", "sgemm pair GFLOP/s", "vs sgemm",
+  "2 thr / 1 thr", "PyTorch", "vs PyTorch" }
+local lines = { "| " .. table.concat(header, " | ") .. " |", "|" .. string.rep("---|", #header) }
+for _, r in ipairs(rows) do
+  local cells = { r.what, r.size or "", tostring(r.threads), fmt_time(r.seconds), fmt(r.gflops, "%.1f"),
+    fmt(r.pct, "%.0f%%"), fmt(r.extra_mib, "%.1f"), fmt(r.sgemm, "%.1f"),
+    r.sgemm and fmt(r.gflops / r.sgemm, "%.2fx") or "", fmt(r.scaling, "%.2fx"), fmt_time(r.torch_seconds),
+    fmt(r.vs_torch, "%.2fx") }
+  lines[#lines + 1] = "| " .. table.concat(cells, " | ") .. " |"
+end
+local title = string.format("# attn %s bench%s, %s", attn._VERSION, QUICK and " (QUICK)" or "", os.date("!%Y-%m-%d %H:%M UTC"))
+local notes = {
+  "One-thread rows: process CPU time; two-thread rows: wall time; best of three rounds each.",
+  "GFLOP/s: forward 4 B N^2 d (x 0.5 causal), forward+backward 3.5 x that; % of the FMA peak row.",
+  "extra MiB: the most bytes a forward+backward holds beyond its inputs and results.",
+  "sgemm pair: OpenBLAS S = Q K^T then S V for one head, same threads; vs sgemm = attention / sgemm GFLOP/s.",
+  "2 thr / 1 thr: wall-time speed-up of two threads over one. vs PyTorch: PyTorch time / attn time.",
+  torch_note,
+  string.format("Bench time %.0f s.", core.clock() - started),
+}
+local md = title .. "\n\n" .. table.concat(lines, "\n") .. "\n\n" .. table.concat(notes, "\n\n") .. "\n"
+print(md)
+os.execute("mkdir -p out/bench")
+local f = assert(io.open("out/bench/bench.md", "w"))
+f:write(md)
+f:close()
+local json_rows = {}
+for _, r in ipairs(rows) do
+  local o = {}
+  for k_, v_ in pairs(r) do o[k_] = v_ end
+  json_rows[#json_rows + 1] = o
+end
+f = assert(io.open("out/bench/bench.json", "w"))
+f:write(cjson.encode { version = attn._VERSION, quick = QUICK, isa = isa, peak_gflops = peak / 1e9,
+  torch = torch_note, rows = json_rows })
+f:close()
+print("written: out/bench/bench.md, out/bench/bench.json")

@@ -13,7 +13,7 @@ local nn = attn.nn
 
 local embed_size, num_hiddens, num_layers, dropout = 32, 32, 2, 0.1
 
-translation.run {
+translation.main {
   name = "bahdanau",
   title = "Bahdanau attention on English-French",
   description = "Seq2SeqEncoder + Seq2SeqAttentionDecoder (embed 32, hidden 32, 2 GRU layers, dropout 0.1), " ..
@@ -22,9 +22,10 @@ translation.run {
   book = "loss 0.020 (EN 0.17) / 0.021 (ZH); va ! 1.000, j'ai perdu . 1.000, he's calm . varies " ..
     "(tu cours . 0.000 / il est paresseux . 0.658), je suis chez moi . 1.000",
   extra_options = { { "scoring", "string", "additive", "attention scoring: additive (the book) or dot (exercise 2)" } },
+  model_options = function(opts) return { scoring = opts.scoring } end,
   build = function(src_vocab, tgt_vocab, opts)
     if opts.scoring ~= "additive" and opts.scoring ~= "dot" then
-      error("bahdanau: --scoring must be additive or dot, got " .. opts.scoring, 0)
+      require("attn.cli").fail("bahdanau: --scoring must be additive or dot, got " .. opts.scoring)
     end
     local encoder = nn.Seq2SeqEncoder(#src_vocab, embed_size, num_hiddens, num_layers, dropout)
     local decoder = nn.Seq2SeqAttentionDecoder(#tgt_vocab, embed_size, num_hiddens, num_layers, dropout,
@@ -45,11 +46,11 @@ translation.run {
     for tok in last.source:gmatch("%S+") do src[#src + 1] = tok end
     src[#src + 1] = "<eos>"
     local out = {}
-    for tok in last.translation:gmatch("%S+") do out[#out + 1] = tok end
+    for tok in last.greedy:gmatch("%S+") do out[#out + 1] = tok end
     if #out < #steps then out[#out + 1] = "<eos>" end
     local W = attn.stack(steps):narrow(2, 1, #src) -- (steps, source tokens + <eos>)
     print(plot.terminal_heatmap(W, { row_labels = out, col_labels = src }))
-    r:heading("Decoder attention for \"" .. last.source .. "\"")
+    r:heading("Decoder attention for \"" .. last.source .. "\"" .. (opts.beam > 1 and " (greedy decode)" or ""))
     assert(r:plot("queries: output tokens; keys: source tokens", opts.out .. "/attention.png", plot.heatmaps,
       W:unsqueeze(1):unsqueeze(1), { xlabel = "Key positions (source)", ylabel = "Query positions (output)",
         row_labels = out, col_labels = src }))

@@ -56,7 +56,17 @@ for i = 0, 7 do
 end
 print(table.concat(lines, "\n"))
 r:heading("Binary representations of 0..7")
+r:paragraph("Like the encoding's columns, a higher bit alternates less often than a lower one.")
 r:pre(table.concat(lines, "\n"))
+local bits = attn.zeros({ 8, 3 })
+for i = 0, 7 do
+  for b = 2, 0, -1 do bits:set((i >> b) & 1, i + 1, 3 - b) end
+end
+local numbers = {}
+for i = 0, 7 do numbers[i + 1] = tostring(i) end
+assert(r:plot("0..7 in binary, beside the encoding table: bit 2 (left) changes slowest", out .. "/binary.png",
+  plot.heatmaps, bits:unsqueeze(1):unsqueeze(1), { xlabel = "bit", ylabel = "number", row_labels = numbers,
+    col_labels = { "2", "1", "0" }, cmap = "Blues", colorbar = false }))
 
 -- Relative positions, in float64. For each frequency w_j the pair
 -- (P[i, 2j], P[i, 2j+1]) = (sin(i w_j), cos(i w_j)) maps to position i+delta by
@@ -105,7 +115,7 @@ r:paragraph("For each frequency pair, a 2x2 matrix is fitted over all positions 
 r:table({ "pair j", "w_j", "max |X M - Y|", "max |M - R|" }, rows)
 r:pre(summary)
 assert(r:write(out .. "/report.html"))
-print("wrote " .. out .. "/columns.png, " .. out .. "/table.png and " .. out .. "/report.html")
+print("wrote " .. out .. "/columns.png, " .. out .. "/table.png, " .. out .. "/binary.png and " .. out .. "/report.html")
 if worst_residual > 1e-9 or worst_deviation > 1e-6 or full_residual > 1e-9 then
   error("the linear-map check failed beyond float64 rounding")
 end

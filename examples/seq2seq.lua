@@ -7,7 +7,7 @@ local attn = require "attn"
 local translation = require "attn.translation"
 local nn = attn.nn
 
-translation.run {
+translation.main {
   name = "seq2seq",
   title = "Sequence to sequence without attention on English-French",
   description = "Seq2SeqEncoder + Seq2SeqDecoder (embed 32, hidden 32, 2 GRU layers, dropout 0.1), batch 64, " ..

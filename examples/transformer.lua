@@ -39,7 +39,7 @@ local function head_titles()
   return t
 end
 
-translation.run {
+translation.main {
   name = "transformer",
   title = "Transformer on English-French",
   description = "TransformerEncoder + TransformerDecoder (hidden 32, 2 layers, 4 heads, FFN 64, dropout 0.1), " ..

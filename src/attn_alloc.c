@@ -15,7 +15,9 @@ typedef struct free_block {
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static free_block *free_lists[CLASS_COUNT];
-static size_t live_bytes, cached_bytes, live_peak;
+/* peak_live_bytes is the measurement peak (reset by attn_alloc_peak_live_bytes);
+ * live_peak the lifetime high-water mark that bounds the cache. */
+static size_t live_bytes, cached_bytes, peak_live_bytes, live_peak;
 static uint64_t clock_ticks, class_used[CLASS_COUNT]; /* when each class was last used */
 static size_t cache_limit = (size_t)4 << 30;
 static size_t max_request;
@@ -85,6 +87,7 @@ void *attn_alloc(size_t nbytes, size_t *capacity) {
   }
   pthread_mutex_lock(&lock);
   live_bytes += bytes;
+  if (live_bytes > peak_live_bytes) peak_live_bytes = live_bytes;
   if (live_bytes > live_peak) live_peak = live_bytes;
   pthread_mutex_unlock(&lock);
   *capacity = bytes;
@@ -152,6 +155,14 @@ void attn_alloc_empty_cache(void) {
 size_t attn_alloc_live_bytes(void) {
   pthread_mutex_lock(&lock);
   size_t v = live_bytes;
+  pthread_mutex_unlock(&lock);
+  return v;
+}
+
+size_t attn_alloc_peak_bytes(int reset) {
+  pthread_mutex_lock(&lock);
+  size_t v = peak_live_bytes;
+  if (reset) peak_live_bytes = live_bytes;
   pthread_mutex_unlock(&lock);
   return v;
 }

@@ -27,6 +27,10 @@ void attn_alloc_empty_cache(void);
 size_t attn_alloc_live_bytes(void);
 size_t attn_alloc_cached_bytes(void);
 
+/* The most bytes live at once since the last reset (or the start); reset != 0
+ * restarts the count from the bytes live now (benchmarks: extra memory of a call). */
+size_t attn_alloc_peak_bytes(int reset);
+
 /* Largest number of bytes the cache keeps (default 4 GiB); 0 disables it. */
 void attn_alloc_set_cache_limit(size_t bytes);
 

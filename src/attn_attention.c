@@ -137,11 +137,34 @@ static int same_shape(const attn_tensor *t, int ndim, const int64_t *shape) {
   return 1;
 }
 
+/* The operand shapes error messages name, formatted on first use: most calls never fail, and
+ * formatting three shapes costs as much as a book-sized kernel. */
+typedef struct {
+  char buf[256];
+  const attn_tensor *a, *b, *c; /* queries, keys, values; or scores and values (b), c NULL */
+  int scores, named_x;          /* scores form; masked_softmax names its input X as the book does */
+  int done;
+} call_ctx;
+
+static const char *ctx_str(call_ctx *x) {
+  if (!x->done) {
+    if (!x->scores)
+      snprintf(x->buf, sizeof x->buf, "queries %s, keys %s, values %s", attn_tensor_shape_str(x->a),
+               attn_tensor_shape_str(x->b), attn_tensor_shape_str(x->c));
+    else if (x->b)
+      snprintf(x->buf, sizeof x->buf, "scores %s, values %s", attn_tensor_shape_str(x->a), attn_tensor_shape_str(x->b));
+    else
+      snprintf(x->buf, sizeof x->buf, "%s %s", x->named_x ? "X" : "scores", attn_tensor_shape_str(x->a));
+    x->done = 1;
+  }
+  return x->buf;
+}
+
 static attn_status check_input(const char *op, const char *name, const attn_tensor *t, attn_dtype dt,
-                               const int64_t *shape, const char *ctx) {
+                               const int64_t *shape, call_ctx *ctx) {
   if (!same_shape(t, 3, shape))
     return attn_error(ATTN_ERR_SHAPE, "%s: %s has shape %s, expected %s (%s)", op, name, attn_tensor_shape_str(t),
-                      attn_shape_str(3, shape), ctx);
+                      attn_shape_str(3, shape), ctx_str(ctx));
   if (t->dtype != dt)
     return attn_error(ATTN_ERR_DTYPE, "%s: %s %s is %s, expected %s like the other operands", op, name,
                       attn_tensor_shape_str(t), attn_dtype_name(t->dtype), attn_dtype_name(dt));
@@ -170,11 +193,11 @@ static void job_free(job_mem *m) {
   memset(m, 0, sizeof *m);
 }
 
-static attn_status prepare(attn_attention_job *J, job_mem *mem, const char *op, const char *ctx,
+static attn_status prepare(attn_attention_job *J, job_mem *mem, const char *op, call_ctx *ctx,
                            const attn_attention_opts *o) {
   attn_status st;
   if (J->B > INT_MAX || J->Nq > INT_MAX || J->Nk > INT_MAX || J->d > INT_MAX || J->dv > INT_MAX)
-    return attn_error(ATTN_ERR_SHAPE, "%s: sizes exceed BLAS's 32-bit range (%s)", op, ctx);
+    return attn_error(ATTN_ERR_SHAPE, "%s: sizes exceed BLAS's 32-bit range (%s)", op, ctx_str(ctx));
   J->ops = J->dt == ATTN_F32 ? &attn_attention_ops_f32 : &attn_attention_ops_f64;
   J->es = attn_dtype_size(J->dt);
   J->nblk = (J->Nq + BLK - 1) / BLK;
@@ -194,8 +217,10 @@ static attn_status prepare(attn_attention_job *J, job_mem *mem, const char *op, 
   if (o->valid_lens) {
     size_t n = (size_t)(J->B * J->Nq);
     mem->lens = attn_alloc((n ? n : 1) * sizeof(int64_t), &mem->lens_cap);
-    if (!mem->lens) return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for valid_lens (%s)", op, ctx);
-    st = attn_attention_lengths(op, "valid_lens", ctx, o->valid_lens, J->B, J->Nq, J->Nk, 1, mem->lens);
+    if (!mem->lens) return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for valid_lens (%s)", op, ctx_str(ctx));
+    st = attn_attention_lengths(op, "valid_lens", "", o->valid_lens, J->B, J->Nq, J->Nk, 1, mem->lens);
+    if (st != ATTN_OK) /* again, for the message with the shapes */
+      st = attn_attention_lengths(op, "valid_lens", ctx_str(ctx), o->valid_lens, J->B, J->Nq, J->Nk, 1, mem->lens);
     if (st != ATTN_OK) return st;
     J->lens = mem->lens;
   }
@@ -248,8 +273,8 @@ static int all_finite_f32(const attn_tensor *t) {
  * cannot reach the result; float64 always takes the reference path. */
 static int flash_applies(const attn_attention_job *J, const attn_attention_opts *o, const attn_tensor *q,
                          const attn_tensor *k, const attn_tensor *v) {
-  return o->kernel != ATTN_KERNEL_REFERENCE && J->dt == ATTN_F32 && J->d > 0 && J->dv > 0 && J->B > 0 &&
-         J->Nq > 0 && J->Nk > 0 && all_finite_f32(q) && all_finite_f32(k) && all_finite_f32(v);
+  return attn_sdpa_flash_size(J->Nq, J->Nk, o->kernel) && J->dt == ATTN_F32 && J->d > 0 && J->dv > 0 &&
+         J->B > 0 && J->Nq > 0 && J->Nk > 0 && all_finite_f32(q) && all_finite_f32(k) && all_finite_f32(v);
 }
 
 /* t as a float32 operand with unit column stride (a contiguous copy when it has none). */
@@ -283,23 +308,24 @@ static attn_status flash_setup(attn_flash_job *F, const attn_flash_kernels **ks,
 /* ------------------------------------------------------------ public entry points */
 
 static attn_status sdpa_setup(const char *op, const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
-                              const attn_attention_opts *o, attn_attention_job *J, job_mem *mem, char *ctx,
-                              size_t ctx_size) {
+                              const attn_attention_opts *o, attn_attention_job *J, job_mem *mem, call_ctx *ctx) {
   memset(J, 0, sizeof *J);
   memset(mem, 0, sizeof *mem);
   if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3)
     return attn_error(ATTN_ERR_SHAPE, "%s: queries, keys and values must be 3-D (B, N, d), got %s, %s and %s", op,
                       attn_tensor_shape_str(q), attn_tensor_shape_str(k), attn_tensor_shape_str(v));
-  snprintf(ctx, ctx_size, "queries %s, keys %s, values %s", attn_tensor_shape_str(q), attn_tensor_shape_str(k),
-           attn_tensor_shape_str(v));
+  memset(ctx, 0, sizeof *ctx);
+  ctx->a = q;
+  ctx->b = k;
+  ctx->c = v;
   if (k->shape[0] != q->shape[0] || v->shape[0] != q->shape[0])
-    return attn_error(ATTN_ERR_SHAPE, "%s: batch sizes differ (%s)", op, ctx);
+    return attn_error(ATTN_ERR_SHAPE, "%s: batch sizes differ (%s)", op, ctx_str(ctx));
   if (k->shape[2] != q->shape[2])
     return attn_error(ATTN_ERR_SHAPE, "%s: keys must have the queries' width %lld (%s)", op, (long long)q->shape[2],
-                      ctx);
+                      ctx_str(ctx));
   if (v->shape[1] != k->shape[1])
     return attn_error(ATTN_ERR_SHAPE, "%s: values must have one row per key, %lld (%s)", op, (long long)k->shape[1],
-                      ctx);
+                      ctx_str(ctx));
   if (k->dtype != q->dtype || v->dtype != q->dtype)
     return attn_error(ATTN_ERR_DTYPE, "%s: dtypes differ: queries %s, keys %s, values %s", op,
                       attn_dtype_name(q->dtype), attn_dtype_name(k->dtype), attn_dtype_name(v->dtype));
@@ -335,8 +361,8 @@ attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k, const 
   const char *op = "dot_product_attention";
   attn_attention_job J;
   job_mem mem;
-  char ctx[256];
-  attn_status st = sdpa_setup(op, q, k, v, o, &J, &mem, ctx, sizeof ctx);
+  call_ctx ctx;
+  attn_status st = sdpa_setup(op, q, k, v, o, &J, &mem, &ctx);
   if (st == ATTN_OK) {
     int64_t os[3] = {J.B, J.Nq, J.dv}, ws[3] = {J.B, J.Nq, J.Nk};
     if ((st = check_output(op, "out", out, J.dt, os)) == ATTN_OK &&
@@ -366,7 +392,7 @@ attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k, const 
 
 /* Backward's optional inputs: stored weights (B, Nq, Nk), the gradient of the
  * output (B, Nq, dv) and of the weights (B, Nq, Nk), checked and attached to J. */
-static attn_status attach_backward_inputs(const char *op, attn_attention_job *J, job_mem *mem, const char *ctx,
+static attn_status attach_backward_inputs(const char *op, attn_attention_job *J, job_mem *mem, call_ctx *ctx,
                                           const attn_tensor *weights, const attn_tensor *dout,
                                           const attn_tensor *dweights) {
   int64_t os[3] = {J->B, J->Nq, J->dv}, ws[3] = {J->B, J->Nq, J->Nk};
@@ -396,11 +422,11 @@ attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k, const
   const char *op = "dot_product_attention backward";
   attn_attention_job J;
   job_mem mem;
-  char ctx[256];
-  attn_status st = sdpa_setup(op, q, k, v, o, &J, &mem, ctx, sizeof ctx);
+  call_ctx ctx;
+  attn_status st = sdpa_setup(op, q, k, v, o, &J, &mem, &ctx);
   if (st != ATTN_OK) goto done;
   int64_t qs[3] = {J.B, J.Nq, J.d}, ks[3] = {J.B, J.Nk, J.d}, vs[3] = {J.B, J.Nk, J.dv}, os[3] = {J.B, J.Nq, J.dv};
-  if ((st = attach_backward_inputs(op, &J, &mem, ctx, weights, dout, dweights)) != ATTN_OK) goto done;
+  if ((st = attach_backward_inputs(op, &J, &mem, &ctx, weights, dout, dweights)) != ATTN_OK) goto done;
   if ((dq && (st = check_output(op, "dq", dq, J.dt, qs)) != ATTN_OK) ||
       (dk && (st = check_output(op, "dk", dk, J.dt, ks)) != ATTN_OK) ||
       (dv && (st = check_output(op, "dv", dv, J.dt, vs)) != ATTN_OK))
@@ -409,7 +435,7 @@ attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k, const
   J.gk = dk ? attn_tensor_data(dk) : NULL;
   J.gv = dv ? attn_tensor_data(dv) : NULL;
   if (out && lse && dout && !dweights) {
-    if ((st = check_input(op, "out", out, J.dt, os, ctx)) != ATTN_OK || (st = check_lse(op, lse, J.B, J.Nq)) != ATTN_OK)
+    if ((st = check_input(op, "out", out, J.dt, os, &ctx)) != ATTN_OK || (st = check_lse(op, lse, J.B, J.Nq)) != ATTN_OK)
       goto done;
     const double *l = attn_tensor_data(lse);
     if (flash_applies(&J, o, q, k, v) && !isnan(l[0]) && all_finite_f32(dout) && all_finite_f32(out)) {
@@ -433,19 +459,19 @@ done:
 }
 
 static attn_status scores_setup(const char *op, const attn_tensor *s, const attn_tensor *v,
-                                const attn_attention_opts *o, attn_attention_job *J, job_mem *mem, char *ctx,
-                                size_t ctx_size) {
+                                const attn_attention_opts *o, attn_attention_job *J, job_mem *mem, call_ctx *ctx) {
   memset(J, 0, sizeof *J);
   memset(mem, 0, sizeof *mem);
   if (s->ndim != 3)
     return attn_error(ATTN_ERR_SHAPE, "%s: scores must be 3-D (B, Nq, Nk), got %s", op, attn_tensor_shape_str(s));
-  if (v)
-    snprintf(ctx, ctx_size, "scores %s, values %s", attn_tensor_shape_str(s), attn_tensor_shape_str(v));
-  else /* masked_softmax calls its input X, as the book does */
-    snprintf(ctx, ctx_size, "%s %s", strncmp(op, "masked_softmax", 14) ? "scores" : "X", attn_tensor_shape_str(s));
+  memset(ctx, 0, sizeof *ctx);
+  ctx->scores = 1;
+  ctx->a = s;
+  ctx->b = v;
+  ctx->named_x = strncmp(op, "masked_softmax", 14) == 0;
   if (v && (v->ndim != 3 || v->shape[0] != s->shape[0] || v->shape[1] != s->shape[2]))
     return attn_error(ATTN_ERR_SHAPE, "%s: values must be (B, Nk, dv) = [%lldx%lldxdv] (%s)", op,
-                      (long long)s->shape[0], (long long)s->shape[2], ctx);
+                      (long long)s->shape[0], (long long)s->shape[2], ctx_str(ctx));
   if (v && v->dtype != s->dtype)
     return attn_error(ATTN_ERR_DTYPE, "%s: dtypes differ: scores %s, values %s", op, attn_dtype_name(s->dtype),
                       attn_dtype_name(v->dtype));
@@ -471,8 +497,8 @@ attn_status attn_attention_scores_forward(const char *op, const attn_tensor *sco
                                           const attn_attention_opts *o, attn_tensor *out, attn_tensor *weights) {
   attn_attention_job J;
   job_mem mem;
-  char ctx[256];
-  attn_status st = scores_setup(op, scores, v, o, &J, &mem, ctx, sizeof ctx);
+  call_ctx ctx;
+  attn_status st = scores_setup(op, scores, v, o, &J, &mem, &ctx);
   if (st == ATTN_OK && out && !v) st = attn_error(ATTN_ERR_ARG, "%s: an output needs values", op);
   if (st == ATTN_OK) {
     int64_t os[3] = {J.B, J.Nq, J.dv}, ws[3] = {J.B, J.Nq, J.Nk};
@@ -493,15 +519,15 @@ attn_status attn_attention_scores_backward(const char *op, const attn_tensor *sc
                                            attn_tensor *dv) {
   attn_attention_job J;
   job_mem mem;
-  char ctx[256];
-  attn_status st = scores_setup(op, scores, v, o, &J, &mem, ctx, sizeof ctx);
+  call_ctx ctx;
+  attn_status st = scores_setup(op, scores, v, o, &J, &mem, &ctx);
   if (st != ATTN_OK) goto done;
   int64_t vs[3] = {J.B, J.Nk, J.dv}, ws[3] = {J.B, J.Nq, J.Nk};
   if (dout && !v) {
     st = attn_error(ATTN_ERR_ARG, "%s: a gradient of the output needs values", op);
     goto done;
   }
-  if ((st = attach_backward_inputs(op, &J, &mem, ctx, weights, dout, dweights)) != ATTN_OK) goto done;
+  if ((st = attach_backward_inputs(op, &J, &mem, &ctx, weights, dout, dweights)) != ATTN_OK) goto done;
   if ((dscores && (st = check_output(op, "dscores", dscores, J.dt, ws)) != ATTN_OK) ||
       (dv && v && (st = check_output(op, "dv", dv, J.dt, vs)) != ATTN_OK))
     goto done;

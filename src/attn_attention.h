@@ -75,7 +75,7 @@
 
 /* Which dot-product attention kernel runs (attn_attention_opts.kernel). */
 enum {
-  ATTN_KERNEL_AUTO = 0,      /* flash where it applies (float32, finite operands), else reference */
+  ATTN_KERNEL_AUTO = 0,      /* flash where it applies (float32, finite operands, Nq * Nk >= 64 * 64) */
   ATTN_KERNEL_REFERENCE,     /* the blocked sgemm path */
   ATTN_KERNEL_FLASH,         /* as AUTO */
   ATTN_KERNEL_FLASH_GENERIC, /* flash with the portable C micro-kernels */
@@ -109,6 +109,13 @@ attn_status attn_attention_lengths(const char *op, const char *arg, const char *
                                    int64_t Nq, int64_t max_len, int allow_2d, int64_t *out);
 
 /* ---- scaled dot-product attention ---------------------------------------- */
+
+/* Whether the flash kernel may run for Nq queries and Nk keys under opts->kernel (it then also
+ * needs float32 and finite operands): calls smaller than one 64 x 64 tile stay on the reference
+ * path unless a flash kernel is asked for, as the tile's padding would dominate. */
+static inline int attn_sdpa_flash_size(int64_t Nq, int64_t Nk, int kernel) {
+  return kernel != ATTN_KERNEL_REFERENCE && (kernel != ATTN_KERNEL_AUTO || Nq * Nk >= 64 * 64);
+}
 
 /* q (B, Nq, d), k (B, Nk, d), v (B, Nk, dv) -> out (B, Nq, dv) and, when
  * weights is not NULL, weights (B, Nq, Nk) (the softmax before dropout).

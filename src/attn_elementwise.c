@@ -9,15 +9,17 @@
 #include "attn_vmath.h"
 
 static const char *binary_names[ATTN_BINARY_COUNT] = {"add", "sub", "mul", "div", "pow", "maximum",
-                                                       "minimum", "eq", "ne", "lt", "le", "gt", "ge"};
+                                                       "minimum", "eq", "ne", "lt", "le", "gt", "ge",
+                                                       "tanh_backward", "sigmoid_backward"};
 static const char *unary_names[ATTN_UNARY_COUNT] = {"neg", "exp", "log", "sqrt", "tanh", "sigmoid", "relu",
                                                      "abs", "sign", "square", "reciprocal", "sin", "cos"};
 
 const char *attn_binary_name(attn_binary_op op) { return binary_names[op]; }
 const char *attn_unary_name(attn_unary_op op) { return unary_names[op]; }
 
-/* Three versions of each loop: all contiguous, contiguous with a scalar second
- * operand, and general strides. The first two let the compiler vectorise. */
+/* Four versions of each loop: all contiguous, contiguous with a scalar second
+ * or first operand, and general strides. The first three let the compiler
+ * vectorise. */
 #define BINARY_LOOP(T, EXPR)                                                            \
   do {                                                                                  \
     if (so == (int64_t)sizeof(T) && sa == so && sb == so) {                             \
@@ -33,6 +35,14 @@ const char *attn_unary_name(attn_unary_op op) { return unary_names[op]; }
       const T y = *(const T *)b;                                                        \
       for (int64_t i = 0; i < n; i++) {                                                 \
         T x = A[i];                                                                     \
+        O[i] = (EXPR);                                                                  \
+      }                                                                                 \
+    } else if (so == (int64_t)sizeof(T) && sa == 0 && sb == so) {                       \
+      T *O = (T *)o;                                                                    \
+      const T x = *(const T *)a;                                                        \
+      const T *B = (const T *)b;                                                        \
+      for (int64_t i = 0; i < n; i++) {                                                 \
+        T y = B[i];                                                                     \
         O[i] = (EXPR);                                                                  \
       }                                                                                 \
     } else {                                                                            \
@@ -63,6 +73,8 @@ const char *attn_unary_name(attn_unary_op op) { return unary_names[op]; }
     case ATTN_LE: BINARY_LOOP(T, (T)(x <= y)); break;                                   \
     case ATTN_GT: BINARY_LOOP(T, (T)(x > y)); break;                                    \
     case ATTN_GE: BINARY_LOOP(T, (T)(x >= y)); break;                                   \
+    case ATTN_TANH_GRAD: BINARY_LOOP(T, x * (1 - y * y)); break;                        \
+    case ATTN_SIGMOID_GRAD: BINARY_LOOP(T, x * (y * (1 - y))); break;                   \
     default: break;                                                                     \
     }                                                                                   \
   }

@@ -84,6 +84,9 @@ attn_status attn_index_convert(const char *op, const char *what, const char *ctx
                           (long long)e + 1, ctx);
       v = (int64_t)d;
     }
+    if (v < base && limit < 0) /* the upper bound is checked later, by the kernel that knows the sizes */
+      return attn_error(ATTN_ERR_ARG, "%s: %s %lld at position %lld is out of range: indices start at %lld (%s)", op,
+                        what, (long long)v, (long long)e + 1, (long long)base, ctx);
     if (v < base || (limit >= 0 && v - base >= limit))
       return attn_error(ATTN_ERR_ARG, "%s: %s %lld at position %lld is out of range %lld..%lld (%s)", op, what,
                         (long long)v, (long long)e + 1, (long long)base, (long long)(base + limit - 1), ctx);

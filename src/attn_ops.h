@@ -17,6 +17,9 @@
 typedef enum {
   ATTN_ADD, ATTN_SUB, ATTN_MUL, ATTN_DIV, ATTN_POW, ATTN_MAXIMUM, ATTN_MINIMUM,
   ATTN_EQ, ATTN_NE, ATTN_LT, ATTN_LE, ATTN_GT, ATTN_GE, /* comparisons give 1 or 0 */
+  /* gradients through an activation from its output y, with x the incoming
+   * gradient: x (1 - y^2) for tanh, x y (1 - y) for sigmoid (one pass, no temporaries) */
+  ATTN_TANH_GRAD, ATTN_SIGMOID_GRAD,
   ATTN_BINARY_COUNT
 } attn_binary_op;
 
@@ -53,6 +56,11 @@ attn_status attn_masked_fill(const attn_tensor *x, const attn_tensor *mask, doub
  * that receives the 0-based position of the first extreme value. int64 x:
  * SUM (exact, wrapping), MAX and MIN only. */
 attn_status attn_reduce(attn_reduce_op op, const attn_tensor *x, int dim, attn_tensor *out, attn_tensor *indices);
+/* Stable sort along dim (any dtype): values (x's shape and dtype) get each
+ * row in ascending order, or descending when descending is nonzero; indices
+ * (int64, x's shape) the 0-based source positions. Equal keys keep their
+ * order; NaN sorts above every number (last ascending, first descending). */
+attn_status attn_sort(const attn_tensor *x, int dim, int descending, attn_tensor *values, attn_tensor *indices);
 /* Softmax / log-softmax over dim, numerically stable; out has x's shape (float only). */
 attn_status attn_softmax(const attn_tensor *x, int dim, int log, attn_tensor *out);
 

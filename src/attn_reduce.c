@@ -2,8 +2,10 @@
  * callback; the iterator (and the worker pool) runs over the other dims, so
  * each output is computed by one thread in a fixed order. */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
+#include "attn_alloc.h"
 #include "attn_iter.h"
 #include "attn_ops.h"
 #include "attn_vmath.h"
@@ -191,5 +193,98 @@ attn_status attn_softmax(const attn_tensor *x, int dim, int log_softmax, attn_te
   attn_iter_add(&it, &ov);
   attn_iter_add(&it, &xv);
   attn_iter_run_cost(&it, softmax_rows, &c, 4 * c.len);
+  return ATTN_OK;
+}
+
+/* ------------------------------------------------------------ sort */
+
+/* Each entry becomes an unsigned key whose plain order is the wanted order:
+ * floats by their IEEE bits (sign flipped, negatives inverted; -0 taken as 0,
+ * every NaN as one value above +inf), int64 with its sign bit flipped, and all
+ * keys inverted for a descending sort. A stable merge sort of (key, position)
+ * pairs then needs one unsigned comparison per step. */
+typedef struct {
+  uint64_t key;
+  int64_t pos;
+} sort_pair;
+
+static uint64_t float_key(double v) {
+  if (v != v) return UINT64_MAX;
+  if (v == 0) v = 0; /* -0 sorts with +0 */
+  uint64_t b;
+  memcpy(&b, &v, 8);
+  return (b >> 63) ? ~b : b | ((uint64_t)1 << 63);
+}
+
+/* Stable bottom-up merge sort of a[0..n) by key; tmp holds n pairs. */
+static void merge_sort(sort_pair *a, sort_pair *tmp, int64_t n) {
+  for (int64_t lo = 0; lo < n; lo += 16) { /* insertion sort of short runs first */
+    int64_t hi = lo + 16 < n ? lo + 16 : n;
+    for (int64_t i = lo + 1; i < hi; i++) {
+      sort_pair p = a[i];
+      int64_t j = i;
+      for (; j > lo && a[j - 1].key > p.key; j--) a[j] = a[j - 1];
+      a[j] = p;
+    }
+  }
+  for (int64_t width = 16; width < n; width *= 2) {
+    for (int64_t lo = 0; lo < n; lo += 2 * width) {
+      int64_t mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
+      int64_t x = lo, y = mid, o = lo;
+      while (x < mid && y < hi) tmp[o++] = a[y].key < a[x].key ? a[y++] : a[x++];
+      while (x < mid) tmp[o++] = a[x++];
+      while (y < hi) tmp[o++] = a[y++];
+    }
+    memcpy(a, tmp, sizeof(sort_pair) * (size_t)n);
+  }
+}
+
+attn_status attn_sort(const attn_tensor *x, int dim, int descending, attn_tensor *values, attn_tensor *indices) {
+  if (dim < 0 || dim >= x->ndim)
+    return attn_error(ATTN_ERR_ARG, "sort: dim %d out of range for %d-D tensor %s", dim + 1, x->ndim,
+                      attn_tensor_shape_str(x));
+  int ok = values->ndim == x->ndim && indices->ndim == x->ndim && values->dtype == x->dtype &&
+           indices->dtype == ATTN_I64;
+  for (int d = 0; ok && d < x->ndim; d++) ok = values->shape[d] == x->shape[d] && indices->shape[d] == x->shape[d];
+  if (!ok)
+    return attn_error(ATTN_ERR_SHAPE, "sort: outputs %s and %s must have the shape of %s (values in its dtype, "
+                      "indices int64)", attn_tensor_shape_str(values), attn_tensor_shape_str(indices),
+                      attn_tensor_shape_str(x));
+  int64_t len = x->shape[dim], rows = len > 0 ? attn_tensor_numel(x) / len : 0;
+  if (rows == 0 || len == 0) return ATTN_OK;
+  if ((uint64_t)len > SIZE_MAX / (2 * sizeof(sort_pair)))
+    return attn_error(ATTN_ERR_MEMORY, "sort: a row of %lld is more than can be held", (long long)len);
+  size_t cap;
+  sort_pair *pairs = attn_alloc(sizeof(sort_pair) * 2 * (size_t)len, &cap);
+  if (!pairs) return attn_error(ATTN_ERR_MEMORY, "sort: out of memory for a row of %lld", (long long)len);
+  /* rows in row-major order of the other dims; pos walks them with pos[dim] = 0 */
+  size_t es = attn_dtype_size(x->dtype);
+  int64_t xs = x->stride[dim] * (int64_t)es, vs = values->stride[dim] * (int64_t)es;
+  int64_t is = indices->stride[dim] * (int64_t)sizeof(int64_t);
+  uint64_t flip = descending ? UINT64_MAX : 0;
+  int64_t pos[ATTN_MAX_DIMS] = {0};
+  for (int64_t r = 0; r < rows; r++) {
+    const char *xr = attn_tensor_ptr(x, pos);
+    char *vr = attn_tensor_ptr(values, pos), *ir = attn_tensor_ptr(indices, pos);
+    for (int64_t j = 0; j < len; j++) {
+      const char *e = xr + j * xs;
+      uint64_t key = x->dtype == ATTN_I64   ? (uint64_t)*(const int64_t *)e ^ ((uint64_t)1 << 63)
+                     : x->dtype == ATTN_F64 ? float_key(*(const double *)e)
+                                            : float_key(*(const float *)e);
+      pairs[j].key = key ^ flip;
+      pairs[j].pos = j;
+    }
+    merge_sort(pairs, pairs + len, len);
+    for (int64_t j = 0; j < len; j++) {
+      memcpy(vr + j * vs, xr + pairs[j].pos * xs, es);
+      *(int64_t *)(ir + j * is) = pairs[j].pos;
+    }
+    for (int d = x->ndim - 1; d >= 0; d--) {
+      if (d == dim) continue;
+      if (++pos[d] < x->shape[d]) break;
+      pos[d] = 0;
+    }
+  }
+  attn_free(pairs, cap);
   return ATTN_OK;
 }

@@ -3,6 +3,9 @@
 #include <float.h>
 
 #include <math.h>
+#include <stdint.h>
+
+#include "attn_alloc.h"
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
@@ -26,13 +29,6 @@ uint64_t attn_rng_next(attn_rng *rng) {
   s[2] ^= t;
   s[3] = rotl(s[3], 45);
   return result;
-}
-
-uint64_t attn_rng_hash(uint64_t seed, uint64_t index) {
-  uint64_t z = seed + (index + 1) * 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
 }
 
 double attn_rng_uniform01(attn_rng *rng) { return (double)(attn_rng_next(rng) >> 11) * 0x1.0p-53; }
@@ -145,4 +141,71 @@ attn_status attn_rng_randint(attn_rng *rng, attn_tensor *t, int64_t low, int64_t
     }
   }
   return ATTN_OK;
+}
+
+attn_status attn_rng_multinomial(attn_rng *rng, const attn_tensor *probs, int64_t n, int replacement,
+                                 attn_tensor *out) {
+  const char *op = "multinomial";
+  attn_status st = attn_check_float(op, probs);
+  if (st != ATTN_OK) return st;
+  if (probs->ndim != 2 || out->ndim != 2 || out->dtype != ATTN_I64 || out->shape[0] != probs->shape[0] ||
+      out->shape[1] != n || !attn_tensor_is_contiguous(out))
+    return attn_error(ATTN_ERR_SHAPE, "%s: probabilities %s must be (rows, categories) and the output %s a "
+                      "contiguous int64 (rows, %lld)", op, attn_tensor_shape_str(probs), attn_tensor_shape_str(out),
+                      (long long)n);
+  int64_t R = probs->shape[0], C = probs->shape[1];
+  if (n < 0 || (n > 0 && C == 0))
+    return attn_error(ATTN_ERR_ARG, "%s: cannot draw %lld samples from %lld categories", op, (long long)n,
+                      (long long)C);
+  if ((uint64_t)C > SIZE_MAX / sizeof(double))
+    return attn_error(ATTN_ERR_MEMORY, "%s: %lld categories are more than can be held", op, (long long)C);
+  size_t cap;
+  double *w = attn_alloc(sizeof(double) * (size_t)(C > 0 ? C : 1), &cap);
+  if (!w) return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for %lld categories", op, (long long)C);
+  int64_t *o = attn_tensor_data(out);
+  /* validate every row before drawing anything, so a failure consumes no randomness */
+  for (int pass = 0; pass < 2 && st == ATTN_OK; pass++)
+    for (int64_t r = 0; r < R && st == ATTN_OK; r++) {
+      int64_t nonzero = 0;
+      double total = 0;
+      for (int64_t c = 0; c < C; c++) {
+        int64_t pos[2] = {r, c};
+        w[c] = attn_tensor_get(probs, pos);
+        if (!(w[c] >= 0) || !isfinite(w[c])) {
+          st = attn_error(ATTN_ERR_ARG, "%s: probability %g at row %lld, category %lld is not a finite number >= 0",
+                          op, w[c], (long long)r + 1, (long long)c + 1);
+          break;
+        }
+        nonzero += w[c] > 0;
+        total += w[c];
+      }
+      if (st != ATTN_OK) break;
+      if (n > 0 && (total <= 0 || (!replacement && n > nonzero))) {
+        st = attn_error(ATTN_ERR_ARG, "%s: row %lld has %lld categories with nonzero probability; cannot draw "
+                        "%lld samples%s", op, (long long)r + 1, (long long)nonzero, (long long)n,
+                        replacement ? "" : " without replacement");
+        break;
+      }
+      for (int64_t s = 0; pass == 1 && s < n; s++) {
+        /* the first category whose running sum passes u (skipping zeros, so a
+         * zero-probability category is never drawn) */
+        double u = attn_rng_uniform01(rng) * total, run = 0;
+        int64_t pick = -1;
+        for (int64_t c = 0; c < C; c++) {
+          if (w[c] <= 0) continue;
+          pick = c;
+          run += w[c];
+          if (u < run) break;
+        }
+        o[r * n + s] = pick;
+        if (!replacement) {
+          total -= w[pick];
+          w[pick] = 0;
+          if (total <= 0) /* rounding: recompute from the weights left */
+            for (int64_t c = 0; c < C; c++) total += w[c];
+        }
+      }
+    }
+  attn_free(w, cap);
+  return st;
 }

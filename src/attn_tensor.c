@@ -41,9 +41,11 @@ attn_status attn_scalar_to(const char *op, attn_dtype dtype, double v, void *buf
   } else if (dtype == ATTN_F64) {
     memcpy(buf, &v, 8);
   } else {
-    if (!(v == floor(v) && fabs(v) < 9223372036854775808.0))
-      return attn_error(ATTN_ERR_DTYPE, "%s: int64 tensor with the non-integer number %g; convert the tensor "
-                        "with :to(\"float32\")", op, v);
+    if (!(v == floor(v)))
+      return attn_error(ATTN_ERR_DTYPE, "%s: %g is not an integer, and the tensor is int64 (a float tensor holds "
+                        "it: float32 or float64)", op, v);
+    if (!(fabs(v) < 9223372036854775808.0))
+      return attn_error(ATTN_ERR_DTYPE, "%s: %g is outside the int64 range", op, v);
     int64_t i = (int64_t)v;
     memcpy(buf, &i, 8);
   }

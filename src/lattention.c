@@ -192,7 +192,8 @@ static int l_sdpa_forward(lua_State *L) {
   attn_tensor *out = attn_l_push_alloc(L, q->dtype, 3, os);
   int out_idx = lua_gettop(L);
   attn_tensor *w = need_weights ? attn_l_push_alloc(L, q->dtype, 3, ws) : (lua_pushnil(L), NULL);
-  attn_tensor *lse = q->dtype == ATTN_F32 ? attn_l_push_alloc(L, ATTN_F64, 2, ws) : NULL;
+  int flash = q->dtype == ATTN_F32 && attn_sdpa_flash_size(ws[1], ws[2], o.kernel);
+  attn_tensor *lse = flash ? attn_l_push_alloc(L, ATTN_F64, 2, ws) : NULL;
   ATTN_L_TRY(L, attn_sdpa_forward(q, k, v, &o, out, w, lse));
   lua_pushvalue(L, out_idx);
   lua_pushvalue(L, out_idx + 1);

@@ -43,6 +43,10 @@ attn_tensor *attn_l_push_alloc(lua_State *L, attn_dtype dtype, int ndim, const i
 attn_tensor *attn_l_push_like(lua_State *L, const attn_tensor *x);
 /* Pushes a view sharing view->storage (retains it). */
 attn_tensor *attn_l_push_view(lua_State *L, const attn_tensor *view);
+/* Pushes the Lua number at idx as a 0-d tensor of dtype: exact for a Lua
+ * integer into int64 (a double would round past 2^53); for int64, a float
+ * must hold an integer (errors name fn). */
+attn_tensor *attn_l_push_number(lua_State *L, int idx, attn_dtype dtype, const char *fn);
 /* Raises the core's last error message. */
 int attn_l_raise(lua_State *L);
 /* Raises a formatted message (lua_pushfstring formats: %s %d %f %p %c %%)

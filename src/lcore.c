@@ -205,6 +205,17 @@ attn_tensor *attn_l_push_view(lua_State *L, const attn_tensor *view) {
   return t;
 }
 
+attn_tensor *attn_l_push_number(lua_State *L, int idx, attn_dtype dtype, const char *fn) {
+  if (lua_type(L, idx) != LUA_TNUMBER) attn_l_argerror(L, idx, NULL, "a tensor or a number");
+  double v = lua_tonumber(L, idx);
+  attn_tensor *s = attn_l_push_alloc(L, dtype, 0, NULL);
+  if (dtype == ATTN_I64 && lua_isinteger(L, idx))
+    attn_tensor_set_i64(s, NULL, (int64_t)lua_tointeger(L, idx));
+  else if (attn_scalar_to(fn, dtype, v, attn_tensor_data(s)) != ATTN_OK)
+    attn_l_raise(L);
+  return s;
+}
+
 int attn_l_error(lua_State *L, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -414,6 +425,12 @@ static int l_memory(lua_State *L) {
   return 2;
 }
 
+/* peak_memory([reset]): the most bytes live at once since the last reset. */
+static int l_peak_memory(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)attn_alloc_peak_bytes(lua_toboolean(L, 1)));
+  return 1;
+}
+
 static int l_empty_cache(lua_State *L) {
   (void)L;
   attn_alloc_empty_cache();
@@ -514,23 +531,35 @@ static int l_rusage(lua_State *L) {
  * and returns the previous; isa_supported(name): whether this CPU can run it. */
 static int l_isa(lua_State *L) {
   const char *previous = attn_vmath_isa();
-  if (!lua_isnoneornil(L, 1)) ATTN_L_TRY(L, attn_vmath_set_isa(luaL_checkstring(L, 1)));
+  if (!lua_isnoneornil(L, 1)) ATTN_L_TRY(L, attn_vmath_set_isa(attn_l_checklstring(L, 1, "name", NULL)));
   lua_pushstring(L, previous);
   return 1;
 }
 
 static int l_isa_supported(lua_State *L) {
-  lua_pushboolean(L, attn_vmath_isa_supported(luaL_checkstring(L, 1)));
+  lua_pushboolean(L, attn_vmath_isa_supported(attn_l_checklstring(L, 1, "name", NULL)));
+  return 1;
+}
+
+/* same_shape(a, b): whether two tensors have the same dims and sizes (no
+ * tables made, for autograd's per-node checks). */
+static int l_same_shape(lua_State *L) {
+  const attn_tensor *a = attn_l_check(L, 1), *b = attn_l_check(L, 2);
+  int same = a->ndim == b->ndim;
+  for (int d = 0; same && d < a->ndim; d++) same = a->shape[d] == b->shape[d];
+  lua_pushboolean(L, same);
   return 1;
 }
 
 static const luaL_Reg core_functions[] = {
     {"clock", l_clock},
+    {"same_shape", l_same_shape},
     {"cpu_clock", l_cpu_clock},
     {"isa", l_isa},
     {"isa_supported", l_isa_supported},
     {"rusage", l_rusage},
     {"memory", l_memory},
+    {"peak_memory", l_peak_memory},
     {"empty_cache", l_empty_cache},
     {"set_cache_limit", l_set_cache_limit},
     {"set_max_request", l_set_max_request},

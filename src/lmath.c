@@ -3,17 +3,9 @@
 
 #include "lbind.h"
 
-/* Replaces the Lua number at idx with a 0-d tensor of dtype: exact for a Lua
- * integer into int64 (a double would round past 2^53), else as attn_fill. */
+/* Replaces the Lua number at idx with a 0-d tensor of dtype (see attn_l_push_number). */
 static attn_tensor *number_to_tensor(lua_State *L, int idx, attn_dtype dtype, const char *fn) {
-  int isint;
-  lua_Integer k = lua_tointegerx(L, idx, &isint);
-  double v = luaL_checknumber(L, idx);
-  attn_tensor *s = attn_l_push_alloc(L, dtype, 0, NULL);
-  if (dtype == ATTN_I64 && isint && lua_isinteger(L, idx))
-    attn_tensor_set_i64(s, NULL, (int64_t)k);
-  else if (attn_scalar_to(fn, dtype, v, attn_tensor_data(s)) != ATTN_OK)
-    attn_l_raise(L);
+  attn_tensor *s = attn_l_push_number(L, idx, dtype, fn);
   lua_replace(L, idx);
   return s;
 }
@@ -81,6 +73,8 @@ BINARY_FN(lt, ATTN_LT)
 BINARY_FN(le, ATTN_LE)
 BINARY_FN(gt, ATTN_GT)
 BINARY_FN(ge, ATTN_GE)
+BINARY_FN(tanh_backward, ATTN_TANH_GRAD)
+BINARY_FN(sigmoid_backward, ATTN_SIGMOID_GRAD)
 BINARY_INPLACE_FN(add, ATTN_ADD)
 BINARY_INPLACE_FN(sub, ATTN_SUB)
 BINARY_INPLACE_FN(mul, ATTN_MUL)
@@ -299,19 +293,34 @@ static int l_scatter_add_(lua_State *L) {
   return 1;
 }
 
+/* sort(x, dim, descending): values and 1-based int64 indices, stable. */
+static int l_sort(lua_State *L) {
+  attn_tensor *x = attn_l_check(L, 1);
+  if (x->ndim == 0) return attn_l_error(L, "sort: needs at least 1 dim, got a 0-d tensor");
+  int dim = attn_l_checkdim(L, 2, x->ndim, 0, "sort");
+  int descending = lua_toboolean(L, 3);
+  attn_tensor *values = attn_l_push_like(L, x);
+  attn_tensor *indices = attn_l_push_alloc(L, ATTN_I64, x->ndim, x->shape);
+  ATTN_L_TRY(L, attn_sort(x, dim, descending, values, indices));
+  ATTN_L_TRY(L, attn_binary_scalar(ATTN_ADD, indices, 1.0, 0, indices));
+  return 2;
+}
+
 /* check_ids(ids, limit, op, what [, ctx]): raises unless every value of the
  * tensor ids (any dtype) is an integer in 1..limit; errors name op and what. */
 static int l_check_ids(lua_State *L) {
   attn_tensor *t = attn_l_check(L, 1);
-  lua_Integer limit = luaL_checkinteger(L, 2);
-  const char *op = luaL_checkstring(L, 3), *what = luaL_checkstring(L, 4), *ctx = luaL_optstring(L, 5, NULL);
+  lua_Integer limit = attn_l_checkinteger(L, 2, "limit");
+  const char *op = attn_l_checklstring(L, 3, "op", NULL), *what = attn_l_checklstring(L, 4, "what", NULL);
+  const char *ctx = lua_isnoneornil(L, 5) ? NULL : attn_l_checklstring(L, 5, "context", NULL);
   ATTN_L_TRY(L, attn_index_convert(op, what, ctx, t, 1, (int64_t)limit, NULL));
   lua_settop(L, 1);
   return 1;
 }
 
 static const luaL_Reg math_functions[] = {
-    {"check_ids", l_check_ids},
+    {"tanh_backward", l_tanh_backward}, {"sigmoid_backward", l_sigmoid_backward},
+    {"check_ids", l_check_ids}, {"sort", l_sort},
     {"add", l_add},         {"sub", l_sub},         {"mul", l_mul},
     {"div", l_div},         {"pow", l_pow},         {"maximum", l_maximum},
     {"minimum", l_minimum}, {"eq", l_eq},           {"ne", l_ne},

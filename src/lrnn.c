@@ -9,11 +9,11 @@
  * stay referenced by the table, which stays on the stack. */
 static int read_params(lua_State *L, int arg, const attn_tensor **w_ih, const attn_tensor **w_hh,
                        const attn_tensor **b_ih, const attn_tensor **b_hh, const char *fn) {
-  luaL_checktype(L, arg, LUA_TTABLE);
+  attn_l_checktable(L, arg, "parameters");
   lua_Integer n = luaL_len(L, arg);
   if (n < 4 || n % 4 != 0 || n / 4 > MAX_LAYERS)
-    attn_l_error(L, "%s: parameters must be 4 entries per layer (1 to %d layers), got %d entries", fn, MAX_LAYERS,
-                 (int)n);
+    attn_l_error(L, "%s: parameters must be 4 entries per layer (1 to %d layers), got %I entries", fn, MAX_LAYERS,
+                 n);
   int layers = (int)(n / 4);
   const attn_tensor **slots[4] = {w_ih, w_hh, b_ih, b_hh};
   for (int k = 0; k < layers; k++)
@@ -30,7 +30,7 @@ static int read_params(lua_State *L, int arg, const attn_tensor **w_ih, const at
 }
 
 static double check_dropout(lua_State *L, int arg, const char *fn) {
-  double p = luaL_optnumber(L, arg, 0);
+  double p = attn_l_optnumber(L, arg, "dropout", 0);
   if (!(p >= 0 && p < 1)) attn_l_error(L, "%s: dropout %f must be in [0, 1)", fn, p);
   return p;
 }
@@ -44,7 +44,7 @@ static int l_gru_forward(lua_State *L) {
   int layers = read_params(L, 3, w_ih, w_hh, b_ih, b_hh, fn);
   double p = check_dropout(L, 4, fn);
   uint64_t seed = lua_isnoneornil(L, 5) ? (p > 0 ? attn_rng_next(attn_l_rng(L)) : 0)
-                                        : (uint64_t)luaL_checkinteger(L, 5);
+                                        : (uint64_t)attn_l_checkinteger(L, 5, "seed");
   if (x->ndim != 3 || w_hh[0]->ndim != 2)
     return attn_l_error(L, "%s: input %s must be (T, B, input_size) and weight_hh_l0 %s (3h, h)", fn,
                         attn_tensor_shape_str(x), attn_tensor_shape_str(w_hh[0]));
@@ -69,7 +69,7 @@ static int l_gru_backward(lua_State *L) {
   attn_tensor *h0 = lua_isnoneornil(L, 2) ? NULL : attn_l_check(L, 2);
   int layers = read_params(L, 3, w_ih, w_hh, b_ih, b_hh, fn);
   double p = check_dropout(L, 4, fn);
-  uint64_t seed = (uint64_t)luaL_checkinteger(L, 5);
+  uint64_t seed = (uint64_t)attn_l_checkinteger(L, 5, "seed");
   attn_tensor *saved = attn_l_check(L, 6);
   attn_tensor *dout = lua_isnoneornil(L, 7) ? NULL : attn_l_check(L, 7);
   attn_tensor *dhn = lua_isnoneornil(L, 8) ? NULL : attn_l_check(L, 8);

@@ -43,6 +43,9 @@ static void fill_from_table(lua_State *L, int idx, int depth, int ndim, const in
       lua_Integer k = lua_tointegerx(L, idx, &isint);
       if (!isint) {
         format_path(where, sizeof where, path, depth);
+        lua_Number v = lua_tonumber(L, idx);
+        if (v == floor(v) && isfinite(v))
+          attn_l_error(L, "tensor: element at %s is %s, outside the int64 range", where, lua_tostring(L, idx));
         attn_l_error(L, "tensor: element at %s is %s, not an integer (dtype int64)", where, lua_tostring(L, idx));
       }
       ((int64_t *)t->storage->data)[(*flat)++] = (int64_t)k;
@@ -112,9 +115,11 @@ static int l_full(lua_State *L) {
   attn_l_checktable(L, 1, "shape");
   int nd = attn_l_checkshape(L, 1, shape, "full");
   attn_l_check_sizes(L, nd, shape, "full");
-  double v = attn_l_checknumber(L, 2, "value");
+  attn_l_checknumber(L, 2, "value");
   attn_tensor *t = attn_l_push_alloc(L, attn_l_optdtype(L, 3, ATTN_F32), nd, shape);
-  ATTN_L_TRY(L, attn_fill(t, v));
+  attn_tensor *v = attn_l_push_number(L, 2, t->dtype, "full");
+  ATTN_L_TRY(L, attn_copy(t, v));
+  lua_pop(L, 1);
   return 1;
 }
 
@@ -185,12 +190,32 @@ static int l_bernoulli(lua_State *L) {
 /* randint(shape, low, high [, dtype]): integers in [low, high), int64 by default. */
 static int l_randint(lua_State *L) {
   int64_t shape[ATTN_MAX_DIMS];
-  luaL_checktype(L, 1, LUA_TTABLE);
+  attn_l_checktable(L, 1, "shape");
   int nd = attn_l_checkshape(L, 1, shape, "randint");
   attn_l_check_sizes(L, nd, shape, "randint");
-  lua_Integer low = luaL_checkinteger(L, 2), high = luaL_checkinteger(L, 3);
+  lua_Integer low = attn_l_checkinteger(L, 2, "low"), high = attn_l_checkinteger(L, 3, "high");
   attn_tensor *t = attn_l_push_alloc(L, attn_l_optdtype(L, 4, ATTN_I64), nd, shape);
   ATTN_L_TRY(L, attn_rng_randint(attn_l_rng(L), t, (int64_t)low, (int64_t)high));
+  return 1;
+}
+
+/* multinomial(probs, n [, replacement]): probs (C) or (R, C) -> 1-based int64
+ * category ids (n) or (R, n). */
+static int l_multinomial(lua_State *L) {
+  attn_tensor p = *attn_l_check(L, 1);
+  lua_Integer n = attn_l_checkinteger(L, 2, "num_samples");
+  int replacement = lua_toboolean(L, 3);
+  int vec = p.ndim == 1;
+  if (p.ndim != 1 && p.ndim != 2)
+    return attn_l_error(L, "multinomial: probabilities must be 1-D (C) or 2-D (rows, C), got %s",
+                        attn_tensor_shape_str(&p));
+  if (n < 0) return attn_l_error(L, "multinomial: num_samples %I must be >= 0", n);
+  if (vec) attn_view_unsqueeze(&p, 0);
+  int64_t shape[2] = {p.shape[0], n};
+  attn_tensor *out = attn_l_push_alloc(L, ATTN_I64, 2, shape);
+  ATTN_L_TRY(L, attn_rng_multinomial(attn_l_rng(L), &p, n, replacement, out));
+  ATTN_L_TRY(L, attn_binary_scalar(ATTN_ADD, out, 1.0, 0, out));
+  if (vec) attn_view_select(out, 0, 0);
   return 1;
 }
 
@@ -529,7 +554,9 @@ static int l_set_(lua_State *L) {
 
 static int l_fill_(lua_State *L) {
   attn_tensor *t = attn_l_check(L, 1);
-  ATTN_L_TRY(L, attn_fill(t, attn_l_checknumber(L, 2, "value")));
+  attn_l_checknumber(L, 2, "value");
+  attn_tensor *v = attn_l_push_number(L, 2, t->dtype, "fill_");
+  ATTN_L_TRY(L, attn_copy(t, v));
   attn_l_bump_version(t);
   lua_settop(L, 1);
   return 1;
@@ -580,7 +607,7 @@ static const luaL_Reg tensor_functions[] = {
     {"linspace", l_linspace},   {"eye", l_eye},
     {"rand", l_rand},           {"randn", l_randn},
     {"bernoulli", l_bernoulli}, {"uniform_", l_uniform_},
-    {"randint", l_randint},
+    {"randint", l_randint},     {"multinomial", l_multinomial},
     {"normal_", l_normal_},     {"shape", l_shape},
     {"stride", l_stride},       {"size", l_size},
     {"shape_str", l_shape_str},

@@ -11,7 +11,9 @@
 --   2-D (B, Nq): one length per query. Keys past the length get the score -1e6 before the
 --   softmax, as d2l's `masked_softmax` does, so with ordinary scores their weight is exactly 0,
 --   and a row with valid length 0 comes out *uniform over all keys* (padding included), never
---   NaN. Lengths may be Lua tables or float tensors holding integers in 0..Nk; anything else
+--   NaN. Lengths may be Lua tables, int64 tensors or float tensors holding integers >= 0; a
+--   length past Nk means all keys (as PyTorch's masking gives for the book's predict_seq2seq,
+--   which passes untruncated source lengths). Anything else (a negative length, a fraction)
 --   raises an error naming valid_lens and the shapes.
 -- * Keep-masks: `mask` (1 attend, 0 ignore, broadcastable to (B, Nq, Nk)), `causal` (query i
 --   sees keys j <= i) and `window` (query i sees keys with |i - j| <= window) *remove* keys by
@@ -101,7 +103,7 @@ local function rg(t) return is_tensor(t) and t._rg == true end
 
 --- d2l's `sequence_mask`: entries of sample b at time steps past `valid_len[b]` become `value`.
 -- @tparam Tensor X (B, T, ...); for 3-D X whole feature rows are set
--- @tparam Tensor|table valid_len (B), integers in 0..T
+-- @tparam Tensor|table valid_len (B), integers >= 0 (int64 or float; past T means all of T)
 -- @tparam[opt=0] number value
 -- @treturn Tensor a new tensor of X's shape (gradient 0 at the masked entries)
 -- @usage attn.sequence_mask(attn.tensor{{1, 2, 3}, {4, 5, 6}}, {1, 2}) --> {{1, 0, 0}, {4, 5, 0}}
@@ -118,7 +120,7 @@ end
 -- Entries past the valid length are set to -1e6 before the softmax (the book's semantics), so a
 -- valid length of 0 gives a uniform row over all K positions.
 -- @tparam Tensor X (B, Q, K)
--- @tparam[opt] Tensor|table valid_lens nil, (B) or (B, Q); integers in 0..K
+-- @tparam[opt] Tensor|table valid_lens nil, (B) or (B, Q); integers >= 0 (past K: all of K)
 -- @treturn Tensor (B, Q, K)
 -- @usage attn.masked_softmax(attn.rand{2, 2, 4}, {2, 3}) -- zeros past positions 2 and 3
 function M.masked_softmax(X, valid_lens)

@@ -39,13 +39,13 @@ local function is_tensor(v) return getmetatable(v) == core.metatable end
 autograd.is_tensor = is_tensor
 
 local function requires(t) return is_tensor(t) and t._rg == true end
-
-local snapshot
+local version, same_shape = core.version, core.same_shape
 
 function autograd.needs_grad(inputs)
-  if not is_enabled() then return false end
+  if modes[running()] == false then return false end
   for i = 1, #inputs do
-    if requires(inputs[i]) then return true end
+    local t = inputs[i]
+    if is_tensor(t) and t._rg == true then return true end
   end
   return false
 end
@@ -53,23 +53,36 @@ end
 -- Write versions of the storages a node's backward may read (its inputs and
 -- outputs): an in-place write between forward and backward would make the
 -- gradient silently wrong, so backward checks them (see check_versions).
-function snapshot(node)
-  local v = {}
-  for i = 1, #node.inputs do
-    local t = node.inputs[i]
-    if is_tensor(t) then v[#v + 1] = core.version(t) end
+local function snapshot(node)
+  local v, n = {}, 0
+  local inputs, outputs = node.inputs, node.outputs
+  for i = 1, #inputs do
+    local t = inputs[i]
+    if is_tensor(t) then
+      n = n + 1
+      v[n] = version(t)
+    end
   end
-  for _, t in ipairs(node.outputs) do v[#v + 1] = core.version(t) end
+  for i = 1, #outputs do v[n + i] = version(outputs[i]) end
   return v
 end
 
+-- The same walk as snapshot, comparing instead of collecting (no table per node).
 local function check_versions(node)
-  local now = snapshot(node)
-  for k, v in ipairs(node.versions) do
-    if now[k] ~= v then
-      error(string.format("backward: a tensor used by '%s' was modified in place after the forward pass, so its "
-        .. "gradient would be wrong; modify a clone instead", node.name), 0)
+  local v, n = node.versions, 0
+  local inputs, outputs = node.inputs, node.outputs
+  local same = true
+  for i = 1, #inputs do
+    local t = inputs[i]
+    if is_tensor(t) then
+      n = n + 1
+      same = same and v[n] == version(t)
     end
+  end
+  for i = 1, #outputs do same = same and v[n + i] == version(outputs[i]) end
+  if not same then
+    error(string.format("backward: a tensor used by '%s' was modified in place after the forward pass, so its "
+      .. "gradient would be wrong; modify a clone instead", node.name), 0)
   end
 end
 
@@ -79,16 +92,19 @@ end
 function autograd.record(name, out, inputs, backward)
   if not autograd.needs_grad(inputs) then return out end
   local outputs = is_tensor(out) and { out } or out
+  local nin = #inputs
   -- An op that returned its input unchanged (to() of the same dtype, contiguous()
   -- of a contiguous tensor) is the identity: the input already carries its history.
-  for _, o in ipairs(outputs) do
-    for i = 1, #inputs do
+  for k = 1, #outputs do
+    local o = outputs[k]
+    for i = 1, nin do
       if rawequal(o, inputs[i]) then return out end
     end
   end
   local node = { name = name, inputs = inputs, backward = backward, noutputs = #outputs, outputs = outputs }
   node.versions = snapshot(node)
-  for k, o in ipairs(outputs) do
+  for k = 1, #outputs do
+    local o = outputs[k]
     o._rg = true
     o.grad_fn = node
     o._oi = k
@@ -113,12 +129,9 @@ function autograd.sum_to(g, shape)
 end
 
 local function check_grad_shape(node, i, input, g)
-  local a, b = core.shape(input), core.shape(g)
-  local ok = #a == #b
-  for d = 1, #a do ok = ok and a[d] == b[d] end
-  if not ok then
-    error(string.format("backward of %s: gradient for input %d has shape [%s], input has [%s]", node.name, i,
-      table.concat(b, "x"), table.concat(a, "x")), 0)
+  if not same_shape(input, g) then
+    error(string.format("backward of %s: gradient for input %d has shape %s, input has %s", node.name, i,
+      core.shape_str(g), core.shape_str(input)), 0)
   end
 end
 
@@ -128,6 +141,48 @@ local function accumulate(store, t, g)
     store[t] = g
   else
     store[t] = core.add(prev, g)
+  end
+end
+
+-- The node whose backward function is running (see autograd.backward).
+local failing
+
+-- Runs the nodes in reverse topological order, sending each input's gradient
+-- to the node that produced it or, for a leaf, to leaf_grads.
+local function run_nodes(order, node_grads, leaf_grads, leaf_order, retain)
+  for k = #order, 1, -1 do
+    local node = order[k]
+    local gs = node_grads[node]
+    node_grads[node] = nil
+    local inputs = node.inputs
+    -- a node no gradient reached (e.g. the condition of a where) contributes nothing
+    if gs then
+      check_versions(node)
+      failing = node
+      local in_grads = table.pack(node.backward(table.unpack(gs, 1, node.noutputs)))
+      failing = nil
+      for i = 1, #inputs do
+        local g, input = in_grads[i], inputs[i]
+        if g ~= nil and requires(input) then
+          check_grad_shape(node, i, input, g)
+          local child = input.grad_fn
+          if child then
+            local slot = node_grads[child]
+            if not slot then
+              slot = {}
+              node_grads[child] = slot
+            end
+            accumulate(slot, input._oi, g)
+          else
+            if leaf_grads[input] == nil then leaf_order[#leaf_order + 1] = input end
+            accumulate(leaf_grads, input, g)
+          end
+        end
+      end
+    end
+    if not retain then
+      node.inputs, node.backward, node.outputs = nil, nil, nil
+    end
   end
 end
 
@@ -141,13 +196,10 @@ function autograd.backward(root, grad, opts)
     error("backward: tensor does not require grad (no input of its computation had requires_grad)", 2)
   end
   if grad ~= nil then
-    local rs, gs = core.shape(root), is_tensor(grad) and core.shape(grad)
-    local same = gs and #rs == #gs and core.dtype(grad) == core.dtype(root)
-    for d = 1, #rs do same = same and rs[d] == gs[d] end
-    if not same then
-      error(string.format("backward: grad must be a %s tensor of the output's shape [%s], got %s", core.dtype(root),
-        table.concat(rs, "x"), is_tensor(grad) and string.format("%s [%s]", core.dtype(grad),
-          table.concat(gs, "x")) or type(grad)), 2)
+    if not (is_tensor(grad) and same_shape(root, grad) and core.dtype(grad) == core.dtype(root)) then
+      error(string.format("backward: grad must be a %s tensor of the output's shape %s, got %s", core.dtype(root),
+        core.shape_str(root), is_tensor(grad) and string.format("%s %s", core.dtype(grad), core.shape_str(grad))
+          or type(grad)), 2)
     end
   else
     if core.numel(root) ~= 1 then
@@ -156,16 +208,16 @@ function autograd.backward(root, grad, opts)
     end
     grad = core.full(core.shape(root), 1, core.dtype(root))
   end
-  -- Topological order of nodes (iterative DFS, so deep graphs do not overflow the C stack).
+  -- Topological order of nodes (iterative DFS with parallel arrays, so deep
+  -- graphs do not overflow the C stack and no table is made per node).
   local order, visited = {}, {}
-  local stack = {}
-  if root.grad_fn then stack[1] = { root.grad_fn, 1 } end
-  while #stack > 0 do
-    local top = stack[#stack]
-    local node, i = top[1], top[2]
+  local stack_node, stack_pos, top = {}, {}, 0
+  if root.grad_fn then stack_node[1], stack_pos[1], top = root.grad_fn, 1, 1 end
+  while top > 0 do
+    local node, i = stack_node[top], stack_pos[top]
     if i == 1 then
       if visited[node] then
-        stack[#stack] = nil
+        top = top - 1
         goto continue
       end
       visited[node] = true
@@ -175,13 +227,16 @@ function autograd.backward(root, grad, opts)
       end
     end
     if i <= #node.inputs then
-      top[2] = i + 1
+      stack_pos[top] = i + 1
       local input = node.inputs[i]
       local child = requires(input) and input.grad_fn
-      if child and not visited[child] then stack[#stack + 1] = { child, 1 } end
+      if child and not visited[child] then
+        top = top + 1
+        stack_node[top], stack_pos[top] = child, 1
+      end
     else
       order[#order + 1] = node
-      stack[#stack] = nil
+      top = top - 1
     end
     ::continue::
   end
@@ -194,42 +249,19 @@ function autograd.backward(root, grad, opts)
     leaf_grads[root] = grad
     leaf_order[1] = root
   end
-  -- The node whose backward function is running: an error it raises is
-  -- reported with the node's name, so a failure deep in a graph says which
-  -- operation's gradient broke.
-  local failing
-  local ok, err = pcall(autograd.with_mode, false, function()
-    for k = #order, 1, -1 do
-      local node = order[k]
-      local gs = node_grads[node]
-      node_grads[node] = nil
-      -- a node no gradient reached (e.g. the condition of a where) contributes nothing
-      if gs then check_versions(node) end
-      failing = node
-      local in_grads = gs and table.pack(node.backward(table.unpack(gs, 1, node.noutputs))) or {}
-      failing = nil
-      for i, input in ipairs(node.inputs) do
-        local g = in_grads[i]
-        if g ~= nil and requires(input) then
-          check_grad_shape(node, i, input, g)
-          local child = input.grad_fn
-          if child then
-            local slot = node_grads[child] or {}
-            node_grads[child] = slot
-            accumulate(slot, input._oi, g)
-          else
-            if leaf_grads[input] == nil then leaf_order[#leaf_order + 1] = input end
-            accumulate(leaf_grads, input, g)
-          end
-        end
-      end
-      if not opts.retain_graph then
-        node.inputs, node.backward, node.outputs = nil, nil, nil
-      end
-    end
-  end)
+  -- Backward functions run with grad mode off; on failure the error names the
+  -- node whose backward function raised, so a failure deep in a graph says
+  -- which operation's gradient broke.
+  local co = running()
+  local previous = modes[co]
+  modes[co] = false
+  failing = nil
+  local ok, err = pcall(run_nodes, order, node_grads, leaf_grads, leaf_order, opts.retain_graph)
+  modes[co] = previous
   if not ok then
-    if failing then error(string.format("backward of '%s' failed: %s", failing.name, tostring(err)), 2) end
+    local node = failing
+    failing = nil
+    if node then error(string.format("backward of '%s' failed: %s", node.name, tostring(err)), 2) end
     error(err, 0)
   end
   for _, leaf in ipairs(leaf_order) do

@@ -110,6 +110,38 @@ function cli.parse(argv, spec, hooks)
   return opts
 end
 
+-- A user's mistake (a missing file, a checkpoint that does not fit): shown as
+-- one line by cli.main, never as a traceback.
+local Failure = { __tostring = function(f) return f.message end }
+
+--- Raises a failure meant for the user of a script (see `cli.main`).
+-- @tparam string message
+-- @raise always
+function cli.fail(message) error(setmetatable({ message = tostring(message) }, Failure), 2) end
+
+--- Whether an error value was raised by `cli.fail`.
+-- @param err
+-- @treturn boolean
+function cli.is_failure(err) return getmetatable(err) == Failure end
+
+--- Runs a script's body: a `cli.fail` ends the script with its message on
+-- stderr and exit status 1; any other error keeps its traceback.
+-- @tparam function fn the body
+-- @param ... its arguments
+-- @return what fn returns
+function cli.main(fn, ...)
+  local res = table.pack(xpcall(fn, function(err)
+    if cli.is_failure(err) then return err end
+    return debug.traceback(tostring(err), 2)
+  end, ...))
+  if res[1] then return table.unpack(res, 2, res.n) end
+  if cli.is_failure(res[2]) then
+    io.stderr:write(res[2].message, "\n")
+    os.exit(1)
+  end
+  error(res[2], 0)
+end
+
 --- Creates a folder and its parents (like `mkdir -p`).
 -- @tparam string path
 -- @treturn[1] string the path

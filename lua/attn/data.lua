@@ -25,7 +25,7 @@ local attn = require "attn"
 local linear = require "attn.nn.linear"
 
 --- The dtype of id and length tensors (one place, so the whole pipeline follows it).
-local ID_DTYPE = "float32"
+local ID_DTYPE = "int64"
 
 local data = { ID_DTYPE = ID_DTYPE }
 

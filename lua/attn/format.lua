@@ -37,6 +37,14 @@ local function shown(n, elide)
   return idx
 end
 
+-- string.format of one value; a NaN prints as "nan" whatever its sign bit
+-- (glibc shows "-nan" for the NaN that 0/0 gives, which reads like a value).
+local function format_value(fmt, v)
+  local s = string.format(fmt, v)
+  if v ~= v then s = s:gsub("%-nan", " nan") end
+  return s
+end
+
 local function render_matrix(m, fmt, elide, lines)
   local rows, cols = core.size(m, 1), core.size(m, 2)
   local ri, ci = shown(rows, elide), shown(cols, elide)
@@ -44,7 +52,7 @@ local function render_matrix(m, fmt, elide, lines)
   for r, i in ipairs(ri) do
     cells[r] = {}
     for c, j in ipairs(ci) do
-      local s = (i and j) and string.format(fmt, core.get(m, i, j)) or "..."
+      local s = (i and j) and format_value(fmt, core.get(m, i, j)) or "..."
       cells[r][c] = s
       if #s > width then width = #s end
     end
@@ -84,7 +92,7 @@ function format.tostring(t)
   local lines = { header }
   local nd = #shape
   if nd == 0 then
-    lines[#lines + 1] = " " .. string.format(fmt, core.item(t))
+    lines[#lines + 1] = " " .. format_value(fmt, core.item(t))
   elseif nd == 1 then
     render_matrix(core.unsqueeze(t, 1), fmt, elide, lines)
   elseif nd == 2 then

@@ -85,7 +85,11 @@ end
 -- @treturn Tensor a new tensor (float32 by default; a copy keeps the source's dtype)
 -- @raise on a ragged table, a non-number element or an unknown option
 -- @usage local x = attn.tensor({{1, 2, 3}, {4, 5, 6}}, "float64") -- (2, 3)
-function attn.tensor(data, opt)
+function attn.tensor(data, opt, ...)
+  if select("#", ...) > 0 then
+    error("tensor: expected (data [, dtype or options]), got a third argument; put dtype and requires_grad in one " ..
+      "options table", 2)
+  end
   local dtype, rg = options(opt, "tensor")
   return finish(core.tensor(data, dtype), rg)
 end
@@ -101,10 +105,41 @@ local function shaped(fn_name, make)
 end
 local function zeros_of(s, dt) return core.full(s, 0, dt) end
 local function ones_of(s, dt) return core.full(s, 1, dt) end
+--- A tensor with uninitialised contents.
+-- @function empty
+-- @param ... sizes as varargs (2, 3) or one table {2, 3}, then optionally a dtype
+--   string or `{dtype =, requires_grad =}`
+-- @treturn Tensor
+-- @raise "empty: negative size -2 in shape [3x-2]"; "empty: size 2 is 1.5, not an integer"
+-- @usage local buf = attn.empty(1024, "float64")
 attn.empty = shaped("empty", core.empty)
+--- A tensor of zeros.
+-- @function zeros
+-- @param ... sizes as varargs or a table, then optionally a dtype or options
+-- @treturn Tensor
+-- @raise on a negative or non-integer size, an unknown dtype or option
+-- @usage attn.zeros(2, 3) -- same as attn.zeros({2, 3})
 attn.zeros = shaped("zeros", zeros_of)
+--- A tensor of ones.
+-- @function ones
+-- @param ... sizes as varargs or a table, then optionally a dtype or options
+-- @treturn Tensor
+-- @raise like zeros
+-- @usage attn.ones(4, {dtype = "float64", requires_grad = true})
 attn.ones = shaped("ones", ones_of)
+--- Uniform random values in [0, 1) from the seeded generator (attn.manual_seed).
+-- @function rand
+-- @param ... sizes as varargs or a table, then optionally a dtype or options
+-- @treturn Tensor
+-- @raise like zeros
+-- @usage attn.rand(3, 3)
 attn.rand = shaped("rand", core.rand)
+--- Standard normal random values from the seeded generator.
+-- @function randn
+-- @param ... sizes as varargs or a table, then optionally a dtype or options
+-- @treturn Tensor
+-- @raise like zeros
+-- @usage local w = attn.randn(3, 2, {requires_grad = true})
 attn.randn = shaped("randn", core.randn)
 
 --- full(shape, value [, opt]) or full(n1, n2, ..., value [, opt]): every entry is value.
@@ -133,6 +168,14 @@ function attn.arange(a, b, c, d)
   return finish(core.arange(start, stop, step, dtype), rg)
 end
 
+--- n evenly spaced values from start to stop, both included.
+-- @tparam number start
+-- @tparam number stop
+-- @tparam int n count (>= 0)
+-- @param[opt] opt dtype or options
+-- @treturn Tensor (n)
+-- @raise "linspace: negative count -1"
+-- @usage attn.linspace(0, 1, 5) --> 0, 0.25, 0.5, 0.75, 1
 function attn.linspace(start, stop, n, opt)
   local dtype, rg = options(opt, "linspace")
   return finish(core.linspace(start, stop, n, dtype), rg)
@@ -168,6 +211,42 @@ function attn.randint(low, high, shape, opt)
   return core.randint(sizes, math.tointeger(low), math.tointeger(high), dtype)
 end
 
+--- Normal samples N(mean, std^2) of a shape (PyTorch's `normal(mean, std, size)`
+-- with number arguments), from the seeded generator.
+-- @tparam number mean
+-- @tparam number std >= 0
+-- @tparam {integer,...} shape
+-- @tparam[opt] string|table opt dtype or `{dtype =, requires_grad =}`
+-- @treturn Tensor
+-- @raise when std < 0 or mean or std is not finite
+-- @usage local w = attn.normal(0, 0.01, { 4, 3 })
+function attn.normal(mean, std, shape, opt)
+  local sizes, rest = shape_of("normal", 0, shape, opt)
+  local dtype, rg = options(rest, "normal")
+  if type(mean) ~= "number" or type(std) ~= "number" then
+    error(string.format("normal: mean and std must be numbers, got %s and %s", type(mean), type(std)), 2)
+  end
+  return finish(core.normal_(core.empty(sizes, dtype), mean, std), rg)
+end
+
+--- Draws category ids from rows of probabilities (PyTorch's `multinomial`).
+-- Rows need not sum to 1 (weights >= 0). Without replacement a category is
+-- drawn at most once per row. Draws come from the seeded generator in row
+-- order, so the thread count never changes them.
+-- @tparam Tensor probs (C) or (R, C), float
+-- @tparam integer num_samples
+-- @tparam[opt=false] boolean replacement
+-- @treturn Tensor int64 1-based ids, (num_samples) or (R, num_samples)
+-- @raise on negative or non-finite weights, an all-zero row, or more samples
+-- than nonzero categories without replacement
+-- @usage local next_token = attn.multinomial(logits:softmax(-1), 1)
+function attn.multinomial(probs, num_samples, replacement)
+  if math.type(num_samples) ~= "integer" then
+    error(string.format("multinomial: num_samples must be an integer, got %s", tostring(num_samples)), 2)
+  end
+  return core.multinomial(probs, num_samples, replacement == true)
+end
+
 --- bernoulli(shape, p [, opt]) or bernoulli(n1, n2, ..., p [, opt]): ones with probability p.
 function attn.bernoulli(...)
   local shape, p, opt = shape_of("bernoulli", 1, ...)
@@ -181,10 +260,40 @@ local function like(fn_name, make)
     return finish(make(core.shape(t), dtype or core.dtype(t)), rg)
   end
 end
+--- Zeros with t's shape and dtype (the dtype may be overridden).
+-- @function zeros_like
+-- @tparam Tensor t
+-- @param[opt] opt dtype or options
+-- @treturn Tensor
+-- @usage local g = attn.zeros_like(p)
 attn.zeros_like = like("zeros_like", zeros_of)
+--- Ones with t's shape and dtype.
+-- @function ones_like
+-- @tparam Tensor t
+-- @param[opt] opt dtype or options
+-- @treturn Tensor
+-- @usage attn.ones_like(x)
 attn.ones_like = like("ones_like", ones_of)
+--- Uniform [0, 1) values with t's shape and dtype.
+-- @function rand_like
+-- @tparam Tensor t
+-- @param[opt] opt dtype or options
+-- @treturn Tensor
+-- @usage attn.rand_like(x):lt(0.5)
 attn.rand_like = like("rand_like", core.rand)
+--- Standard normal values with t's shape and dtype.
+-- @function randn_like
+-- @tparam Tensor t
+-- @param[opt] opt dtype or options
+-- @treturn Tensor
+-- @usage x + attn.randn_like(x) * 0.1
 attn.randn_like = like("randn_like", core.randn)
+--- value everywhere, with t's shape and dtype.
+-- @tparam Tensor t
+-- @tparam number value
+-- @param[opt] opt dtype or options
+-- @treturn Tensor
+-- @usage attn.full_like(x, -1e6)
 function attn.full_like(t, value, opt)
   local dtype, rg = options(opt, "full_like")
   return finish(core.full(core.shape(t), value, dtype or core.dtype(t)), rg)
@@ -235,6 +344,13 @@ end
 attn.where = Tensor.where
 attn.bmm = Tensor.bmm
 
+--- Seeds the random generator (xoshiro256**) of rand, randn, bernoulli,
+-- uniform_, normal_ and dropout: a seed gives the same numbers on every
+-- thread count.
+-- @function manual_seed
+-- @tparam int seed
+-- @raise "manual_seed: argument 1 (seed) must be an integer, got 1.5"
+-- @usage attn.manual_seed(42)
 attn.manual_seed = core.manual_seed
 --- Seconds from a monotonic wall clock (CLOCK_MONOTONIC), for timing code.
 -- Unlike `os.clock` (CPU time of the process) it counts time spent waiting and
@@ -243,26 +359,67 @@ attn.manual_seed = core.manual_seed
 -- @treturn number seconds since an arbitrary fixed point
 -- @usage local t0 = attn.clock(); step(); print(attn.clock() - t0, "s")
 attn.clock = core.clock
+--- Sets the worker pool's thread count (OpenBLAS runs inside it, pinned to
+-- one thread). Results are the same bits on every count.
+-- @function set_num_threads
+-- @tparam int n 1..64
+-- @raise "set_num_threads: n = 4294967296 must be in 1..64"
+-- @usage attn.set_num_threads(2)
 attn.set_num_threads = core.set_num_threads
+--- The worker pool's thread count.
+-- @function get_num_threads
+-- @treturn int
+-- @usage print(attn.get_num_threads())
 attn.get_num_threads = core.get_num_threads
+--- Gives the allocator's cached blocks back to the system.
+-- @function empty_cache
+-- @usage attn.empty_cache(); print(attn.memory())
 attn.empty_cache = core.empty_cache
+--- Bounds the bytes the allocator keeps cached after release.
+-- @function set_cache_limit
+-- @tparam int bytes >= 0
+-- @raise "set_cache_limit: bytes = -1 must be >= 0"
+-- @usage attn.set_cache_limit(256 * 2^20)
 attn.set_cache_limit = core.set_cache_limit
 --- memory(): bytes held by live tensors, and bytes kept in the allocator's cache.
 attn.memory = core.memory
+--- Whether v is a tensor (a live or freed attn.Tensor userdata).
+-- @function is_tensor
+-- @param v any value
+-- @treturn boolean
+-- @usage if attn.is_tensor(x) then print(x:shape()) end
 attn.is_tensor = autograd.is_tensor
 
 attn.autograd = autograd
+--- Runs fn(...) without recording operations for autograd and returns its results.
+-- @function no_grad
+-- @tparam function fn
+-- @param ... fn's arguments
+-- @return fn's results
+-- @usage local y = attn.no_grad(function() return model(x) end)
 attn.no_grad = autograd.no_grad
+--- Runs fn(...) with recording on (inside a no_grad block) and returns its results.
+-- @function enable_grad
+-- @tparam function fn
+-- @param ... fn's arguments
+-- @return fn's results
+-- @usage attn.enable_grad(function() loss:backward() end)
 attn.enable_grad = autograd.enable_grad
+--- Whether operations are being recorded for autograd.
+-- @function is_grad_enabled
+-- @treturn boolean
+-- @usage assert(attn.is_grad_enabled())
 attn.is_grad_enabled = autograd.is_enabled
 attn.backward = autograd.backward
 attn.gradcheck = autograd.gradcheck
 
 -- ---------------------------------------------------------------- sub-modules
 
--- Loaded on first use: attn.linalg, attn.nn, attn.optim, and the functions of
--- attn.io and attn.attention appear as attn.save, attn.masked_softmax, ...
-local submodules = { linalg = "attn.linalg", nn = "attn.nn", optim = "attn.optim", progress = "attn.progress" }
+-- Loaded on first use: attn.linalg, attn.nn, attn.optim, attn.progress,
+-- attn.seq2seq, and the functions of attn.io and attn.attention appear as
+-- attn.save, attn.masked_softmax, ...
+local submodules = { linalg = "attn.linalg", nn = "attn.nn", optim = "attn.optim", progress = "attn.progress",
+  seq2seq = "attn.seq2seq" }
 local function_modules = { "attn.io", "attn.attention" }
 
 setmetatable(attn, {

@@ -110,6 +110,9 @@ local shape_str = core.shape_str -- "[2x3]" from a tensor or a table of sizes
 
 -- ---------------------------------------------------------------- shared methods
 
+--- The methods every optimiser has (`attn.optim.Optimizer`, the base of SGD,
+-- Adam and AdamW): `zero_grad`, `step`, `state_dict`, `load_state_dict`.
+-- @type Optimizer
 local Optimizer = {}
 Optimizer.__index = Optimizer
 

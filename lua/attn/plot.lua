@@ -287,10 +287,16 @@ local function render_svg(fig)
       'font-family="%s">', fig.width, fig.height, fig.width, fig.height, SVG_FONT),
     '<rect class="background" width="100%" height="100%" fill="#ffffff"/>',
   }
+  local in_rects = false
   for _, it in ipairs(fig.items) do
+    -- Runs of rectangles share a group with crispEdges: adjacent cells without
+    -- anti-aliased seams between them.
+    if (it.kind == "rect") ~= in_rects then
+      out[#out + 1] = in_rects and "</g>" or '<g shape-rendering="crispEdges">'
+      in_rects = not in_rects
+    end
     if it.kind == "rect" then
-      -- crispEdges: adjacent cells without anti-aliased seams between them
-      out[#out + 1] = string.format('<rect%s x="%s" y="%s" width="%s" height="%s" fill="%s" shape-rendering="crispEdges"/>',
+      out[#out + 1] = string.format('<rect%s x="%s" y="%s" width="%s" height="%s" fill="%s"/>',
         class_attr(it), num(it.x), num(it.y), num(it.w), num(it.h), color_hex(it.color))
     elseif it.kind == "path" then
       local d = {}
@@ -314,6 +320,7 @@ local function render_svg(fig)
         (it.color ~= INK) and (' fill="' .. color_hex(it.color) .. '"') or "", escape(it.str))
     end
   end
+  if in_rects then out[#out + 1] = "</g>" end
   out[#out + 1] = "</svg>"
   return table.concat(out, "\n") .. "\n"
 end
@@ -502,25 +509,29 @@ function plot.heatmaps(weights, opts)
       angle, step, label_h = column_label_fit(col_labels, cell, TICK_SIZE)
     end
     local left = pad + ylabel_w + rowtick_w
+    if angle == -45 then -- a turned label hangs left of its tick: keep the first ones inside
+      for j, l in ipairs(col_labels) do
+        left = math.max(left, pad + (text_width(l, TICK_SIZE) + line_height(TICK_SIZE)) * 0.7071 - (j - 0.5) * cell)
+      end
+    end
     local right = cbar_w + pad + (angle == 0 and max_width(col_labels, TICK_SIZE) / 2 or 0)
     local top = pad + title_h
     local bottom = tick + 3 + label_h + xlabel_h + pad
-    return left, right, top, bottom, angle, step
+    return left, right, top, bottom, angle, step, label_h
   end
   -- Square cells: a default size from the matrix, or the largest that fits W x H.
+  local default_cell = math.max(4, math.min(R * C > 1 and 24 or 36, math.floor(300 / math.max(NQ, NK))))
   local function cell_for(left, right, top, bottom)
-    local aw = (W or 0) - left - right - (C - 1) * gap
-    local ah = (H or 0) - top - bottom - (R - 1) * (gap + title_h + xlabel_h)
-    return math.max(1, math.min(aw / (C * NK), ah / (R * NQ)))
+    local aw = W and (W - left - right - (C - 1) * gap) / (C * NK) or math.huge
+    local ah = H and (H - top - bottom - (R - 1) * (gap + title_h)) / (R * NQ) or math.huge
+    return math.max(1, math.min(aw, ah))
   end
-  local cell
-  if W and H then
-    cell = cell_for(margins(20))
+  local cell = default_cell
+  if W or H then -- the largest square cells that fit the given size(s)
+    cell = cell_for(margins(default_cell))
     cell = cell_for(margins(cell))
-  else
-    cell = math.max(4, math.min(24, math.floor(300 / math.max(NQ, NK))))
   end
-  local left, right, top, bottom, angle, cstep = margins(cell)
+  local left, right, top, bottom, angle, cstep, xtick_h = margins(cell)
   local rstep = numbered_rows and thin_step(NQ, cell, lh_tick * 1.6) or thin_step(NQ, cell, lh_tick * 0.9)
   -- Thinned numbers sit on multiples of the step (5, 10, ...); thinned tokens on 1, 1 + step, ...
   local function shown(step, numbered, n)
@@ -529,8 +540,23 @@ function plot.heatmaps(weights, opts)
     return list
   end
   local pw, ph = cell * NK, cell * NQ
-  local vgap = gap + title_h + xlabel_h -- between panel rows: the row's xlabel and the next row's titles
+  local vgap = gap + title_h -- between panel rows: the next row's titles (x labels go under the last row only)
   local gw, gh = C * pw + (C - 1) * gap, R * ph + (R - 1) * vgap
+  -- Room for axis labels longer than the whole grid: a free-size figure grows,
+  -- a fixed size gets a smaller font (down to 7 px).
+  local xlabel_size, ylabel_size = LABEL_SIZE, LABEL_SIZE
+  -- (a long y label may reach down beside the column tick labels, never to the x label)
+  local span_h = gh + tick + 3 + xtick_h
+  local ylabel_need = ylabel and text_width(ylabel, LABEL_SIZE) + 4 or 0
+  if ylabel then
+    if not H and ylabel_need > span_h then top = top + ylabel_need - span_h end
+    while H and ylabel_size > 7 and text_width(ylabel, ylabel_size) > H - 2 * pad do ylabel_size = ylabel_size - 1 end
+  end
+  if xlabel then
+    local half = text_width(xlabel, LABEL_SIZE) / 2 + pad
+    if not W then left, right = math.max(left, half - gw / 2), math.max(right, half - gw / 2) end
+    while W and xlabel_size > 7 and text_width(xlabel, xlabel_size) > W - 2 * pad do xlabel_size = xlabel_size - 1 end
+  end
   W = W or math.ceil(left + gw + right)
   H = H or math.ceil(top + gh + bottom)
   if W > 16384 or H > 16384 then error(string.format("%s: figure would be %dx%d pixels; give width/height", fn, W, H), 2) end
@@ -541,6 +567,19 @@ function plot.heatmaps(weights, opts)
   local fig = new_figure(W, H)
   local round = function(x) return math.floor(x + 0.5) end
   local capt = cap_height(TICK_SIZE)
+  -- Axis labels go with each panel, as in the book, unless they are longer than
+  -- a panel; then one label spans the whole grid.
+  local xlabel_each = xlabel and text_width(xlabel, LABEL_SIZE) <= pw + gap - 6
+  local ylabel_each = ylabel and text_width(ylabel, LABEL_SIZE) <= ph + vgap - 6
+  local ylabel_x = ox - rowtick_w - 4
+  if ylabel and not ylabel_each then
+    local yc = ylabel_need <= gh and oy + gh / 2 or oy + span_h - ylabel_need / 2
+    fig:text(ylabel_x, yc, ylabel, ylabel_size, { angle = -90, align = 0.5, class = "ylabel" })
+  end
+  local xlabel_y = oy + gh + tick + 3 + xtick_h + 2 + cap_height(LABEL_SIZE)
+  if xlabel and not xlabel_each then
+    fig:text(ox + gw / 2, xlabel_y, xlabel, xlabel_size, { align = 0.5, class = "xlabel" })
+  end
   for r = 1, R do
     for c = 1, C do
       local x0, y0 = ox + (c - 1) * (pw + gap), oy + (r - 1) * (ph + vgap)
@@ -557,7 +596,10 @@ function plot.heatmaps(weights, opts)
       fig:frame(round(x0), round(y0), round(x0 + pw) - round(x0), round(y0 + ph) - round(y0))
       if titles then
         local t = #titles == C and titles[c] or titles[(r - 1) * C + c]
-        fig:text(x0 + pw / 2, y0 - 5, t, TITLE_SIZE, { align = 0.5, class = "title" })
+        -- a title wider than its panel gets a smaller font (down to 7 px) rather than meeting the next one
+        local size = TITLE_SIZE
+        while size > 7 and text_width(t, size) > pw + gap - 6 do size = size - 1 end
+        fig:text(x0 + pw / 2, y0 - 5, t, size, { align = 0.5, class = "title" })
       end
       if c == 1 then -- row tick labels and the y label, left of the first column
         for _, i in ipairs(shown(rstep, numbered_rows, NQ)) do
@@ -565,8 +607,8 @@ function plot.heatmaps(weights, opts)
           fig:line(x0 - tick, y, x0, y, FRAME, 0.8, "tick")
           fig:text(x0 - tick - 3, y + capt / 2, row_labels[i], TICK_SIZE, { align = 1, class = "ytick" })
         end
-        if ylabel then
-          fig:text(x0 - rowtick_w - 4, y0 + ph / 2, ylabel, LABEL_SIZE, { angle = -90, align = 0.5, class = "ylabel" })
+        if ylabel_each then
+          fig:text(ylabel_x, y0 + ph / 2, ylabel, LABEL_SIZE, { angle = -90, align = 0.5, class = "ylabel" })
         end
       end
       if r == R then -- column tick labels and the x label, under the last row
@@ -583,11 +625,7 @@ function plot.heatmaps(weights, opts)
             fig:text(x + capt / 2, ty, col_labels[j], TICK_SIZE, { angle = -90, align = 1, class = "xtick" })
           end
         end
-        if xlabel then
-          local label_h = bottom - tick - 3 - xlabel_h - pad
-          fig:text(x0 + pw / 2, ty + label_h + 2 + cap_height(LABEL_SIZE), xlabel, LABEL_SIZE,
-            { align = 0.5, class = "xlabel" })
-        end
+        if xlabel_each then fig:text(x0 + pw / 2, xlabel_y, xlabel, LABEL_SIZE, { align = 0.5, class = "xlabel" }) end
       end
     end
   end
@@ -635,14 +673,68 @@ local function series_list(fn, ys)
 end
 
 local line_options = set { "path", "format", "xlabel", "ylabel", "title", "legend", "figsize", "dpi", "width",
-  "height" }
+  "height", "xscale", "yscale", "markers" }
+
+-- true for a log axis, false for a linear one.
+local function axis_scale(fn, opts, name)
+  local v = opts[name]
+  if v == nil or v == "linear" then return false end
+  if v == "log" then return true end
+  error(string.format("%s: %s must be 'linear' or 'log', got %s", fn, name, tostring(v)), 3)
+end
+
+-- log10 of each value; values <= 0 become NaN, i.e. gaps, as matplotlib masks them.
+local function log10_all(vals)
+  local out = {}
+  for i, v in ipairs(vals) do out[i] = v > 0 and math.log(v, 10) or 0 / 0 end
+  return out
+end
+
+-- Tick positions (in axis units: log10 of the value on a log axis) and labels.
+local function axis_ticks(lo, hi, n, log)
+  local pos, labels = {}, {}
+  if not log then
+    local dec
+    pos, dec = nice_ticks(lo, hi, n)
+    for i, v in ipairs(pos) do labels[i] = tick_label(v, dec) end
+    return pos, labels
+  end
+  -- powers of ten (every few when there are many), with 2x and 5x between them when that gives too few
+  local k0, k1 = math.floor(lo), math.ceil(hi)
+  local function decades(mults, every)
+    pos, labels = {}, {}
+    for k = k0, k1 do
+      if k % every == 0 then
+        for _, m in ipairs(mults) do
+          local p = k + math.log(m, 10)
+          if p >= lo - 1e-9 and p <= hi + 1e-9 then
+            pos[#pos + 1], labels[#labels + 1] = p, string.format("%g", m * 10 ^ k)
+          end
+        end
+      end
+    end
+  end
+  decades({ 1 }, math.max(1, math.ceil((k1 - k0) / n)))
+  if #pos < 3 then decades({ 1, 2, 5 }, 1) end
+  if #pos < 3 then -- within about a decade: round values, placed on the log axis, if they give more
+    local vals, dec = nice_ticks(10 ^ lo, 10 ^ hi, n)
+    local lpos, llabels = {}, {}
+    for _, v in ipairs(vals) do
+      if v > 0 then lpos[#lpos + 1], llabels[#llabels + 1] = math.log(v, 10), tick_label(v, dec) end
+    end
+    if #lpos > #pos then pos, labels = lpos, llabels end
+  end
+  return pos, labels
+end
 
 --- Draws several series against x with ticks, axis labels, a title and a legend.
 -- @tparam Tensor|table|nil x the n positions (nil: 1..n)
 -- @tparam Tensor|table ys a list of series (tables or 1-D tensors of n numbers), one series, or a
 --   2-D tensor whose rows are series; NaN and infinite values leave gaps
 -- @tparam[opt] table opts `path`/`format` as for heatmaps; `xlabel`, `ylabel`, `title`; `legend`
---   (one name per series); `width`/`height` (default 480 x 300) or `figsize` with `dpi`
+--   (one name per series); `xscale`/`yscale` ("linear" or "log"; a log axis leaves gaps at
+--   values <= 0); `markers` (true: a square at every point, for measured data); `width`/`height`
+--   (default 480 x 300) or `figsize` with `dpi`
 -- @treturn string the path; without a path, the SVG text (or PNG/PDF bytes)
 -- @treturn[2] nil when the file cannot be written, and a message
 -- @raise on mismatched lengths, non-numbers or a bad option
@@ -675,6 +767,13 @@ function plot.lines(x, ys, opts)
   local W, H = figure_size(fn, opts)
   W, H = W or 480, H or 300
 
+  local xlog, ylog = axis_scale(fn, opts, "xscale"), axis_scale(fn, opts, "yscale")
+  if opts.markers ~= nil and type(opts.markers) ~= "boolean" then error(fn .. ": markers must be a boolean", 2) end
+  local markers = opts.markers
+  if xlog then xs = log10_all(xs) end
+  if ylog then
+    for k, s in ipairs(series) do series[k] = log10_all(s) end
+  end
   local all = {}
   for _, s in ipairs(series) do for _, v in ipairs(s) do all[#all + 1] = v end end
   local x_lo, x_hi = finite_range(xs)
@@ -684,11 +783,8 @@ function plot.lines(x, ys, opts)
   -- 5% margins inside the axes, as matplotlib leaves them
   local mx, my = 0.05 * (x_hi - x_lo), 0.05 * (y_hi - y_lo)
   x_lo, x_hi, y_lo, y_hi = x_lo - mx, x_hi + mx, y_lo - my, y_hi + my
-  local xt, xdec = nice_ticks(x_lo, x_hi, 6)
-  local yt, ydec = nice_ticks(y_lo, y_hi, 5)
-  local xtl, ytl = {}, {}
-  for i, v in ipairs(xt) do xtl[i] = tick_label(v, xdec) end
-  for i, v in ipairs(yt) do ytl[i] = tick_label(v, ydec) end
+  local xt, xtl = axis_ticks(x_lo, x_hi, 6, xlog)
+  local yt, ytl = axis_ticks(y_lo, y_hi, 5, ylog)
 
   local pad, tick = 8, 3
   local lh_tick, lh_label = line_height(TICK_SIZE), line_height(LABEL_SIZE)
@@ -737,6 +833,13 @@ function plot.lines(x, ys, opts)
     local color = SERIES_COLORS[(k - 1) % #SERIES_COLORS + 1]
     local dash = SERIES_DASHES[(k - 1) % #SERIES_DASHES + 1] or nil
     fig:path(runs, color, 1.5, dash, "series")
+    if markers then
+      for _, r in ipairs(runs) do
+        for i = 1, #r, 2 do
+          if not (i == 3 and #r == 4 and r[3] == r[1] + 0.01) then fig:rect(r[i] - 2, r[i + 1] - 2, 4, 4, color, "marker") end
+        end
+      end
+    end
   end
   fig:frame(left, top, aw, ah)
   if title then fig:text(left + aw / 2, top - 6, title, TITLE_SIZE, { align = 0.5, class = "title" }) end
@@ -753,6 +856,7 @@ function plot.lines(x, ys, opts)
       local y = ly + (k - 0.5) * lh_tick * 1.3
       local color = SERIES_COLORS[(k - 1) % #SERIES_COLORS + 1]
       fig:path({ { lx, y, lx + 24, y } }, color, 1.5, SERIES_DASHES[(k - 1) % #SERIES_DASHES + 1] or nil, "legend-line")
+      if markers then fig:rect(lx + 10, y - 2, 4, 4, color, "legend-marker") end
       fig:text(lx + 30, y + capt / 2, name, TICK_SIZE, { class = "legend" })
     end
   end
@@ -818,7 +922,11 @@ function plot.terminal_heatmap(weights, opts)
   local lines = {}
   for p = 1, panels do
     if titles then lines[#lines + 1] = titles[p]
-    elseif panels > 1 then lines[#lines + 1] = string.format("panel %d", p) end
+    elseif #shape == 4 and panels > 1 then
+      lines[#lines + 1] = string.format("[%d, %d]", (p - 1) // shape[2] + 1, (p - 1) % shape[2] + 1)
+    elseif panels > 1 then
+      lines[#lines + 1] = string.format("[%d]", p)
+    end
     for _, h in ipairs(header) do lines[#lines + 1] = h end
     for i = 1, NQ do
       local row = { row_labels and pad_to(row_labels[i], lw, true) .. " " or "", "|" }

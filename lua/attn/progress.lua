@@ -93,6 +93,9 @@ end
 
 -- ---------------------------------------------------------------- Progress
 
+--- A progress display made by `progress.new`: `p:update(fields)` after each
+-- step or epoch, `p:finish()` at the end.
+-- @type Progress
 local Progress = {}
 Progress.__index = Progress
 

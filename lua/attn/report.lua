@@ -116,7 +116,7 @@ end
 local STYLE = [[
 body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:.25em .6em;text-align:left}
-th{background:#eee}pre{background:#f6f6f6;padding:.6em;overflow-x:auto}
+th{background:#eee}pre{background:#f6f6f6;padding:.6em;white-space:pre-wrap}
 figure{margin:1em 0}figure svg{max-width:100%;height:auto}figcaption{color:#555;font-size:.9em}]]
 
 --- The whole document as a string.

@@ -16,12 +16,14 @@
 -- @module attn.seq2seq
 -- @usage
 -- local s2s = require "attn.seq2seq"
+-- local data_iter, src_vocab, tgt_vocab = assert(require("attn.data").load_fra_eng(64, 10, {seed = 1}))
 -- local history = s2s.train_seq2seq(net, data_iter, {lr = 0.005, epochs = 250, tgt_vocab = tgt_vocab})
 -- local fr, weights = s2s.predict_seq2seq(net, "go .", src_vocab, tgt_vocab, 10, {save_attention_weights = true})
 local attn = require "attn"
 local nn = require "attn.nn"
 local progress = require "attn.progress"
 local linear = require "attn.nn.linear"
+local data = require "attn.data" -- data.lower: Python's Unicode lowercasing, as the book's .lower()
 
 local M = {}
 
@@ -140,7 +142,7 @@ local function encode_source(net, src_sentence, src_vocab, num_steps, who)
     error(who .. ": num_steps must be a positive integer, got " .. tostring(num_steps), 3)
   end
   local words = {}
-  for w in (src_sentence:lower() .. " "):gmatch("(.-) ") do words[#words + 1] = w end
+  for w in (data.lower(src_sentence) .. " "):gmatch("(.-) ") do words[#words + 1] = w end
   local ids = src_vocab:ids(words)
   ids[#ids + 1] = src_vocab["<eos>"]
   local valid_len = #ids

@@ -2,6 +2,8 @@
 -- Each method runs the core op, then records a backward closure through
 -- attn.autograd when an input requires grad. Non-differentiable helpers
 -- (shape queries, comparisons, in-place updates) are the core functions as is.
+-- The reference of every method is in doc-src/tensor.luadoc and here.
+-- @module attn.Tensor
 local core = require "attn.core"
 local autograd = require "attn.autograd"
 
@@ -153,8 +155,9 @@ Tensor.neg = unary("neg", function(g) return core.neg(g) end)
 Tensor.exp = unary("exp", function(g, _, out) return core.mul(g, out) end)
 Tensor.log = unary("log", function(g, x) return core.div(g, x) end)
 Tensor.sqrt = unary("sqrt", function(g, _, out) return core.div(g, core.mul(out, 2)) end)
-Tensor.tanh = unary("tanh", function(g, _, out) return core.mul(g, core.sub(1, core.square(out))) end)
-Tensor.sigmoid = unary("sigmoid", function(g, _, out) return core.mul(g, core.mul(out, core.sub(1, out))) end)
+-- tanh' = 1 - y^2 and sigmoid' = y (1 - y) from the output y, each one fused kernel
+Tensor.tanh = unary("tanh", function(g, _, out) return core.tanh_backward(g, out) end)
+Tensor.sigmoid = unary("sigmoid", function(g, _, out) return core.sigmoid_backward(g, out) end)
 Tensor.relu = unary("relu", function(g, x) return core.mul(g, core.gt(x, 0)) end)
 Tensor.abs = unary("abs", function(g, x) return core.mul(g, core.sign(x)) end)
 Tensor.square = unary("square", function(g, x) return core.mul(g, core.mul(x, 2)) end)
@@ -199,6 +202,13 @@ function Tensor.mean(x, dim, keepdim)
   end)
 end
 
+-- Gradient of values picked along dim at indices (max/min, sort, topk): g
+-- (indices' shape) added into zeros of x's shape at those positions.
+local function scatter_back(x, dim, indices, g)
+  local gin = core.full(core.shape(x), 0, core.dtype(x))
+  return core.scatter_add_(gin, dim, core.contiguous(indices), core.contiguous(g))
+end
+
 local function extreme(name)
   local f = core[name]
   return function(x, dim, keepdim)
@@ -212,16 +222,53 @@ local function extreme(name)
     end
     local values, indices = f(x, dim, keepdim)
     record(name, values, { x }, function(g)
-      local gin = core.full(core.shape(x), 0, core.dtype(x))
       local idx = keepdim and indices or core.unsqueeze(indices, dim)
-      local gk = keepdim and g or core.unsqueeze(g, dim)
-      return core.scatter_add_(gin, dim, core.contiguous(idx), core.contiguous(gk))
+      return scatter_back(x, dim, idx, keepdim and g or core.unsqueeze(g, dim))
     end)
     return values, indices
   end
 end
 Tensor.max = extreme("max")
 Tensor.min = extreme("min")
+
+--- Sorts along a dim, stably (equal values keep their order; NaN sorts above
+-- every number). Differentiable in the values.
+-- @tparam Tensor x
+-- @tparam[opt=-1] integer dim
+-- @tparam[opt=false] boolean descending
+-- @treturn Tensor values, x's shape and dtype
+-- @treturn Tensor indices, int64 1-based positions in x along dim
+-- @usage local v, i = attn.tensor({3, 1, 2}):sort() -- {1, 2, 3}, {2, 3, 1}
+function Tensor.sort(x, dim, descending)
+  dim = dim or -1
+  local values, indices = core.sort(x, dim, descending)
+  record("sort", values, { x }, function(g) return scatter_back(x, dim, indices, g) end)
+  return values, indices
+end
+
+--- The k largest (or smallest) entries along a dim, sorted, and their
+-- indices; ties keep their order. Differentiable in the values.
+-- @tparam Tensor x
+-- @tparam integer k 0..size of dim
+-- @tparam[opt=-1] integer dim
+-- @tparam[opt=true] boolean largest
+-- @treturn Tensor values, x's shape with k along dim
+-- @treturn Tensor indices, int64 1-based
+-- @raise when k is not an integer in 0..size
+-- @usage local v, i = probs:topk(2) -- two most likely classes per row
+function Tensor.topk(x, k, dim, largest)
+  dim = dim or -1
+  if largest == nil then largest = true end
+  local n = core.dim(x) > 0 and core.size(x, dim) or 0
+  if math.type(k) ~= "integer" or k < 0 or k > n then
+    error(string.format("topk: k = %s must be an integer in 0..%d (size of dim %d of %s)", tostring(k), n, dim,
+      core.shape_str(x)), 2)
+  end
+  local sorted, order = core.sort(x, dim, largest)
+  local values, indices = core.contiguous(core.narrow(sorted, dim, 1, k)), core.contiguous(core.narrow(order, dim, 1, k))
+  record("topk", values, { x }, function(g) return scatter_back(x, dim, indices, g) end)
+  return values, indices
+end
 
 function Tensor.softmax(x, dim)
   local out = core.softmax(x, dim)
@@ -298,6 +345,40 @@ function Tensor.t(x)
 end
 
 function Tensor.flatten(x) return Tensor.reshape(x, core.numel(x)) end
+
+--- Torch's `repeat(sizes)` under another name (`repeat` is a Lua keyword):
+-- the tensor tiled sizes[d] times along each dim. With fewer sizes than dims
+-- the leading dims are kept (as torch.tile); with more, x gains leading dims
+-- of size 1 first. Built from unsqueeze, expand and reshape, so it is
+-- differentiable and works for every dtype.
+-- @tparam Tensor x
+-- @param ... sizes as integers or one table
+-- @treturn Tensor a new tensor, size x.size(d) * sizes[d] along each dim
+-- @usage attn.tensor({1, 2}):tile(2, 2) -- {{1, 2, 1, 2}, {1, 2, 1, 2}}
+function Tensor.tile(x, ...)
+  if select("#", ...) == 0 then error("tile: expected repeat counts (integers or one table), got none", 2) end
+  local reps = type(...) == "table" and table.move(..., 1, #..., 1, {}) or { ... }
+  local shape = core.shape(x)
+  for d, r in ipairs(reps) do
+    if math.type(r) ~= "integer" or r < 0 then
+      error(string.format("tile: repeat count %d is %s, not an integer >= 0", d, tostring(r)), 2)
+    end
+  end
+  while #reps < #shape do table.insert(reps, 1, 1) end
+  while #shape < #reps do table.insert(shape, 1, 1) end
+  -- one dim at a time: (.., s, ..) -> (.., 1, s, ..) -> (.., r, s, ..) -> (.., r*s, ..)
+  local t, copied = Tensor.reshape(x, table.move(shape, 1, #shape, 1, {})), false
+  for d = 1, #shape do
+    if reps[d] ~= 1 then
+      local wide = core.shape(t)
+      table.insert(wide, d, reps[d])
+      shape[d] = shape[d] * reps[d]
+      t = Tensor.reshape(Tensor.expand(Tensor.unsqueeze(t, d), wide), table.move(shape, 1, #shape, 1, {}))
+      copied = true
+    end
+  end
+  return copied and t or Tensor.clone(t) -- always a new tensor, as Torch's repeat
+end
 
 -- ---------------------------------------------------------------- indexing
 

@@ -18,11 +18,13 @@ local seq2seq = require "attn.seq2seq"
 
 local translation = {}
 
---- The book's test sentences and their references.
+--- The book's test sentences (English sources).
 translation.ENGLISH = { "go .", "i lost .", "he's calm .", "i'm home ." }
+--- Their references (French), in the same order.
 translation.FRENCH = { "va !", "j'ai perdu .", "il est calme .", "je suis chez moi ." }
 
---- The options every translation script takes (besides --seed, --out, --data).
+--- The options every translation script takes, besides the seed, out and data
+-- options every script has (attn.cli).
 -- @tparam integer epochs the book's number of epochs for this model
 -- @treturn table option list for `cli.parse`
 function translation.options(epochs)
@@ -44,18 +46,22 @@ end
 -- @param tgt_vocab
 -- @tparam integer num_steps
 -- @tparam[opt] integer beam width (1: greedy predict_seq2seq)
--- @treturn table rows `{source =, translation =, reference =, bleu =, weights =}` (weights per step, greedy only)
+-- @treturn table rows `{source =, translation =, reference =, bleu =, greedy =, weights =}`; weights are
+--   the greedy decode's, per step, and `greedy` its translation (the same as `translation` at width 1)
 function translation.evaluate(net, src_vocab, tgt_vocab, num_steps, beam)
   local rows = {}
   for i, eng in ipairs(translation.ENGLISH) do
     local fra = translation.FRENCH[i]
     local out, weights
+    local greedy
+    greedy, weights = seq2seq.predict_seq2seq(net, eng, src_vocab, tgt_vocab, num_steps, { save_attention_weights = true })
+    out = greedy
     if (beam or 1) > 1 then
+      -- the pictures keep the greedy decode's weights (a beam's best path has none of its own)
       out = seq2seq.beam_search(net, eng, src_vocab, tgt_vocab, num_steps, { beam = beam })
-    else
-      out, weights = seq2seq.predict_seq2seq(net, eng, src_vocab, tgt_vocab, num_steps, { save_attention_weights = true })
     end
-    rows[i] = { source = eng, translation = out, reference = fra, bleu = metrics.bleu(out, fra, 2), weights = weights }
+    rows[i] = { source = eng, translation = out, reference = fra, bleu = metrics.bleu(out, fra, 2), weights = weights,
+      greedy = greedy }
   end
   return rows
 end
@@ -63,8 +69,10 @@ end
 --- Runs one experiment end to end.
 -- @tparam table spec `name`, `title`, `description`, `epochs` (the book's), `book` (a line with the
 --   book's printed results), `build(src_vocab, tgt_vocab, opts) -> net`, and optionally
---   `extra_options` (for cli.parse), `figures(net, rows, r, opts, src_vocab, tgt_vocab)` to add
---   attention pictures, and `argv` (default the script's `arg`)
+--   `extra_options` (for cli.parse), `model_options(opts)` (a table of the options that shape the
+--   weights, saved in the checkpoint and checked by --load), `figures(net, rows, r, opts,
+--   src_vocab, tgt_vocab)` to add attention pictures, and `argv` (default the script's `arg`)
+-- @raise a `cli.fail` failure for a file that cannot be read or a checkpoint that does not fit
 -- @treturn table `{opts =, net =, history =, rows =}`
 function translation.run(spec)
   local options = translation.options(spec.epochs)
@@ -77,7 +85,7 @@ function translation.run(spec)
   attn.manual_seed(opts.seed)
   local data_iter, src_vocab, tgt_vocab = data.load_fra_eng(opts.batch_size, opts.num_steps,
     { num_examples = opts.num_examples, path = opts.data, seed = opts.seed })
-  if not data_iter then error(src_vocab, 0) end
+  if not data_iter then cli.fail(spec.name .. ": " .. src_vocab) end
   print(string.format("%s: %d sentence pairs from %s; vocabularies %d (English) and %d (French)", spec.name,
     data_iter.num_examples, opts.data or "the shipped sample (data/fra-eng-sample.txt)", #src_vocab, #tgt_vocab))
   local net = spec.build(src_vocab, tgt_vocab, opts)
@@ -88,16 +96,26 @@ function translation.run(spec)
   local meta = { num_examples = tostring(opts.num_examples), num_steps = tostring(opts.num_steps),
     src_vocab = tostring(#src_vocab), tgt_vocab = tostring(#tgt_vocab), seed = tostring(opts.seed),
     data = opts.data or "sample" }
+  -- the options that shape the weights (e.g. bahdanau's --scoring), saved and checked on --load
+  local model_meta = spec.model_options and spec.model_options(opts) or {}
+  for k, v in pairs(model_meta) do meta[k] = tostring(v) end
   if opts.load then
     local state, saved = attn.load(opts.load)
-    if not state then error(saved, 0) end
+    if not state then cli.fail(spec.name .. ": " .. saved) end
     for _, key in ipairs { "src_vocab", "tgt_vocab" } do
       if saved and saved[key] and saved[key] ~= meta[key] then
-        error(string.format("%s: %s was trained with a %s vocabulary of %s tokens, this data gives %s (use the same " ..
-          "--data and --num_examples)", spec.name, opts.load, key, saved[key], meta[key]), 0)
+        cli.fail(string.format("%s: %s was trained with a %s vocabulary of %s tokens, this data gives %s (use the same " ..
+          "--data and --num_examples)", spec.name, opts.load, key, saved[key], meta[key]))
       end
     end
-    net:load_state_dict(state)
+    for key, value in pairs(model_meta) do
+      if saved and saved[key] and saved[key] ~= tostring(value) then
+        cli.fail(string.format("%s: %s was trained with --%s %s (this run has %s)", spec.name, opts.load, key, saved[key],
+          tostring(value)))
+      end
+    end
+    local loaded, err = pcall(net.load_state_dict, net, state)
+    if not loaded then cli.fail(string.format("%s: %s does not fit this model: %s", spec.name, opts.load, tostring(err))) end
     print("loaded " .. opts.load)
     r:paragraph("Weights loaded from " .. opts.load .. " (no training).")
   else
@@ -119,7 +137,7 @@ function translation.run(spec)
     assert(r:plot("training loss per epoch (the book's scale)", opts.out .. "/loss.png", plot.lines, epochs, { losses },
       { legend = { "loss" }, xlabel = "epoch", ylabel = "loss", title = spec.title .. ": training loss" }))
     local ok, err = attn.save(checkpoint, net:state_dict(), meta)
-    if not ok then error(err, 0) end
+    if not ok then cli.fail(spec.name .. ": " .. err) end
     print("saved " .. checkpoint)
   end
 
@@ -139,5 +157,11 @@ function translation.run(spec)
   print(string.format("wrote %s/report.html%s", opts.out, opts.load and "" or (" and " .. checkpoint)))
   return { opts = opts, net = net, history = history, rows = rows }
 end
+
+--- `translation.run` as a script's body: a missing file or a checkpoint that
+-- does not fit ends the script with one line on stderr (exit status 1).
+-- @tparam table spec as for `translation.run`
+-- @treturn table as `translation.run`
+function translation.main(spec) return cli.main(translation.run, spec) end
 
 return translation

@@ -201,4 +201,21 @@ describe("additive_attention with int64 lengths", function()
     local o = { valid_lens = attn.tensor({ 2, 5 }, "int64") }
     helper.gradcheck(function(q, k, v, ww) return (attn.additive_attention(q, k, v, ww, o)) end, { Qh, Kh, V, w })
   end)
+
+  it("reads lengths past Nk as all keys, 1-D and 2-D, int64 and float", function()
+    attn.manual_seed(7)
+    local Qh, Kh, V, w = helper.param({ 2, 3, 4 }), helper.param({ 2, 5, 4 }), helper.param({ 2, 5, 2 }),
+      helper.param({ 4 })
+    local cases = { { { 12, 3 }, { 5, 3 } }, { { { 1, 7, 5 }, { 6, 4, 0 } }, { { 1, 5, 5 }, { 5, 4, 0 } } } }
+    for _, case in ipairs(cases) do
+      local ref = attn.masked_softmax(attn.additive_scores(Qh, Kh, w), case[2])
+      for _, dtype in ipairs({ "int64", "float64" }) do
+        local out, wts = attn.additive_attention(Qh, Kh, V, w, { valid_lens = attn.tensor(case[1], dtype) })
+        helper.assert_close(wts, ref, { atol = 1e-12 })
+        helper.assert_close(out, ref:matmul(V), { atol = 1e-12 })
+      end
+    end
+    local o = { valid_lens = attn.tensor({ 8, 2 }, "int64") }
+    helper.gradcheck(function(q, k, v, ww) return (attn.additive_attention(q, k, v, ww, o)) end, { Qh, Kh, V, w })
+  end)
 end)

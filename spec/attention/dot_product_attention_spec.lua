@@ -517,6 +517,7 @@ describe("dot_product_attention", function()
       fails("[2x2]", Q, K, V, { valid_lens = { { 1, 2 }, { 3, 4 } } })
       e = fails("valid_lens", Q, K, V, { valid_lens = { 1, -1 } })
       assert.is_truthy(e:find("a negative length", 1, true))
+      fails("a negative length", Q, K, V, { valid_lens = attn.tensor({ 2, -6 }, "int64") })
       fails("not an integer", Q, K, V, { valid_lens = { 1.5, 2 } })
       fails("valid_lens", Q, K, V, { valid_lens = "3" })
     end)
@@ -548,6 +549,23 @@ describe("dot_product_attention with int64 lengths and masks", function()
     end
     helper.gradcheck(function(q, k, v)
       return (attn.dot_product_attention(q, k, v, { valid_lens = attn.tensor({ 2, 4 }, "int64") }))
+    end, { helper.param({ 2, 3, 4 }), helper.param({ 2, 5, 4 }), helper.param({ 2, 5, 2 }) })
+  end)
+
+  it("reads lengths past Nk as all keys, 1-D and 2-D, int64 and float, with gradients", function()
+    attn.manual_seed(13)
+    local Q, K, V = attn.randn({ 2, 3, 4 }, "float64"), attn.randn({ 2, 5, 4 }, "float64"), attn.randn({ 2, 5, 2 }, "float64")
+    local cases = { { { 10, 3 }, { 5, 3 } }, { { { 6, 1, 5 }, { 2, 99, 0 } }, { { 5, 1, 5 }, { 2, 5, 0 } } } }
+    for _, case in ipairs(cases) do
+      local eo, ew = naive_forward(Q:totable(), K:totable(), V:totable(), { valid_lens = case[2] })
+      for _, dtype in ipairs({ "int64", "float32", "float64" }) do
+        local out, w = attn.dot_product_attention(Q, K, V, { valid_lens = attn.tensor(case[1], dtype) })
+        assert.close(out, eo, { atol = 1e-12 })
+        assert.close(w, ew, { atol = 1e-12 })
+      end
+    end
+    helper.gradcheck(function(q, k, v)
+      return (attn.dot_product_attention(q, k, v, { valid_lens = attn.tensor({ 9, 4 }, "int64") }))
     end, { helper.param({ 2, 3, 4 }), helper.param({ 2, 5, 4 }), helper.param({ 2, 5, 2 }) })
   end)
 

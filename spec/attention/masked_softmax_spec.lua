@@ -166,6 +166,7 @@ describe("masked_softmax", function()
     fails("valid_lens has shape [3], which does not fit X [2x2x4] (expected [2] or [2x2])", X, { 1, 2, 3 })
     fails("valid_lens has shape [2x3]", X, { { 1, 2, 3 }, { 1, 2, 3 } })
     fails("holds -1 at entry 1 (1-based), a negative length", X, { -1, 2 })
+    fails("a negative length", X, attn.tensor({ 2, -3 }, "int64"))
     fails("not an integer", X, { 1.5, 2 })
     fails("not an integer", X, attn.tensor({ 0 / 0, 1 }))
     fails("valid_lens entry 2 is a string", X, { 1, "2" })
@@ -232,9 +233,29 @@ describe("masked_softmax with int64 lengths", function()
     assert.same({ { 1, -1, -1 }, { 4, 5, 6 } }, attn.sequence_mask(F, attn.tensor({ 1, 3 }, "int64"), -1):totable())
   end)
 
+  it("reads lengths past K as all of K (the book's untruncated source lengths), 1-D and 2-D", function()
+    attn.manual_seed(4)
+    local X = attn.randn({ 2, 3, 4 }, "float64")
+    local cases = { { { 9, 2 }, { 4, 2 } }, { { { 5, 1, 4 }, { 100, 0, 1 << 40 } }, { { 4, 1, 4 }, { 4, 0, 4 } } } }
+    for _, case in ipairs(cases) do
+      local long, clipped = case[1], case[2]
+      local expected = naive_masked_softmax(X:totable(), clipped)
+      for _, dtype in ipairs({ "int64", "float64", "float32" }) do
+        local lens = attn.tensor(long, dtype)
+        assert.close(attn.masked_softmax(X, lens), expected, { atol = 1e-12 })
+      end
+      assert.close(attn.masked_softmax(X, long), expected, { atol = 1e-12 })
+    end
+    helper.gradcheck(function(x) return attn.masked_softmax(x, attn.tensor({ 7, 2 }, "int64")) end,
+      { helper.param({ 2, 2, 4 }) })
+    local Y = attn.tensor({ { 1, 2, 3 }, { 4, 5, 6 } })
+    assert.same({ { 1, 2, 3 }, { 4, 0, 0 } }, attn.sequence_mask(Y, attn.tensor({ 10, 1 }, "int64")):totable())
+    assert.same({ { 1, 2, 3 }, { 4, 0, 0 } }, attn.sequence_mask(Y, { 4.0, 1 }):totable())
+  end)
+
   it("refuses negative int64 lengths, naming the entry", function()
     local ok, err = pcall(attn.masked_softmax, attn.ones({ 2, 1, 3 }), attn.tensor({ 1, -1 }, "int64"))
     assert.is_false(ok)
-    assert.truthy(err:find("valid_lens holds -1 at entry 2", 1, true), err)
+    assert.truthy(err:find("valid_lens holds -1 at entry 2 (1-based), a negative length", 1, true), err)
   end)
 end)

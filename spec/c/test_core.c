@@ -131,7 +131,8 @@ static void test_matmul(void) {
 }
 
 /* int64: exact values past 2^53, wrapping arithmetic, extremes with int64
- * indices, conversions, index validation, lengths, and the float-only rule. */
+ * indices, conversions, index validation, lengths (past the end: all valid;
+ * negative: refused), and the float-only rule. */
 static void test_int64(void) {
   const int64_t big = ((int64_t)1 << 53) + 1;
   attn_tensor a, b, out, idx, f;
@@ -195,11 +196,148 @@ static void test_int64(void) {
   A[2] = 4;
   CHECK(attn_attention_lengths("masked_softmax", "valid_lens", "X", &a, 3, 1, 4, 0, lens) == ATTN_OK &&
             lens[0] == 2 && lens[1] == 0 && lens[2] == 4, "int64 lengths");
+  A[1] = 9;
+  CHECK(attn_attention_lengths("masked_softmax", "valid_lens", "X", &a, 3, 1, 4, 0, lens) == ATTN_OK && lens[1] == 4,
+        "a length past the end means all positions");
   A[1] = -1;
   CHECK(attn_attention_lengths("masked_softmax", "valid_lens", "X", &a, 3, 1, 4, 0, lens) == ATTN_ERR_ARG,
         "negative length refused");
   attn_tensor *all[] = {&a, &b, &out, &idx, &f, &mx};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) attn_tensor_free(all[i]);
+}
+
+/* sort against the expected stable order; multinomial never draws a zero weight. */
+static void test_sort_and_multinomial(void) {
+  attn_tensor x, v, i, p, out;
+  int64_t s6[1] = {6};
+  attn_tensor_init(&x, ATTN_F32, 1, s6);
+  attn_tensor_init(&v, ATTN_F32, 1, s6);
+  attn_tensor_init(&i, ATTN_I64, 1, s6);
+  const float in[6] = {2, NAN, -1, 2, -0.0f, 0};
+  memcpy(x.storage->data, in, sizeof in);
+  CHECK(attn_sort(&x, 0, 0, &v, &i) == ATTN_OK, "sort");
+  const int64_t want[6] = {2, 4, 5, 0, 3, 1}; /* -1, -0, 0, 2, 2, NaN: ties keep their order */
+  int ok = 1;
+  for (int k = 0; k < 6; k++) ok &= ((int64_t *)i.storage->data)[k] == want[k];
+  CHECK(ok, "stable ascending order with NaN last");
+  CHECK(isnan(((float *)v.storage->data)[5]) && ((float *)v.storage->data)[0] == -1, "values follow the indices");
+  int64_t sp[2] = {1, 4}, so[2] = {1, 200};
+  attn_tensor_init(&p, ATTN_F64, 2, sp);
+  attn_tensor_init(&out, ATTN_I64, 2, so);
+  const double w[4] = {0.5, 0, 2, 0};
+  memcpy(p.storage->data, w, sizeof w);
+  attn_rng rng;
+  attn_rng_seed(&rng, 3);
+  CHECK(attn_rng_multinomial(&rng, &p, 200, 1, &out) == ATTN_OK, "multinomial with replacement");
+  ok = 1;
+  for (int k = 0; k < 200; k++) {
+    int64_t c = ((int64_t *)out.storage->data)[k];
+    ok &= c == 0 || c == 2;
+  }
+  CHECK(ok, "zero weights are never drawn");
+  CHECK(attn_rng_multinomial(&rng, &p, 200, 0, &out) == ATTN_ERR_ARG, "too many draws without replacement");
+  CHECK(strstr(attn_last_error(), "row 1 has 2 categories with nonzero probability") != NULL, "message: %s",
+        attn_last_error());
+  attn_tensor *all[] = {&x, &v, &i, &p, &out};
+  for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) attn_tensor_free(all[k]);
+}
+
+/* One GRU step, one layer, B = H = 1, input size 1, against the equations by
+ * hand (PyTorch's gate order r, z, n), its backward against central
+ * differences, and a refused shape naming the operand. */
+static double gru_by_hand(const double *wi, const double *wh, const double *bi, const double *bh, double x,
+                          double h) {
+  double r = 1 / (1 + exp(-(wi[0] * x + bi[0] + wh[0] * h + bh[0])));
+  double z = 1 / (1 + exp(-(wi[1] * x + bi[1] + wh[1] * h + bh[1])));
+  double n = tanh(wi[2] * x + bi[2] + r * (wh[2] * h + bh[2]));
+  return (1 - z) * n + z * h;
+}
+
+static void test_gru(void) {
+  const double wi[3] = {0.5, -0.3, 0.8}, wh[3] = {0.2, 0.7, -0.4}, bi[3] = {0.1, -0.2, 0.3}, bh[3] = {-0.1, 0.05, 0.2};
+  const double xv = 0.9, hv = -0.6;
+  int64_t s3[3] = {1, 1, 1}, s2[2] = {3, 1}, s1 = 3, sn = attn_gru_saved_numel(1, 1, 1, 1);
+  attn_tensor x, h0, w_ih, w_hh, b_ih, b_hh, out, hn, saved, dx, dh0, dwi, dwh, dbi, dbh, g;
+  attn_tensor_init(&x, ATTN_F64, 3, s3);
+  attn_tensor_init(&h0, ATTN_F64, 3, s3);
+  attn_tensor_init(&w_ih, ATTN_F64, 2, s2);
+  attn_tensor_init(&w_hh, ATTN_F64, 2, s2);
+  attn_tensor_init(&b_ih, ATTN_F64, 1, &s1);
+  attn_tensor_init(&b_hh, ATTN_F64, 1, &s1);
+  attn_tensor_init(&out, ATTN_F64, 3, s3);
+  attn_tensor_init(&hn, ATTN_F64, 3, s3);
+  attn_tensor_init(&saved, ATTN_F64, 1, &sn);
+  double *X = attn_tensor_data(&x), *H0 = attn_tensor_data(&h0), *WI = attn_tensor_data(&w_ih);
+  X[0] = xv;
+  H0[0] = hv;
+  memcpy(WI, wi, sizeof wi);
+  memcpy(attn_tensor_data(&w_hh), wh, sizeof wh);
+  memcpy(attn_tensor_data(&b_ih), bi, sizeof bi);
+  memcpy(attn_tensor_data(&b_hh), bh, sizeof bh);
+  const attn_tensor *WIs[1] = {&w_ih}, *WHs[1] = {&w_hh}, *BIs[1] = {&b_ih}, *BHs[1] = {&b_hh};
+  CHECK(attn_gru_forward(&x, &h0, 1, WIs, WHs, BIs, BHs, 0, 0, &out, &hn, &saved) == ATTN_OK, "gru forward");
+  double want = gru_by_hand(wi, wh, bi, bh, xv, hv), got = ((double *)attn_tensor_data(&out))[0];
+  CHECK(fabs(got - want) < 1e-14, "gru step %.17g, by hand %.17g", got, want);
+  CHECK(((double *)attn_tensor_data(&hn))[0] == got, "final state is the last output");
+
+  attn_tensor_init(&g, ATTN_F64, 3, s3);
+  ((double *)attn_tensor_data(&g))[0] = 1;
+  attn_tensor_init_like(&dx, &x);
+  attn_tensor_init_like(&dh0, &h0);
+  attn_tensor_init_like(&dwi, &w_ih);
+  attn_tensor_init_like(&dwh, &w_hh);
+  attn_tensor_init_like(&dbi, &b_ih);
+  attn_tensor_init_like(&dbh, &b_hh);
+  attn_tensor *DWI[1] = {&dwi}, *DWH[1] = {&dwh}, *DBI[1] = {&dbi}, *DBH[1] = {&dbh};
+  CHECK(attn_gru_backward(&x, &h0, 1, WIs, WHs, 0, 0, &saved, &g, NULL, &dx, &dh0, DWI, DWH, DBI, DBH) == ATTN_OK,
+        "gru backward");
+  const double eps = 1e-6;
+  double num_x = (gru_by_hand(wi, wh, bi, bh, xv + eps, hv) - gru_by_hand(wi, wh, bi, bh, xv - eps, hv)) / (2 * eps);
+  double num_h = (gru_by_hand(wi, wh, bi, bh, xv, hv + eps) - gru_by_hand(wi, wh, bi, bh, xv, hv - eps)) / (2 * eps);
+  CHECK(fabs(((double *)attn_tensor_data(&dx))[0] - num_x) < 1e-8, "dx %.10g vs %.10g",
+        ((double *)attn_tensor_data(&dx))[0], num_x);
+  CHECK(fabs(((double *)attn_tensor_data(&dh0))[0] - num_h) < 1e-8, "dh0 %.10g vs %.10g",
+        ((double *)attn_tensor_data(&dh0))[0], num_h);
+  for (int k = 0; k < 3; k++) {
+    double wp[3], wm[3];
+    memcpy(wp, wh, sizeof wp);
+    memcpy(wm, wh, sizeof wm);
+    wp[k] += eps;
+    wm[k] -= eps;
+    double num = (gru_by_hand(wi, wp, bi, bh, xv, hv) - gru_by_hand(wi, wm, bi, bh, xv, hv)) / (2 * eps);
+    CHECK(fabs(((double *)attn_tensor_data(&dwh))[k] - num) < 1e-8, "dw_hh[%d] %.10g vs %.10g", k,
+          ((double *)attn_tensor_data(&dwh))[k], num);
+  }
+
+  const attn_tensor *wrong[1] = {&w_hh};
+  int64_t s33[3] = {1, 1, 2};
+  attn_tensor x2;
+  attn_tensor_init(&x2, ATTN_F64, 3, s33);
+  CHECK(attn_gru_forward(&x2, NULL, 1, wrong, WHs, BIs, BHs, 0, 0, &out, &hn, &saved) == ATTN_ERR_SHAPE,
+        "a weight of the wrong width is refused");
+  CHECK(strstr(attn_last_error(), "gru: weight_ih of layer 0 is [3x1], expected [3x2]") != NULL, "message: %s",
+        attn_last_error());
+  attn_tensor *all[] = {&x, &h0, &w_ih, &w_hh, &b_ih, &b_hh, &out, &hn, &saved, &dx, &dh0, &dwi, &dwh, &dbi, &dbh, &g, &x2};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) attn_tensor_free(all[i]);
+}
+
+/* The row math on every path this CPU has, against libm at a few points. */
+static void test_vmath(void) {
+  const char *paths[3] = {"generic", "avx2", "avx512"};
+  const float xs[6] = {-3.5f, -0.25f, 1e-20f, 0.75f, 2.0f, 30.0f};
+  for (int p = 0; p < 3; p++) {
+    if (!attn_vmath_isa_supported(paths[p])) continue;
+    CHECK(attn_vmath_set_isa(paths[p]) == ATTN_OK, "select %s", paths[p]);
+    float y[6];
+    attn_vmath_tanh_f32(xs, y, 6);
+    for (int i = 0; i < 6; i++)
+      CHECK(fabsf(y[i] - tanhf(xs[i])) <= 2e-7f * fabsf(tanhf(xs[i])), "%s tanh(%g) = %.9g", paths[p], xs[i], y[i]);
+    attn_vmath_exp_f32(xs, y, 6);
+    for (int i = 0; i < 6; i++)
+      CHECK(fabsf(y[i] - expf(xs[i])) <= 2e-7f * expf(xs[i]), "%s exp(%g) = %.9g", paths[p], xs[i], y[i]);
+  }
+  CHECK(attn_vmath_set_isa("neon9") == ATTN_ERR_ARG, "an unknown path is refused");
+  CHECK(attn_vmath_set_isa("auto") == ATTN_OK, "auto picks the best");
 }
 
 int main(void) {
@@ -208,6 +346,10 @@ int main(void) {
   test_broadcast_and_reduce();
   test_matmul();
   test_int64();
+  test_sort_and_multinomial();
+
+  test_gru();
+  test_vmath();
   attn_alloc_empty_cache();
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;

@@ -118,4 +118,20 @@ describe("errors", function()
     attn.no_grad(function() p:add_(1) end)
     assert.are.same({ 2, 2 }, p:totable())
   end)
+
+  it("an index below 1 says where indices start, one above the size names the size", function()
+    local x = attn.tensor({ 1, 2, 3 })
+    raises("index_select: index 0 at position 1 is out of range: indices start at 1 (indices [1])",
+      function() return x:index_select(1, attn.tensor({ 0 })) end)
+    raises("index_select: index 5 at position 1 out of range 1..3 for dim 1 of [3]",
+      function() return x:index_select(1, attn.tensor({ 5 })) end)
+  end)
+
+  it("prints NaN as nan, and names a missing tile count and a value outside int64", function()
+    assert.truthy(tostring(attn.tensor({ 1, 0 / 0, 2 })):find(" nan ", 1, true))
+    assert.falsy(tostring(attn.tensor({ 1, 0 / 0, 2 })):find("-nan", 1, true))
+    raises("tile: expected repeat counts (integers or one table), got none", function() return attn.ones({ 2 }):tile() end)
+    raises("tensor: element at [1] is 9.2233720368548e+18, outside the int64 range",
+      function() return attn.tensor({ 2 ^ 63 }, "int64") end)
+  end)
 end)

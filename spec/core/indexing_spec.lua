@@ -73,6 +73,11 @@ describe("Torch7-style indexing", function()
     local v = attn.zeros(3)
     v[2] = 5
     assert.are.same({ 0, 5, 0 }, v:totable())
+    local ids = attn.tensor({ { 4, 5 }, { 6, 7 } }, "int64")
+    assert.are.equal(math.tointeger(7), ids[2][2]) -- int64 elements read as Lua integers
+    assert.are.equal("integer", math.type(ids[{ 1, 2 }]))
+    ids[1] = 9
+    assert.are.same({ { 9, 9 }, { 6, 7 } }, ids:totable())
   end)
 
   it("split and chunk return views, walkable by for, with torch's sizes", function()

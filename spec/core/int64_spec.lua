@@ -27,8 +27,12 @@ describe("int64 tensors", function()
     assert.are.same({ 3 }, attn.empty({ 3 }, "int64"):shape())
     assert.are.equal(math.mininteger, attn.tensor(math.mininteger, "int64"):item())
     raises("tensor: element at [2] is 1.5, not an integer (dtype int64)", function() attn.tensor({ 1, 1.5 }, "int64") end)
-    raises("fill: int64 tensor with the non-integer number 0.5", function() attn.full({ 2 }, 0.5, "int64") end)
+    raises("full: 0.5 is not an integer, and the tensor is int64", function() attn.full({ 2 }, 0.5, "int64") end)
+    assert.are.same({ big, big }, attn.full({ 2 }, big, "int64"):totable()) -- exact past 2^53
+    assert.are.same({ -big }, attn.zeros({ 1 }, "int64"):fill_(-big):totable())
     raises("only floating tensors can require grad", function() attn.tensor({ 1 }, { dtype = "int64", requires_grad = true }) end)
+    raises("tensor: expected (data [, dtype or options]), got a third argument",
+      function() attn.tensor({ 1 }, "int64", { requires_grad = true }) end)
   end)
 
   it("come from randint: uniform on [low, high), seeded, the same on every thread count", function()
@@ -102,7 +106,7 @@ describe("int64 tensors", function()
     assert.are.same({ 1, 5, big }, (-a):abs():totable())
     assert.are.same({ 1, 7, big }, attn.maximum(a, b):totable())
     assert.are.same({ math.mininteger }, (attn.tensor({ math.maxinteger }, "int64") + 1):totable())
-    raises("add: int64 tensor with the non-integer number 0.5", function() return a + 0.5 end)
+    raises("add: 0.5 is not an integer, and the tensor is int64", function() return a + 0.5 end)
   end)
 
   it("refuse float math with a message that says how to convert", function()

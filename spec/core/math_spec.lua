@@ -217,4 +217,18 @@ describe("matmul", function()
     assert.has_error(function() attn.bmm(attn.ones({ 2, 3, 4 }), attn.ones({ 3, 4, 5 })) end,
       "bmm: expected (B, n, m) @ (B, m, p), got [2x3x4] @ [3x4x5]")
   end)
+
+  it("tanh_backward and sigmoid_backward are g (1 - y^2) and g y (1 - y), broadcasting like mul", function()
+    for _, dtype in ipairs { "float32", "float64" } do
+      local g, y = attn.randn({ 3, 4 }, dtype), attn.rand({ 4 }, dtype)
+      local gt, yt = g:totable(), y:totable()
+      local t, s = attn.core.tanh_backward(g, y):totable(), attn.core.sigmoid_backward(g, y):totable()
+      for i = 1, 3 do
+        for j = 1, 4 do
+          assert.near(gt[i][j] * (1 - yt[j] * yt[j]), t[i][j], 1e-6)
+          assert.near(gt[i][j] * yt[j] * (1 - yt[j]), s[i][j], 1e-6)
+        end
+      end
+    end
+  end)
 end)

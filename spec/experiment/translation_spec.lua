@@ -5,9 +5,11 @@ local translation = require "attn.translation"
 local metrics = require "attn.metrics"
 local nn = attn.nn
 
-local function build(src_vocab, tgt_vocab)
+local cli = require "attn.cli"
+
+local function build(src_vocab, tgt_vocab, opts)
   return nn.EncoderDecoder(nn.Seq2SeqEncoder(#src_vocab, 8, 8, 1, 0),
-    nn.Seq2SeqAttentionDecoder(#tgt_vocab, 8, 8, 1, 0))
+    nn.Seq2SeqAttentionDecoder(#tgt_vocab, 8, 8, 1, 0, { scoring = opts.scoring }))
 end
 
 -- translation.run with its printing captured: ok, result or error, printed text.
@@ -16,7 +18,8 @@ local function try(argv)
   local real_print = _G.print
   _G.print = function(...) printed[#printed + 1] = table.concat({ ... }, " ") end
   local ok, res = pcall(translation.run, { name = "tiny", title = "tiny", description = "d", epochs = 2, book = "b",
-    build = build, argv = argv })
+    build = build, argv = argv, extra_options = { { "scoring", "string", "additive", "scoring" } },
+    model_options = function(opts) return { scoring = opts.scoring } end })
   _G.print = real_print
   return ok, res, table.concat(printed, "\n")
 end
@@ -57,6 +60,19 @@ describe("attn.translation", function()
     local _ = run { "--out", dir .. "/small", "--quiet", "--num_examples", "100", "--epochs", "1" }
     local ok, err = try { "--out", dir .. "/x", "--load", dir .. "/small/tiny.safetensors" }
     assert.is_false(ok)
-    assert.truthy(tostring(err):find("vocabulary of", 1, true), err)
+    assert.is_true(cli.is_failure(err))
+    assert.truthy(tostring(err):find("vocabulary of", 1, true), tostring(err))
+  end)
+
+  it("names the option a checkpoint was trained with, and a missing file in one line", function()
+    local _ = run { "--out", dir .. "/dot", "--quiet", "--epochs", "1", "--scoring", "dot" }
+    local ok, err = try { "--out", dir .. "/y", "--load", dir .. "/dot/tiny.safetensors" }
+    assert.is_false(ok)
+    assert.are.equal("tiny: " .. dir .. "/dot/tiny.safetensors was trained with --scoring dot (this run has additive)",
+      tostring(err))
+    ok, err = try { "--out", dir .. "/z", "--data", dir .. "/no-such-file.txt" }
+    assert.is_false(ok)
+    assert.is_true(cli.is_failure(err))
+    assert.truthy(tostring(err):find("^tiny: .*no%-such%-file%.txt"), tostring(err))
   end)
 end)

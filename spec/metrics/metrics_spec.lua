@@ -91,6 +91,10 @@ describe("metrics.accuracy and metrics.perplexity", function()
     assert.are.equal(total, count)
     assert.is_true(math.abs(sum - nll) < 1e-9 * nll)
     assert.is_true(math.abs(ppl - math.exp(nll / total)) < 1e-9 * ppl)
+    -- Integer id tensors (what attn.data yields) give the same numbers.
+    local ids, lens64 = attn.tensor(labels, "int64"), attn.tensor(lens, "int64")
+    assert.are.same({ acc, c, n }, { metrics.accuracy(logits, ids, lens64) })
+    assert.are.same({ ppl, sum, count }, { metrics.perplexity(logits, ids, lens64) })
     -- float32 logits agree to float32 rounding.
     local ppl32 = metrics.perplexity(logits:to("float32"), labels, lens)
     assert.is_true(math.abs(ppl32 - ppl) < 1e-5 * ppl)

@@ -30,6 +30,9 @@ describe("nn.ModuleList", function()
     -- gradients reach every block
     net(x):sum():backward()
     for _, p in ipairs(net:parameters()) do assert.is_not_nil(p.grad) end
+    -- an error in a block names its full path, although the list itself was not called
+    net.blks[2] = nn.Linear(3, 2)
+    assert.error_matches(function() net(x) end, "in Net.blks.1 (Linear): Linear: input [4x2]", nil, true)
   end)
 
   it("replaces, appends by index, inserts and extends, keeping names in order", function()

@@ -243,6 +243,31 @@ describe("nn.LayerNorm", function()
     helper.gradcheck(function(x) return ln(x) end, { helper.param({ 2, 2, 3 }), ln.weight, ln.bias })
   end)
 
+  it("the fused node equals the composed ops (float32 values and gradients); no-affine passes gradcheck", function()
+    local ln = nn.LayerNorm({ 3, 4 })
+    attn.no_grad(function()
+      ln.weight:copy_(attn.randn({ 3, 4 }))
+      ln.bias:copy_(attn.randn({ 3, 4 }))
+    end)
+    local x = attn.randn({ 5, 3, 4 }, { requires_grad = true })
+    local g = attn.randn({ 5, 3, 4 })
+    local y1 = ln(x)
+    y1:backward(g)
+    local gx, gw, gb = x.grad, ln.weight.grad, ln.bias.grad
+    x.grad, ln.weight.grad, ln.bias.grad = nil, nil, nil
+    local x2 = x:reshape({ 5, 12 })
+    local c = x2 - x2:mean(-1, true)
+    local y2 = (c / (c:square():mean(-1, true) + 1e-5):sqrt()):reshape({ 5, 3, 4 }) * ln.weight + ln.bias
+    y2:backward(g)
+    local tol = { rtol = 1e-5, atol = 1e-5 }
+    assert.close(y1, y2, tol)
+    assert.close(gx, x.grad, tol)
+    assert.close(gw, ln.weight.grad, tol)
+    assert.close(gb, ln.bias.grad, tol)
+    local plain = nn.LayerNorm(4, { elementwise_affine = false, dtype = "float64" })
+    helper.gradcheck(function(a) return plain(a) end, { helper.param({ 3, 4 }) })
+  end)
+
   it("names the shapes on a mismatch", function()
     assert.error_matches(function() nn.LayerNorm(4)(attn.ones({ 2, 3 })) end,
       "LayerNorm: input %[2x3%] does not end with normalized_shape %[4%]")
@@ -315,5 +340,40 @@ describe("nn.init", function()
     local big = nn.init.normal_(attn.empty({ 100, 100 }), 1, 2)
     assert.is_true(math.abs(big:mean():item() - 1) < 0.06)
     assert.is_true(m.weight:is_leaf() and m.weight.requires_grad)
+  end)
+
+  it("the fused linear node equals matmul + add (values and gradients, 1-D to 3-D, with and without bias)", function()
+    local linear = require "attn.nn.linear"
+    for _, dtype in ipairs { "float32", "float64" } do
+      local tol = dtype == "float32" and { rtol = 1e-5, atol = 1e-6 } or { rtol = 1e-12, atol = 1e-13 }
+      for _, shape in ipairs { { 5 }, { 3, 5 }, { 2, 3, 5 } } do
+        for _, with_bias in ipairs { true, false } do
+          local opts = { dtype = dtype, requires_grad = true }
+          local x, w = attn.randn(shape, opts), attn.randn({ 4, 5 }, opts)
+          local b = with_bias and attn.randn({ 4 }, opts) or nil
+          local out_shape = { table.unpack(shape) }
+          out_shape[#out_shape] = 4
+          local g = attn.randn(out_shape, dtype)
+          local function grads(y)
+            x.grad, w.grad = nil, nil
+            if b then b.grad = nil end
+            y:backward(g)
+            return x.grad, w.grad, b and b.grad
+          end
+          local y1 = linear.linear(x, w, b)
+          local gx1, gw1, gb1 = grads(y1)
+          local y2 = x:matmul(w:t())
+          if b then y2 = y2 + b end
+          local gx2, gw2, gb2 = grads(y2)
+          assert.same(out_shape, y1:shape())
+          assert.close(y1, y2, tol)
+          assert.close(gx1, gx2, tol)
+          assert.close(gw1, gw2, tol)
+          if b then assert.close(gb1, gb2, tol) end
+        end
+      end
+    end
+    local x, w, b = helper.param({ 2, 3, 5 }), helper.param({ 4, 5 }), helper.param({ 4 })
+    helper.gradcheck(function(a, c, d) return linear.linear(a, c, d) end, { x, w, b })
   end)
 end)

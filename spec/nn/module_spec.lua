@@ -87,6 +87,7 @@ describe("nn.Module", function()
 
     it("named_modules lists self first, depth first, each module once; apply visits children first", function()
       local lin = nn.Linear(2, 2)
+      assert.equal(1, #nn.Sequential(lin, lin):children()) -- tied: listed once, as PyTorch
       local o = nn.Sequential(lin, nn.Sequential(nn.ReLU(), lin))
       local names = {}
       for i, e in ipairs(o:named_modules()) do names[i] = e[1] .. "=" .. e[2]:class_name() end

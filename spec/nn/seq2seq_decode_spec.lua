@@ -56,6 +56,18 @@ describe("attn.seq2seq", function()
       assert.matches("epoch 2/2 | loss %d%.%d+ | token_loss %d%.%d+ | %d+.* tok/s | elapsed .* | eta", text)
     end)
 
+  it("trains the same on int64 ids as on float32 ids", function()
+    local losses = {}
+    for _, dtype in ipairs { "float32", "int64" } do
+      attn.manual_seed(2)
+      local data_iter, sv, tv = fx.task(16, 8, 6, dtype)
+      local net = bahdanau(#sv, #tv)
+      local history = s2s.train_seq2seq(net, data_iter, { lr = 0.01, epochs = 2, tgt_vocab = tv, progress = false })
+      losses[dtype] = { history[1].loss, history[2].loss }
+    end
+    assert.same(losses.float32, losses.int64)
+  end)
+
   it("initialises every Linear and GRU weight matrix Xavier-uniform, leaving biases and embeddings", function()
     local net = bahdanau(9, 9)
     local before = net:state_dict()

@@ -27,6 +27,17 @@ describe("attn.cairo", function()
     assert.same({ 51, 102, 153, 255 }, { back:pixel(12, 7) })
   end)
 
+  it("reads pixels of an opaque (RGB, no alpha) PNG as opaque", function()
+    -- a 3x2 PNG of colour type 2 (RGB) filled with (10, 200, 30), written by hand
+    local path = dir .. "/rgb.png"
+    helper.write_bytes(path, "\137PNG\013\010\026\010\000\000\000\013IHDR\000\000\000\003\000\000\000\002\008\002\000"
+      .. "\000\000\018\022\241M\000\000\000\016IDATx\156c\224:!\007A\012p\022\0007\220\005\161~"
+      .. "\201XE\000\000\000\000IEND\174B`\130")
+    local img = assert(cairo.read_png(path))
+    assert.same({ 3, 2 }, { img:size() })
+    assert.same({ 10, 200, 30, 255 }, { img:pixel(2, 1) })
+  end)
+
   it("writes SVG and PDF to memory and to files", function()
     for kind, head in pairs { svg = "<?xml", pdf = "%PDF" } do
       local s = cairo.surface(kind, 50, 40)

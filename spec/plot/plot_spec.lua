@@ -44,6 +44,10 @@ describe("attn.plot.heatmaps", function()
     -- figsize in inches at dpi, and PNG bytes when there is no path
     local mem = plot.heatmaps(w, { format = "png", figsize = { 3.5, 4 }, dpi = 80 })
     assert.same({ 280, 320 }, { files.png_size(mem) })
+    -- a width alone: cells fill it, and the height follows
+    local cells = files.select(parse(plot.heatmaps(w, { format = "svg", width = 900 })), "rect", "cell")
+    assert.is_true(tonumber(cells[1].attrs.width) >= 15, "cell width " .. cells[1].attrs.width)
+    assert.same(900, (files.png_size(plot.heatmaps(w, { format = "png", width = 900 }))))
   end)
 
   it("returns SVG text with one rect per cell, a colour bar, and escaped real text", function()
@@ -53,6 +57,9 @@ describe("attn.plot.heatmaps", function()
     local elems = parse(svg)
     assert.equals("svg", elems[1].name)
     assert.equals(800, #files.select(elems, "rect", "cell"))
+    local groups = files.select(elems, "g") -- cells (and the colour bar) drawn without seams
+    assert.is_true(#groups >= 1)
+    for _, e in ipairs(groups) do assert.equals("crispEdges", e.attrs["shape-rendering"]) end
     assert.equals(64, #files.select(elems, "rect", "cbar"))
     assert.equals(8, #files.select(elems, "text", "title")) -- per column, repeated on each row as in the book
     assert.equals(4, #files.select(elems, "text", "xlabel"))
@@ -151,6 +158,39 @@ describe("attn.plot.heatmaps", function()
     for k = 2, #thin do
       assert.is_true(tonumber(thin[k].attrs.x) - tonumber(thin[k - 1].attrs.x) >= 10 * 1.2 - 1e-9)
     end
+  end)
+
+  it("keeps turned labels inside the figure and spans one axis label over panels too narrow for it", function()
+    local toks = { "<unknown-token>", "perdu", ".", "<eos>" }
+    local elems = parse(plot.heatmaps(attn.rand({ 2, 3, 4, 4 }), { format = "svg", col_labels = toks,
+      xlabel = "Key positions, a label much longer than one panel", ylabel = "Queries", titles = { "a", "b", "c" } }))
+    local meter = cairo.surface("png", 1, 1)
+    meter:font("DejaVu Sans", 10)
+    for _, e in ipairs(files.select(elems, "text", "xtick")) do
+      assert.matches("rotate%(%-45", e.attrs.transform)
+      local reach = tonumber(e.attrs.x) - meter:text_extents(e.text) * 0.7071
+      assert.is_true(reach >= 0, e.text .. " starts at x = " .. reach)
+    end
+    assert.equals(1, #files.select(elems, "text", "xlabel"))
+    assert.equals(2, #files.select(elems, "text", "ylabel")) -- short enough for each row
+  end)
+
+  it("makes room for axis labels longer than the whole grid, keeping them apart", function()
+    local xl, yl = "Key positions (source tokens, the whole sentence)", "Query positions (decoder steps)"
+    local elems = parse(plot.heatmaps(attn.rand({ 2, 4 }), { format = "svg", xlabel = xl, ylabel = yl,
+      col_labels = { "i'm", "home", ".", "<eos>" } }))
+    local svg = elems[1].attrs
+    local meter = cairo.surface("png", 1, 1)
+    meter:font("DejaVu Sans", 11)
+    local x = files.select(elems, "text", "xlabel")[1].attrs
+    local y = files.select(elems, "text", "ylabel")[1].attrs
+    local xw, yw = meter:text_extents(xl), meter:text_extents(yl)
+    -- both inside the figure
+    assert.is_true(x.x - xw / 2 >= 0 and x.x + xw / 2 <= tonumber(svg.width))
+    assert.is_true(y.y - yw / 2 >= 0 and y.y + yw / 2 <= tonumber(svg.height))
+    -- the turned y label ends above the x label's capitals
+    assert.is_true(y.y + yw / 2 <= x.y - 11 * 0.73, string.format("y label ends at %g, x label top at %g",
+      y.y + yw / 2, x.y - 11 * 0.73))
   end)
 
   it("takes tensors and nested tables alike, 2-D to 4-D", function()
@@ -257,6 +297,40 @@ describe("attn.plot.lines", function()
     assert.same({ 320, 200 }, { files.png_size(png) })
   end)
 
+  it("puts a log axis' decades at equal distances, labels them, and leaves gaps at values <= 0", function()
+    local elems = parse(plot.lines(nil, { { 1, 0.1, 0.01, 0, 0.0001, 0.00001 } }, { format = "svg", yscale = "log" }))
+    local d = files.select(elems, "path", "series")[1].attrs.d
+    local ys = {}
+    for y in d:gmatch("[ML][%d.%-]+ ([%d.%-]+)") do ys[#ys + 1] = tonumber(y) end
+    assert.equals(5, #ys) -- the 0 is left out ...
+    local _, moves = d:gsub("M", "")
+    assert.equals(2, moves) -- ... as a gap
+    local step = ys[2] - ys[1]
+    assert.is_true(step > 10)
+    assert.is_true(math.abs(ys[3] - ys[2] - step) < 0.02 and math.abs(ys[4] - ys[3] - 2 * step) < 0.02)
+    local labels = {}
+    for _, e in ipairs(files.select(elems, "text", "ytick")) do labels[e.text] = tonumber(e.attrs.y) end
+    -- six decades: every other power of ten is labelled
+    for _, l in ipairs { "1", "0.01", "0.0001" } do assert.is_not_nil(labels[l], "tick " .. l) end
+    assert.is_nil(labels["0.1"])
+    assert.is_true(math.abs((labels["0.01"] - labels["1"]) - 2 * step) < 0.02)
+    assert.has_error(function() plot.lines(nil, { 1, 2 }, { format = "svg", xscale = "ln" }) end,
+      "plot.lines: xscale must be 'linear' or 'log', got ln")
+  end)
+
+  it("marks every finite point on request, with a marker in the legend", function()
+    local elems = parse(plot.lines({ 16, 32, 64, 128 }, { { 1, 2, 0 / 0, 4 }, { 3, 2, 1, 0.5 } },
+      { format = "svg", markers = true, legend = { "a", "b" }, xscale = "log", yscale = "log" }))
+    assert.equals(7, #files.select(elems, "rect", "marker"))
+    assert.equals(2, #files.select(elems, "rect", "legend-marker"))
+    -- the log-log axes label round values on both axes
+    local xt = {}
+    for _, e in ipairs(files.select(elems, "text", "xtick")) do xt[#xt + 1] = e.text end
+    assert.same({ "20", "50", "100" }, xt)
+    assert.has_error(function() plot.lines(nil, { 1, 2 }, { format = "svg", markers = "yes" }) end,
+      "plot.lines: markers must be a boolean")
+  end)
+
   it("raises clear errors on bad input and returns nil, message on an unwritable path", function()
     local cases = {
       { { 1, 2 }, { { 1, 2, 3 } }, nil, "series 1 has 3 values but x has 2" },
@@ -295,6 +369,9 @@ describe("attn.plot.terminal_heatmap", function()
     local w = attn.tensor({ { { { 1 } }, { { 3 } } } }) -- (1, 2, 1, 1)
     local s = plot.terminal_heatmap(w, { titles = { "h1", "h2" }, vmin = 0, vmax = 4 })
     assert.equals("h1\n|░░|\nh2\n|▓▓|\nscale: ' '=0  ░=1  ▒=2  ▓=3  █=4", s)
+    -- without titles, panels are named by their (row, column) index
+    s = plot.terminal_heatmap(w, { vmin = 0, vmax = 4 })
+    assert.equals("[1, 1]\n|░░|\n[1, 2]\n|▓▓|\nscale: ' '=0  ░=1  ▒=2  ▓=3  █=4", s)
   end)
 
   it("draws one character per cell on request", function()

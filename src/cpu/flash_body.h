@@ -151,18 +151,32 @@ static inline int keep_mask_at(const attn_attention_job *J, int64_t b, int64_t i
 }
 
 /* Masks tile T (rows x TW): lanes_q says whether lanes are queries (else rows are). Removed
- * entries become -inf, filled ones fill2. Query offsets index qa/qb/qe from q0; keys from k0. */
+ * entries become -inf, filled ones fill2. Query offsets index qa/qb/qe from q0; keys from k0.
+ * The range tests are branch-free selects (they vectorise); the keep-mask is read afterwards. */
 static void mask_tile(const attn_attention_job *J, int64_t b, float *T, int64_t rows, int lanes_q, int64_t q0,
                       int64_t k0, const int64_t *qa, const int64_t *qb, const int64_t *qe, float fill2) {
-  for (int64_t n = 0; n < rows; n++)
-    for (int64_t l = 0; l < TW; l++) {
-      int64_t o = lanes_q ? l : n, j = k0 + (lanes_q ? n : l);
-      float *x = &T[n * TW + l];
-      if (j < qa[o] || j >= qb[o] || (J->mask && !keep_mask_at(J, b, q0 + o, j)))
-        *x = -INFINITY;
-      else if (j >= qe[o])
-        *x = fill2;
+  for (int64_t n = 0; n < rows; n++) {
+    float *x = T + n * TW;
+    if (lanes_q) {
+      const int64_t j = k0 + n;
+      for (int64_t l = 0; l < TW; l++) {
+        float v = j >= qe[l] ? fill2 : x[l];
+        x[l] = (j < qa[l]) | (j >= qb[l]) ? -INFINITY : v;
+      }
+    } else {
+      const int64_t a = qa[n], bb = qb[n], e = qe[n];
+      for (int64_t l = 0; l < TW; l++) {
+        const int64_t j = k0 + l;
+        float v = j >= e ? fill2 : x[l];
+        x[l] = (j < a) | (j >= bb) ? -INFINITY : v;
+      }
     }
+    if (J->mask)
+      for (int64_t l = 0; l < TW; l++) {
+        int64_t o = lanes_q ? l : n, j = k0 + (lanes_q ? n : l);
+        if (j >= qa[o] && j < qb[o] && !keep_mask_at(J, b, q0 + o, j)) x[l] = -INFINITY;
+      }
+  }
 }
 
 /* ---- forward ---------------------------------------------------------------- */

@@ -383,10 +383,14 @@ static int l_pixel(lua_State *L) {
   cairo_surface_flush(s->surface);
   const unsigned char *data = cairo_image_surface_get_data(s->surface);
   int stride = cairo_image_surface_get_stride(s->surface);
+  cairo_format_t format = cairo_image_surface_get_format(s->surface);
   if (!data) return luaL_error(L, "cairo: image data not available");
+  /* an opaque PNG reads back as RGB24, whose top byte is unused */
+  if (format != CAIRO_FORMAT_ARGB32 && format != CAIRO_FORMAT_RGB24)
+    return luaL_error(L, "cairo: pixel() reads ARGB32 and RGB24 images only");
   uint32_t px;
   memcpy(&px, data + (size_t)floor(fy) * (size_t)stride + 4 * (size_t)floor(fx), sizeof px);
-  unsigned a = px >> 24, c[3] = {(px >> 16) & 255, (px >> 8) & 255, px & 255};
+  unsigned a = format == CAIRO_FORMAT_RGB24 ? 255 : px >> 24, c[3] = {(px >> 16) & 255, (px >> 8) & 255, px & 255};
   for (int i = 0; i < 3; i++) lua_pushinteger(L, a ? (c[i] * 255 + a / 2) / a : 0);
   lua_pushinteger(L, a);
   return 4;

@@ -73,6 +73,7 @@ end
 -- attention. forward(queries (B, Nq, d), keys (B, Nk, d), values (B, Nk, dv),
 -- valid_lens [, opts]) -> (B, Nq, dv); opts are passed on to
 -- attn.dot_product_attention (mask, causal, window, scale).
+-- @type DotProductAttention
 local DotProductAttention = Module:extend("DotProductAttention")
 M.DotProductAttention = DotProductAttention
 
@@ -100,6 +101,7 @@ end
 -- "W_k.weight", "W_q.weight", "w_v.weight" (1, num_hiddens).
 -- forward(queries (B, Nq, query_size), keys (B, Nk, key_size), values (B, Nk, dv),
 -- valid_lens) -> (B, Nq, dv).
+-- @type AdditiveAttention
 local AdditiveAttention = Module:extend("AdditiveAttention")
 M.AdditiveAttention = AdditiveAttention
 
@@ -135,6 +137,7 @@ end
 -- m.attention_weights is (B, num_heads, Nq, Nk). opts go to
 -- attn.dot_product_attention (causal, window, scale, mask); a per-sample keep-mask
 -- (B, Nq, Nk) is repeated per head.
+-- @type MultiHeadAttention
 local MultiHeadAttention = Module:extend("MultiHeadAttention")
 M.MultiHeadAttention = MultiHeadAttention
 
@@ -213,6 +216,7 @@ function MultiHeadAttention:extra_repr() return "num_heads=" .. self.num_heads e
 -- positional): X (B, T, num_hiddens) -> dropout(X + P[1..T]) with the sinusoidal
 -- table P of attn.positional_encoding. P is a plain field, not state (as in the
 -- book, whose state dict for this layer is empty), kept per dtype.
+-- @type PositionalEncoding
 local PositionalEncoding = Module:extend("PositionalEncoding")
 M.PositionalEncoding = PositionalEncoding
 
@@ -258,6 +262,7 @@ end
 -- the chapter's exercise, a learnable position embedding: X (B, T, d) ->
 -- dropout(X + embedding.weight[1..T]). Child "embedding" is an Embedding(max_len,
 -- num_hiddens) (N(0, 1) init like nn.Embedding; state key "embedding.weight").
+-- @type LearnedPositionalEncoding
 local LearnedPositionalEncoding = Module:extend("LearnedPositionalEncoding")
 M.LearnedPositionalEncoding = LearnedPositionalEncoding
 

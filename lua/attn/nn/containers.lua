@@ -20,6 +20,7 @@ local M = {}
 
 --- `nn.ModuleList([modules])`: an indexable list of child modules (a Lua list
 -- of modules, optional). Children are named by their 0-based position.
+-- @type ModuleList
 local ModuleList = Module:extend("ModuleList")
 M.ModuleList = ModuleList
 
@@ -125,6 +126,7 @@ end
 -- `d["name"]`. `modules` is a list of {name, module} pairs (kept in that
 -- order) or a table name -> module (registered in sorted name order, since a
 -- Lua table has none).
+-- @type ModuleDict
 local ModuleDict = Module:extend("ModuleDict")
 M.ModuleDict = ModuleDict
 
@@ -182,6 +184,7 @@ end
 -- "0.weight"), while `seq[1]` is child "0". `seq(x, ...)` passes the extra
 -- arguments on to every block (`blk(x, valid_lens)`), as the book's loops over
 -- its blocks do.
+-- @type Sequential
 local Sequential = ModuleList:extend("Sequential")
 M.Sequential = Sequential
 

@@ -13,6 +13,7 @@ local M = {}
 -- ---------------------------------------------------------------- Identity
 
 --- `nn.Identity()`: returns its input unchanged (extra arguments are ignored).
+-- @type Identity
 local Identity = Module:extend("Identity")
 M.Identity = Identity
 
@@ -40,6 +41,7 @@ M.normal_cdf = normal_cdf
 --- `nn.GELU([{approximate = "none"|"tanh"}])`: x * Phi(x), Phi the standard
 -- normal CDF (PyTorch's default, exact to float32 precision); "tanh" is the
 -- approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+-- @type GELU
 local GELU = Module:extend("GELU")
 M.GELU = GELU
 
@@ -73,6 +75,7 @@ function GELU:extra_repr() return string.format("approximate='%s'", self.approxi
 -- the running estimates are used. Parameters weight (ones) and bias (zeros);
 -- buffers running_mean (zeros), running_var (ones), num_batches_tracked (a
 -- scalar), as PyTorch's state dict has them.
+-- @type BatchNorm1d
 local BatchNorm1d = Module:extend("BatchNorm1d")
 M.BatchNorm1d = BatchNorm1d
 

@@ -4,6 +4,7 @@
 local attn = require "attn"
 local module = require "attn.nn.module"
 local init = require "attn.nn.init_fns"
+local autograd = require "attn.autograd"
 
 local Module = module.Module
 local core = attn.core
@@ -34,6 +35,7 @@ local function check_options(opts, who, allowed)
   return opts
 end
 M.check_options = check_options
+M.check_positive_int = check_positive_int
 
 -- ---------------------------------------------------------------- dropout (functional)
 
@@ -52,6 +54,7 @@ end
 --- `nn.Linear(in_features, out_features [, {bias = true}])`: y = x W^T + b.
 -- weight (out, in) and bias (out), both U(-1/sqrt(in), 1/sqrt(in)) (PyTorch's
 -- kaiming-uniform with a = sqrt(5)); input (..., in) -> (..., out).
+-- @type Linear
 local Linear = Module:extend("Linear")
 M.Linear = Linear
 
@@ -71,6 +74,30 @@ function Linear:init(in_features, out_features, opts)
   end
 end
 
+--- The affine map y = x W^T + b as one autograd node (instead of transpose,
+-- matmul, reshape and add): x (..., in), weight (out, in), bias (out) or nil
+-- -> (..., out). Backward: dx = g W, dW = g^T x, db = the column sums of g,
+-- over x and g flattened to rows.
+-- @usage local y = linear.linear(x, m.weight, m.bias)
+function M.linear(x, weight, bias)
+  local s = core.shape(x)
+  local n = #s
+  local fin, fout = core.size(weight, 2), core.size(weight, 1)
+  local x2 = n == 2 and x or core.reshape(x, -1, fin)
+  local y = core.matmul(x2, core.transpose(weight, 1, 2))
+  if bias then core.add_(y, bias) end -- y is fresh: nobody else sees the write
+  if n ~= 2 then
+    s[n] = fout
+    y = core.reshape(y, s)
+  end
+  return autograd.record("linear", y, { x, weight, bias or false }, function(g)
+    local g2 = n == 2 and g or core.reshape(g, -1, fout)
+    local dx = core.matmul(g2, weight)
+    if n ~= 2 then dx = core.reshape(dx, core.shape(x)) end
+    return dx, core.matmul(core.transpose(g2, 1, 2), x2), bias and core.sum(g2, 1) or nil
+  end)
+end
+
 function Linear:forward(x)
   check_tensor(x, "Linear", "input")
   local s = x:shape()
@@ -79,17 +106,7 @@ function Linear:forward(x)
     error(string.format("Linear: input %s has last dim %s, expected in_features = %d (weight %s)", shape_str(s),
       tostring(s[n]), self.in_features, shape_str(self.weight:shape())), 2)
   end
-  local wt = self.weight:t()
-  local y
-  if n <= 2 then
-    y = x:matmul(wt)
-  else
-    local out_shape = { table.unpack(s, 1, n - 1) }
-    out_shape[n] = self.out_features
-    y = x:reshape({ -1, self.in_features }):matmul(wt):reshape(out_shape)
-  end
-  if self.bias then y = y + self.bias end
-  return y
+  return M.linear(x, self.weight, self.bias)
 end
 
 function Linear:extra_repr()
@@ -102,6 +119,7 @@ end
 --- `nn.Embedding(num_embeddings, embedding_dim)`: a lookup table, weight (n, d) ~ N(0, 1).
 -- forward(ids): ids are 1-based token ids, a tensor of any shape or a (nested) Lua
 -- table; returns (ids shape..., d). Gradients flow to the weight rows used.
+-- @type Embedding
 local Embedding = Module:extend("Embedding")
 M.Embedding = Embedding
 
@@ -131,6 +149,7 @@ function Embedding:extra_repr() return string.format("%d, %d", self.num_embeddin
 
 --- `nn.Dropout(p)`: inverted dropout in training mode, identity in eval mode or
 -- with p = 0. The mask comes from `attn.bernoulli` (the engine's generator).
+-- @type Dropout
 local Dropout = Module:extend("Dropout")
 M.Dropout = Dropout
 
@@ -155,6 +174,7 @@ function Dropout:extra_repr() return string.format("p=%g, inplace=False", self.p
 -- normalises over the trailing dims given (a number d or a shape table), with
 -- the biased variance as PyTorch: y = (x - mean) / sqrt(var + eps) * weight + bias.
 -- weight starts at ones and bias at zeros, both of shape normalized_shape.
+-- @type LayerNorm
 local LayerNorm = Module:extend("LayerNorm")
 M.LayerNorm = LayerNorm
 
@@ -189,14 +209,32 @@ function LayerNorm:forward(x)
   if not ok then
     error(string.format("LayerNorm: input %s does not end with normalized_shape %s", shape_str(s), shape_str(ns)), 2)
   end
-  local lead = { table.unpack(s, 1, n - k) }
-  lead[#lead + 1] = self.normalized_numel
-  local x2 = x:reshape(lead)
-  local centered = x2 - x2:mean(-1, true)
-  local var = centered:square():mean(-1, true)
-  local y = (centered / (var + self.eps):sqrt()):reshape(s)
-  if self.elementwise_affine then y = y * self.weight + self.bias end
-  return y
+  return M.layer_norm(x, self.normalized_numel, self.weight, self.bias, self.eps)
+end
+
+--- Layer normalisation over the last entries of x as one autograd node
+-- (instead of about eight): rows of n = normalized_numel entries become
+-- (x - mean) / sqrt(var + eps) (biased variance), then times weight plus bias
+-- when given (both of n entries, any shape). Backward, with xhat the
+-- normalised row and d = g * weight: dx = (d - mean(d) - xhat mean(d xhat)) / std.
+-- @usage local y = linear.layer_norm(x, 8, w, b, 1e-5)
+function M.layer_norm(x, n, weight, bias, eps)
+  local s = core.shape(x)
+  local x2 = core.reshape(x, -1, n)
+  local xc = core.sub(x2, core.mean(x2, 2, true))
+  local std = core.sqrt(core.add(core.mean(core.square(xc), 2, true), eps))
+  local xhat = core.div(xc, std)
+  local w = weight and core.reshape(weight, n)
+  local y = w and core.add(core.mul(xhat, w), core.reshape(bias, n)) or xhat
+  return autograd.record("layer_norm", core.reshape(y, s), { x, weight or false, bias or false }, function(g)
+    local g2 = core.reshape(g, -1, n)
+    local d = w and core.mul(g2, w) or g2
+    local dx = core.sub(core.sub(d, core.mean(d, 2, true)), core.mul(xhat, core.mean(core.mul(d, xhat), 2, true)))
+    dx = core.reshape(core.div(dx, std), s)
+    if not weight then return dx end
+    return dx, core.reshape(core.sum(core.mul(g2, xhat), 1), core.shape(weight)),
+      core.reshape(core.sum(g2, 1), core.shape(bias))
+  end)
 end
 
 function LayerNorm:extra_repr()
@@ -209,6 +247,7 @@ end
 -- ---------------------------------------------------------------- ReLU
 
 --- `nn.ReLU()`: max(x, 0) elementwise.
+-- @type ReLU
 local ReLU = Module:extend("ReLU")
 M.ReLU = ReLU
 

@@ -19,6 +19,8 @@ local module = require "attn.nn.module"
 local linear = require "attn.nn.linear"
 
 local Module = module.Module
+local core = require "attn.core"
+local autograd = require "attn.autograd"
 
 local M = {}
 
@@ -42,21 +44,31 @@ local function check_labels(who, logits, labels)
 end
 
 --- Per-element cross-entropy: logits (..., C), labels (...) 1-based -> (...).
--- Computed as -log_softmax(logits)[label] (log_softmax then gather).
+-- Computed as -log_softmax(logits)[label], as one autograd node whose
+-- backward is (softmax(logits) - onehot(label)) * g in one pass over the
+-- saved log-probabilities (instead of log_softmax, gather, squeeze and neg).
 function M.cross_entropy(logits, labels, who)
   who = who or "cross_entropy"
   if not attn.is_tensor(logits) or logits:dim() < 1 then
     error(string.format("%s: logits must be a tensor (..., C)", who), 3)
   end
   labels = check_labels(who, logits, labels)
-  local logp = logits:log_softmax(-1)
-  return -(logp:gather(logits:dim(), labels:unsqueeze(-1)):squeeze(-1))
+  local d = logits:dim()
+  local logp = core.log_softmax(logits, d)
+  local index = core.unsqueeze(labels, d)
+  local out = core.neg(core.squeeze(core.gather(logp, d, index), d))
+  return autograd.record("cross_entropy", out, { logits }, function(g)
+    local gu = core.unsqueeze(g, d)
+    local dlogits = core.mul(core.exp(logp), gu)
+    return core.scatter_add_(dlogits, d, index, core.contiguous(core.neg(gu)))
+  end)
 end
 
 -- ---------------------------------------------------------------- CrossEntropyLoss
 
 --- `nn.CrossEntropyLoss{reduction = "mean"|"sum"|"none"}`: called as
 -- loss(logits (..., C), labels (...)) with 1-based class ids (tensor or table).
+-- @type CrossEntropyLoss
 local CrossEntropyLoss = Module:extend("CrossEntropyLoss")
 M.CrossEntropyLoss = CrossEntropyLoss
 
@@ -108,6 +120,7 @@ end
 -- -> (B), d2l's per-sequence loss: the cross-entropies of the first valid_len[b]
 -- tokens summed and divided by T (the book's scaling, see the module comment).
 -- Labels are 1-based class ids.
+-- @type MaskedSoftmaxCELoss
 local MaskedSoftmaxCELoss = Module:extend("MaskedSoftmaxCELoss")
 M.MaskedSoftmaxCELoss = MaskedSoftmaxCELoss
 

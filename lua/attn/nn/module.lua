@@ -34,7 +34,8 @@
 -- **Errors.** Calling `m(...)` runs `m:forward(...)`. An error raised inside a
 -- child module is re-raised by the outermost module with the path of the failing
 -- module: "in MultiHeadAttention.W_q (Linear): Linear: input [2x4x3] has ...".
--- Each level adds its own name once. An error raised by the outermost module's own
+-- The path is the registered one (a block of a ModuleList that is iterated, not
+-- called, shows as "Net.blks.1"). An error raised by the outermost module's own
 -- forward keeps its message (only a "…/attn/….lua:123: " position inside this
 -- library is removed; positions in user code are kept). Either way the message
 -- ends with the stack traceback taken where the error was raised (the module
@@ -303,10 +304,16 @@ function Module:named_children()
   return out
 end
 
---- The children as a list of modules, in registration order.
+--- The children as a list of modules, in registration order; a module
+-- registered twice (tied layers) is listed once, as PyTorch's children().
 function Module:children()
-  local out = {}
-  for _, c in ipairs(self:named_children()) do out[#out + 1] = c[2] end
+  local out, seen = {}, {}
+  for _, c in ipairs(self:named_children()) do
+    if not seen[c[2]] then
+      seen[c[2]] = true
+      out[#out + 1] = c[2]
+    end
+  end
   return out
 end
 
@@ -571,14 +578,30 @@ local function strip_position(msg)
   return (msg:gsub("^[^\n:]-attn/[^\n:]-%.lua:%d+: ", "", 1))
 end
 
-function ModuleError:message(root)
+-- The dotted name of `child` inside `parent` ("blks.0" for a block of a
+-- ModuleList that was not called itself), or its own name when not found.
+local function qualified_name(parent, child)
+  local ok, list = pcall(parent.named_modules, parent)
+  if ok then
+    for _, e in ipairs(list) do
+      if e[2] == child then return e[1] end
+    end
+  end
+  return rawget(child, "_name") or child:class_name()
+end
+
+-- chain: the modules whose calls the error went through, outermost first.
+function ModuleError:message()
   local text = strip_position(self.msg)
-  if #self.path > 0 then
-    text = string.format("in %s (%s): %s", root .. "." .. table.concat(self.path, "."), self.leaf, text)
+  local chain = self.chain
+  if #chain > 1 then
+    local names = { chain[1]:class_name() }
+    for i = 2, #chain do names[i] = qualified_name(chain[i - 1], chain[i]) end
+    text = string.format("in %s (%s): %s", table.concat(names, "."), chain[#chain]:class_name(), text)
   end
   return text .. "\n" .. self.traceback
 end
-function ModuleError.__tostring(e) return e:message("?") end
+function ModuleError.__tostring(e) return e:message() end
 
 -- xpcall's handler: runs where the error was raised, so the stack is intact.
 local function capture(err)
@@ -586,20 +609,17 @@ local function capture(err)
   -- "file:12: in ..." becomes "file:12 in ...": tools that strip a leading
   -- "position: " from a message (luassert, many loggers) must not eat the message.
   local tb = debug.traceback(nil, 2):gsub(":(%d+): ", ":%1 ")
-  return setmetatable({ path = {}, msg = err, traceback = tb }, ModuleError)
+  return setmetatable({ chain = {}, msg = err, traceback = tb }, ModuleError)
 end
 
 local function finish_call(self, ok, ...)
   depth = depth - 1
   if ok then return ... end
   local err = ...
-  if err.leaf == nil then err.leaf = self:class_name() end
-  if depth > 0 then
-    table.insert(err.path, 1, rawget(self, "_name") or self:class_name())
-    error(err, 0)
-  end
-  if #err.path == 0 and type(err.msg) ~= "string" then error(err.msg, 0) end -- a user's error object
-  error(err:message(self:class_name()), 0)
+  table.insert(err.chain, 1, self)
+  if depth > 0 then error(err, 0) end
+  if #err.chain == 1 and type(err.msg) ~= "string" then error(err.msg, 0) end -- a user's error object
+  error(err:message(), 0)
 end
 
 --- `m(...)` runs `m:forward(...)`, adding the module path and the traceback of

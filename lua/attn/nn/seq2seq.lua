@@ -42,9 +42,7 @@ local function check_ids(who, X)
 end
 
 local function need_size(who, what, v)
-  if math.type(v) ~= "integer" or v < 1 then
-    error(string.format("%s: %s must be a positive integer, got %s", who, what, tostring(v)), 4)
-  end
+  linear.check_positive_int(v, who, what)
   return v
 end
 
@@ -57,11 +55,13 @@ end
 -- ---------------------------------------------------------------- base classes
 
 --- `nn.Encoder`: base class of encoders (forward(X, ...) -> outputs...).
+-- @type Encoder
 local Encoder = Module:extend("Encoder")
 M.Encoder = Encoder
 
 --- `nn.Decoder`: base class of decoders: `init_state(enc_outputs, ...)` and
 -- forward(X, state) -> output, state.
+-- @type Decoder
 local Decoder = Module:extend("Decoder")
 M.Decoder = Decoder
 
@@ -71,12 +71,14 @@ end
 
 --- `nn.AttentionDecoder`: base class of decoders that keep `attention_weights`
 -- (a field set by forward).
+-- @type AttentionDecoder
 local AttentionDecoder = Decoder:extend("AttentionDecoder")
 M.AttentionDecoder = AttentionDecoder
 
 --- `nn.EncoderDecoder(encoder, decoder)`: forward(enc_X, dec_X, ...) runs
 -- `encoder(enc_X, ...)`, `decoder:init_state(outputs, ...)` and returns
 -- `decoder(dec_X, state)`: output, state. Keys `encoder.*`, `decoder.*`.
+-- @type EncoderDecoder
 local EncoderDecoder = Module:extend("EncoderDecoder")
 M.EncoderDecoder = EncoderDecoder
 
@@ -100,6 +102,7 @@ end
 -- an embedding and a multi-layer GRU. forward(X (B, T) [, valid_lens, ignored])
 -- -> output (T, B, num_hiddens) (time-major, last layer), state (num_layers, B,
 -- num_hiddens).
+-- @type Seq2SeqEncoder
 local Seq2SeqEncoder = Encoder:extend("Seq2SeqEncoder")
 M.Seq2SeqEncoder = Seq2SeqEncoder
 
@@ -130,6 +133,7 @@ end
 -- `fixed_context = true` the context is the encoder's last-step top-layer
 -- output at every call (the v1.0 fix); the state is then {hidden, context}.
 -- forward(X (B, T), state) -> output (B, T, vocab_size), state.
+-- @type Seq2SeqDecoder
 local Seq2SeqDecoder = Decoder:extend("Seq2SeqDecoder")
 M.Seq2SeqDecoder = Seq2SeqDecoder
 
@@ -179,6 +183,7 @@ end
 -- enc_valid_lens}. forward(X (B, T), state) -> (B, T, vocab_size), state. After a
 -- call, `attention_weights` is the list of the steps' weights, each (B, 1, Nk)
 -- (materialised in eval mode; see attn.nn.attention).
+-- @type Seq2SeqAttentionDecoder
 local Seq2SeqAttentionDecoder = AttentionDecoder:extend("Seq2SeqAttentionDecoder")
 M.Seq2SeqAttentionDecoder = Seq2SeqAttentionDecoder
 

@@ -37,6 +37,7 @@ local M = {}
 
 --- `nn.PositionWiseFFN(ffn_num_input, ffn_num_hiddens, ffn_num_outputs)`:
 -- dense2(relu(dense1(X))) on the last dim. Keys dense1.*, dense2.*.
+-- @type PositionWiseFFN
 local PositionWiseFFN = Module:extend("PositionWiseFFN")
 M.PositionWiseFFN = PositionWiseFFN
 
@@ -52,6 +53,7 @@ function PositionWiseFFN:forward(X) return self.dense2(self.relu(self.dense1(X))
 
 --- `nn.AddNorm(normalized_shape, dropout)`: ln(dropout(Y) + X), the residual
 -- connection and layer normalisation. Key ln.weight, ln.bias.
+-- @type AddNorm
 local AddNorm = Module:extend("AddNorm")
 M.AddNorm = AddNorm
 
@@ -68,6 +70,7 @@ function AddNorm:forward(X, Y) return self.ln(self.dropout(Y) + X) end
 -- norm_shape, ffn_num_input, ffn_num_hiddens, num_heads, dropout [, use_bias])`:
 -- multi-head self-attention, AddNorm, position-wise FFN, AddNorm.
 -- forward(X (B, T, num_hiddens), valid_lens) -> (B, T, num_hiddens).
+-- @type TransformerEncoderBlock
 local TransformerEncoderBlock = Module:extend("TransformerEncoderBlock")
 M.TransformerEncoderBlock = TransformerEncoderBlock
 
@@ -92,19 +95,26 @@ end
 -- (B, T, num_hiddens); afterwards `attention_weights[i]` is block i's
 -- (B, num_heads, T, T) (eval mode), and `stacked_attention_weights(b)` gives
 -- sample b's as (num_layers, num_heads, T, T), the book's heatmap tensor.
+-- @type TransformerEncoder
 local TransformerEncoder = seq2seq.Encoder:extend("TransformerEncoder")
 M.TransformerEncoder = TransformerEncoder
 
-function TransformerEncoder:init(vocab_size, key_size, query_size, value_size, num_hiddens, norm_shape, ffn_num_input,
-                                 ffn_num_hiddens, num_heads, num_layers, dropout, use_bias)
-  self.num_hiddens = num_hiddens
+-- The embedding, positional encoding and blocks shared by the encoder and the
+-- decoder: blks.block0, ... made by make_block(i) for i = 0 .. num_layers - 1.
+local function embed_and_blocks(self, vocab_size, num_hiddens, dropout, num_layers, make_block)
+  self.num_hiddens, self.num_layers = num_hiddens, num_layers
   self.embedding = Embedding(vocab_size, num_hiddens)
   self.pos_encoding = attention.PositionalEncoding(num_hiddens, dropout)
   self.blks = containers.Sequential()
-  for i = 0, num_layers - 1 do
-    self.blks:add_module("block" .. i, TransformerEncoderBlock(key_size, query_size, value_size, num_hiddens,
-      norm_shape, ffn_num_input, ffn_num_hiddens, num_heads, dropout, use_bias))
-  end
+  for i = 0, num_layers - 1 do self.blks:add_module("block" .. i, make_block(i)) end
+end
+
+function TransformerEncoder:init(vocab_size, key_size, query_size, value_size, num_hiddens, norm_shape, ffn_num_input,
+                                 ffn_num_hiddens, num_heads, num_layers, dropout, use_bias)
+  embed_and_blocks(self, vocab_size, num_hiddens, dropout, num_layers, function()
+    return TransformerEncoderBlock(key_size, query_size, value_size, num_hiddens, norm_shape, ffn_num_input,
+      ffn_num_hiddens, num_heads, dropout, use_bias)
+  end)
 end
 
 function TransformerEncoder:forward(X, valid_lens)
@@ -135,6 +145,7 @@ end
 -- self-attention, AddNorm, encoder-decoder attention (masked by the source
 -- lengths), AddNorm, FFN, AddNorm. `i` is the block's 0-based index into the
 -- state's cache. forward(X (B, T, h), state) -> (B, T, h), state (cache updated).
+-- @type TransformerDecoderBlock
 local TransformerDecoderBlock = Module:extend("TransformerDecoderBlock")
 M.TransformerDecoderBlock = TransformerDecoderBlock
 
@@ -176,6 +187,7 @@ end
 -- vocab_size), state. Afterwards `attention_weights[1][i]` (self-attention) and
 -- `attention_weights[2][i]` (encoder-decoder attention) are block i's
 -- (B, num_heads, Nq, Nk), as the book's `_attention_weights` (eval mode).
+-- @type TransformerDecoder
 local TransformerDecoder = seq2seq.AttentionDecoder:extend("TransformerDecoder")
 M.TransformerDecoder = TransformerDecoder
 
@@ -188,14 +200,10 @@ function TransformerDecoder:init(vocab_size, key_size, query_size, value_size, n
       3)
   end
   self.positions = positions
-  self.num_hiddens, self.num_layers = num_hiddens, num_layers
-  self.embedding = Embedding(vocab_size, num_hiddens)
-  self.pos_encoding = attention.PositionalEncoding(num_hiddens, dropout)
-  self.blks = containers.Sequential()
-  for i = 0, num_layers - 1 do
-    self.blks:add_module("block" .. i, TransformerDecoderBlock(key_size, query_size, value_size, num_hiddens,
-      norm_shape, ffn_num_input, ffn_num_hiddens, num_heads, dropout, i))
-  end
+  embed_and_blocks(self, vocab_size, num_hiddens, dropout, num_layers, function(i)
+    return TransformerDecoderBlock(key_size, query_size, value_size, num_hiddens, norm_shape, ffn_num_input,
+      ffn_num_hiddens, num_heads, dropout, i)
+  end)
   self.dense = Linear(num_hiddens, vocab_size)
 end
 
