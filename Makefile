@@ -154,10 +154,10 @@ FUZZ_OBJ   = $(SRC:src/%.c=build/fuzz/%.o)
 build/fuzz/%.o: src/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	@echo "cc (libfuzzer) $<"; $(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link $(call cpu_isa_flags,$*) \
-	  $(LUA_INCDIR) $(BLAS_FLAGS) -c $< -o $@
+	  $(LUA_CFLAGS) $(BLAS_FLAGS) -c $< -o $@
 
 build/fuzz/fuzz_files: tools/fuzz_files.c $(FUZZ_OBJ)
-	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer $(LUA_INCDIR) tools/fuzz_files.c $(FUZZ_OBJ) -o $@ \
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer $(LUA_CFLAGS) tools/fuzz_files.c $(FUZZ_OBJ) -o $@ \
 	  $(shell $(PKG_CONFIG) --libs lua5.4 2>/dev/null || echo -llua5.4) $(LDLIBS)
 
 fuzz-files: deps ## libFuzzer on the safetensors, .npy and corpus readers (FUZZ_FILES_SECONDS)
