@@ -70,8 +70,8 @@ ASAN_CAIRO_MODULE = build/asan/attn/cairo.so
 
 LUA_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="lua/?.so;;" OPENBLAS_NUM_THREADS=1
 
-.PHONY: all deps test test-exit test-asan check-c check-c-run check-install doc doc-check demo bench lint clean install \
-        uninstall examples help
+.PHONY: all deps test test-exit test-asan test-leaks fuzz fuzz-files check-c check-c-run check-install doc \
+        doc-check demo bench lint clean install uninstall examples help
 
 all: $(MODULE) $(CAIRO_MODULE) ## build lua/attn/core.so and lua/attn/cairo.so
 
@@ -144,6 +144,45 @@ ASAN_ENV = LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-fil
 test-asan: deps ## every spec with the module under AddressSanitizer and UBSan
 	@$(MAKE) --no-print-directory $(ASAN_MODULE) $(ASAN_CAIRO_MODULE)
 	@$(ASAN_ENV) $(BUSTED) --cpath="build/asan/?.so" -o TAP $(BUSTED_ARGS) spec | tools/tap-summary
+
+# libFuzzer (clang) on the file readers: tools/fuzz_files.c with the C core
+# linked in, coverage-instrumented, under ASan+UBSan, for FUZZ_FILES_SECONDS.
+FUZZ_CC            ?= clang
+FUZZ_FILES_SECONDS ?= 60
+FUZZ_FLAGS = -std=c11 -D_POSIX_C_SOURCE=200809L -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined
+FUZZ_OBJ   = $(SRC:src/%.c=build/fuzz/%.o)
+build/fuzz/%.o: src/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	@echo "cc (libfuzzer) $<"; $(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link $(call cpu_isa_flags,$*) \
+	  $(LUA_CFLAGS) $(BLAS_FLAGS) -c $< -o $@
+
+build/fuzz/fuzz_files: tools/fuzz_files.c $(FUZZ_OBJ)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer $(LUA_CFLAGS) tools/fuzz_files.c $(FUZZ_OBJ) -o $@ \
+	  $(shell $(PKG_CONFIG) --libs lua5.4 2>/dev/null || echo -llua5.4) $(LDLIBS)
+
+fuzz-files: deps ## libFuzzer on the safetensors, .npy and corpus readers (FUZZ_FILES_SECONDS)
+	@$(MAKE) --no-print-directory build/fuzz/fuzz_files
+	@d=$$(mktemp -d); $(LUA_ENV) $(LUA) tools/fuzz_seeds.lua $$d && \
+	  $(LUA_ENV) ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 build/fuzz/fuzz_files \
+	  -max_total_time=$(FUZZ_FILES_SECONDS) -rss_limit_mb=4096 -print_final_stats=1 $$d; rc=$$?; rm -rf $$d; exit $$rc
+
+# The whole suite under LeakSanitizer (the ASan module, leak checking on): a
+# leak that nothing references any more fails the run.
+test-leaks: deps ## every spec under LeakSanitizer
+	@$(MAKE) --no-print-directory $(ASAN_MODULE)
+	@$(ASAN_ENV) ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 $(BUSTED) --cpath="build/asan/?.so" -o TAP $(BUSTED_ARGS) spec \
+	  | tools/tap-summary
+
+# The seeded API fuzzer (tools/fuzz.lua) against the ASan+UBSan module, in a
+# scratch folder (it saves files under hostile names). FUZZ_SECONDS, FUZZ_SEED.
+FUZZ_SECONDS ?= 60
+FUZZ_SEED    ?= $(shell date +%s)
+fuzz: deps ## the seeded API fuzzer under ASan+UBSan (FUZZ_SECONDS, FUZZ_SEED)
+	@$(MAKE) --no-print-directory $(ASAN_MODULE)
+	@d=$$(mktemp -d); cd $$d && LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
+	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;" LUA_CPATH="$(CURDIR)/build/asan/?.so;;" \
+	  OPENBLAS_NUM_THREADS=1 $(LUA) $(CURDIR)/tools/fuzz.lua $(FUZZ_SECONDS) $(FUZZ_SEED); rc=$$?; cd /; rm -rf $$d; exit $$rc
 
 # 300 short processes that exit right after starting 64 workers and running a
 # job: none may crash (the workers are joined before the library is unloaded).

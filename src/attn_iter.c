@@ -15,9 +15,11 @@ int attn_iter_add(attn_iter *it, const attn_tensor *t) {
   int64_t elsize = (int64_t)attn_dtype_size(t->dtype);
   int lead = it->ndim - t->ndim; /* broadcasting aligns trailing dims */
   it->data[k] = attn_tensor_data(t);
+  int empty = 0; /* nothing will be visited: an empty tensor's strides may be anything */
+  for (int d = 0; d < it->ndim; d++) empty |= it->shape[d] == 0;
   for (int d = 0; d < it->ndim; d++) {
     int td = d - lead;
-    it->stride[k][d] = (td < 0 || t->shape[td] == 1) ? 0 : t->stride[td] * elsize;
+    it->stride[k][d] = (empty || td < 0 || t->shape[td] == 1) ? 0 : t->stride[td] * elsize;
   }
   return k;
 }

@@ -370,6 +370,22 @@ attn_status attn_linalg_lstsq(const attn_tensor *a, const attn_tensor *b, attn_t
     if (rank) *rank = 0;
     return attn_fill(x, 0.0);
   }
+  if (r == 0) { /* no right-hand side: LAPACK refuses NRHS = 0, so the rank comes from one zero column */
+    if (!rank) return ATTN_OK;
+    attn_tensor b1, x1;
+    int64_t bshape[ATTN_MAX_DIMS], xshape[ATTN_MAX_DIMS];
+    for (int d = 0; d < b->ndim; d++) bshape[d] = b->shape[d];
+    for (int d = 0; d < x->ndim; d++) xshape[d] = x->shape[d];
+    bshape[b->ndim - 1] = 1;
+    xshape[x->ndim - 1] = 1;
+    st = attn_tensor_init_zeros(&b1, dt, b->ndim, bshape);
+    if (st != ATTN_OK) return st;
+    st = attn_tensor_init(&x1, dt, x->ndim, xshape);
+    if (st == ATTN_OK) st = attn_linalg_lstsq(a, &b1, &x1, rank);
+    attn_tensor_free(&b1);
+    attn_tensor_free(&x1);
+    return st;
+  }
   if (batches == 0) {
     if (rank) *rank = k;
     return ATTN_OK;

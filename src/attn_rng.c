@@ -1,5 +1,7 @@
 #include "attn_rng.h"
 
+#include <float.h>
+
 #include <math.h>
 #include <stdint.h>
 
@@ -51,7 +53,8 @@ static void fill_each(attn_rng *rng, attn_tensor *t, draw_fn draw, double a, dou
 static double draw_uniform(attn_rng *rng, double low, double high, int *sv, double *sp) {
   (void)sv;
   (void)sp;
-  return low + (high - low) * attn_rng_uniform01(rng);
+  double u = attn_rng_uniform01(rng);
+  return low * (1.0 - u) + high * u; /* a convex combination: finite for any finite bounds (high - low may not be) */
 }
 
 /* Box-Muller, using both values of each pair. */
@@ -75,17 +78,30 @@ static double draw_bernoulli(attn_rng *rng, double p, double unused, int *sv, do
   return attn_rng_uniform01(rng) < p ? 1.0 : 0.0;
 }
 
+/* Every fill writes each element once, so a target whose indices share
+ * elements (an expanded view) is refused, as for every write. */
+static attn_status check_target(const char *op, const attn_tensor *t) {
+  if (attn_tensor_overlaps_itself(t))
+    return attn_error(ATTN_ERR_ARG, "%s: %s is an expanded view (several indices share one element); "
+                      "write to a contiguous copy", op, attn_tensor_shape_str(t));
+  return ATTN_OK;
+}
+
 attn_status attn_rng_uniform(attn_rng *rng, attn_tensor *t, double low, double high) {
-  attn_status st = attn_check_float("rand", t);
+  attn_status st = check_target("rand", t);
+  if (st == ATTN_OK) st = attn_check_float("rand", t);
   if (st != ATTN_OK) return st;
   if (!(low <= high) || !isfinite(low) || !isfinite(high))
     return attn_error(ATTN_ERR_ARG, "rand: bounds [%g, %g) are not an interval", low, high);
+  if (t->dtype == ATTN_F32 && (fabs(low) > FLT_MAX || fabs(high) > FLT_MAX))
+    return attn_error(ATTN_ERR_ARG, "rand: bounds [%g, %g) exceed the float32 range", low, high);
   fill_each(rng, t, draw_uniform, low, high);
   return ATTN_OK;
 }
 
 attn_status attn_rng_normal(attn_rng *rng, attn_tensor *t, double mean, double std) {
-  attn_status st = attn_check_float("randn", t);
+  attn_status st = check_target("randn", t);
+  if (st == ATTN_OK) st = attn_check_float("randn", t);
   if (st != ATTN_OK) return st;
   if (!(std >= 0) || !isfinite(mean) || !isfinite(std))
     return attn_error(ATTN_ERR_ARG, "randn: need finite mean and std >= 0, got %g and %g", mean, std);
@@ -94,6 +110,7 @@ attn_status attn_rng_normal(attn_rng *rng, attn_tensor *t, double mean, double s
 }
 
 attn_status attn_rng_bernoulli(attn_rng *rng, attn_tensor *t, double p) {
+  if (check_target("bernoulli", t) != ATTN_OK) return ATTN_ERR_ARG;
   if (!(p >= 0 && p <= 1)) return attn_error(ATTN_ERR_ARG, "bernoulli: p = %g is not in [0, 1]", p);
   fill_each(rng, t, draw_bernoulli, p, 0);
   return ATTN_OK;
@@ -109,6 +126,7 @@ uint64_t attn_rng_below(attn_rng *rng, uint64_t n) {
 }
 
 attn_status attn_rng_randint(attn_rng *rng, attn_tensor *t, int64_t low, int64_t high) {
+  if (check_target("randint", t) != ATTN_OK) return ATTN_ERR_ARG;
   if (low >= high)
     return attn_error(ATTN_ERR_ARG, "randint: empty range: low %lld must be below high %lld", (long long)low,
                       (long long)high);

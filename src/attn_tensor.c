@@ -61,7 +61,7 @@ void attn_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
   for (int d = ndim - 1; d >= 0; d--) {
     stride[d] = s;
     int64_t n = shape[d] > 1 ? shape[d] : 1;
-    s = s > INT64_MAX / n ? 0 : s * n;
+    s = s > INT64_MAX / 8 / n ? 0 : s * n; /* room for byte strides (x element size) too */
   }
 }
 
@@ -143,6 +143,7 @@ int64_t attn_tensor_numel(const attn_tensor *t) {
 }
 
 int attn_tensor_is_contiguous(const attn_tensor *t) {
+  if (attn_tensor_numel(t) == 0) return 1; /* no element is out of place */
   int64_t expected = 1;
   for (int d = t->ndim - 1; d >= 0; d--) {
     if (t->shape[d] == 1) continue;
@@ -532,6 +533,9 @@ attn_status attn_copy(attn_tensor *dst, const attn_tensor *src_in) {
 
 attn_status attn_fill(attn_tensor *t, double value) {
   char buf[8];
+  if (attn_tensor_overlaps_itself(t)) /* as for every write; it would also loop over elements that are not there */
+    return attn_error(ATTN_ERR_ARG, "fill: %s is an expanded view (several indices share one element); "
+                      "write to a contiguous copy", attn_tensor_shape_str(t));
   attn_status st = attn_scalar_to("fill", t->dtype, value, buf);
   if (st != ATTN_OK) return st;
   attn_iter it;

@@ -444,6 +444,20 @@ static int l_set_cache_limit(lua_State *L) {
   return 0;
 }
 
+/* Largest single allocation accepted, in bytes (default 3/4 of physical
+ * memory): lets a fuzzer or a service bound what one call can take. */
+static int l_set_max_request(lua_State *L) {
+  lua_Integer b = attn_l_checkinteger(L, 1, "bytes");
+  if (b < 0) return attn_l_error(L, "set_max_request: bytes = %I must be >= 0", b);
+  attn_alloc_set_max_request((size_t)b);
+  return 0;
+}
+
+static int l_max_request(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)attn_alloc_max_request());
+  return 1;
+}
+
 static int l_set_num_threads(lua_State *L) {
   lua_Integer n = attn_l_checkinteger(L, 1, "n");
   if (n < 1 || n > 64) return attn_l_error(L, "set_num_threads: n = %I must be in 1..64", n);
@@ -548,6 +562,8 @@ static const luaL_Reg core_functions[] = {
     {"peak_memory", l_peak_memory},
     {"empty_cache", l_empty_cache},
     {"set_cache_limit", l_set_cache_limit},
+    {"set_max_request", l_set_max_request},
+    {"max_request", l_max_request},
     {"set_num_threads", l_set_num_threads},
     {"get_num_threads", l_get_num_threads},
     {"blas_threads", l_blas_threads},

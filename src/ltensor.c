@@ -340,6 +340,16 @@ static void push_table_rec(lua_State *L, const attn_tensor *t, int depth, int64_
 static int l_totable(lua_State *L) {
   attn_tensor *t = attn_l_check(L, 1);
   int64_t pos[ATTN_MAX_DIMS] = {0};
+  /* Sized before building: an expanded or empty view can name far more
+   * nested tables than memory holds (each Lua slot takes 16 bytes). */
+  double slots = 0, tables = 1;
+  for (int d = 0; d < t->ndim; d++) {
+    slots += tables * (double)t->shape[d];
+    tables *= (double)t->shape[d];
+  }
+  if (slots > (double)attn_alloc_max_request() / 16)
+    return attn_l_error(L, "totable: a %s tensor would need %f Lua values, more than memory allows",
+                        attn_tensor_shape_str(t), slots);
   luaL_checkstack(L, t->ndim + 4, "totable");
   push_table_rec(L, t, 0, pos);
   return 1;

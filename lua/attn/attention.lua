@@ -270,6 +270,12 @@ function M.repeat_interleave(valid_lens, num_heads)
   local fn = "repeat_interleave"
   check_count(fn, "num_heads", num_heads)
   if valid_lens == nil then return nil end
+  -- sized before building anything: the result has (B * num_heads) entries
+  local rows = is_tensor(valid_lens) and (core.dim(valid_lens) > 0 and core.size(valid_lens, 1) or 0)
+    or (type(valid_lens) == "table" and #valid_lens or 0)
+  if rows > 0 and num_heads > core.max_request() // 16 // rows then
+    error(string.format("%s: %d rows x num_heads = %d entries are more than memory can hold", fn, rows, num_heads), 2)
+  end
   if is_tensor(valid_lens) then
     local n = core.dim(valid_lens) > 0 and core.size(valid_lens, 1) or 0
     if core.dim(valid_lens) < 1 or core.dim(valid_lens) > 2 then

@@ -397,6 +397,9 @@ local check_positive_int = linear.check_positive_int
 -- @usage data.truncate_pad({48, 5}, 4, 2) --> {48, 5, 2, 2}
 function data.truncate_pad(ids, num_steps, pad_id)
   check_positive_int(num_steps, "truncate_pad", "num_steps")
+  if num_steps > require("attn.core").max_request() // 16 then -- sized before building, as the allocator does
+    error(string.format("truncate_pad: num_steps = %d is more than memory can hold", num_steps), 2)
+  end
   local out = {}
   for i = 1, num_steps do
     local v = ids[i]

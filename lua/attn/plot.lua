@@ -104,7 +104,7 @@ local function array(fn, v, what)
   if type(v) ~= "table" then error(string.format("%s: %s must be a tensor or a nested table of numbers, got a %s",
     fn, what, type(v)), 3) end
   local shape, t = {}, v
-  while type(t) == "table" do
+  while type(t) == "table" and #shape <= 8 do -- bounded: a cyclic table would nest forever
     shape[#shape + 1] = #t
     if #t == 0 then break end
     t = t[1]

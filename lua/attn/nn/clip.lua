@@ -29,11 +29,14 @@ function M.clip_grad_norm_(params, max_norm)
   for _, p in ipairs(params) do
     local g = p.grad
     if g ~= nil then
-      local g2 = core.square(g)
+      -- squared in double: a float32 entry above ~1.8e19 squares to inf in float32
+      local g64 = core.dtype(g) == "float64" and g or core.to(g, "float64")
+      local g2 = core.square(g64)
       local sq = core.sum(g2)
       total = total + sq:item()
       core.free(g2)
       core.free(sq)
+      if g64 ~= g then core.free(g64) end
     end
   end
   local norm = math.sqrt(total)

@@ -42,6 +42,9 @@ local shape_str = core.shape_str -- "[2x3]" from a tensor or a table of sizes
 -- slices' gradients into one zero tensor).
 local function unbind(x)
   local n = core.size(x, 1)
+  if n > core.max_request() // 64 then -- sized before building: an expanded view may name 2^62 slices
+    error(string.format("unbind: %d slices are more than memory can hold", n), 2)
+  end
   local outs = {}
   for t = 1, n do outs[t] = core.select(x, 1, t) end
   if n == 0 then return outs end
@@ -59,6 +62,9 @@ M.unbind = unbind
 
 --- Stacks a list of equal-shape tensors along a new dim 1 (one node).
 local function stack(list)
+  if type(list) ~= "table" or getmetatable(list) == core.metatable then -- a tensor would be walked slice by slice
+    error("stack: expected a list of tensors", 2)
+  end
   local parts = {}
   for i, t in ipairs(list) do parts[i] = core.unsqueeze(t, 1) end
   local out = core.cat(parts, 1)

@@ -187,6 +187,9 @@ function LayerNorm:init(normalized_shape, opts)
   opts = check_options(opts, "LayerNorm", { eps = true, elementwise_affine = true, dtype = true })
   self.normalized_shape = { table.unpack(normalized_shape) }
   self.eps = opts.eps or 1e-5
+  if type(self.eps) ~= "number" or not (self.eps >= 0 and self.eps < math.huge) then -- NaN fails too
+    error(string.format("LayerNorm: eps must be a finite number >= 0, got %s", tostring(opts.eps)), 3)
+  end
   self.elementwise_affine = opts.elementwise_affine ~= false
   local n = 1
   for _, d in ipairs(normalized_shape) do n = n * d end

@@ -1,0 +1,80 @@
+-- Arguments that used to crash, hang, print or overflow: each now gives the
+-- defined answer or a clean error (issue 10, defects 5 to 8).
+local attn = require "attn"
+local helper = require "helper"
+local nn = attn.nn
+
+describe("hostile arguments", function()
+  it("empty shapes whose other dims are huge do not overflow strides or numel", function()
+    local maxint = math.maxinteger
+    local z = attn.zeros({ 0, maxint, maxint })
+    assert.are.equal(0, z:numel())
+    assert.are.equal(0, attn.empty({ 1 << 62, 4, 0 }):numel())
+  end)
+
+  it("empty tensors whose zero dim is not the first are ordinary, writable tensors", function()
+    local e = attn.zeros({ 2, 0 })
+    assert.are.same({ 2, 0 }, (e + 1):shape())
+    assert.are.same({ 2, 0 }, e:clone():shape())
+    assert.are.same({ 4, 0 }, attn.cat({ e, e }, 1):shape())
+    local lin = nn.Linear(3, 4)
+    assert.are.same({ 2, 0, 4 }, lin(attn.zeros({ 2, 0, 3 })):shape())
+  end)
+
+  it("attention with d = 0, and forward and backward over zero keys", function()
+    local o, w = attn.dot_product_attention(attn.randn({ 2, 3, 0 }), attn.randn({ 2, 4, 0 }), attn.randn({ 2, 4, 5 }))
+    assert.are.same({ 2, 3, 5 }, o:shape())
+    helper.assert_close(w, attn.full({ 2, 3, 4 }, 0.25)) -- all scores 0: uniform weights
+    local q = attn.randn({ 2, 3, 4 }, { requires_grad = true })
+    local k = attn.randn({ 2, 0, 4 }, { requires_grad = true })
+    local v = attn.randn({ 2, 0, 5 }, { requires_grad = true })
+    local out = attn.dot_product_attention(q, k, v)
+    helper.assert_close(out, attn.zeros({ 2, 3, 5 })) -- no key: zero output, as for a fully masked row
+    out:sum():backward()
+    helper.assert_close(q.grad, attn.zeros({ 2, 3, 4 }))
+    assert.are.same({ 2, 0, 4 }, k.grad:shape())
+  end)
+
+  it("lstsq with zero right-hand sides returns (n x 0) and the rank, printing nothing", function()
+    local ok, _, _, out = helper.run_lua([[
+      local attn = require "attn"
+      local a = attn.tensor({ { 1, 2 }, { 3, 4 }, { 5, 6 } }, "float64")
+      local x, rank = attn.linalg.lstsq(a, attn.zeros({ 3, 0 }, "float64"))
+      io.stderr:write(table.concat(x:shape(), "x"), " ", rank, "\n")
+    ]])
+    assert.is_true(ok, out)
+    assert.are.equal("2x0 2\n", out) -- and nothing from LAPACK's xerbla
+  end)
+
+  it("uniform_ over the whole double range stays finite; float32 refuses bounds it cannot hold", function()
+    local t = attn.empty({ 1000 }, "float64"):uniform_(-1e308, 1e308)
+    assert.is_true(t:abs():max():item() < math.huge)
+    assert.is_true(t:min():item() < 0 and t:max():item() > 0)
+    assert.error_matches(function() attn.empty({ 4 }):uniform_(-1e308, 1e308) end, "exceed the float32 range")
+  end)
+
+  it("clip_grad_norm squares float32 gradients in double", function()
+    local p = attn.zeros({ 2 }, { requires_grad = true })
+    p.grad = attn.tensor({ 3e19, 4e19 })
+    local norm = nn.clip_grad_norm_({ p }, 1)
+    assert.is_true(math.abs(norm - 5e19) / 5e19 < 1e-6)
+    helper.assert_close(p.grad, { 0.6, 0.8 }, { rtol = 1e-5 })
+  end)
+
+  it("LayerNorm refuses a negative, NaN or infinite eps", function()
+    for _, eps in ipairs({ -1, 0 / 0, math.huge }) do
+      assert.error_matches(function() nn.LayerNorm(4, { eps = eps }) end, "eps must be a finite number >= 0")
+    end
+    local y = nn.LayerNorm(4, { eps = 0 })(attn.tensor({ { 1, 2, 3, 4 } }))
+    assert.is_true(y:abs():max():item() < math.huge)
+  end)
+
+  it("sizes are checked before building: repeat_interleave, totable of a huge view", function()
+    assert.error_matches(function() attn.repeat_interleave({ 1, 2 }, 1 << 40) end, "more than memory can hold")
+    assert.error_matches(function() attn.repeat_interleave(attn.tensor({ 1, 2 }), math.maxinteger) end,
+      "more than memory can hold")
+    local huge = attn.zeros({ 1 }):expand({ 1 << 40 })
+    assert.error_matches(function() huge:totable() end, "more than memory allows")
+    assert.error_matches(function() attn.zeros({ 1 << 40, 0 }):totable() end, "more than memory allows")
+  end)
+end)
