@@ -122,6 +122,7 @@ r:paragraph(string.format("Forward time of one layer, width d = %d, kernel k = %
 r:pre(text)
 assert(r:plot("time per forward pass against sequence length, with each cost model fitted by one constant",
   out .. "/complexity.png", plot.lines, xs, series,
-  { legend = names, xlabel = "sequence length n", ylabel = "ms per forward", title = "Layer cost vs length" }))
+  { legend = names, xlabel = "sequence length n", ylabel = "ms per forward", title = "Layer cost vs length (log-log)",
+    xscale = "log", yscale = "log" }))
 assert(r:write(out .. "/report.html"))
 print("wrote " .. out .. "/complexity.png and " .. out .. "/report.html")

@@ -36,6 +36,12 @@ static void reduce_rows_i64(int64_t n, char **p, const int64_t *st, void *arg) {
   for (int64_t i = 0; i < n; i++) {
     const char *x = p[1] + i * st[1];
     int64_t acc = c->op == ATTN_SUM ? 0 : *(const int64_t *)x, best = 0;
+    if (c->xstride == 0) { /* an expanded dim: len copies of one value, in O(1) whatever len is */
+      if (c->op == ATTN_SUM) acc = (int64_t)((uint64_t)*(const int64_t *)x * (uint64_t)c->len);
+      *(int64_t *)(p[0] + i * st[0]) = acc;
+      if (c->with_index) *(int64_t *)(p[2] + i * st[2]) = 0;
+      continue;
+    }
     for (int64_t k = c->op == ATTN_SUM ? 0 : 1; k < c->len; k++) {
       int64_t v = *(const int64_t *)(x + k * c->xstride);
       if (c->op == ATTN_SUM) {
@@ -56,6 +62,13 @@ static void reduce_rows(int64_t n, char **p, const int64_t *st, void *arg) {
     const char *x = p[1] + i * st[1];
     double acc;
     int64_t best = 0;
+    if (c->xstride == 0) { /* an expanded dim: len copies of one value, in O(1) whatever len is */
+      double v = load(x, c->dtype);
+      acc = c->op == ATTN_SUM ? v * (double)c->len : (c->op == ATTN_PROD ? pow(v, (double)c->len) : v);
+      store(p[0] + i * st[0], c->dtype, acc);
+      if (c->with_index) *(int64_t *)(p[2] + i * st[2]) = 0;
+      continue;
+    }
     switch (c->op) {
     case ATTN_SUM:
     case ATTN_MEAN:

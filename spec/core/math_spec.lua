@@ -232,3 +232,18 @@ describe("matmul", function()
     end
   end)
 end)
+
+describe("reductions over an expanded dim", function()
+  it("take one read whatever the size, and equal the iterated results", function()
+    local x = attn.tensor({ { 1.5, -2 } }):expand(7, 2) -- dim 1 has stride 0
+    assert.close(x:sum(1), x:contiguous():sum(1))
+    assert.close(x:mean(1), x:contiguous():mean(1))
+    assert.close(x:max(1), x:contiguous():max(1))
+    local _, idx = x:max(1)
+    assert.are.same({ 1, 1 }, idx:totable())
+    -- 2^62 copies of 3 in int64: a loop would never end; the sum wraps like integer addition
+    local big = attn.tensor(3, "int64"):expand(2 ^ 62)
+    assert.are.equal(3 * (1 << 62), attn.core.sum(big, 1):item())
+    assert.are.equal(3, attn.core.max(big, 1):item())
+  end)
+end)
