@@ -408,6 +408,7 @@ attn_status attn_attention_positional_encoding(attn_tensor *out) {
     return attn_error(ATTN_ERR_SHAPE, "positional_encoding: output %s must be a contiguous (max_len, d) tensor",
                       attn_tensor_shape_str(out));
   int64_t n = out->shape[0], d = out->shape[1];
+  if (n == 0) return ATTN_OK; /* the loop below walks columns: no rows, no work (d may be huge) */
   char *base = attn_tensor_data(out);
   for (int64_t c = 0; c < d; c++) {
     double freq = pow(10000.0, (double)(c - c % 2) / (double)d);
