@@ -10,7 +10,7 @@ local plot = require "attn.plot"
 local report = require "attn.report"
 local nn = attn.nn
 
-local opts = cli.parse(arg, {
+local opts = cli.start(arg, {
   name = "complexity",
   description = "Measured time of self-attention, GRU and convolution layers against sequence length.",
   options = {
@@ -19,9 +19,7 @@ local opts = cli.parse(arg, {
     { "max_len", "integer", 2048, "longest sequence" },
   },
 })
-assert(cli.mkdir(opts.out))
 local out = opts.out
-attn.manual_seed(opts.seed)
 attn.set_num_threads(1) -- a single thread shows the cost of the work itself
 local d, k = opts.width, opts.kernel
 local max_len = opts.smoke and 128 or opts.max_len

@@ -8,7 +8,7 @@ local plot = require "attn.plot"
 local report = require "attn.report"
 local nn = attn.nn
 
-local opts = cli.parse(arg, {
+local opts = cli.start(arg, {
   name = "multihead",
   description = "Multi-head attention: the book's shape checks, permutation equivariance, per-head heatmaps.",
   options = {
@@ -16,9 +16,7 @@ local opts = cli.parse(arg, {
     { "heads", "integer", 5, "num_heads" },
   },
 })
-assert(cli.mkdir(opts.out))
 local out = opts.out
-attn.manual_seed(opts.seed)
 local r = report.new("Multi-head attention and self-attention")
 local h, heads = opts.hidden, opts.heads
 

@@ -8,7 +8,7 @@ local cli = require "attn.cli"
 local plot = require "attn.plot"
 local report = require "attn.report"
 
-local opts = cli.parse(arg, {
+local opts = cli.start(arg, {
   name = "positional",
   description = "Sinusoidal positional encoding: plots and the relative-position rotation, checked numerically.",
   options = {
@@ -19,7 +19,6 @@ local opts = cli.parse(arg, {
 })
 assert(opts.dim % 2 == 0 and opts.dim >= 10, "--dim must be even and at least 10")
 assert(opts.delta >= 1 and opts.delta < opts.steps - 2, "--delta must be in 1 .. steps-3")
-assert(cli.mkdir(opts.out))
 local out = opts.out
 local r = report.new("Positional encoding")
 local d, n, delta = opts.dim, opts.steps, opts.delta

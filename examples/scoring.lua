@@ -9,14 +9,12 @@ local plot = require "attn.plot"
 local report = require "attn.report"
 local nn = attn.nn
 
-local opts = cli.parse(arg, {
+local opts = cli.start(arg, {
   name = "scoring",
   description = "Additive vs scaled dot-product attention on the book's toy example and with random keys.",
   options = {},
 })
-assert(cli.mkdir(opts.out))
 local out = opts.out
-attn.manual_seed(opts.seed)
 local r = report.new("Attention scoring functions")
 
 -- The book's toy: keys all ones (2, 10, 2); values 0..39 as (10, 4) for both

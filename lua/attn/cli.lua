@@ -110,6 +110,21 @@ function cli.parse(argv, spec, hooks)
   return opts
 end
 
+--- What every experiment script does first: parse the options, create the
+-- output folder and seed attn's generator with `--seed`.
+-- @tparam table argv the script's `arg`
+-- @tparam table spec as for `cli.parse`
+-- @tparam[opt] table hooks as for `cli.parse`
+-- @treturn table the options
+-- @raise a `cli.fail` failure when the output folder cannot be made
+function cli.start(argv, spec, hooks)
+  local opts = cli.parse(argv, spec, hooks)
+  local ok, err = cli.mkdir(opts.out)
+  if not ok then cli.fail(spec.name .. ": " .. err) end
+  require("attn").manual_seed(opts.seed)
+  return opts
+end
+
 -- A user's mistake (a missing file, a checkpoint that does not fit): shown as
 -- one line by cli.main, never as a traceback.
 local Failure = { __tostring = function(f) return f.message end }

@@ -77,12 +77,10 @@ end
 function translation.run(spec)
   local options = translation.options(spec.epochs)
   for _, o in ipairs(spec.extra_options or {}) do options[#options + 1] = o end
-  local opts = cli.parse(spec.argv or arg, { name = spec.name, description = spec.description, options = options })
+  local opts = cli.start(spec.argv or arg, { name = spec.name, description = spec.description, options = options })
   if opts.smoke then
     opts.epochs = math.min(opts.epochs, 2)
   end
-  assert(cli.mkdir(opts.out))
-  attn.manual_seed(opts.seed)
   local data_iter, src_vocab, tgt_vocab = data.load_fra_eng(opts.batch_size, opts.num_steps,
     { num_examples = opts.num_examples, path = opts.data, seed = opts.seed })
   if not data_iter then cli.fail(spec.name .. ": " .. src_vocab) end
