@@ -71,6 +71,12 @@ local function layer_params(m, L)
 end
 
 describe("nn.GRU", function()
+  it("refuses a number of layers whose weights cannot exist, at once", function()
+    local ok, err = pcall(nn.GRU, 3, 2, 1 << 62, 0.5)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("GRU: 4611686018427387904 layers of 2 hidden units need", 1, true), tostring(err))
+  end)
+
   before_each(function() attn.manual_seed(21) end)
 
   it("has PyTorch's parameter names, shapes, order and init bound", function()

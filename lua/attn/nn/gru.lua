@@ -173,6 +173,14 @@ function GRU:init(a, b, c, d)
   self.num_layers, self.dropout, self.bias = layers, p, o.bias ~= false
   self.fused = o.fused ~= false
   local dtype = o.dtype or "float32"
+  -- every layer's weights, counted before any is made: a huge num_layers must
+  -- fail at once instead of allocating layer after layer
+  local per_elem = dtype == "float64" and 8 or 4
+  local bytes = 3.0 * h * (o.input_size + h + 2) * per_elem + (layers - 1.0) * 3.0 * h * (2.0 * h + 2) * per_elem
+  if bytes > attn.core.max_request() then
+    error(string.format("GRU: %d layers of %d hidden units need %.3g bytes of parameters, more than can be allocated " ..
+      "(%.3g)", layers, h, bytes, attn.core.max_request()), 3)
+  end
   local bound = 1 / math.sqrt(h)
   for k = 0, layers - 1 do
     local in_k = k == 0 and o.input_size or h
