@@ -18,6 +18,8 @@
 
 #include "../attn_attention_internal.h"
 
+#include "exp_poly.h"
+
 #define FLASH_CAT2(a, b) a##b
 #define FLASH_CAT(a, b) FLASH_CAT2(a, b)
 #define FLASH_FN(name) FLASH_CAT(name, FLASH_SUFFIX)
@@ -82,23 +84,12 @@ static void mk(int64_t K, int64_t N, const float *A, const float *B, int64_t bn,
 
 /* 2^x, vectorisable: exact 0 below -126 and for -inf, NaN stays NaN, relative error about 1e-7. */
 static inline float exp2_f(float x) {
-  uint32_t xb, kb, sb, yb;
+  uint32_t xb, kb, yb;
   memcpy(&xb, &x, 4);
   float kf = x + 12583039.0f; /* round(x) + 127 in the low mantissa bits */
   memcpy(&kb, &kf, 4);
   float r = (x - (kf - 12583039.0f)) * 0.693147180559945f;
-  float p = 1.0f / 5040;
-  p = p * r + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  sb = kb << 23;
-  float s;
-  memcpy(&s, &sb, 4);
-  float y = p * s;
+  float y = attn_cpu_exp_poly_scale(r, kb);
   memcpy(&yb, &y, 4);
   yb &= (uint32_t)0 - (uint32_t)(xb <= 0xC2FC0000u || xb > 0xFF800000u); /* -126 > x >= -inf: 0 */
   memcpy(&y, &yb, 4);

@@ -15,6 +15,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "exp_poly.h"
+
 #define VMATH_CAT2(a, b) a##b
 #define VMATH_CAT(a, b) VMATH_CAT2(a, b)
 #define VMATH_FN(name) VMATH_CAT(name, VMATH_SUFFIX)
@@ -132,25 +134,14 @@ void VMATH_FN(attn_vmath_sigmoid_f32_)(const float *x, float *y, int64_t n) {
  * -inf, NaN stays NaN, relative error about 1e-7 elsewhere (cheaper than the
  * double path above, and the softmax normalises anyway). */
 VM_INLINE float vm_exp_neg_f(float x) {
-  uint32_t xb, kb, sb, yb;
+  uint32_t xb, kb, yb;
   memcpy(&xb, &x, 4);
   float kf = x * 1.44269504088896341f + 12583039.0f; /* round(x / ln 2) + 127 in the low bits */
   memcpy(&kb, &kf, 4);
   float n = kf - 12583039.0f;
   float r = x - n * 0.693145751953125f;
   r = r - n * 1.428606765330187045e-06f;
-  float p = 1.0f / 5040;
-  p = p * r + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  sb = kb << 23;
-  float s;
-  memcpy(&s, &sb, 4);
-  float y = p * s;
+  float y = attn_cpu_exp_poly_scale(r, kb);
   memcpy(&yb, &y, 4);
   /* keep y unless -87 > x >= -inf (sign bit set, magnitude above 87) */
   yb &= (uint32_t)0 - (uint32_t)(xb <= 0xC2AE0000u || xb > 0xFF800000u);
