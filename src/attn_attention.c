@@ -438,7 +438,9 @@ attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k, const
     if ((st = check_input(op, "out", out, J.dt, os, &ctx)) != ATTN_OK || (st = check_lse(op, lse, J.B, J.Nq)) != ATTN_OK)
       goto done;
     const double *l = attn_tensor_data(lse);
-    if (flash_applies(&J, o, q, k, v) && !isnan(l[0]) && all_finite_f32(dout) && all_finite_f32(out)) {
+    int lse_set = 1; /* NaN: the reference path ran, or a row had no finite softmax (its gradient is NaN) */
+    for (int64_t i = 0; i < J.B * J.Nq && lse_set; i++) lse_set = !isnan(l[i]);
+    if (flash_applies(&J, o, q, k, v) && lse_set && all_finite_f32(dout) && all_finite_f32(out)) {
       attn_flash_job F;
       attn_flash_mat om;
       const attn_flash_kernels *ks;

@@ -58,6 +58,7 @@ typedef struct {
   attn_dtype dt;
   char *out, *dq, *dk; /* outputs in dt (contiguous) */
   double *dw_rows;     /* (B * Nq, h) partial sums of dw */
+  int skip_zero;       /* finite qh and kh: a pair with grad 0 contributes exactly 0 */
 } additive_job;
 
 static void store(void *base, attn_dtype dt, int64_t i, double v) {
@@ -94,7 +95,7 @@ static void additive_query_task(void *ctx, int64_t begin, int64_t end) {
     for (int64_t c = 0; c < h; c++) {
       double acc = 0, accw = 0;
       for (int64_t j = 0; j < J->Nk; j++) {
-        if (g[j] == 0) continue; /* masked: never evaluated */
+        if (g[j] == 0 && J->skip_zero) continue; /* masked: never evaluated */
         double t = tanh(q[c] + J->k[(b * J->Nk + j) * h + c]);
         acc += g[j] * (1 - t * t);
         accw += g[j] * t;
@@ -116,7 +117,7 @@ static void additive_key_task(void *ctx, int64_t begin, int64_t end) {
       double acc = 0;
       for (int64_t i = 0; i < J->Nq; i++) {
         double g = J->g[(b * J->Nq + i) * J->Nk + j];
-        if (g == 0) continue;
+        if (g == 0 && J->skip_zero) continue;
         double t = tanh(J->q[(b * J->Nq + i) * h + c] + k[c]);
         acc += g * (1 - t * t);
       }
@@ -164,6 +165,7 @@ typedef struct {
   const float *q, *k, *w, *g; /* contiguous */
   float *out, *dq, *dk;       /* contiguous outputs, or NULL */
   float *dw_b;                /* (B, h) partial sums of dw */
+  int skip_zero;              /* as additive_job's */
 } additive32_job;
 
 /* Pairs of one block: np keys starting at k (rows of h floats), columns
@@ -211,7 +213,7 @@ static void add_row(float *restrict y, const float *restrict x, int64_t n) {
 }
 
 /* Batches b: dq[b], dk[b] and the partial dw of b from one tanh per unmasked
- * pair (masked pairs, whose grad is 0, are never evaluated). */
+ * pair (pairs whose grad is 0 are never evaluated when skip_zero says that is exact). */
 static void additive32_backward_task(void *ctx, int64_t begin, int64_t end) {
   const additive32_job *J = ctx;
   const int64_t h = J->h, Nq = J->Nq, Nk = J->Nk, hc = block_cols(h), jb = ADDITIVE_BLOCK / hc;
@@ -234,7 +236,7 @@ static void additive32_backward_task(void *ctx, int64_t begin, int64_t end) {
         for (int64_t j = 0; j < Nk;) {
           int64_t np = 0;
           for (; j < Nk && np < jb; j++)
-            if (g[j] != 0) {
+            if (g[j] != 0 || !J->skip_zero) {
               jp[np] = j;
               kp[np++] = J->k + (b * Nk + j) * h;
             }
@@ -259,6 +261,20 @@ static void additive32_backward_task(void *ctx, int64_t begin, int64_t end) {
       for (int64_t j = 0; j < Nk; j++)
         for (int64_t c = 0; c < h; c++) dk[j * h + c] *= J->w[c];
   }
+}
+
+/* 1 when x[0:n] is finite. With finite qh and kh, tanh(q + k) is finite and a pair whose grad is
+ * 0 contributes exactly 0, so it may be skipped; a NaN in qh or kh must still reach the gradients. */
+static int finite_f32(const float *x, int64_t n) {
+  float acc = 0;
+  for (int64_t i = 0; i < n; i++) acc += x[i] * 0; /* NaN and inf turn it to NaN */
+  return acc == 0;
+}
+
+static int finite_f64(const double *x, int64_t n) {
+  double acc = 0;
+  for (int64_t i = 0; i < n; i++) acc += x[i] * 0;
+  return acc == 0;
 }
 
 /* Data of t as contiguous float32: t's own, or a copy made in *tmp. */
@@ -345,6 +361,7 @@ attn_status attn_attention_additive_scores_backward(const attn_tensor *qh, const
       goto done;
     }
     J.dw_b = dw_b;
+    J.skip_zero = finite_f32(J.q, B * Nq * h) && finite_f32(J.k, B * Nk * h);
     attn_parallel_for(B, additive_grain(Nq * Nk * h, 4), additive32_backward_task, &J);
     if (dwv) {
       float *out = attn_tensor_data(dwv);
@@ -372,6 +389,7 @@ attn_status attn_attention_additive_scores_backward(const attn_tensor *qh, const
                     .dt = qh->dtype,
                     .dq = dqh ? attn_tensor_data(dqh) : NULL,
                     .dk = dkh ? attn_tensor_data(dkh) : NULL};
+  J.skip_zero = finite_f64(J.q, B * Nq * h) && finite_f64(J.k, B * Nk * h);
   if (dqh || dwv) {
     size_t n = (size_t)(B * Nq * h);
     dw_rows = attn_alloc(sizeof(double) * (n ? n : 1), &cap);

@@ -35,25 +35,21 @@ typedef struct {
 } attn_attention_dropout;
 
 /* Row kernels of one dtype (src/attn_attention_rows.c). */
+struct attn_attention_job;
+struct attn_attention_rowmask;
 typedef struct {
-  void (*softmax_row)(void *, int64_t, int64_t, int64_t, int64_t, const void *, int64_t, attn_dtype, int64_t *,
-                      int64_t *);
+  void (*softmax_row)(const struct attn_attention_job *, void *, const struct attn_attention_rowmask *);
   void (*load_row)(void *, const void *, int64_t, int64_t, double);
   void (*add_row)(void *, const void *, int64_t, int64_t);
-  void (*nonzero_range)(const void *, int64_t, int64_t *, int64_t *);
   void (*dropout_row)(void *, int64_t, int64_t, uint64_t, const attn_attention_dropout *);
-  void (*softmax_back_row)(const void *, void *, int64_t, int64_t, int64_t, double);
-  void (*combine_row)(const void *, int64_t, int64_t, const attn_attention_mat *, int64_t, void *, int64_t);
-  void (*outer_acc)(const void *, int64_t, int64_t, int64_t, int64_t, const attn_attention_mat *, int64_t, int64_t,
-                    void *, int64_t);
-  int (*block_finite)(const attn_attention_mat *, int64_t, int64_t, int64_t, int64_t);
-  int (*row_finite)(const void *, int64_t);
+  void (*softmax_back_row)(const struct attn_attention_job *, const void *, void *, int64_t, int64_t,
+                           const struct attn_attention_rowmask *, double);
   void (*add_vec)(void *, const void *, int64_t);
 } attn_attention_row_ops;
 extern const attn_attention_row_ops attn_attention_ops_f32, attn_attention_ops_f64;
 
 /* One call of the kernels (src/attn_attention_blocks.c runs it, src/attn_attention.c sets it up). */
-typedef struct {
+typedef struct attn_attention_job {
   const attn_attention_row_ops *ops;
   attn_dtype dt;
   size_t es;
@@ -97,6 +93,61 @@ static inline double attn_attention_keep(const attn_attention_job *J, int64_t b,
   uint64_t u = attn_attention_mix64(J->drop.seed + (idx + 1) * 0x9E3779B97F4A7C15ULL) >> 11;
   return u < J->drop.threshold ? 0.0 : J->drop.factor;
 }
+
+/* The masking of query row i of batch b (the rules are in attn_attention.h): keys outside [a, b)
+ * are removed (causal, window), and so are the keys whose keep-mask entry is 0 (mrow: the row of
+ * the expanded keep-mask, stride J->msc, NULL without one); keys in [e, b) are filled (d2l's
+ * valid_lens). A key is unmasked when a <= j < e and the keep-mask keeps it: only the others may
+ * be skipped, and only where their weight is exactly 0. */
+typedef struct attn_attention_rowmask {
+  int64_t a, e, b;
+  const char *mrow;
+} attn_attention_rowmask;
+
+static inline void attn_attention_row_mask(const attn_attention_job *J, int64_t b, int64_t i,
+                                           attn_attention_rowmask *m) {
+  attn_attention_key_range(J, i, &m->a, &m->b);
+  int64_t len = J->lens ? J->lens[b * J->Nq + i] : J->Nk;
+  m->e = len < m->b ? (len > m->a ? len : m->a) : m->b;
+  m->mrow = J->mask ? J->mask + (size_t)(b * J->msb + i * J->msr) * attn_dtype_size(J->mdt) : NULL;
+}
+
+/* Whether the keep-mask row mrow (NULL: none) keeps key j. */
+static inline int attn_attention_kept(const attn_attention_job *J, const char *mrow, int64_t j) {
+  if (!mrow) return 1;
+  size_t off = (size_t)(j * J->msc);
+  return J->mdt == ATTN_F32 ? ((const float *)mrow)[off] != 0 : ((const double *)mrow)[off] != 0;
+}
+
+static inline int attn_attention_unmasked(const attn_attention_job *J, const attn_attention_rowmask *m, int64_t j) {
+  return j >= m->a && j < m->e && attn_attention_kept(J, m->mrow, j);
+}
+
+/* Whether the row has a key left after the removal (filled keys count: they take part). */
+int attn_attention_row_has_key(const attn_attention_job *J, const attn_attention_rowmask *m);
+/* A row whose softmax has no finite answer (its kept scores are all -inf, or hold NaN or +inf):
+ * NaN on every kept key of [a, b), as softmax gives, exactly 0 elsewhere; a row with no key
+ * left gets zeros. x holds J->Nk entries of J->dt. */
+void attn_attention_bad_row(const attn_attention_job *J, void *x, const attn_attention_rowmask *m);
+/* [*lo, *hi): the smallest range of keys holding every unmasked key and every key whose weight
+ * w[j] is not 0 (empty: lo = hi). */
+void attn_attention_live_range(const attn_attention_job *J, const attn_attention_rowmask *m, const void *w,
+                               int64_t *lo, int64_t *hi);
+/* out[c] = sum over j in [n0, n1) of w[j] * X[b, j, c], c < width, leaving out only the masked
+ * keys of m with w[j] == 0 (the NaN-safe recomputation of a product that came out non-finite). */
+void attn_attention_combine_row(const attn_attention_job *J, const attn_attention_rowmask *m, const void *w,
+                                int64_t n0, int64_t n1, const attn_attention_mat *X, int64_t b, void *out,
+                                int64_t width);
+/* acc[j, c] += sum over rows r < rows of w[r][j] * X[b, i0 + r, c] on j in [n0, n1), leaving out
+ * the masked keys of row r (ms[r]) with w[r][j] == 0; w rows have ld nk. */
+void attn_attention_outer_acc(const attn_attention_job *J, const attn_attention_rowmask *ms, const void *w,
+                              int64_t nk, int64_t rows, int64_t n0, int64_t n1, const attn_attention_mat *X,
+                              int64_t b, int64_t i0, void *acc, int64_t width);
+/* 1 when every X[b, i0 + r, c] (r < rows, c < width) is finite. */
+int attn_attention_block_finite(const attn_attention_job *J, const attn_attention_mat *X, int64_t b, int64_t i0,
+                                int64_t rows, int64_t width);
+/* 1 when x[0:n] (J->dt, contiguous) is finite. */
+int attn_attention_row_finite(const attn_attention_job *J, const void *x, int64_t n);
 
 /* Forward over (batch, row block), writing J->out and/or J->weights. */
 attn_status attn_attention_run_forward(attn_attention_job *J, const char *op);

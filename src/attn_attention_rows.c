@@ -38,45 +38,25 @@ static double exp_row_d(double *x, int64_t n, double m) { return attn_vmath_exp_
     for (; j < n; j++) x[j] *= s;                                                                                   \
   }                                                                                                                 \
                                                                                                                     \
-  /* Softmax of row x in place. Scores (already scaled) are valid on [a, e); [e, b) get the d2l fill; keys          \
-   * outside [a, b) and those the keep-mask removes get weight 0. *nz0, *nz1: range of nonzero weights. */          \
-  static void softmax_row_##S(void *xv, int64_t nk, int64_t a, int64_t b, int64_t e, const void *mrow, int64_t msc, \
-                              attn_dtype mdt, int64_t *nz0, int64_t *nz1) {                                         \
+  /* Softmax of row x in place (scores already scaled, valid on [a, e)): [e, b) get the d2l fill, removed keys      \
+   * weight 0; a row with no finite softmax goes to attn_attention_bad_row. */                                      \
+  static void softmax_row_##S(const attn_attention_job *J, void *xv, const attn_attention_rowmask *m) {             \
     T *x = xv;                                                                                                      \
-    *nz0 = *nz1 = 0;                                                                                                \
+    const int64_t nk = J->Nk, a = m->a, b = m->b;                                                                   \
     if (a > 0) memset(x, 0, sizeof(T) * (size_t)a);                                                                 \
     if (b < nk) memset(x + b, 0, sizeof(T) * (size_t)(nk - b));                                                     \
     if (a >= b) return;                                                                                             \
-    for (int64_t j = e; j < b; j++) x[j] = (T)FILL;                                                                 \
-    if (mrow) {                                                                                                     \
-      if (mdt == ATTN_F32) {                                                                                        \
-        const float *mk = (const float *)mrow;                                                                      \
-        for (int64_t j = a; j < b; j++)                                                                             \
-          if (mk[j * msc] == 0) x[j] = -(T)INFINITY;                                                                \
-      } else {                                                                                                      \
-        const double *mk = (const double *)mrow;                                                                    \
-        for (int64_t j = a; j < b; j++)                                                                             \
-          if (mk[j * msc] == 0) x[j] = -(T)INFINITY;                                                                \
-      }                                                                                                             \
-    }                                                                                                               \
-    T m = row_max_##S(x + a, b - a); /* ignores NaN; a NaN entry makes the sum NaN below */                         \
-    if (m == -(T)INFINITY) {         /* no key left (or only NaN): zero weights */                                  \
-      T fill = 0;                                                                                                   \
+    for (int64_t j = m->e; j < b; j++) x[j] = (T)FILL;                                                              \
+    if (m->mrow)                                                                                                    \
       for (int64_t j = a; j < b; j++)                                                                               \
-        if (x[j] != x[j]) fill = x[j];                                                                              \
-      for (int64_t j = a; j < b; j++) x[j] = fill;                                                                  \
-      if (fill == 0) return;                                                                                        \
-      *nz0 = a;                                                                                                     \
-      *nz1 = b;                                                                                                     \
+        if (!attn_attention_kept(J, m->mrow, j)) x[j] = -(T)INFINITY;                                               \
+    T mx = row_max_##S(x + a, b - a); /* ignores NaN; a NaN entry makes the sum NaN below */                        \
+    double sum = mx == -(T)INFINITY ? 0 : exp_row_##S(x + a, b - a, mx);                                            \
+    if (!(sum > 0)) { /* all -inf (or no key), or NaN: no finite answer */                                          \
+      attn_attention_bad_row(J, x, m);                                                                              \
       return;                                                                                                       \
     }                                                                                                               \
-    double sum = exp_row_##S(x + a, b - a, m);                                                                      \
     row_scale_##S(x + a, b - a, (T)(1.0 / sum));                                                                    \
-    int64_t lo = a, hi = b;                                                                                         \
-    while (hi > lo && x[hi - 1] == 0) hi--;                                                                         \
-    while (lo < hi && x[lo] == 0) lo++;                                                                             \
-    *nz0 = lo;                                                                                                      \
-    *nz1 = hi;                                                                                                      \
   }                                                                                                                 \
                                                                                                                     \
   /* dst[j] = scale * src[j * stride], j < n. */                                                                    \
@@ -101,16 +81,6 @@ static double exp_row_d(double *x, int64_t n, double m) { return attn_vmath_exp_
     for (int64_t j = 0; j < n; j++) x[j] += s[j * stride];                                                          \
   }                                                                                                                 \
                                                                                                                     \
-  /* [*a, *e): the smallest range holding every nonzero entry of x[0:n] (empty: a = e). */                          \
-  static void nonzero_range_##S(const void *xv, int64_t n, int64_t *a, int64_t *e) {                                \
-    const T *x = xv;                                                                                                \
-    int64_t lo = 0, hi = n;                                                                                         \
-    while (hi > lo && x[hi - 1] == 0) hi--;                                                                         \
-    while (lo < hi && x[lo] == 0) lo++;                                                                             \
-    *a = lo;                                                                                                        \
-    *e = hi;                                                                                                        \
-  }                                                                                                                 \
-                                                                                                                    \
   /* Dropout on x[n0:n1] (entry j has stream index base + j): kept entries scaled, dropped ones 0. */               \
   static void dropout_row_##S(void *xv, int64_t n0, int64_t n1, uint64_t base, const attn_attention_dropout *ds) {  \
     T *x = xv;                                                                                                      \
@@ -131,74 +101,48 @@ static double exp_row_d(double *x, int64_t n, double m) { return attn_vmath_exp_
     return v;                                                                                                       \
   }                                                                                                                 \
                                                                                                                     \
-  /* Softmax backward on [n0, n1): dp holds dL/dweights, p the weights; dp becomes dL/dscores (times scale),        \
-   * exactly 0 where the weight is 0 (removed keys; their dp is never read) and at filled positions j >= len. */    \
-  static void softmax_back_row_##S(const void *pv, void *dpv, int64_t n0, int64_t n1, int64_t len, double scale) {  \
-    const T *p = pv;                                                                                                \
-    T *dp = dpv;                                                                                                    \
+  /* sum of p[j] * dp[j] over [j0, j1), in chunks of 8 (double across chunks). */                                  \
+  static double dot_row_##S(const T *p, const T *dp, int64_t j0, int64_t j1) {                                      \
     double dot = 0;                                                                                                 \
-    int64_t j = n0;                                                                                                 \
-    while (j + 8 <= n1) {                                                                                           \
+    int64_t j = j0;                                                                                                 \
+    while (j + 8 <= j1) {                                                                                           \
       T s8[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                                           \
-      int64_t stop = j + 256 < n1 ? j + 256 : n1;                                                                   \
+      int64_t stop = j + 256 < j1 ? j + 256 : j1;                                                                   \
       for (; j + 8 <= stop; j += 8)                                                                                 \
-        for (int k = 0; k < 8; k++) s8[k] += select_nonzero_##S(p[j + k], p[j + k] * dp[j + k]);                    \
+        for (int k = 0; k < 8; k++) s8[k] += p[j + k] * dp[j + k];                                                  \
       for (int k = 0; k < 8; k++) dot += (double)s8[k];                                                             \
     }                                                                                                               \
-    for (; j < n1; j++) dot += (double)select_nonzero_##S(p[j], p[j] * dp[j]);                                      \
+    for (; j < j1; j++) dot += (double)(p[j] * dp[j]);                                                              \
+    return dot;                                                                                                     \
+  }                                                                                                                 \
+                                                                                                                    \
+  /* Softmax backward on [n0, n1): dp holds dL/dweights, p the weights; dp becomes dL/dscores (times scale) on      \
+   * the unmasked keys and exactly 0 on the others (a masked key's dp is read only where its weight is not 0:      \
+   * a filled key, whose score does not depend on the input, still takes part in the softmax). */                  \
+  static void softmax_back_row_##S(const attn_attention_job *J, const void *pv, void *dpv, int64_t n0, int64_t n1, \
+                                   const attn_attention_rowmask *m, double scale) {                                 \
+    const T *p = pv;                                                                                                \
+    T *dp = dpv;                                                                                                    \
+    int64_t u0 = m->a > n0 ? m->a : n0, u1 = m->e < n1 ? m->e : n1, f1 = m->b < n1 ? m->b : n1;                     \
+    if (u1 < u0) u1 = u0;                                                                                           \
+    if (f1 < u1) f1 = u1;                                                                                           \
+    double dot = 0;                                                                                                 \
+    if (!m->mrow) {                                                                                                 \
+      dot = dot_row_##S(p, dp, u0, u1);                                                                             \
+      for (int64_t j = u1; j < f1; j++) dot += (double)select_nonzero_##S(p[j], p[j] * dp[j]);                      \
+    } else {                                                                                                        \
+      for (int64_t j = u0; j < f1; j++)                                                                             \
+        if (attn_attention_kept(J, m->mrow, j) && (j < u1 || p[j] != 0)) dot += (double)(p[j] * dp[j]);             \
+    }                                                                                                               \
     T D = (T)dot, sc = (T)scale;                                                                                    \
-    int64_t e = len < n1 ? (len > n0 ? len : n0) : n1;                                                              \
-    for (j = n0; j + 8 <= e; j += 8)                                                                                \
-      for (int k = 0; k < 8; k++) dp[j + k] = select_nonzero_##S(p[j + k], sc * (p[j + k] * (dp[j + k] - D)));      \
-    for (; j < e; j++) dp[j] = select_nonzero_##S(p[j], sc * (p[j] * (dp[j] - D)));                                 \
-    for (j = e; j < n1; j++) dp[j] = 0;                                                                             \
-  }                                                                                                                 \
-                                                                                                                    \
-  /* out[c] = sum over j in [n0, n1) with w[j] != 0 of w[j] * X[b, j, c], c < width (never reads rows with          \
-   * a zero weight). */                                                                                             \
-  static void combine_row_##S(const void *wv, int64_t n0, int64_t n1, const attn_attention_mat *X, int64_t b,       \
-                              void *outv, int64_t width) {                                                          \
-    const T *w = wv;                                                                                                \
-    T *out = outv;                                                                                                  \
-    for (int64_t c = 0; c < width; c++) out[c] = 0;                                                                 \
-    for (int64_t j = n0; j < n1; j++) {                                                                             \
-      if (w[j] == 0) continue;                                                                                      \
-      const T *x = (const T *)attn_attention_at(X, sizeof(T), b, j, 0);                                             \
-      for (int64_t c = 0; c < width; c++) out[c] += w[j] * x[c * X->sc];                                            \
+    for (int64_t j = n0; j < u0; j++) dp[j] = 0;                                                                    \
+    if (!m->mrow) {                                                                                                 \
+      for (int64_t j = u0; j < u1; j++) dp[j] = sc * (p[j] * (dp[j] - D));                                          \
+    } else {                                                                                                        \
+      for (int64_t j = u0; j < u1; j++)                                                                             \
+        dp[j] = attn_attention_kept(J, m->mrow, j) ? sc * (p[j] * (dp[j] - D)) : (T)0;                              \
     }                                                                                                               \
-  }                                                                                                                 \
-                                                                                                                    \
-  /* acc[j, c] += sum over rows r of w[r][j] * X[b, i0 + r, c] for w[r][j] != 0; w rows have ld nk. */              \
-  static void outer_acc_##S(const void *wv, int64_t nk, int64_t rows, int64_t n0, int64_t n1,                       \
-                            const attn_attention_mat *X, int64_t b, int64_t i0, void *accv, int64_t width) {        \
-    const T *w = wv;                                                                                                \
-    T *acc = accv;                                                                                                  \
-    for (int64_t r = 0; r < rows; r++) {                                                                            \
-      const T *x = (const T *)attn_attention_at(X, sizeof(T), b, i0 + r, 0);                                        \
-      for (int64_t j = n0; j < n1; j++) {                                                                           \
-        T wj = w[r * nk + j];                                                                                       \
-        if (wj == 0) continue;                                                                                      \
-        for (int64_t c = 0; c < width; c++) acc[j * width + c] += wj * x[c * X->sc];                                \
-      }                                                                                                             \
-    }                                                                                                               \
-  }                                                                                                                 \
-                                                                                                                    \
-  /* 1 when every X[b, i0 + r, c] (r < rows, c < width) is finite. */                                               \
-  static int block_finite_##S(const attn_attention_mat *X, int64_t b, int64_t i0, int64_t rows, int64_t width) {    \
-    for (int64_t r = 0; r < rows; r++) {                                                                            \
-      const T *x = (const T *)attn_attention_at(X, sizeof(T), b, i0 + r, 0);                                        \
-      T acc = 0;                                                                                                    \
-      for (int64_t c = 0; c < width; c++) acc += x[c * X->sc] * 0;                                                  \
-      if (acc != 0) return 0; /* NaN: 0 * inf and NaN * 0 are NaN */                                                \
-    }                                                                                                               \
-    return 1;                                                                                                       \
-  }                                                                                                                 \
-                                                                                                                    \
-  static int row_finite_##S(const void *xv, int64_t n) {                                                            \
-    const T *x = xv;                                                                                                \
-    T acc = 0;                                                                                                      \
-    for (int64_t c = 0; c < n; c++) acc += x[c] * 0;                                                                \
-    return acc == 0;                                                                                                \
+    for (int64_t j = u1; j < n1; j++) dp[j] = 0;                                                                    \
   }                                                                                                                 \
                                                                                                                     \
   /* dst[c] += src[c], c < n. */                                                                                    \
@@ -211,9 +155,93 @@ static double exp_row_d(double *x, int64_t n, double m) { return attn_vmath_exp_
 DEFINE_ROW_OPS(float, f, uint32_t)
 DEFINE_ROW_OPS(double, d, uint64_t)
 
-#define ROW_OPS(S)                                                                                        \
-  {                                                                                                       \
-    softmax_row_##S, load_row_##S, add_row_##S, nonzero_range_##S, dropout_row_##S, softmax_back_row_##S, \
-        combine_row_##S, outer_acc_##S, block_finite_##S, row_finite_##S, add_vec_##S                     \
-  }
+#define ROW_OPS(S) \
+  { softmax_row_##S, load_row_##S, add_row_##S, dropout_row_##S, softmax_back_row_##S, add_vec_##S }
 const attn_attention_row_ops attn_attention_ops_f32 = ROW_OPS(f), attn_attention_ops_f64 = ROW_OPS(d);
+
+/* ------------------------------------------------------------ masking, fallbacks (any dtype) */
+
+static double load_at(attn_dtype dt, const void *p, int64_t i) {
+  return dt == ATTN_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
+}
+
+static void store_at(attn_dtype dt, void *p, int64_t i, double v) {
+  if (dt == ATTN_F32)
+    ((float *)p)[i] = (float)v;
+  else
+    ((double *)p)[i] = v;
+}
+
+int attn_attention_row_has_key(const attn_attention_job *J, const attn_attention_rowmask *m) {
+  for (int64_t j = m->a; j < m->b; j++)
+    if (attn_attention_kept(J, m->mrow, j)) return 1;
+  return 0;
+}
+
+void attn_attention_bad_row(const attn_attention_job *J, void *x, const attn_attention_rowmask *m) {
+  double v = attn_attention_row_has_key(J, m) ? NAN : 0.0;
+  for (int64_t j = m->a; j < m->b; j++) store_at(J->dt, x, j, attn_attention_kept(J, m->mrow, j) ? v : 0.0);
+}
+
+void attn_attention_live_range(const attn_attention_job *J, const attn_attention_rowmask *m, const void *w,
+                               int64_t *lo, int64_t *hi) {
+  int64_t l = m->a, h = m->b;
+  while (l < h && load_at(J->dt, w, l) == 0 && !attn_attention_unmasked(J, m, l)) l++;
+  while (h > l && load_at(J->dt, w, h - 1) == 0 && !attn_attention_unmasked(J, m, h - 1)) h--;
+  *lo = l;
+  *hi = h;
+}
+
+void attn_attention_combine_row(const attn_attention_job *J, const attn_attention_rowmask *m, const void *w,
+                                int64_t n0, int64_t n1, const attn_attention_mat *X, int64_t b, void *out,
+                                int64_t width) {
+  const attn_dtype dt = J->dt;
+  for (int64_t c = 0; c < width; c++) store_at(dt, out, c, 0);
+  for (int64_t j = n0; j < n1; j++) {
+    double wj = load_at(dt, w, j);
+    if (wj == 0 && !attn_attention_unmasked(J, m, j)) continue;
+    const void *x = attn_attention_at(X, J->es, b, j, 0);
+    for (int64_t c = 0; c < width; c++)
+      store_at(dt, out, c, load_at(dt, out, c) + wj * load_at(dt, x, c * X->sc));
+  }
+}
+
+void attn_attention_outer_acc(const attn_attention_job *J, const attn_attention_rowmask *ms, const void *w,
+                              int64_t nk, int64_t rows, int64_t n0, int64_t n1, const attn_attention_mat *X,
+                              int64_t b, int64_t i0, void *acc, int64_t width) {
+  const attn_dtype dt = J->dt;
+  for (int64_t r = 0; r < rows; r++) {
+    const void *x = attn_attention_at(X, J->es, b, i0 + r, 0);
+    for (int64_t j = n0; j < n1; j++) {
+      double wj = load_at(dt, w, r * nk + j);
+      if (wj == 0 && !attn_attention_unmasked(J, &ms[r], j)) continue;
+      for (int64_t c = 0; c < width; c++)
+        store_at(dt, acc, j * width + c, load_at(dt, acc, j * width + c) + wj * load_at(dt, x, c * X->sc));
+    }
+  }
+}
+
+/* 1 when x[c * stride], c < n, are finite: sum x * 0, which NaN and inf turn to NaN (vectorises). */
+static int finite_run(attn_dtype dt, const void *x, int64_t n, int64_t stride) {
+  if (dt == ATTN_F32) {
+    const float *p = x;
+    float acc = 0;
+    for (int64_t c = 0; c < n; c++) acc += p[c * stride] * 0;
+    return acc == 0;
+  }
+  const double *p = x;
+  double acc = 0;
+  for (int64_t c = 0; c < n; c++) acc += p[c * stride] * 0;
+  return acc == 0;
+}
+
+int attn_attention_block_finite(const attn_attention_job *J, const attn_attention_mat *X, int64_t b, int64_t i0,
+                                int64_t rows, int64_t width) {
+  for (int64_t r = 0; r < rows; r++)
+    if (!finite_run(J->dt, attn_attention_at(X, J->es, b, i0 + r, 0), width, X->sc)) return 0;
+  return 1;
+}
+
+int attn_attention_row_finite(const attn_attention_job *J, const void *x, int64_t n) {
+  return finite_run(J->dt, x, n, 1);
+}
