@@ -14,12 +14,13 @@ end
 describe("tools/fuzz.lua", function()
   for kind, verdict in pairs {
     c = "call 100 made no progress for 2 s",
-    lua = "the fuzzer process ended with status 3",
-    crash = "the fuzzer process ended with status 139",
+    lua = "the fuzzer process ended with status 3\n",
+    -- SIGSEGV, or ASan's abort when the suite runs under the sanitizers
+    crash = "the fuzzer process ended with status 13[49]\n",
   } do
     it("fails on a planted " .. kind .. " fault and names the seed and call", function()
       local out, seconds = run_planted(kind)
-      assert.truthy(out:find("FUZZ FAILURE: " .. verdict, 1, true), out)
+      assert.truthy(out:find("FUZZ FAILURE: " .. verdict), out)
       assert.truthy(out:find("seed 7, call #100:\n  planted:" .. kind .. "()", 1, true), out)
       assert.truthy(out:find("replay: lua5.4 tools/fuzz.lua 20 7", 1, true), out)
       assert.truthy(out:find("exit=1\n", 1, true), out)
