@@ -1,6 +1,11 @@
 /* attn_attention_internal (internal): types and entry points shared by the
- * attention kernel files (attn_attention.c sets a call up, _blocks.c runs it
- * over (batch, row block), _rows.c has the per-row kernels). Not API. */
+ * attention kernel files. Not API.
+ *   attn_attention.c       sets every call up (checks, lengths, keep-mask, operands) and runs
+ *                          attention over given scores
+ *   attn_sdpa.c            dot-product attention's entry points: flash or reference
+ *   attn_sdpa_reference.c  the blocked reference driver over (batch, row block)
+ *   attn_sdpa_rows.c       its row kernels (softmax row, its backward, dropout, fallbacks)
+ *   attn_sdpa_flash.c      the flash drivers; the kernels are src/cpu/flash_*.c */
 #ifndef ATTN_ATTENTION_INTERNAL_H
 #define ATTN_ATTENTION_INTERNAL_H
 
@@ -34,7 +39,7 @@ typedef struct {
   double factor;            /* 1 / (1 - p), 0 when p = 1 */
 } attn_attention_dropout;
 
-/* Row kernels of one dtype (src/attn_attention_rows.c). */
+/* Row kernels of one dtype (src/attn_sdpa_rows.c). */
 struct attn_attention_job;
 struct attn_attention_rowmask;
 typedef struct {
@@ -48,7 +53,7 @@ typedef struct {
 } attn_attention_row_ops;
 extern const attn_attention_row_ops attn_attention_ops_f32, attn_attention_ops_f64;
 
-/* One call of the kernels (src/attn_attention_blocks.c runs it, src/attn_attention.c sets it up). */
+/* One call of the kernels (src/attn_sdpa_reference.c runs it, src/attn_attention.c sets it up). */
 typedef struct attn_attention_job {
   const attn_attention_row_ops *ops;
   attn_dtype dt;
@@ -149,12 +154,54 @@ int attn_attention_block_finite(const attn_attention_job *J, const attn_attentio
 /* 1 when x[0:n] (J->dt, contiguous) is finite. */
 int attn_attention_row_finite(const attn_attention_job *J, const void *x, int64_t n);
 
+/* ---- call setup (src/attn_attention.c), shared by every entry point ---- */
+
+/* The operand shapes error messages name, formatted on first use: most calls never fail, and
+ * formatting three shapes costs as much as a book-sized kernel. */
+typedef struct {
+  char buf[256];
+  const attn_tensor *a, *b, *c; /* queries, keys, values; or scores and values (b), c NULL */
+  int scores, named_x;          /* scores form; masked_softmax names its input X as the book does */
+  int done;
+} attn_attention_ctx;
+
+const char *attn_attention_ctx_str(attn_attention_ctx *x);
+
+/* Temporaries of one call, released by attn_attention_mem_free. */
+typedef struct {
+  attn_tensor tmp[16];
+  int ntmp;
+  int64_t *lens;
+  size_t lens_cap;
+} attn_attention_mem;
+
+void attn_attention_mem_free(attn_attention_mem *m);
+
+int attn_attention_same_shape(const attn_tensor *t, int ndim, const int64_t *shape);
+/* t must have `shape` (3-D) and dtype dt; the message names the call's operands. */
+attn_status attn_attention_check_input(const char *op, const char *name, const attn_tensor *t, attn_dtype dt,
+                                       const int64_t *shape, attn_attention_ctx *ctx);
+/* An output: contiguous, of dtype dt and shape `shape` (3-D). */
+attn_status attn_attention_check_output(const char *op, const char *name, const attn_tensor *t, attn_dtype dt,
+                                        const int64_t *shape);
+/* Fills J's common fields from its sizes and the options: BLAS range, blocks, causal, window,
+ * dropout (probability checked), scale (checked), lengths and keep-mask (checked, expanded). */
+attn_status attn_attention_prepare(attn_attention_job *J, attn_attention_mem *mem, const char *op,
+                                   attn_attention_ctx *ctx, const attn_attention_opts *o);
+/* m describes the 3-D operand t (a copy in mem when blas is set and BLAS cannot read t). */
+attn_status attn_attention_operand(attn_attention_mem *mem, const attn_tensor *t, int blas, attn_attention_mat *m);
+/* Backward's optional inputs (stored weights, gradients of out and of the weights), checked and
+ * attached to J. */
+attn_status attn_attention_attach_backward_inputs(const char *op, attn_attention_job *J, attn_attention_mem *mem,
+                                                  attn_attention_ctx *ctx, const attn_tensor *weights,
+                                                  const attn_tensor *dout, const attn_tensor *dweights);
+
 /* Forward over (batch, row block), writing J->out and/or J->weights. */
 attn_status attn_attention_run_forward(attn_attention_job *J, const char *op);
 /* Backward, writing the gradient outputs that are not NULL. */
 attn_status attn_attention_run_backward(attn_attention_job *J, const char *op);
 
-/* ---- flash kernels (float32; src/attn_attention_flash.c, src/cpu/flash_*.c) ---- */
+/* ---- flash kernels (float32; src/attn_sdpa_flash.c, src/cpu/flash_*.c) ---- */
 
 /* Lanes per tile: a tile holds 64 queries (or keys) side by side in vector
  * lanes, times up to ATTN_FLASH_TILE keys (or queries) in rows. */

@@ -23,15 +23,6 @@ end
 
 local function row(t, b, i) return t:select(1, b):select(1, i) end
 
-local function flash_kernels()
-  local names = { "flash_generic" }
-  for _, k in ipairs { "flash_avx2", "flash_avx512" } do
-    if pcall(core.sdpa_forward, attn.ones { 1, 1, 1 }, attn.ones { 1, 1, 1 }, attn.ones { 1, 1, 1 }, { kernel = k })
-    then names[#names + 1] = k end
-  end
-  return names
-end
-
 local function with(opts, extra)
   local o = {}
   for k, v in pairs(opts) do o[k] = v end
@@ -119,7 +110,7 @@ describe("softmax rows", function()
     end
   end
 
-  for _, kernel in ipairs(flash_kernels()) do
+  for _, kernel in ipairs(helper.flash_kernels()) do
     it("flash (" .. kernel .. "): a row whose scores overflow to -inf is NaN like the reference", function()
       local Nq, Nk = 70, 140
       local Q, K, V, mask = overflow_inputs("float32", Nq, Nk)

@@ -1,7 +1,7 @@
-/* Block drivers of the attention kernels: for each (batch, block of query
- * rows) the scores come from one gemm (or a copy of the given scores), the
- * softmax runs row by row in a BLK x Nk workspace, and the weighted sum is a
- * second gemm; the backward recomputes or reads the weights per block. */
+/* The blocked reference path of dot-product attention, which is also the kernel of attention over
+ * given scores: for each (batch, block of query rows) the scores come from one gemm (or a copy of
+ * the given scores), the softmax runs row by row in a BLK x Nk workspace (src/attn_sdpa_rows.c),
+ * and the weighted sum is a second gemm; the backward recomputes or reads the weights per block. */
 #include <cblas.h>
 #include <string.h>
 

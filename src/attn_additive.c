@@ -1,54 +1,16 @@
-/* The smaller attention kernels: d2l's sequence_mask, additive attention
- * scores (forward and backward without the (B, Nq, Nk, h) tensor; float32
- * through the vectorised tanh, one tanh per pair in the backward) and the
- * sinusoidal positional encoding. */
+/* Additive attention scores (d2l's AdditiveAttention): w_v . tanh(q + k) for every (query, key)
+ * pair, forward and backward, without the (B, Nq, Nk, h) tensor the book builds. float64 is the
+ * plain reference (libm tanh, double sums); float32 goes through the vectorised tanh over blocks
+ * of pairs, one tanh per pair in the backward. The masking, softmax and weighted sum that follow
+ * are attention over given scores (src/attn_attention.c). */
 #include <math.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "attn_alloc.h"
 #include "attn_attention.h"
 #include "attn_parallel.h"
 #include "attn_vmath.h"
-
-/* ------------------------------------------------------------ sequence_mask */
-
-attn_status attn_attention_sequence_mask(const attn_tensor *x, const attn_tensor *valid_len, double value,
-                                         attn_tensor *out) {
-  const char *op = "sequence_mask";
-  if (x->ndim < 2)
-    return attn_error(ATTN_ERR_SHAPE, "%s: X must be (B, T, ...) with at least 2 dims, got %s", op,
-                      attn_tensor_shape_str(x));
-  if (out->ndim != x->ndim || memcmp(out->shape, x->shape, sizeof(int64_t) * (size_t)x->ndim) || out->dtype != x->dtype)
-    return attn_error(ATTN_ERR_SHAPE, "%s: output %s must be a %s tensor of X's shape %s", op,
-                      attn_tensor_shape_str(out), attn_dtype_name(x->dtype), attn_tensor_shape_str(x));
-  int64_t B = x->shape[0], T = x->shape[1];
-  char ctx[96];
-  snprintf(ctx, sizeof ctx, "X %s", attn_tensor_shape_str(x));
-  size_t cap = 0;
-  int64_t *lens = attn_alloc(sizeof(int64_t) * (size_t)(B > 0 ? B : 1), &cap);
-  if (!lens) return attn_error(ATTN_ERR_MEMORY, "%s: out of memory (%s)", op, ctx);
-  attn_status st = attn_attention_lengths(op, "valid_len", ctx, valid_len, B, 1, T, 0, lens);
-  for (int64_t b = 0; st == ATTN_OK && b < B; b++) {
-    attn_tensor xs = *x, os = *out;
-    attn_view_select(&xs, 0, b);
-    attn_view_select(&os, 0, b);
-    int64_t len = lens[b];
-    if (len > 0) {
-      attn_tensor xk = xs, ok = os;
-      attn_view_narrow(&xk, 0, 0, len);
-      attn_view_narrow(&ok, 0, 0, len);
-      st = attn_copy(&ok, &xk);
-    }
-    if (st == ATTN_OK && len < T) {
-      attn_view_narrow(&os, 0, len, T - len);
-      st = attn_fill(&os, value);
-    }
-  }
-  attn_free(lens, cap);
-  return st;
-}
 
 /* ------------------------------------------------------------ additive scores */
 
@@ -416,24 +378,4 @@ done:
   attn_tensor_free(&w);
   attn_tensor_free(&g);
   return st;
-}
-
-/* ------------------------------------------------------------ positional encoding */
-
-attn_status attn_attention_positional_encoding(attn_tensor *out) {
-  if (attn_check_float("positional_encoding", out) != ATTN_OK) return ATTN_ERR_DTYPE;
-  if (out->ndim != 2 || !attn_tensor_is_contiguous(out))
-    return attn_error(ATTN_ERR_SHAPE, "positional_encoding: output %s must be a contiguous (max_len, d) tensor",
-                      attn_tensor_shape_str(out));
-  int64_t n = out->shape[0], d = out->shape[1];
-  if (n == 0) return ATTN_OK; /* the loop below walks columns: no rows, no work (d may be huge) */
-  char *base = attn_tensor_data(out);
-  for (int64_t c = 0; c < d; c++) {
-    double freq = pow(10000.0, (double)(c - c % 2) / (double)d);
-    for (int64_t pos = 0; pos < n; pos++) {
-      double a = (double)pos / freq;
-      store(base, out->dtype, pos * d + c, c % 2 == 0 ? sin(a) : cos(a));
-    }
-  }
-  return ATTN_OK;
 }
