@@ -146,7 +146,6 @@ attn_status attn_attention_prepare(attn_attention_job *J, attn_attention_mem *me
   attn_status st;
   if (J->B > INT_MAX || J->Nq > INT_MAX || J->Nk > INT_MAX || J->d > INT_MAX || J->dv > INT_MAX)
     return attn_error(ATTN_ERR_SHAPE, "%s: sizes exceed BLAS's 32-bit range (%s)", op, attn_attention_ctx_str(ctx));
-  J->ops = J->dt == ATTN_F32 ? &attn_attention_ops_f32 : &attn_attention_ops_f64;
   J->es = attn_dtype_size(J->dt);
   J->nblk = (J->Nq + BLK - 1) / BLK;
   J->causal = o->causal != 0;

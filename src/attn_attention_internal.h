@@ -39,23 +39,8 @@ typedef struct {
   double factor;            /* 1 / (1 - p), 0 when p = 1 */
 } attn_attention_dropout;
 
-/* Row kernels of one dtype (src/attn_sdpa_rows.c). */
-struct attn_attention_job;
-struct attn_attention_rowmask;
-typedef struct {
-  void (*softmax_row)(const struct attn_attention_job *, void *, const struct attn_attention_rowmask *);
-  void (*load_row)(void *, const void *, int64_t, int64_t, double);
-  void (*add_row)(void *, const void *, int64_t, int64_t);
-  void (*dropout_row)(void *, int64_t, int64_t, uint64_t, const attn_attention_dropout *);
-  void (*softmax_back_row)(const struct attn_attention_job *, const void *, void *, int64_t, int64_t,
-                           const struct attn_attention_rowmask *, double);
-  void (*add_vec)(void *, const void *, int64_t);
-} attn_attention_row_ops;
-extern const attn_attention_row_ops attn_attention_ops_f32, attn_attention_ops_f64;
-
 /* One call of the kernels (src/attn_sdpa_reference.c runs it, src/attn_attention.c sets it up). */
 typedef struct attn_attention_job {
-  const attn_attention_row_ops *ops;
   attn_dtype dt;
   size_t es;
   int64_t B, Nq, Nk, d, dv, nblk;
@@ -128,31 +113,49 @@ static inline int attn_attention_unmasked(const attn_attention_job *J, const att
   return j >= m->a && j < m->e && attn_attention_kept(J, m->mrow, j);
 }
 
+/* ---- row kernels (src/attn_sdpa_rows.c): rows of J->Nk entries of J->dt ---- */
+
+/* Softmax of row x in place: the scaled scores are valid on [m->a, m->e); [e, b) get the d2l
+ * fill, removed keys weight 0, and a row with no finite softmax goes to attn_sdpa_bad_row. */
+void attn_sdpa_softmax_row(const attn_attention_job *J, void *x, const attn_attention_rowmask *m);
+/* Softmax backward on keys [n0, n1): dp holds dL/dweights, p the weights; dp becomes dL/dscores
+ * times scale on the unmasked keys and exactly 0 on the others. A masked key's dp is read only
+ * where its weight is not 0 (a filled key still takes part in the softmax). */
+void attn_sdpa_softmax_back_row(const attn_attention_job *J, const void *p, void *dp, int64_t n0, int64_t n1,
+                                const attn_attention_rowmask *m, double scale);
+/* dst[j] = scale * src[j * stride], j < n. */
+void attn_sdpa_load_row(const attn_attention_job *J, void *dst, const void *src, int64_t stride, int64_t n,
+                        double scale);
+/* x[j] += src[j * stride], j < n. */
+void attn_sdpa_add_row(const attn_attention_job *J, void *x, const void *src, int64_t stride, int64_t n);
+/* Dropout on x[n0:n1] (entry j has stream index base + j): kept entries scaled, dropped ones 0. */
+void attn_sdpa_dropout_row(const attn_attention_job *J, void *x, int64_t n0, int64_t n1, uint64_t base);
+
 /* Whether the row has a key left after the removal (filled keys count: they take part). */
-int attn_attention_row_has_key(const attn_attention_job *J, const attn_attention_rowmask *m);
+int attn_sdpa_row_has_key(const attn_attention_job *J, const attn_attention_rowmask *m);
 /* A row whose softmax has no finite answer (its kept scores are all -inf, or hold NaN or +inf):
  * NaN on every kept key of [a, b), as softmax gives, exactly 0 elsewhere; a row with no key
  * left gets zeros. x holds J->Nk entries of J->dt. */
-void attn_attention_bad_row(const attn_attention_job *J, void *x, const attn_attention_rowmask *m);
+void attn_sdpa_bad_row(const attn_attention_job *J, void *x, const attn_attention_rowmask *m);
 /* [*lo, *hi): the smallest range of keys holding every unmasked key and every key whose weight
  * w[j] is not 0 (empty: lo = hi). */
-void attn_attention_live_range(const attn_attention_job *J, const attn_attention_rowmask *m, const void *w,
+void attn_sdpa_live_range(const attn_attention_job *J, const attn_attention_rowmask *m, const void *w,
                                int64_t *lo, int64_t *hi);
 /* out[c] = sum over j in [n0, n1) of w[j] * X[b, j, c], c < width, leaving out only the masked
  * keys of m with w[j] == 0 (the NaN-safe recomputation of a product that came out non-finite). */
-void attn_attention_combine_row(const attn_attention_job *J, const attn_attention_rowmask *m, const void *w,
+void attn_sdpa_combine_row(const attn_attention_job *J, const attn_attention_rowmask *m, const void *w,
                                 int64_t n0, int64_t n1, const attn_attention_mat *X, int64_t b, void *out,
                                 int64_t width);
 /* acc[j, c] += sum over rows r < rows of w[r][j] * X[b, i0 + r, c] on j in [n0, n1), leaving out
  * the masked keys of row r (ms[r]) with w[r][j] == 0; w rows have ld nk. */
-void attn_attention_outer_acc(const attn_attention_job *J, const attn_attention_rowmask *ms, const void *w,
+void attn_sdpa_outer_acc(const attn_attention_job *J, const attn_attention_rowmask *ms, const void *w,
                               int64_t nk, int64_t rows, int64_t n0, int64_t n1, const attn_attention_mat *X,
                               int64_t b, int64_t i0, void *acc, int64_t width);
 /* 1 when every X[b, i0 + r, c] (r < rows, c < width) is finite. */
-int attn_attention_block_finite(const attn_attention_job *J, const attn_attention_mat *X, int64_t b, int64_t i0,
+int attn_sdpa_block_finite(const attn_attention_job *J, const attn_attention_mat *X, int64_t b, int64_t i0,
                                 int64_t rows, int64_t width);
 /* 1 when x[0:n] (J->dt, contiguous) is finite. */
-int attn_attention_row_finite(const attn_attention_job *J, const void *x, int64_t n);
+int attn_sdpa_row_finite(const attn_attention_job *J, const void *x, int64_t n);
 
 /* ---- call setup (src/attn_attention.c), shared by every entry point ---- */
 

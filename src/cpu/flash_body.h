@@ -233,7 +233,7 @@ void FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i
   for (int64_t o = 0; o < r; o++) {
     attn_attention_rowmask rm;
     attn_attention_row_mask(J, b, i0 + o, &rm);
-    bad[o] = !(l[o] > 0) && attn_attention_row_has_key(J, &rm);
+    bad[o] = !(l[o] > 0) && attn_sdpa_row_has_key(J, &rm);
     float inv = bad[o] ? NAN : l[o] > 0 ? 1.0f / l[o] : 0.0f;
     float *orow = F->out + ((b * Nq + i0 + o) * dv);
     for (int64_t c = 0; c < dv; c++) orow[c] = bad[o] ? NAN : Ot[c * TW + o] * inv;
@@ -266,7 +266,7 @@ void FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i
     if (bad[o]) {
       attn_attention_rowmask rm;
       attn_attention_row_mask(J, b, i0 + o, &rm);
-      attn_attention_bad_row(J, F->weights + (b * Nq + i0 + o) * Nk, &rm);
+      attn_sdpa_bad_row(J, F->weights + (b * Nq + i0 + o) * Nk, &rm);
     }
 }
 
