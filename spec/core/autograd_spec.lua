@@ -64,6 +64,22 @@ describe("autograd", function()
           return attn.cat({ a, b, a }, 2):sum(1):sum() + attn.stack({ a, b }, 3):sum(1) * 2
         end, { P { 2, 3 }, P { 2, 3 } }
       end,
+      stack_every_dim = function() -- one node per stack; weights make each slice's gradient differ
+        local w = {}
+        for _, dim in ipairs { 1, 2, 3, -1, -2, -3 } do
+          local shape = { 2, 3 }
+          table.insert(shape, dim > 0 and dim or #shape + 2 + dim, 3)
+          w[dim] = attn.randn(shape, "float64")
+        end
+        return function(a, b, c)
+          local total
+          for dim, wd in pairs(w) do
+            local term = (attn.stack({ a, b, c }, dim) * wd):sum()
+            total = total and total + term or term
+          end
+          return total
+        end, { P { 2, 3 }, P { 2, 3 }, P { 2, 3 } }
+      end,
     }
     for name, make in pairs(cases) do
       it(name, function()
