@@ -56,6 +56,11 @@ describe("autograd", function()
       matmul = function()
         return function(a, b, v) return a:matmul(b):matmul(v) + v:matmul(v) end, { P { 2, 3, 4 }, P { 4, 5 }, P { 5 } }
       end,
+      vector_matmul = function() -- the core's 1-D rule on each side of a batch, and a dot product
+        return function(u, m, w)
+          return u:matmul(m):sum() * 0.5 + m:matmul(w):sum() + u:matmul(u) * w:matmul(w)
+        end, { P { 4 }, P { 2, 4, 4 }, P { 4 } }
+      end,
       batched_broadcast_matmul = function()
         return function(a, b) return a:matmul(b) end, { P { 2, 1, 3, 4 }, P { 3, 4, 2 } }
       end,

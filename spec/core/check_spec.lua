@@ -27,6 +27,23 @@ describe("attn.check", function()
     assert.matches("f: options must be a table, got a number", message(check.options, "f", 3, { a = true }, 1), 1, true)
   end)
 
+  it("core.shape_str is the one shape format: a tensor, or any list of integers", function()
+    local shape_str = attn.core.shape_str
+    assert.equal("[2x3]", shape_str(attn.zeros(2, 3)))
+    assert.equal("[]", shape_str(attn.tensor(1)))
+    assert.equal("[]", shape_str({}))
+    assert.equal("[0x5]", shape_str({ 0, 5 }))
+    -- as read from a bad file: more dims than a tensor has, negative sizes
+    assert.equal("[1x2x3x4x5x6x7x8x9x10]", shape_str({ 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 }))
+    assert.equal("[-1x4611686018427387904]", shape_str({ -1, 1 << 62 }))
+    local many = {}
+    for i = 1, 1000 do many[i] = 7 end
+    local long = shape_str(many)
+    assert.truthy(#long < 170 and long:find("^%[7x7x") and long:find("%.%.%.%]$"), long)
+    assert.matches("shape_str: size 2 is 1.5, not an integer", message(shape_str, { 1, 1.5 }), 1, true)
+    assert.matches("shape_str: size 1 is a table, not an integer", message(shape_str, { {} }), 1, true)
+  end)
+
   it("positive_int and tensor", function()
     assert.equal(3, check.positive_int("f", "n", 3))
     for _, bad in ipairs { 0, -1, 1.5, "2" } do

@@ -17,8 +17,7 @@ function init.fans(t)
   check(t, "fans")
   local s = t:shape()
   if #s < 2 then
-    error(string.format("fans: fan in and fan out need a tensor with at least 2 dims, got [%s]",
-      table.concat(s, "x")), 2)
+    error(string.format("fans: fan in and fan out need a tensor with at least 2 dims, got %s", attn.core.shape_str(s)), 2)
   end
   local receptive = 1
   for d = 3, #s do receptive = receptive * s[d] end
