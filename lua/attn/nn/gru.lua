@@ -26,7 +26,7 @@
 local attn = require "attn"
 local autograd = require "attn.autograd"
 local module = require "attn.nn.module"
-local init = require "attn.nn.init_fns"
+local init = require "attn.nn.init"
 local linear = require "attn.nn.linear"
 local check = require "attn.check"
 

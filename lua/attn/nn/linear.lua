@@ -3,7 +3,7 @@
 -- @module attn.nn.linear
 local attn = require "attn"
 local module = require "attn.nn.module"
-local init = require "attn.nn.init_fns"
+local init = require "attn.nn.init"
 local autograd = require "attn.autograd"
 local check = require "attn.check"
 
