@@ -25,7 +25,7 @@ local function shape_of_table(v)
   return s
 end
 
-local function shape_str(s) return "[" .. table.concat(s, "x") .. "]" end
+local shape_str = attn.core.shape_str
 
 -- Values and shape of a tensor, nested table or number.
 local function unpack_value(v)
