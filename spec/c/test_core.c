@@ -409,6 +409,46 @@ static void test_vmath(void) {
   CHECK(attn_vmath_set_isa("auto") == ATTN_OK, "auto picks the best");
 }
 
+/* The attention options are checked in the core, so a C caller gets what Lua gets. */
+static void test_attention_checks(void) {
+  attn_tensor q, out, mask;
+  int64_t qs[3] = {2, 3, 4}, ms[5] = {1, 1, 1, 1, 3};
+  CHECK(attn_tensor_init(&q, ATTN_F64, 3, qs) == ATTN_OK && attn_tensor_init(&out, ATTN_F64, 3, qs) == ATTN_OK &&
+            attn_tensor_init(&mask, ATTN_F64, 5, ms) == ATTN_OK,
+        "init");
+  for (int64_t i = 0; i < 24; i++) ((double *)q.storage->data)[i] = (double)(i % 7) / 7.0;
+  for (int64_t j = 0; j < 3; j++) ((double *)mask.storage->data)[j] = j != 1;
+  attn_attention_opts o;
+  attn_attention_opts_init(&o);
+  o.dropout = 1.5;
+  o.training = 0; /* evaluation: no dropout, but the probability is still checked */
+  CHECK(attn_sdpa_forward(&q, &q, &q, &o, &out, NULL, NULL) == ATTN_ERR_ARG, "dropout 1.5 refused");
+  CHECK(strstr(attn_last_error(), "dot_product_attention: dropout must be a probability in [0, 1], got 1.5") != NULL,
+        "message: %s", attn_last_error());
+  attn_attention_opts_init(&o);
+  o.kernel = 42;
+  CHECK(attn_sdpa_forward(&q, &q, &q, &o, &out, NULL, NULL) == ATTN_ERR_ARG, "kernel 42 refused: %s",
+        attn_last_error());
+  attn_attention_opts_init(&o);
+  o.mask = &mask; /* (1, 1, 1, 1, Nk): NumPy broadcasting drops the leading ones */
+  o.dropout = 0.5;
+  o.training = 0;
+  CHECK(attn_sdpa_forward(&q, &q, &q, &o, &out, NULL, NULL) == ATTN_OK, "5-D keep-mask: %s", attn_last_error());
+  /* key 1 is removed for every query, and evaluation mode applies no dropout: output row 0 is the
+   * softmax-weighted mean of values 0 and 2 */
+  const double *x = q.storage->data, *y = out.storage->data;
+  double s0 = 0, s2 = 0;
+  for (int c = 0; c < 4; c++) {
+    s0 += x[c] * x[c];
+    s2 += x[c] * x[8 + c];
+  }
+  double w0 = 1 / (1 + exp((s2 - s0) / 2)), want = w0 * x[0] + (1 - w0) * x[8];
+  CHECK(fabs(y[0] - want) < 1e-12, "masked, no dropout: %g vs %g", y[0], want);
+  attn_tensor_free(&q);
+  attn_tensor_free(&out);
+  attn_tensor_free(&mask);
+}
+
 int main(void) {
   test_allocator();
   test_views_and_errors();
@@ -420,6 +460,7 @@ int main(void) {
 
   test_gru();
   test_vmath();
+  test_attention_checks();
   attn_alloc_empty_cache();
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;
