@@ -60,15 +60,22 @@ static const attn_tensor *opt_lens(lua_State *L, int idx, const char *fn, const 
   return out;
 }
 
+/* Raises "fn: name must be <what>, got <the value>" for the value at idx: a number or string is
+ * shown itself (it says most), anything else by its type. */
+static int bad_value(lua_State *L, int idx, const char *fn, const char *name, const char *what) {
+  int t = lua_type(L, idx);
+  if (t == LUA_TNUMBER || t == LUA_TSTRING) {
+    lua_pushvalue(L, idx); /* lua_tostring converts in place: a copy */
+    return attn_l_error(L, "%s: %s must be %s, got %s", fn, name, what, lua_tostring(L, -1));
+  }
+  return attn_l_error(L, "%s: %s must be %s, got a %s", fn, name, what, luaL_typename(L, idx));
+}
+
 /* The boolean option `key` of the options table at idx (read raw): def when absent. */
 static int opt_bool(lua_State *L, int idx, const char *fn, const char *key, int def) {
   attn_l_rawfield(L, idx, key);
   int t = lua_type(L, -1), v = t == LUA_TNIL ? def : lua_toboolean(L, -1);
-  if (t != LUA_TNIL && t != LUA_TBOOLEAN) {
-    if (t == LUA_TNUMBER || t == LUA_TSTRING) /* the value itself says most */
-      attn_l_error(L, "%s: %s must be a boolean, got %s", fn, key, lua_tostring(L, -1));
-    attn_l_error(L, "%s: %s must be a boolean, got a %s", fn, key, luaL_typename(L, -1));
-  }
+  if (t != LUA_TNIL && t != LUA_TBOOLEAN) bad_value(L, -1, fn, key, "a boolean");
   lua_pop(L, 1);
   return v;
 }
@@ -423,9 +430,15 @@ static int l_additive_scores_backward(lua_State *L) {
  * @treturn Tensor (max_len, d)
  */
 static int l_positional_encoding(lua_State *L) {
-  lua_Integer n = attn_l_checkinteger(L, 1, "max_len"), d = attn_l_checkinteger(L, 2, "d");
-  if (n < 0 || d < 0) return attn_l_error(L, "positional_encoding: max_len %I and d %I must be >= 0", n, d);
-  int64_t shape[2] = {n, d};
+  int64_t shape[2];
+  static const char *const names[2] = {"max_len", "d"};
+  for (int a = 0; a < 2; a++) { /* the table's sizes: the binding allocates it */
+    int isint;
+    lua_Integer v = lua_tointegerx(L, a + 1, &isint);
+    if (!isint || lua_type(L, a + 1) != LUA_TNUMBER || v < 0)
+      bad_value(L, a + 1, "positional_encoding", names[a], "an integer >= 0");
+    shape[a] = (int64_t)v;
+  }
   attn_tensor *out = attn_l_push_alloc(L, attn_l_optdtype(L, 3, ATTN_F32), 2, shape);
   ATTN_L_TRY(L, attn_attention_positional_encoding(out));
   return 1;

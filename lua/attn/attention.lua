@@ -283,14 +283,7 @@ end
 -- @tparam[opt="float32"] string dtype
 -- @treturn Tensor (max_len, d)
 function M.positional_encoding(max_len, d, dtype)
-  local fn = "positional_encoding"
-  if math.type(max_len) ~= "integer" or max_len < 0 then
-    error(string.format("%s: max_len must be an integer >= 0, got %s", fn, tostring(max_len)), 2)
-  end
-  if math.type(d) ~= "integer" or d < 0 then
-    error(string.format("%s: d must be an integer >= 0, got %s", fn, tostring(d)), 2)
-  end
-  return core.positional_encoding(max_len, d, dtype)
+  return core.positional_encoding(max_len, d, dtype) -- (sizes checked by the binding, which allocates)
 end
 
 return M
