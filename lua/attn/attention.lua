@@ -20,6 +20,9 @@
 --   selection. A query whose keys are all removed gets zero weights, zero output and zero
 --   gradients, never NaN. Removed keys are never read: a NaN stored in a masked-out key or value
 --   does not reach the output or the gradients.
+-- * Every other row is the ordinary softmax of its kept scores: all -inf (or a NaN) gives NaN,
+--   as `attn.softmax` does, and a NaN value of an unmasked key reaches the output even when its
+--   weight underflows to 0. Only masked keys are ever left out (src/attn_attention.h).
 --
 -- When both are given, the keep-masks remove keys first and valid_lens fills among the rest.
 -- Dropout acts on the weights (before they multiply the values) only when `training = true`;

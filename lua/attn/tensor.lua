@@ -7,7 +7,7 @@
 local core = require "attn.core"
 local autograd = require "attn.autograd"
 
-local record, sum_to, is_tensor = autograd.record, autograd.sum_to, autograd.is_tensor
+local record, sum_to, is_tensor, wants = autograd.record, autograd.sum_to, autograd.is_tensor, autograd.wants
 
 local Tensor = core.methods
 
@@ -78,6 +78,7 @@ local function binary(name, grad_fn)
   local f = core[name]
   return function(a, b)
     local out = f(a, b)
+    if not wants(a, b) then return out end -- no closure or input list when nothing records
     return record(name, out, { a, b }, function(g) return grad_fn(g, a, b, out) end)
   end
 end
@@ -147,6 +148,7 @@ local function unary(name, grad_fn)
   local f = core[name]
   return function(x)
     local out = f(x)
+    if not wants(x) then return out end
     return record(name, out, { x }, function(g) return grad_fn(g, x, out) end)
   end
 end
@@ -290,6 +292,7 @@ local function view_op(name, grad_fn)
   local f = core[name]
   return function(x, ...)
     local out = f(x, ...)
+    if not wants(x) then return out end
     local args = table.pack(...)
     return record(name, out, { x }, function(g) return grad_fn(g, x, args) end)
   end
