@@ -100,17 +100,21 @@ static void test_broadcast_and_reduce(void) {
   attn_tensor_free(&wrong);
 }
 
+/* A new float64 tensor of standard normal draws. */
+static void init_randn(attn_tensor *t, int ndim, const int64_t *shape, attn_rng *rng) {
+  attn_tensor_init(t, ATTN_F64, ndim, shape);
+  attn_rng_normal(rng, t, 0, 1);
+}
+
 static void test_matmul(void) {
   enum { M = 37, K = 19, N = 23 };
   attn_tensor a, b, c;
   int64_t sa[2] = {K, M}, sb[2] = {K, N}, sc[2] = {M, N};
-  attn_tensor_init(&a, ATTN_F64, 2, sa); /* used transposed: (M, K) */
-  attn_tensor_init(&b, ATTN_F64, 2, sb);
-  attn_tensor_init(&c, ATTN_F64, 2, sc);
   attn_rng rng;
   attn_rng_seed(&rng, 5);
-  attn_rng_normal(&rng, &a, 0, 1);
-  attn_rng_normal(&rng, &b, 0, 1);
+  init_randn(&a, 2, sa, &rng); /* used transposed: (M, K) */
+  init_randn(&b, 2, sb, &rng);
+  attn_tensor_init(&c, ATTN_F64, 2, sc);
   attn_view_transpose(&a, 0, 1);
   CHECK(attn_matmul(&a, &b, &c) == ATTN_OK, "matmul");
   double worst = 0;
@@ -140,16 +144,12 @@ static void test_matmul_vectors(void) {
   enum { M = 3, K = 4, N = 5 };
   attn_tensor v, w, batch_kn, batch_mk, out;
   int64_t sv[1] = {K}, skn[3] = {2, K, N}, smk[3] = {2, M, K};
-  attn_tensor_init(&v, ATTN_F64, 1, sv);
-  attn_tensor_init(&w, ATTN_F64, 1, sv);
-  attn_tensor_init(&batch_kn, ATTN_F64, 3, skn);
-  attn_tensor_init(&batch_mk, ATTN_F64, 3, smk);
   attn_rng rng;
   attn_rng_seed(&rng, 9);
-  attn_rng_normal(&rng, &v, 0, 1);
-  attn_rng_normal(&rng, &w, 0, 1);
-  attn_rng_normal(&rng, &batch_kn, 0, 1);
-  attn_rng_normal(&rng, &batch_mk, 0, 1);
+  init_randn(&v, 1, sv, &rng);
+  init_randn(&w, 1, sv, &rng);
+  init_randn(&batch_kn, 3, skn, &rng);
+  init_randn(&batch_mk, 3, smk, &rng);
   int nd;
   int64_t shape[ATTN_MAX_DIMS];
   CHECK(attn_matmul_shape(&v, &batch_kn, &nd, shape) == ATTN_OK && nd == 2 && shape[0] == 2 && shape[1] == N,
