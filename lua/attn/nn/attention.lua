@@ -175,8 +175,8 @@ local function check_lens(lens, queries)
   if lens == nil or not attn.is_tensor(queries) or queries:dim() ~= 3 then return end
   local ls, qs = lens:shape(), queries:shape()
   if not ((#ls == 1 and ls[1] == qs[1]) or (#ls == 2 and ls[1] == qs[1] and ls[2] == qs[2])) then
-    error(string.format("MultiHeadAttention: valid_lens %s does not fit queries %s (expected [%d] or [%dx%d])",
-      shape_str(ls), shape_str(qs), qs[1], qs[1], qs[2]), 3)
+    error(string.format("MultiHeadAttention: valid_lens %s does not fit queries %s (expected %s or %s)",
+      shape_str(ls), shape_str(qs), shape_str({ qs[1] }), shape_str({ qs[1], qs[2] })), 3)
   end
 end
 
