@@ -242,4 +242,20 @@ describe("views", function()
     assert.are.same({ { 1, 0, 3 }, { 4, 0, 6 } }, attn.where(mask, m, 0):totable())
     assert.has_error(function() m:index_select(1, { 3 }) end)
   end)
+
+  it("index_select and index_add_ over whole rows agree with the strided path", function()
+    -- contiguous operands take the row path; transposed views of the same values the general one
+    local function strided(t) return t:t():contiguous():t() end
+    local idx = { 3, 1, 3, 5, 2, 3 }
+    for _, dtype in ipairs { "float32", "float64", "int64" } do
+      local x = (attn.randn({ 5, 7 }) * 100):to(dtype)
+      assert.is_false(strided(x):is_contiguous())
+      assert.are.same(strided(x):index_select(1, idx):totable(), x:index_select(1, idx):totable())
+      local src = (attn.randn({ 6, 7 }) * 100):to(dtype)
+      local rows, general = attn.ones({ 5, 7 }, dtype), strided(attn.ones({ 5, 7 }, dtype))
+      rows:index_add_(1, idx, src) -- index 3 three times: accumulated in order
+      general:index_add_(1, idx, strided(src))
+      assert.are.same(general:totable(), rows:totable())
+    end
+  end)
 end)
