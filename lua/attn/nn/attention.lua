@@ -108,10 +108,22 @@ function AdditiveAttention:init(...)
 end
 
 function AdditiveAttention:forward(queries, keys, values, valid_lens)
-  local qh, kh = self.W_q(queries), self.W_k(keys)
+  return self:attend_projected(queries, self.W_k(keys), values, valid_lens)
+end
+
+--- The keys projected by W_k, (B, Nk, num_hiddens). A decoder that attends
+-- over the same keys at every step (the Bahdanau decoder) projects them once
+-- and calls `attend_projected` per step: the same forward numbers, one
+-- projection node instead of one per step.
+function AdditiveAttention:project_keys(keys) return self.W_k(keys) end
+
+--- forward with keys already projected by `project_keys`.
+function AdditiveAttention:attend_projected(queries, projected_keys, values, valid_lens)
+  local qh = self.W_q(queries)
   -- w_v.weight is (1, num_hiddens) as in PyTorch; the functional form takes the (h) vector
   local w_v = self.w_v.weight:reshape({ self.w_v.in_features })
-  local out, weights = attn.additive_attention(qh, kh, values, w_v, kernel_options(self, nil, valid_lens, qh:dtype()))
+  local out, weights = attn.additive_attention(qh, projected_keys, values, w_v,
+    kernel_options(self, nil, valid_lens, qh:dtype()))
   self.attention_weights = detach(weights)
   return out
 end
