@@ -16,6 +16,8 @@ local core = attn.core
 local nn = attn.nn
 
 local QUICK = os.getenv("QUICK") == "1" or os.getenv("QUICK") == "yes"
+-- ROWS=book: only the book-sized rows (one op, the small calls, the training steps), for A/B runs
+local BOOK_ONLY = os.getenv("ROWS") == "book"
 local BUDGET = QUICK and 0.12 or 0.3 -- seconds per measurement (at least one call per round)
 local SIZES = QUICK and { 256, 1024, 2048 } or { 128, 256, 512, 1024, 2048, 4096, 8192 }
 local DIMS = QUICK and { 64 } or { 64, 128 }
@@ -75,7 +77,7 @@ end
 
 attn.manual_seed(0)
 local scaling = {}
-for _, N in ipairs(SIZES) do
+for _, N in ipairs(BOOK_ONLY and {} or SIZES) do
   for _, d in ipairs(DIMS) do
     local B = heads_for(N)
     local q, k, v, dout = attn.randn { B, N, d }, attn.randn { B, N, d }, attn.randn { B, N, d }, attn.randn { B, N, d }
@@ -142,6 +144,17 @@ local function book_row(id, what, size, fn, torch_case)
 end
 
 attn.manual_seed(0)
+do -- the Lua-side cost of one differentiable op on a book-sized tensor: forward, record, backward
+  local x = attn.randn({ 64, 32 }, { requires_grad = true })
+  book_row("one_op", "one op (tanh 64 x 32): record + backward", "64 x 32", function()
+    local y = x:tanh()
+    y:backward(y)
+    x.grad = nil
+  end, { kind = "one_op" })
+  book_row("one_op_kernel", "  the same op's two kernel calls alone", "64 x 32",
+    function() return core.tanh_backward(core.tanh(x), x) end)
+end
+
 do -- d2l 11.3: DotProductAttention(dropout 0.5) in eval mode, queries (2, 1, 2), keys (2, 10, 2)
   local att = nn.DotProductAttention(0.5)
   att:eval()

@@ -247,6 +247,14 @@ def run_case(c, budget):
             out = att(q, k, v, None, causal)
             out.backward(torch.ones_like(out))
         return {"fwd": best_time(fwd, budget), "fwd_bwd": best_time(fwd_bwd, budget)}
+    if kind == "one_op":
+        x = torch.randn(64, 32, requires_grad=True)
+
+        def one_op():
+            y = x.tanh()
+            y.backward(y)
+            x.grad = None
+        return {"time": best_time(one_op, budget)}
     if kind == "dot":
         q, k, v = torch.randn(2, 1, 2), torch.ones(2, 10, 2), torch.arange(40, dtype=torch.float32).reshape(1, 10, 4).repeat(2, 1, 1)
         att, lens = DotProductAttention(0.5).eval(), torch.tensor([2, 6])

@@ -25,7 +25,7 @@ local function shape_of_table(v)
   return s
 end
 
-local function shape_str(s) return "[" .. table.concat(s, "x") .. "]" end
+local shape_str = attn.core.shape_str
 
 -- Values and shape of a tensor, nested table or number.
 local function unpack_value(v)
@@ -269,6 +269,17 @@ function helper.run_lua(source, opts)
   local ok, kind, code = p:close()
   os.remove(script)
   return ok, kind, code, out
+end
+
+--- The flash attention kernel sets this machine can run ("flash_generic" always, then
+-- "flash_avx2" and "flash_avx512" when the CPU and build have them).
+function helper.flash_kernels()
+  local names = { "flash_generic" }
+  local one = attn.ones { 1, 1, 1 }
+  for _, k in ipairs { "flash_avx2", "flash_avx512" } do
+    if pcall(attn.core.sdpa_forward, one, one, one, { kernel = k }) then names[#names + 1] = k end
+  end
+  return names
 end
 
 return helper

@@ -19,7 +19,10 @@ void attn_rng_seed(attn_rng *rng, uint64_t seed) {
   }
 }
 
-uint64_t attn_rng_next(attn_rng *rng) {
+/* Inline copies of next and uniform01 for the fill loops: the exported
+ * functions are called through the PLT from inside the library, which cost
+ * more than the generator itself. */
+static inline uint64_t next(attn_rng *rng) {
   uint64_t *s = rng->s;
   uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
   s[2] ^= s[0];
@@ -31,12 +34,16 @@ uint64_t attn_rng_next(attn_rng *rng) {
   return result;
 }
 
-double attn_rng_uniform01(attn_rng *rng) { return (double)(attn_rng_next(rng) >> 11) * 0x1.0p-53; }
+static inline double uniform01(attn_rng *rng) { return (double)(next(rng) >> 11) * 0x1.0p-53; }
+
+uint64_t attn_rng_next(attn_rng *rng) { return next(rng); }
+
+double attn_rng_uniform01(attn_rng *rng) { return uniform01(rng); }
 
 /* Visits every element of t in row-major order. */
 typedef double (*draw_fn)(attn_rng *rng, double a, double b, int *spare_valid, double *spare);
 
-static void fill_each(attn_rng *rng, attn_tensor *t, draw_fn draw, double a, double b) {
+static void fill_strided(attn_rng *rng, attn_tensor *t, draw_fn draw, double a, double b) {
   int64_t index[ATTN_MAX_DIMS] = {0};
   int64_t n = attn_tensor_numel(t);
   int spare_valid = 0;
@@ -50,32 +57,86 @@ static void fill_each(attn_rng *rng, attn_tensor *t, draw_fn draw, double a, dou
   }
 }
 
-static double draw_uniform(attn_rng *rng, double low, double high, int *sv, double *sp) {
+/* The draw of each kind, inlined into the contiguous loops below. */
+enum draw_kind { DRAW_UNIFORM, DRAW_NORMAL, DRAW_BERNOULLI };
+
+static inline double draw_uniform(attn_rng *rng, double low, double high, int *sv, double *sp);
+static inline double draw_normal(attn_rng *rng, double mean, double std, int *spare_valid, double *spare);
+static inline double draw_bernoulli(attn_rng *rng, double p, double unused, int *sv, double *sp);
+
+#define FILL_LOOP(T, CONVERT, DRAW)                                                                                \
+  do {                                                                                                             \
+    T *o = data;                                                                                                   \
+    for (int64_t i = 0; i < n; i++) o[i] = CONVERT(DRAW(rng, a, b, &spare_valid, &spare));                        \
+  } while (0)
+#define AS_F32(v) ((float)(v))
+#define AS_F64(v) (v)
+#define FILL_DTYPES(DRAW)                                                                                          \
+  do {                                                                                                             \
+    if (t->dtype == ATTN_F32)                                                                                      \
+      FILL_LOOP(float, AS_F32, DRAW);                                                                              \
+    else if (t->dtype == ATTN_F64)                                                                                 \
+      FILL_LOOP(double, AS_F64, DRAW);                                                                             \
+    else                                                                                                           \
+      FILL_LOOP(int64_t, attn_double_to_i64, DRAW);                                                                \
+  } while (0)
+
+/* Visits every element of t in row-major order. A contiguous t gets the same
+ * draws in the same order and the same conversions as attn_tensor_set, in
+ * loops with the draw inlined: the per-element index walk and the indirect
+ * call cost several times the draw itself. */
+static void fill_each(attn_rng *rng_out, attn_tensor *t, enum draw_kind kind, double a, double b) {
+  attn_rng *rng = rng_out;
+  static const draw_fn draws[] = {draw_uniform, draw_normal, draw_bernoulli};
+  if (!attn_tensor_is_contiguous(t)) {
+    fill_strided(rng, t, draws[kind], a, b);
+    return;
+  }
+  void *data = attn_tensor_data(t);
+  int64_t n = attn_tensor_numel(t);
+  int spare_valid = 0;
+  double spare = 0;
+  attn_rng local = *rng; /* in registers for the loop, not behind a pointer the stores may alias */
+  rng = &local;
+  if (kind == DRAW_UNIFORM)
+    FILL_DTYPES(draw_uniform);
+  else if (kind == DRAW_NORMAL)
+    FILL_DTYPES(draw_normal);
+  else
+    FILL_DTYPES(draw_bernoulli);
+  *rng_out = local;
+}
+
+static inline double draw_uniform(attn_rng *rng, double low, double high, int *sv, double *sp) {
   (void)sv;
   (void)sp;
-  double u = attn_rng_uniform01(rng);
+  double u = uniform01(rng);
   return low * (1.0 - u) + high * u; /* a convex combination: finite for any finite bounds (high - low may not be) */
 }
 
 /* Box-Muller, using both values of each pair. */
-static double draw_normal(attn_rng *rng, double mean, double std, int *spare_valid, double *spare) {
+static inline double draw_normal(attn_rng *rng, double mean, double std, int *spare_valid, double *spare) {
   if (*spare_valid) {
     *spare_valid = 0;
     return mean + std * *spare;
   }
-  double u1 = 1.0 - attn_rng_uniform01(rng); /* (0, 1]: log stays finite */
-  double u2 = attn_rng_uniform01(rng);
+  double u1 = 1.0 - uniform01(rng); /* (0, 1]: log stays finite */
+  double u2 = uniform01(rng);
   double r = sqrt(-2.0 * log(u1)), theta = 6.283185307179586476925 * u2;
   *spare = r * sin(theta);
   *spare_valid = 1;
   return mean + std * r * cos(theta);
 }
 
-static double draw_bernoulli(attn_rng *rng, double p, double unused, int *sv, double *sp) {
-  (void)unused;
+/* 1 when the uniform draw u = k 2^-53 is below p, computed as k < threshold
+ * = ceil(p 2^53) (the same outcome for every integer k) without a branch: the
+ * outcome is random, so a branch would be mispredicted half the time. */
+static inline double draw_bernoulli(attn_rng *rng, double p, double threshold, int *sv, double *sp) {
+  (void)p;
   (void)sv;
   (void)sp;
-  return attn_rng_uniform01(rng) < p ? 1.0 : 0.0;
+  uint64_t k = next(rng) >> 11;
+  return (double)((k - (uint64_t)threshold) >> 63);
 }
 
 /* Every fill writes each element once, so a target whose indices share
@@ -95,7 +156,7 @@ attn_status attn_rng_uniform(attn_rng *rng, attn_tensor *t, double low, double h
     return attn_error(ATTN_ERR_ARG, "rand: bounds [%g, %g) are not an interval", low, high);
   if (t->dtype == ATTN_F32 && (fabs(low) > FLT_MAX || fabs(high) > FLT_MAX))
     return attn_error(ATTN_ERR_ARG, "rand: bounds [%g, %g) exceed the float32 range", low, high);
-  fill_each(rng, t, draw_uniform, low, high);
+  fill_each(rng, t, DRAW_UNIFORM, low, high);
   return ATTN_OK;
 }
 
@@ -105,14 +166,14 @@ attn_status attn_rng_normal(attn_rng *rng, attn_tensor *t, double mean, double s
   if (st != ATTN_OK) return st;
   if (!(std >= 0) || !isfinite(mean) || !isfinite(std))
     return attn_error(ATTN_ERR_ARG, "randn: need finite mean and std >= 0, got %g and %g", mean, std);
-  fill_each(rng, t, draw_normal, mean, std);
+  fill_each(rng, t, DRAW_NORMAL, mean, std);
   return ATTN_OK;
 }
 
 attn_status attn_rng_bernoulli(attn_rng *rng, attn_tensor *t, double p) {
   if (check_target("bernoulli", t) != ATTN_OK) return ATTN_ERR_ARG;
   if (!(p >= 0 && p <= 1)) return attn_error(ATTN_ERR_ARG, "bernoulli: p = %g is not in [0, 1]", p);
-  fill_each(rng, t, draw_bernoulli, p, 0);
+  fill_each(rng, t, DRAW_BERNOULLI, p, ceil(p * 0x1.0p53));
   return ATTN_OK;
 }
 

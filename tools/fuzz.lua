@@ -3,7 +3,7 @@
 -- Driver: lua5.4 tools/fuzz.lua [seconds] [seed]
 --   runs a child fuzzer under a watchdog and reports. A failure is a child
 --   that dies (a crash, a sanitizer report), a call whose Lua code runs longer
---   than 2 s (a debug hook in the child), or one stuck in C for 10 s (the
+--   than 2 s (a debug hook in the child), or one stuck in C for 2 s (the
 --   watchdog); the report names the seed and the call that was running.
 -- Child: lua5.4 tools/fuzz.lua --child seed seconds heartbeat_file
 --
@@ -17,7 +17,8 @@
 -- finalizers that free tensors while calls run.
 
 local CALL_LIMIT = 2.0 -- seconds, enforced in the child by a debug hook on Lua code
-local STUCK_LIMIT = 10 -- seconds without progress before the watchdog kills a call stuck in C
+local STUCK_LIMIT = CALL_LIMIT -- seconds without progress before the watchdog kills a call stuck in C
+local POLL = 0.1 -- seconds between the watchdog's looks at the heartbeat
 
 local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
@@ -37,10 +38,12 @@ local function driver(seconds, seed)
     f:close()
     return s
   end
-  local last, same_since = nil, os.time()
+  -- Time without progress is counted in polls: each poll sleeps POLL seconds
+  -- and then some (the shell), so the count never overstates the wait.
+  local last, still = nil, 0
   local verdict
   while true do
-    os.execute("sleep 0.25")
+    os.execute("sleep " .. POLL)
     local st = read(status)
     if st and st ~= "" then
       local code = tonumber(st)
@@ -50,8 +53,11 @@ local function driver(seconds, seed)
     local beat = read(hb) or ""
     local n = beat:match("^(%d+)\t")
     if n ~= last then
-      last, same_since = n, os.time()
-    elseif n and os.time() - same_since > STUCK_LIMIT then -- a call stuck in C (Lua loops stop at the hook)
+      last, still = n, 0
+    elseif n then
+      still = still + 1
+    end
+    if still * POLL >= STUCK_LIMIT then -- a call stuck in C (Lua loops stop at the hook)
       local pid = tonumber((read(hb .. ".child") or ""):match("%d+"))
       if pid then os.execute("kill -9 " .. pid) end
       verdict = string.format("call %s made no progress for %d s", n, STUCK_LIMIT)
@@ -74,9 +80,10 @@ end
 -- ---------------------------------------------------------------- child
 
 local function child(seed, seconds, hb_path)
+  local pid
   do -- our pid, for the watchdog's kill (Lua has no getpid)
     local stat = assert(io.open("/proc/self/stat"))
-    local pid = stat:read("n")
+    pid = stat:read("n")
     stat:close()
     local f = assert(io.open(hb_path .. ".child", "w"))
     f:write(pid, "\n")
@@ -250,6 +257,15 @@ local function child(seed, seconds, hb_path)
     if clock() > deadline then error("fuzz: call ran longer than the limit") end
   end, "", 10000)
 
+  -- ATTN_FUZZ_PLANT=c|lua|crash makes call 100 one the fuzzer must catch (a
+  -- call stuck in C, a Lua loop, a crash): how spec/tools/fuzz_spec.lua checks
+  -- the checker.
+  local planted = ({
+    c = function() os.execute("sleep 6") end,
+    lua = function() while true do end end,
+    crash = function() os.execute("kill -SEGV " .. pid) os.execute("sleep 6") end,
+  })[os.getenv("ATTN_FUZZ_PLANT") or ""]
+
   local reached, reached_methods, n_calls, n_ok = {}, {}, 0, 0
   local lua_errors = {}
   local start = os.time()
@@ -258,7 +274,9 @@ local function child(seed, seconds, hb_path)
     n_calls = n_calls + 1
     local f, name, nargs
     local k = R(10)
-    if k <= 5 then
+    if planted and n_calls == 100 then
+      f, name, nargs = planted, "planted:" .. os.getenv("ATTN_FUZZ_PLANT"), 0
+    elseif k <= 5 then
       local m = methods[R(#methods)]
       f, name = m[2], "Tensor:" .. m[1]
       nargs = R(1, 4)

@@ -35,79 +35,99 @@ end
 function autograd.no_grad(fn, ...) return autograd.with_mode(false, fn, ...) end
 function autograd.enable_grad(fn, ...) return autograd.with_mode(true, fn, ...) end
 
-local function is_tensor(v) return getmetatable(v) == core.metatable end
+local TENSOR_MT = core.metatable
+local function is_tensor(v) return getmetatable(v) == TENSOR_MT end
 autograd.is_tensor = is_tensor
 
-local function requires(t) return is_tensor(t) and t._rg == true end
+local function requires(t) return getmetatable(t) == TENSOR_MT and t._rg == true end
 local version, same_shape = core.version, core.same_shape
 
-function autograd.needs_grad(inputs)
+local function needs_grad(inputs)
   if modes[running()] == false then return false end
   for i = 1, #inputs do
     local t = inputs[i]
-    if is_tensor(t) and t._rg == true then return true end
+    if getmetatable(t) == TENSOR_MT and t._rg == true then return true end
   end
   return false
 end
+autograd.needs_grad = needs_grad
 
 -- Write versions of the storages a node's backward may read (its inputs and
 -- outputs): an in-place write between forward and backward would make the
 -- gradient silently wrong, so backward checks them (see check_versions).
-local function snapshot(node)
-  local v, n = {}, 0
-  local inputs, outputs = node.inputs, node.outputs
+-- Versions only ever grow, so their sum is unchanged exactly when every one
+-- of them is: a node keeps one number, not a table.
+local function version_sum(node)
+  local s = 0
+  local inputs = node.inputs
   for i = 1, #inputs do
     local t = inputs[i]
-    if is_tensor(t) then
-      n = n + 1
-      v[n] = version(t)
-    end
+    if is_tensor(t) then s = s + version(t) end
   end
-  for i = 1, #outputs do v[n + i] = version(outputs[i]) end
-  return v
+  local outputs = node.outputs
+  if outputs then
+    for i = 1, #outputs do s = s + version(outputs[i]) end
+  else
+    s = s + version(node.out)
+  end
+  return s
 end
 
--- The same walk as snapshot, comparing instead of collecting (no table per node).
 local function check_versions(node)
-  local v, n = node.versions, 0
-  local inputs, outputs = node.inputs, node.outputs
-  local same = true
-  for i = 1, #inputs do
-    local t = inputs[i]
-    if is_tensor(t) then
-      n = n + 1
-      same = same and v[n] == version(t)
-    end
-  end
-  for i = 1, #outputs do same = same and v[n + i] == version(outputs[i]) end
-  if not same then
+  if version_sum(node) ~= node.vsum then
     error(string.format("backward: a tensor used by '%s' was modified in place after the forward pass, so its "
       .. "gradient would be wrong; modify a clone instead", node.name), 0)
   end
 end
 
+--- True when an op on these operands (up to three; non-tensors ignored) must
+-- be recorded: grad mode is on and one of them requires grad. Lets an op skip
+-- building its backward closure and input list when nothing records.
+function autograd.wants(a, b, c)
+  if modes[running()] == false then return false end
+  return requires(a) or requires(b) or requires(c)
+end
+
 --- Records a finished forward computation; see the module comment.
 -- out: tensor or array of tensors; inputs: array (non-tensors ignored, false for holes);
 -- backward(g1, ...) returns the inputs' gradients in order.
+-- A node is one table: name, inputs, backward, the output (`out`) or outputs
+-- (`outputs`, when there are several; each output's `_oi` is its position)
+-- and the version sum. A one-output node is the common case and gets no
+-- further table: its pending gradient is the tensor itself (see run_nodes).
 function autograd.record(name, out, inputs, backward)
-  if not autograd.needs_grad(inputs) then return out end
-  local outputs = is_tensor(out) and { out } or out
+  if not needs_grad(inputs) then return out end
   local nin = #inputs
+  local single = is_tensor(out)
   -- An op that returned its input unchanged (to() of the same dtype, contiguous()
   -- of a contiguous tensor) is the identity: the input already carries its history.
-  for k = 1, #outputs do
-    local o = outputs[k]
+  if single then
     for i = 1, nin do
-      if rawequal(o, inputs[i]) then return out end
+      if rawequal(out, inputs[i]) then return out end
+    end
+  else
+    for k = 1, #out do
+      local o = out[k]
+      for i = 1, nin do
+        if rawequal(o, inputs[i]) then return out end
+      end
     end
   end
-  local node = { name = name, inputs = inputs, backward = backward, noutputs = #outputs, outputs = outputs }
-  node.versions = snapshot(node)
-  for k = 1, #outputs do
-    local o = outputs[k]
-    o._rg = true
-    o.grad_fn = node
-    o._oi = k
+  local node
+  if single then
+    node = { name = name, inputs = inputs, backward = backward, out = out, vsum = 0 }
+    node.vsum = version_sum(node)
+    out._rg = true
+    out.grad_fn = node
+  else
+    node = { name = name, inputs = inputs, backward = backward, outputs = out, vsum = 0 }
+    node.vsum = version_sum(node)
+    for k = 1, #out do
+      local o = out[k]
+      o._rg = true
+      o.grad_fn = node
+      o._oi = k
+    end
   end
   return out
 end
@@ -135,63 +155,101 @@ local function check_grad_shape(node, i, input, g)
   end
 end
 
-local function accumulate(store, t, g)
-  local prev = store[t]
-  if prev == nil then
-    store[t] = g
-  else
-    store[t] = core.add(prev, g)
-  end
-end
+local add = core.add
 
 -- The node whose backward function is running (see autograd.backward).
 local failing
 
+-- Sends gradient g of `input` (an output of `child`) to child's pending
+-- gradients: the tensor itself for a one-output node, a table by output
+-- position otherwise. Repeated contributions are summed in arrival order.
+local function send(node_grads, child, input, g)
+  if child.outputs then
+    local slot = node_grads[child]
+    if not slot then
+      slot = {}
+      node_grads[child] = slot
+    end
+    local k = input._oi
+    local prev = slot[k]
+    slot[k] = prev == nil and g or add(prev, g)
+  else
+    local prev = node_grads[child]
+    node_grads[child] = prev == nil and g or add(prev, g)
+  end
+end
+
 -- Runs the nodes in reverse topological order, sending each input's gradient
--- to the node that produced it or, for a leaf, to leaf_grads.
+-- to the node that produced it or, for a leaf, to leaf_grads. Up to three
+-- input gradients come back in locals, more in a table.
 local function run_nodes(order, node_grads, leaf_grads, leaf_order, retain)
   for k = #order, 1, -1 do
     local node = order[k]
     local gs = node_grads[node]
     node_grads[node] = nil
     local inputs = node.inputs
+    local nin = #inputs
     -- a node no gradient reached (e.g. the condition of a where) contributes nothing
     if gs then
       check_versions(node)
       failing = node
-      local in_grads = table.pack(node.backward(table.unpack(gs, 1, node.noutputs)))
+      local g1, g2, g3, more
+      local backward = node.backward
+      if node.outputs then
+        if nin <= 3 then
+          g1, g2, g3 = backward(table.unpack(gs, 1, #node.outputs))
+        else
+          more = table.pack(backward(table.unpack(gs, 1, #node.outputs)))
+        end
+      elseif nin <= 3 then
+        g1, g2, g3 = backward(gs)
+      else
+        more = table.pack(backward(gs))
+      end
       failing = nil
-      for i = 1, #inputs do
-        local g, input = in_grads[i], inputs[i]
+      for i = 1, nin do
+        local g
+        if more then
+          g = more[i]
+        elseif i == 1 then
+          g = g1
+        elseif i == 2 then
+          g = g2
+        else
+          g = g3
+        end
+        local input = inputs[i]
         if g ~= nil and requires(input) then
           check_grad_shape(node, i, input, g)
           local child = input.grad_fn
           if child then
-            local slot = node_grads[child]
-            if not slot then
-              slot = {}
-              node_grads[child] = slot
-            end
-            accumulate(slot, input._oi, g)
+            send(node_grads, child, input, g)
           else
-            if leaf_grads[input] == nil then leaf_order[#leaf_order + 1] = input end
-            accumulate(leaf_grads, input, g)
+            local prev = leaf_grads[input]
+            if prev == nil then
+              leaf_order[#leaf_order + 1] = input
+              leaf_grads[input] = g
+            else
+              leaf_grads[input] = add(prev, g)
+            end
           end
         end
       end
     end
     if not retain then
-      node.inputs, node.backward, node.outputs = nil, nil, nil
+      node.inputs, node.backward, node.out, node.outputs = nil, nil, nil, nil
     end
   end
 end
+
+local NO_OPTS = {}
 
 --- Back-propagates from `root` (grad defaults to 1 for a one-element root;
 -- backward(root, opts) is accepted too).
 -- opts.retain_graph keeps the graph for another backward pass.
 function autograd.backward(root, grad, opts)
   if type(grad) == "table" and not is_tensor(grad) and opts == nil then grad, opts = nil, grad end
-  opts = opts or {}
+  opts = opts or NO_OPTS
   if not requires(root) then
     error("backward: tensor does not require grad (no input of its computation had requires_grad)", 2)
   end
@@ -203,8 +261,8 @@ function autograd.backward(root, grad, opts)
     end
   else
     if core.numel(root) ~= 1 then
-      error(string.format("backward: grad can be omitted only for a one-element tensor, got [%s]",
-        table.concat(core.shape(root), "x")), 2)
+      error(string.format("backward: grad can be omitted only for a one-element tensor, got %s",
+        core.shape_str(root)), 2)
     end
     grad = core.full(core.shape(root), 1, core.dtype(root))
   end
@@ -241,8 +299,8 @@ function autograd.backward(root, grad, opts)
     ::continue::
   end
 
-  local node_grads = {} -- node -> {output index -> grad}
-  if root.grad_fn then node_grads[root.grad_fn] = { [root._oi] = grad } end
+  local node_grads = {} -- node -> pending gradient (see send)
+  if root.grad_fn then send(node_grads, root.grad_fn, root, grad) end
   local leaf_grads = {}
   local leaf_order = {}
   if not root.grad_fn then

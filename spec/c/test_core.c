@@ -130,6 +130,75 @@ static void test_matmul(void) {
   attn_tensor_free(&c);
 }
 
+/* NumPy's 1-D rule, decided in the core: (K) @ (2, K, N) -> (2, N),
+ * (2, M, K) @ (K) -> (2, M), (K) @ (K) -> (), against naive sums. */
+static void test_matmul_vectors(void) {
+  enum { M = 3, K = 4, N = 5 };
+  attn_tensor v, w, batch_kn, batch_mk, out;
+  int64_t sv[1] = {K}, skn[3] = {2, K, N}, smk[3] = {2, M, K};
+  attn_tensor_init(&v, ATTN_F64, 1, sv);
+  attn_tensor_init(&w, ATTN_F64, 1, sv);
+  attn_tensor_init(&batch_kn, ATTN_F64, 3, skn);
+  attn_tensor_init(&batch_mk, ATTN_F64, 3, smk);
+  attn_rng rng;
+  attn_rng_seed(&rng, 9);
+  attn_rng_normal(&rng, &v, 0, 1);
+  attn_rng_normal(&rng, &w, 0, 1);
+  attn_rng_normal(&rng, &batch_kn, 0, 1);
+  attn_rng_normal(&rng, &batch_mk, 0, 1);
+  int nd;
+  int64_t shape[ATTN_MAX_DIMS];
+  CHECK(attn_matmul_shape(&v, &batch_kn, &nd, shape) == ATTN_OK && nd == 2 && shape[0] == 2 && shape[1] == N,
+        "(K) @ (2, K, N) is %s", attn_shape_str(nd, shape));
+  attn_tensor_init(&out, ATTN_F64, nd, shape);
+  CHECK(attn_matmul(&v, &batch_kn, &out) == ATTN_OK, "vector @ batch: %s", attn_last_error());
+  double worst = 0;
+  for (int64_t p = 0; p < 2; p++)
+    for (int64_t j = 0; j < N; j++) {
+      double s = 0;
+      for (int64_t k = 0; k < K; k++) {
+        int64_t ib[3] = {p, k, j};
+        s += attn_tensor_get(&v, &k) * attn_tensor_get(&batch_kn, ib);
+      }
+      int64_t io[2] = {p, j};
+      worst = fmax(worst, fabs(attn_tensor_get(&out, io) - s));
+    }
+  attn_tensor_free(&out);
+  CHECK(attn_matmul_shape(&batch_mk, &v, &nd, shape) == ATTN_OK && nd == 2 && shape[0] == 2 && shape[1] == M,
+        "(2, M, K) @ (K) is %s", attn_shape_str(nd, shape));
+  attn_tensor_init(&out, ATTN_F64, nd, shape);
+  CHECK(attn_matmul(&batch_mk, &v, &out) == ATTN_OK, "batch @ vector: %s", attn_last_error());
+  for (int64_t p = 0; p < 2; p++)
+    for (int64_t i = 0; i < M; i++) {
+      double s = 0;
+      for (int64_t k = 0; k < K; k++) {
+        int64_t ia[3] = {p, i, k};
+        s += attn_tensor_get(&batch_mk, ia) * attn_tensor_get(&v, &k);
+      }
+      int64_t io[2] = {p, i};
+      worst = fmax(worst, fabs(attn_tensor_get(&out, io) - s));
+    }
+  attn_tensor_free(&out);
+  CHECK(attn_matmul_shape(&v, &w, &nd, shape) == ATTN_OK && nd == 0, "(K) @ (K) is 0-d");
+  attn_tensor_init(&out, ATTN_F64, 0, shape);
+  CHECK(attn_matmul(&v, &w, &out) == ATTN_OK, "dot: %s", attn_last_error());
+  double dot = 0;
+  for (int64_t k = 0; k < K; k++) dot += attn_tensor_get(&v, &k) * attn_tensor_get(&w, &k);
+  worst = fmax(worst, fabs(attn_tensor_get(&out, NULL) - dot));
+  CHECK(worst < 1e-12, "1-D matmul vs naive sums: worst error %g", worst);
+  CHECK(attn_matmul_shape(&batch_kn, &v, &nd, shape) == ATTN_ERR_SHAPE, "(2, K, N) @ (K) refused");
+  CHECK(strstr(attn_last_error(), "matmul: inner dims differ: [2x4x5] @ [4]") != NULL, "message names the caller's "
+        "shapes, not the promoted ones: %s", attn_last_error());
+  CHECK(attn_matmul_shape(&out, &v, &nd, shape) == ATTN_ERR_SHAPE, "0-d refused");
+  CHECK(strstr(attn_last_error(), "matmul: operands need at least 1 dim, got [] @ [4]") != NULL, "message: %s",
+        attn_last_error());
+  attn_tensor_free(&out);
+  attn_tensor_free(&v);
+  attn_tensor_free(&w);
+  attn_tensor_free(&batch_kn);
+  attn_tensor_free(&batch_mk);
+}
+
 /* int64: exact values past 2^53, wrapping arithmetic, extremes with int64
  * indices, conversions, index validation, lengths (past the end: all valid;
  * negative: refused), and the float-only rule. */
@@ -345,6 +414,7 @@ int main(void) {
   test_views_and_errors();
   test_broadcast_and_reduce();
   test_matmul();
+  test_matmul_vectors();
   test_int64();
   test_sort_and_multinomial();
 

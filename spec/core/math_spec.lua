@@ -161,6 +161,35 @@ describe("reductions", function()
     assert.is_true(s[3][2] ~= s[3][2], "NaN propagates")
   end)
 
+  it("contiguous softmax rows find the max in every lane and the tail, and NaN anywhere", function()
+    -- rows of 19 (two blocks of 8 and a tail of 3): the max, a NaN or +inf in each position
+    for _, dtype in ipairs { "float32", "float64" } do
+      for pos = 1, 19 do
+        local rows = {}
+        for r, special in ipairs { 30, 0 / 0, math.huge } do
+          rows[r] = {}
+          for j = 1, 19 do rows[r][j] = j == pos and special or -j * 0.5 end
+        end
+        local z = attn.tensor(rows, dtype)
+        local strided = z:t():contiguous() -- the per-element reference path runs on columns
+        for _, fn in ipairs { "softmax", "log_softmax" } do
+          local fast, ref = z[fn](z, 2):totable(), strided[fn](strided, 1):t():totable()
+          for r = 1, 3 do
+            for j = 1, 19 do
+              local a, b = fast[r][j], ref[r][j]
+              if b ~= b then
+                assert.is_true(a ~= a, string.format("%s %s row %d col %d: NaN expected", dtype, fn, r, j))
+              else
+                assert.is_true(math.abs(a - b) <= 1e-5 * math.max(1, math.abs(b)),
+                  string.format("%s %s pos %d row %d col %d: %g vs %g", dtype, fn, pos, r, j, a, b))
+              end
+            end
+          end
+        end
+      end
+    end
+  end)
+
   it("softmax and log_softmax over any dim match the formula", function()
     local s = x:softmax(2)
     for a = 1, 2 do

@@ -95,6 +95,27 @@ describe("tensor creation", function()
     assert.are.equal(n, (m:eq(0) + m:eq(1)):sum():item())
   end)
 
+  it("fills contiguous tensors with the same draws as strided views (fast and reference paths)", function()
+    -- a transposed view takes the per-element path; a contiguous tensor the inlined loops
+    for _, fill in ipairs { { "uniform_", -2, 3 }, { "normal_", 1, 2 } } do
+      for _, dtype in ipairs { "float32", "float64" } do
+        attn.manual_seed(3)
+        local contiguous = attn.core[fill[1]](attn.zeros({ 7, 5 }, dtype), fill[2], fill[3])
+        attn.manual_seed(3)
+        local base = attn.zeros({ 5, 7 }, dtype)
+        attn.core[fill[1]](base:t(), fill[2], fill[3])
+        assert.are.same(contiguous:totable(), base:t():totable())
+      end
+    end
+    -- bernoulli(p) is the uniform draw compared with p, for p on and off the 2^-53 grid
+    for _, p in ipairs { 0, 0.2, 0.5, 1 / 3, 0.8, 1 } do
+      attn.manual_seed(5)
+      local u = attn.rand({ 999 }, "float64")
+      attn.manual_seed(5)
+      assert.are.same(u:lt(p):to("float32"):totable(), attn.bernoulli({ 999 }, p):totable())
+    end
+  end)
+
   it("converts dtypes with to()", function()
     local x = attn.tensor({ 1.5, 2.5 })
     local y = x:to("float64")

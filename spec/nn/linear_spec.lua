@@ -408,6 +408,13 @@ describe("nn.ReLU and nn.Sequential", function()
 end)
 
 describe("nn.init", function()
+  it("is the module attn.nn.init (the file nn/init.lua holds the initialisers; the package is nn.lua)", function()
+    assert.equal(nn.init, require "attn.nn.init")
+    assert.equal(nn, require "attn.nn")
+    assert.is_function(require("attn.nn.init").xavier_uniform_)
+    assert.is_nil(require("attn.nn.init").Linear)
+  end)
+
   it("xavier_uniform_ stays within gain * sqrt(6 / (fan_in + fan_out))", function()
     attn.manual_seed(4)
     local t = attn.empty({ 30, 20 })

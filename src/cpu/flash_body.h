@@ -1,7 +1,7 @@
 /* The flash attention kernels (float32), written once: each src/cpu/flash_<isa>.c
  * defines FLASH_SUFFIX and the register block (FLASH_VL floats per vector,
  * FLASH_QV vectors by FLASH_NR broadcasts) and includes this file, compiled
- * with that ISA's flags (see the Makefile); src/attn_attention_flash.c picks
+ * with that ISA's flags (see the Makefile); src/attn_sdpa_flash.c picks
  * one set at run time.
  *
  * Layout: a tile keeps 64 queries (forward, dq) or 64 keys (dk, dv) in vector
@@ -107,12 +107,11 @@ static void query_ranges(const attn_attention_job *J, int64_t b, int64_t q0, int
       qa[o] = qb[o] = qe[o] = 0;
       continue;
     }
-    int64_t i = q0 + o, a, bb;
-    attn_attention_key_range(J, i, &a, &bb);
-    int64_t len = J->lens ? J->lens[b * J->Nq + i] : J->Nk;
-    qa[o] = a;
-    qb[o] = bb;
-    qe[o] = len < bb ? (len > a ? len : a) : bb;
+    attn_attention_rowmask m;
+    attn_attention_row_mask(J, b, q0 + o, &m);
+    qa[o] = m.a;
+    qb[o] = m.b;
+    qe[o] = m.e;
   }
 }
 
@@ -228,11 +227,20 @@ void FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i
         for (int64_t o = 0; o < r; o++) S[n * TW + o] *= (float)attn_attention_keep(J, b, i0 + o, j0 + n);
     mk(nb, dv, S, V + j0 * F->v.sr, 1, F->v.sr, Ot, al, 2);
   }
+  /* bad[o]: a row with keys but no finite softmax (sum 0 or NaN: its scores overflowed to -inf, or
+   * to +inf or NaN), which gets NaN as softmax gives; a row without keys gets zeros */
+  unsigned char bad[TW];
   for (int64_t o = 0; o < r; o++) {
-    float inv = l[o] > 0 ? 1.0f / l[o] : 0.0f;
+    attn_attention_rowmask rm;
+    attn_attention_row_mask(J, b, i0 + o, &rm);
+    bad[o] = !(l[o] > 0) && attn_sdpa_row_has_key(J, &rm);
+    float inv = bad[o] ? NAN : l[o] > 0 ? 1.0f / l[o] : 0.0f;
     float *orow = F->out + ((b * Nq + i0 + o) * dv);
-    for (int64_t c = 0; c < dv; c++) orow[c] = Ot[c * TW + o] * inv;
-    if (F->lse) F->lse[b * Nq + i0 + o] = l[o] > 0 ? ((double)m[o] + log2((double)l[o])) * 0.6931471805599453 : INFINITY;
+    for (int64_t c = 0; c < dv; c++) orow[c] = bad[o] ? NAN : Ot[c * TW + o] * inv;
+    if (F->lse)
+      F->lse[b * Nq + i0 + o] = bad[o]     ? NAN
+                                : l[o] > 0 ? ((double)m[o] + log2((double)l[o])) * 0.6931471805599453
+                                           : INFINITY;
   }
   if (!F->weights) return;
   /* weights: the scores once more, normalised with the final max and sum */
@@ -254,6 +262,12 @@ void FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i
       for (int64_t n = 0; n < nb; n++) wrow[n] = S[n * TW + o];
     }
   }
+  for (int64_t o = 0; o < r; o++)
+    if (bad[o]) {
+      attn_attention_rowmask rm;
+      attn_attention_row_mask(J, b, i0 + o, &rm);
+      attn_sdpa_bad_row(J, F->weights + (b * Nq + i0 + o) * Nk, &rm);
+    }
 }
 
 /* ---- backward ----------------------------------------------------------------- */

@@ -1,0 +1,30 @@
+-- The API fuzzer's own checks: a call stuck in C, a Lua loop and a crash,
+-- planted at call 100 (ATTN_FUZZ_PLANT), must each end the run with a failure
+-- that names the seed and the call, rather than run on.
+
+local function run_planted(kind)
+  local cmd = string.format("ATTN_FUZZ_PLANT=%s lua5.4 tools/fuzz.lua 20 7 2>&1; echo \"exit=$?\"", kind)
+  local started = os.time()
+  local p = assert(io.popen(cmd))
+  local out = p:read("a")
+  p:close()
+  return out, os.time() - started
+end
+
+describe("tools/fuzz.lua", function()
+  for kind, verdict in pairs {
+    c = "call 100 made no progress for 2 s",
+    lua = "the fuzzer process ended with status 3\n",
+    -- SIGSEGV, or ASan's abort when the suite runs under the sanitizers
+    crash = "the fuzzer process ended with status 13[49]\n",
+  } do
+    it("fails on a planted " .. kind .. " fault and names the seed and call", function()
+      local out, seconds = run_planted(kind)
+      assert.truthy(out:find("FUZZ FAILURE: " .. verdict), out)
+      assert.truthy(out:find("seed 7, call #100:\n  planted:" .. kind .. "()", 1, true), out)
+      assert.truthy(out:find("replay: lua5.4 tools/fuzz.lua 20 7", 1, true), out)
+      assert.truthy(out:find("exit=1\n", 1, true), out)
+      assert.is_true(seconds < 20, "took " .. seconds .. " s: the run went on to its end") -- a loaded machine starts slowly
+    end)
+  end
+end)
