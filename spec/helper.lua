@@ -233,12 +233,20 @@ end
 
 helper.sanitized = os.getenv("ATTN_SANITIZED") == "1"
 
---- The shell command that runs the Lua file `script` in a child lua5.4 with
--- the module this suite loaded (the sanitized one under `make test-asan`).
+--- How many times slower than the plain native build this run is; specs that
+-- bound a time multiply the bound by it. 4 under the sanitizers, and
+-- ATTN_SPEC_SLOWDOWN when the whole suite is emulated (`make check-aarch64`
+-- runs it under qemu-user), where the bounds then only catch a hang.
+helper.slowdown = tonumber(os.getenv("ATTN_SPEC_SLOWDOWN")) or (helper.sanitized and 4 or 1)
+
+--- The shell command that runs the Lua file `script` in a child interpreter
+-- with the module this suite loaded (the sanitized one under `make test-asan`).
+-- The interpreter is lua5.4, or ATTN_SPEC_LUA when the suite itself runs under
+-- another one (`make check-aarch64`: qemu-user and an arm64 lua5.4).
 function helper.lua_command(script)
   local so = assert(package.searchpath("attn.core", package.cpath))
-  return string.format('LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="%s;;" lua5.4 %s',
-    so:gsub("attn/core%.so$", "?.so"), script)
+  return string.format('LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="%s;;" %s %s',
+    so:gsub("attn/core%.so$", "?.so"), os.getenv("ATTN_SPEC_LUA") or "lua5.4", script)
 end
 
 --- Runs Lua source in a child process (see lua_command), so a crash fails a

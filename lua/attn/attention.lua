@@ -195,7 +195,7 @@ function M.bilinear_scores(Q, W, K)
 end
 
 --- d2l's `transpose_qkv`: (B, N, H*dh) -> (B*H, N, dh), batch-major (row b*H + h holds head h
--- of sample b). Differentiable (reshape and permute).
+-- of sample b). Differentiable, as one node (its gradient is merge_heads of the gradient).
 -- @tparam Tensor X (B, N, H*dh)
 -- @tparam integer num_heads H
 -- @treturn Tensor (B*H, N, dh)
@@ -208,8 +208,13 @@ function M.split_heads(X, num_heads)
     error(string.format("%s: width %d of X %s is not divisible by num_heads %d", fn, s[3], shape_str(X), num_heads), 2)
   end
   local dh = s[3] // num_heads
-  local Y = Tensor.permute(Tensor.reshape(X, s[1], s[2], num_heads, dh), 1, 3, 2, 4)
-  return Tensor.reshape(Y, s[1] * num_heads, s[2], dh)
+  local Y = core.reshape(core.permute(core.reshape(X, s[1], s[2], num_heads, dh), 1, 3, 2, 4), s[1] * num_heads,
+    s[2], dh)
+  if not autograd.wants(X) then return Y end
+  -- one node instead of three: the gradient is the same moves undone
+  return record(fn, Y, { X }, function(g)
+    return core.reshape(core.permute(core.reshape(g, s[1], num_heads, s[2], dh), 1, 3, 2, 4), s[1], s[2], s[3])
+  end)
 end
 
 --- d2l's `transpose_output`: (B*H, N, dh) -> (B, N, H*dh), the inverse of `split_heads`.
@@ -225,8 +230,12 @@ function M.merge_heads(X, num_heads)
     error(string.format("%s: batch %d of X %s is not divisible by num_heads %d", fn, s[1], shape_str(X), num_heads), 2)
   end
   local B = s[1] // num_heads
-  local Y = Tensor.permute(Tensor.reshape(X, B, num_heads, s[2], s[3]), 1, 3, 2, 4)
-  return Tensor.reshape(Y, B, s[2], num_heads * s[3])
+  local Y = core.reshape(core.permute(core.reshape(X, B, num_heads, s[2], s[3]), 1, 3, 2, 4), B, s[2],
+    num_heads * s[3])
+  if not autograd.wants(X) then return Y end
+  return record(fn, Y, { X }, function(g)
+    return core.reshape(core.permute(core.reshape(g, B, s[2], num_heads, s[3]), 1, 3, 2, 4), s[1], s[2], s[3])
+  end)
 end
 
 --- Repeats each sample's valid lengths num_heads times along the first dim, matching the

@@ -194,7 +194,8 @@ function GRU:forward(X, h0)
     if not attn.is_tensor(h0) then error("GRU: h0 must be a tensor, got a " .. type(h0), 2) end
     local hs = h0:shape()
     if #hs ~= 3 or hs[1] ~= self.num_layers or hs[2] ~= B or hs[3] ~= H then
-      error(string.format("GRU: h0 %s must be (num_layers, B, h) = [%dx%dx%d]", shape_str(hs), self.num_layers, B, H), 2)
+      error(string.format("GRU: h0 %s must be (num_layers, B, h) = %s", shape_str(hs),
+        shape_str({ self.num_layers, B, H })), 2)
     end
   end
   if T == 0 then error("GRU: input " .. shape_str(s) .. " has no time steps", 2) end
