@@ -161,9 +161,7 @@ attn_status attn_attention_prepare(attn_attention_job *J, attn_attention_mem *me
     return attn_error(ATTN_ERR_ARG, "%s: kernel %d is not one of the ATTN_KERNEL_* values", op, o->kernel);
   J->dropout = o->dropout > 0 && o->training;
   if (J->dropout) {
-    J->drop.seed = o->seed;
-    J->drop.threshold = o->dropout >= 1 ? ((uint64_t)1 << 53) : (uint64_t)(o->dropout * 9007199254740992.0);
-    J->drop.factor = o->dropout >= 1 ? 0.0 : 1.0 / (1.0 - o->dropout);
+    J->drop = attn_dropout_rule_make(o->dropout, o->seed);
   }
   if (o->valid_lens) {
     size_t n = (size_t)(J->B * J->Nq);

@@ -49,7 +49,8 @@
  * Dropout (probability p) acts on the weights before they multiply V: kept
  * weights are scaled by 1/(1-p). The returned weights are the softmax output
  * before dropout (the book's attention_weights). The keep decision for entry
- * (b, i, j) is a hash of (seed, b, i, j), so the backward pass recomputes the
+ * (b, i, j) is the engine's one dropout mask (attn_dropout.h) at index
+ * (b*Nq + i)*Nk + j of the stream seed, so the backward pass recomputes the
  * same mask, and results do not depend on the thread count.
  *
  * Speed: float32 dot-product attention runs the flash kernels

@@ -141,13 +141,15 @@ void attn_sdpa_add_row(const attn_attention_job *J, void *x, const void *src, in
 }
 
 void attn_sdpa_dropout_row(const attn_attention_job *J, void *x, int64_t n0, int64_t n1, uint64_t base) {
-  const attn_attention_dropout *ds = &J->drop;
+  /* the engine's one dropout mask (attn_dropout.h); the product stays in the row's type, as in
+   * the flash kernels */
+  const attn_dropout_rule *r = &J->drop;
   for (int64_t j = n0; j < n1; j++) {
-    uint64_t u = attn_attention_mix64(ds->seed + (base + (uint64_t)j + 1) * 0x9E3779B97F4A7C15ULL) >> 11;
+    int drop = attn_dropout_drops(r, base + (uint64_t)j);
     if (IS_F32(J))
-      ((float *)x)[j] = u < ds->threshold ? 0.0f : ((float *)x)[j] * (float)ds->factor;
+      ((float *)x)[j] = drop ? 0.0f : ((float *)x)[j] * (float)r->scale;
     else
-      ((double *)x)[j] = u < ds->threshold ? 0.0 : ((double *)x)[j] * ds->factor;
+      ((double *)x)[j] = drop ? 0.0 : ((double *)x)[j] * r->scale;
   }
 }
 
