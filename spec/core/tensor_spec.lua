@@ -269,9 +269,9 @@ describe("views", function()
     local function strided(t) return t:t():contiguous():t() end
     local idx = { 3, 1, 3, 5, 2, 3 }
     for _, dtype in ipairs { "float32", "float64", "int64" } do
-      local x = (attn.randn({ 5, 7 }) * 100):to(dtype)
-      assert.is_false(strided(x):is_contiguous())
-      assert.are.same(strided(x):index_select(1, idx):totable(), x:index_select(1, idx):totable())
+      local a = (attn.randn({ 5, 7 }) * 100):to(dtype)
+      assert.is_false(strided(a):is_contiguous())
+      assert.are.same(strided(a):index_select(1, idx):totable(), a:index_select(1, idx):totable())
       local src = (attn.randn({ 6, 7 }) * 100):to(dtype)
       local rows, general = attn.ones({ 5, 7 }, dtype), strided(attn.ones({ 5, 7 }, dtype))
       rows:index_add_(1, idx, src) -- index 3 three times: accumulated in order

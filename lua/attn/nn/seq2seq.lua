@@ -220,17 +220,17 @@ function Seq2SeqAttentionDecoder:forward(X, state)
   local T = #steps
   local outputs, weights = {}, {}
   -- Additive scoring projects the keys (the same at every step) once, not once per step as the book
-  local attention = self.attention
-  local keys = attention.project_keys and attention:project_keys(enc_outputs)
+  local scorer = self.attention
+  local keys = scorer.project_keys and scorer:project_keys(enc_outputs)
   for t = 1, T do
     local query = hidden_state:select(1, hidden_state:size(1)):unsqueeze(2) -- (B, 1, h)
-    local context = keys and attention:attend_projected(query, keys, enc_outputs, enc_valid_lens)
-      or attention(query, enc_outputs, enc_outputs, enc_valid_lens)
+    local context = keys and scorer:attend_projected(query, keys, enc_outputs, enc_valid_lens)
+      or scorer(query, enc_outputs, enc_outputs, enc_valid_lens)
     local x = attn.cat({ context, steps[t]:unsqueeze(2) }, 3) -- (B, 1, h + embed)
     local out
     out, hidden_state = self.rnn(x:permute(2, 1, 3), hidden_state)
     outputs[t] = out
-    weights[t] = attention.attention_weights
+    weights[t] = scorer.attention_weights
   end
   self.attention_weights = weights
   local output = self.dense(attn.cat(outputs, 1)):permute(2, 1, 3)
