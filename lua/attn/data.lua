@@ -416,6 +416,9 @@ end
 -- @treturn Tensor valid_len (n): the entries that are not `<pad>`, so `<eos>` counts
 function data.build_array(lines, vocab, num_steps)
   check.positive_int("build_array", "num_steps", num_steps)
+  if num_steps > require("attn.core").max_request() // 8 // math.max(#lines, 1) then -- the (n, num_steps) int64 ids
+    error(string.format("build_array: %d lines of num_steps = %d are more than memory can hold", #lines, num_steps), 2)
+  end
   local eos, pad = vocab:id("<eos>"), vocab:id("<pad>")
   if eos == vocab.unk or pad == vocab.unk then error("build_array: the vocabulary has no <eos> or no <pad>", 2) end
   local flat, lens, t2i, unk = {}, {}, vocab.token_to_idx, vocab.unk

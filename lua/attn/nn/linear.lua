@@ -22,9 +22,12 @@ local shape_str = core.shape_str -- "[2x3]" from a tensor or a table of sizes
 -- the attention kernels and the fused GRU: a hash of a seed drawn from the
 -- generator (so `attn.manual_seed` fixes it) and of each entry's row-major
 -- index, rebuilt from the seed in backward, the same on every thread count.
-function M.dropout(x, p, training)
+-- `seed` (an integer, optional) picks the stream instead: the fused GRU's
+-- layer k uses seed + k, so the composed GRU can drop the same entries.
+function M.dropout(x, p, training, seed)
   if not training or p == 0 then return x end
-  local out, seed = core.dropout(x, p)
+  local out
+  out, seed = core.dropout(x, p, seed)
   return autograd.record("dropout", out, { x }, function(g) return (core.dropout(g, p, seed)) end)
 end
 
