@@ -25,7 +25,7 @@ local function shape_of_table(v)
   return s
 end
 
-local function shape_str(s) return "[" .. table.concat(s, "x") .. "]" end
+local shape_str = attn.core.shape_str
 
 -- Values and shape of a tensor, nested table or number.
 local function unpack_value(v)
@@ -233,12 +233,20 @@ end
 
 helper.sanitized = os.getenv("ATTN_SANITIZED") == "1"
 
---- The shell command that runs the Lua file `script` in a child lua5.4 with
--- the module this suite loaded (the sanitized one under `make test-asan`).
+--- How many times slower than the plain native build this run is; specs that
+-- bound a time multiply the bound by it. 4 under the sanitizers, and
+-- ATTN_SPEC_SLOWDOWN when the whole suite is emulated (`make check-aarch64`
+-- runs it under qemu-user), where the bounds then only catch a hang.
+helper.slowdown = tonumber(os.getenv("ATTN_SPEC_SLOWDOWN")) or (helper.sanitized and 4 or 1)
+
+--- The shell command that runs the Lua file `script` in a child interpreter
+-- with the module this suite loaded (the sanitized one under `make test-asan`).
+-- The interpreter is lua5.4, or ATTN_SPEC_LUA when the suite itself runs under
+-- another one (`make check-aarch64`: qemu-user and an arm64 lua5.4).
 function helper.lua_command(script)
   local so = assert(package.searchpath("attn.core", package.cpath))
-  return string.format('LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="%s;;" lua5.4 %s',
-    so:gsub("attn/core%.so$", "?.so"), script)
+  return string.format('LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="%s;;" %s %s',
+    so:gsub("attn/core%.so$", "?.so"), os.getenv("ATTN_SPEC_LUA") or "lua5.4", script)
 end
 
 --- Runs Lua source in a child process (see lua_command), so a crash fails a
@@ -261,6 +269,17 @@ function helper.run_lua(source, opts)
   local ok, kind, code = p:close()
   os.remove(script)
   return ok, kind, code, out
+end
+
+--- The flash attention kernel sets this machine can run ("flash_generic" always, then
+-- "flash_avx2" and "flash_avx512" when the CPU and build have them).
+function helper.flash_kernels()
+  local names = { "flash_generic" }
+  local one = attn.ones { 1, 1, 1 }
+  for _, k in ipairs { "flash_avx2", "flash_avx512" } do
+    if pcall(attn.core.sdpa_forward, one, one, one, { kernel = k }) then names[#names + 1] = k end
+  end
+  return names
 end
 
 return helper

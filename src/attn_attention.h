@@ -23,14 +23,28 @@
  *    remove are left out of the softmax by selection, never by adding a
  *    sentinel: they get weight exactly 0 and gradient exactly 0, and a query
  *    with no key left gets zero weights, zero output and zero gradients (never
- *    NaN). When both conventions are given, the keep-masks remove keys first
- *    and valid_lens fills among the remaining ones.
+ *    NaN; see "Softmax rows" below). When both conventions are given, the
+ *    keep-masks remove keys first and valid_lens fills among the remaining
+ *    ones.
  *
- * Masked entries are never read into the result: scores of removed keys are
- * overwritten by selection, and products with an exactly-zero weight are
- * recomputed without the removed terms when a non-finite value shows up, so a
- * NaN or inf stored in a masked-out key, value or score cannot reach the
- * output or the gradients.
+ * Softmax rows: one definition for every kernel here (masked_softmax, both
+ * attention functions, the reference, blocked and flash paths, forward and
+ * backward). Call a key of query row i masked when the keep-masks remove it
+ * or valid_lens fills it.
+ *  - A row with no key left after the keep-masks: zero weights, zero output,
+ *    zero gradient.
+ *  - Any other row is the ordinary softmax of its kept keys' scores (filled
+ *    keys at -1e6 included), as attn_softmax computes it. So a row whose kept
+ *    scores are all -inf, or hold NaN or +inf, is NaN on every kept key (and
+ *    its output and gradients are NaN): a NaN the inputs cause is never
+ *    hidden. Removed keys keep weight exactly 0 even then.
+ *  - Masked keys are the only entries a kernel may leave out, and only where
+ *    their weight is exactly 0 (a filled key's weight is usually 0, but not in
+ *    a length-0 row). An unmasked key always counts: a NaN or inf in its value
+ *    makes the output NaN even when its weight underflowed to 0 (0 * NaN, as
+ *    BLAS and PyTorch give), and likewise in the gradients. So a NaN or inf
+ *    stored in a masked key, value or score never reaches the result, and one
+ *    in an unmasked entry always does.
  *
  * Dropout (probability p) acts on the weights before they multiply V: kept
  * weights are scaled by 1/(1-p). The returned weights are the softmax output
@@ -39,7 +53,7 @@
  * same mask, and results do not depend on the thread count.
  *
  * Speed: float32 dot-product attention runs the flash kernels
- * (src/attn_attention_flash.c, src/cpu/flash_*.c): per block of 64 queries
+ * (src/attn_sdpa_flash.c, src/cpu/flash_*.c): per block of 64 queries
  * the scores of 64 keys at a time are made by a register-blocked
  * micro-kernel (AVX-512, AVX2+FMA or portable C, chosen at run time), masked
  * inside the tile, folded into a running max and sum (online softmax) and
@@ -194,9 +208,11 @@ attn_status attn_attention_additive_scores_forward(const attn_tensor *qh, const 
                                                    attn_tensor *out);
 
 /* dscores (B, Nq, Nk) -> dqh (B, Nq, h), dkh (B, Nk, h), dwv (h); any output
- * may be NULL. Entries with an exactly-zero dscores (masked) are skipped, so
- * they contribute exactly 0 and their tanh is never evaluated. The result does
- * not depend on the thread count. */
+ * may be NULL. When qh and kh are finite, entries with an exactly-zero
+ * dscores (masked) are skipped: they contribute exactly 0 and their tanh is
+ * never evaluated; otherwise every pair is evaluated, so a NaN in qh or kh
+ * reaches the gradients as it would through the elementwise ops. The result
+ * does not depend on the thread count. */
 attn_status attn_attention_additive_scores_backward(const attn_tensor *qh, const attn_tensor *kh, const attn_tensor *wv,
                                                     const attn_tensor *dscores, attn_tensor *dqh, attn_tensor *dkh,
                                                     attn_tensor *dwv);

@@ -1,6 +1,11 @@
 /* attn_attention_internal (internal): types and entry points shared by the
- * attention kernel files (attn_attention.c sets a call up, _blocks.c runs it
- * over (batch, row block), _rows.c has the per-row kernels). Not API. */
+ * attention kernel files. Not API.
+ *   attn_attention.c       sets every call up (checks, lengths, keep-mask, operands) and runs
+ *                          attention over given scores
+ *   attn_sdpa.c            dot-product attention's entry points: flash or reference
+ *   attn_sdpa_reference.c  the blocked reference driver over (batch, row block)
+ *   attn_sdpa_rows.c       its row kernels (softmax row, its backward, dropout, fallbacks)
+ *   attn_sdpa_flash.c      the flash drivers; the kernels are src/cpu/flash_*.c */
 #ifndef ATTN_ATTENTION_INTERNAL_H
 #define ATTN_ATTENTION_INTERNAL_H
 
@@ -34,27 +39,8 @@ typedef struct {
   double factor;            /* 1 / (1 - p), 0 when p = 1 */
 } attn_attention_dropout;
 
-/* Row kernels of one dtype (src/attn_attention_rows.c). */
-typedef struct {
-  void (*softmax_row)(void *, int64_t, int64_t, int64_t, int64_t, const void *, int64_t, attn_dtype, int64_t *,
-                      int64_t *);
-  void (*load_row)(void *, const void *, int64_t, int64_t, double);
-  void (*add_row)(void *, const void *, int64_t, int64_t);
-  void (*nonzero_range)(const void *, int64_t, int64_t *, int64_t *);
-  void (*dropout_row)(void *, int64_t, int64_t, uint64_t, const attn_attention_dropout *);
-  void (*softmax_back_row)(const void *, void *, int64_t, int64_t, int64_t, double);
-  void (*combine_row)(const void *, int64_t, int64_t, const attn_attention_mat *, int64_t, void *, int64_t);
-  void (*outer_acc)(const void *, int64_t, int64_t, int64_t, int64_t, const attn_attention_mat *, int64_t, int64_t,
-                    void *, int64_t);
-  int (*block_finite)(const attn_attention_mat *, int64_t, int64_t, int64_t, int64_t);
-  int (*row_finite)(const void *, int64_t);
-  void (*add_vec)(void *, const void *, int64_t);
-} attn_attention_row_ops;
-extern const attn_attention_row_ops attn_attention_ops_f32, attn_attention_ops_f64;
-
-/* One call of the kernels (src/attn_attention_blocks.c runs it, src/attn_attention.c sets it up). */
-typedef struct {
-  const attn_attention_row_ops *ops;
+/* One call of the kernels (src/attn_sdpa_reference.c runs it, src/attn_attention.c sets it up). */
+typedef struct attn_attention_job {
   attn_dtype dt;
   size_t es;
   int64_t B, Nq, Nk, d, dv, nblk;
@@ -98,12 +84,127 @@ static inline double attn_attention_keep(const attn_attention_job *J, int64_t b,
   return u < J->drop.threshold ? 0.0 : J->drop.factor;
 }
 
+/* The masking of query row i of batch b (the rules are in attn_attention.h): keys outside [a, b)
+ * are removed (causal, window), and so are the keys whose keep-mask entry is 0 (mrow: the row of
+ * the expanded keep-mask, stride J->msc, NULL without one); keys in [e, b) are filled (d2l's
+ * valid_lens). A key is unmasked when a <= j < e and the keep-mask keeps it: only the others may
+ * be skipped, and only where their weight is exactly 0. */
+typedef struct attn_attention_rowmask {
+  int64_t a, e, b;
+  const char *mrow;
+} attn_attention_rowmask;
+
+static inline void attn_attention_row_mask(const attn_attention_job *J, int64_t b, int64_t i,
+                                           attn_attention_rowmask *m) {
+  attn_attention_key_range(J, i, &m->a, &m->b);
+  int64_t len = J->lens ? J->lens[b * J->Nq + i] : J->Nk;
+  m->e = len < m->b ? (len > m->a ? len : m->a) : m->b;
+  m->mrow = J->mask ? J->mask + (size_t)(b * J->msb + i * J->msr) * attn_dtype_size(J->mdt) : NULL;
+}
+
+/* Whether the keep-mask row mrow (NULL: none) keeps key j. */
+static inline int attn_attention_kept(const attn_attention_job *J, const char *mrow, int64_t j) {
+  if (!mrow) return 1;
+  size_t off = (size_t)(j * J->msc);
+  return J->mdt == ATTN_F32 ? ((const float *)mrow)[off] != 0 : ((const double *)mrow)[off] != 0;
+}
+
+static inline int attn_attention_unmasked(const attn_attention_job *J, const attn_attention_rowmask *m, int64_t j) {
+  return j >= m->a && j < m->e && attn_attention_kept(J, m->mrow, j);
+}
+
+/* ---- row kernels (src/attn_sdpa_rows.c): rows of J->Nk entries of J->dt ---- */
+
+/* Softmax of row x in place: the scaled scores are valid on [m->a, m->e); [e, b) get the d2l
+ * fill, removed keys weight 0, and a row with no finite softmax goes to attn_sdpa_bad_row. */
+void attn_sdpa_softmax_row(const attn_attention_job *J, void *x, const attn_attention_rowmask *m);
+/* Softmax backward on keys [n0, n1): dp holds dL/dweights, p the weights; dp becomes dL/dscores
+ * times scale on the unmasked keys and exactly 0 on the others. A masked key's dp is read only
+ * where its weight is not 0 (a filled key still takes part in the softmax). */
+void attn_sdpa_softmax_back_row(const attn_attention_job *J, const void *p, void *dp, int64_t n0, int64_t n1,
+                                const attn_attention_rowmask *m, double scale);
+/* dst[j] = scale * src[j * stride], j < n. */
+void attn_sdpa_load_row(const attn_attention_job *J, void *dst, const void *src, int64_t stride, int64_t n,
+                        double scale);
+/* x[j] += src[j * stride], j < n. */
+void attn_sdpa_add_row(const attn_attention_job *J, void *x, const void *src, int64_t stride, int64_t n);
+/* Dropout on x[n0:n1] (entry j has stream index base + j): kept entries scaled, dropped ones 0. */
+void attn_sdpa_dropout_row(const attn_attention_job *J, void *x, int64_t n0, int64_t n1, uint64_t base);
+
+/* Whether the row has a key left after the removal (filled keys count: they take part). */
+int attn_sdpa_row_has_key(const attn_attention_job *J, const attn_attention_rowmask *m);
+/* A row whose softmax has no finite answer (its kept scores are all -inf, or hold NaN or +inf):
+ * NaN on every kept key of [a, b), as softmax gives, exactly 0 elsewhere; a row with no key
+ * left gets zeros. x holds J->Nk entries of J->dt. */
+void attn_sdpa_bad_row(const attn_attention_job *J, void *x, const attn_attention_rowmask *m);
+/* [*lo, *hi): the smallest range of keys holding every unmasked key and every key whose weight
+ * w[j] is not 0 (empty: lo = hi). */
+void attn_sdpa_live_range(const attn_attention_job *J, const attn_attention_rowmask *m, const void *w,
+                               int64_t *lo, int64_t *hi);
+/* out[c] = sum over j in [n0, n1) of w[j] * X[b, j, c], c < width, leaving out only the masked
+ * keys of m with w[j] == 0 (the NaN-safe recomputation of a product that came out non-finite). */
+void attn_sdpa_combine_row(const attn_attention_job *J, const attn_attention_rowmask *m, const void *w,
+                                int64_t n0, int64_t n1, const attn_attention_mat *X, int64_t b, void *out,
+                                int64_t width);
+/* acc[j, c] += sum over rows r < rows of w[r][j] * X[b, i0 + r, c] on j in [n0, n1), leaving out
+ * the masked keys of row r (ms[r]) with w[r][j] == 0; w rows have ld nk. */
+void attn_sdpa_outer_acc(const attn_attention_job *J, const attn_attention_rowmask *ms, const void *w,
+                              int64_t nk, int64_t rows, int64_t n0, int64_t n1, const attn_attention_mat *X,
+                              int64_t b, int64_t i0, void *acc, int64_t width);
+/* 1 when every X[b, i0 + r, c] (r < rows, c < width) is finite. */
+int attn_sdpa_block_finite(const attn_attention_job *J, const attn_attention_mat *X, int64_t b, int64_t i0,
+                                int64_t rows, int64_t width);
+/* 1 when x[0:n] (J->dt, contiguous) is finite. */
+int attn_sdpa_row_finite(const attn_attention_job *J, const void *x, int64_t n);
+
+/* ---- call setup (src/attn_attention.c), shared by every entry point ---- */
+
+/* The operand shapes error messages name, formatted on first use: most calls never fail, and
+ * formatting three shapes costs as much as a book-sized kernel. */
+typedef struct {
+  char buf[256];
+  const attn_tensor *a, *b, *c; /* queries, keys, values; or scores and values (b), c NULL */
+  int scores, named_x;          /* scores form; masked_softmax names its input X as the book does */
+  int done;
+} attn_attention_ctx;
+
+const char *attn_attention_ctx_str(attn_attention_ctx *x);
+
+/* Temporaries of one call, released by attn_attention_mem_free. */
+typedef struct {
+  attn_tensor tmp[16];
+  int ntmp;
+  int64_t *lens;
+  size_t lens_cap;
+} attn_attention_mem;
+
+void attn_attention_mem_free(attn_attention_mem *m);
+
+int attn_attention_same_shape(const attn_tensor *t, int ndim, const int64_t *shape);
+/* t must have `shape` (3-D) and dtype dt; the message names the call's operands. */
+attn_status attn_attention_check_input(const char *op, const char *name, const attn_tensor *t, attn_dtype dt,
+                                       const int64_t *shape, attn_attention_ctx *ctx);
+/* An output: contiguous, of dtype dt and shape `shape` (3-D). */
+attn_status attn_attention_check_output(const char *op, const char *name, const attn_tensor *t, attn_dtype dt,
+                                        const int64_t *shape);
+/* Fills J's common fields from its sizes and the options: BLAS range, blocks, causal, window,
+ * dropout (probability checked), scale (checked), lengths and keep-mask (checked, expanded). */
+attn_status attn_attention_prepare(attn_attention_job *J, attn_attention_mem *mem, const char *op,
+                                   attn_attention_ctx *ctx, const attn_attention_opts *o);
+/* m describes the 3-D operand t (a copy in mem when blas is set and BLAS cannot read t). */
+attn_status attn_attention_operand(attn_attention_mem *mem, const attn_tensor *t, int blas, attn_attention_mat *m);
+/* Backward's optional inputs (stored weights, gradients of out and of the weights), checked and
+ * attached to J. */
+attn_status attn_attention_attach_backward_inputs(const char *op, attn_attention_job *J, attn_attention_mem *mem,
+                                                  attn_attention_ctx *ctx, const attn_tensor *weights,
+                                                  const attn_tensor *dout, const attn_tensor *dweights);
+
 /* Forward over (batch, row block), writing J->out and/or J->weights. */
 attn_status attn_attention_run_forward(attn_attention_job *J, const char *op);
 /* Backward, writing the gradient outputs that are not NULL. */
 attn_status attn_attention_run_backward(attn_attention_job *J, const char *op);
 
-/* ---- flash kernels (float32; src/attn_attention_flash.c, src/cpu/flash_*.c) ---- */
+/* ---- flash kernels (float32; src/attn_sdpa_flash.c, src/cpu/flash_*.c) ---- */
 
 /* Lanes per tile: a tile holds 64 queries (or keys) side by side in vector
  * lanes, times up to ATTN_FLASH_TILE keys (or queries) in rows. */

@@ -7,13 +7,25 @@
 #include "attn_ops.h"
 #include "attn_parallel.h"
 
-attn_status attn_matmul_shape(const attn_tensor *a, const attn_tensor *b, int *ndim, int64_t *shape) {
-  if (a->ndim < 2 || b->ndim < 2)
-    return attn_error(ATTN_ERR_SHAPE, "matmul: operands need at least 2 dims, got %s @ %s",
-                      attn_tensor_shape_str(a), attn_tensor_shape_str(b));
-  if (a->shape[a->ndim - 1] != b->shape[b->ndim - 2])
+/* NumPy's promotion of 1-D operands, the one place it is decided: a 1-D a
+ * (K) is read as (1, K) and a 1-D b (K) as (K, 1); the added dims are not in
+ * the result. Sets the promoted views (struct copies: no reference taken). */
+static attn_status promote(const attn_tensor *a, const attn_tensor *b, attn_tensor *a2, attn_tensor *b2) {
+  if (a->ndim == 0 || b->ndim == 0)
+    return attn_error(ATTN_ERR_SHAPE, "matmul: operands need at least 1 dim, got %s @ %s", attn_tensor_shape_str(a),
+                      attn_tensor_shape_str(b));
+  *a2 = *a;
+  *b2 = *b;
+  if (a->ndim == 1) attn_view_unsqueeze(a2, 0);
+  if (b->ndim == 1) attn_view_unsqueeze(b2, 1);
+  if (a2->shape[a2->ndim - 1] != b2->shape[b2->ndim - 2]) /* the caller's shapes, not the promoted ones */
     return attn_error(ATTN_ERR_SHAPE, "matmul: inner dims differ: %s @ %s", attn_tensor_shape_str(a),
                       attn_tensor_shape_str(b));
+  return ATTN_OK;
+}
+
+/* The shape of the promoted product, (..., M, N) with both promoted dims kept. */
+static attn_status promoted_shape(const attn_tensor *a, const attn_tensor *b, int *ndim, int64_t *shape) {
   attn_status fst = attn_check_float("matmul", a->dtype == ATTN_I64 ? a : b);
   if (fst != ATTN_OK) return fst;
   if (a->dtype != b->dtype)
@@ -24,6 +36,19 @@ attn_status attn_matmul_shape(const attn_tensor *a, const attn_tensor *b, int *n
   if (st != ATTN_OK) return st;
   shape[(*ndim)++] = a->shape[a->ndim - 2];
   shape[(*ndim)++] = b->shape[b->ndim - 1];
+  return ATTN_OK;
+}
+
+attn_status attn_matmul_shape(const attn_tensor *a, const attn_tensor *b, int *ndim, int64_t *shape) {
+  attn_tensor a2, b2;
+  attn_status st = promote(a, b, &a2, &b2);
+  if (st == ATTN_OK) st = promoted_shape(&a2, &b2, ndim, shape);
+  if (st != ATTN_OK) return st;
+  if (b->ndim == 1) (*ndim)--; /* drop N = 1 */
+  if (a->ndim == 1) {          /* drop M = 1 */
+    shape[*ndim - (b->ndim == 1 ? 1 : 2)] = shape[*ndim - 1];
+    (*ndim)--;
+  }
   return ATTN_OK;
 }
 
@@ -110,6 +135,13 @@ attn_status attn_matmul(const attn_tensor *a, const attn_tensor *b, attn_tensor 
       !attn_tensor_is_contiguous(out))
     return attn_error(ATTN_ERR_SHAPE, "matmul: output %s must be a contiguous %s tensor of shape %s",
                       attn_tensor_shape_str(out), attn_dtype_name(a->dtype), attn_shape_str(nd, shape));
+  if (a->ndim == 1 || b->ndim == 1) { /* the product of the promoted views, into out with the dims put back */
+    attn_tensor a2, b2, out2 = *out;
+    promote(a, b, &a2, &b2);
+    if (a->ndim == 1) attn_view_unsqueeze(&out2, out2.ndim - (b->ndim == 1 ? 0 : 1));
+    if (b->ndim == 1) attn_view_unsqueeze(&out2, out2.ndim);
+    return attn_matmul(&a2, &b2, &out2);
+  }
   attn_get_num_threads(); /* first use pins OpenBLAS to one thread, even on the serial path */
   int64_t m = shape[nd - 2], n = shape[nd - 1], k = a->shape[a->ndim - 1];
   if (m > 0x7fffffff || n > 0x7fffffff || k > 0x7fffffff)

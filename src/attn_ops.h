@@ -86,11 +86,15 @@ attn_status attn_index_convert(const char *op, const char *what, const char *ctx
                                int64_t base, int64_t limit, attn_tensor *out);
 
 /* Output shape of matmul: a (..., M, K) @ b (..., K, N) -> (..., M, N), batch
- * dims broadcast. Both operands need at least 2 dims. */
+ * dims broadcast. NumPy's 1-D rule is decided here (and nowhere else): a 1-D
+ * a (K) acts as (1, K) and a 1-D b (K) as (K, 1), and those added dims are
+ * not in the result: (K) @ (K) -> (), (K) @ (..., K, N) -> (..., N),
+ * (..., M, K) @ (K) -> (..., M). A 0-d operand is an error. */
 attn_status attn_matmul_shape(const attn_tensor *a, const attn_tensor *b, int *ndim, int64_t *shape);
-/* out = a @ b through BLAS gemm per batch (strided views are used in place
- * when one of their matrix strides is 1, copied otherwise). out must be
- * contiguous and not alias a or b. Batches are spread over the worker pool. */
+/* out = a @ b (shapes as attn_matmul_shape) through BLAS gemm per batch
+ * (strided views are used in place when one of their matrix strides is 1,
+ * copied otherwise). out must be contiguous and not alias a or b. Batches
+ * are spread over the worker pool. */
 attn_status attn_matmul(const attn_tensor *a, const attn_tensor *b, attn_tensor *out);
 
 /* Creation kernels on contiguous out (1-D for arange/linspace, 2-D for eye). */

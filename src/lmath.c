@@ -199,27 +199,14 @@ static int softmax(lua_State *L, int log) {
 static int l_softmax(lua_State *L) { return softmax(L, 0); }
 static int l_log_softmax(lua_State *L) { return softmax(L, 1); }
 
-/* matmul(a, b): NumPy semantics, including 1-D operands. */
+/* matmul(a, b): NumPy semantics; the core decides the 1-D promotion. */
 static int l_matmul(lua_State *L) {
-  attn_tensor a = *attn_l_check(L, 1), b = *attn_l_check(L, 2);
-  int a_vec = a.ndim == 1, b_vec = b.ndim == 1;
-  if (a.ndim == 0 || b.ndim == 0)
-    return attn_l_error(L, "matmul: operands need at least 1 dim, got %s @ %s", attn_tensor_shape_str(&a),
-                      attn_tensor_shape_str(&b));
-  if (a_vec) attn_view_unsqueeze(&a, 0);
-  if (b_vec) attn_view_unsqueeze(&b, 1);
+  attn_tensor *a = attn_l_check(L, 1), *b = attn_l_check(L, 2);
   int nd;
   int64_t shape[ATTN_MAX_DIMS];
-  if (attn_matmul_shape(&a, &b, &nd, shape) != ATTN_OK) {
-    attn_tensor a0 = *attn_l_check(L, 1), b0 = *attn_l_check(L, 2);
-    if (a0.shape[a0.ndim - 1] != b0.shape[b0.ndim > 1 ? b0.ndim - 2 : 0])
-      return attn_l_error(L, "matmul: inner dims differ: %s @ %s", attn_tensor_shape_str(&a0), attn_tensor_shape_str(&b0));
-    return attn_l_raise(L);
-  }
-  attn_tensor *out = attn_l_push_alloc(L, a.dtype, nd, shape);
-  ATTN_L_TRY(L, attn_matmul(&a, &b, out));
-  if (b_vec) attn_view_select(out, out->ndim - 1, 0);
-  if (a_vec) attn_view_select(out, out->ndim - (b_vec ? 1 : 2), 0);
+  ATTN_L_TRY(L, attn_matmul_shape(a, b, &nd, shape));
+  attn_tensor *out = attn_l_push_alloc(L, a->dtype, nd, shape);
+  ATTN_L_TRY(L, attn_matmul(a, b, out));
   return 1;
 }
 
@@ -318,6 +305,19 @@ static int l_check_ids(lua_State *L) {
   return 1;
 }
 
+/* dropout(x, p [, seed]) -> out, seed: the engine's dropout (attn_dropout.h).
+ * Without a seed one is drawn from the generator; backward passes it again
+ * to rebuild the same mask. */
+static int l_dropout(lua_State *L) {
+  attn_tensor *x = attn_l_check(L, 1);
+  double p = attn_l_checknumber(L, 2, "p");
+  uint64_t seed = lua_isnoneornil(L, 3) ? attn_rng_next(attn_l_rng(L)) : (uint64_t)attn_l_checkinteger(L, 3, "seed");
+  attn_tensor *out = attn_l_push_like(L, x);
+  ATTN_L_TRY(L, attn_dropout("dropout", x, p, seed, out));
+  lua_pushinteger(L, (lua_Integer)seed);
+  return 2;
+}
+
 static const luaL_Reg math_functions[] = {
     {"tanh_backward", l_tanh_backward}, {"sigmoid_backward", l_sigmoid_backward},
     {"check_ids", l_check_ids}, {"sort", l_sort},
@@ -337,6 +337,7 @@ static const luaL_Reg math_functions[] = {
     {"argmin", l_argmin},   {"softmax", l_softmax}, {"log_softmax", l_log_softmax},
     {"matmul", l_matmul},   {"bmm", l_bmm},         {"index_select", l_index_select},
     {"index_add_", l_index_add_}, {"gather", l_gather}, {"scatter_add_", l_scatter_add_},
+    {"dropout", l_dropout},
     {NULL, NULL},
 };
 

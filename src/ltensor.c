@@ -248,7 +248,10 @@ static int l_shape(lua_State *L) {
   return 1;
 }
 
-/* shape_str(t or {sizes}): "[2x3]", the format every error message uses. */
+/* shape_str(t or {sizes}): "[2x3]", the format every error message uses.
+ * A table may be any list of integers (a shape read from a file may be
+ * negative or have too many dims: it is formatted, not checked); past what
+ * the message buffer holds, attn_shape_str ends it with "...". */
 static int l_shape_str(lua_State *L) {
   attn_tensor *t = attn_l_test(L, 1);
   if (t) {
@@ -256,9 +259,20 @@ static int l_shape_str(lua_State *L) {
     return 1;
   }
   attn_l_checktable(L, 1, "shape");
-  int64_t shape[ATTN_MAX_DIMS];
-  int n = attn_l_checkshape(L, 1, shape, "shape_str");
-  lua_pushstring(L, attn_shape_str(n, shape));
+  enum { SHOWN = 96 }; /* more entries than the buffer's 160 characters hold */
+  int64_t shape[SHOWN];
+  lua_Integer n = (lua_Integer)lua_rawlen(L, 1);
+  int shown = n < SHOWN ? (int)n : SHOWN;
+  for (int i = 0; i < shown; i++) {
+    lua_rawgeti(L, 1, i + 1);
+    int isint;
+    shape[i] = (int64_t)lua_tointegerx(L, -1, &isint);
+    if (!isint && lua_type(L, -1) == LUA_TNUMBER)
+      return attn_l_error(L, "shape_str: size %d is %s, not an integer", i + 1, lua_tostring(L, -1));
+    if (!isint) return attn_l_error(L, "shape_str: size %d is a %s, not an integer", i + 1, luaL_typename(L, -1));
+    lua_pop(L, 1);
+  }
+  lua_pushstring(L, attn_shape_str(shown, shape));
   return 1;
 }
 

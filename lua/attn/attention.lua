@@ -20,6 +20,9 @@
 --   selection. A query whose keys are all removed gets zero weights, zero output and zero
 --   gradients, never NaN. Removed keys are never read: a NaN stored in a masked-out key or value
 --   does not reach the output or the gradients.
+-- * Every other row is the ordinary softmax of its kept scores: all -inf (or a NaN) gives NaN,
+--   as `attn.softmax` does, and a NaN value of an unmasked key reaches the output even when its
+--   weight underflows to 0. Only masked keys are ever left out (src/attn_attention.h).
 --
 -- When both are given, the keep-masks remove keys first and valid_lens fills among the rest.
 -- Dropout acts on the weights (before they multiply the values) only when `training = true`;
@@ -29,6 +32,7 @@
 local core = require "attn.core"
 local autograd = require "attn.autograd"
 local Tensor = require "attn.tensor"
+local check = require "attn.check"
 
 local record, is_tensor = autograd.record, autograd.is_tensor
 
@@ -36,20 +40,7 @@ local M = {}
 
 local shape_str = core.shape_str -- "[2x3]" from a tensor or a table of sizes
 
-local function check_tensor(fn, name, t, ndim, what)
-  if not is_tensor(t) then
-    error(string.format("%s: %s must be a tensor %s, got a %s", fn, name, what, type(t)), 3)
-  end
-  if ndim and core.dim(t) ~= ndim then
-    error(string.format("%s: %s must be %s, got %s", fn, name, what, shape_str(t)), 3)
-  end
-end
-
-local function check_count(fn, name, n)
-  if math.type(n) ~= "integer" or n < 1 then
-    error(string.format("%s: %s must be a positive integer, got %s", fn, name, tostring(n)), 3)
-  end
-end
+local check_tensor, check_count = check.tensor, check.positive_int
 
 local attention_options = {
   valid_lens = true, mask = true, causal = true, window = true, scale = true, dropout = true,
@@ -58,16 +49,7 @@ local attention_options = {
 
 -- The options table for the C kernels (dropout only when training).
 local function kernel_options(fn, opts)
-  opts = opts or {}
-  if type(opts) ~= "table" then error(string.format("%s: opts must be a table, got a %s", fn, type(opts)), 3) end
-  for k in pairs(opts) do
-    if not attention_options[k] then
-      local names = {}
-      for name in pairs(attention_options) do names[#names + 1] = name end
-      table.sort(names)
-      error(string.format("%s: unknown option '%s' (expected %s)", fn, tostring(k), table.concat(names, ", ")), 3)
-    end
-  end
+  opts = check.options(fn, opts, attention_options, 4)
   for _, flag in ipairs { "training", "need_weights" } do -- (the kernel checks causal)
     if opts[flag] ~= nil and type(opts[flag]) ~= "boolean" then
       error(string.format("%s: %s must be a boolean, got %s", fn, flag, tostring(opts[flag])), 3)

@@ -261,8 +261,8 @@ function autograd.backward(root, grad, opts)
     end
   else
     if core.numel(root) ~= 1 then
-      error(string.format("backward: grad can be omitted only for a one-element tensor, got [%s]",
-        table.concat(core.shape(root), "x")), 2)
+      error(string.format("backward: grad can be omitted only for a one-element tensor, got %s",
+        core.shape_str(root)), 2)
     end
     grad = core.full(core.shape(root), 1, core.dtype(root))
   end

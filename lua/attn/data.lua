@@ -22,7 +22,7 @@
 -- as lines for `num_examples`, as in the book's loop.
 -- @module attn.data
 local attn = require "attn"
-local linear = require "attn.nn.linear"
+local check = require "attn.check"
 
 --- The dtype of id and length tensors (one place, so the whole pipeline follows it).
 local ID_DTYPE = "int64"
@@ -192,7 +192,7 @@ end
 -- @usage local src, tgt, report = data.read_fra_eng("data/fra-eng-sample.txt", {num_examples = 600})
 function data.read_fra_eng(path, opts)
   local who = "read_fra_eng"
-  opts = linear.check_options(opts, who, { num_examples = true })
+  opts = check.options(who, opts, { num_examples = true })
   local limit = check_num_examples(opts.num_examples, who)
   local text, err = read_file(path, who)
   if not text then return nil, err end
@@ -285,7 +285,7 @@ end
 
 local function new_vocab(_, tokens, opts)
   local who = "Vocab"
-  opts = linear.check_options(opts, who, { min_freq = true, reserved = true, reserved_tokens = true })
+  opts = check.options(who, opts, { min_freq = true, reserved = true, reserved_tokens = true })
   if opts.reserved and opts.reserved_tokens then
     error("Vocab: give reserved or reserved_tokens (the book's name), not both", 2)
   end
@@ -386,8 +386,6 @@ vocab_methods.to_tokens = vocab_methods.tokens
 
 -- ---------------------------------------------------------------- arrays
 
-local check_positive_int = linear.check_positive_int
-
 --- The first `num_steps` ids of a sequence, or the sequence padded on the right
 -- with `pad_id` up to `num_steps` (the book's `truncate_pad`). Returns a new table.
 -- @tparam table ids
@@ -396,7 +394,7 @@ local check_positive_int = linear.check_positive_int
 -- @treturn table
 -- @usage data.truncate_pad({48, 5}, 4, 2) --> {48, 5, 2, 2}
 function data.truncate_pad(ids, num_steps, pad_id)
-  check_positive_int(num_steps, "truncate_pad", "num_steps")
+  check.positive_int("truncate_pad", "num_steps", num_steps)
   if num_steps > require("attn.core").max_request() // 16 then -- sized before building, as the allocator does
     error(string.format("truncate_pad: num_steps = %d is more than memory can hold", num_steps), 2)
   end
@@ -417,7 +415,7 @@ end
 -- @treturn Tensor ids (n, num_steps)
 -- @treturn Tensor valid_len (n): the entries that are not `<pad>`, so `<eos>` counts
 function data.build_array(lines, vocab, num_steps)
-  check_positive_int(num_steps, "build_array", "num_steps")
+  check.positive_int("build_array", "num_steps", num_steps)
   local eos, pad = vocab:id("<eos>"), vocab:id("<pad>")
   if eos == vocab.unk or pad == vocab.unk then error("build_array: the vocabulary has no <eos> or no <pad>", 2) end
   local flat, lens, t2i, unk = {}, {}, vocab.token_to_idx, vocab.unk
@@ -563,9 +561,9 @@ end
 -- @usage local data_iter, src_vocab, tgt_vocab = assert(data.load_fra_eng(64, 10, {seed = 1}))
 function data.load_fra_eng(batch_size, num_steps, opts)
   local who = "load_fra_eng"
-  check_positive_int(batch_size, who, "batch_size")
-  check_positive_int(num_steps, who, "num_steps")
-  opts = linear.check_options(opts, who, { num_examples = true, path = true, seed = true, shuffle = true })
+  check.positive_int(who, "batch_size", batch_size)
+  check.positive_int(who, "num_steps", num_steps)
+  opts = check.options(who, opts, { num_examples = true, path = true, seed = true, shuffle = true })
   local seed = opts.seed
   if seed ~= nil and math.type(seed) ~= "integer" then
     error(string.format("%s: seed must be an integer, got %s", who, tostring(seed)), 2)

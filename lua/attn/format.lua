@@ -83,7 +83,7 @@ end
 
 function format.tostring(t)
   local shape, dtype = core.shape(t), core.dtype(t)
-  local header = string.format("attn.Tensor %s [%s]", dtype, table.concat(shape, "x"))
+  local header = string.format("attn.Tensor %s %s", dtype, core.shape_str(shape))
   local n = core.numel(t)
   if n == 0 then return header .. " (empty)" end
   local elide = n > THRESHOLD

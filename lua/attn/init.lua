@@ -7,6 +7,7 @@ local core = require "attn.core"
 local autograd = require "attn.autograd"
 local Tensor = require "attn.tensor"
 local format = require "attn.format"
+local check = require "attn.check"
 
 local attn = { _VERSION = core._VERSION, core = core, Tensor = Tensor }
 
@@ -26,15 +27,12 @@ mt.__tostring = format.tostring
 
 -- The last argument of a creation function: nil, a dtype string, or a table
 -- {dtype = ..., requires_grad = ...}.
+local CREATION_OPTIONS = { "dtype", "requires_grad" }
 local function options(opt, fn)
   if opt == nil then return nil, false end
   if type(opt) == "string" then return opt, false end
   if type(opt) == "table" then
-    for k in pairs(opt) do
-      if k ~= "dtype" and k ~= "requires_grad" then
-        error(string.format("%s: unknown option '%s' (expected dtype, requires_grad)", fn, tostring(k)), 3)
-      end
-    end
+    check.options(fn, opt, CREATION_OPTIONS, 4)
     return opt.dtype, opt.requires_grad == true
   end
   error(string.format("%s: options must be a dtype string or a table, got a %s", fn, type(opt)), 3)
@@ -316,23 +314,30 @@ function attn.cat(list, dim)
 end
 
 --- stack(list, dim): joins along a new dim (1..ndim+1, negative from the end).
+-- One autograd node: the gradient of tensor i is slice i of the output's.
 function attn.stack(list, dim)
   dim = dim or 1
   if type(list) ~= "table" or #list == 0 then error("stack: expected a non-empty list of tensors", 2) end
   local parts = {}
-  local first = autograd.is_tensor(list[1]) and table.concat(core.shape(list[1]), "x")
+  local first = autograd.is_tensor(list[1]) and core.shape_str(list[1])
   for i, t in ipairs(list) do
     if not autograd.is_tensor(t) then
       error(string.format("stack: element %d is a %s, not a tensor", i, type(t)), 2)
     end
-    local s = table.concat(core.shape(t), "x")
+    local s = core.shape_str(t)
     if s ~= first or core.dtype(t) ~= core.dtype(list[1]) then
-      error(string.format("stack: tensor %d is %s [%s], tensor 1 is %s [%s]; all must match", i, core.dtype(t), s,
+      error(string.format("stack: tensor %d is %s %s, tensor 1 is %s %s; all must match", i, core.dtype(t), s,
         core.dtype(list[1]), first), 2)
     end
-    parts[i] = Tensor.unsqueeze(t, dim)
+    parts[i] = core.unsqueeze(t, dim)
   end
-  return attn.cat(parts, dim)
+  local out = core.cat(parts, dim) -- dim counts in the output's dims, as unsqueeze's did
+  list = table.move(list, 1, #list, 1, {}) -- the graph keeps a copy: the caller may reuse the table
+  return autograd.record("stack", out, list, function(g)
+    local grads = {}
+    for i = 1, #list do grads[i] = core.select(g, dim, i) end
+    return table.unpack(grads, 1, #list)
+  end)
 end
 
 -- ---------------------------------------------------------------- functions

@@ -54,7 +54,7 @@ local function is_tensor(v) return getmetatable(v) == tensor_mt end
 local function as_int(v) return type(v) == "number" and math.tointeger(v) or nil end
 
 -- Shapes read from a file may be anything, so this formatter never raises.
-local function shape_str(shape) return "[" .. table.concat(shape, "x") .. "]" end
+local shape_str = core.shape_str -- "[2x3]"; any list of integers, as read from a file
 
 -- Byte-order comparison (independent of the C locale that `<` consults).
 local function byte_less(a, b)

@@ -22,6 +22,7 @@
 -- end
 local core = require "attn.core"
 local autograd = require "attn.autograd"
+local check = require "attn.check"
 
 local optim = {}
 
@@ -61,14 +62,7 @@ local function options_error(name, opts, allowed)
   if type(opts) ~= "table" then
     return string.format("%s: expected a table of options like {params = ..., lr = ...}, got a %s", name, type(opts))
   end
-  for k in pairs(opts) do
-    if not allowed[k] then
-      local names = {}
-      for a in pairs(allowed) do names[#names + 1] = a end
-      table.sort(names)
-      return string.format("%s: unknown option '%s' (expected %s)", name, tostring(k), table.concat(names, ", "))
-    end
-  end
+  return check.unknown_option(name, opts, allowed)
 end
 
 -- Both call forms give one options table: PyTorch's Adam(params, {lr = ...})

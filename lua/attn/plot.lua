@@ -9,6 +9,7 @@
 -- Text is measured with cairo's font metrics in both cases, so the two
 -- formats share every position.
 local core = require "attn.core"
+local check = require "attn.check"
 
 local plot = {}
 
@@ -23,19 +24,7 @@ local function is_tensor(v) return getmetatable(v) == core.metatable end
 
 -- ------------------------------------------------------------------ options
 
-local function check_options(fn, opts, allowed)
-  if opts == nil then return {} end
-  if type(opts) ~= "table" then error(string.format("%s: opts must be a table, got a %s", fn, type(opts)), 3) end
-  for k in pairs(opts) do
-    if not allowed[k] then
-      local names = {}
-      for a in pairs(allowed) do names[#names + 1] = a end
-      table.sort(names)
-      error(string.format("%s: unknown option '%s' (expected %s)", fn, tostring(k), table.concat(names, ", ")), 3)
-    end
-  end
-  return opts
-end
+local check_options = check.options
 
 local function set(list)
   local s = {}

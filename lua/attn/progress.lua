@@ -19,6 +19,8 @@
 --   p:update(epoch, {loss = loss, tokens = ntokens})
 -- end
 -- local summary = p:finish()   -- {elapsed = s, tokens = n, tokens_per_sec = r, updates = k}
+local check = require "attn.check"
+
 local progress = {}
 
 -- ---------------------------------------------------------------- clock
@@ -112,13 +114,8 @@ Progress.__index = Progress
 function progress.new(opts)
   opts = opts or {}
   if type(opts) ~= "table" then error("progress.new: expected a table of options, got a " .. type(opts), 2) end
-  local allowed = { total = true, label = true, unit = true, out = true, tty = true, every = true, clock = true }
-  for k in pairs(opts) do
-    if not allowed[k] then
-      error(string.format("progress.new: unknown option '%s' (expected clock, every, label, out, total, tty, unit)",
-        tostring(k)), 2)
-    end
-  end
+  check.options("progress.new", opts,
+    { total = true, label = true, unit = true, out = true, tty = true, every = true, clock = true })
   local total = opts.total
   if total ~= nil and (math.type(total) ~= "integer" or total < 1) then
     error("progress.new: total must be a positive integer, got " .. tostring(total), 2)

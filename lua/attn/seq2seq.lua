@@ -22,7 +22,7 @@
 local attn = require "attn"
 local nn = require "attn.nn"
 local progress = require "attn.progress"
-local linear = require "attn.nn.linear"
+local check = require "attn.check"
 local data = require "attn.data" -- data.lower: Python's Unicode lowercasing, as the book's .lower()
 
 local M = {}
@@ -67,7 +67,7 @@ local function total(t) return t:sum():item() end
 --   token_loss = per-token cross-entropy, tokens =, seconds =, tokens_per_sec =}`
 -- @raise on missing or invalid options
 function M.train_seq2seq(net, data_iter, opts)
-  opts = linear.check_options(opts, "train_seq2seq",
+  opts = check.options("train_seq2seq", opts,
     { lr = true, epochs = true, tgt_vocab = true, clip = true, device = true, progress = true, on_epoch = true,
       init = true })
   if not nn.is_module(net) then error("train_seq2seq: net must be a module", 2) end
@@ -173,7 +173,7 @@ local function id_of(t) return math.tointeger(t:item()) end
 -- @treturn table the attention weights per step (empty unless asked for)
 -- @treturn table the output token ids
 function M.predict_seq2seq(net, src_sentence, src_vocab, tgt_vocab, num_steps, opts)
-  opts = linear.check_options(opts, "predict_seq2seq", { save_attention_weights = true, device = true })
+  opts = check.options("predict_seq2seq", opts, { save_attention_weights = true, device = true })
   net:eval()
   local state = encode_source(net, src_sentence, src_vocab, num_steps, "predict_seq2seq")
   local eos = tgt_vocab["<eos>"]
@@ -216,7 +216,7 @@ end
 -- @treturn table every finished or final candidate, best first:
 --   {translation =, ids =, logp =, score =}
 function M.beam_search(net, src_sentence, src_vocab, tgt_vocab, num_steps, opts)
-  opts = linear.check_options(opts, "beam_search", { beam = true, length_penalty = true, device = true })
+  opts = check.options("beam_search", opts, { beam = true, length_penalty = true, device = true })
   local k = opts.beam or 2
   if math.type(k) ~= "integer" or k < 1 then error("beam_search: beam must be a positive integer, got " .. tostring(k), 2) end
   local alpha = opts.length_penalty or 0.75

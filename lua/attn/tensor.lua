@@ -588,28 +588,26 @@ end
 
 -- ---------------------------------------------------------------- matmul
 
---- NumPy matmul: 1-D operands are promoted (and the added dim removed after).
+--- NumPy matmul. The C core decides the 1-D rule (a 1-D left operand acts
+-- as (1, K), a 1-D right one as (K, 1), and those dims are not in the result).
 function Tensor.matmul(a, b)
   if not is_tensor(a) or not is_tensor(b) then
     local bad = is_tensor(a) and b or a
     error(string.format("matmul: argument %d must be a tensor, got a %s", is_tensor(a) and 2 or 1, type(bad)), 2)
   end
-  local a_vec, b_vec = core.dim(a) == 1, core.dim(b) == 1
-  if a_vec or b_vec then
-    local inner_b = core.size(b, b_vec and 1 or -2)
-    if core.dim(a) >= 1 and core.dim(b) >= 1 and core.size(a, -1) ~= inner_b then
-      error(string.format("matmul: inner dims differ: [%s] @ [%s]", table.concat(core.shape(a), "x"),
-        table.concat(core.shape(b), "x")), 2)
-    end
-    local out = Tensor.matmul(a_vec and Tensor.unsqueeze(a, 1) or a, b_vec and Tensor.unsqueeze(b, 2) or b)
-    if b_vec then out = Tensor.squeeze(out, -1) end
-    if a_vec then out = Tensor.squeeze(out, b_vec and -1 or -2) end
-    return out
-  end
   local out = core.matmul(a, b)
   return record("matmul", out, { a, b }, function(g)
-    local ga = a._rg and sum_to(core.matmul(g, core.transpose(b, -1, -2)), core.shape(a)) or nil
-    local gb = b._rg and sum_to(core.matmul(core.transpose(a, -1, -2), g), core.shape(b)) or nil
+    -- The product's gradient is taken in the core's promoted shapes, then
+    -- viewed back to the operands' own (the promotion is only views).
+    local a_vec, b_vec = core.dim(a) == 1, core.dim(b) == 1
+    local a2 = a_vec and core.unsqueeze(a, 1) or a
+    local b2 = b_vec and core.unsqueeze(b, 2) or b
+    if b_vec then g = core.unsqueeze(g, -1) end
+    if a_vec then g = core.unsqueeze(g, -2) end
+    local ga = a._rg and sum_to(core.matmul(g, core.transpose(b2, -1, -2)), core.shape(a2)) or nil
+    local gb = b._rg and sum_to(core.matmul(core.transpose(a2, -1, -2), g), core.shape(b2)) or nil
+    if ga and a_vec then ga = core.select(ga, 1, 1) end
+    if gb and b_vec then gb = core.select(gb, 2, 1) end
     return ga, gb
   end)
 end

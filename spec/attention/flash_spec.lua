@@ -4,17 +4,7 @@
 -- off, dropout, each instruction set this CPU runs, and thread-count independence.
 local attn = require "attn"
 local core = attn.core
-
--- The flash kernel sets this machine can run (the portable one always).
-local function kernels()
-  local names = { "flash_generic" }
-  for _, k in ipairs { "flash_avx2", "flash_avx512" } do
-    local ok = pcall(core.sdpa_forward, attn.ones { 1, 1, 1 }, attn.ones { 1, 1, 1 }, attn.ones { 1, 1, 1 },
-      { kernel = k })
-    if ok then names[#names + 1] = k end
-  end
-  return names
-end
+local helper = require "helper"
 
 local function copy(t, extra)
   local o = {}
@@ -67,7 +57,7 @@ describe("flash dot-product attention", function()
     { "dropout with valid_lens", { 2, 65, 100, 8, 5 }, { dropout = 0.5, seed = 9, valid_lens = { 0, 30 } } },
     { "scale", { 1, 20, 30, 8, 8 }, { scale = 0.05 } },
   }
-  for _, kernel in ipairs(kernels()) do
+  for _, kernel in ipairs(helper.flash_kernels()) do
     for _, c in ipairs(cases) do
       it(kernel .. " equals the reference: " .. c[1], function()
         local s = c[2]

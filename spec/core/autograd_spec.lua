@@ -56,6 +56,11 @@ describe("autograd", function()
       matmul = function()
         return function(a, b, v) return a:matmul(b):matmul(v) + v:matmul(v) end, { P { 2, 3, 4 }, P { 4, 5 }, P { 5 } }
       end,
+      vector_matmul = function() -- the core's 1-D rule on each side of a batch, and a dot product
+        return function(u, m, w)
+          return u:matmul(m):sum() * 0.5 + m:matmul(w):sum() + u:matmul(u) * w:matmul(w)
+        end, { P { 4 }, P { 2, 4, 4 }, P { 4 } }
+      end,
       batched_broadcast_matmul = function()
         return function(a, b) return a:matmul(b) end, { P { 2, 1, 3, 4 }, P { 3, 4, 2 } }
       end,
@@ -63,6 +68,22 @@ describe("autograd", function()
         return function(a, b)
           return attn.cat({ a, b, a }, 2):sum(1):sum() + attn.stack({ a, b }, 3):sum(1) * 2
         end, { P { 2, 3 }, P { 2, 3 } }
+      end,
+      stack_every_dim = function() -- one node per stack; weights make each slice's gradient differ
+        local w = {}
+        for _, dim in ipairs { 1, 2, 3, -1, -2, -3 } do
+          local shape = { 2, 3 }
+          table.insert(shape, dim > 0 and dim or #shape + 2 + dim, 3)
+          w[dim] = attn.randn(shape, "float64")
+        end
+        return function(a, b, c)
+          local total
+          for dim, wd in pairs(w) do
+            local term = (attn.stack({ a, b, c }, dim) * wd):sum()
+            total = total and total + term or term
+          end
+          return total
+        end, { P { 2, 3 }, P { 2, 3 }, P { 2, 3 } }
       end,
     }
     for name, make in pairs(cases) do

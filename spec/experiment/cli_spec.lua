@@ -1,4 +1,5 @@
 local cli = require "attn.cli"
+local helper = require "helper"
 
 -- Runs cli.parse with exit/print captured: returns opts or {exit = code, text = printed}.
 local function run(argv, spec)
@@ -69,7 +70,7 @@ describe("attn.cli", function()
       local f = assert(io.open(name, "w"))
       f:write('local cli = require "attn.cli"\n', body)
       f:close()
-      local p = io.popen('LUA_PATH="lua/?.lua;lua/?/init.lua;;" lua5.4 ' .. name .. ' 2>&1; echo "status $?"')
+      local p = io.popen(helper.lua_command(name) .. ' 2>&1; echo "status $?"')
       local text = p:read("a")
       p:close()
       os.remove(name)

@@ -6,8 +6,7 @@ local function run_check(lines)
   local dir = helper.make_tmpdir()
   local names = dir .. "/names.txt"
   helper.write_bytes(names, table.concat(lines, "\n") .. "\n")
-  local p = assert(io.popen('LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="lua/?.so;;" lua5.4 tools/doc-check.lua '
-    .. names .. " 2>&1; echo \"exit $?\""))
+  local p = assert(io.popen(helper.lua_command("tools/doc-check.lua " .. names) .. " 2>&1; echo \"exit $?\""))
   local out = p:read("a")
   p:close()
   helper.remove_tree(dir)

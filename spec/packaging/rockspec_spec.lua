@@ -45,7 +45,8 @@ describe("packaging", function()
     local p = assert(io.popen("make --no-print-directory help"))
     local out = p:read("a")
     p:close()
-    local targets = { "all", "deps", "test", "lint", "doc", "doc-check", "install", "uninstall", "check-install", "clean" }
+    local targets = { "all", "deps", "test", "lint", "doc", "doc-check", "install", "uninstall", "check-install",
+      "check-aarch64", "clean" }
     for _, target in ipairs(targets) do
       local pattern = "\n  " .. target:gsub("%-", "%%-") .. " +%S" -- the name, spaces, its description
       assert.truthy(("\n" .. out):find(pattern), target .. " missing in:\n" .. out)

@@ -1,7 +1,7 @@
 /* The flash attention kernels (float32), written once: each src/cpu/flash_<isa>.c
  * defines FLASH_SUFFIX and the register block (FLASH_VL floats per vector,
  * FLASH_QV vectors by FLASH_NR broadcasts) and includes this file, compiled
- * with that ISA's flags (see the Makefile); src/attn_attention_flash.c picks
+ * with that ISA's flags (see the Makefile); src/attn_sdpa_flash.c picks
  * one set at run time.
  *
  * Layout: a tile keeps 64 queries (forward, dq) or 64 keys (dk, dv) in vector
@@ -107,13 +107,25 @@ static void query_ranges(const attn_attention_job *J, int64_t b, int64_t q0, int
       qa[o] = qb[o] = qe[o] = 0;
       continue;
     }
-    int64_t i = q0 + o, a, bb;
-    attn_attention_key_range(J, i, &a, &bb);
-    int64_t len = J->lens ? J->lens[b * J->Nq + i] : J->Nk;
-    qa[o] = a;
-    qb[o] = bb;
-    qe[o] = len < bb ? (len > a ? len : a) : bb;
+    attn_attention_rowmask m;
+    attn_attention_row_mask(J, b, q0 + o, &m);
+    qa[o] = m.a;
+    qb[o] = m.b;
+    qe[o] = m.e;
   }
+}
+
+/* query_ranges for a block of r queries from i0, and [*jlo, *jhi): the keys some row sees. */
+static void block_ranges(const attn_attention_job *J, int64_t b, int64_t i0, int64_t r, int64_t *qa, int64_t *qb,
+                         int64_t *qe, int64_t *jlo, int64_t *jhi) {
+  query_ranges(J, b, i0, r, qa, qb, qe);
+  *jlo = J->Nk;
+  *jhi = 0;
+  for (int64_t o = 0; o < r; o++)
+    if (qa[o] < qb[o]) {
+      if (qa[o] < *jlo) *jlo = qa[o];
+      if (qb[o] > *jhi) *jhi = qb[o];
+    }
 }
 
 enum { TILE_SKIP, TILE_CLEAN, TILE_MASKED };
@@ -170,6 +182,20 @@ static void mask_tile(const attn_attention_job *J, int64_t b, float *T, int64_t 
   }
 }
 
+/* Scores of query block (b, i0) (r queries, packed scaled in Qt) against keys [j0, j0 + nb) into
+ * S (one row per key, queries in lanes), masked; the tile's class is returned (TILE_SKIP: S is
+ * not written). level: each row's running max or log-sum-exp, for classify. */
+static inline int query_tile(const attn_flash_job *F, int64_t b, int64_t i0, int64_t r, int64_t j0, int64_t nb,
+                             const int64_t *qa, const int64_t *qb, const int64_t *qe, const float *level,
+                             const float *Qt, float *S) {
+  const attn_attention_job *J = F->J;
+  int cls = classify(J, r, j0, j0 + nb, qa, qb, qe, level, F->fill2);
+  if (cls == TILE_SKIP) return cls;
+  mk(J->d, nb, Qt, F->k.p + b * F->k.sb + j0 * F->k.sr, F->k.sr, 1, S, NULL, 0);
+  if (cls == TILE_MASKED) mask_tile(J, b, S, nb, 1, i0, j0, qa, qb, qe, F->fill2);
+  return cls;
+}
+
 /* ---- forward ---------------------------------------------------------------- */
 
 static void pack_t(float *dst, const float *src, int64_t sr, int64_t rows, int64_t width, float scale) {
@@ -185,26 +211,19 @@ void FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i
   float *Qt = ws, *Ot = Qt + d * TW, *S = Ot + dv * TW, *m = S + KT * TW, *l = m + TW, *al = l + TW, *mu = al + TW;
   float *sum = mu + TW;
   int64_t *qa = (int64_t *)(sum + TW), *qb = qa + TW, *qe = qb + TW;
-  query_ranges(J, b, i0, r, qa, qb, qe);
-  int64_t jlo = Nk, jhi = 0;
-  for (int64_t o = 0; o < r; o++)
-    if (qa[o] < qb[o]) {
-      if (qa[o] < jlo) jlo = qa[o];
-      if (qb[o] > jhi) jhi = qb[o];
-    }
+  int64_t jlo, jhi;
+  block_ranges(J, b, i0, r, qa, qb, qe, &jlo, &jhi);
   pack_t(Qt, F->q.p + b * F->q.sb + i0 * F->q.sr, F->q.sr, r, d, F->qscale);
   memset(Ot, 0, sizeof(float) * (size_t)(dv * TW));
   for (int64_t o = 0; o < TW; o++) {
     m[o] = -INFINITY;
     l[o] = 0;
   }
-  const float *K = F->k.p + b * F->k.sb, *V = F->v.p + b * F->v.sb;
+  const float *V = F->v.p + b * F->v.sb;
   for (int64_t j0 = jlo; j0 < jhi; j0 += KT) {
     int64_t nb = jhi - j0 < KT ? jhi - j0 : KT;
-    int cls = classify(J, r, j0, j0 + nb, qa, qb, qe, m, F->fill2);
+    int cls = query_tile(F, b, i0, r, j0, nb, qa, qb, qe, m, Qt, S);
     if (cls == TILE_SKIP) continue;
-    mk(d, nb, Qt, K + j0 * F->k.sr, F->k.sr, 1, S, NULL, 0);
-    if (cls == TILE_MASKED) mask_tile(J, b, S, nb, 1, i0, j0, qa, qb, qe, F->fill2);
     /* online softmax: new running max, rescale factor of what came before, exp2 and row sums */
     for (int64_t o = 0; o < TW; o++) mu[o] = m[o];
     for (int64_t n = 0; n < nb; n++)
@@ -228,11 +247,20 @@ void FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i
         for (int64_t o = 0; o < r; o++) S[n * TW + o] *= (float)attn_attention_keep(J, b, i0 + o, j0 + n);
     mk(nb, dv, S, V + j0 * F->v.sr, 1, F->v.sr, Ot, al, 2);
   }
+  /* bad[o]: a row with keys but no finite softmax (sum 0 or NaN: its scores overflowed to -inf, or
+   * to +inf or NaN), which gets NaN as softmax gives; a row without keys gets zeros */
+  unsigned char bad[TW];
   for (int64_t o = 0; o < r; o++) {
-    float inv = l[o] > 0 ? 1.0f / l[o] : 0.0f;
+    attn_attention_rowmask rm;
+    attn_attention_row_mask(J, b, i0 + o, &rm);
+    bad[o] = !(l[o] > 0) && attn_sdpa_row_has_key(J, &rm);
+    float inv = bad[o] ? NAN : l[o] > 0 ? 1.0f / l[o] : 0.0f;
     float *orow = F->out + ((b * Nq + i0 + o) * dv);
-    for (int64_t c = 0; c < dv; c++) orow[c] = Ot[c * TW + o] * inv;
-    if (F->lse) F->lse[b * Nq + i0 + o] = l[o] > 0 ? ((double)m[o] + log2((double)l[o])) * 0.6931471805599453 : INFINITY;
+    for (int64_t c = 0; c < dv; c++) orow[c] = bad[o] ? NAN : Ot[c * TW + o] * inv;
+    if (F->lse)
+      F->lse[b * Nq + i0 + o] = bad[o]     ? NAN
+                                : l[o] > 0 ? ((double)m[o] + log2((double)l[o])) * 0.6931471805599453
+                                           : INFINITY;
   }
   if (!F->weights) return;
   /* weights: the scores once more, normalised with the final max and sum */
@@ -243,10 +271,8 @@ void FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i
   }
   for (int64_t j0 = jlo; j0 < jhi; j0 += KT) {
     int64_t nb = jhi - j0 < KT ? jhi - j0 : KT;
-    int cls = classify(J, r, j0, j0 + nb, qa, qb, qe, m, F->fill2);
+    int cls = query_tile(F, b, i0, r, j0, nb, qa, qb, qe, m, Qt, S);
     if (cls == TILE_SKIP) continue;
-    mk(d, nb, Qt, K + j0 * F->k.sr, F->k.sr, 1, S, NULL, 0);
-    if (cls == TILE_MASKED) mask_tile(J, b, S, nb, 1, i0, j0, qa, qb, qe, F->fill2);
     for (int64_t n = 0; n < nb; n++)
       for (int64_t o = 0; o < TW; o++) S[n * TW + o] = exp2_f(S[n * TW + o] - mu[o]) * sum[o];
     for (int64_t o = 0; o < r; o++) {
@@ -254,6 +280,12 @@ void FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i
       for (int64_t n = 0; n < nb; n++) wrow[n] = S[n * TW + o];
     }
   }
+  for (int64_t o = 0; o < r; o++)
+    if (bad[o]) {
+      attn_attention_rowmask rm;
+      attn_attention_row_mask(J, b, i0 + o, &rm);
+      attn_sdpa_bad_row(J, F->weights + (b * Nq + i0 + o) * Nk, &rm);
+    }
 }
 
 /* ---- backward ----------------------------------------------------------------- */
@@ -267,13 +299,8 @@ void FLASH_FN(attn_flash_backward_q_)(const attn_flash_job *F, int64_t b, int64_
   float *Qt = ws, *dOt = Qt + d * TW, *dQt = dOt + dv * TW, *S = dQt + d * TW, *dP = S + TW * TW;
   float *lse2 = dP + TW * TW, *D = lse2 + TW;
   int64_t *qa = (int64_t *)(D + TW), *qb = qa + TW, *qe = qb + TW;
-  query_ranges(J, b, i0, r, qa, qb, qe);
-  int64_t jlo = J->Nk, jhi = 0;
-  for (int64_t o = 0; o < r; o++)
-    if (qa[o] < qb[o]) {
-      if (qa[o] < jlo) jlo = qa[o];
-      if (qb[o] > jhi) jhi = qb[o];
-    }
+  int64_t jlo, jhi;
+  block_ranges(J, b, i0, r, qa, qb, qe, &jlo, &jhi);
   pack_t(Qt, F->q.p + b * F->q.sb + i0 * F->q.sr, F->q.sr, r, d, F->qscale);
   pack_t(dOt, F->dout.p + b * F->dout.sb + i0 * F->dout.sr, F->dout.sr, r, dv, 1.0f);
   memset(dQt, 0, sizeof(float) * (size_t)(d * TW));
@@ -284,10 +311,8 @@ void FLASH_FN(attn_flash_backward_q_)(const attn_flash_job *F, int64_t b, int64_
   const float *K = F->k.p + b * F->k.sb, *V = F->v.p + b * F->v.sb;
   for (int64_t j0 = jlo; j0 < jhi; j0 += TW) {
     int64_t nb = jhi - j0 < TW ? jhi - j0 : TW;
-    int cls = classify(J, r, j0, j0 + nb, qa, qb, qe, lse2, F->fill2);
+    int cls = query_tile(F, b, i0, r, j0, nb, qa, qb, qe, lse2, Qt, S);
     if (cls == TILE_SKIP) continue;
-    mk(d, nb, Qt, K + j0 * F->k.sr, F->k.sr, 1, S, NULL, 0);
-    if (cls == TILE_MASKED) mask_tile(J, b, S, nb, 1, i0, j0, qa, qb, qe, F->fill2);
     mk(dv, nb, dOt, V + j0 * F->v.sr, F->v.sr, 1, dP, NULL, 0);
     if (J->dropout)
       for (int64_t n = 0; n < nb; n++)

@@ -1,4 +1,4 @@
-/* attn_attention_flash (internal): the per-ISA kernel sets behind the flash
+/* attn_sdpa_flash (internal): the per-ISA kernel sets behind the flash
  * attention dispatch. The AVX2 and AVX-512 sets exist only on x86-64. */
 #ifndef ATTN_FLASH_CPU_H
 #define ATTN_FLASH_CPU_H

@@ -12,6 +12,7 @@
 local attn = require "attn"
 local module = require "attn.nn.module"
 local linear = require "attn.nn.linear"
+local check = require "attn.check"
 
 local Module = module.Module
 local Linear, Dropout, Embedding = linear.Linear, linear.Dropout, linear.Embedding
@@ -24,14 +25,8 @@ local shape_str = require("attn.core").shape_str -- "[2x3]" from a tensor or a t
 local function read_options(who, names, first, ...)
   local o = {}
   if type(first) == "table" and not attn.is_tensor(first) then
-    local allowed = {}
-    for _, n in ipairs(names) do allowed[n] = true end
-    for k, v in pairs(first) do
-      if not allowed[k] then
-        error(string.format("%s: unknown option '%s' (expected %s)", who, tostring(k), table.concat(names, ", ")), 4)
-      end
-      o[k] = v
-    end
+    check.options(who, first, names, 5)
+    for k, v in pairs(first) do o[k] = v end
   else
     local args = table.pack(first, ...)
     for i, n in ipairs(names) do o[n] = args[i] end
@@ -40,11 +35,8 @@ local function read_options(who, names, first, ...)
 end
 
 local function need_int(who, o, name)
-  local v = o[name]
-  if math.type(v) ~= "integer" or v < 1 then
-    error(string.format("%s: %s must be a positive integer, got %s", who, name, tostring(v)), 4)
-  end
-  return v
+  check.positive_int(who, name, o[name], 5) -- (not a tail call: the level counts this frame)
+  return o[name]
 end
 
 local function valid_lens_tensor(v, dtype)
@@ -195,8 +187,8 @@ local function check_lens(lens, queries)
   if lens == nil or not attn.is_tensor(queries) or queries:dim() ~= 3 then return end
   local ls, qs = lens:shape(), queries:shape()
   if not ((#ls == 1 and ls[1] == qs[1]) or (#ls == 2 and ls[1] == qs[1] and ls[2] == qs[2])) then
-    error(string.format("MultiHeadAttention: valid_lens %s does not fit queries %s (expected [%d] or [%dx%d])",
-      shape_str(ls), shape_str(qs), qs[1], qs[1], qs[2]), 3)
+    error(string.format("MultiHeadAttention: valid_lens %s does not fit queries %s (expected %s or %s)",
+      shape_str(ls), shape_str(qs), shape_str({ qs[1] }), shape_str({ qs[1], qs[2] })), 3)
   end
 end
 

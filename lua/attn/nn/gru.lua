@@ -26,8 +26,9 @@
 local attn = require "attn"
 local autograd = require "attn.autograd"
 local module = require "attn.nn.module"
-local init = require "attn.nn.init_fns"
+local init = require "attn.nn.init"
 local linear = require "attn.nn.linear"
+local check = require "attn.check"
 
 local core = attn.core
 local record = autograd.record
@@ -60,21 +61,7 @@ local function unbind(x)
 end
 M.unbind = unbind
 
---- Stacks a list of equal-shape tensors along a new dim 1 (one node).
-local function stack(list)
-  if type(list) ~= "table" or getmetatable(list) == core.metatable then -- a tensor would be walked slice by slice
-    error("stack: expected a list of tensors", 2)
-  end
-  local parts = {}
-  for i, t in ipairs(list) do parts[i] = core.unsqueeze(t, 1) end
-  local out = core.cat(parts, 1)
-  return record("stack", out, list, function(g)
-    local gs = {}
-    for i = 1, #list do gs[i] = core.select(g, 1, i) end
-    return table.unpack(gs, 1, #list)
-  end)
-end
-M.stack = stack
+local stack = attn.stack
 
 --- One GRU step of the composed (reference) path as a single autograd node.
 -- gi (B, 3h): input projection W_ih x + b_ih; h (B, h); w_hh (3h, h); b_hh (3h).
@@ -155,8 +142,8 @@ end
 function GRU:init(a, b, c, d)
   local o
   if type(a) == "table" then
-    o = linear.check_options(a, "GRU", { input_size = true, num_hiddens = true, hidden_size = true,
-      num_layers = true, dropout = true, bias = true, dtype = true, fused = true })
+    o = check.options("GRU", a, { input_size = true, num_hiddens = true, hidden_size = true,
+      num_layers = true, dropout = true, bias = true, dtype = true, fused = true }, 4)
   else
     o = { input_size = a, num_hiddens = b, num_layers = c, dropout = d }
   end
@@ -207,7 +194,8 @@ function GRU:forward(X, h0)
     if not attn.is_tensor(h0) then error("GRU: h0 must be a tensor, got a " .. type(h0), 2) end
     local hs = h0:shape()
     if #hs ~= 3 or hs[1] ~= self.num_layers or hs[2] ~= B or hs[3] ~= H then
-      error(string.format("GRU: h0 %s must be (num_layers, B, h) = [%dx%dx%d]", shape_str(hs), self.num_layers, B, H), 2)
+      error(string.format("GRU: h0 %s must be (num_layers, B, h) = %s", shape_str(hs),
+        shape_str({ self.num_layers, B, H })), 2)
     end
   end
   if T == 0 then error("GRU: input " .. shape_str(s) .. " has no time steps", 2) end

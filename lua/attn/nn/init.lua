@@ -1,62 +1,79 @@
---- `attn.nn`: layers, losses and initialisers with the book's PyTorch names.
---
--- Classes: Module (base; see attn.nn.module for writing your own), Linear,
--- Embedding, Dropout, LayerNorm, ReLU, Identity, GELU, BatchNorm1d,
--- Sequential, ModuleList, ModuleDict, GRU, the book's seq2seq models
--- (Encoder, Decoder, AttentionDecoder, EncoderDecoder, Seq2SeqEncoder,
--- Seq2SeqDecoder, Seq2SeqAttentionDecoder; attn.nn.seq2seq) and Transformer
--- (PositionWiseFFN, AddNorm, TransformerEncoderBlock, TransformerEncoder,
--- TransformerDecoderBlock, TransformerDecoder; attn.nn.transformer), AdditiveAttention,
--- DotProductAttention, MultiHeadAttention, PositionalEncoding,
--- LearnedPositionalEncoding, CrossEntropyLoss, MaskedSoftmaxCELoss.
--- Functions: nn.init.* (xavier_uniform_, uniform_, normal_, zeros_, ...),
--- nn.clip_grad_norm_ (alias nn.clip_grad_norm), nn.masked_token_mean, nn.cross_entropy, nn.dropout,
--- nn.class / nn.is_module.
---
--- Construct a layer by calling its class (`nn.Linear(3, 4)`), run it by calling
--- the instance (`layer(x)`). Sequential children are named "0", "1", ... like
--- PyTorch's, so state dicts saved from the book's code load unchanged.
--- @module attn.nn
-local module = require "attn.nn.module"
-local linear = require "attn.nn.linear"
-local gru = require "attn.nn.gru"
-local attention = require "attn.nn.attention"
-local loss = require "attn.nn.loss"
-local clip = require "attn.nn.clip"
-local containers = require "attn.nn.containers"
-local layers = require "attn.nn.layers"
-local seq2seq = require "attn.nn.seq2seq"
-local transformer = require "attn.nn.transformer"
+--- `attn.nn.init`: in-place parameter initialisers, as in `torch.nn.init`.
+-- Every function fills its tensor in place outside autograd (so it works on
+-- parameters that require grad), draws from the engine's generator (seed it with
+-- `attn.manual_seed`), and returns the tensor.
+-- @module attn.nn.init
+local attn = require "attn"
 
-local nn = {
-  Module = module.Module,
-  class = module.class,
-  is_module = module.is_module,
-  init = require "attn.nn.init_fns",
-  clip_grad_norm_ = clip.clip_grad_norm_,
-  clip_grad_norm = clip.clip_grad_norm_, -- the name before PyTorch's in-place underscore
-  dropout = linear.dropout,
-}
+local init = {}
 
-for _, name in ipairs { "Linear", "Embedding", "Dropout", "LayerNorm", "ReLU", "Sequential" } do nn[name] = linear[name] end
-for _, name in ipairs { "ModuleList", "ModuleDict" } do nn[name] = containers[name] end
-for _, name in ipairs { "Identity", "GELU", "BatchNorm1d" } do nn[name] = layers[name] end
-for _, name in ipairs { "Encoder", "Decoder", "AttentionDecoder", "EncoderDecoder", "Seq2SeqEncoder", "Seq2SeqDecoder",
-  "Seq2SeqAttentionDecoder" } do
-  nn[name] = seq2seq[name]
-end
-for _, name in ipairs { "PositionWiseFFN", "AddNorm", "TransformerEncoderBlock", "TransformerEncoder",
-  "TransformerDecoderBlock", "TransformerDecoder" } do
-  nn[name] = transformer[name]
-end
-nn.GRU = gru.GRU
-nn.cross_entropy = loss.cross_entropy
-nn.masked_token_mean = loss.masked_token_mean
-nn.CrossEntropyLoss = loss.CrossEntropyLoss
-nn.MaskedSoftmaxCELoss = loss.MaskedSoftmaxCELoss
-for _, name in ipairs { "AdditiveAttention", "DotProductAttention", "MultiHeadAttention", "PositionalEncoding",
-  "LearnedPositionalEncoding" } do
-  nn[name] = attention[name]
+local function check(t, fn)
+  if not attn.is_tensor(t) then error(string.format("%s: expected a tensor, got a %s", fn, type(t)), 3) end
 end
 
-return nn
+--- fan_in, fan_out of a weight of shape (out, in, ...) as PyTorch computes them.
+-- @raise for tensors with fewer than 2 dims
+function init.fans(t)
+  check(t, "fans")
+  local s = t:shape()
+  if #s < 2 then
+    error(string.format("fans: fan in and fan out need a tensor with at least 2 dims, got %s", attn.core.shape_str(s)), 2)
+  end
+  local receptive = 1
+  for d = 3, #s do receptive = receptive * s[d] end
+  return s[2] * receptive, s[1] * receptive
+end
+
+--- Fills t with U(a, b) (defaults 0, 1).
+function init.uniform_(t, a, b)
+  check(t, "uniform_")
+  attn.no_grad(function() attn.core.uniform_(t, a or 0, b or 1) end)
+  return t
+end
+
+--- Fills t with N(mean, std^2) (defaults 0, 1).
+function init.normal_(t, mean, std)
+  check(t, "normal_")
+  attn.no_grad(function() attn.core.normal_(t, mean or 0, std or 1) end)
+  return t
+end
+
+--- Fills t with a constant.
+function init.constant_(t, value)
+  check(t, "constant_")
+  attn.no_grad(function() attn.core.fill_(t, value) end)
+  return t
+end
+
+--- Fills t with zeros.
+function init.zeros_(t) return init.constant_(t, 0) end
+
+--- Fills t with ones.
+function init.ones_(t) return init.constant_(t, 1) end
+
+--- Xavier/Glorot uniform: U(-b, b), b = gain * sqrt(6 / (fan_in + fan_out)).
+function init.xavier_uniform_(t, gain)
+  check(t, "xavier_uniform_")
+  local fan_in, fan_out = init.fans(t)
+  local bound = (gain or 1) * math.sqrt(6 / (fan_in + fan_out))
+  return init.uniform_(t, -bound, bound)
+end
+
+--- Xavier/Glorot normal: N(0, std^2), std = gain * sqrt(2 / (fan_in + fan_out)).
+function init.xavier_normal_(t, gain)
+  check(t, "xavier_normal_")
+  local fan_in, fan_out = init.fans(t)
+  return init.normal_(t, 0, (gain or 1) * math.sqrt(2 / (fan_in + fan_out)))
+end
+
+--- Kaiming/He uniform over fan_in with leaky-ReLU slope `a` (default 0):
+-- bound = sqrt(6 / ((1 + a^2) * fan_in)). With a = sqrt(5) this is PyTorch's
+-- Linear default, U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+function init.kaiming_uniform_(t, a)
+  check(t, "kaiming_uniform_")
+  local fan_in = init.fans(t)
+  local bound = math.sqrt(6 / ((1 + (a or 0) ^ 2) * fan_in))
+  return init.uniform_(t, -bound, bound)
+end
+
+return init

@@ -3,7 +3,7 @@
 -- @module attn.nn.layers
 local attn = require "attn"
 local module = require "attn.nn.module"
-local linear = require "attn.nn.linear"
+local check = require "attn.check"
 
 local Module = module.Module
 local shape_str = attn.core.shape_str
@@ -46,7 +46,7 @@ local GELU = Module:extend("GELU")
 M.GELU = GELU
 
 function GELU:init(opts)
-  opts = linear.check_options(opts, "GELU", { approximate = true })
+  opts = check.options("GELU", opts, { approximate = true }, 4)
   local a = opts.approximate or "none"
   if a ~= "none" and a ~= "tanh" then
     error(string.format("GELU: approximate must be 'none' or 'tanh', got '%s'", tostring(a)), 3)
@@ -80,11 +80,9 @@ local BatchNorm1d = Module:extend("BatchNorm1d")
 M.BatchNorm1d = BatchNorm1d
 
 function BatchNorm1d:init(num_features, opts)
-  if math.type(num_features) ~= "integer" or num_features < 1 then
-    error("BatchNorm1d: num_features must be a positive integer, got " .. tostring(num_features), 3)
-  end
-  opts = linear.check_options(opts, "BatchNorm1d",
-    { eps = true, momentum = true, affine = true, track_running_stats = true, dtype = true })
+  check.positive_int("BatchNorm1d", "num_features", num_features, 4)
+  opts = check.options("BatchNorm1d", opts,
+    { eps = true, momentum = true, affine = true, track_running_stats = true, dtype = true }, 4)
   local dtype = opts.dtype or "float32"
   self.num_features = num_features
   self.eps = opts.eps or 1e-5

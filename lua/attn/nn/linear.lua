@@ -3,8 +3,9 @@
 -- @module attn.nn.linear
 local attn = require "attn"
 local module = require "attn.nn.module"
-local init = require "attn.nn.init_fns"
+local init = require "attn.nn.init"
 local autograd = require "attn.autograd"
+local check = require "attn.check"
 
 local Module = module.Module
 local core = attn.core
@@ -13,40 +14,18 @@ local M = {}
 
 local shape_str = core.shape_str -- "[2x3]" from a tensor or a table of sizes
 
-local function check_tensor(v, who, what)
-  if not attn.is_tensor(v) then
-    error(string.format("%s: %s must be a tensor, got a %s", who, what, type(v)), 3)
-  end
-end
-
-local function check_positive_int(v, who, what)
-  if math.type(v) ~= "integer" or v < 1 then
-    error(string.format("%s: %s must be a positive integer, got %s", who, what, tostring(v)), 3)
-  end
-end
-M.check_positive_int = check_positive_int
-
-local function check_options(opts, who, allowed)
-  if opts == nil then return {} end
-  if type(opts) ~= "table" then error(string.format("%s: options must be a table, got a %s", who, type(opts)), 3) end
-  for k in pairs(opts) do
-    if not allowed[k] then error(string.format("%s: unknown option '%s'", who, tostring(k)), 3) end
-  end
-  return opts
-end
-M.check_options = check_options
-M.check_positive_int = check_positive_int
-
 -- ---------------------------------------------------------------- dropout (functional)
 
 --- Inverted dropout: in training, zeroes each entry with probability p and
 -- scales the rest by 1/(1-p); identity when not training or p = 0.
+-- The mask is the engine's one dropout mechanism (src/attn_dropout.h), as in
+-- the attention kernels and the fused GRU: a hash of a seed drawn from the
+-- generator (so `attn.manual_seed` fixes it) and of each entry's row-major
+-- index, rebuilt from the seed in backward, the same on every thread count.
 function M.dropout(x, p, training)
   if not training or p == 0 then return x end
-  if p >= 1 then return x * 0 end
-  local mask = core.bernoulli(x:shape(), 1 - p, x:dtype())
-  core.mul_(mask, 1 / (1 - p))
-  return x * mask
+  local out, seed = core.dropout(x, p)
+  return autograd.record("dropout", out, { x }, function(g) return (core.dropout(g, p, seed)) end)
 end
 
 -- ---------------------------------------------------------------- Linear
@@ -59,9 +38,9 @@ local Linear = Module:extend("Linear")
 M.Linear = Linear
 
 function Linear:init(in_features, out_features, opts)
-  check_positive_int(in_features, "Linear", "in_features")
-  check_positive_int(out_features, "Linear", "out_features")
-  opts = check_options(opts, "Linear", { bias = true, dtype = true })
+  check.positive_int("Linear", "in_features", in_features, 4)
+  check.positive_int("Linear", "out_features", out_features, 4)
+  opts = check.options("Linear", opts, { bias = true, dtype = true }, 4)
   self.in_features, self.out_features = in_features, out_features
   local dtype = opts.dtype or "float32"
   self:register_parameter("weight", attn.empty({ out_features, in_features }, dtype))
@@ -99,7 +78,7 @@ function M.linear(x, weight, bias)
 end
 
 function Linear:forward(x)
-  check_tensor(x, "Linear", "input")
+  check.tensor("Linear", "input", x)
   local s = x:shape()
   local n = #s
   if n == 0 or s[n] ~= self.in_features then
@@ -124,9 +103,9 @@ local Embedding = Module:extend("Embedding")
 M.Embedding = Embedding
 
 function Embedding:init(num_embeddings, embedding_dim, opts)
-  check_positive_int(num_embeddings, "Embedding", "num_embeddings")
-  check_positive_int(embedding_dim, "Embedding", "embedding_dim")
-  opts = check_options(opts, "Embedding", { dtype = true })
+  check.positive_int("Embedding", "num_embeddings", num_embeddings, 4)
+  check.positive_int("Embedding", "embedding_dim", embedding_dim, 4)
+  opts = check.options("Embedding", opts, { dtype = true }, 4)
   self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
   self:register_parameter("weight", attn.randn({ num_embeddings, embedding_dim }, opts.dtype or "float32"))
 end
@@ -135,7 +114,7 @@ end
 -- integers), validated in the core against 1..num_embeddings.
 function Embedding:forward(ids)
   if type(ids) == "table" and not attn.is_tensor(ids) then ids = attn.tensor(ids, "float64") end
-  check_tensor(ids, "Embedding", "ids")
+  check.tensor("Embedding", "ids", ids)
   local shape = ids:shape()
   core.check_ids(ids, self.num_embeddings, "Embedding", "token id", "ids " .. shape_str(shape))
   local out = self.weight:index_select(1, ids:reshape({ -1 }))
@@ -162,7 +141,7 @@ function Dropout:init(p)
 end
 
 function Dropout:forward(x)
-  check_tensor(x, "Dropout", "input")
+  check.tensor("Dropout", "input", x)
   return M.dropout(x, self.p, self.training)
 end
 
@@ -183,8 +162,8 @@ function LayerNorm:init(normalized_shape, opts)
   if type(normalized_shape) ~= "table" or #normalized_shape == 0 then
     error("LayerNorm: normalized_shape must be a size or a non-empty table of sizes", 3)
   end
-  for _, d in ipairs(normalized_shape) do check_positive_int(d, "LayerNorm", "normalized_shape entry") end
-  opts = check_options(opts, "LayerNorm", { eps = true, elementwise_affine = true, dtype = true })
+  for _, d in ipairs(normalized_shape) do check.positive_int("LayerNorm", "normalized_shape entry", d, 4) end
+  opts = check.options("LayerNorm", opts, { eps = true, elementwise_affine = true, dtype = true }, 4)
   self.normalized_shape = { table.unpack(normalized_shape) }
   self.eps = opts.eps or 1e-5
   if type(self.eps) ~= "number" or not (self.eps >= 0 and self.eps < math.huge) then -- NaN fails too
@@ -201,7 +180,7 @@ function LayerNorm:init(normalized_shape, opts)
 end
 
 function LayerNorm:forward(x)
-  check_tensor(x, "LayerNorm", "input")
+  check.tensor("LayerNorm", "input", x)
   local s, ns = x:shape(), self.normalized_shape
   local k, n = #ns, #s
   local ok = n >= k
@@ -268,7 +247,7 @@ local ReLU = Module:extend("ReLU")
 M.ReLU = ReLU
 
 function ReLU.forward(_, x)
-  check_tensor(x, "ReLU", "input")
+  check.tensor("ReLU", "input", x)
   return x:relu()
 end
 

@@ -16,7 +16,7 @@
 -- @module attn.nn.loss
 local attn = require "attn"
 local module = require "attn.nn.module"
-local linear = require "attn.nn.linear"
+local check = require "attn.check"
 
 local Module = module.Module
 local core = require "attn.core"
@@ -75,7 +75,7 @@ M.CrossEntropyLoss = CrossEntropyLoss
 local reductions = { mean = true, sum = true, none = true }
 
 function CrossEntropyLoss:init(opts)
-  opts = linear.check_options(opts, "CrossEntropyLoss", { reduction = true })
+  opts = check.options("CrossEntropyLoss", opts, { reduction = true }, 4)
   local r = opts.reduction or "mean"
   if not reductions[r] then
     error(string.format("CrossEntropyLoss: reduction must be 'mean', 'sum' or 'none', got '%s'", tostring(r)), 3)

@@ -24,6 +24,7 @@
 local attn = require "attn"
 local module = require "attn.nn.module"
 local linear = require "attn.nn.linear"
+local check = require "attn.check"
 local gru = require "attn.nn.gru"
 local attention = require "attn.nn.attention"
 
@@ -42,7 +43,7 @@ local function check_ids(who, X)
 end
 
 local function need_size(who, what, v)
-  linear.check_positive_int(v, who, what)
+  check.positive_int(who, what, v)
   return v
 end
 
@@ -139,7 +140,7 @@ M.Seq2SeqDecoder = Seq2SeqDecoder
 
 function Seq2SeqDecoder:init(vocab_size, embed_size, num_hiddens, num_layers, dropout, opts)
   local v, e, h, l, p = sizes("Seq2SeqDecoder", vocab_size, embed_size, num_hiddens, num_layers, dropout)
-  opts = linear.check_options(opts, "Seq2SeqDecoder", { fixed_context = true })
+  opts = check.options("Seq2SeqDecoder", opts, { fixed_context = true }, 4)
   self.fixed_context = opts.fixed_context == true
   self.embedding = Embedding(v, e)
   self.rnn = gru.GRU(e + h, h, l, p)
@@ -190,7 +191,7 @@ M.Seq2SeqAttentionDecoder = Seq2SeqAttentionDecoder
 function Seq2SeqAttentionDecoder:init(vocab_size, embed_size, num_hiddens, num_layers, dropout, opts)
   local who = "Seq2SeqAttentionDecoder"
   local v, e, h, l, p = sizes(who, vocab_size, embed_size, num_hiddens, num_layers, dropout)
-  opts = linear.check_options(opts, who, { scoring = true })
+  opts = check.options(who, opts, { scoring = true }, 4)
   local scoring = opts.scoring or "additive"
   if scoring == "additive" then
     self.attention = attention.AdditiveAttention(h, h, h, p)

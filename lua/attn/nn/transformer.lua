@@ -22,6 +22,7 @@
 local attn = require "attn"
 local module = require "attn.nn.module"
 local linear = require "attn.nn.linear"
+local check = require "attn.check"
 local attention = require "attn.nn.attention"
 local containers = require "attn.nn.containers"
 local seq2seq = require "attn.nn.seq2seq"
@@ -193,7 +194,7 @@ M.TransformerDecoder = TransformerDecoder
 
 function TransformerDecoder:init(vocab_size, key_size, query_size, value_size, num_hiddens, norm_shape, ffn_num_input,
                                  ffn_num_hiddens, num_heads, num_layers, dropout, opts)
-  opts = linear.check_options(opts, "TransformerDecoder", { positions = true })
+  opts = check.options("TransformerDecoder", opts, { positions = true }, 4)
   local positions = opts.positions or "book"
   if positions ~= "book" and positions ~= "absolute" then
     error(string.format("TransformerDecoder: positions must be 'book' or 'absolute', got '%s'", tostring(positions)),

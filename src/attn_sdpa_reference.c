@@ -1,7 +1,7 @@
-/* Block drivers of the attention kernels: for each (batch, block of query
- * rows) the scores come from one gemm (or a copy of the given scores), the
- * softmax runs row by row in a BLK x Nk workspace, and the weighted sum is a
- * second gemm; the backward recomputes or reads the weights per block. */
+/* The blocked reference path of dot-product attention, which is also the kernel of attention over
+ * given scores: for each (batch, block of query rows) the scores come from one gemm (or a copy of
+ * the given scores), the softmax runs row by row in a BLK x Nk workspace (src/attn_sdpa_rows.c),
+ * and the weighted sum is a second gemm; the backward recomputes or reads the weights per block. */
 #include <cblas.h>
 #include <string.h>
 
@@ -21,38 +21,24 @@ static void gemm(attn_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K,
     cblas_dgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, alpha, A, lda, B, ldb, beta, C, (int)ldc);
 }
 
-#define key_range attn_attention_key_range
-
-static int64_t row_len(const attn_attention_job *J, int64_t b, int64_t i) {
-  return J->lens ? J->lens[b * J->Nq + i] : J->Nk;
-}
-
-/* Weights of block (b, rows i0..i0+r) into ws (r x Nk); per-row nonzero
- * ranges into rn0/rn1 and their union into *n0, *n1. */
-static void block_probs(const attn_attention_job *J, int64_t b, int64_t i0, int64_t r, char *ws, int64_t *rn0,
-                        int64_t *rn1, int64_t *n0, int64_t *n1) {
+/* Weights of block (b, rows i0..i0+r) into ws (r x Nk); per-row masks into rm, per-row live ranges
+ * (attn_sdpa_live_range) into rn0/rn1 and their union into *n0, *n1. */
+static void block_probs(const attn_attention_job *J, int64_t b, int64_t i0, int64_t r, char *ws,
+                        attn_attention_rowmask *rm, int64_t *rn0, int64_t *rn1, int64_t *n0, int64_t *n1) {
   const size_t es = J->es;
   const int64_t Nk = J->Nk;
   int64_t lo = Nk, hi = 0;
+  for (int64_t rr = 0; rr < r; rr++) attn_attention_row_mask(J, b, i0 + rr, &rm[rr]);
   if (J->has_wst) {
-    for (int64_t rr = 0; rr < r; rr++) {
-      char *x = ws + (size_t)(rr * Nk) * es;
-      J->ops->load_row(x, attn_attention_at(&J->wst, es, b, i0 + rr, 0), J->wst.sc, Nk, 1.0);
-      J->ops->nonzero_range(x, Nk, &rn0[rr], &rn1[rr]);
-    }
+    for (int64_t rr = 0; rr < r; rr++)
+      attn_sdpa_load_row(J, ws + (size_t)(rr * Nk) * es, attn_attention_at(&J->wst, es, b, i0 + rr, 0), J->wst.sc, Nk, 1.0);
   } else {
-    /* columns whose scores some row needs */
-    for (int64_t rr = 0; rr < r; rr++) {
-      int64_t a, bb, len = row_len(J, b, i0 + rr);
-      key_range(J, i0 + rr, &a, &bb);
-      int64_t e = len < bb ? (len > a ? len : a) : bb;
-      rn0[rr] = a;
-      rn1[rr] = e;
-      if (a < e) {
-        if (a < lo) lo = a;
-        if (e > hi) hi = e;
+    /* columns whose scores some row needs: the unfilled keys [a, e) */
+    for (int64_t rr = 0; rr < r; rr++)
+      if (rm[rr].a < rm[rr].e) {
+        if (rm[rr].a < lo) lo = rm[rr].a;
+        if (rm[rr].e > hi) hi = rm[rr].e;
       }
-    }
     if (hi > lo) {
       if (J->dot) {
         if (J->d > 0)
@@ -62,26 +48,22 @@ static void block_probs(const attn_attention_job *J, int64_t b, int64_t i0, int6
           for (int64_t rr = 0; rr < r; rr++) memset(ws + (size_t)(rr * Nk + lo) * es, 0, (size_t)(hi - lo) * es);
       } else {
         for (int64_t rr = 0; rr < r; rr++)
-          if (rn1[rr] > rn0[rr])
-            J->ops->load_row(ws + (size_t)(rr * Nk + rn0[rr]) * es, attn_attention_at(&J->sc, es, b, i0 + rr, rn0[rr]),
-                             J->sc.sc, rn1[rr] - rn0[rr], J->scale);
+          if (rm[rr].e > rm[rr].a)
+            attn_sdpa_load_row(J, ws + (size_t)(rr * Nk + rm[rr].a) * es, attn_attention_at(&J->sc, es, b, i0 + rr, rm[rr].a),
+                             J->sc.sc, rm[rr].e - rm[rr].a, J->scale);
       }
     }
-    for (int64_t rr = 0; rr < r; rr++) {
-      int64_t i = i0 + rr, a, bb;
-      key_range(J, i, &a, &bb);
-      const void *mrow = NULL;
-      if (J->mask) mrow = J->mask + (size_t)(b * J->msb + i * J->msr) * attn_dtype_size(J->mdt);
-      J->ops->softmax_row(ws + (size_t)(rr * Nk) * es, Nk, a, bb, rn1[rr], mrow, J->msc, J->mdt, &rn0[rr], &rn1[rr]);
-    }
+    for (int64_t rr = 0; rr < r; rr++) attn_sdpa_softmax_row(J, ws + (size_t)(rr * Nk) * es, &rm[rr]);
   }
   lo = Nk;
   hi = 0;
-  for (int64_t rr = 0; rr < r; rr++)
+  for (int64_t rr = 0; rr < r; rr++) {
+    attn_sdpa_live_range(J, &rm[rr], ws + (size_t)(rr * Nk) * es, &rn0[rr], &rn1[rr]);
     if (rn1[rr] > rn0[rr]) {
       if (rn0[rr] < lo) lo = rn0[rr];
       if (rn1[rr] > hi) hi = rn1[rr];
     }
+  }
   if (hi <= lo) lo = hi = 0;
   *n0 = lo;
   *n1 = hi;
@@ -104,16 +86,17 @@ static void forward_task(void *ctx, int64_t begin, int64_t end) {
     return;
   }
   int64_t *rn0 = (int64_t *)(ws + (size_t)(BLK * (Nk > 0 ? Nk : 1)) * es), *rn1 = rn0 + BLK;
+  attn_attention_rowmask rm[BLK];
   for (int64_t item = begin; item < end; item++) {
     int64_t b = item / J->nblk, i0 = (item % J->nblk) * BLK;
     int64_t r = J->Nq - i0 < BLK ? J->Nq - i0 : BLK, n0, n1;
-    block_probs(J, b, i0, r, ws, rn0, rn1, &n0, &n1);
+    block_probs(J, b, i0, r, ws, rm, rn0, rn1, &n0, &n1);
     if (J->weights) memcpy(J->weights + (size_t)((b * J->Nq + i0) * Nk) * es, ws, (size_t)(r * Nk) * es);
     if (!J->out) continue;
     char *out = J->out + (size_t)((b * J->Nq + i0) * dv) * es;
     if (J->dropout)
       for (int64_t rr = 0; rr < r; rr++)
-        J->ops->dropout_row(ws + (size_t)(rr * Nk) * es, rn0[rr], rn1[rr], stream_base(J, b, i0 + rr), &J->drop);
+        attn_sdpa_dropout_row(J, ws + (size_t)(rr * Nk) * es, rn0[rr], rn1[rr], stream_base(J, b, i0 + rr));
     if (dv == 0) continue;
     if (n1 > n0)
       gemm(J->dt, 0, J->v.trans, r, dv, n1 - n0, 1.0, ws + (size_t)n0 * es, (int)Nk,
@@ -122,8 +105,8 @@ static void forward_task(void *ctx, int64_t begin, int64_t end) {
       memset(out, 0, (size_t)(r * dv) * es);
     for (int64_t rr = 0; rr < r; rr++) {
       char *orow = out + (size_t)(rr * dv) * es;
-      if (!J->ops->row_finite(orow, dv))
-        J->ops->combine_row(ws + (size_t)(rr * Nk) * es, rn0[rr], rn1[rr], &J->v, b, orow, dv);
+      if (!attn_sdpa_row_finite(J, orow, dv))
+        attn_sdpa_combine_row(J, &rm[rr], ws + (size_t)(rr * Nk) * es, rn0[rr], rn1[rr], &J->v, b, orow, dv);
     }
   }
   attn_free(ws, cap);
@@ -143,6 +126,7 @@ static void backward_task(void *ctx, int64_t begin, int64_t end) {
   }
   char *dP = P + BLK * row_bytes;
   int64_t *rn0 = (int64_t *)(dP + BLK * row_bytes), *rn1 = rn0 + BLK;
+  attn_attention_rowmask rm[BLK];
   for (int64_t item = begin; item < end; item++) {
     int64_t b = item / G, g = item % G;
     int64_t blk0 = g * J->nblk / G, blk1 = (g + 1) * J->nblk / G;
@@ -157,7 +141,7 @@ static void backward_task(void *ctx, int64_t begin, int64_t end) {
     }
     for (int64_t blk = blk0; blk < blk1; blk++) {
       int64_t i0 = blk * BLK, r = Nq - i0 < BLK ? Nq - i0 : BLK, n0, n1;
-      block_probs(J, b, i0, r, P, rn0, rn1, &n0, &n1);
+      block_probs(J, b, i0, r, P, rm, rn0, rn1, &n0, &n1);
       char *dq = J->gq ? J->gq + (size_t)((b * Nq + i0) * d) * es : NULL;
       char *ds = J->gs ? J->gs + (size_t)((b * Nq + i0) * Nk) * es : NULL;
       if (ds) memset(ds, 0, (size_t)(r * Nk) * es);
@@ -172,17 +156,17 @@ static void backward_task(void *ctx, int64_t begin, int64_t end) {
              attn_attention_at(&J->v, es, b, n0, 0), J->v.ld, 0.0, dP + (size_t)n0 * es, Nk);
         if (J->dropout)
           for (int64_t rr = 0; rr < r; rr++)
-            J->ops->dropout_row(dP + (size_t)(rr * Nk) * es, n0, n1, stream_base(J, b, i0 + rr), &J->drop);
+            attn_sdpa_dropout_row(J, dP + (size_t)(rr * Nk) * es, n0, n1, stream_base(J, b, i0 + rr));
       } else {
         for (int64_t rr = 0; rr < r; rr++) memset(dP + (size_t)(rr * Nk + n0) * es, 0, (size_t)m * es);
       }
       if (J->has_dw)
         for (int64_t rr = 0; rr < r; rr++)
-          J->ops->add_row(dP + (size_t)(rr * Nk + n0) * es, attn_attention_at(&J->dw, es, b, i0 + rr, n0), J->dw.sc, m);
+          attn_sdpa_add_row(J, dP + (size_t)(rr * Nk + n0) * es, attn_attention_at(&J->dw, es, b, i0 + rr, n0), J->dw.sc, m);
       /* dL/dscores (dot mode: times scale) */
       for (int64_t rr = 0; rr < r; rr++)
-        J->ops->softmax_back_row(P + (size_t)(rr * Nk) * es, dP + (size_t)(rr * Nk) * es, n0, n1,
-                                 row_len(J, b, i0 + rr), J->scale);
+        attn_sdpa_softmax_back_row(J, P + (size_t)(rr * Nk) * es, dP + (size_t)(rr * Nk) * es, n0, n1, &rm[rr],
+                                 J->scale);
       if (ds)
         for (int64_t rr = 0; rr < r; rr++)
           memcpy(ds + (size_t)(rr * Nk + n0) * es, dP + (size_t)(rr * Nk + n0) * es, (size_t)m * es);
@@ -192,25 +176,26 @@ static void backward_task(void *ctx, int64_t begin, int64_t end) {
                attn_attention_at(&J->k, es, b, n0, 0), J->k.ld, 0.0, dq, d);
         for (int64_t rr = 0; rr < r; rr++) {
           char *row = dq + (size_t)(rr * d) * es;
-          if (!J->ops->row_finite(row, d)) J->ops->combine_row(dP + (size_t)(rr * Nk) * es, n0, n1, &J->k, b, row, d);
+          if (!attn_sdpa_row_finite(J, row, d))
+            attn_sdpa_combine_row(J, &rm[rr], dP + (size_t)(rr * Nk) * es, n0, n1, &J->k, b, row, d);
         }
       }
       if (acc_k && d > 0) {
-        if (J->ops->block_finite(&J->q, b, i0, r, d))
+        if (attn_sdpa_block_finite(J, &J->q, b, i0, r, d))
           gemm(J->dt, 1, J->q.trans, m, d, r, 1.0, dP + (size_t)n0 * es, (int)Nk,
                attn_attention_at(&J->q, es, b, i0, 0), J->q.ld, 1.0, acc_k + (size_t)(n0 * d) * es, d);
         else
-          J->ops->outer_acc(dP, Nk, r, n0, n1, &J->q, b, i0, acc_k, d);
+          attn_sdpa_outer_acc(J, rm, dP, Nk, r, n0, n1, &J->q, b, i0, acc_k, d);
       }
       if (acc_v && J->has_dout && dv > 0) {
         if (J->dropout)
           for (int64_t rr = 0; rr < r; rr++)
-            J->ops->dropout_row(P + (size_t)(rr * Nk) * es, n0, n1, stream_base(J, b, i0 + rr), &J->drop);
-        if (J->ops->block_finite(&J->dout, b, i0, r, dv))
+            attn_sdpa_dropout_row(J, P + (size_t)(rr * Nk) * es, n0, n1, stream_base(J, b, i0 + rr));
+        if (attn_sdpa_block_finite(J, &J->dout, b, i0, r, dv))
           gemm(J->dt, 1, J->dout.trans, m, dv, r, 1.0, P + (size_t)n0 * es, (int)Nk,
                attn_attention_at(&J->dout, es, b, i0, 0), J->dout.ld, 1.0, acc_v + (size_t)(n0 * dv) * es, dv);
         else
-          J->ops->outer_acc(P, Nk, r, n0, n1, &J->dout, b, i0, acc_v, dv);
+          attn_sdpa_outer_acc(J, rm, P, Nk, r, n0, n1, &J->dout, b, i0, acc_v, dv);
       }
     }
   }
@@ -228,13 +213,13 @@ static void reduce_task(void *ctx, int64_t begin, int64_t end) {
       char *dst = J->gk + (size_t)((b * Nk + j) * J->d) * es;
       memcpy(dst, J->partial_k + (size_t)(((b * G) * Nk + j) * J->d) * es, (size_t)J->d * es);
       for (int64_t g = 1; g < G; g++)
-        J->ops->add_vec(dst, J->partial_k + (size_t)(((b * G + g) * Nk + j) * J->d) * es, J->d);
+        attn_sdpa_add_row(J, dst, J->partial_k + (size_t)(((b * G + g) * Nk + j) * J->d) * es, 1, J->d);
     }
     if (J->gv && J->has_v) {
       char *dst = J->gv + (size_t)((b * Nk + j) * J->dv) * es;
       memcpy(dst, J->partial_v + (size_t)(((b * G) * Nk + j) * J->dv) * es, (size_t)J->dv * es);
       for (int64_t g = 1; g < G; g++)
-        J->ops->add_vec(dst, J->partial_v + (size_t)(((b * G + g) * Nk + j) * J->dv) * es, J->dv);
+        attn_sdpa_add_row(J, dst, J->partial_v + (size_t)(((b * G + g) * Nk + j) * J->dv) * es, 1, J->dv);
     }
   }
 }

@@ -1,54 +1,16 @@
-/* The smaller attention kernels: d2l's sequence_mask, additive attention
- * scores (forward and backward without the (B, Nq, Nk, h) tensor; float32
- * through the vectorised tanh, one tanh per pair in the backward) and the
- * sinusoidal positional encoding. */
+/* Additive attention scores (d2l's AdditiveAttention): w_v . tanh(q + k) for every (query, key)
+ * pair, forward and backward, without the (B, Nq, Nk, h) tensor the book builds. float64 is the
+ * plain reference (libm tanh, double sums); float32 goes through the vectorised tanh over blocks
+ * of pairs, one tanh per pair in the backward. The masking, softmax and weighted sum that follow
+ * are attention over given scores (src/attn_attention.c). */
 #include <math.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "attn_alloc.h"
 #include "attn_attention.h"
 #include "attn_parallel.h"
 #include "attn_vmath.h"
-
-/* ------------------------------------------------------------ sequence_mask */
-
-attn_status attn_attention_sequence_mask(const attn_tensor *x, const attn_tensor *valid_len, double value,
-                                         attn_tensor *out) {
-  const char *op = "sequence_mask";
-  if (x->ndim < 2)
-    return attn_error(ATTN_ERR_SHAPE, "%s: X must be (B, T, ...) with at least 2 dims, got %s", op,
-                      attn_tensor_shape_str(x));
-  if (out->ndim != x->ndim || memcmp(out->shape, x->shape, sizeof(int64_t) * (size_t)x->ndim) || out->dtype != x->dtype)
-    return attn_error(ATTN_ERR_SHAPE, "%s: output %s must be a %s tensor of X's shape %s", op,
-                      attn_tensor_shape_str(out), attn_dtype_name(x->dtype), attn_tensor_shape_str(x));
-  int64_t B = x->shape[0], T = x->shape[1];
-  char ctx[96];
-  snprintf(ctx, sizeof ctx, "X %s", attn_tensor_shape_str(x));
-  size_t cap = 0;
-  int64_t *lens = attn_alloc(sizeof(int64_t) * (size_t)(B > 0 ? B : 1), &cap);
-  if (!lens) return attn_error(ATTN_ERR_MEMORY, "%s: out of memory (%s)", op, ctx);
-  attn_status st = attn_attention_lengths(op, "valid_len", ctx, valid_len, B, 1, T, 0, lens);
-  for (int64_t b = 0; st == ATTN_OK && b < B; b++) {
-    attn_tensor xs = *x, os = *out;
-    attn_view_select(&xs, 0, b);
-    attn_view_select(&os, 0, b);
-    int64_t len = lens[b];
-    if (len > 0) {
-      attn_tensor xk = xs, ok = os;
-      attn_view_narrow(&xk, 0, 0, len);
-      attn_view_narrow(&ok, 0, 0, len);
-      st = attn_copy(&ok, &xk);
-    }
-    if (st == ATTN_OK && len < T) {
-      attn_view_narrow(&os, 0, len, T - len);
-      st = attn_fill(&os, value);
-    }
-  }
-  attn_free(lens, cap);
-  return st;
-}
 
 /* ------------------------------------------------------------ additive scores */
 
@@ -58,6 +20,7 @@ typedef struct {
   attn_dtype dt;
   char *out, *dq, *dk; /* outputs in dt (contiguous) */
   double *dw_rows;     /* (B * Nq, h) partial sums of dw */
+  int skip_zero;       /* finite qh and kh: a pair with grad 0 contributes exactly 0 */
 } additive_job;
 
 static void store(void *base, attn_dtype dt, int64_t i, double v) {
@@ -94,7 +57,7 @@ static void additive_query_task(void *ctx, int64_t begin, int64_t end) {
     for (int64_t c = 0; c < h; c++) {
       double acc = 0, accw = 0;
       for (int64_t j = 0; j < J->Nk; j++) {
-        if (g[j] == 0) continue; /* masked: never evaluated */
+        if (g[j] == 0 && J->skip_zero) continue; /* masked: never evaluated */
         double t = tanh(q[c] + J->k[(b * J->Nk + j) * h + c]);
         acc += g[j] * (1 - t * t);
         accw += g[j] * t;
@@ -116,7 +79,7 @@ static void additive_key_task(void *ctx, int64_t begin, int64_t end) {
       double acc = 0;
       for (int64_t i = 0; i < J->Nq; i++) {
         double g = J->g[(b * J->Nq + i) * J->Nk + j];
-        if (g == 0) continue;
+        if (g == 0 && J->skip_zero) continue;
         double t = tanh(J->q[(b * J->Nq + i) * h + c] + k[c]);
         acc += g * (1 - t * t);
       }
@@ -164,6 +127,7 @@ typedef struct {
   const float *q, *k, *w, *g; /* contiguous */
   float *out, *dq, *dk;       /* contiguous outputs, or NULL */
   float *dw_b;                /* (B, h) partial sums of dw */
+  int skip_zero;              /* as additive_job's */
 } additive32_job;
 
 /* Pairs of one block: np keys starting at k (rows of h floats), columns
@@ -211,7 +175,7 @@ static void add_row(float *restrict y, const float *restrict x, int64_t n) {
 }
 
 /* Batches b: dq[b], dk[b] and the partial dw of b from one tanh per unmasked
- * pair (masked pairs, whose grad is 0, are never evaluated). */
+ * pair (pairs whose grad is 0 are never evaluated when skip_zero says that is exact). */
 static void additive32_backward_task(void *ctx, int64_t begin, int64_t end) {
   const additive32_job *J = ctx;
   const int64_t h = J->h, Nq = J->Nq, Nk = J->Nk, hc = block_cols(h), jb = ADDITIVE_BLOCK / hc;
@@ -234,7 +198,7 @@ static void additive32_backward_task(void *ctx, int64_t begin, int64_t end) {
         for (int64_t j = 0; j < Nk;) {
           int64_t np = 0;
           for (; j < Nk && np < jb; j++)
-            if (g[j] != 0) {
+            if (g[j] != 0 || !J->skip_zero) {
               jp[np] = j;
               kp[np++] = J->k + (b * Nk + j) * h;
             }
@@ -259,6 +223,20 @@ static void additive32_backward_task(void *ctx, int64_t begin, int64_t end) {
       for (int64_t j = 0; j < Nk; j++)
         for (int64_t c = 0; c < h; c++) dk[j * h + c] *= J->w[c];
   }
+}
+
+/* 1 when x[0:n] is finite. With finite qh and kh, tanh(q + k) is finite and a pair whose grad is
+ * 0 contributes exactly 0, so it may be skipped; a NaN in qh or kh must still reach the gradients. */
+static int finite_f32(const float *x, int64_t n) {
+  float acc = 0;
+  for (int64_t i = 0; i < n; i++) acc += x[i] * 0; /* NaN and inf turn it to NaN */
+  return acc == 0;
+}
+
+static int finite_f64(const double *x, int64_t n) {
+  double acc = 0;
+  for (int64_t i = 0; i < n; i++) acc += x[i] * 0;
+  return acc == 0;
 }
 
 /* Data of t as contiguous float32: t's own, or a copy made in *tmp. */
@@ -345,6 +323,7 @@ attn_status attn_attention_additive_scores_backward(const attn_tensor *qh, const
       goto done;
     }
     J.dw_b = dw_b;
+    J.skip_zero = finite_f32(J.q, B * Nq * h) && finite_f32(J.k, B * Nk * h);
     attn_parallel_for(B, additive_grain(Nq * Nk * h, 4), additive32_backward_task, &J);
     if (dwv) {
       float *out = attn_tensor_data(dwv);
@@ -372,6 +351,7 @@ attn_status attn_attention_additive_scores_backward(const attn_tensor *qh, const
                     .dt = qh->dtype,
                     .dq = dqh ? attn_tensor_data(dqh) : NULL,
                     .dk = dkh ? attn_tensor_data(dkh) : NULL};
+  J.skip_zero = finite_f64(J.q, B * Nq * h) && finite_f64(J.k, B * Nk * h);
   if (dqh || dwv) {
     size_t n = (size_t)(B * Nq * h);
     dw_rows = attn_alloc(sizeof(double) * (n ? n : 1), &cap);
@@ -398,24 +378,4 @@ done:
   attn_tensor_free(&w);
   attn_tensor_free(&g);
   return st;
-}
-
-/* ------------------------------------------------------------ positional encoding */
-
-attn_status attn_attention_positional_encoding(attn_tensor *out) {
-  if (attn_check_float("positional_encoding", out) != ATTN_OK) return ATTN_ERR_DTYPE;
-  if (out->ndim != 2 || !attn_tensor_is_contiguous(out))
-    return attn_error(ATTN_ERR_SHAPE, "positional_encoding: output %s must be a contiguous (max_len, d) tensor",
-                      attn_tensor_shape_str(out));
-  int64_t n = out->shape[0], d = out->shape[1];
-  if (n == 0) return ATTN_OK; /* the loop below walks columns: no rows, no work (d may be huge) */
-  char *base = attn_tensor_data(out);
-  for (int64_t c = 0; c < d; c++) {
-    double freq = pow(10000.0, (double)(c - c % 2) / (double)d);
-    for (int64_t pos = 0; pos < n; pos++) {
-      double a = (double)pos / freq;
-      store(base, out->dtype, pos * d + c, c % 2 == 0 ? sin(a) : cos(a));
-    }
-  }
-  return ATTN_OK;
 }

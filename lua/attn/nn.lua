@@ -1,0 +1,62 @@
+--- `attn.nn`: layers, losses and initialisers with the book's PyTorch names.
+--
+-- Classes: Module (base; see attn.nn.module for writing your own), Linear,
+-- Embedding, Dropout, LayerNorm, ReLU, Identity, GELU, BatchNorm1d,
+-- Sequential, ModuleList, ModuleDict, GRU, the book's seq2seq models
+-- (Encoder, Decoder, AttentionDecoder, EncoderDecoder, Seq2SeqEncoder,
+-- Seq2SeqDecoder, Seq2SeqAttentionDecoder; attn.nn.seq2seq) and Transformer
+-- (PositionWiseFFN, AddNorm, TransformerEncoderBlock, TransformerEncoder,
+-- TransformerDecoderBlock, TransformerDecoder; attn.nn.transformer), AdditiveAttention,
+-- DotProductAttention, MultiHeadAttention, PositionalEncoding,
+-- LearnedPositionalEncoding, CrossEntropyLoss, MaskedSoftmaxCELoss.
+-- Functions: nn.init.* (xavier_uniform_, uniform_, normal_, zeros_, ...),
+-- nn.clip_grad_norm_ (alias nn.clip_grad_norm), nn.masked_token_mean, nn.cross_entropy, nn.dropout,
+-- nn.class / nn.is_module.
+--
+-- Construct a layer by calling its class (`nn.Linear(3, 4)`), run it by calling
+-- the instance (`layer(x)`). Sequential children are named "0", "1", ... like
+-- PyTorch's, so state dicts saved from the book's code load unchanged.
+-- @module attn.nn
+local module = require "attn.nn.module"
+local linear = require "attn.nn.linear"
+local gru = require "attn.nn.gru"
+local attention = require "attn.nn.attention"
+local loss = require "attn.nn.loss"
+local clip = require "attn.nn.clip"
+local containers = require "attn.nn.containers"
+local layers = require "attn.nn.layers"
+local seq2seq = require "attn.nn.seq2seq"
+local transformer = require "attn.nn.transformer"
+
+local nn = {
+  Module = module.Module,
+  class = module.class,
+  is_module = module.is_module,
+  init = require "attn.nn.init",
+  clip_grad_norm_ = clip.clip_grad_norm_,
+  clip_grad_norm = clip.clip_grad_norm_, -- the name before PyTorch's in-place underscore
+  dropout = linear.dropout,
+}
+
+for _, name in ipairs { "Linear", "Embedding", "Dropout", "LayerNorm", "ReLU", "Sequential" } do nn[name] = linear[name] end
+for _, name in ipairs { "ModuleList", "ModuleDict" } do nn[name] = containers[name] end
+for _, name in ipairs { "Identity", "GELU", "BatchNorm1d" } do nn[name] = layers[name] end
+for _, name in ipairs { "Encoder", "Decoder", "AttentionDecoder", "EncoderDecoder", "Seq2SeqEncoder", "Seq2SeqDecoder",
+  "Seq2SeqAttentionDecoder" } do
+  nn[name] = seq2seq[name]
+end
+for _, name in ipairs { "PositionWiseFFN", "AddNorm", "TransformerEncoderBlock", "TransformerEncoder",
+  "TransformerDecoderBlock", "TransformerDecoder" } do
+  nn[name] = transformer[name]
+end
+nn.GRU = gru.GRU
+nn.cross_entropy = loss.cross_entropy
+nn.masked_token_mean = loss.masked_token_mean
+nn.CrossEntropyLoss = loss.CrossEntropyLoss
+nn.MaskedSoftmaxCELoss = loss.MaskedSoftmaxCELoss
+for _, name in ipairs { "AdditiveAttention", "DotProductAttention", "MultiHeadAttention", "PositionalEncoding",
+  "LearnedPositionalEncoding" } do
+  nn[name] = attention[name]
+end
+
+return nn
