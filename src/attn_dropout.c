@@ -14,12 +14,28 @@ attn_dropout_rule attn_dropout_rule_make(double p, uint64_t seed) {
   return r;
 }
 
+/* The kept value is computed for every entry and cleared by a mask from the
+ * draw, not chosen by a branch: the outcome is random, so a branch was
+ * mispredicted on about min(p, 1 - p) of the entries. A dropped NaN or inf
+ * still gives 0. The rule is read into locals once (y may alias it). */
+#define DROPOUT_LOOP(T, U)                                                                          \
+  do {                                                                                              \
+    const attn_dropout_rule rule = *r;                                                              \
+    for (int64_t i = 0; i < n; i++) {                                                               \
+      T kept = (T)(x[i] * rule.scale);                                                              \
+      U bits, keep = (U)0 - (U)!attn_dropout_drops(&rule, base + (uint64_t)i);                     \
+      memcpy(&bits, &kept, sizeof bits);                                                            \
+      bits &= keep;                                                                                 \
+      memcpy(y + i, &bits, sizeof bits);                                                            \
+    }                                                                                               \
+  } while (0)
+
 void attn_dropout_f32(const attn_dropout_rule *r, const float *x, float *y, int64_t n, uint64_t base) {
-  for (int64_t i = 0; i < n; i++) y[i] = attn_dropout_drops(r, base + (uint64_t)i) ? 0.0f : (float)(x[i] * r->scale);
+  DROPOUT_LOOP(float, uint32_t);
 }
 
 void attn_dropout_f64(const attn_dropout_rule *r, const double *x, double *y, int64_t n, uint64_t base) {
-  for (int64_t i = 0; i < n; i++) y[i] = attn_dropout_drops(r, base + (uint64_t)i) ? 0.0 : x[i] * r->scale;
+  DROPOUT_LOOP(double, uint64_t);
 }
 
 typedef struct {

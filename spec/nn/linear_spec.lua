@@ -237,6 +237,27 @@ describe("nn.dropout: the engine's one dropout (src/attn_dropout.h)", function()
     end
   end)
 
+  it("gives 0 for a dropped NaN or inf (the mask clears bits, it does not multiply)", function()
+    for _, dtype in ipairs { "float32", "float64" } do
+      local values = {}
+      for i = 1, 60 do values[i] = ({ 0 / 0, math.huge, -math.huge })[i % 3 + 1] end
+      local x = attn.tensor(values, dtype)
+      local y, seed = core.dropout(x, 0.5)
+      local ys, xs, seen = y:totable(), x:totable(), 0
+      for i = 1, 60 do
+        if dropped(seed, i - 1, 0.5) then
+          assert.equal(0, ys[i])
+          seen = seen + 1
+        elseif xs[i] ~= xs[i] then
+          assert.is_true(ys[i] ~= ys[i])
+        else
+          assert.equal(xs[i], ys[i])
+        end
+      end
+      assert.is_true(seen > 0) -- (all 60 kept has probability 2^-60)
+    end
+  end)
+
   it("has the statistics of independent Bernoulli(1 - p) draws", function()
     attn.manual_seed(11)
     local n, p = 40000, 0.3
