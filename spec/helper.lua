@@ -241,12 +241,12 @@ helper.slowdown = tonumber(os.getenv("ATTN_SPEC_SLOWDOWN")) or (helper.sanitized
 
 --- The shell command that runs the Lua file `script` in a child interpreter
 -- with the module this suite loaded (the sanitized one under `make test-asan`).
--- The interpreter is lua5.4, or ATTN_SPEC_LUA when the suite itself runs under
--- another one (`make check-aarch64`: qemu-user and an arm64 lua5.4).
+-- The interpreter is ATTN_LUA when set (the command that starts one; `make
+-- check-aarch64` sets qemu-user and an arm64 lua5.4), lua5.4 otherwise.
 function helper.lua_command(script)
   local so = assert(package.searchpath("attn.core", package.cpath))
   return string.format('LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="%s;;" %s %s',
-    so:gsub("attn/core%.so$", "?.so"), os.getenv("ATTN_SPEC_LUA") or "lua5.4", script)
+    so:gsub("attn/core%.so$", "?.so"), os.getenv("ATTN_LUA") or "lua5.4", script)
 end
 
 --- Runs Lua source in a child process (see lua_command), so a crash fails a

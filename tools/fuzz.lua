@@ -5,7 +5,8 @@
 --   that dies (a crash, a sanitizer report), a call whose Lua code runs longer
 --   than 2 s (a debug hook in the child), or one stuck in C for 2 s (the
 --   watchdog); the report names the seed and the call that was running.
--- Child: lua5.4 tools/fuzz.lua --child seed seconds heartbeat_file
+-- Child: lua5.4 tools/fuzz.lua --child seed seconds heartbeat_file, started with
+--   the driver's own interpreter, or the command in ATTN_LUA (make check-aarch64).
 --
 -- Functions are found by walking the module tables (every module file under
 -- lua/attn is required, lazily loaded ones included), tensor methods from the
@@ -30,7 +31,7 @@ local function driver(seconds, seed)
   local pidfile = hb .. ".pid"
   local script = arg[0]
   os.execute(string.format("(%s %s --child %d %d %s; echo $? > %s) & echo $! > %s",
-    shell_quote(arg[-1] or "lua5.4"), shell_quote(script), seed, seconds, hb, status, pidfile))
+    os.getenv("ATTN_LUA") or shell_quote(arg[-1] or "lua5.4"), shell_quote(script), seed, seconds, hb, status, pidfile))
   local function read(path)
     local f = io.open(path)
     if not f then return nil end
