@@ -135,6 +135,11 @@ end
 --- Gradient `g` summed down to `shape` (undoes broadcasting).
 function autograd.sum_to(g, shape)
   local gshape = core.shape(g)
+  -- checked before the loops: a tensor's # is its first size (2^40 iterations)
+  if type(shape) ~= "table" or #shape > #gshape then
+    error(string.format("sum_to: shape must be a table of at most %d sizes (the gradient is %s), got %s", #gshape,
+      core.shape_str(g), type(shape) == "table" and #shape .. " sizes" or "a " .. type(shape)), 2)
+  end
   local lead = #gshape - #shape
   local same = lead == 0
   for d = 1, #shape do

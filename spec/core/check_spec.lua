@@ -103,6 +103,10 @@ describe("attn.check", function()
         local r = x:sum():backward(nil, 5)
         return r
       end },
+    { "sum_to: shape must be a table of at most 1 sizes (the gradient is [0]), got a userdata",
+      function() local r = attn.autograd.sum_to(attn.zeros(0), attn.zeros(2 ^ 40, 0)); return r end },
+    { "sum_to: shape must be a table of at most 1 sizes (the gradient is [3]), got 2 sizes",
+      function() local r = attn.autograd.sum_to(attn.zeros(3), { 1, 3 }); return r end },
     { "gradcheck: inputs must be a table, got a nil",
       function() local r = attn.autograd.gradcheck(function(x) return x end, nil); return r end },
   }
