@@ -13,6 +13,11 @@ static void push_tensor_bytes(lua_State *L, const attn_tensor *t) {
     lua_pushliteral(L, "");
     return;
   }
+  /* The string is one request like any tensor's: the allocator's bound holds
+   * (an expanded view of 2^31 entries would otherwise be a 8 GiB string). */
+  if (nbytes > attn_alloc_max_request())
+    attn_l_error(L, "%s: cannot allocate %I bytes for %s %s", attn_l_fname(L), (lua_Integer)nbytes,
+                 attn_dtype_name(t->dtype), attn_tensor_shape_str(t));
   luaL_Buffer b;
   unsigned char *out = (unsigned char *)luaL_buffinitsize(L, &b, nbytes);
   if (attn_io_encode(t, out, nbytes) != ATTN_OK) attn_l_raise(L);
