@@ -157,9 +157,14 @@ attn_status attn_attention_prepare(attn_attention_job *J, attn_attention_mem *me
     return attn_error(ATTN_ERR_ARG, "%s: dropout must be a probability in [0, 1], got %g", op, o->dropout);
   if (o->scale == o->scale && !isfinite(o->scale))
     return attn_error(ATTN_ERR_ARG, "%s: scale %g is not finite", op, o->scale);
-  if (o->kernel < ATTN_KERNEL_AUTO || o->kernel > ATTN_KERNEL_FLASH_AVX512)
+  if (o->kernel < ATTN_KERNEL_AUTO || o->kernel > ATTN_KERNEL_TINY)
     return attn_error(ATTN_ERR_ARG, "%s: kernel %d is not one of the ATTN_KERNEL_* values", op, o->kernel);
   J->dropout = o->dropout > 0 && o->training;
+  /* tiny heads: the blocked driver's products as plain loops; calls this small are mostly the
+   * per-call setup of sgemm (attn_sdpa_reference.c) */
+  J->tiny = o->kernel == ATTN_KERNEL_TINY ||
+            (o->kernel == ATTN_KERNEL_AUTO && J->Nq * J->Nk < 64 * 64 && J->d <= ATTN_SDPA_TINY_WIDTH &&
+             J->dv <= ATTN_SDPA_TINY_WIDTH);
   if (J->dropout) {
     J->drop = attn_dropout_rule_make(o->dropout, o->seed);
   }

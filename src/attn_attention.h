@@ -90,13 +90,19 @@
 
 /* Which dot-product attention kernel runs (attn_attention_opts.kernel). */
 enum {
-  ATTN_KERNEL_AUTO = 0,      /* flash where it applies (float32, finite operands, Nq * Nk >= 64 * 64) */
+  ATTN_KERNEL_AUTO = 0,      /* flash where it applies (float32, finite operands, Nq * Nk >= 64 * 64),
+                                else tiny where it applies, else reference */
   ATTN_KERNEL_REFERENCE,     /* the blocked sgemm path */
   ATTN_KERNEL_FLASH,         /* as AUTO */
   ATTN_KERNEL_FLASH_GENERIC, /* flash with the portable C micro-kernels */
   ATTN_KERNEL_FLASH_AVX2,    /* flash with the AVX2 + FMA micro-kernels (error when the CPU lacks them) */
-  ATTN_KERNEL_FLASH_AVX512   /* flash with the AVX-512 micro-kernels (likewise) */
+  ATTN_KERNEL_FLASH_AVX512,  /* flash with the AVX-512 micro-kernels (likewise) */
+  ATTN_KERNEL_TINY           /* the blocked path with its products as plain C loops (AUTO's choice for
+                                heads below one flash tile with d, dv <= ATTN_SDPA_TINY_WIDTH) */
 };
+
+/* Widest d and dv for which AUTO runs the tiny-head path (plain-loop products) rather than sgemm. */
+#define ATTN_SDPA_TINY_WIDTH 64
 
 typedef struct attn_attention_opts {
   const attn_tensor *valid_lens; /* NULL, (B) or (B, Nq): integers >= 0, above Nk = all (d2l semantics) */
@@ -132,7 +138,7 @@ attn_status attn_attention_lengths(const char *op, const char *arg, const char *
  * needs float32 and finite operands): calls smaller than one 64 x 64 tile stay on the reference
  * path unless a flash kernel is asked for, as the tile's padding would dominate. */
 static inline int attn_sdpa_flash_size(int64_t Nq, int64_t Nk, int kernel) {
-  return kernel != ATTN_KERNEL_REFERENCE && (kernel != ATTN_KERNEL_AUTO || Nq * Nk >= 64 * 64);
+  return kernel != ATTN_KERNEL_REFERENCE && kernel != ATTN_KERNEL_TINY && (kernel != ATTN_KERNEL_AUTO || Nq * Nk >= 64 * 64);
 }
 
 /* q (B, Nq, d), k (B, Nk, d), v (B, Nk, dv) -> out (B, Nq, dv) and, when

@@ -35,6 +35,7 @@ typedef struct attn_attention_job {
   size_t es;
   int64_t B, Nq, Nk, d, dv, nblk;
   int dot;                                       /* scores = scale * q k^T (else read from sc) */
+  int tiny;                                      /* products as plain loops, not sgemm (ATTN_KERNEL_TINY) */
   attn_attention_mat q, k, v, sc, wst, dout, dw; /* wst: stored weights */
   int has_v, has_wst, has_dout, has_dw;
   const int64_t *lens; /* B * Nq, or NULL */
@@ -107,6 +108,9 @@ static inline int attn_attention_unmasked(const attn_attention_job *J, const att
 /* Softmax of row x in place: the scaled scores are valid on [m->a, m->e); [e, b) get the d2l
  * fill, removed keys weight 0, and a row with no finite softmax goes to attn_sdpa_bad_row. */
 void attn_sdpa_softmax_row(const attn_attention_job *J, void *x, const attn_attention_rowmask *m);
+/* attn_sdpa_softmax_row on the r rows (rm[i]: row i's masks) of the block ws (r x J->Nk): row by
+ * row, or for tiny heads in float32 with one exp over the whole block (the same values). */
+void attn_sdpa_softmax_block(const attn_attention_job *J, void *ws, const attn_attention_rowmask *rm, int64_t r);
 /* Softmax backward on keys [n0, n1): dp holds dL/dweights, p the weights; dp becomes dL/dscores
  * times scale on the unmasked keys and exactly 0 on the others. A masked key's dp is read only
  * where its weight is not 0 (a filled key still takes part in the softmax). */

@@ -8,12 +8,57 @@
 #include "attn_alloc.h"
 #include "attn_attention_internal.h"
 #include "attn_parallel.h"
+#include "attn_vmath.h"
 
 #define BLK ATTN_SDPA_BLOCK
 
-/* C (M x N, row-major, ldc) = alpha * op(A) op(B) + beta * C. */
-static void gemm(attn_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A, int lda,
-                 const void *B, int ldb, double beta, void *C, int64_t ldc) {
+/* The tiny-head products in float64 (J->tiny), written like attn_vmath_gemm_small_f32 (the float32
+ * one, vectorised per instruction set): op(B) packed into K rows of N rounded up to 16 (zero
+ * columns past N), each row of C built 16 columns at a time in a fixed-length accumulator. */
+static void gemm_small_f64(int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const double *A,
+                           int64_t lda, const double *B, int64_t ldb, double beta, double *C, int64_t ldc,
+                           double *pack) {
+  const int64_t Np = (N + 15) / 16 * 16;
+  for (int64_t k = 0; k < K; k++) {
+    for (int64_t n = 0; n < N; n++) pack[k * Np + n] = tb ? B[n * ldb + k] : B[k * ldb + n];
+    for (int64_t n = N; n < Np; n++) pack[k * Np + n] = 0;
+  }
+  for (int64_t m = 0; m < M; m++) {
+    double *c = C + m * ldc;
+    for (int64_t n0 = 0; n0 < N; n0 += 16) {
+      double acc[16] = {0};
+      for (int64_t k = 0; k < K; k++) {
+        const double a = ta ? A[k * lda + m] : A[m * lda + k], *p = pack + k * Np + n0;
+        for (int t = 0; t < 16; t++) acc[t] += a * p[t];
+      }
+      const int64_t w = N - n0 < 16 ? N - n0 : 16;
+      for (int64_t t = 0; t < w; t++) c[n0 + t] = beta != 0 ? beta * c[n0 + t] + alpha * acc[t] : alpha * acc[t];
+    }
+  }
+}
+
+/* Elements of the tiny products' workspace: op(B) has at most n = max(Nk, BLK, d, dv) rows and
+ * columns. */
+static size_t pack_elems(const attn_attention_job *J) {
+  if (!J->tiny) return 0;
+  int64_t n = J->Nk > BLK ? J->Nk : BLK;
+  if (J->d > n) n = J->d;
+  if (J->dv > n) n = J->dv;
+  return (size_t)ATTN_VMATH_GEMM_PACK(n, n);
+}
+
+/* C (M x N, row-major, ldc) = alpha * op(A) op(B) + beta * C: sgemm/dgemm, or plain loops over
+ * the workspace pack (pack_elems) when J->tiny. */
+static void gemm(const attn_attention_job *J, void *pack, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                 double alpha, const void *A, int lda, const void *B, int ldb, double beta, void *C, int64_t ldc) {
+  const attn_dtype dt = J->dt;
+  if (J->tiny) {
+    if (dt == ATTN_F32)
+      attn_vmath_gemm_small_f32(ta, tb, M, N, K, (float)alpha, A, lda, B, ldb, (float)beta, C, ldc, pack);
+    else
+      gemm_small_f64(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack);
+    return;
+  }
   CBLAS_TRANSPOSE a = ta ? CblasTrans : CblasNoTrans, b = tb ? CblasTrans : CblasNoTrans;
   if (dt == ATTN_F32)
     cblas_sgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, (float)alpha, A, lda, B, ldb, (float)beta, C, (int)ldc);
@@ -23,7 +68,7 @@ static void gemm(attn_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K,
 
 /* Weights of block (b, rows i0..i0+r) into ws (r x Nk); per-row masks into rm, per-row live ranges
  * (attn_sdpa_live_range) into rn0/rn1 and their union into *n0, *n1. */
-static void block_probs(const attn_attention_job *J, int64_t b, int64_t i0, int64_t r, char *ws,
+static void block_probs(const attn_attention_job *J, void *pack, int64_t b, int64_t i0, int64_t r, char *ws,
                         attn_attention_rowmask *rm, int64_t *rn0, int64_t *rn1, int64_t *n0, int64_t *n1) {
   const size_t es = J->es;
   const int64_t Nk = J->Nk;
@@ -42,7 +87,7 @@ static void block_probs(const attn_attention_job *J, int64_t b, int64_t i0, int6
     if (hi > lo) {
       if (J->dot) {
         if (J->d > 0)
-          gemm(J->dt, J->q.trans, !J->k.trans, r, hi - lo, J->d, J->scale, attn_attention_at(&J->q, es, b, i0, 0),
+          gemm(J, pack, J->q.trans, !J->k.trans, r, hi - lo, J->d, J->scale, attn_attention_at(&J->q, es, b, i0, 0),
                J->q.ld, attn_attention_at(&J->k, es, b, lo, 0), J->k.ld, 0.0, ws + (size_t)lo * es, Nk);
         else
           for (int64_t rr = 0; rr < r; rr++) memset(ws + (size_t)(rr * Nk + lo) * es, 0, (size_t)(hi - lo) * es);
@@ -53,7 +98,7 @@ static void block_probs(const attn_attention_job *J, int64_t b, int64_t i0, int6
                              J->sc.sc, rm[rr].e - rm[rr].a, J->scale);
       }
     }
-    for (int64_t rr = 0; rr < r; rr++) attn_sdpa_softmax_row(J, ws + (size_t)(rr * Nk) * es, &rm[rr]);
+    attn_sdpa_softmax_block(J, ws, rm, r);
   }
   lo = Nk;
   hi = 0;
@@ -80,17 +125,18 @@ static void forward_task(void *ctx, int64_t begin, int64_t end) {
   const size_t es = J->es;
   const int64_t Nk = J->Nk, dv = J->dv;
   size_t cap = 0;
-  char *ws = attn_alloc((size_t)(BLK * (Nk > 0 ? Nk : 1)) * es + 2 * BLK * sizeof(int64_t), &cap);
+  char *ws = attn_alloc((size_t)(BLK * (Nk > 0 ? Nk : 1)) * es + 2 * BLK * sizeof(int64_t) + pack_elems(J) * es, &cap);
   if (!ws) {
     atomic_store(&J->failed, 1);
     return;
   }
   int64_t *rn0 = (int64_t *)(ws + (size_t)(BLK * (Nk > 0 ? Nk : 1)) * es), *rn1 = rn0 + BLK;
+  void *pack = rn1 + BLK;
   attn_attention_rowmask rm[BLK];
   for (int64_t item = begin; item < end; item++) {
     int64_t b = item / J->nblk, i0 = (item % J->nblk) * BLK;
     int64_t r = J->Nq - i0 < BLK ? J->Nq - i0 : BLK, n0, n1;
-    block_probs(J, b, i0, r, ws, rm, rn0, rn1, &n0, &n1);
+    block_probs(J, pack, b, i0, r, ws, rm, rn0, rn1, &n0, &n1);
     if (J->weights) memcpy(J->weights + (size_t)((b * J->Nq + i0) * Nk) * es, ws, (size_t)(r * Nk) * es);
     if (!J->out) continue;
     char *out = J->out + (size_t)((b * J->Nq + i0) * dv) * es;
@@ -99,7 +145,7 @@ static void forward_task(void *ctx, int64_t begin, int64_t end) {
         attn_sdpa_dropout_row(J, ws + (size_t)(rr * Nk) * es, rn0[rr], rn1[rr], stream_base(J, b, i0 + rr));
     if (dv == 0) continue;
     if (n1 > n0)
-      gemm(J->dt, 0, J->v.trans, r, dv, n1 - n0, 1.0, ws + (size_t)n0 * es, (int)Nk,
+      gemm(J, pack, 0, J->v.trans, r, dv, n1 - n0, 1.0, ws + (size_t)n0 * es, (int)Nk,
            attn_attention_at(&J->v, es, b, n0, 0), J->v.ld, 0.0, out, dv);
     else
       memset(out, 0, (size_t)(r * dv) * es);
@@ -119,13 +165,14 @@ static void backward_task(void *ctx, int64_t begin, int64_t end) {
   const size_t es = J->es;
   const int64_t Nk = J->Nk, Nq = J->Nq, d = J->d, dv = J->dv, G = J->groups;
   size_t cap = 0, row_bytes = (size_t)(Nk > 0 ? Nk : 1) * es;
-  char *P = attn_alloc(2 * BLK * row_bytes + 2 * BLK * sizeof(int64_t), &cap);
+  char *P = attn_alloc(2 * BLK * row_bytes + 2 * BLK * sizeof(int64_t) + pack_elems(J) * es, &cap);
   if (!P) {
     atomic_store(&J->failed, 1);
     return;
   }
   char *dP = P + BLK * row_bytes;
   int64_t *rn0 = (int64_t *)(dP + BLK * row_bytes), *rn1 = rn0 + BLK;
+  void *pack = rn1 + BLK;
   attn_attention_rowmask rm[BLK];
   for (int64_t item = begin; item < end; item++) {
     int64_t b = item / G, g = item % G;
@@ -141,7 +188,7 @@ static void backward_task(void *ctx, int64_t begin, int64_t end) {
     }
     for (int64_t blk = blk0; blk < blk1; blk++) {
       int64_t i0 = blk * BLK, r = Nq - i0 < BLK ? Nq - i0 : BLK, n0, n1;
-      block_probs(J, b, i0, r, P, rm, rn0, rn1, &n0, &n1);
+      block_probs(J, pack, b, i0, r, P, rm, rn0, rn1, &n0, &n1);
       char *dq = J->gq ? J->gq + (size_t)((b * Nq + i0) * d) * es : NULL;
       char *ds = J->gs ? J->gs + (size_t)((b * Nq + i0) * Nk) * es : NULL;
       if (ds) memset(ds, 0, (size_t)(r * Nk) * es);
@@ -152,7 +199,7 @@ static void backward_task(void *ctx, int64_t begin, int64_t end) {
       int64_t m = n1 - n0;
       /* dL/dweights on [n0, n1) */
       if (J->has_dout && J->has_v && dv > 0) {
-        gemm(J->dt, J->dout.trans, !J->v.trans, r, m, dv, 1.0, attn_attention_at(&J->dout, es, b, i0, 0), J->dout.ld,
+        gemm(J, pack, J->dout.trans, !J->v.trans, r, m, dv, 1.0, attn_attention_at(&J->dout, es, b, i0, 0), J->dout.ld,
              attn_attention_at(&J->v, es, b, n0, 0), J->v.ld, 0.0, dP + (size_t)n0 * es, Nk);
         if (J->dropout)
           for (int64_t rr = 0; rr < r; rr++)
@@ -172,7 +219,7 @@ static void backward_task(void *ctx, int64_t begin, int64_t end) {
           memcpy(ds + (size_t)(rr * Nk + n0) * es, dP + (size_t)(rr * Nk + n0) * es, (size_t)m * es);
       if (dq) {
         if (d > 0)
-          gemm(J->dt, 0, J->k.trans, r, d, m, 1.0, dP + (size_t)n0 * es, (int)Nk,
+          gemm(J, pack, 0, J->k.trans, r, d, m, 1.0, dP + (size_t)n0 * es, (int)Nk,
                attn_attention_at(&J->k, es, b, n0, 0), J->k.ld, 0.0, dq, d);
         for (int64_t rr = 0; rr < r; rr++) {
           char *row = dq + (size_t)(rr * d) * es;
@@ -182,7 +229,7 @@ static void backward_task(void *ctx, int64_t begin, int64_t end) {
       }
       if (acc_k && d > 0) {
         if (attn_sdpa_block_finite(J, &J->q, b, i0, r, d))
-          gemm(J->dt, 1, J->q.trans, m, d, r, 1.0, dP + (size_t)n0 * es, (int)Nk,
+          gemm(J, pack, 1, J->q.trans, m, d, r, 1.0, dP + (size_t)n0 * es, (int)Nk,
                attn_attention_at(&J->q, es, b, i0, 0), J->q.ld, 1.0, acc_k + (size_t)(n0 * d) * es, d);
         else
           attn_sdpa_outer_acc(J, rm, dP, Nk, r, n0, n1, &J->q, b, i0, acc_k, d);
@@ -192,7 +239,7 @@ static void backward_task(void *ctx, int64_t begin, int64_t end) {
           for (int64_t rr = 0; rr < r; rr++)
             attn_sdpa_dropout_row(J, P + (size_t)(rr * Nk) * es, n0, n1, stream_base(J, b, i0 + rr));
         if (attn_sdpa_block_finite(J, &J->dout, b, i0, r, dv))
-          gemm(J->dt, 1, J->dout.trans, m, dv, r, 1.0, P + (size_t)n0 * es, (int)Nk,
+          gemm(J, pack, 1, J->dout.trans, m, dv, r, 1.0, P + (size_t)n0 * es, (int)Nk,
                attn_attention_at(&J->dout, es, b, i0, 0), J->dout.ld, 1.0, acc_v + (size_t)(n0 * dv) * es, dv);
         else
           attn_sdpa_outer_acc(J, rm, P, Nk, r, n0, n1, &J->dout, b, i0, acc_v, dv);

@@ -139,6 +139,47 @@ void attn_sdpa_softmax_row(const attn_attention_job *J, void *x, const attn_atte
     scale_f64(x, a, b, 1.0 / sum);
 }
 
+void attn_sdpa_softmax_block(const attn_attention_job *J, void *ws, const attn_attention_rowmask *rm, int64_t r) {
+  const int64_t Nk = J->Nk;
+  if (!J->tiny || !IS_F32(J) || r > ATTN_SDPA_BLOCK) {
+    for (int64_t rr = 0; rr < r; rr++) attn_sdpa_softmax_row(J, (char *)ws + (size_t)(rr * Nk) * J->es, &rm[rr]);
+    return;
+  }
+  /* Tiny heads: rows of a few keys, where one exp call per row costs more than its exps. Each row
+   * is masked and shifted by its max as attn_sdpa_softmax_row does, entries outside [a, b) set to
+   * -inf (exp gives an exact 0), then one exp over the whole block; the sums and the rows with no
+   * finite answer are handled row by row as there. */
+  float *x = ws;
+  char bad[ATTN_SDPA_BLOCK];
+  for (int64_t rr = 0; rr < r; rr++) {
+    float *row = x + rr * Nk;
+    const attn_attention_rowmask *m = &rm[rr];
+    bad[rr] = 0;
+    fill_f32(row, 0, m->a, -INFINITY);
+    fill_f32(row, m->b, Nk, -INFINITY);
+    if (m->a >= m->b) continue;
+    fill_f32(row, m->e, m->b, (float)FILL);
+    if (m->mrow) remove_f32(row, m->a, m->b, m->mrow, J->msc, J->mdt, -INFINITY);
+    float mx = max_f32(row, m->a, m->b);
+    if (mx == -INFINITY)
+      bad[rr] = 1;
+    else
+      for (int64_t j = m->a; j < m->b; j++) row[j] -= mx;
+  }
+  attn_vmath_exp_row_f32(x, r * Nk, 0.0f); /* every entry is <= 0 (or NaN) */
+  for (int64_t rr = 0; rr < r; rr++) {
+    float *row = x + rr * Nk;
+    const attn_attention_rowmask *m = &rm[rr];
+    if (m->a >= m->b) continue;
+    double sum = 0;
+    for (int64_t j = m->a; j < m->b; j++) sum += row[j];
+    if (bad[rr] || !(sum > 0))
+      attn_sdpa_bad_row(J, row, m);
+    else
+      scale_f32(row, m->a, m->b, (float)(1.0 / sum));
+  }
+}
+
 void attn_sdpa_load_row(const attn_attention_job *J, void *dst, const void *src, int64_t stride, int64_t n,
                         double scale) {
   if (scale == 1 && stride == 1)

@@ -37,4 +37,14 @@ void attn_vmath_sigmoid_f32(const float *x, float *y, int64_t n);
 double attn_vmath_exp_row_f32(float *x, int64_t n, float m);
 double attn_vmath_exp_row_f64(double *x, int64_t n, double m);
 
+/* Small products (the attention kernels' tiny heads, a few dozen rows and columns), where a BLAS
+ * call costs more in setup than in arithmetic: C (M x N, row-major, ldc) = alpha * op(A) op(B) +
+ * beta * C, op(A) M x K and op(B) K x N, row-major with leading dims lda, ldb (ta, tb: transposed).
+ * pack is a workspace of ATTN_VMATH_GEMM_PACK(N, K) floats. C is not read when beta is 0 (as in
+ * BLAS), and every product is summed (a NaN or inf in an operand reaches C, as through BLAS). */
+#define ATTN_VMATH_GEMM_PACK(N, K) ((K) * (((N) + 15) / 16 * 16))
+void attn_vmath_gemm_small_f32(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                               float *pack);
+
 #endif

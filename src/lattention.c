@@ -149,13 +149,13 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
   attn_l_rawfield(L, idx, "kernel");
   if (!lua_isnil(L, -1)) {
     static const char *const names[] = {"auto", "reference", "flash", "flash_generic", "flash_avx2", "flash_avx512",
-                                        NULL};
+                                        "tiny", NULL};
     const char *s = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
     int found = -1;
     for (int i = 0; names[i]; i++)
       if (strcmp(s, names[i]) == 0) found = i;
     if (found < 0)
-      attn_l_error(L, "%s: kernel must be one of auto, reference, flash, flash_generic, flash_avx2, flash_avx512", fn);
+      attn_l_error(L, "%s: kernel must be one of auto, reference, flash, flash_generic, flash_avx2, flash_avx512, tiny", fn);
     o->kernel = found; /* the names follow the ATTN_KERNEL_* order */
   }
   lua_pop(L, 1);

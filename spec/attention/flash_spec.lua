@@ -133,6 +133,6 @@ describe("flash dot-product attention", function()
   it("rejects an unknown kernel name", function()
     local q, k, v = inputs(1, 2, 2, 2, 2)
     assert.has_error(function() core.sdpa_forward(q, k, v, { kernel = "fast" }) end,
-      "dot_product_attention: kernel must be one of auto, reference, flash, flash_generic, flash_avx2, flash_avx512")
+      "dot_product_attention: kernel must be one of auto, reference, flash, flash_generic, flash_avx2, flash_avx512, tiny")
   end)
 end)

@@ -2,7 +2,7 @@
 -- masked keys are the only ones a kernel may leave out; a row with no key left is zero; any
 -- other row is the ordinary softmax, so a row whose kept scores are all -inf (or hold NaN) is NaN
 -- as `softmax` gives, and a NaN in a value whose weight underflows to 0 still reaches the output.
--- Each path is forced: the reference (one block and several row blocks of 64), the flash
+-- Each path is forced: the reference and the tiny heads (one block and several row blocks of 64), the flash
 -- kernels, the scores kernels (masked_softmax, additive attention), forward and backward.
 local attn = require "attn"
 local core = attn.core
@@ -91,22 +91,24 @@ describe("softmax rows", function()
 
   for _, dtype in ipairs { "float32", "float64" } do
     for _, size in ipairs { { 6, 8 }, { 130, 70 } } do -- one row block, three row blocks
-      local Nq, Nk = size[1], size[2]
-      it(string.format("dot-product reference: a row of -inf scores is NaN (%s, Nq %d)", dtype, Nq), function()
-        local Q, K, V, mask = overflow_inputs(dtype, Nq, Nk)
-        for _, o in ipairs { { mask = mask }, { mask = mask, valid_lens = { Nk } }, { causal = true } } do
-          local opts = with(o, { kernel = "reference" })
-          local out, w = core.sdpa_forward(Q, K, V, opts)
-          local removed = {}
-          for j = 1, Nk do removed[j] = (o.mask and j == 5) or (o.causal and j > 3) end
-          assert_bad_row(out, w, Nq, Nk, removed)
-          -- backward: NaN only where the bad row reaches
-          local dq, _, dv = core.sdpa_backward(Q, K, V, opts, attn.ones({ 1, Nq, 2 }, dtype))
-          assert.equal("nnn", pattern(row(dq, 1, 3)))
-          assert.is_falsy(pattern(row(dq, 1, 1)):find("[ni]"))
-          if o.causal then assert.is_falsy(pattern(row(dv, 1, Nk)):find("[ni]")) end
-        end
-      end)
+      for _, kernel in ipairs { "reference", "tiny" } do
+        local Nq, Nk = size[1], size[2]
+        it(string.format("dot-product %s: a row of -inf scores is NaN (%s, Nq %d)", kernel, dtype, Nq), function()
+          local Q, K, V, mask = overflow_inputs(dtype, Nq, Nk)
+          for _, o in ipairs { { mask = mask }, { mask = mask, valid_lens = { Nk } }, { causal = true } } do
+            local opts = with(o, { kernel = kernel })
+            local out, w = core.sdpa_forward(Q, K, V, opts)
+            local removed = {}
+            for j = 1, Nk do removed[j] = (o.mask and j == 5) or (o.causal and j > 3) end
+            assert_bad_row(out, w, Nq, Nk, removed)
+            -- backward: NaN only where the bad row reaches
+            local dq, _, dv = core.sdpa_backward(Q, K, V, opts, attn.ones({ 1, Nq, 2 }, dtype))
+            assert.equal("nnn", pattern(row(dq, 1, 3)))
+            assert.is_falsy(pattern(row(dq, 1, 1)):find("[ni]"))
+            if o.causal then assert.is_falsy(pattern(row(dv, 1, Nk)):find("[ni]")) end
+          end
+        end)
+      end
     end
   end
 

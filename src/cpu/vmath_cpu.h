@@ -11,7 +11,10 @@
   void attn_vmath_log_f32_##isa(const float *x, float *y, int64_t n);             \
   void attn_vmath_tanh_f32_##isa(const float *x, float *y, int64_t n);            \
   void attn_vmath_sigmoid_f32_##isa(const float *x, float *y, int64_t n);         \
-  double attn_vmath_exp_row_f32_##isa(float *x, int64_t n, float m);
+  double attn_vmath_exp_row_f32_##isa(float *x, int64_t n, float m);             \
+  void attn_vmath_gemm_small_f32_##isa(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,          \
+                                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta,  \
+                                       float *C, int64_t ldc, float *pack);
 
 ATTN_VMATH_DECLARE(generic)
 #if defined(__x86_64__)
