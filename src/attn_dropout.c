@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "attn_parallel.h"
+#include "attn_vmath.h"
 
 attn_dropout_rule attn_dropout_rule_make(double p, uint64_t seed) {
   attn_dropout_rule r = {seed, (uint64_t)1 << 53, 0.0};
@@ -14,28 +15,14 @@ attn_dropout_rule attn_dropout_rule_make(double p, uint64_t seed) {
   return r;
 }
 
-/* The kept value is computed for every entry and cleared by a mask from the
- * draw, not chosen by a branch: the outcome is random, so a branch was
- * mispredicted on about min(p, 1 - p) of the entries. A dropped NaN or inf
- * still gives 0. The rule is read into locals once (y may alias it). */
-#define DROPOUT_LOOP(T, U)                                                                          \
-  do {                                                                                              \
-    const attn_dropout_rule rule = *r;                                                              \
-    for (int64_t i = 0; i < n; i++) {                                                               \
-      T kept = (T)(x[i] * rule.scale);                                                              \
-      U bits, keep = (U)0 - (U)!attn_dropout_drops(&rule, base + (uint64_t)i);                     \
-      memcpy(&bits, &kept, sizeof bits);                                                            \
-      bits &= keep;                                                                                 \
-      memcpy(y + i, &bits, sizeof bits);                                                            \
-    }                                                                                               \
-  } while (0)
-
+/* The loops are compiled once per instruction set (src/cpu/vmath_body.h):
+ * the hash's 64-bit multiplies vectorise only with AVX-512 DQ. */
 void attn_dropout_f32(const attn_dropout_rule *r, const float *x, float *y, int64_t n, uint64_t base) {
-  DROPOUT_LOOP(float, uint32_t);
+  attn_vmath_dropout_f32(r, x, y, n, base);
 }
 
 void attn_dropout_f64(const attn_dropout_rule *r, const double *x, double *y, int64_t n, uint64_t base) {
-  DROPOUT_LOOP(double, uint64_t);
+  attn_vmath_dropout_f64(r, x, y, n, base);
 }
 
 typedef struct {
