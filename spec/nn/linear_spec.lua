@@ -218,10 +218,7 @@ describe("nn.dropout: the engine's one dropout (src/attn_dropout.h)", function()
     return (z >> 11) < math.floor(p * 2 ^ 53)
   end
 
-  local isas = {}
-  for _, isa in ipairs { "generic", "avx2", "avx512" } do
-    if core.isa_supported(isa) then isas[#isas + 1] = isa end
-  end
+  local isas = helper.isa_paths()
 
   it("drops exactly the entries the hash rule names and scales the rest by 1/(1-p), on every path", function()
     local saved = core.isa()
