@@ -13,6 +13,7 @@
 
 #include <stdint.h>
 
+#include "attn_dropout.h"
 #include "attn_error.h"
 
 /* Name of the active path: "generic", "avx2" or "avx512". */
@@ -46,5 +47,11 @@ double attn_vmath_exp_row_f64(double *x, int64_t n, double m);
 void attn_vmath_gemm_small_f32(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                                int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
                                float *pack);
+
+/* The rows of attn_dropout_f32/f64 (the rule of attn_dropout.h), per path:
+ * every path gives the same bits (the rule is integer arithmetic and one
+ * multiply by the scale). */
+void attn_vmath_dropout_f32(const attn_dropout_rule *r, const float *x, float *y, int64_t n, uint64_t base);
+void attn_vmath_dropout_f64(const attn_dropout_rule *r, const double *x, double *y, int64_t n, uint64_t base);
 
 #endif
