@@ -186,13 +186,13 @@ void VMATH_FN(attn_vmath_gemm_small_f32_)(int ta, int tb, int64_t M, int64_t N, 
                                           const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                                           float *C, int64_t ldc, float *pack) {
   const int64_t Np = (N + 15) / 16 * 16;
+  memset(pack, 0, (size_t)(K * Np) * sizeof *pack);
   for (int64_t k = 0; k < K; k++) {
     float *p = pack + k * Np;
     if (tb)
       for (int64_t n = 0; n < N; n++) p[n] = B[n * ldb + k];
     else
-      for (int64_t n = 0; n < N; n++) p[n] = B[k * ldb + n];
-    for (int64_t n = N; n < Np; n++) p[n] = 0;
+      memcpy(p, B + k * ldb, (size_t)N * sizeof *p);
   }
   for (int64_t m0 = 0; m0 < M; m0 += 4) {
     const int64_t rows = M - m0 < 4 ? M - m0 : 4;
@@ -209,11 +209,12 @@ void VMATH_FN(attn_vmath_gemm_small_f32_)(int ta, int tb, int64_t M, int64_t N, 
       const int64_t w = N - n0 < 16 ? N - n0 : 16;
       for (int64_t r = 0; r < rows; r++) {
         float out[16], *c = C + (m0 + r) * ldc + n0;
-        memcpy(out, &acc[r], sizeof out);
+        const vm_v16 y = alpha * acc[r];
+        memcpy(out, &y, sizeof out);
         if (beta != 0)
-          for (int64_t t = 0; t < w; t++) c[t] = beta * c[t] + alpha * out[t];
+          for (int64_t t = 0; t < w; t++) c[t] = beta * c[t] + out[t];
         else
-          for (int64_t t = 0; t < w; t++) c[t] = alpha * out[t];
+          memcpy(c, out, (size_t)w * sizeof *c);
       }
     }
   }
