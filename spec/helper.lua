@@ -271,8 +271,6 @@ function helper.run_lua(source, opts)
   return ok, kind, code, out
 end
 
---- The flash attention kernel sets this machine can run ("flash_generic" always, then
--- "flash_avx2" and "flash_avx512" when the CPU and build have them).
 --- The row-math paths (attn.core.isa) this CPU and build can run, portable first.
 function helper.isa_paths()
   local paths = {}
@@ -282,6 +280,16 @@ function helper.isa_paths()
   return paths
 end
 
+--- A copy of the options table t with the entries of extra (may be nil) set over it.
+function helper.with(t, extra)
+  local o = {}
+  for k, v in pairs(t) do o[k] = v end
+  for k, v in pairs(extra or {}) do o[k] = v end
+  return o
+end
+
+--- The flash attention kernel sets this machine can run ("flash_generic" always, then
+-- "flash_avx2" and "flash_avx512" when the CPU and build have them).
 function helper.flash_kernels()
   local names = { "flash_generic" }
   local one = attn.ones { 1, 1, 1 }

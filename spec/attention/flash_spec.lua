@@ -6,12 +6,7 @@ local attn = require "attn"
 local core = attn.core
 local helper = require "helper"
 
-local function copy(t, extra)
-  local o = {}
-  for k, v in pairs(t) do o[k] = v end
-  for k, v in pairs(extra or {}) do o[k] = v end
-  return o
-end
+local copy = helper.with
 
 -- max |a - b| / max |b|: the 1e-5 relative bound of the issue, over a whole tensor.
 local function assert_rel(a, b, what, tol)

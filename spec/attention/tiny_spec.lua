@@ -6,13 +6,9 @@
 -- dot_product_attention_spec.lua; softmax_rows_spec.lua runs its rows of -inf on this path too.
 local attn = require "attn"
 local core = attn.core
+local helper = require "helper"
 
-local function copy(t, extra)
-  local o = {}
-  for k, v in pairs(t) do o[k] = v end
-  for k, v in pairs(extra or {}) do o[k] = v end
-  return o
-end
+local copy = helper.with
 
 -- max |a - b| / max |b| within tol over the finite entries; a NaN in one must be a NaN in the other.
 local function assert_rel(a, b, what, tol)
@@ -48,11 +44,6 @@ local function inputs(dtype, B, Nq, Nk, d, dv)
   return attn.randn({ B, Nq, d }, dtype), attn.randn({ B, Nk, d }, dtype), attn.randn({ B, Nk, dv }, dtype)
 end
 
-local isas = {}
-for _, isa in ipairs { "generic", "avx2", "avx512" } do
-  if core.isa_supported(isa) then isas[#isas + 1] = isa end
-end
-
 describe("tiny-head dot-product attention", function()
   local saved
   before_each(function()
@@ -77,7 +68,7 @@ describe("tiny-head dot-product attention", function()
     { "scale, weights off", { 2, 5, 6, 8, 8 }, { scale = 0.05, need_weights = false } },
   }
   for _, dtype in ipairs { "float32", "float64" } do
-    for _, isa in ipairs(isas) do
+    for _, isa in ipairs(helper.isa_paths()) do
       for _, c in ipairs(cases) do
         it(string.format("equals the reference: %s (%s, %s)", c[1], dtype, isa), function()
           core.isa(isa)
