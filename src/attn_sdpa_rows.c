@@ -198,16 +198,12 @@ void attn_sdpa_add_row(const attn_attention_job *J, void *x, const void *src, in
 }
 
 void attn_sdpa_dropout_row(const attn_attention_job *J, void *x, int64_t n0, int64_t n1, uint64_t base) {
-  /* the engine's one dropout mask (attn_dropout.h); the product stays in the row's type, as in
-   * the flash kernels */
-  const attn_dropout_rule *r = &J->drop;
-  for (int64_t j = n0; j < n1; j++) {
-    int drop = attn_dropout_drops(r, base + (uint64_t)j);
-    if (IS_F32(J))
-      ((float *)x)[j] = drop ? 0.0f : ((float *)x)[j] * (float)r->scale;
-    else
-      ((double *)x)[j] = drop ? 0.0 : ((double *)x)[j] * r->scale;
-  }
+  /* the engine's one dropout mask and its vectorised rows (attn_dropout.h), as nn.dropout uses */
+  if (n1 <= n0) return;
+  if (IS_F32(J))
+    attn_dropout_f32(&J->drop, (float *)x + n0, (float *)x + n0, n1 - n0, base + (uint64_t)n0);
+  else
+    attn_dropout_f64(&J->drop, (double *)x + n0, (double *)x + n0, n1 - n0, base + (uint64_t)n0);
 }
 
 void attn_sdpa_softmax_back_row(const attn_attention_job *J, const void *p, void *dp, int64_t n0, int64_t n1,
