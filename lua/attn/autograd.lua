@@ -43,6 +43,8 @@ local function requires(t) return getmetatable(t) == TENSOR_MT and t._rg == true
 local version, same_shape = core.version, core.same_shape
 
 local function needs_grad(inputs)
+  -- a tensor here would loop over its first size (# of a tensor), which can be 2^62
+  if type(inputs) ~= "table" then error("needs_grad: inputs must be a table of values, got a " .. type(inputs), 2) end
   if modes[running()] == false then return false end
   for i = 1, #inputs do
     local t = inputs[i]
@@ -99,6 +101,9 @@ function autograd.record(name, out, inputs, backward)
   if not needs_grad(inputs) then return out end
   local nin = #inputs
   local single = is_tensor(out)
+  if not single and type(out) ~= "table" then
+    error("record: out must be a tensor or a table of tensors, got a " .. type(out), 2)
+  end
   -- An op that returned its input unchanged (to() of the same dtype, contiguous()
   -- of a contiguous tensor) is the identity: the input already carries its history.
   if single then

@@ -107,6 +107,12 @@ describe("attn.check", function()
       function() local r = attn.autograd.sum_to(attn.zeros(0), attn.zeros(2 ^ 40, 0)); return r end },
     { "sum_to: shape must be a table of at most 1 sizes (the gradient is [3]), got 2 sizes",
       function() local r = attn.autograd.sum_to(attn.zeros(3), { 1, 3 }); return r end },
+    { "needs_grad: inputs must be a table of values, got a userdata",
+      function() local r = attn.autograd.needs_grad(attn.zeros(1):expand(1 << 62)); return r end },
+    { "record: out must be a tensor or a table of tensors, got a number", function()
+        local r = attn.autograd.record("f", 1, { attn.zeros({ 1 }, { requires_grad = true }) }, function() end)
+        return r
+      end },
     { "gradcheck: inputs must be a table, got a nil",
       function() local r = attn.autograd.gradcheck(function(x) return x end, nil); return r end },
   }
