@@ -9,7 +9,9 @@
 
 #include "attn_alloc.h"
 #include "attn_attention.h"
+#include "attn_dropout.h"
 #include "attn_error.h"
+#include "attn_io.h"
 #include "attn_layernorm.h"
 #include "attn_linalg.h"
 #include "attn_ops.h"

@@ -89,6 +89,12 @@ static void additive_key_task(void *ctx, int64_t begin, int64_t end) {
 }
 
 static attn_status additive_check(const char *op, const attn_tensor *qh, const attn_tensor *kh, const attn_tensor *wv) {
+  const attn_tensor *operands[3] = {qh, kh, wv};
+  static const char *const names[3] = {"Qh", "Kh", "w_v"}, *const dims[3] = {"(B, Nq, h)", "(B, Nk, h)", "(h)"};
+  for (int n = 0; n < 3; n++)
+    if (operands[n]->ndim != (n < 2 ? 3 : 1))
+      return attn_error(ATTN_ERR_SHAPE, "%s: %s must be %s, got %s", op, names[n], dims[n],
+                        attn_tensor_shape_str(operands[n]));
   if (qh->ndim != 3 || kh->ndim != 3 || wv->ndim != 1 || qh->shape[0] != kh->shape[0] || qh->shape[2] != kh->shape[2] ||
       wv->shape[0] != qh->shape[2])
     return attn_error(ATTN_ERR_SHAPE,

@@ -20,6 +20,7 @@ void attn_attention_opts_init(attn_attention_opts *o) {
   memset(o, 0, sizeof *o);
   o->window = -1;
   o->scale = NAN;
+  o->training = 1;
 }
 
 /* ------------------------------------------------------------ keep-mask, operands */
@@ -29,15 +30,16 @@ static attn_status prepare_mask(const char *op, const attn_tensor *mask, int64_t
                                 attn_tensor *view) {
   int64_t target[3] = {B, Nq, Nk};
   if (!attn_dtype_is_float(mask->dtype)) return attn_check_float(op, mask);
-  int ok = mask->ndim <= 3;
+  int ok = 1; /* NumPy broadcasting: dims past the third (from the right) must be 1 */
   for (int d = 0; ok && d < mask->ndim; d++) {
     int64_t s = mask->shape[mask->ndim - 1 - d];
-    ok = s == 1 || s == target[2 - d];
+    ok = s == 1 || (d < 3 && s == target[2 - d]);
   }
   if (!ok)
     return attn_error(ATTN_ERR_SHAPE, "%s: mask %s does not broadcast to (B, Nq, Nk) = %s", op,
                       attn_tensor_shape_str(mask), attn_shape_str(3, target));
   *view = *mask;
+  while (view->ndim > 3) attn_view_select(view, 0, 0);
   while (view->ndim < 3) attn_view_unsqueeze(view, 0);
   attn_status st = attn_view_expand(view, 3, target);
   if (st != ATTN_OK) return st;
@@ -152,14 +154,14 @@ attn_status attn_attention_prepare(attn_attention_job *J, attn_attention_mem *me
   J->window = o->window;
   if (J->window > J->Nq + J->Nk) J->window = J->Nq + J->Nk;
   if (!(o->dropout >= 0 && o->dropout <= 1))
-    return attn_error(ATTN_ERR_ARG, "%s: dropout probability %g is outside [0, 1]", op, o->dropout);
+    return attn_error(ATTN_ERR_ARG, "%s: dropout must be a probability in [0, 1], got %g", op, o->dropout);
   if (o->scale == o->scale && !isfinite(o->scale))
     return attn_error(ATTN_ERR_ARG, "%s: scale %g is not finite", op, o->scale);
-  J->dropout = o->dropout > 0;
+  if (o->kernel < ATTN_KERNEL_AUTO || o->kernel > ATTN_KERNEL_FLASH_AVX512)
+    return attn_error(ATTN_ERR_ARG, "%s: kernel %d is not one of the ATTN_KERNEL_* values", op, o->kernel);
+  J->dropout = o->dropout > 0 && o->training;
   if (J->dropout) {
-    J->drop.seed = o->seed;
-    J->drop.threshold = o->dropout >= 1 ? ((uint64_t)1 << 53) : (uint64_t)(o->dropout * 9007199254740992.0);
-    J->drop.factor = o->dropout >= 1 ? 0.0 : 1.0 / (1.0 - o->dropout);
+    J->drop = attn_dropout_rule_make(o->dropout, o->seed);
   }
   if (o->valid_lens) {
     size_t n = (size_t)(J->B * J->Nq);
@@ -219,13 +221,14 @@ static attn_status scores_setup(const char *op, const attn_tensor *s, const attn
                                 const attn_attention_opts *o, attn_attention_job *J, attn_attention_mem *mem, attn_attention_ctx *ctx) {
   memset(J, 0, sizeof *J);
   memset(mem, 0, sizeof *mem);
-  if (s->ndim != 3)
-    return attn_error(ATTN_ERR_SHAPE, "%s: scores must be 3-D (B, Nq, Nk), got %s", op, attn_tensor_shape_str(s));
   memset(ctx, 0, sizeof *ctx);
   ctx->scores = 1;
   ctx->a = s;
   ctx->b = v;
   ctx->named_x = strncmp(op, "masked_softmax", 14) == 0;
+  if (s->ndim != 3)
+    return attn_error(ATTN_ERR_SHAPE, "%s: %s must be %s, got %s", op, ctx->named_x ? "X" : "scores",
+                      ctx->named_x ? "(B, Q, K)" : "(B, Nq, Nk)", attn_tensor_shape_str(s));
   if (v && (v->ndim != 3 || v->shape[0] != s->shape[0] || v->shape[1] != s->shape[2]))
     return attn_error(ATTN_ERR_SHAPE, "%s: values must be (B, Nk, dv) = [%lldx%lldxdv] (%s)", op,
                       (long long)s->shape[0], (long long)s->shape[2], attn_attention_ctx_str(ctx));

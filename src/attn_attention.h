@@ -49,7 +49,8 @@
  * Dropout (probability p) acts on the weights before they multiply V: kept
  * weights are scaled by 1/(1-p). The returned weights are the softmax output
  * before dropout (the book's attention_weights). The keep decision for entry
- * (b, i, j) is a hash of (seed, b, i, j), so the backward pass recomputes the
+ * (b, i, j) is the engine's one dropout mask (attn_dropout.h) at index
+ * (b*Nq + i)*Nk + j of the stream seed, so the backward pass recomputes the
  * same mask, and results do not depend on the thread count.
  *
  * Speed: float32 dot-product attention runs the flash kernels
@@ -99,17 +100,20 @@ enum {
 
 typedef struct attn_attention_opts {
   const attn_tensor *valid_lens; /* NULL, (B) or (B, Nq): integers >= 0, above Nk = all (d2l semantics) */
-  const attn_tensor *mask;       /* NULL or keep-mask broadcastable to (B, Nq, Nk), values 0/1 */
+  const attn_tensor *mask;       /* NULL or keep-mask broadcastable to (B, Nq, Nk), values 0/1 (extra
+                                    leading size-1 dims are allowed, as NumPy broadcasts) */
   int causal;                    /* nonzero: query i sees keys j <= i */
   int64_t window;                /* >= 0: query i sees keys |i - j| <= window; < 0: off */
   double scale;                  /* scores are multiplied by it; NaN: default (1/sqrt(d) for
                                     dot products, 1 for given scores) */
-  double dropout;                /* probability in [0, 1]; 0 turns dropout off */
+  double dropout;                /* probability in [0, 1] (checked on every call); 0 turns dropout off */
+  int training;                  /* nonzero (attn_attention_opts_init's default): dropout applies; 0:
+                                    evaluation, no dropout (the probability is still checked) */
   uint64_t seed;                 /* dropout stream (same seed forward and backward) */
   int kernel;                    /* ATTN_KERNEL_*: dot-product attention's kernel (default AUTO) */
 } attn_attention_opts;
 
-/* No masks, default scale, no dropout. */
+/* No masks, default scale, no dropout (training on, so a dropout set later applies). */
 void attn_attention_opts_init(attn_attention_opts *opts);
 
 /* Reads lengths for (B, Nq) rows from lens, a 1-D (B) or (when allow_2d) 2-D

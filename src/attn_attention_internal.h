@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 
 #include "attn_attention.h"
+#include "attn_dropout.h"
 
 /* A 3-D operand: element [b][r][c] at p + (b*sb + r*sr + c*sc) elements. For
  * BLAS, each batch matrix is row-major (trans 0, ld = sr) or column-major
@@ -27,17 +28,6 @@ static inline const void *attn_attention_at(const attn_attention_mat *m, size_t 
   return m->p + (size_t)(b * m->sb + r * m->sr + c * m->sc) * es;
 }
 
-/* Dropout stream: entry (b, i, j) has index (b*Nq + i)*Nk + j; splitmix64 of seed + index. */
-static inline uint64_t attn_attention_mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-typedef struct {
-  uint64_t seed, threshold; /* drop when the 53-bit draw is below threshold */
-  double factor;            /* 1 / (1 - p), 0 when p = 1 */
-} attn_attention_dropout;
 
 /* One call of the kernels (src/attn_sdpa_reference.c runs it, src/attn_attention.c sets it up). */
 typedef struct attn_attention_job {
@@ -55,7 +45,7 @@ typedef struct attn_attention_job {
   int64_t window;
   double scale;
   int dropout;
-  attn_attention_dropout drop;
+  attn_dropout_rule drop; /* entry (b, i, j) has index (b*Nq + i)*Nk + j in its stream */
   char *out, *weights;         /* forward outputs (contiguous), may be NULL */
   char *gq, *gk, *gv, *gs;     /* backward outputs dq, dk, dv, dscores (contiguous), may be NULL */
   int64_t groups;              /* backward: query-block groups per batch */
@@ -80,8 +70,7 @@ static inline void attn_attention_key_range(const attn_attention_job *J, int64_t
 /* Dropout keep factor of entry (b, i, j): 0 when dropped, 1/(1-p) when kept. */
 static inline double attn_attention_keep(const attn_attention_job *J, int64_t b, int64_t i, int64_t j) {
   uint64_t idx = ((uint64_t)b * (uint64_t)J->Nq + (uint64_t)i) * (uint64_t)J->Nk + (uint64_t)j;
-  uint64_t u = attn_attention_mix64(J->drop.seed + (idx + 1) * 0x9E3779B97F4A7C15ULL) >> 11;
-  return u < J->drop.threshold ? 0.0 : J->drop.factor;
+  return attn_dropout_drops(&J->drop, idx) ? 0.0 : J->drop.scale;
 }
 
 /* The masking of query row i of batch b (the rules are in attn_attention.h): keys outside [a, b)

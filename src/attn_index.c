@@ -35,6 +35,14 @@ attn_status attn_index_select(const attn_tensor *x, int dim, const int64_t *inde
   attn_status st = check_index_args("index_select", x, dim, index, n, dim >= 0 && dim < x->ndim ? x->shape[dim] : 0);
   if (st == ATTN_OK) st = check_slices("index_select", x, out, dim, n);
   if (st != ATTN_OK) return st;
+  if (dim == 0 && attn_tensor_is_contiguous(x) && attn_tensor_is_contiguous(out)) {
+    /* whole rows (an embedding lookup): one memcpy each instead of a strided copy call */
+    size_t row = (size_t)(attn_tensor_numel(x) / (x->shape[0] > 0 ? x->shape[0] : 1)) * attn_dtype_size(x->dtype);
+    const char *xs = attn_tensor_data(x);
+    char *os = attn_tensor_data(out);
+    for (int64_t k = 0; k < n; k++) memcpy(os + (size_t)k * row, xs + (size_t)index[k] * row, row);
+    return ATTN_OK;
+  }
   for (int64_t k = 0; k < n; k++) {
     attn_tensor src = *x, dst = *out;
     attn_view_select(&src, dim, index[k]);
@@ -51,6 +59,25 @@ attn_status attn_index_add(attn_tensor *out, int dim, const int64_t *index, int6
   attn_tensor tmp; /* a source overlapping out is read from a copy */
   const attn_tensor *src;
   st = attn_unalias(out, src_in, &tmp, &src);
+  if (st == ATTN_OK && dim == 0 && out->dtype != ATTN_I64 && attn_tensor_is_contiguous(out) &&
+      attn_tensor_is_contiguous(src)) {
+    /* whole rows (an embedding's gradient): the same additions in the same
+     * order as the per-row attn_binary calls below, without their setup */
+    int64_t row = attn_tensor_numel(out) / (out->shape[0] > 0 ? out->shape[0] : 1);
+    for (int64_t k = 0; k < n; k++) {
+      if (out->dtype == ATTN_F32) {
+        float *d = (float *)attn_tensor_data(out) + index[k] * row;
+        const float *a = (const float *)attn_tensor_data(src) + k * row;
+        for (int64_t j = 0; j < row; j++) d[j] = d[j] + a[j];
+      } else {
+        double *d = (double *)attn_tensor_data(out) + index[k] * row;
+        const double *a = (const double *)attn_tensor_data(src) + k * row;
+        for (int64_t j = 0; j < row; j++) d[j] = d[j] + a[j];
+      }
+    }
+    attn_tensor_free(&tmp);
+    return ATTN_OK;
+  }
   for (int64_t k = 0; st == ATTN_OK && k < n; k++) { /* in order: repeated indices accumulate deterministically */
     attn_tensor s = *src, d = *out;
     attn_view_select(&s, dim, k);

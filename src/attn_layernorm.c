@@ -138,8 +138,7 @@ static attn_status check_operand(const char *op, const char *what, const attn_te
   return ATTN_OK;
 }
 
-/* Validates x and n; sets *rows. */
-static attn_status check_input(const char *op, const attn_tensor *x, int64_t n, int64_t *rows) {
+attn_status attn_layer_norm_rows(const char *op, const attn_tensor *x, int64_t n, int64_t *rows) {
   if (attn_check_float(op, x) != ATTN_OK) return ATTN_ERR_DTYPE;
   int64_t numel = attn_tensor_numel(x);
   if (n < 1 || numel % n != 0)
@@ -160,7 +159,7 @@ attn_status attn_layer_norm_forward(const attn_tensor *x, int64_t n, const attn_
                                     attn_tensor *rstd) {
   const char *op = "layer_norm";
   int64_t rows = 0;
-  attn_status st = check_input(op, x, n, &rows);
+  attn_status st = attn_layer_norm_rows(op, x, n, &rows);
   if (st == ATTN_OK && weight) st = check_operand(op, "weight", weight, x->dtype, n);
   if (st == ATTN_OK && bias) st = check_operand(op, "bias", bias, x->dtype, n);
   if (st == ATTN_OK) st = check_operand(op, "output", out, x->dtype, rows * n);
@@ -181,7 +180,7 @@ attn_status attn_layer_norm_backward(const attn_tensor *x, int64_t n, const attn
                                      attn_tensor *dx, attn_tensor *dweight, attn_tensor *dbias) {
   const char *op = "layer_norm backward";
   int64_t rows = 0;
-  attn_status st = check_input(op, x, n, &rows);
+  attn_status st = attn_layer_norm_rows(op, x, n, &rows);
   if (st == ATTN_OK && weight) st = check_operand(op, "weight", weight, x->dtype, n);
   if (st == ATTN_OK) st = check_operand(op, "mean", mean, ATTN_F64, rows);
   if (st == ATTN_OK) st = check_operand(op, "rstd", rstd, ATTN_F64, rows);

@@ -18,6 +18,13 @@
 
 #include "attn_tensor.h"
 
+/* The number of rows of x for rows of n entries, in *rows: the shape rule
+ * of both functions below, public so a caller (the Lua binding) sizes the
+ * mean and rstd outputs by the same rule before calling forward. Fails,
+ * naming op, when x is not a contiguous float tensor or n is not >= 1 and
+ * a divisor of x's numel. */
+attn_status attn_layer_norm_rows(const char *op, const attn_tensor *x, int64_t n, int64_t *rows);
+
 /* x (rows * n entries, any shape), n >= 1 dividing x's numel; weight and
  * bias (n entries, any shape) or NULL; eps as given (not validated: a
  * negative one gives NaN rows as the composed ops would).

@@ -220,7 +220,8 @@ attn_status attn_softmax(const attn_tensor *x, int dim, int log_softmax, attn_te
   if (out->ndim != x->ndim || out->dtype != x->dtype || memcmp(out->shape, x->shape, sizeof(int64_t) * (size_t)x->ndim))
     return attn_error(ATTN_ERR_SHAPE, "%s: output %s does not fit input %s", name, attn_tensor_shape_str(out),
                       attn_tensor_shape_str(x));
-  if (x->shape[dim] == 0) return ATTN_OK;
+  /* no rows or empty rows: nothing to do (and a (0, 2^62) row length must not reach the cost below) */
+  if (attn_tensor_numel(x) == 0) return ATTN_OK;
   int64_t es = (int64_t)attn_dtype_size(x->dtype);
   reduce_ctx c = {ATTN_SUM, x->dtype, x->shape[dim], x->stride[dim] * es, out->stride[dim] * es, 0, log_softmax};
   attn_tensor xv = *x, ov = *out;

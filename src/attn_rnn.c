@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "attn_alloc.h"
-#include "attn_rng.h"
+#include "attn_dropout.h"
 #include "attn_vmath.h"
 
 /* C = op(A) op(B) + beta C, row-major, through BLAS. */
@@ -72,10 +72,6 @@ static void tanh_row_f64(const double *x, double *y, int64_t n) {
         dhp[b * H + j] = g * z;                                                                       \
       }                                                                                               \
   }                                                                                                   \
-  /* y = x * mask (kept entries scaled by `scale`, the rest 0); stream `seed`. */                     \
-  static void dropout_##S(const T *x, T *y, int64_t n, uint64_t seed, uint64_t threshold, double scale) { \
-    for (int64_t i = 0; i < n; i++) y[i] = attn_rng_hash(seed, (uint64_t)i) >= threshold ? (T)(x[i] * scale) : 0; \
-  }                                                                                                   \
   /* out[c] = sum over rows of m (rows, cols), accumulated in double. */                              \
   static void colsum_##S(const T *m, int64_t rows, int64_t cols, double *acc, T *out) {               \
     memset(acc, 0, (size_t)cols * sizeof(double));                                                    \
@@ -115,16 +111,13 @@ static saved_layer layer_block(const attn_tensor *saved, int k, int64_t T, int64
   return s;
 }
 
-static uint64_t dropout_threshold(double p) {
-  double t = p * 18446744073709551616.0; /* p * 2^64 */
-  return t >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)t;
-}
-
+/* The engine's dropout (attn_dropout.h) on a contiguous buffer, stream seed. */
 static void dropout(attn_dtype dt, const void *x, void *y, int64_t n, uint64_t seed, double p) {
+  attn_dropout_rule r = attn_dropout_rule_make(p, seed);
   if (dt == ATTN_F32)
-    dropout_f32(x, y, n, seed, dropout_threshold(p), 1 / (1 - p));
+    attn_dropout_f32(&r, x, y, n, 0);
   else
-    dropout_f64(x, y, n, seed, dropout_threshold(p), 1 / (1 - p));
+    attn_dropout_f64(&r, x, y, n, 0);
 }
 
 /* ---------------------------------------------------------------- checks */

@@ -13,9 +13,9 @@
  * The input projections of all T steps are one GEMM per layer, the recurrent
  * product one GEMM per step, and the gate math one vectorised pass per step
  * (attn_vmath for float32). Dropout with probability p acts on the outputs of
- * every layer but the last when p > 0: entry i of layer k's output is kept
- * when attn_rng_hash(seed + k, i) is at least p * 2^64 and then scaled by
- * 1 / (1 - p), so backward rebuilds the mask from the seed. Everything runs
+ * every layer but the last when p > 0: the engine's dropout (attn_dropout.h)
+ * with stream seed + k over layer k's output, so backward rebuilds the mask
+ * from the seed. Everything runs
  * on the calling thread in a fixed order: results do not depend on the
  * thread count. All operands share a dtype and must be contiguous. */
 #ifndef ATTN_RNN_H

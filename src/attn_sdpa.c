@@ -77,9 +77,13 @@ static attn_status sdpa_setup(const char *op, const attn_tensor *q, const attn_t
                               const attn_attention_opts *o, attn_attention_job *J, attn_attention_mem *mem, attn_attention_ctx *ctx) {
   memset(J, 0, sizeof *J);
   memset(mem, 0, sizeof *mem);
-  if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3)
-    return attn_error(ATTN_ERR_SHAPE, "%s: queries, keys and values must be 3-D (B, N, d), got %s, %s and %s", op,
-                      attn_tensor_shape_str(q), attn_tensor_shape_str(k), attn_tensor_shape_str(v));
+  const attn_tensor *operands[3] = {q, k, v};
+  static const char *const names[3] = {"queries", "keys", "values"}, *const dims[3] = {"(B, Nq, d)", "(B, Nk, d)",
+                                                                                      "(B, Nk, dv)"};
+  for (int n = 0; n < 3; n++)
+    if (operands[n]->ndim != 3)
+      return attn_error(ATTN_ERR_SHAPE, "%s: %s must be %s, got %s", op, names[n], dims[n],
+                        attn_tensor_shape_str(operands[n]));
   memset(ctx, 0, sizeof *ctx);
   ctx->a = q;
   ctx->b = k;

@@ -31,6 +31,16 @@
   static void fill_##S(T *x, int64_t j0, int64_t j1, T v) {                                        \
     for (int64_t j = j0; j < j1; j++) x[j] = v;                                                    \
   }                                                                                                \
+  /* x[j] = v on [j0, j1) where the keep-mask row (stride msc, dtype mdt) is 0: removed keys. */   \
+  static void remove_##S(T *x, int64_t j0, int64_t j1, const char *mrow, int64_t msc, attn_dtype mdt, T v) { \
+    if (mdt == ATTN_F32) {                                                                         \
+      const float *mk = (const float *)mrow;                                                       \
+      for (int64_t j = j0; j < j1; j++) x[j] = mk[j * msc] == 0 ? v : x[j];                        \
+    } else {                                                                                       \
+      const double *mk = (const double *)mrow;                                                     \
+      for (int64_t j = j0; j < j1; j++) x[j] = mk[j * msc] == 0 ? v : x[j];                        \
+    }                                                                                              \
+  }                                                                                                \
   /* dst[j] = scale * src[j * stride], j < n. */                                                   \
   static void load_##S(T *dst, const T *src, int64_t stride, int64_t n, T scale) {                 \
     for (int64_t j = 0; j < n; j++) dst[j] = scale * src[j * stride];                              \
@@ -99,15 +109,21 @@ static void row_fill(const attn_attention_job *J, void *x, int64_t j0, int64_t j
     fill_f64(x, j0, j1, v);
 }
 
+/* x[j] = v on [j0, j1) where the keep-mask row mrow removes key j. */
+static void row_remove(const attn_attention_job *J, void *x, int64_t j0, int64_t j1, const char *mrow, double v) {
+  if (IS_F32(J))
+    remove_f32(x, j0, j1, mrow, J->msc, J->mdt, (float)v);
+  else
+    remove_f64(x, j0, j1, mrow, J->msc, J->mdt, v);
+}
+
 void attn_sdpa_softmax_row(const attn_attention_job *J, void *x, const attn_attention_rowmask *m) {
   const int64_t a = m->a, b = m->b;
   row_fill(J, x, 0, a, 0);
   row_fill(J, x, b, J->Nk, 0);
   if (a >= b) return;
   row_fill(J, x, m->e, b, FILL);
-  if (m->mrow)
-    for (int64_t j = a; j < b; j++)
-      if (!attn_attention_kept(J, m->mrow, j)) store_at(J->dt, x, j, -INFINITY);
+  if (m->mrow) row_remove(J, x, a, b, m->mrow, -INFINITY);
   double mx = row_max(J, x, a, b); /* ignores NaN; a NaN entry makes the sum NaN below */
   /* the exp-and-sum comes from attn_vmath (shared with the generic softmax) */
   double sum = mx == -INFINITY ? 0
@@ -141,13 +157,15 @@ void attn_sdpa_add_row(const attn_attention_job *J, void *x, const void *src, in
 }
 
 void attn_sdpa_dropout_row(const attn_attention_job *J, void *x, int64_t n0, int64_t n1, uint64_t base) {
-  const attn_attention_dropout *ds = &J->drop;
+  /* the engine's one dropout mask (attn_dropout.h); the product stays in the row's type, as in
+   * the flash kernels */
+  const attn_dropout_rule *r = &J->drop;
   for (int64_t j = n0; j < n1; j++) {
-    uint64_t u = attn_attention_mix64(ds->seed + (base + (uint64_t)j + 1) * 0x9E3779B97F4A7C15ULL) >> 11;
+    int drop = attn_dropout_drops(r, base + (uint64_t)j);
     if (IS_F32(J))
-      ((float *)x)[j] = u < ds->threshold ? 0.0f : ((float *)x)[j] * (float)ds->factor;
+      ((float *)x)[j] = drop ? 0.0f : ((float *)x)[j] * (float)r->scale;
     else
-      ((double *)x)[j] = u < ds->threshold ? 0.0 : ((double *)x)[j] * ds->factor;
+      ((double *)x)[j] = drop ? 0.0 : ((double *)x)[j] * r->scale;
   }
 }
 
@@ -157,11 +175,12 @@ void attn_sdpa_softmax_back_row(const attn_attention_job *J, const void *p, void
   int64_t u0 = m->a > n0 ? m->a : n0, u1 = m->e < n1 ? m->e : n1, f1 = m->b < n1 ? m->b : n1;
   if (u1 < u0) u1 = u0;
   if (f1 < u1) f1 = u1;
-  double D = 0;
-  if (!m->mrow) {
-    D = IS_F32(J) ? dot_f32(p, dp, u0, u1, 0) + dot_f32(p, dp, u1, f1, 1)
-                  : dot_f64(p, dp, u0, u1, 0) + dot_f64(p, dp, u1, f1, 1);
-  } else {
+  /* D = sum of p * dp over the unmasked keys and the filled keys with a weight. Removed keys have
+   * p = 0, so the plain sum is exact unless their dp is not finite: only then sum key by key. */
+  double D = IS_F32(J) ? dot_f32(p, dp, u0, u1, 0) + dot_f32(p, dp, u1, f1, 1)
+                       : dot_f64(p, dp, u0, u1, 0) + dot_f64(p, dp, u1, f1, 1);
+  if (m->mrow && !isfinite(D)) {
+    D = 0;
     for (int64_t j = u0; j < f1; j++) {
       double pj = load_at(J->dt, p, j);
       if (attn_attention_kept(J, m->mrow, j) && (j < u1 || pj != 0)) D += pj * load_at(J->dt, dp, j);
@@ -172,9 +191,7 @@ void attn_sdpa_softmax_back_row(const attn_attention_job *J, const void *p, void
     grad_f32(p, dp, u0, u1, (float)D, (float)scale);
   else
     grad_f64(p, dp, u0, u1, D, scale);
-  if (m->mrow) /* removed keys: 0, whatever their dp held */
-    for (int64_t j = u0; j < u1; j++)
-      if (!attn_attention_kept(J, m->mrow, j)) store_at(J->dt, dp, j, 0);
+  if (m->mrow) row_remove(J, dp, u0, u1, m->mrow, 0); /* removed keys: 0, whatever their dp held */
   row_fill(J, dp, u1, n1, 0);
 }
 

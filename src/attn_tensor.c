@@ -6,6 +6,7 @@
 
 #include "attn_alloc.h"
 #include "attn_iter.h"
+#include "attn_parallel.h"
 
 size_t attn_dtype_size(attn_dtype dtype) { return dtype == ATTN_F32 ? 4 : 8; }
 
@@ -511,6 +512,46 @@ static const attn_iter_fn copy_fns[3][3] = {
     {copy_i64_f32, copy_i64_f64, copy_i64_i64},
 };
 
+/* A same-dtype copy of a strided src (same shape) into a contiguous dst, for
+ * short inner rows (a permuted head layout has rows of a head's 8 columns):
+ * one loop with an odometer over the outer dims, where the general iterator
+ * pays an indirect call and a pointer recomputation per row. Returns 0 when
+ * the case does not apply. */
+static int copy_rows_into_contiguous(attn_tensor *dst, const attn_tensor *src) {
+  int nd = src->ndim;
+  size_t es = attn_dtype_size(src->dtype);
+  if (src->dtype != dst->dtype || nd < 2 || nd != dst->ndim || !attn_tensor_is_contiguous(dst) || (es != 4 && es != 8))
+    return 0;
+  for (int d = 0; d < nd; d++)
+    if (src->shape[d] != dst->shape[d] || src->shape[d] == 0) return 0;
+  int64_t inner = src->shape[nd - 1], istride = src->stride[nd - 1];
+  if (inner > 64) return 0; /* long rows: the iterator's memcpy per row is as good */
+  if (attn_get_num_threads() > 1 && attn_tensor_numel(src) >= 32768) return 0; /* the iterator splits it */
+  int64_t rows = attn_tensor_numel(src) / inner, index[ATTN_MAX_DIMS] = {0};
+  const char *base = attn_tensor_data(src), *row = base;
+  char *out = attn_tensor_data(dst);
+  for (int64_t r = 0; r < rows; r++) {
+    if (es == 4) {
+      const uint32_t *a = (const uint32_t *)row;
+      uint32_t *o = (uint32_t *)out + r * inner;
+      for (int64_t j = 0; j < inner; j++) o[j] = a[j * istride];
+    } else {
+      const uint64_t *a = (const uint64_t *)row;
+      uint64_t *o = (uint64_t *)out + r * inner;
+      for (int64_t j = 0; j < inner; j++) o[j] = a[j * istride];
+    }
+    for (int d = nd - 2; d >= 0; d--) { /* next row: odometer over the outer dims */
+      if (++index[d] < src->shape[d]) {
+        row += src->stride[d] * (int64_t)es;
+        break;
+      }
+      row -= (src->shape[d] - 1) * src->stride[d] * (int64_t)es;
+      index[d] = 0;
+    }
+  }
+  return 1;
+}
+
 attn_status attn_copy(attn_tensor *dst, const attn_tensor *src_in) {
   attn_tensor tmp;
   const attn_tensor *src;
@@ -522,6 +563,10 @@ attn_status attn_copy(attn_tensor *dst, const attn_tensor *src_in) {
                       attn_tensor_shape_str(src_in), attn_tensor_shape_str(dst));
   attn_status st = attn_unalias(dst, src_in, &tmp, &src); /* overlapping copy: through a temporary */
   if (st != ATTN_OK) return st;
+  if (copy_rows_into_contiguous(dst, src)) {
+    attn_tensor_free(&tmp);
+    return ATTN_OK;
+  }
   attn_iter it;
   attn_iter_begin(&it, dst->ndim, dst->shape);
   attn_iter_add(&it, dst);

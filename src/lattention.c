@@ -2,10 +2,16 @@
  * wraps them). Shapes and masking semantics are documented in
  * src/attn_attention.h. Options arrive as a table:
  *   valid_lens (tensor or table, 1-D (B) or 2-D (B, Nq)), mask (keep-mask
- *   tensor), causal (boolean), window (integer >= 0), scale (number),
- *   dropout (probability; > 0 turns it on), seed (integer; drawn from the
+ *   tensor or nested table), causal (boolean), window (integer >= 0), scale
+ *   (number), dropout (probability; > 0 turns it on), training (boolean,
+ *   default true: false keeps dropout off), seed (integer; drawn from the
  *   generator when dropout is on and none is given), need_weights (boolean,
- *   default true), name (string for error messages of the scores kernels). */
+ *   default true), kernel (name), name (string for error messages of the
+ *   scores kernels).
+ * This file only converts Lua values to C: it checks types (and that window
+ * is not negative, as C's window < 0 means "off"); shapes, ranges and
+ * dtypes are the core's to check (attn_attention.c), and option-table keys
+ * are Lua's (lua/attn/attention.lua). */
 #include <math.h>
 #include <string.h>
 
@@ -54,6 +60,26 @@ static const attn_tensor *opt_lens(lua_State *L, int idx, const char *fn, const 
   return out;
 }
 
+/* Raises "fn: name must be <what>, got <the value>" for the value at idx: a number or string is
+ * shown itself (it says most), anything else by its type. */
+static int bad_value(lua_State *L, int idx, const char *fn, const char *name, const char *what) {
+  int t = lua_type(L, idx);
+  if (t == LUA_TNUMBER || t == LUA_TSTRING) {
+    lua_pushvalue(L, idx); /* lua_tostring converts in place: a copy */
+    return attn_l_error(L, "%s: %s must be %s, got %s", fn, name, what, lua_tostring(L, -1));
+  }
+  return attn_l_error(L, "%s: %s must be %s, got a %s", fn, name, what, luaL_typename(L, idx));
+}
+
+/* The boolean option `key` of the options table at idx (read raw): def when absent. */
+static int opt_bool(lua_State *L, int idx, const char *fn, const char *key, int def) {
+  attn_l_rawfield(L, idx, key);
+  int t = lua_type(L, -1), v = t == LUA_TNIL ? def : lua_toboolean(L, -1);
+  if (t != LUA_TNIL && t != LUA_TBOOLEAN) bad_value(L, -1, fn, key, "a boolean");
+  lua_pop(L, 1);
+  return v;
+}
+
 /* Reads the options table at idx (may be nil). Tensors it creates stay on the stack. */
 static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts *o, int *need_weights) {
   attn_attention_opts_init(o);
@@ -68,7 +94,11 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
   attn_l_rawfield(L, idx, "mask");
   if (!lua_isnil(L, -1)) {
     o->mask = attn_l_test(L, -1);
-    if (!o->mask) attn_l_error(L, "%s: mask must be a tensor (1 attend, 0 ignore), got a %s", fn, luaL_typename(L, -1));
+    if (!o->mask && lua_type(L, -1) == LUA_TTABLE)
+      o->mask = attn_l_push_table(L, -1, ATTN_F32); /* stays on the stack above the field */
+    if (!o->mask)
+      attn_l_error(L, "%s: mask must be a keep-mask tensor or nested table (1 attend, 0 ignore), got a %s", fn,
+                   luaL_typename(L, -1));
     if (o->mask && o->mask->dtype == ATTN_I64) { /* a comparison of ids: the kernels read float masks */
       attn_tensor *m = attn_l_push_alloc(L, ATTN_F64, o->mask->ndim, o->mask->shape);
       if (attn_copy(m, o->mask) != ATTN_OK) attn_l_raise(L);
@@ -76,11 +106,8 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
     }
   }
 
-  attn_l_rawfield(L, idx, "causal");
-  if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
-    attn_l_error(L, "%s: causal must be a boolean, got a %s", fn, luaL_typename(L, -1));
-  o->causal = lua_toboolean(L, -1);
-  lua_pop(L, 1);
+  o->causal = opt_bool(L, idx, fn, "causal", 0);
+  o->training = opt_bool(L, idx, fn, "training", 1);
 
   attn_l_rawfield(L, idx, "window");
   if (!lua_isnil(L, -1)) {
@@ -103,10 +130,8 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
   attn_l_rawfield(L, idx, "dropout");
   if (!lua_isnil(L, -1)) {
     if (lua_type(L, -1) != LUA_TNUMBER)
-      attn_l_error(L, "%s: dropout must be a probability, got a %s", fn, luaL_typename(L, -1));
+      attn_l_error(L, "%s: dropout must be a probability in [0, 1], got a %s", fn, luaL_typename(L, -1));
     o->dropout = lua_tonumber(L, -1);
-    if (!(o->dropout >= 0 && o->dropout <= 1))
-      attn_l_error(L, "%s: dropout probability %f is outside [0, 1]", fn, o->dropout);
   }
   lua_pop(L, 1);
 
@@ -116,7 +141,7 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
     lua_Integer s = lua_tointegerx(L, -1, &isint);
     if (!isint) attn_l_error(L, "%s: seed must be an integer", fn);
     o->seed = (uint64_t)s;
-  } else if (o->dropout > 0) {
+  } else if (o->dropout > 0 && o->training) {
     o->seed = attn_rng_next(attn_l_rng(L));
   }
   lua_pop(L, 1);
@@ -135,9 +160,7 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
   }
   lua_pop(L, 1);
 
-  attn_l_rawfield(L, idx, "need_weights");
-  if (!lua_isnil(L, -1)) *need_weights = lua_toboolean(L, -1);
-  lua_pop(L, 1);
+  *need_weights = opt_bool(L, idx, fn, "need_weights", 1);
 }
 
 static const char *opt_name(lua_State *L, int idx, const char *def) {
@@ -160,7 +183,7 @@ static int wants(lua_State *L, int idx, const char *key) {
 }
 
 static void push_seed(lua_State *L, const attn_attention_opts *o) {
-  if (o->dropout > 0)
+  if (o->dropout > 0 && o->training)
     lua_pushinteger(L, (lua_Integer)o->seed);
   else
     lua_pushnil(L);
@@ -184,11 +207,10 @@ static int l_sdpa_forward(lua_State *L) {
   attn_attention_opts o;
   int need_weights;
   read_opts(L, 4, "dot_product_attention", &o, &need_weights);
-  int64_t os[3] = {q->shape[0], q->ndim == 3 ? q->shape[1] : 0, v->ndim == 3 ? v->shape[2] : 0};
-  int64_t ws[3] = {q->shape[0], os[1], k->ndim == 3 ? k->shape[1] : 0};
-  if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3)
-    return attn_l_error(L, "dot_product_attention: queries, keys and values must be 3-D (B, N, d), got %s, %s and %s",
-                      attn_tensor_shape_str(q), attn_tensor_shape_str(k), attn_tensor_shape_str(v));
+  /* outputs sized from 3-D operands (empty otherwise: the core then names the operand at fault) */
+  int ok = q->ndim == 3 && k->ndim == 3 && v->ndim == 3;
+  int64_t os[3] = {ok ? q->shape[0] : 0, ok ? q->shape[1] : 0, ok ? v->shape[2] : 0};
+  int64_t ws[3] = {os[0], os[1], ok ? k->shape[1] : 0};
   attn_tensor *out = attn_l_push_alloc(L, q->dtype, 3, os);
   int out_idx = lua_gettop(L);
   attn_tensor *w = need_weights ? attn_l_push_alloc(L, q->dtype, 3, ws) : (lua_pushnil(L), NULL);
@@ -233,9 +255,6 @@ static int l_sdpa_backward(lua_State *L) {
   attn_attention_opts o;
   int need_weights;
   read_opts(L, 4, "dot_product_attention backward", &o, &need_weights);
-  if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3)
-    return attn_l_error(L, "dot_product_attention backward: queries, keys and values must be 3-D, got %s, %s and %s",
-                      attn_tensor_shape_str(q), attn_tensor_shape_str(k), attn_tensor_shape_str(v));
   attn_tensor *dq = want_q ? attn_l_push_like(L, q) : (lua_pushnil(L), NULL);
   attn_tensor *dk = want_k ? attn_l_push_like(L, k) : (lua_pushnil(L), NULL);
   attn_tensor *dv = want_v ? attn_l_push_like(L, v) : (lua_pushnil(L), NULL);
@@ -273,9 +292,9 @@ static int l_scores_attention_forward(lua_State *L) {
   attn_attention_opts o;
   int need_weights;
   read_opts(L, 3, name, &o, &need_weights);
-  if (s->ndim != 3) return attn_l_error(L, "%s: scores must be 3-D (B, Nq, Nk), got %s", name, attn_tensor_shape_str(s));
   if (!v) need_weights = 1;
-  int64_t os[3] = {s->shape[0], s->shape[1], v && v->ndim == 3 ? v->shape[2] : 0};
+  int ok = s->ndim == 3 && (!v || v->ndim == 3); /* else empty outputs: the core names the operand */
+  int64_t os[3] = {ok ? s->shape[0] : 0, ok ? s->shape[1] : 0, ok && v ? v->shape[2] : 0};
   attn_tensor *out = v ? attn_l_push_alloc(L, s->dtype, 3, os) : (lua_pushnil(L), NULL);
   attn_tensor *w = need_weights ? attn_l_push_like(L, s) : (lua_pushnil(L), NULL);
   ATTN_L_TRY(L, attn_attention_scores_forward(name, s, v, &o, out, w));
@@ -323,7 +342,6 @@ static int l_scores_attention_backward(lua_State *L) {
 static int l_masked_softmax_forward(lua_State *L) {
   attn_tensor *x = attn_l_check(L, 1);
   const attn_tensor *lens = opt_lens(L, 2, "masked_softmax", "valid_lens");
-  if (x->ndim != 3) return attn_l_error(L, "masked_softmax: X must be 3-D (B, Q, K), got %s", attn_tensor_shape_str(x));
   attn_tensor *out = attn_l_push_like(L, x);
   ATTN_L_TRY(L, attn_attention_masked_softmax_forward(x, lens, out));
   return 1;
@@ -340,7 +358,6 @@ static int l_masked_softmax_forward(lua_State *L) {
 static int l_masked_softmax_backward(lua_State *L) {
   attn_tensor *y = attn_l_check(L, 1), *dy = attn_l_check(L, 2);
   const attn_tensor *lens = opt_lens(L, 3, "masked_softmax", "valid_lens");
-  if (y->ndim != 3) return attn_l_error(L, "masked_softmax: X must be 3-D (B, Q, K), got %s", attn_tensor_shape_str(y));
   attn_tensor *dx = attn_l_push_like(L, y);
   ATTN_L_TRY(L, attn_attention_masked_softmax_backward(y, dy, lens, dx));
   return 1;
@@ -374,10 +391,8 @@ static int l_sequence_mask(lua_State *L) {
  */
 static int l_additive_scores_forward(lua_State *L) {
   attn_tensor *qh = attn_l_check(L, 1), *kh = attn_l_check(L, 2), *wv = attn_l_check(L, 3);
-  if (qh->ndim != 3 || kh->ndim != 3)
-    return attn_l_error(L, "additive_scores: expected projected queries (B, Nq, h) and keys (B, Nk, h), got %s and %s",
-                      attn_tensor_shape_str(qh), attn_tensor_shape_str(kh));
-  int64_t shape[3] = {qh->shape[0], qh->shape[1], kh->shape[1]};
+  int ok = qh->ndim == 3 && kh->ndim == 3; /* else an empty output: the core names the operand */
+  int64_t shape[3] = {ok ? qh->shape[0] : 0, ok ? qh->shape[1] : 0, ok ? kh->shape[1] : 0};
   attn_tensor *out = attn_l_push_alloc(L, qh->dtype, 3, shape);
   ATTN_L_TRY(L, attn_attention_additive_scores_forward(qh, kh, wv, out));
   return 1;
@@ -415,9 +430,15 @@ static int l_additive_scores_backward(lua_State *L) {
  * @treturn Tensor (max_len, d)
  */
 static int l_positional_encoding(lua_State *L) {
-  lua_Integer n = attn_l_checkinteger(L, 1, "max_len"), d = attn_l_checkinteger(L, 2, "d");
-  if (n < 0 || d < 0) return attn_l_error(L, "positional_encoding: max_len %I and d %I must be >= 0", n, d);
-  int64_t shape[2] = {n, d};
+  int64_t shape[2];
+  static const char *const names[2] = {"max_len", "d"};
+  for (int a = 0; a < 2; a++) { /* the table's sizes: the binding allocates it */
+    int isint;
+    lua_Integer v = lua_tointegerx(L, a + 1, &isint);
+    if (!isint || lua_type(L, a + 1) != LUA_TNUMBER || v < 0)
+      bad_value(L, a + 1, "positional_encoding", names[a], "an integer >= 0");
+    shape[a] = (int64_t)v;
+  }
   attn_tensor *out = attn_l_push_alloc(L, attn_l_optdtype(L, 3, ATTN_F32), 2, shape);
   ATTN_L_TRY(L, attn_attention_positional_encoding(out));
   return 1;

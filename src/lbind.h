@@ -41,6 +41,9 @@ attn_tensor *attn_l_test(lua_State *L, int idx);
 attn_tensor *attn_l_push_alloc(lua_State *L, attn_dtype dtype, int ndim, const int64_t *shape);
 /* Pushes a new tensor with x's dtype and shape. */
 attn_tensor *attn_l_push_like(lua_State *L, const attn_tensor *x);
+/* A tensor of dtype dt made from the number or nested table of numbers at idx (as attn.tensor),
+ * pushed; raises on a ragged table or a non-number element. */
+attn_tensor *attn_l_push_table(lua_State *L, int idx, attn_dtype dt);
 /* Pushes a view sharing view->storage (retains it). */
 attn_tensor *attn_l_push_view(lua_State *L, const attn_tensor *view);
 /* Pushes the Lua number at idx as a 0-d tensor of dtype: exact for a Lua

@@ -305,6 +305,19 @@ static int l_check_ids(lua_State *L) {
   return 1;
 }
 
+/* dropout(x, p [, seed]) -> out, seed: the engine's dropout (attn_dropout.h).
+ * Without a seed one is drawn from the generator; backward passes it again
+ * to rebuild the same mask. */
+static int l_dropout(lua_State *L) {
+  attn_tensor *x = attn_l_check(L, 1);
+  double p = attn_l_checknumber(L, 2, "p");
+  uint64_t seed = lua_isnoneornil(L, 3) ? attn_rng_next(attn_l_rng(L)) : (uint64_t)attn_l_checkinteger(L, 3, "seed");
+  attn_tensor *out = attn_l_push_like(L, x);
+  ATTN_L_TRY(L, attn_dropout("dropout", x, p, seed, out));
+  lua_pushinteger(L, (lua_Integer)seed);
+  return 2;
+}
+
 static const luaL_Reg math_functions[] = {
     {"tanh_backward", l_tanh_backward}, {"sigmoid_backward", l_sigmoid_backward},
     {"check_ids", l_check_ids}, {"sort", l_sort},
@@ -324,6 +337,7 @@ static const luaL_Reg math_functions[] = {
     {"argmin", l_argmin},   {"softmax", l_softmax}, {"log_softmax", l_log_softmax},
     {"matmul", l_matmul},   {"bmm", l_bmm},         {"index_select", l_index_select},
     {"index_add_", l_index_add_}, {"gather", l_gather}, {"scatter_add_", l_scatter_add_},
+    {"dropout", l_dropout},
     {NULL, NULL},
 };
 

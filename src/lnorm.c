@@ -12,10 +12,8 @@ static int l_layer_norm_forward(lua_State *L) {
   int64_t n = (int64_t)attn_l_checkinteger(L, 2, "n");
   attn_tensor *w = opt_tensor(L, 3), *b = opt_tensor(L, 4);
   double eps = attn_l_checknumber(L, 5, "eps");
-  if (n < 1 || attn_tensor_numel(x) % n != 0)
-    return attn_l_error(L, "layer_norm: input %s does not split into rows of %I entries", attn_tensor_shape_str(x),
-                        (lua_Integer)n);
-  int64_t rows = attn_tensor_numel(x) / n;
+  int64_t rows;
+  ATTN_L_TRY(L, attn_layer_norm_rows("layer_norm", x, n, &rows));
   lua_settop(L, 5);
   attn_tensor *out = attn_l_push_like(L, x);
   attn_tensor *mean = attn_l_push_alloc(L, ATTN_F64, 1, &rows);

@@ -74,11 +74,19 @@ static void fill_from_table(lua_State *L, int idx, int depth, int ndim, const in
   }
 }
 
+attn_tensor *attn_l_push_table(lua_State *L, int idx, attn_dtype dt) {
+  int ndim = 0;
+  int64_t shape[ATTN_MAX_DIMS], path[ATTN_MAX_DIMS], flat = 0;
+  idx = lua_absindex(L, idx);
+  infer_shape(L, idx, 0, &ndim, shape);
+  attn_tensor *t = attn_l_push_alloc(L, dt, ndim, shape);
+  fill_from_table(L, idx, 0, ndim, shape, path, t, &flat);
+  return t;
+}
+
 /* tensor(data [, dtype]) */
 static int l_tensor(lua_State *L) {
   attn_dtype dt = attn_l_optdtype(L, 2, ATTN_F32);
-  int ndim = 0;
-  int64_t shape[ATTN_MAX_DIMS], path[ATTN_MAX_DIMS], flat = 0;
   attn_tensor *src = attn_l_test(L, 1);
   if (src) { /* a copy of an existing tensor */
     attn_tensor *t = attn_l_push_alloc(L, lua_isnoneornil(L, 2) ? src->dtype : dt, src->ndim, src->shape);
@@ -87,9 +95,7 @@ static int l_tensor(lua_State *L) {
   }
   if (lua_type(L, 1) != LUA_TNUMBER && lua_type(L, 1) != LUA_TTABLE)
     return attn_l_error(L, "tensor: expected a number or a nested table of numbers, got a %s", luaL_typename(L, 1));
-  infer_shape(L, 1, 0, &ndim, shape);
-  attn_tensor *t = attn_l_push_alloc(L, dt, ndim, shape);
-  fill_from_table(L, 1, 0, ndim, shape, path, t, &flat);
+  attn_l_push_table(L, 1, dt);
   return 1;
 }
 

@@ -2,9 +2,13 @@
 --
 -- Driver: lua5.4 tools/fuzz.lua [seconds] [seed]
 --   runs a child fuzzer under a watchdog and reports. A failure is a child
---   that dies (a crash, a sanitizer report), a call whose Lua code runs longer
---   than 2 s (a debug hook in the child), or one stuck in C for 2 s (the
---   watchdog); the report names the seed and the call that was running.
+--   that dies (a crash, a sanitizer report), a call that runs longer than 2 s,
+--   or one blocked for 10 s; the report names the seed and the call that was
+--   running. A call's time is the CPU time of the fuzzing process (all its
+--   threads), so a machine busy with other work does not fail a call: Lua
+--   code is stopped by a debug hook in the child, a call stuck in C is killed
+--   by the watchdog (the driver reads the child's CPU time from /proc), and a
+--   call that waits without using the CPU is killed after 10 s of wall time.
 -- Child: lua5.4 tools/fuzz.lua --child seed seconds heartbeat_file, started with
 --   the driver's own interpreter, or the command in ATTN_LUA (make check-aarch64).
 --
@@ -17,8 +21,8 @@
 -- freed tensors, mixed dtypes, tables whose __index frees tensors, and
 -- finalizers that free tensors while calls run.
 
-local CALL_LIMIT = 2.0 -- seconds, enforced in the child by a debug hook on Lua code
-local STUCK_LIMIT = CALL_LIMIT -- seconds without progress before the watchdog kills a call stuck in C
+local CALL_LIMIT = 2.0 -- CPU seconds a call may take (the hook in the child, the watchdog for C)
+local BLOCKED_LIMIT = 10 -- wall seconds a call may wait without progress (a deadlock, a sleep)
 local POLL = 0.1 -- seconds between the watchdog's looks at the heartbeat
 
 local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
@@ -39,9 +43,27 @@ local function driver(seconds, seed)
     f:close()
     return s
   end
-  -- Time without progress is counted in polls: each poll sleeps POLL seconds
-  -- and then some (the shell), so the count never overstates the wait.
-  local last, still = nil, 0
+  -- The child's CPU time (user + system, all threads) from /proc/<pid>/stat.
+  local ticks = 100
+  do
+    local p = io.popen("getconf CLK_TCK")
+    if p then
+      ticks = tonumber(p:read("l")) or ticks
+      p:close()
+    end
+  end
+  local child_pid
+  local function child_cpu()
+    child_pid = child_pid or tonumber((read(hb .. ".child") or ""):match("%d+"))
+    local stat = child_pid and read("/proc/" .. child_pid .. "/stat")
+    if not stat then return nil end
+    local fields = {}
+    for field in stat:match("%) (.*)"):gmatch("%S+") do fields[#fields + 1] = field end
+    return (tonumber(fields[12]) + tonumber(fields[13])) / ticks -- utime, stime
+  end
+  -- Wall time without progress is counted in polls: each poll sleeps POLL
+  -- seconds and then some (the shell), so the count never overstates it.
+  local last, still, cpu_at_progress = nil, 0, nil
   local verdict
   while true do
     os.execute("sleep " .. POLL)
@@ -53,15 +75,19 @@ local function driver(seconds, seed)
     end
     local beat = read(hb) or ""
     local n = beat:match("^(%d+)\t")
+    local cpu = child_cpu()
     if n ~= last then
-      last, still = n, 0
+      last, still, cpu_at_progress = n, 0, cpu
     elseif n then
       still = still + 1
     end
-    if still * POLL >= STUCK_LIMIT then -- a call stuck in C (Lua loops stop at the hook)
-      local pid = tonumber((read(hb .. ".child") or ""):match("%d+"))
-      if pid then os.execute("kill -9 " .. pid) end
-      verdict = string.format("call %s made no progress for %d s", n, STUCK_LIMIT)
+    if n and cpu and cpu_at_progress and cpu - cpu_at_progress >= CALL_LIMIT then
+      verdict = string.format("call %s ran %g s of CPU time without returning", n, CALL_LIMIT)
+    elseif still * POLL >= BLOCKED_LIMIT then
+      verdict = string.format("call %s made no progress for %d s", n, BLOCKED_LIMIT)
+    end
+    if verdict then
+      if child_pid then os.execute("kill -9 " .. child_pid) end
       break
     end
   end
@@ -253,16 +279,17 @@ local function child(seed, seconds, hb_path)
   -- ------------------------------------------------------------ calls
   local hb = assert(io.open(hb_path, "w"))
   local deadline = 0
-  local clock = core.clock -- wall time, as the watchdog sees it
+  local clock = os.clock -- the process's CPU time, as the watchdog counts it
   debug.sethook(function()
     if clock() > deadline then error("fuzz: call ran longer than the limit") end
   end, "", 10000)
 
-  -- ATTN_FUZZ_PLANT=c|lua|crash makes call 100 one the fuzzer must catch (a
-  -- call stuck in C, a Lua loop, a crash): how spec/tools/fuzz_spec.lua checks
-  -- the checker.
+  -- ATTN_FUZZ_PLANT=c|blocked|lua|crash makes call 100 one the fuzzer must
+  -- catch (a call busy in C, one blocked, a Lua loop, a crash): how
+  -- spec/tools/fuzz_spec.lua checks the checker.
   local planted = ({
-    c = function() os.execute("sleep 6") end,
+    c = function() return ("a"):rep(5000):find(".-.-.-b") end, -- backtracking: minutes inside one C call
+    blocked = function() os.execute("sleep 30") end,
     lua = function() while true do end end,
     crash = function() os.execute("kill -SEGV " .. pid) os.execute("sleep 6") end,
   })[os.getenv("ATTN_FUZZ_PLANT") or ""]
@@ -344,7 +371,7 @@ local function child(seed, seconds, hb_path)
           hb:seek("set")
           hb:write(n_calls, "\t", name, "(", table.concat(parts, ", "), ") [timed out]\n")
           hb:close()
-          io.stderr:write("call ran longer than " .. CALL_LIMIT .. " s\n")
+          io.stderr:write("call ran longer than " .. CALL_LIMIT .. " s of CPU time\n")
           os.exit(3)
         end
         -- Lua runtime errors raised inside the library's own code

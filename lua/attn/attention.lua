@@ -47,37 +47,23 @@ local attention_options = {
   training = true, need_weights = true,
 }
 
--- The options table for the C kernels (dropout only when training).
+-- The options table for the C kernels. Only the keys are checked here (a Lua concern); the
+-- binding converts the values (types) and the C core checks shapes, ranges and dtypes
+-- (src/lattention.c, src/attn_attention.c), so a C caller gets the same checks.
 local function kernel_options(fn, opts)
   opts = check.options(fn, opts, attention_options, 4)
-  for _, flag in ipairs { "training", "need_weights" } do -- (the kernel checks causal)
-    if opts[flag] ~= nil and type(opts[flag]) ~= "boolean" then
-      error(string.format("%s: %s must be a boolean, got %s", fn, flag, tostring(opts[flag])), 3)
-    end
-  end
-  local p = opts.dropout or 0
-  if type(p) ~= "number" or not (p >= 0 and p <= 1) then
-    error(string.format("%s: dropout must be a probability in [0, 1], got %s", fn, tostring(p)), 3)
-  end
-  local mask = opts.mask
-  if mask ~= nil and not is_tensor(mask) then
-    if type(mask) ~= "table" then
-      error(string.format("%s: mask must be a keep-mask tensor or nested table (1 attend, 0 ignore), got a %s", fn,
-        type(mask)), 3)
-    end
-    mask = core.tensor(mask)
-  end
-  -- NumPy broadcasting: extra leading size-1 dims of a mask change nothing
-  while mask ~= nil and core.dim(mask) > 3 and core.size(mask, 1) == 1 do mask = core.squeeze(mask, 1) end
+  local training = opts.training -- dropout acts only when training (the binding checks the type)
+  if training == nil then training = false end
   return {
     name = fn,
     valid_lens = opts.valid_lens,
-    mask = mask,
+    mask = opts.mask,
     causal = opts.causal,
     window = opts.window,
     scale = opts.scale,
-    dropout = opts.training == true and p or 0,
-    need_weights = opts.need_weights ~= false,
+    dropout = opts.dropout,
+    training = training,
+    need_weights = opts.need_weights,
   }
 end
 
@@ -106,7 +92,7 @@ end
 -- @treturn Tensor (B, Q, K)
 -- @usage attn.masked_softmax(attn.rand{2, 2, 4}, {2, 3}) -- zeros past positions 2 and 3
 function M.masked_softmax(X, valid_lens)
-  check_tensor("masked_softmax", "X", X, 3, "(B, Q, K)")
+  check_tensor("masked_softmax", "X", X, nil, "(B, Q, K)")
   local Y = core.masked_softmax_forward(X, valid_lens)
   return record("masked_softmax", Y, { X }, function(g)
     if g == nil then return nil end
@@ -126,9 +112,9 @@ end
 -- @treturn ?Tensor weights (B, Nq, Nk), the softmax before dropout
 function M.dot_product_attention(Q, K, V, opts)
   local fn = "dot_product_attention"
-  check_tensor(fn, "queries", Q, 3, "(B, Nq, d)")
-  check_tensor(fn, "keys", K, 3, "(B, Nk, d)")
-  check_tensor(fn, "values", V, 3, "(B, Nk, dv)")
+  check_tensor(fn, "queries", Q, nil, "(B, Nq, d)") -- (shapes: the C core)
+  check_tensor(fn, "keys", K, nil, "(B, Nk, d)")
+  check_tensor(fn, "values", V, nil, "(B, Nk, dv)")
   local kopts = kernel_options(fn, opts)
   local out, weights, seed, lse = core.sdpa_forward(Q, K, V, kopts)
   kopts.seed = seed
@@ -149,9 +135,9 @@ end
 -- @treturn Tensor scores (B, Nq, Nk)
 function M.additive_scores(Qh, Kh, w_v)
   local fn = "additive_scores"
-  check_tensor(fn, "Qh", Qh, 3, "(B, Nq, h)")
-  check_tensor(fn, "Kh", Kh, 3, "(B, Nk, h)")
-  check_tensor(fn, "w_v", w_v, 1, "(h)")
+  check_tensor(fn, "Qh", Qh, nil, "(B, Nq, h)") -- (shapes: the C core)
+  check_tensor(fn, "Kh", Kh, nil, "(B, Nk, h)")
+  check_tensor(fn, "w_v", w_v, nil, "(h)")
   local scores = core.additive_scores_forward(Qh, Kh, w_v)
   return record(fn, scores, { Qh, Kh, w_v }, function(g)
     if g == nil then return nil end
@@ -184,7 +170,7 @@ end
 -- @treturn ?Tensor weights (B, Nq, Nk)
 function M.additive_attention(Qh, Kh, V, w_v, opts)
   local fn = "additive_attention"
-  check_tensor(fn, "values", V, 3, "(B, Nk, dv)")
+  check_tensor(fn, "values", V, nil, "(B, Nk, dv)")
   local kopts = kernel_options(fn, opts)
   local scores = M.additive_scores(Qh, Kh, w_v)
   return attend_scores(fn, scores, V, kopts)
@@ -209,7 +195,7 @@ function M.bilinear_scores(Q, W, K)
 end
 
 --- d2l's `transpose_qkv`: (B, N, H*dh) -> (B*H, N, dh), batch-major (row b*H + h holds head h
--- of sample b). Differentiable (reshape and permute).
+-- of sample b). Differentiable, as one node (its gradient is merge_heads of the gradient).
 -- @tparam Tensor X (B, N, H*dh)
 -- @tparam integer num_heads H
 -- @treturn Tensor (B*H, N, dh)
@@ -222,8 +208,13 @@ function M.split_heads(X, num_heads)
     error(string.format("%s: width %d of X %s is not divisible by num_heads %d", fn, s[3], shape_str(X), num_heads), 2)
   end
   local dh = s[3] // num_heads
-  local Y = Tensor.permute(Tensor.reshape(X, s[1], s[2], num_heads, dh), 1, 3, 2, 4)
-  return Tensor.reshape(Y, s[1] * num_heads, s[2], dh)
+  local Y = core.reshape(core.permute(core.reshape(X, s[1], s[2], num_heads, dh), 1, 3, 2, 4), s[1] * num_heads,
+    s[2], dh)
+  if not autograd.wants(X) then return Y end
+  -- one node instead of three: the gradient is the same moves undone
+  return record(fn, Y, { X }, function(g)
+    return core.reshape(core.permute(core.reshape(g, s[1], num_heads, s[2], dh), 1, 3, 2, 4), s[1], s[2], s[3])
+  end)
 end
 
 --- d2l's `transpose_output`: (B*H, N, dh) -> (B, N, H*dh), the inverse of `split_heads`.
@@ -239,8 +230,12 @@ function M.merge_heads(X, num_heads)
     error(string.format("%s: batch %d of X %s is not divisible by num_heads %d", fn, s[1], shape_str(X), num_heads), 2)
   end
   local B = s[1] // num_heads
-  local Y = Tensor.permute(Tensor.reshape(X, B, num_heads, s[2], s[3]), 1, 3, 2, 4)
-  return Tensor.reshape(Y, B, s[2], num_heads * s[3])
+  local Y = core.reshape(core.permute(core.reshape(X, B, num_heads, s[2], s[3]), 1, 3, 2, 4), B, s[2],
+    num_heads * s[3])
+  if not autograd.wants(X) then return Y end
+  return record(fn, Y, { X }, function(g)
+    return core.reshape(core.permute(core.reshape(g, B, s[2], num_heads, s[3]), 1, 3, 2, 4), s[1], s[2], s[3])
+  end)
 end
 
 --- Repeats each sample's valid lengths num_heads times along the first dim, matching the
@@ -297,14 +292,7 @@ end
 -- @tparam[opt="float32"] string dtype
 -- @treturn Tensor (max_len, d)
 function M.positional_encoding(max_len, d, dtype)
-  local fn = "positional_encoding"
-  if math.type(max_len) ~= "integer" or max_len < 0 then
-    error(string.format("%s: max_len must be an integer >= 0, got %s", fn, tostring(max_len)), 2)
-  end
-  if math.type(d) ~= "integer" or d < 0 then
-    error(string.format("%s: d must be an integer >= 0, got %s", fn, tostring(d)), 2)
-  end
-  return core.positional_encoding(max_len, d, dtype)
+  return core.positional_encoding(max_len, d, dtype) -- (sizes checked by the binding, which allocates)
 end
 
 return M

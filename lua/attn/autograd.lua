@@ -135,6 +135,11 @@ end
 --- Gradient `g` summed down to `shape` (undoes broadcasting).
 function autograd.sum_to(g, shape)
   local gshape = core.shape(g)
+  -- checked before the loops: a tensor's # is its first size (2^40 iterations)
+  if type(shape) ~= "table" or #shape > #gshape then
+    error(string.format("sum_to: shape must be a table of at most %d sizes (the gradient is %s), got %s", #gshape,
+      core.shape_str(g), type(shape) == "table" and #shape .. " sizes" or "a " .. type(shape)), 2)
+  end
   local lead = #gshape - #shape
   local same = lead == 0
   for d = 1, #shape do
@@ -250,6 +255,7 @@ local NO_OPTS = {}
 function autograd.backward(root, grad, opts)
   if type(grad) == "table" and not is_tensor(grad) and opts == nil then grad, opts = nil, grad end
   opts = opts or NO_OPTS
+  if type(opts) ~= "table" then error("backward: options must be a table, got a " .. type(opts), 2) end
   if not requires(root) then
     error("backward: tensor does not require grad (no input of its computation had requires_grad)", 2)
   end
@@ -338,7 +344,9 @@ end
 -- every output entry takes part. Returns ok, report where report has
 -- max_abs_err, max_rel_err and worst = {input = i, index = k, analytic =, numeric =}.
 function autograd.gradcheck(fn, inputs, opts)
-  opts = opts or {}
+  local check = require "attn.check"
+  check.lua_type("gradcheck", "inputs", inputs, "table")
+  opts = check.lua_type("gradcheck", "options", opts or {}, "table")
   local eps = opts.eps or 1e-6
   local atol = opts.atol or 1e-5
   local rtol = opts.rtol or 1e-3

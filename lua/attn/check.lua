@@ -81,6 +81,22 @@ function check.positive_int(fn, name, v, level)
   return v
 end
 
+--- Checks that v has the Lua type `expected` ("string", "table", "function", ...).
+-- @tparam string fn the function named in the message
+-- @tparam string name the argument named in the message
+-- @param v the value
+-- @tparam string expected a Lua type name
+-- @tparam[opt=3] integer level the error level, counted from the caller of the check
+-- @return v
+-- @raise "fn: name must be a string, got a nil"
+-- @usage check.lua_type("preprocess", "text", text, "string")
+function check.lua_type(fn, name, v, expected, level)
+  if type(v) ~= expected then
+    error(string.format("%s: %s must be a %s, got a %s", fn, name, expected, type(v)), level or 3)
+  end
+  return v
+end
+
 --- Checks that v is a tensor, and when `ndim` is given that it has that many dims.
 -- @tparam string fn the function named in the message
 -- @tparam string name the argument named in the message

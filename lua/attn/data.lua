@@ -94,6 +94,7 @@ end)()
 -- @treturn string
 -- @usage data.lower("Ça ALORS !") --> "ça alors !"
 function data.lower(s)
+  check.lua_type("lower", "s", s, "string")
   return (s:gsub(lower_pattern, lower_map))
 end
 
@@ -122,6 +123,7 @@ end
 -- @treturn string
 -- @usage data.preprocess("Go.\tVa !") --> "go .\tva !"
 function data.preprocess(text)
+  check.lua_type("preprocess", "text", text, "string")
   text = data.lower(replace_plain(replace_plain(text, "\u{202F}", " "), "\u{A0}", " "))
   return (text:gsub("()([,.!?])", function(pos, mark)
     if pos > 1 and text:byte(pos - 1) ~= 32 then return " " .. mark end
@@ -138,7 +140,15 @@ local function split_spaces(s)
     pos = sp + 1
   end
 end
-data.split = split_spaces
+--- Splits a string on single spaces, keeping empty tokens, as Python's
+-- `str.split(' ')` does (so the book's token counts reproduce).
+-- @tparam string s
+-- @treturn {string,...} the tokens, "" between two adjacent spaces
+-- @usage data.split("go  .") --> {"go", "", "."}
+function data.split(s)
+  check.lua_type("split", "s", s, "string")
+  return split_spaces(s)
+end
 
 -- ---------------------------------------------------------------- reading
 
@@ -394,6 +404,7 @@ vocab_methods.to_tokens = vocab_methods.tokens
 -- @treturn table
 -- @usage data.truncate_pad({48, 5}, 4, 2) --> {48, 5, 2, 2}
 function data.truncate_pad(ids, num_steps, pad_id)
+  check.lua_type("truncate_pad", "ids", ids, "table")
   check.positive_int("truncate_pad", "num_steps", num_steps)
   if num_steps > require("attn.core").max_request() // 16 then -- sized before building, as the allocator does
     error(string.format("truncate_pad: num_steps = %d is more than memory can hold", num_steps), 2)
@@ -415,7 +426,12 @@ end
 -- @treturn Tensor ids (n, num_steps)
 -- @treturn Tensor valid_len (n): the entries that are not `<pad>`, so `<eos>` counts
 function data.build_array(lines, vocab, num_steps)
+  check.lua_type("build_array", "lines", lines, "table")
+  check.lua_type("build_array", "vocab", vocab, "table")
   check.positive_int("build_array", "num_steps", num_steps)
+  if num_steps > require("attn.core").max_request() // 8 // math.max(#lines, 1) then -- the (n, num_steps) int64 ids
+    error(string.format("build_array: %d lines of num_steps = %d are more than memory can hold", #lines, num_steps), 2)
+  end
   local eos, pad = vocab:id("<eos>"), vocab:id("<pad>")
   if eos == vocab.unk or pad == vocab.unk then error("build_array: the vocabulary has no <eos> or no <pad>", 2) end
   local flat, lens, t2i, unk = {}, {}, vocab.token_to_idx, vocab.unk

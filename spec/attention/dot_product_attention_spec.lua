@@ -2,6 +2,7 @@
 -- naive reference written with plain Lua loops, plus the pitfalls it must avoid.
 local attn = require "attn"
 local helper = require "helper"
+local core = attn.core
 
 local FILL = -1e6
 
@@ -533,6 +534,26 @@ describe("dot_product_attention", function()
       fails("batch sizes differ", Q, attn.randn({ 1, 5, 4 }), attn.randn({ 1, 5, 2 }))
       fails("dtypes differ", Q, K:to("float64"), V)
       fails("(B, Nq, d)", attn.randn({ 3, 4 }), K, V)
+    end)
+    it("checks each option once, in the core: the raw binding and evaluation mode get the same checks", function()
+      local function raw_fails(pattern, f, ...)
+        local ok, err = pcall(f, ...)
+        assert.is_false(ok)
+        assert.is_truthy(tostring(err):find(pattern, 1, true), "message '" .. tostring(err) .. "' lacks " .. pattern)
+      end
+      local bad = "dot_product_attention: dropout must be a probability in [0, 1], got 1.5"
+      fails(bad, Q, K, V, { dropout = 1.5 }) -- checked when not training too
+      raw_fails(bad, core.sdpa_forward, Q, K, V, { dropout = 1.5, training = false })
+      raw_fails("additive_attention: dropout must be a probability in [0, 1], got -1", core.scores_attention_forward,
+        attn.randn({ 2, 3, 5 }), V, { dropout = -1, name = "additive_attention" })
+      fails("need_weights must be a boolean, got yes", Q, K, V, { need_weights = "yes" })
+      fails("mask must be a keep-mask tensor or nested table", Q, K, V, { mask = 5 })
+      raw_fails("queries must be (B, Nq, d), got [3x4]", core.sdpa_forward, attn.randn({ 3, 4 }), K, V)
+      -- a nested-table mask with extra leading size-1 dims, straight to the binding
+      local m = { { { { 1, 1, 0, 1, 1 } } } }
+      local a = core.sdpa_forward(Q, K, V, { mask = m })
+      local b = core.sdpa_forward(Q, K, V, { mask = attn.tensor({ 1, 1, 0, 1, 1 }) })
+      assert.close(a, b, { atol = 0 })
     end)
   end)
 end)

@@ -34,6 +34,9 @@ describe("split_heads and merge_heads", function()
   it("are differentiable", function()
     helper.gradcheck(function(x) return attn.merge_heads(attn.split_heads(x, 3):pow(2), 3) end,
       { helper.param({ 2, 4, 6 }) })
+    -- each one node: checked alone too, so one backward cannot hide a wrong other
+    helper.gradcheck(function(x) return attn.split_heads(x, 3) end, { helper.param({ 2, 4, 6 }) })
+    helper.gradcheck(function(x) return attn.merge_heads(x, 2) end, { helper.param({ 4, 3, 5 }) })
   end)
 
   it("check divisibility and head counts", function()

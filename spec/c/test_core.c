@@ -1,9 +1,13 @@
 /* C unit tests of the Lua-free core: allocator, views, copies, broadcasting,
- * error messages, reductions and matmul against naive loops. Prints one line
+ * error messages, reductions and matmul against naive loops, checkpoint bytes
+ * (encode, atomic write, decode) round-tripped from C. Prints one line
  * per failure and ends with "N passed, N failed". */
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "attn.h"
 
@@ -96,17 +100,21 @@ static void test_broadcast_and_reduce(void) {
   attn_tensor_free(&wrong);
 }
 
+/* A new float64 tensor of standard normal draws. */
+static void init_randn(attn_tensor *t, int ndim, const int64_t *shape, attn_rng *rng) {
+  attn_tensor_init(t, ATTN_F64, ndim, shape);
+  attn_rng_normal(rng, t, 0, 1);
+}
+
 static void test_matmul(void) {
   enum { M = 37, K = 19, N = 23 };
   attn_tensor a, b, c;
   int64_t sa[2] = {K, M}, sb[2] = {K, N}, sc[2] = {M, N};
-  attn_tensor_init(&a, ATTN_F64, 2, sa); /* used transposed: (M, K) */
-  attn_tensor_init(&b, ATTN_F64, 2, sb);
-  attn_tensor_init(&c, ATTN_F64, 2, sc);
   attn_rng rng;
   attn_rng_seed(&rng, 5);
-  attn_rng_normal(&rng, &a, 0, 1);
-  attn_rng_normal(&rng, &b, 0, 1);
+  init_randn(&a, 2, sa, &rng); /* used transposed: (M, K) */
+  init_randn(&b, 2, sb, &rng);
+  attn_tensor_init(&c, ATTN_F64, 2, sc);
   attn_view_transpose(&a, 0, 1);
   CHECK(attn_matmul(&a, &b, &c) == ATTN_OK, "matmul");
   double worst = 0;
@@ -136,16 +144,12 @@ static void test_matmul_vectors(void) {
   enum { M = 3, K = 4, N = 5 };
   attn_tensor v, w, batch_kn, batch_mk, out;
   int64_t sv[1] = {K}, skn[3] = {2, K, N}, smk[3] = {2, M, K};
-  attn_tensor_init(&v, ATTN_F64, 1, sv);
-  attn_tensor_init(&w, ATTN_F64, 1, sv);
-  attn_tensor_init(&batch_kn, ATTN_F64, 3, skn);
-  attn_tensor_init(&batch_mk, ATTN_F64, 3, smk);
   attn_rng rng;
   attn_rng_seed(&rng, 9);
-  attn_rng_normal(&rng, &v, 0, 1);
-  attn_rng_normal(&rng, &w, 0, 1);
-  attn_rng_normal(&rng, &batch_kn, 0, 1);
-  attn_rng_normal(&rng, &batch_mk, 0, 1);
+  init_randn(&v, 1, sv, &rng);
+  init_randn(&w, 1, sv, &rng);
+  init_randn(&batch_kn, 3, skn, &rng);
+  init_randn(&batch_mk, 3, smk, &rng);
   int nd;
   int64_t shape[ATTN_MAX_DIMS];
   CHECK(attn_matmul_shape(&v, &batch_kn, &nd, shape) == ATTN_OK && nd == 2 && shape[0] == 2 && shape[1] == N,
@@ -197,6 +201,111 @@ static void test_matmul_vectors(void) {
   attn_tensor_free(&w);
   attn_tensor_free(&batch_kn);
   attn_tensor_free(&batch_mk);
+}
+
+/* Save and load from C: tensors encoded to little-endian bytes, written
+ * atomically after a header, read back with stdio and decoded; the values
+ * and bits must survive, a strided view must come back in row-major order,
+ * and a short file must be refused before anything is decoded. */
+static void test_io_round_trip(void) {
+  char dir[] = "/tmp/attn_test_io_XXXXXX";
+  CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+  char path[64];
+  snprintf(path, sizeof path, "%s/ckpt.bin", dir);
+  attn_tensor w, ids;
+  int64_t sw[2] = {3, 2}, si[1] = {3};
+  attn_tensor_init(&w, ATTN_F64, 2, sw);
+  attn_tensor_init(&ids, ATTN_I64, 1, si);
+  for (int64_t i = 0; i < 6; i++) ((double *)w.storage->data)[i] = 1.0 / 3.0 + (double)i * 1e300 / 7.0;
+  const int64_t id_values[3] = {INT64_MIN, -1, (int64_t)1 << 60};
+  memcpy(ids.storage->data, id_values, sizeof id_values);
+  attn_tensor wt;
+  attn_tensor_view(&wt, &w);
+  attn_view_transpose(&wt, 0, 1); /* (2, 3), strided: saved in its own row-major order */
+  size_t nw, ni;
+  CHECK(attn_io_nbytes(&wt, &nw) == ATTN_OK && nw == 48, "nbytes of [2x3] float64: %zu", nw);
+  CHECK(attn_io_nbytes(&ids, &ni) == ATTN_OK && ni == 24, "nbytes of [3] int64: %zu", ni);
+  CHECK(!attn_io_is_serialised(&wt), "a transposed view is not its own serialisation");
+  unsigned char wbytes[48];
+  CHECK(attn_io_encode(&wt, wbytes, nw) == ATTN_OK, "encode: %s", attn_last_error());
+  const char header[8] = "ATTNv1\n";
+  attn_io_part parts[3] = {{header, 8}, {wbytes, nw}, {ids.storage->data, ni}};
+  CHECK(attn_io_write_atomic(path, parts, 2) == ATTN_OK, "first save: %s", attn_last_error());
+  CHECK(attn_io_write_atomic(path, parts, 3) == ATTN_OK, "save over it: %s", attn_last_error());
+
+  unsigned char file[256];
+  FILE *f = fopen(path, "rb");
+  size_t len = f ? fread(file, 1, sizeof file, f) : 0;
+  if (f) fclose(f);
+  CHECK(len == 8 + 48 + 24, "the second save replaced the first: %zu bytes", len);
+  CHECK(memcmp(file, "ATTNv1\n", 8) == 0, "header first");
+  /* little-endian on every host: the lowest byte of INT64_MIN is 0, its highest 0x80 */
+  CHECK(file[8 + 48] == 0 && file[8 + 48 + 7] == 0x80, "int64 bytes are little-endian");
+  int64_t s23[2] = {2, 3};
+  attn_tensor w2, ids2;
+  CHECK(attn_io_check_span("load", len, 8, ATTN_ENC_F64, 2, s23) == ATTN_OK, "span fits");
+  attn_tensor_init(&w2, attn_encoding_dtype(ATTN_ENC_F64), 2, s23);
+  attn_tensor_init(&ids2, attn_encoding_dtype(ATTN_ENC_I64), 1, si);
+  CHECK(attn_io_decode(file, len, 8, ATTN_ENC_F64, 0, &w2) == ATTN_OK, "decode w: %s", attn_last_error());
+  CHECK(attn_io_decode(file, len, 8 + 48, ATTN_ENC_I64, 0, &ids2) == ATTN_OK, "decode ids: %s", attn_last_error());
+  int same = 1;
+  for (int64_t i = 0; i < 2; i++)
+    for (int64_t j = 0; j < 3; j++) {
+      int64_t at[2] = {i, j}, src[2] = {j, i};
+      double a = attn_tensor_get(&w2, at), b = attn_tensor_get(&w, src);
+      same &= memcmp(&a, &b, sizeof a) == 0;
+    }
+  CHECK(same, "float64 values come back bit for bit, in the view's row-major order");
+  CHECK(memcmp(ids2.storage->data, id_values, sizeof id_values) == 0, "int64 extremes come back exactly");
+  CHECK(attn_io_check_span("load", len - 1, 8 + 48, ATTN_ENC_I64, 1, si) == ATTN_ERR_IO, "a short file is refused");
+  CHECK(strstr(attn_last_error(), "load: int64 [3] needs 24 bytes at offset 56, the data has 79") != NULL,
+        "message: %s", attn_last_error());
+
+  /* the narrow encodings, big-endian too: 1.0, -2.0, +inf and the smallest subnormal */
+  const unsigned char half_be[8] = {0x3c, 0x00, 0xc0, 0x00, 0x7c, 0x00, 0x00, 0x01};
+  const unsigned char bf16_le[4] = {0x80, 0x3f, 0x20, 0xc1}; /* 1.0, -10.0 */
+  const unsigned char i32_be[4] = {0xff, 0xff, 0xff, 0xfb}; /* -5 */
+  int64_t s4[1] = {4}, s2[1] = {2}, s1[1] = {1};
+  attn_tensor h, bf, i32;
+  attn_tensor_init(&h, ATTN_F32, 1, s4);
+  attn_tensor_init(&bf, ATTN_F32, 1, s2);
+  attn_tensor_init(&i32, ATTN_I64, 1, s1);
+  CHECK(attn_io_decode(half_be, 8, 0, ATTN_ENC_F16, 1, &h) == ATTN_OK, "decode f16");
+  const float *hv = h.storage->data;
+  CHECK(hv[0] == 1.0f && hv[1] == -2.0f && isinf(hv[2]) && hv[2] > 0 && hv[3] == ldexpf(1, -24),
+        "f16: %g %g %g %g", hv[0], hv[1], hv[2], hv[3]);
+  CHECK(attn_io_decode(bf16_le, 4, 0, ATTN_ENC_BF16, 0, &bf) == ATTN_OK, "decode bf16");
+  CHECK(((float *)bf.storage->data)[0] == 1.0f && ((float *)bf.storage->data)[1] == -10.0f, "bf16 values");
+  CHECK(attn_io_decode(i32_be, 4, 0, ATTN_ENC_I32, 1, &i32) == ATTN_OK && ((int64_t *)i32.storage->data)[0] == -5,
+        "big-endian int32 -5 into int64");
+  CHECK(attn_io_decode(i32_be, 4, 0, ATTN_ENC_F16, 1, &i32) == ATTN_ERR_DTYPE, "float16 does not load into int64");
+  attn_encoding e;
+  CHECK(attn_encoding_parse("BF16", &e) == 0 && e == ATTN_ENC_BF16 && attn_encoding_size(e) == 2, "parse BF16");
+  CHECK(attn_encoding_parse("float8", &e) == -1, "unknown encoding");
+
+  char bad[96];
+  snprintf(bad, sizeof bad, "%s/missing/ckpt.bin", dir);
+  CHECK(attn_io_write_atomic(bad, parts, 3) == ATTN_ERR_IO, "a missing folder is an I/O error");
+  CHECK(strstr(attn_last_error(), bad) != NULL, "the message names the path: %s", attn_last_error());
+  CHECK(attn_io_fsync(path) == ATTN_OK, "fsync: %s", attn_last_error());
+  CHECK(attn_io_fsync(bad) == ATTN_ERR_IO, "fsync of a missing file");
+
+  int entries = 0; /* nothing but the file is left in the folder */
+  DIR *d = opendir(dir);
+  for (struct dirent *ent; d && (ent = readdir(d)) != NULL;)
+    if (ent->d_name[0] != '.') entries++;
+  if (d) closedir(d);
+  CHECK(entries == 1, "no temporary file left behind: %d entries", entries);
+  remove(path);
+  rmdir(dir);
+  attn_tensor_free(&wt);
+  attn_tensor_free(&w);
+  attn_tensor_free(&ids);
+  attn_tensor_free(&w2);
+  attn_tensor_free(&ids2);
+  attn_tensor_free(&h);
+  attn_tensor_free(&bf);
+  attn_tensor_free(&i32);
 }
 
 /* int64: exact values past 2^53, wrapping arithmetic, extremes with int64
@@ -409,17 +518,59 @@ static void test_vmath(void) {
   CHECK(attn_vmath_set_isa("auto") == ATTN_OK, "auto picks the best");
 }
 
+/* The attention options are checked in the core, so a C caller gets what Lua gets. */
+static void test_attention_checks(void) {
+  attn_tensor q, out, mask;
+  int64_t qs[3] = {2, 3, 4}, ms[5] = {1, 1, 1, 1, 3};
+  CHECK(attn_tensor_init(&q, ATTN_F64, 3, qs) == ATTN_OK && attn_tensor_init(&out, ATTN_F64, 3, qs) == ATTN_OK &&
+            attn_tensor_init(&mask, ATTN_F64, 5, ms) == ATTN_OK,
+        "init");
+  for (int64_t i = 0; i < 24; i++) ((double *)q.storage->data)[i] = (double)(i % 7) / 7.0;
+  for (int64_t j = 0; j < 3; j++) ((double *)mask.storage->data)[j] = j != 1;
+  attn_attention_opts o;
+  attn_attention_opts_init(&o);
+  o.dropout = 1.5;
+  o.training = 0; /* evaluation: no dropout, but the probability is still checked */
+  CHECK(attn_sdpa_forward(&q, &q, &q, &o, &out, NULL, NULL) == ATTN_ERR_ARG, "dropout 1.5 refused");
+  CHECK(strstr(attn_last_error(), "dot_product_attention: dropout must be a probability in [0, 1], got 1.5") != NULL,
+        "message: %s", attn_last_error());
+  attn_attention_opts_init(&o);
+  o.kernel = 42;
+  CHECK(attn_sdpa_forward(&q, &q, &q, &o, &out, NULL, NULL) == ATTN_ERR_ARG, "kernel 42 refused: %s",
+        attn_last_error());
+  attn_attention_opts_init(&o);
+  o.mask = &mask; /* (1, 1, 1, 1, Nk): NumPy broadcasting drops the leading ones */
+  o.dropout = 0.5;
+  o.training = 0;
+  CHECK(attn_sdpa_forward(&q, &q, &q, &o, &out, NULL, NULL) == ATTN_OK, "5-D keep-mask: %s", attn_last_error());
+  /* key 1 is removed for every query, and evaluation mode applies no dropout: output row 0 is the
+   * softmax-weighted mean of values 0 and 2 */
+  const double *x = q.storage->data, *y = out.storage->data;
+  double s0 = 0, s2 = 0;
+  for (int c = 0; c < 4; c++) {
+    s0 += x[c] * x[c];
+    s2 += x[c] * x[8 + c];
+  }
+  double w0 = 1 / (1 + exp((s2 - s0) / 2)), want = w0 * x[0] + (1 - w0) * x[8];
+  CHECK(fabs(y[0] - want) < 1e-12, "masked, no dropout: %g vs %g", y[0], want);
+  attn_tensor_free(&q);
+  attn_tensor_free(&out);
+  attn_tensor_free(&mask);
+}
+
 int main(void) {
   test_allocator();
   test_views_and_errors();
   test_broadcast_and_reduce();
   test_matmul();
   test_matmul_vectors();
+  test_io_round_trip();
   test_int64();
   test_sort_and_multinomial();
 
   test_gru();
   test_vmath();
+  test_attention_checks();
   attn_alloc_empty_cache();
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;

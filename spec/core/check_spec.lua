@@ -1,5 +1,6 @@
 local attn = require "attn"
 local check = require "attn.check"
+local data = require "attn.data"
 
 -- The one option-table checker and the shared argument checks: their messages,
 -- and that every caller's error points at the user's line.
@@ -44,6 +45,11 @@ describe("attn.check", function()
     assert.matches("shape_str: size 1 is a table, not an integer", message(shape_str, { {} }), 1, true)
   end)
 
+  it("lua_type returns the value or names the expected and the given type", function()
+    assert.equal("a", check.lua_type("f", "s", "a", "string"))
+    assert.matches("f: s must be a string, got a nil", message(check.lua_type, "f", "s", nil, "string", 1), 1, true)
+  end)
+
   it("positive_int and tensor", function()
     assert.equal(3, check.positive_int("f", "n", 3))
     for _, bad in ipairs { 0, -1, 1.5, "2" } do
@@ -82,6 +88,27 @@ describe("attn.check", function()
       function() local r = attn.split_heads(attn.zeros(1, 2, 4), 0); return r end },
     { "BatchNorm1d: num_features must be a positive integer, got 0",
       function() local r = attn.nn.BatchNorm1d(0); return r end },
+    -- found by make fuzz: these raised Lua runtime errors inside lua/attn
+    { "lower: s must be a string, got a nil", function() local r = data.lower(nil); return r end },
+    { "preprocess: text must be a string, got a number", function() local r = data.preprocess(1); return r end },
+    { "split: s must be a string, got a table", function() local r = data.split({}); return r end },
+    { "truncate_pad: ids must be a table, got a nil",
+      function() local r = data.truncate_pad(nil, 4, 1); return r end },
+    { "build_array: lines must be a table, got a string",
+      function() local r = data.build_array("go .", {}, 4); return r end },
+    { "build_array: vocab must be a table, got a nil",
+      function() local r = data.build_array({}, nil, 4); return r end },
+    { "backward: options must be a table, got a number", function()
+        local x = attn.ones({ 1 }, { requires_grad = true })
+        local r = x:sum():backward(nil, 5)
+        return r
+      end },
+    { "sum_to: shape must be a table of at most 1 sizes (the gradient is [0]), got a userdata",
+      function() local r = attn.autograd.sum_to(attn.zeros(0), attn.zeros(2 ^ 40, 0)); return r end },
+    { "sum_to: shape must be a table of at most 1 sizes (the gradient is [3]), got 2 sizes",
+      function() local r = attn.autograd.sum_to(attn.zeros(3), { 1, 3 }); return r end },
+    { "gradcheck: inputs must be a table, got a nil",
+      function() local r = attn.autograd.gradcheck(function(x) return x end, nil); return r end },
   }
   for _, case in ipairs(callers) do
     it("blames the user's line: " .. case[1]:match("^[^:]+"), function()

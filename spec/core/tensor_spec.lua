@@ -215,6 +215,27 @@ describe("views", function()
     assert.are.same({ { 1, 2 }, { 1, 2 }, { 1, 2 } }, dst:totable())
   end)
 
+  it("contiguous copies of short-row views (the head layout) hold every element in place", function()
+    for _, dtype in ipairs { "float32", "float64", "int64" } do
+      local base = attn.arange(0, 2 * 3 * 4 * 8):reshape(2, 3, 4, 8):to(dtype)
+      local views = { base:permute(1, 3, 2, 4), base:transpose(2, 4), base:narrow(4, 2, 5):permute(3, 1, 2, 4),
+        attn.arange(0, 8):to(dtype):reshape(1, 8):expand(5, 8) }
+      for _, v in ipairs(views) do
+        local c = v:contiguous()
+        assert.is_true(c:is_contiguous())
+        local shape, n = v:shape(), v:numel()
+        for flat = 0, n - 1 do -- every element read with get, independent of the copy kernels
+          local idx, rest = {}, flat
+          for d = #shape, 1, -1 do
+            idx[d] = rest % shape[d] + 1
+            rest = rest // shape[d]
+          end
+          assert.are.equal(v:get(table.unpack(idx)), c:get(table.unpack(idx)))
+        end
+      end
+    end
+  end)
+
   it("get/set with 1-based and negative indices", function()
     local m = attn.zeros({ 2, 3 })
     m:set(5, 2, -1)
@@ -241,5 +262,21 @@ describe("views", function()
     assert.are.same({ { -1, 2, -1 }, { -1, 5, -1 } }, m:masked_fill(mask, -1):totable())
     assert.are.same({ { 1, 0, 3 }, { 4, 0, 6 } }, attn.where(mask, m, 0):totable())
     assert.has_error(function() m:index_select(1, { 3 }) end)
+  end)
+
+  it("index_select and index_add_ over whole rows agree with the strided path", function()
+    -- contiguous operands take the row path; transposed views of the same values the general one
+    local function strided(t) return t:t():contiguous():t() end
+    local idx = { 3, 1, 3, 5, 2, 3 }
+    for _, dtype in ipairs { "float32", "float64", "int64" } do
+      local a = (attn.randn({ 5, 7 }) * 100):to(dtype)
+      assert.is_false(strided(a):is_contiguous())
+      assert.are.same(strided(a):index_select(1, idx):totable(), a:index_select(1, idx):totable())
+      local src = (attn.randn({ 6, 7 }) * 100):to(dtype)
+      local rows, general = attn.ones({ 5, 7 }, dtype), strided(attn.ones({ 5, 7 }, dtype))
+      rows:index_add_(1, idx, src) -- index 3 three times: accumulated in order
+      general:index_add_(1, idx, strided(src))
+      assert.are.same(general:totable(), rows:totable())
+    end
   end)
 end)

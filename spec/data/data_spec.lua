@@ -229,6 +229,16 @@ describe("data.truncate_pad and data.build_array", function()
     assert.are.same({ 0, 3 }, e:shape())
     assert.are.same({ 0 }, el:shape())
   end)
+
+  it("refuses, at once, num_steps whose padded ids cannot exist (found by make fuzz)", function()
+    local src = data.read_fra_eng(SAMPLE, { num_examples = 10 })
+    local v = data.Vocab(src, { reserved = BOOK_RESERVED })
+    local t0 = os.clock()
+    assert.error_matches(function() data.build_array(src, v, math.maxinteger) end,
+      "build_array: " .. #src .. " lines of num_steps = 9223372036854775807 are more than memory can hold", nil, true)
+    assert.error_matches(function() data.load_fra_eng(2, math.maxinteger) end, "more than memory can hold", nil, true)
+    assert.is_true(os.clock() - t0 < 1)
+  end)
 end)
 
 describe("data.load_fra_eng", function()

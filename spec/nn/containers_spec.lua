@@ -128,6 +128,13 @@ describe("registration of module fields", function()
     local m = M()
     assert.error_matches(function() m.me = m end, "cannot register 'me' (M)", nil, true)
     assert.equal(4, #a:modules()) -- a, ReLU, b, ReLU: still a tree
+    -- a cycle made behind the checks: every walk (parameters' lean one too) raises with the path
+    rawget(b, "_attrs").back = a
+    b._module_names[#b._module_names + 1] = "back"
+    for _, walk in ipairs { "parameters", "named_parameters", "modules" } do
+      assert.error_matches(function() a[walk](a) end, "module tree has a cycle: 1.back (Sequential) contains itself",
+        nil, true)
+    end
   end)
 end)
 

@@ -70,6 +70,17 @@ local function layer_params(m, L)
   return ps
 end
 
+-- The flat parameter list of the fused gru.gru: 4 entries per layer.
+local function fused_params(m, L)
+  local params = {}
+  for k = 0, L - 1 do
+    for _, name in ipairs { "weight_ih_l", "weight_hh_l", "bias_ih_l", "bias_hh_l" } do
+      params[#params + 1] = m[name .. k]
+    end
+  end
+  return params
+end
+
 describe("nn.GRU", function()
   it("refuses a number of layers whose weights cannot exist, at once", function()
     local ok, err = pcall(nn.GRU, 3, 2, 1 << 62, 0.5)
@@ -260,15 +271,39 @@ describe("nn.GRU", function()
     for name, g in pairs(g2) do assert.close(g1[name], g, { rtol = 1e-12, atol = 1e-13 }) end
   end)
 
+  it("fused dropout drops what the composed path's nn.dropout drops for one seed (one mechanism)", function()
+    local gru = require "attn.nn.gru"
+    local ref = nn.GRU { input_size = 3, num_hiddens = 6, num_layers = 3, dropout = 0.4, dtype = "float64",
+      fused = false }
+    local params = fused_params(ref, 3)
+    local X = attn.randn({ 4, 2, 3 }, { dtype = "float64", requires_grad = true })
+    local gout, gstate = attn.randn({ 4, 2, 6 }, "float64"), attn.randn({ 3, 2, 6 }, "float64")
+    local seed = 0x5eed
+    local function grads(out, state)
+      ref:zero_grad()
+      X.grad = nil
+      local loss = (out * gout):sum() + (state * gstate):sum()
+      loss:backward()
+      local g = { X = X.grad }
+      for _, p in ipairs(ref:named_parameters()) do g[p[1]] = p[2].grad end
+      return g
+    end
+    local o1, s1 = gru.gru(X, nil, params, 0.4, seed)
+    local g1 = grads(o1, s1)
+    local o2, s2 = ref:composed_forward(X, nil, seed)
+    local g2 = grads(o2, s2)
+    assert.close(o1, o2, { rtol = 1e-12 })
+    assert.close(s1, s2, { rtol = 1e-12 })
+    for name, g in pairs(g2) do assert.close(g1[name], g, { rtol = 1e-12, atol = 1e-13 }) end
+    -- and the seed matters: another one drops other entries
+    local o3 = ref:composed_forward(X, nil, seed + 100)
+    assert.is_false(helper.compare(o3, o1))
+  end)
+
   it("fused dropout passes gradcheck with a fixed seed and keeps about 1 - p of the entries", function()
     local gru = require "attn.nn.gru"
     local m = nn.GRU { input_size = 3, num_hiddens = 4, num_layers = 2, dtype = "float64" }
-    local params = {}
-    for k = 0, 1 do
-      for _, name in ipairs { "weight_ih_l", "weight_hh_l", "bias_ih_l", "bias_hh_l" } do
-        params[#params + 1] = m[name .. k]
-      end
-    end
+    local params = fused_params(m, 2)
     local X, h0 = helper.param({ 3, 2, 3 }), helper.param({ 2, 2, 4 })
     local inputs = { X, h0 }
     for _, p in ipairs(params) do inputs[#inputs + 1] = p end

@@ -204,6 +204,128 @@ describe("nn.Dropout", function()
   end)
 end)
 
+describe("nn.dropout: the engine's one dropout (src/attn_dropout.h)", function()
+  local core = attn.core
+
+  -- The rule, written again from its definition in Lua's 64-bit integers:
+  -- entry i of stream seed is dropped when the top 53 bits of splitmix64's
+  -- finaliser of seed + (i + 1) * golden are below p * 2^53.
+  local function dropped(seed, i, p)
+    local z = seed + (i + 1) * 0x9e3779b97f4a7c15
+    z = (z ~ (z >> 30)) * 0xbf58476d1ce4e5b9
+    z = (z ~ (z >> 27)) * 0x94d049bb133111eb
+    z = z ~ (z >> 31)
+    return (z >> 11) < math.floor(p * 2 ^ 53)
+  end
+
+  it("drops exactly the entries the hash rule names and scales the rest by 1/(1-p)", function()
+    for _, dtype in ipairs { "float32", "float64" } do
+      local x = attn.randn({ 37, 29 }, dtype) + 5 -- no zeros of its own
+      local p = 0.3
+      local y, seed = core.dropout(x, p)
+      local xs, ys, scale = x:totable(), y:totable(), 1 / (1 - p)
+      local wrong = 0
+      for r = 1, 37 do
+        for c = 1, 29 do
+          local i = (r - 1) * 29 + (c - 1)
+          local want = dropped(seed, i, p) and 0 or xs[r][c] * scale
+          if dtype == "float32" then want = string.unpack("f", string.pack("f", want)) end
+          if ys[r][c] ~= want then wrong = wrong + 1 end
+        end
+      end
+      assert.equal(0, wrong, dtype .. ": entries that differ from the rule")
+    end
+  end)
+
+  it("gives 0 for a dropped NaN or inf (the mask clears bits, it does not multiply)", function()
+    for _, dtype in ipairs { "float32", "float64" } do
+      local values = {}
+      for i = 1, 60 do values[i] = ({ 0 / 0, math.huge, -math.huge })[i % 3 + 1] end
+      local x = attn.tensor(values, dtype)
+      local y, seed = core.dropout(x, 0.5)
+      local ys, xs, seen = y:totable(), x:totable(), 0
+      for i = 1, 60 do
+        if dropped(seed, i - 1, 0.5) then
+          assert.equal(0, ys[i])
+          seen = seen + 1
+        elseif xs[i] ~= xs[i] then
+          assert.is_true(ys[i] ~= ys[i])
+        else
+          assert.equal(xs[i], ys[i])
+        end
+      end
+      assert.is_true(seen > 0) -- (all 60 kept has probability 2^-60)
+    end
+  end)
+
+  it("has the statistics of independent Bernoulli(1 - p) draws", function()
+    attn.manual_seed(11)
+    local n, p = 40000, 0.3
+    local y = nn.dropout(attn.ones({ n }, "float64"), p, true):totable()
+    local drops, pairs_both = 0, 0
+    for i = 1, n do
+      local d = y[i] == 0
+      if d then drops = drops + 1 end
+      if d and i > 1 and y[i - 1] == 0 then pairs_both = pairs_both + 1 end
+      assert.is_true(d or y[i] == 1 / (1 - p))
+    end
+    local sd = math.sqrt(p * (1 - p) / n)
+    assert.is_true(math.abs(drops / n - p) < 5 * sd, "fraction dropped " .. drops / n)
+    -- neighbours are independent: both dropped with probability p^2
+    local sd2 = math.sqrt(p * p * (1 - p * p) / (n - 1))
+    assert.is_true(math.abs(pairs_both / (n - 1) - p * p) < 5 * sd2, "neighbours both dropped " .. pairs_both / (n - 1))
+  end)
+
+  it("is reproducible from attn.manual_seed and the same bits on 1 and 2 threads", function()
+    local x = attn.randn({ 300, 300 }) -- past one chunk of the worker pool
+    local threads = attn.get_num_threads()
+    local runs = {}
+    for k, t in ipairs { 1, 2, 1 } do
+      attn.set_num_threads(t)
+      attn.manual_seed(7)
+      runs[k] = { nn.dropout(x, 0.5, true), nn.dropout(x, 0.5, true) }
+    end
+    attn.set_num_threads(threads)
+    helper.assert_identical(runs[2][1], runs[1][1])
+    helper.assert_identical(runs[3][2], runs[1][2])
+    assert.is_false(helper.compare(runs[1][2], runs[1][1]), "the second call draws a new mask")
+  end)
+
+  it("indexes a strided view in its own row-major order, and backward reuses the mask", function()
+    local base = attn.randn({ 6, 5 }, { dtype = "float64" }) + 3
+    local x = base:transpose(1, 2):detach():requires_grad_()
+    attn.manual_seed(3)
+    local y = nn.dropout(x, 0.4, true)
+    attn.manual_seed(3)
+    local y2 = nn.dropout(x:contiguous(), 0.4, true)
+    helper.assert_identical(y:detach(), y2:detach())
+    local w = attn.randn({ 5, 6 }, "float64")
+    local loss = (y * w):sum()
+    loss:backward()
+    assert.close(x.grad, y:detach() / x:detach() * w, { atol = 1e-12 })
+  end)
+
+  it("is the mask the attention kernels apply to their weights (index (b*Nq + i)*Nk + j)", function()
+    local B, Nq, Nk, p = 2, 3, 5, 0.4
+    for _, dtype in ipairs { "float32", "float64" } do
+      -- equal scores give weights 1/Nk, and identity values read the dropped weights out
+      local Q, K = attn.zeros({ B, Nq, 4 }, dtype), attn.zeros({ B, Nk, 4 }, dtype)
+      local V = attn.eye(Nk, dtype):unsqueeze(1):expand(B, Nk, Nk):contiguous()
+      local out, _, seed = core.sdpa_forward(Q, K, V, { dropout = p, need_weights = false })
+      local mask = core.dropout(attn.ones({ B, Nq, Nk }, dtype), p, seed)
+      assert.close(out * Nk, mask, { atol = 1e-6 })
+    end
+  end)
+
+  it("p = 1 gives zeros even for infinite inputs; bad p and int64 raise", function()
+    local x = attn.tensor({ 1, math.huge, -math.huge })
+    assert.same({ 0, 0, 0 }, nn.dropout(x, 1, true):totable())
+    assert.error_matches(function() core.dropout(x, 1.5) end, "dropout: p must be a probability in [0, 1], got 1.5",
+      nil, true)
+    assert.error_matches(function() core.dropout(attn.tensor({ 1 }, "int64"), 0.5) end, "dropout", nil, true)
+  end)
+end)
+
 describe("nn.LayerNorm", function()
   it("gives d2l's [[-1, 1], [-1, 1]] on [[1, 2], [2, 3]] (eps visible at 1e-4)", function()
     local ln = nn.LayerNorm(2)

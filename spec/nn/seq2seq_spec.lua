@@ -117,6 +117,43 @@ describe("nn seq2seq models", function()
       end
     end)
 
+  it("Bahdanau: keys projected once give the book's per-step outputs and gradients", function()
+    local encoder = nn.Seq2SeqEncoder(10, 8, 16, 2):eval()
+    local dec = nn.Seq2SeqAttentionDecoder(10, 8, 16, 2):eval()
+    local X, Y = attn.tensor({ { 5, 6, 7, 4, 2 }, { 8, 4, 2, 2, 2 } }), attn.tensor({ { 3, 4, 5 }, { 6, 7, 8 } })
+    local lens = attn.tensor({ 4, 2 })
+    local proj = attn.randn({ 2, 3, 10 })
+    -- the book's loop: the attention module called with the raw keys at every step
+    local function book_forward(state)
+      local enc_outputs, hidden = state[1], state[2]
+      local emb, outs = dec.embedding(Y), {}
+      for t = 1, 3 do
+        local query = hidden:select(1, 2):unsqueeze(2)
+        local context = dec.attention(query, enc_outputs, enc_outputs, lens)
+        local out
+        out, hidden = dec.rnn(attn.cat({ context, emb:narrow(2, t, 1) }, 3):permute(2, 1, 3), hidden)
+        outs[t] = out
+      end
+      return dec.dense(attn.cat(outs, 1)):permute(2, 1, 3)
+    end
+    local results = {}
+    for i, run in ipairs { function(state) return (dec(Y, state)) end, book_forward } do
+      encoder:zero_grad()
+      dec:zero_grad()
+      local out = run(dec:init_state(table.pack(encoder(X)), lens))
+      ;(out * proj):sum():backward()
+      local grads = {}
+      for _, p in ipairs(encoder:parameters()) do grads[#grads + 1] = p.grad end
+      for _, p in ipairs(dec:parameters()) do grads[#grads + 1] = p.grad end
+      results[i] = { out = out, grads = grads }
+    end
+    helper.assert_close(results[1].out, results[2].out, { atol = 0 }) -- the same forward, bit for bit
+    assert.are.equal(#results[2].grads, #results[1].grads)
+    for k, g in ipairs(results[2].grads) do
+      helper.assert_close(results[1].grads[k], g, { atol = 1e-6, rtol = 1e-5 })
+    end
+  end)
+
   it("Seq2SeqDecoder: the book's context drifts at one-step calls; fixed_context keeps the encoder's", function()
     local encoder = nn.Seq2SeqEncoder(10, 8, 16, 2):eval()
     local book = nn.Seq2SeqDecoder(10, 8, 16, 2):eval()

@@ -115,6 +115,19 @@ static void query_ranges(const attn_attention_job *J, int64_t b, int64_t q0, int
   }
 }
 
+/* query_ranges for a block of r queries from i0, and [*jlo, *jhi): the keys some row sees. */
+static void block_ranges(const attn_attention_job *J, int64_t b, int64_t i0, int64_t r, int64_t *qa, int64_t *qb,
+                         int64_t *qe, int64_t *jlo, int64_t *jhi) {
+  query_ranges(J, b, i0, r, qa, qb, qe);
+  *jlo = J->Nk;
+  *jhi = 0;
+  for (int64_t o = 0; o < r; o++)
+    if (qa[o] < qb[o]) {
+      if (qa[o] < *jlo) *jlo = qa[o];
+      if (qb[o] > *jhi) *jhi = qb[o];
+    }
+}
+
 enum { TILE_SKIP, TILE_CLEAN, TILE_MASKED };
 
 /* Class of the tile keys [k0, k1) x query rows [0, nq): skipped when no row sees a key, or when
@@ -169,6 +182,20 @@ static void mask_tile(const attn_attention_job *J, int64_t b, float *T, int64_t 
   }
 }
 
+/* Scores of query block (b, i0) (r queries, packed scaled in Qt) against keys [j0, j0 + nb) into
+ * S (one row per key, queries in lanes), masked; the tile's class is returned (TILE_SKIP: S is
+ * not written). level: each row's running max or log-sum-exp, for classify. */
+static inline int query_tile(const attn_flash_job *F, int64_t b, int64_t i0, int64_t r, int64_t j0, int64_t nb,
+                             const int64_t *qa, const int64_t *qb, const int64_t *qe, const float *level,
+                             const float *Qt, float *S) {
+  const attn_attention_job *J = F->J;
+  int cls = classify(J, r, j0, j0 + nb, qa, qb, qe, level, F->fill2);
+  if (cls == TILE_SKIP) return cls;
+  mk(J->d, nb, Qt, F->k.p + b * F->k.sb + j0 * F->k.sr, F->k.sr, 1, S, NULL, 0);
+  if (cls == TILE_MASKED) mask_tile(J, b, S, nb, 1, i0, j0, qa, qb, qe, F->fill2);
+  return cls;
+}
+
 /* ---- forward ---------------------------------------------------------------- */
 
 static void pack_t(float *dst, const float *src, int64_t sr, int64_t rows, int64_t width, float scale) {
@@ -184,26 +211,19 @@ void FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i
   float *Qt = ws, *Ot = Qt + d * TW, *S = Ot + dv * TW, *m = S + KT * TW, *l = m + TW, *al = l + TW, *mu = al + TW;
   float *sum = mu + TW;
   int64_t *qa = (int64_t *)(sum + TW), *qb = qa + TW, *qe = qb + TW;
-  query_ranges(J, b, i0, r, qa, qb, qe);
-  int64_t jlo = Nk, jhi = 0;
-  for (int64_t o = 0; o < r; o++)
-    if (qa[o] < qb[o]) {
-      if (qa[o] < jlo) jlo = qa[o];
-      if (qb[o] > jhi) jhi = qb[o];
-    }
+  int64_t jlo, jhi;
+  block_ranges(J, b, i0, r, qa, qb, qe, &jlo, &jhi);
   pack_t(Qt, F->q.p + b * F->q.sb + i0 * F->q.sr, F->q.sr, r, d, F->qscale);
   memset(Ot, 0, sizeof(float) * (size_t)(dv * TW));
   for (int64_t o = 0; o < TW; o++) {
     m[o] = -INFINITY;
     l[o] = 0;
   }
-  const float *K = F->k.p + b * F->k.sb, *V = F->v.p + b * F->v.sb;
+  const float *V = F->v.p + b * F->v.sb;
   for (int64_t j0 = jlo; j0 < jhi; j0 += KT) {
     int64_t nb = jhi - j0 < KT ? jhi - j0 : KT;
-    int cls = classify(J, r, j0, j0 + nb, qa, qb, qe, m, F->fill2);
+    int cls = query_tile(F, b, i0, r, j0, nb, qa, qb, qe, m, Qt, S);
     if (cls == TILE_SKIP) continue;
-    mk(d, nb, Qt, K + j0 * F->k.sr, F->k.sr, 1, S, NULL, 0);
-    if (cls == TILE_MASKED) mask_tile(J, b, S, nb, 1, i0, j0, qa, qb, qe, F->fill2);
     /* online softmax: new running max, rescale factor of what came before, exp2 and row sums */
     for (int64_t o = 0; o < TW; o++) mu[o] = m[o];
     for (int64_t n = 0; n < nb; n++)
@@ -251,10 +271,8 @@ void FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i
   }
   for (int64_t j0 = jlo; j0 < jhi; j0 += KT) {
     int64_t nb = jhi - j0 < KT ? jhi - j0 : KT;
-    int cls = classify(J, r, j0, j0 + nb, qa, qb, qe, m, F->fill2);
+    int cls = query_tile(F, b, i0, r, j0, nb, qa, qb, qe, m, Qt, S);
     if (cls == TILE_SKIP) continue;
-    mk(d, nb, Qt, K + j0 * F->k.sr, F->k.sr, 1, S, NULL, 0);
-    if (cls == TILE_MASKED) mask_tile(J, b, S, nb, 1, i0, j0, qa, qb, qe, F->fill2);
     for (int64_t n = 0; n < nb; n++)
       for (int64_t o = 0; o < TW; o++) S[n * TW + o] = exp2_f(S[n * TW + o] - mu[o]) * sum[o];
     for (int64_t o = 0; o < r; o++) {
@@ -281,13 +299,8 @@ void FLASH_FN(attn_flash_backward_q_)(const attn_flash_job *F, int64_t b, int64_
   float *Qt = ws, *dOt = Qt + d * TW, *dQt = dOt + dv * TW, *S = dQt + d * TW, *dP = S + TW * TW;
   float *lse2 = dP + TW * TW, *D = lse2 + TW;
   int64_t *qa = (int64_t *)(D + TW), *qb = qa + TW, *qe = qb + TW;
-  query_ranges(J, b, i0, r, qa, qb, qe);
-  int64_t jlo = J->Nk, jhi = 0;
-  for (int64_t o = 0; o < r; o++)
-    if (qa[o] < qb[o]) {
-      if (qa[o] < jlo) jlo = qa[o];
-      if (qb[o] > jhi) jhi = qb[o];
-    }
+  int64_t jlo, jhi;
+  block_ranges(J, b, i0, r, qa, qb, qe, &jlo, &jhi);
   pack_t(Qt, F->q.p + b * F->q.sb + i0 * F->q.sr, F->q.sr, r, d, F->qscale);
   pack_t(dOt, F->dout.p + b * F->dout.sb + i0 * F->dout.sr, F->dout.sr, r, dv, 1.0f);
   memset(dQt, 0, sizeof(float) * (size_t)(d * TW));
@@ -298,10 +311,8 @@ void FLASH_FN(attn_flash_backward_q_)(const attn_flash_job *F, int64_t b, int64_
   const float *K = F->k.p + b * F->k.sb, *V = F->v.p + b * F->v.sb;
   for (int64_t j0 = jlo; j0 < jhi; j0 += TW) {
     int64_t nb = jhi - j0 < TW ? jhi - j0 : TW;
-    int cls = classify(J, r, j0, j0 + nb, qa, qb, qe, lse2, F->fill2);
+    int cls = query_tile(F, b, i0, r, j0, nb, qa, qb, qe, lse2, Qt, S);
     if (cls == TILE_SKIP) continue;
-    mk(d, nb, Qt, K + j0 * F->k.sr, F->k.sr, 1, S, NULL, 0);
-    if (cls == TILE_MASKED) mask_tile(J, b, S, nb, 1, i0, j0, qa, qb, qe, F->fill2);
     mk(dv, nb, dOt, V + j0 * F->v.sr, F->v.sr, 1, dP, NULL, 0);
     if (J->dropout)
       for (int64_t n = 0; n < nb; n++)

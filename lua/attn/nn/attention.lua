@@ -108,10 +108,22 @@ function AdditiveAttention:init(...)
 end
 
 function AdditiveAttention:forward(queries, keys, values, valid_lens)
-  local qh, kh = self.W_q(queries), self.W_k(keys)
+  return self:attend_projected(queries, self.W_k(keys), values, valid_lens)
+end
+
+--- The keys projected by W_k, (B, Nk, num_hiddens). A decoder that attends
+-- over the same keys at every step (the Bahdanau decoder) projects them once
+-- and calls `attend_projected` per step: the same forward numbers, one
+-- projection node instead of one per step.
+function AdditiveAttention:project_keys(keys) return self.W_k(keys) end
+
+--- forward with keys already projected by `project_keys`.
+function AdditiveAttention:attend_projected(queries, projected_keys, values, valid_lens)
+  local qh = self.W_q(queries)
   -- w_v.weight is (1, num_hiddens) as in PyTorch; the functional form takes the (h) vector
   local w_v = self.w_v.weight:reshape({ self.w_v.in_features })
-  local out, weights = attn.additive_attention(qh, kh, values, w_v, kernel_options(self, nil, valid_lens, qh:dtype()))
+  local out, weights = attn.additive_attention(qh, projected_keys, values, w_v,
+    kernel_options(self, nil, valid_lens, qh:dtype()))
   self.attention_weights = detach(weights)
   return out
 end
@@ -175,8 +187,8 @@ local function check_lens(lens, queries)
   if lens == nil or not attn.is_tensor(queries) or queries:dim() ~= 3 then return end
   local ls, qs = lens:shape(), queries:shape()
   if not ((#ls == 1 and ls[1] == qs[1]) or (#ls == 2 and ls[1] == qs[1] and ls[2] == qs[2])) then
-    error(string.format("MultiHeadAttention: valid_lens %s does not fit queries %s (expected [%d] or [%dx%d])",
-      shape_str(ls), shape_str(qs), qs[1], qs[1], qs[2]), 3)
+    error(string.format("MultiHeadAttention: valid_lens %s does not fit queries %s (expected %s or %s)",
+      shape_str(ls), shape_str(qs), shape_str({ qs[1] }), shape_str({ qs[1], qs[2] })), 3)
   end
 end
 

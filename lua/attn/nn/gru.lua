@@ -61,7 +61,6 @@ local function unbind(x)
 end
 M.unbind = unbind
 
-local stack = attn.stack
 
 --- One GRU step of the composed (reference) path as a single autograd node.
 -- gi (B, 3h): input projection W_ih x + b_ih; h (B, h); w_hh (3h, h); b_hh (3h).
@@ -194,7 +193,8 @@ function GRU:forward(X, h0)
     if not attn.is_tensor(h0) then error("GRU: h0 must be a tensor, got a " .. type(h0), 2) end
     local hs = h0:shape()
     if #hs ~= 3 or hs[1] ~= self.num_layers or hs[2] ~= B or hs[3] ~= H then
-      error(string.format("GRU: h0 %s must be (num_layers, B, h) = [%dx%dx%d]", shape_str(hs), self.num_layers, B, H), 2)
+      error(string.format("GRU: h0 %s must be (num_layers, B, h) = %s", shape_str(hs),
+        shape_str({ self.num_layers, B, H })), 2)
     end
   end
   if T == 0 then error("GRU: input " .. shape_str(s) .. " has no time steps", 2) end
@@ -211,8 +211,9 @@ function GRU:forward(X, h0)
 end
 
 --- The reference path: the same model composed from tensor ops (one node per
--- step), without the shape checks of forward.
-function GRU:composed_forward(X, h0)
+-- step), without the shape checks of forward. With a seed, the dropout
+-- between layers drops what the fused path (`M.gru` with that seed) drops.
+function GRU:composed_forward(X, h0, seed)
   local T, B, H = X:size(1), X:size(2), self.hidden_size
   local finals = {}
   local input = X
@@ -230,10 +231,10 @@ function GRU:composed_forward(X, h0)
       outs[t] = h
     end
     finals[k + 1] = h
-    input = stack(outs)
-    if k < self.num_layers - 1 then input = linear.dropout(input, self.dropout, self.training) end
+    input = attn.stack(outs)
+    if k < self.num_layers - 1 then input = linear.dropout(input, self.dropout, self.training, seed and seed + k) end
   end
-  return input, stack(finals)
+  return input, attn.stack(finals)
 end
 
 function GRU:extra_repr()

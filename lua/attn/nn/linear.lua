@@ -18,12 +18,17 @@ local shape_str = core.shape_str -- "[2x3]" from a tensor or a table of sizes
 
 --- Inverted dropout: in training, zeroes each entry with probability p and
 -- scales the rest by 1/(1-p); identity when not training or p = 0.
-function M.dropout(x, p, training)
+-- The mask is the engine's one dropout mechanism (src/attn_dropout.h), as in
+-- the attention kernels and the fused GRU: a hash of a seed drawn from the
+-- generator (so `attn.manual_seed` fixes it) and of each entry's row-major
+-- index, rebuilt from the seed in backward, the same on every thread count.
+-- `seed` (an integer, optional) picks the stream instead: the fused GRU's
+-- layer k uses seed + k, so the composed GRU can drop the same entries.
+function M.dropout(x, p, training, seed)
   if not training or p == 0 then return x end
-  if p >= 1 then return x * 0 end
-  local mask = core.bernoulli(x:shape(), 1 - p, x:dtype())
-  core.mul_(mask, 1 / (1 - p))
-  return x * mask
+  local out
+  out, seed = core.dropout(x, p, seed)
+  return autograd.record("dropout", out, { x }, function(g) return (core.dropout(g, p, seed)) end)
 end
 
 -- ---------------------------------------------------------------- Linear

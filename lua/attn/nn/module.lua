@@ -381,11 +381,34 @@ local function named_entries(self, registry, dedupe)
   return out
 end
 
+-- The order and checks of walk without the dotted names, which parameters()
+-- (called by clip_grad_norm_ at every step) does not need; a cycle is
+-- reported by walk itself, which names the path.
+local function each_module(self, visit, path, root)
+  if path[self] then walk(root, "", function() end) end
+  check_plain_tables(self)
+  path[self] = true
+  visit(self)
+  for _, name in ipairs(self._module_names) do
+    local c = get(self, name)
+    if c ~= nil then each_module(c, visit, path, root) end
+  end
+  path[self] = nil
+end
+
 --- The parameters as a list: registration order, own before children's, depth
 -- first; a parameter shared by two modules appears once.
 function Module:parameters()
-  local values = {}
-  for i, e in ipairs(named_entries(self, "_param_names", true)) do values[i] = e[2] end
+  local values, seen = {}, {}
+  each_module(self, function(m)
+    for _, n in ipairs(m._param_names) do
+      local t = get(m, n)
+      if t ~= nil and not seen[t] then
+        seen[t] = true
+        values[#values + 1] = t
+      end
+    end
+  end, {}, self)
   return values
 end
 

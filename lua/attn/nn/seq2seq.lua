@@ -214,17 +214,23 @@ end
 function Seq2SeqAttentionDecoder:forward(X, state)
   check_ids("Seq2SeqAttentionDecoder", X)
   local enc_outputs, hidden_state, enc_valid_lens = state[1], state[2], state[3]
-  local emb = self.embedding(X) -- (B, T, embed)
-  local T = emb:size(2)
+  -- the steps' embeddings as one node (the book's `for x in X`), not a narrow
+  -- per step, whose gradient would be a full-size tensor each
+  local steps = gru.unbind(self.embedding(X):permute(2, 1, 3)) -- T x (B, embed)
+  local T = #steps
   local outputs, weights = {}, {}
+  -- Additive scoring projects the keys (the same at every step) once, not once per step as the book
+  local scorer = self.attention
+  local keys = scorer.project_keys and scorer:project_keys(enc_outputs)
   for t = 1, T do
     local query = hidden_state:select(1, hidden_state:size(1)):unsqueeze(2) -- (B, 1, h)
-    local context = self.attention(query, enc_outputs, enc_outputs, enc_valid_lens)
-    local x = attn.cat({ context, emb:narrow(2, t, 1) }, 3) -- (B, 1, h + embed)
+    local context = keys and scorer:attend_projected(query, keys, enc_outputs, enc_valid_lens)
+      or scorer(query, enc_outputs, enc_outputs, enc_valid_lens)
+    local x = attn.cat({ context, steps[t]:unsqueeze(2) }, 3) -- (B, 1, h + embed)
     local out
     out, hidden_state = self.rnn(x:permute(2, 1, 3), hidden_state)
     outputs[t] = out
-    weights[t] = self.attention.attention_weights
+    weights[t] = scorer.attention_weights
   end
   self.attention_weights = weights
   local output = self.dense(attn.cat(outputs, 1)):permute(2, 1, 3)
