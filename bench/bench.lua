@@ -16,8 +16,11 @@ local core = attn.core
 local nn = attn.nn
 
 local QUICK = os.getenv("QUICK") == "1" or os.getenv("QUICK") == "yes"
--- ROWS=book: only the book-sized rows (one op, the small calls, the training steps), for A/B runs
+-- ROWS=book: only the book-sized rows (one op, the small calls, the training steps), for A/B runs;
+-- TORCH=0 skips PyTorch; BENCH_OUT names the output folder (bench/ab.lua uses all three)
 local BOOK_ONLY = os.getenv("ROWS") == "book"
+local WITH_TORCH = os.getenv("TORCH") ~= "0"
+local OUT = os.getenv("BENCH_OUT") or "out/bench"
 local BUDGET = QUICK and 0.12 or 0.3 -- seconds per measurement (at least one call per round)
 local SIZES = QUICK and { 256, 1024, 2048 } or { 128, 256, 512, 1024, 2048, 4096, 8192 }
 local DIMS = QUICK and { 64 } or { 64, 128 }
@@ -257,7 +260,9 @@ local function has_torch()
   f:close()
   return os.execute(PYTHON .. " -c 'import torch' 2>/dev/null") == true
 end
-if not has_torch() then
+if not WITH_TORCH then
+  torch_note = "PyTorch skipped (TORCH=0)"
+elseif not has_torch() then
   torch_note = PYTHON .. " has no torch (Debian: apt-get install python3-torch): PyTorch columns skipped"
   io.stderr:write(torch_note .. "\n")
 else
@@ -338,8 +343,8 @@ local notes = {
 }
 local md = title .. "\n\n" .. table.concat(lines, "\n") .. "\n\n" .. table.concat(notes, "\n\n") .. "\n"
 print(md)
-os.execute("mkdir -p out/bench")
-local f = assert(io.open("out/bench/bench.md", "w"))
+os.execute("mkdir -p '" .. OUT .. "'")
+local f = assert(io.open(OUT .. "/bench.md", "w"))
 f:write(md)
 f:close()
 local json_rows = {}
@@ -348,8 +353,8 @@ for _, r in ipairs(rows) do
   for k_, v_ in pairs(r) do o[k_] = v_ end
   json_rows[#json_rows + 1] = o
 end
-f = assert(io.open("out/bench/bench.json", "w"))
+f = assert(io.open(OUT .. "/bench.json", "w"))
 f:write(cjson.encode { version = attn._VERSION, quick = QUICK, isa = isa, peak_gflops = peak / 1e9,
   torch = torch_note, rows = json_rows })
 f:close()
-print("written: out/bench/bench.md, out/bench/bench.json")
+print(string.format("written: %s/bench.md, %s/bench.json", OUT, OUT))

@@ -276,6 +276,15 @@ end
 
 --- The flash attention kernel sets this machine can run ("flash_generic" always, then
 -- "flash_avx2" and "flash_avx512" when the CPU and build have them).
+--- The row-math paths (attn.core.isa) this CPU and build can run, portable first.
+function helper.isa_paths()
+  local paths = {}
+  for _, isa in ipairs { "generic", "avx2", "avx512" } do
+    if attn.core.isa_supported(isa) then paths[#paths + 1] = isa end
+  end
+  return paths
+end
+
 function helper.flash_kernels()
   local names = { "flash_generic" }
   local one = attn.ones { 1, 1, 1 }

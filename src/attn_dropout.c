@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "attn_parallel.h"
+#include "attn_vmath.h"
 
 attn_dropout_rule attn_dropout_rule_make(double p, uint64_t seed) {
   attn_dropout_rule r = {seed, (uint64_t)1 << 53, 0.0};
@@ -14,44 +15,30 @@ attn_dropout_rule attn_dropout_rule_make(double p, uint64_t seed) {
   return r;
 }
 
-/* The kept value is computed for every entry and cleared by a mask from the
- * draw, not chosen by a branch: the outcome is random, so a branch was
- * mispredicted on about min(p, 1 - p) of the entries. A dropped NaN or inf
- * still gives 0. The rule is read into locals once (y may alias it). */
-#define DROPOUT_LOOP(T, U)                                                                          \
-  do {                                                                                              \
-    const attn_dropout_rule rule = *r;                                                              \
-    for (int64_t i = 0; i < n; i++) {                                                               \
-      T kept = (T)(x[i] * rule.scale);                                                              \
-      U bits, keep = (U)0 - (U)!attn_dropout_drops(&rule, base + (uint64_t)i);                     \
-      memcpy(&bits, &kept, sizeof bits);                                                            \
-      bits &= keep;                                                                                 \
-      memcpy(y + i, &bits, sizeof bits);                                                            \
-    }                                                                                               \
-  } while (0)
-
+/* The loops are compiled once per instruction set (src/cpu/vmath_body.h):
+ * the hash's 64-bit multiplies vectorise only with AVX-512 DQ. */
 void attn_dropout_f32(const attn_dropout_rule *r, const float *x, float *y, int64_t n, uint64_t base) {
-  DROPOUT_LOOP(float, uint32_t);
+  attn_vmath_dropout_f32(r, x, y, n, base);
 }
 
 void attn_dropout_f64(const attn_dropout_rule *r, const double *x, double *y, int64_t n, uint64_t base) {
-  DROPOUT_LOOP(double, uint64_t);
+  attn_vmath_dropout_f64(r, x, y, n, base);
 }
 
 typedef struct {
   attn_dropout_rule rule;
+  const void *x; /* the row-major input: x's own data, or out after a copy */
   attn_tensor *out;
 } dropout_job;
 
 static void run_chunk(void *ctx, int64_t begin, int64_t end) {
   const dropout_job *j = ctx;
-  if (j->out->dtype == ATTN_F32) {
-    float *y = (float *)attn_tensor_data(j->out) + begin;
-    attn_dropout_f32(&j->rule, y, y, end - begin, (uint64_t)begin);
-  } else {
-    double *y = (double *)attn_tensor_data(j->out) + begin;
-    attn_dropout_f64(&j->rule, y, y, end - begin, (uint64_t)begin);
-  }
+  if (j->out->dtype == ATTN_F32)
+    attn_dropout_f32(&j->rule, (const float *)j->x + begin, (float *)attn_tensor_data(j->out) + begin, end - begin,
+                     (uint64_t)begin);
+  else
+    attn_dropout_f64(&j->rule, (const double *)j->x + begin, (double *)attn_tensor_data(j->out) + begin,
+                     end - begin, (uint64_t)begin);
 }
 
 attn_status attn_dropout(const char *op, const attn_tensor *x, double p, uint64_t seed, attn_tensor *out) {
@@ -64,9 +51,15 @@ attn_status attn_dropout(const char *op, const attn_tensor *x, double p, uint64_
     return attn_error(ATTN_ERR_SHAPE, "%s: output %s %s must be a contiguous %s tensor of shape %s", op,
                       attn_dtype_name(out->dtype), attn_tensor_shape_str(out), attn_dtype_name(x->dtype),
                       attn_tensor_shape_str(x));
-  /* row-major order first (nothing to do when out is x), then the mask in place */
-  if ((out->storage != x->storage || out->offset != x->offset) && (st = attn_copy(out, x)) != ATTN_OK) return st;
-  dropout_job j = {attn_dropout_rule_make(p, seed), out};
+  /* one pass from a contiguous x; a strided one is put in row-major order in out first */
+  const void *src = out;
+  if (attn_tensor_is_contiguous(x)) {
+    src = attn_tensor_data(x);
+  } else if ((st = attn_copy(out, x)) != ATTN_OK) {
+    return st;
+  }
+  dropout_job j = {attn_dropout_rule_make(p, seed), NULL, out};
+  j.x = src == out ? attn_tensor_data(out) : src;
   attn_parallel_for(attn_tensor_numel(out), 1 << 16, run_chunk, &j);
   return ATTN_OK;
 }

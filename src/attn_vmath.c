@@ -15,12 +15,15 @@ typedef struct {
   void (*tanh_f32)(const float *, float *, int64_t);
   void (*sigmoid_f32)(const float *, float *, int64_t);
   double (*exp_row_f32)(float *, int64_t, float);
+  void (*dropout_f32)(const attn_dropout_rule *, const float *, float *, int64_t, uint64_t);
+  void (*dropout_f64)(const attn_dropout_rule *, const double *, double *, int64_t, uint64_t);
 } vmath_set;
 
 #define VMATH_SET(isa)                                                                        \
   {                                                                                           \
     #isa, attn_vmath_exp_f32_##isa, attn_vmath_log_f32_##isa, attn_vmath_tanh_f32_##isa,       \
-        attn_vmath_sigmoid_f32_##isa, attn_vmath_exp_row_f32_##isa                            \
+        attn_vmath_sigmoid_f32_##isa, attn_vmath_exp_row_f32_##isa, attn_vmath_dropout_f32_##isa, \
+        attn_vmath_dropout_f64_##isa                                                          \
   }
 
 static const vmath_set sets[] = {
@@ -90,6 +93,12 @@ void attn_vmath_log_f32(const float *x, float *y, int64_t n) { get()->log_f32(x,
 void attn_vmath_tanh_f32(const float *x, float *y, int64_t n) { get()->tanh_f32(x, y, n); }
 void attn_vmath_sigmoid_f32(const float *x, float *y, int64_t n) { get()->sigmoid_f32(x, y, n); }
 double attn_vmath_exp_row_f32(float *x, int64_t n, float m) { return get()->exp_row_f32(x, n, m); }
+void attn_vmath_dropout_f32(const attn_dropout_rule *r, const float *x, float *y, int64_t n, uint64_t base) {
+  get()->dropout_f32(r, x, y, n, base);
+}
+void attn_vmath_dropout_f64(const attn_dropout_rule *r, const double *x, double *y, int64_t n, uint64_t base) {
+  get()->dropout_f64(r, x, y, n, base);
+}
 
 double attn_vmath_exp_row_f64(double *x, int64_t n, double m) {
   double s = 0;

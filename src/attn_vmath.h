@@ -13,6 +13,7 @@
 
 #include <stdint.h>
 
+#include "attn_dropout.h"
 #include "attn_error.h"
 
 /* Name of the active path: "generic", "avx2" or "avx512". */
@@ -36,5 +37,11 @@ void attn_vmath_sigmoid_f32(const float *x, float *y, int64_t n);
  * error about 1e-7 (the softmax normalises anyway); float64: libm's exp. */
 double attn_vmath_exp_row_f32(float *x, int64_t n, float m);
 double attn_vmath_exp_row_f64(double *x, int64_t n, double m);
+
+/* The rows of attn_dropout_f32/f64 (the rule of attn_dropout.h), per path:
+ * every path gives the same bits (the rule is integer arithmetic and one
+ * multiply by the scale). */
+void attn_vmath_dropout_f32(const attn_dropout_rule *r, const float *x, float *y, int64_t n, uint64_t base);
+void attn_vmath_dropout_f64(const attn_dropout_rule *r, const double *x, double *y, int64_t n, uint64_t base);
 
 #endif

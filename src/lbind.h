@@ -63,6 +63,9 @@ int attn_l_checkdim(lua_State *L, int arg, int ndim, int extra, const char *fn);
  * ndim. Raises on non-integers, NaN and too many dims (not on -1: callers
  * that do not infer check with attn_l_check_sizes). */
 int attn_l_checkshape(lua_State *L, int arg, int64_t *shape, const char *fn);
+/* The integer size at idx, entry pos (1-based) of a shape; raises "fn: size
+ * pos is 1.5, not an integer" otherwise. The sign is not checked. */
+int64_t attn_l_checksize(lua_State *L, int idx, int pos, const char *fn);
 void attn_l_check_sizes(lua_State *L, int ndim, const int64_t *shape, const char *fn);
 /* Optional dtype name at arg (nil or none: def). */
 attn_dtype attn_l_optdtype(lua_State *L, int arg, attn_dtype def);

@@ -237,7 +237,7 @@ int attn_l_checkdim(lua_State *L, int arg, int ndim, int extra, const char *fn) 
   return (int)d - 1;
 }
 
-static int64_t check_size(lua_State *L, int idx, int pos, const char *fn) {
+int64_t attn_l_checksize(lua_State *L, int idx, int pos, const char *fn) {
   int isint;
   lua_Integer v = lua_tointegerx(L, idx, &isint);
   if (!isint) {
@@ -256,14 +256,14 @@ int attn_l_checkshape(lua_State *L, int arg, int64_t *shape, const char *fn) {
     if (n > ATTN_MAX_DIMS) attn_l_error(L, "%s: %I dims requested, at most %d supported", fn, n, ATTN_MAX_DIMS);
     for (lua_Integer i = 1; i <= n; i++) {
       lua_rawgeti(L, arg, i);
-      shape[ndim++] = check_size(L, -1, (int)i, fn);
+      shape[ndim++] = attn_l_checksize(L, -1, (int)i, fn);
       lua_pop(L, 1);
     }
   } else {
     int top = lua_gettop(L);
     if (top - arg + 1 > ATTN_MAX_DIMS)
       attn_l_error(L, "%s: %d dims requested, at most %d supported", fn, top - arg + 1, ATTN_MAX_DIMS);
-    for (int i = arg; i <= top; i++) shape[ndim++] = check_size(L, i, i - arg + 1, fn);
+    for (int i = arg; i <= top; i++) shape[ndim++] = attn_l_checksize(L, i, i - arg + 1, fn);
   }
   return ndim;
 }

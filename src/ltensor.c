@@ -271,11 +271,7 @@ static int l_shape_str(lua_State *L) {
   int shown = n < SHOWN ? (int)n : SHOWN;
   for (int i = 0; i < shown; i++) {
     lua_rawgeti(L, 1, i + 1);
-    int isint;
-    shape[i] = (int64_t)lua_tointegerx(L, -1, &isint);
-    if (!isint && lua_type(L, -1) == LUA_TNUMBER)
-      return attn_l_error(L, "shape_str: size %d is %s, not an integer", i + 1, lua_tostring(L, -1));
-    if (!isint) return attn_l_error(L, "shape_str: size %d is a %s, not an integer", i + 1, luaL_typename(L, -1));
+    shape[i] = attn_l_checksize(L, -1, i + 1, "shape_str");
     lua_pop(L, 1);
   }
   lua_pushstring(L, attn_shape_str(shown, shape));

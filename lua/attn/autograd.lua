@@ -224,9 +224,10 @@ local function run_nodes(order, node_grads, leaf_grads, leaf_order, retain)
           g = g3
         end
         local input = inputs[i]
-        if g ~= nil and requires(input) then
+        -- an output of a node (grad_fn set) always requires grad: one field read for it, _rg for leaves
+        local child = g ~= nil and getmetatable(input) == TENSOR_MT and input.grad_fn
+        if child or (g ~= nil and requires(input)) then
           check_grad_shape(node, i, input, g)
-          local child = input.grad_fn
           if child then
             send(node_grads, child, input, g)
           else
@@ -293,7 +294,7 @@ function autograd.backward(root, grad, opts)
     if i <= #node.inputs then
       stack_pos[top] = i + 1
       local input = node.inputs[i]
-      local child = requires(input) and input.grad_fn
+      local child = getmetatable(input) == TENSOR_MT and input.grad_fn
       if child and not visited[child] then
         top = top + 1
         stack_node[top], stack_pos[top] = child, 1

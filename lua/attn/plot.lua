@@ -643,9 +643,9 @@ end
 local function series_list(fn, ys)
   if is_tensor(ys) then
     if ys:dim() == 1 then return { (array(fn, ys, "ys")) } end
-    if ys:dim() == 2 then
+    if ys:dim() == 2 then -- one totable, which is bounded (a (2^63, 0) view has no rows worth looping over)
       local out = {}
-      for i = 1, ys:size(1) do out[i] = (array(fn, ys:select(1, i), "ys")) end
+      for i, row in ipairs(ys:totable()) do out[i] = (array(fn, row, "ys")) end
       return out
     end
     error(string.format("%s: ys must be 1-D or 2-D (rows are series), got shape %s", fn, core.shape_str(ys)), 3)

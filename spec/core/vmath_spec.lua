@@ -4,6 +4,7 @@
 -- instruction-set path this CPU has, and each path against the generic one.
 local attn = require "attn"
 local core = attn.core
+local helper = require "helper"
 
 local function from_bits(b) return (string.unpack("<f", string.pack("<I4", b))) end
 
@@ -42,10 +43,7 @@ local function worst(got, ref)
   return w, at
 end
 
-local paths = {}
-for _, isa in ipairs { "generic", "avx2", "avx512" } do
-  if core.isa_supported(isa) then paths[#paths + 1] = isa end
-end
+local paths = helper.isa_paths()
 
 describe("vectorised float32 math", function()
   local saved

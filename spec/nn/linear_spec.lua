@@ -218,27 +218,35 @@ describe("nn.dropout: the engine's one dropout (src/attn_dropout.h)", function()
     return (z >> 11) < math.floor(p * 2 ^ 53)
   end
 
-  it("drops exactly the entries the hash rule names and scales the rest by 1/(1-p)", function()
-    for _, dtype in ipairs { "float32", "float64" } do
-      local x = attn.randn({ 37, 29 }, dtype) + 5 -- no zeros of its own
-      local p = 0.3
-      local y, seed = core.dropout(x, p)
-      local xs, ys, scale = x:totable(), y:totable(), 1 / (1 - p)
-      local wrong = 0
-      for r = 1, 37 do
-        for c = 1, 29 do
-          local i = (r - 1) * 29 + (c - 1)
-          local want = dropped(seed, i, p) and 0 or xs[r][c] * scale
-          if dtype == "float32" then want = string.unpack("f", string.pack("f", want)) end
-          if ys[r][c] ~= want then wrong = wrong + 1 end
+  local isas = helper.isa_paths()
+
+  it("drops exactly the entries the hash rule names and scales the rest by 1/(1-p), on every path", function()
+    local saved = core.isa()
+    local p, scale = 0.3, 1 / 0.7
+    for _, isa in ipairs(isas) do
+      core.isa(isa)
+      for _, dtype in ipairs { "float32", "float64" } do
+        local x = attn.randn({ 37, 29 }, dtype) + 5 -- no zeros of its own
+        local y, seed = core.dropout(x, p)
+        local xs, ys, wrong = x:totable(), y:totable(), 0
+        for r = 1, 37 do
+          for c = 1, 29 do
+            local want = dropped(seed, (r - 1) * 29 + (c - 1), p) and 0 or xs[r][c] * scale
+            if dtype == "float32" then want = string.unpack("f", string.pack("f", want)) end
+            if ys[r][c] ~= want then wrong = wrong + 1 end
+          end
         end
+        assert.equal(0, wrong, isa .. " " .. dtype .. ": entries that differ from the rule")
       end
-      assert.equal(0, wrong, dtype .. ": entries that differ from the rule")
     end
+    core.isa(saved)
   end)
 
-  it("gives 0 for a dropped NaN or inf (the mask clears bits, it does not multiply)", function()
-    for _, dtype in ipairs { "float32", "float64" } do
+  it("gives 0 for a dropped NaN or inf (the mask clears bits, it does not multiply), on every path", function()
+    local saved = core.isa()
+    for k = 1, 2 * #isas do
+      local dtype = k % 2 == 1 and "float32" or "float64"
+      core.isa(isas[(k + 1) // 2])
       local values = {}
       for i = 1, 60 do values[i] = ({ 0 / 0, math.huge, -math.huge })[i % 3 + 1] end
       local x = attn.tensor(values, dtype)
@@ -256,6 +264,7 @@ describe("nn.dropout: the engine's one dropout (src/attn_dropout.h)", function()
       end
       assert.is_true(seen > 0) -- (all 60 kept has probability 2^-60)
     end
+    core.isa(saved)
   end)
 
   it("has the statistics of independent Bernoulli(1 - p) draws", function()

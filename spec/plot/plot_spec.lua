@@ -340,6 +340,9 @@ describe("attn.plot.lines", function()
       { nil, { 1, 2 }, { legend = { "a", "b" }, format = "svg" }, "legend must be a list of 1 labels" },
       { nil, { 1, 2 }, { format = "svg", width = 40, height = 40 }, "no room for the axes" },
       { nil, { 1, 2 }, { format = "jpg" }, "format must be 'png', 'svg' or 'pdf'" },
+      -- views with 2^63 - 1 or 2^40 rows: refused at once, not looped over (make fuzz, seed 4242)
+      { attn.zeros(0), attn.zeros({ math.maxinteger, 0 }), nil, "more than memory allows" },
+      { attn.arange(3), attn.zeros(1, 3):expand(1 << 40, 3), nil, "more than memory allows" },
     }
     for i, c in ipairs(cases) do
       local ok, err = pcall(plot.lines, c[1], c[2], c[3])

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../attn_dropout.h" /* the rule: attn_dropout_drops, inline */
 #include "exp_poly.h"
 
 #define VMATH_CAT2(a, b) a##b
@@ -171,4 +172,32 @@ double VMATH_FN(attn_vmath_exp_row_f32_)(float *x, int64_t n, float m) {
     s += e;
   }
   return s;
+}
+
+/* The engine's dropout rule (attn_dropout.h) over a row; only AVX-512 DQ has
+ * the 64-bit multiplies that let the hash vectorise. The kept value is
+ * computed for every entry and cleared by a mask from the draw, not chosen
+ * by a branch: the outcome is random, so a branch was mispredicted on about
+ * min(p, 1 - p) of the entries. A dropped NaN or inf still gives 0. The rule
+ * is read into locals once (y may alias it). */
+#define DROPOUT_LOOP(T, U)                                                                          \
+  do {                                                                                              \
+    const attn_dropout_rule rule = *r;                                                              \
+    for (int64_t i = 0; i < n; i++) {                                                               \
+      T kept = (T)(x[i] * rule.scale);                                                              \
+      U bits, keep = (U)0 - (U)!attn_dropout_drops(&rule, base + (uint64_t)i);                     \
+      memcpy(&bits, &kept, sizeof bits);                                                            \
+      bits &= keep;                                                                                 \
+      memcpy(y + i, &bits, sizeof bits);                                                            \
+    }                                                                                               \
+  } while (0)
+
+void VMATH_FN(attn_vmath_dropout_f32_)(const attn_dropout_rule *r, const float *x, float *y, int64_t n,
+                                        uint64_t base) {
+  DROPOUT_LOOP(float, uint32_t);
+}
+
+void VMATH_FN(attn_vmath_dropout_f64_)(const attn_dropout_rule *r, const double *x, double *y, int64_t n,
+                                        uint64_t base) {
+  DROPOUT_LOOP(double, uint64_t);
 }

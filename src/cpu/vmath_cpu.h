@@ -6,12 +6,16 @@
 
 #include <stdint.h>
 
+#include "../attn_dropout.h"
+
 #define ATTN_VMATH_DECLARE(isa)                                                   \
   void attn_vmath_exp_f32_##isa(const float *x, float *y, int64_t n);             \
   void attn_vmath_log_f32_##isa(const float *x, float *y, int64_t n);             \
   void attn_vmath_tanh_f32_##isa(const float *x, float *y, int64_t n);            \
   void attn_vmath_sigmoid_f32_##isa(const float *x, float *y, int64_t n);         \
-  double attn_vmath_exp_row_f32_##isa(float *x, int64_t n, float m);
+  double attn_vmath_exp_row_f32_##isa(float *x, int64_t n, float m);                \
+  void attn_vmath_dropout_f32_##isa(const attn_dropout_rule *r, const float *x, float *y, int64_t n, uint64_t base); \
+  void attn_vmath_dropout_f64_##isa(const attn_dropout_rule *r, const double *x, double *y, int64_t n, uint64_t base);
 
 ATTN_VMATH_DECLARE(generic)
 #if defined(__x86_64__)
