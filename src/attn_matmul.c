@@ -119,11 +119,13 @@ static void run_batches(void *arg, int64_t begin, int64_t end) {
   for (int64_t b = begin; b < end; b++) gemm(j, b, 0, j->m);
 }
 
+/* One gemm per block, whatever range of blocks a thread is given (see attn_matmul). */
 static void run_row_blocks(void *arg, int64_t begin, int64_t end) {
   const matmul_job *j = arg;
-  int64_t r0 = begin * j->row_split, r1 = end * j->row_split;
-  if (r1 > j->m) r1 = j->m;
-  if (r0 < r1) gemm(j, 0, r0, r1 - r0);
+  for (int64_t b = begin; b < end; b++) {
+    int64_t r0 = b * j->row_split;
+    gemm(j, 0, r0, r0 + j->row_split < j->m ? j->row_split : j->m - r0);
+  }
 }
 
 attn_status attn_matmul(const attn_tensor *a, const attn_tensor *b, attn_tensor *out) {
@@ -169,8 +171,12 @@ attn_status attn_matmul(const attn_tensor *a, const attn_tensor *b, attn_tensor 
   if (j.batches > 1) {
     attn_parallel_for(j.batches, flops >= 4e6 ? 1 : (int64_t)(4e6 / flops) + 1, run_batches, &j);
   } else if (flops >= 2e6 && m >= 16) {
-    j.row_split = 16 * ((m / attn_get_num_threads() + 15) / 16);
-    if (j.row_split < 16) j.row_split = 16;
+    /* Row blocks sized by m alone (four, of 64 rows at least): OpenBLAS's bits for a row
+     * depend on the height of the call it comes in, so blocks that followed the thread count
+     * would make the result depend on it too. Each block re-packs b, which costs one thread
+     * a few per cent on large products. */
+    j.row_split = 16 * ((m + 4 * 16 - 1) / (4 * 16));
+    if (j.row_split < 64) j.row_split = 64;
     attn_parallel_for((m + j.row_split - 1) / j.row_split, 1, run_row_blocks, &j);
   } else {
     gemm(&j, 0, 0, m);

@@ -3,9 +3,14 @@
 
 #include <cblas.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <unistd.h>
 
 #define MAX_THREADS 64
+/* Ranges per thread: threads take the next range from a shared counter as they finish one, so
+ * a thread that starts late or runs slower (woken late, or sharing its core with another
+ * process) leaves its share to the others; four per thread keeps the per-range cost small. */
+#define RANGES_PER_THREAD 4
 
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER; /* guards the fields below */
 static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER;  /* one job at a time */
@@ -14,20 +19,24 @@ static pthread_cond_t work_done = PTHREAD_COND_INITIALIZER;
 static int num_threads;      /* 0 until first use */
 static int workers_started;  /* worker threads alive */
 static uint64_t generation;  /* bumped per job */
-static int pending;          /* chunks still running on workers */
+static int pending;          /* workers still in the current job */
 static attn_task_fn job_fn;
 static void *job_ctx;
-static int64_t job_n, job_chunk;
-static int job_chunks;
+static int64_t job_n, job_step;
+static atomic_llong job_next; /* first item of the next range to hand out */
+static int job_chunks;        /* threads taking part, the caller included */
 static uint64_t worker_start_generation[MAX_THREADS];
 static pthread_t worker_threads[MAX_THREADS];
 static int stopping; /* set by attn_parallel_shutdown */
 static _Thread_local int inside_worker;
 
-static void run_chunk(int index) {
-  int64_t begin = (int64_t)index * job_chunk;
-  int64_t end = begin + job_chunk < job_n ? begin + job_chunk : job_n;
-  if (begin < end) job_fn(job_ctx, begin, end);
+/* Runs ranges of the current job until none is left. */
+static void run_ranges(void) {
+  for (;;) {
+    int64_t begin = atomic_fetch_add(&job_next, job_step);
+    if (begin >= job_n) return;
+    job_fn(job_ctx, begin, begin + job_step < job_n ? begin + job_step : job_n);
+  }
 }
 
 static void *worker_main(void *arg) {
@@ -43,7 +52,7 @@ static void *worker_main(void *arg) {
     seen = generation;
     if (id >= job_chunks) continue;
     pthread_mutex_unlock(&pool_lock);
-    run_chunk(id);
+    run_ranges();
     pthread_mutex_lock(&pool_lock);
     if (--pending == 0) pthread_cond_signal(&work_done);
   }
@@ -102,14 +111,16 @@ void attn_parallel_for(int64_t n, int64_t grain, attn_task_fn fn, void *ctx) {
   job_fn = fn;
   job_ctx = ctx;
   job_n = n;
-  job_chunk = (n + threads - 1) / threads;
+  job_step = (n + (int64_t)threads * RANGES_PER_THREAD - 1) / ((int64_t)threads * RANGES_PER_THREAD);
+  if (job_step < grain) job_step = grain;
+  atomic_store(&job_next, 0);
   job_chunks = threads;
   pending = threads - 1;
   generation++;
   pthread_cond_broadcast(&work_ready);
   pthread_mutex_unlock(&pool_lock);
-  inside_worker = 1; /* nested calls from chunk 0 run serially */
-  run_chunk(0);
+  inside_worker = 1; /* nested calls from the caller's ranges run serially */
+  run_ranges();
   inside_worker = 0;
   pthread_mutex_lock(&pool_lock);
   while (pending > 0) pthread_cond_wait(&work_done, &pool_lock);

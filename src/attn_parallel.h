@@ -3,17 +3,21 @@
  * OpenBLAS is pinned to one thread and called from these workers, so the two
  * never spin against each other on a small machine: set_num_threads governs
  * both. Workers sleep on a condition variable between jobs. Work is split
- * into contiguous chunks by index, and kernels only parallelise over
- * independent outputs, so results do not depend on the thread count. */
+ * into contiguous ranges of indices that threads take as they become free,
+ * and kernels only parallelise over independent outputs, so results depend
+ * neither on the thread count nor on which thread ran which range. */
 #ifndef ATTN_PARALLEL_H
 #define ATTN_PARALLEL_H
 
 #include <stdint.h>
 
-/* Runs fn(ctx, begin, end) over [0, n) split into at most num_threads chunks of
- * at least grain items each; the caller runs one chunk and waits for the rest.
- * Called from inside a worker (nested) or while the pool is busy, it runs
- * serially on the calling thread. */
+/* Runs fn(ctx, begin, end) over disjoint ranges covering [0, n), each of at
+ * least grain items (the last may be shorter), on at most num_threads threads:
+ * the caller and the workers take the next range from a shared counter until
+ * none is left (about 4 ranges per thread), then the caller returns. How [0, n)
+ * is cut and which thread runs a range vary, so fn must treat every item
+ * independently of the range it comes in. Called from inside a worker (nested)
+ * or while the pool is busy, it runs fn(ctx, 0, n) on the calling thread. */
 typedef void (*attn_task_fn)(void *ctx, int64_t begin, int64_t end);
 void attn_parallel_for(int64_t n, int64_t grain, attn_task_fn fn, void *ctx);
 
