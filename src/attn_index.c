@@ -114,9 +114,9 @@ attn_status attn_index_convert(const char *op, const char *what, const char *ctx
     if (v < base && limit < 0) /* the upper bound is checked later, by the kernel that knows the sizes */
       return attn_error(ATTN_ERR_ARG, "%s: %s %lld at position %lld is out of range: indices start at %lld (%s)", op,
                         what, (long long)v, (long long)e + 1, (long long)base, ctx);
-    if (v < base || (limit >= 0 && v - base >= limit))
+    if (v < base || (limit >= 0 && v - base >= limit)) /* the last id as limit - 1 + base: no overflow at 2^63 - 1 */
       return attn_error(ATTN_ERR_ARG, "%s: %s %lld at position %lld is out of range %lld..%lld (%s)", op, what,
-                        (long long)v, (long long)e + 1, (long long)base, (long long)(base + limit - 1), ctx);
+                        (long long)v, (long long)e + 1, (long long)base, (long long)(limit - 1 + base), ctx);
     if (o) o[e] = v - base;
     for (int d = src->ndim - 1; d >= 0; d--) {
       if (++pos[d] < src->shape[d]) break;

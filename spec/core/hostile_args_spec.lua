@@ -21,6 +21,12 @@ describe("hostile arguments", function()
     assert.are.same({ 0, 1 << 62 }, rows:softmax(2):shape())
   end)
 
+  it("an id check against the largest limit names the range without overflowing (make fuzz, seed 31337)", function()
+    local ok, err = pcall(attn.core.check_ids, attn.zeros(2, 2), math.maxinteger, "int64", "abc")
+    assert.is_false(ok)
+    assert.matches("abc 0 at position 1 is out of range 1..9223372036854775807", err, 1, true)
+  end)
+
   it("the bytes of a huge expanded view are refused by the allocator's bound, not built (make fuzz)", function()
     local core = attn.core
     local old = core.max_request()
