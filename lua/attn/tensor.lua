@@ -559,6 +559,12 @@ function Tensor.split(t, size, dim)
     if math.type(size) ~= "integer" or size < 1 then
       error(string.format("split: size must be a positive integer, got %s", tostring(size)), 2)
     end
+    -- sized before building, as unbind is: an expanded view may name 2^62 pieces
+    local pieces = n == 0 and 0 or (n - 1) // size + 1
+    if pieces > core.max_request() // 64 then
+      error(string.format("split: %d pieces of dim %d of %s are more than memory can hold", pieces, dim,
+        core.shape_str(t)), 2)
+    end
     for start = 1, n, size do sizes[#sizes + 1] = math.min(size, n - start + 1) end
   end
   local parts, start = {}, 1
@@ -583,7 +589,8 @@ function Tensor.chunk(t, n, dim)
     error(string.format("chunk: n must be a positive integer, got %s", tostring(n)), 2)
   end
   local size = core.size(t, dim)
-  return Tensor.split(t, math.max(1, (size + n - 1) // n), dim)
+  -- ceil(size / n) without size + n, which overflows near 2^63
+  return Tensor.split(t, math.max(1, size == 0 and 1 or (size - 1) // n + 1), dim)
 end
 
 -- ---------------------------------------------------------------- matmul

@@ -21,6 +21,21 @@ describe("hostile arguments", function()
     assert.are.same({ 0, 1 << 62 }, rows:softmax(2):shape())
   end)
 
+  it("split and chunk size their pieces first: a view of 2^63 - 1 entries is refused at once (make fuzz, seed 31337)",
+    function()
+      local huge = attn.zeros(1):expand(math.maxinteger)
+      local ok, err = pcall(huge.chunk, huge, math.maxinteger)
+      assert.is_false(ok)
+      assert.matches("split: 9223372036854775807 pieces of dim 1 of [9223372036854775807] are more than memory", err, 1,
+        true)
+      assert.is_false((pcall(huge.split, huge, 1)))
+      -- chunk's ceil(size / n) near 2^63: 2 pieces, no overflow
+      local parts = huge:chunk(2)
+      assert.are.equal(2, #parts)
+      assert.are.same({ (math.maxinteger >> 1) + 1 }, parts[1]:shape())
+      assert.are.same({ math.maxinteger >> 1 }, parts[2]:shape())
+    end)
+
   it("an id check against the largest limit names the range without overflowing (make fuzz, seed 31337)", function()
     local ok, err = pcall(attn.core.check_ids, attn.zeros(2, 2), math.maxinteger, "int64", "abc")
     assert.is_false(ok)
