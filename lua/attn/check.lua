@@ -39,6 +39,9 @@ end
 -- @treturn ?string "fn: unknown option 'k' (expected a, b)", or nil when every key is allowed
 -- @usage local msg = check.unknown_option("SGD", opts, { params = true, lr = true })
 function check.unknown_option(fn, opts, allowed)
+  -- a tensor here would be walked by ipairs over its first size (2^40 views)
+  if type(allowed) ~= "table" then error("unknown_option: allowed must be a table of names, got a " .. type(allowed), 3) end
+  if type(opts) ~= "table" then error("unknown_option: opts must be a table, got a " .. type(opts), 3) end
   for k in pairs(opts) do
     if not is_allowed(allowed, k) then
       return string.format("%s: unknown option '%s' (expected %s)", fn, tostring(k), names_of(allowed))

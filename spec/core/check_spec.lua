@@ -45,6 +45,14 @@ describe("attn.check", function()
     assert.matches("shape_str: size 1 is a table, not an integer", message(shape_str, { {} }), 1, true)
   end)
 
+  it("refuses a tensor as the allowed names instead of walking its 2^40 rows (make fuzz, seed 31337)", function()
+    local huge = attn.zeros(1, 0):expand(1 << 40, 0)
+    assert.matches("unknown_option: allowed must be a table of names, got a userdata",
+      message(check.options, "f", { dtype = "int64" }, huge, 1), 1, true)
+    assert.matches("unknown_option: opts must be a table, got a string",
+      message(check.unknown_option, "f", "x", { a = true }), 1, true)
+  end)
+
   it("lua_type returns the value or names the expected and the given type", function()
     assert.equal("a", check.lua_type("f", "s", "a", "string"))
     assert.matches("f: s must be a string, got a nil", message(check.lua_type, "f", "s", nil, "string", 1), 1, true)
