@@ -389,7 +389,7 @@ static void check_index(lua_State *L, const attn_tensor *t, int arg, int64_t *po
                attn_tensor_shape_str(t));
   for (int d = 0; d < t->ndim; d++) {
     lua_Integer given = attn_l_checkinteger(L, arg + d, "index"), i = given;
-    if (i < 0) i += t->shape[d] + 1;
+    i = attn_l_from_end(i, t->shape[d]);
     if (i < 1 || i > t->shape[d])
       attn_l_error(L, "%s: index %I out of range for dim %d of size %I (%s)", fn, given, d + 1,
                    (lua_Integer)t->shape[d], attn_tensor_shape_str(t));
@@ -457,7 +457,7 @@ static int l_narrow(lua_State *L) {
   attn_tensor v = *attn_l_check(L, 1);
   int dim = attn_l_checkdim(L, 2, v.ndim, 0, "narrow");
   lua_Integer start = attn_l_checkinteger(L, 3, "start"), len = attn_l_checkinteger(L, 4, "length");
-  if (start < 0) start += v.shape[dim] + 1;
+  start = attn_l_from_end(start, v.shape[dim]);
   return push_transformed(L, &v, attn_view_narrow(&v, dim, start - 1, len));
 }
 
@@ -465,7 +465,7 @@ static int l_select(lua_State *L) {
   attn_tensor v = *attn_l_check(L, 1);
   int dim = attn_l_checkdim(L, 2, v.ndim, 0, "select");
   lua_Integer i = attn_l_checkinteger(L, 3, "index");
-  if (i < 0) i += v.shape[dim] + 1;
+  i = attn_l_from_end(i, v.shape[dim]);
   return push_transformed(L, &v, attn_view_select(&v, dim, i - 1));
 }
 

@@ -36,6 +36,17 @@ describe("hostile arguments", function()
       assert.are.same({ math.maxinteger >> 1 }, parts[2]:shape())
     end)
 
+  it("negative indices into a dim of 2^63 - 1 entries count from the end without overflowing (make fuzz, seed 99)",
+    function()
+      local huge = attn.zeros(1):expand(math.maxinteger)
+      assert.are.equal(0, huge:get(-2147483648))
+      assert.are.equal(0, huge:get(-1))
+      assert.are.same({}, huge:select(1, -math.maxinteger):shape()) -- the first entry
+      assert.is_false((pcall(huge.select, huge, 1, math.mininteger))) -- one before it
+      assert.are.same({ 2 }, huge:narrow(1, -2, 2):shape())
+      assert.is_false((pcall(huge.get, huge, 0)))
+    end)
+
   it("an id check against the largest limit names the range without overflowing (make fuzz, seed 31337)", function()
     local ok, err = pcall(attn.core.check_ids, attn.zeros(2, 2), math.maxinteger, "int64", "abc")
     assert.is_false(ok)
