@@ -56,7 +56,7 @@ int attn_l_raise(lua_State *L);
  * without a source position: luaL_error would name the library's Lua wrapper,
  * not the user's line; the traceback still has every frame. */
 int attn_l_error(lua_State *L, const char *fmt, ...);
-/* A 1-based index i into a dim of `size` entries, a negative one counted
+/* A 1-based index i among `size` (entries of a dim, or dims), a negative one counted
  * from the end (-1 is the last): (i + 1) + size never overflows, where
  * i + size + 1 does at size = 2^63 - 1. Range checks are the caller's. */
 static inline lua_Integer attn_l_from_end(lua_Integer i, int64_t size) { return i < 0 ? (i + 1) + size : i; }

@@ -229,7 +229,7 @@ int attn_l_raise(lua_State *L) { return attn_l_error(L, "%s", attn_last_error())
 int attn_l_checkdim(lua_State *L, int arg, int ndim, int extra, const char *fn) {
   lua_Integer given = attn_l_checkinteger(L, arg, "dim"), d = given;
   lua_Integer n = ndim + extra;
-  if (d < 0) d += n + 1;
+  d = attn_l_from_end(d, n);
   if (d < 1 || d > n) {
     if (n == 0) return attn_l_error(L, "%s: dim %I given for a 0-d tensor", fn, given);
     return attn_l_error(L, "%s: dim %I out of range (expected 1..%d or -%d..-1)", fn, given, (int)n, (int)n);

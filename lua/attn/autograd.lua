@@ -118,15 +118,13 @@ function autograd.record(name, out, inputs, backward)
       end
     end
   end
-  local node
+  local node = single and { name = name, inputs = inputs, backward = backward, out = out, vsum = 0 }
+    or { name = name, inputs = inputs, backward = backward, outputs = out, vsum = 0 }
+  node.vsum = version_sum(node)
   if single then
-    node = { name = name, inputs = inputs, backward = backward, out = out, vsum = 0 }
-    node.vsum = version_sum(node)
     out._rg = true
     out.grad_fn = node
   else
-    node = { name = name, inputs = inputs, backward = backward, outputs = out, vsum = 0 }
-    node.vsum = version_sum(node)
     for k = 1, #out do
       local o = out[k]
       o._rg = true
