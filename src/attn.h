@@ -15,6 +15,7 @@
 #include "attn_layernorm.h"
 #include "attn_linalg.h"
 #include "attn_ops.h"
+#include "attn_optim.h"
 #include "attn_parallel.h"
 #include "attn_rng.h"
 #include "attn_rnn.h"
