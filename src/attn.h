@@ -14,6 +14,7 @@
 #include "attn_io.h"
 #include "attn_layernorm.h"
 #include "attn_linalg.h"
+#include "attn_loss.h"
 #include "attn_ops.h"
 #include "attn_optim.h"
 #include "attn_parallel.h"
