@@ -33,32 +33,22 @@ static int row_counts(const ce_job *J, int64_t r, int f32) {
   return f32 ? (float)t <= (float)v : (double)t <= v;
 }
 
-static double exp_row_sum_f32(float *buf, const float *x, int64_t n, float m) {
-  double sum = 0;
-  for (int64_t k = 0; k < n; k += CHUNK) {
-    int64_t len = n - k < CHUNK ? n - k : CHUNK;
-    for (int64_t j = 0; j < len; j++) buf[j] = x[k + j];
-    sum += attn_vmath_exp_row_f32(buf, len, m);
-  }
-  return sum;
-}
-
-static double exp_row_sum_f64(double *buf, const double *x, int64_t n, double m) {
-  double sum = 0;
-  for (int64_t k = 0; k < n; k += CHUNK) {
-    int64_t len = n - k < CHUNK ? n - k : CHUNK;
-    for (int64_t j = 0; j < len; j++) buf[j] = x[k + j];
-    sum += attn_vmath_exp_row_f64(buf, len, m);
-  }
-  return sum;
-}
-
 static void exp_f64(const double *x, double *y, int64_t n) {
   for (int64_t j = 0; j < n; j++) y[j] = exp(x[j]);
 }
 
-/* Per dtype: forward rows and backward rows. */
+/* Per dtype: the sum of exp(x - m) over a row through the stack buffer,
+ * forward rows and backward rows. */
 #define DEFINE_CE(S, T, F32)                                                           \
+  static double exp_row_sum_##S(T *buf, const T *x, int64_t n, T m) {                  \
+    double sum = 0;                                                                    \
+    for (int64_t k = 0; k < n; k += CHUNK) {                                           \
+      int64_t len = n - k < CHUNK ? n - k : CHUNK;                                     \
+      for (int64_t j = 0; j < len; j++) buf[j] = x[k + j];                             \
+      sum += attn_vmath_exp_row_##S(buf, len, m);                                      \
+    }                                                                                  \
+    return sum;                                                                        \
+  }                                                                                    \
   static void forward_##S(void *ctx, int64_t r0, int64_t r1) {                         \
     const ce_job *J = ctx;                                                             \
     T buf[CHUNK];                                                                      \
