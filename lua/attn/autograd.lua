@@ -163,15 +163,33 @@ local function check_grad_shape(node, i, input, g)
   end
 end
 
-local add = core.add
+local add, add_ = core.add, core.add_
 
 -- The node whose backward function is running (see autograd.backward).
 local failing
 
+-- Sums contribution g into the pending gradient held in tbl[key]. The first
+-- contribution is kept as is (it may be a view of another tensor, or the
+-- same tensor another input received); the second makes a new sum that only
+-- this slot holds (`owned[tbl][key]`), and later ones are added into it in
+-- place instead of allocating a new sum each (the decoder's weights get one
+-- contribution per step). The sums are the same, in the same order.
+local function accumulate(tbl, key, g, owned)
+  local prev = tbl[key]
+  if prev == nil then
+    tbl[key] = g
+  elseif owned[key] then
+    add_(prev, g)
+  else
+    tbl[key] = add(prev, g)
+    owned[key] = true
+  end
+end
+
 -- Sends gradient g of `input` (an output of `child`) to child's pending
 -- gradients: the tensor itself for a one-output node, a table by output
 -- position otherwise. Repeated contributions are summed in arrival order.
-local function send(node_grads, child, input, g)
+local function send(node_grads, child, input, g, owned)
   if child.outputs then
     local slot = node_grads[child]
     if not slot then
@@ -182,15 +200,14 @@ local function send(node_grads, child, input, g)
     local prev = slot[k]
     slot[k] = prev == nil and g or add(prev, g)
   else
-    local prev = node_grads[child]
-    node_grads[child] = prev == nil and g or add(prev, g)
+    accumulate(node_grads, child, g, owned)
   end
 end
 
 -- Runs the nodes in reverse topological order, sending each input's gradient
 -- to the node that produced it or, for a leaf, to leaf_grads. Up to three
 -- input gradients come back in locals, more in a table.
-local function run_nodes(order, node_grads, leaf_grads, leaf_order, retain)
+local function run_nodes(order, node_grads, leaf_grads, leaf_order, retain, owned)
   for k = #order, 1, -1 do
     local node = order[k]
     local gs = node_grads[node]
@@ -232,15 +249,10 @@ local function run_nodes(order, node_grads, leaf_grads, leaf_order, retain)
         if child or (g ~= nil and requires(input)) then
           check_grad_shape(node, i, input, g)
           if child then
-            send(node_grads, child, input, g)
+            send(node_grads, child, input, g, owned)
           else
-            local prev = leaf_grads[input]
-            if prev == nil then
-              leaf_order[#leaf_order + 1] = input
-              leaf_grads[input] = g
-            else
-              leaf_grads[input] = add(prev, g)
-            end
+            if leaf_grads[input] == nil then leaf_order[#leaf_order + 1] = input end
+            accumulate(leaf_grads, input, g, owned)
           end
         end
       end
@@ -310,7 +322,8 @@ function autograd.backward(root, grad, opts)
   end
 
   local node_grads = {} -- node -> pending gradient (see send)
-  if root.grad_fn then send(node_grads, root.grad_fn, root, grad) end
+  local owned = {} -- node or leaf -> true when its pending gradient is a sum made here (see accumulate)
+  if root.grad_fn then send(node_grads, root.grad_fn, root, grad, owned) end
   local leaf_grads = {}
   local leaf_order = {}
   if not root.grad_fn then
@@ -324,7 +337,7 @@ function autograd.backward(root, grad, opts)
   local previous = modes[co]
   modes[co] = false
   failing = nil
-  local ok, err = pcall(run_nodes, order, node_grads, leaf_grads, leaf_order, opts.retain_graph)
+  local ok, err = pcall(run_nodes, order, node_grads, leaf_grads, leaf_order, opts.retain_graph, owned)
   modes[co] = previous
   if not ok then
     local node = failing
@@ -335,7 +348,7 @@ function autograd.backward(root, grad, opts)
   for _, leaf in ipairs(leaf_order) do
     local g = leaf_grads[leaf]
     if leaf.grad == nil then
-      leaf.grad = core.clone(g) -- own it: g may be a view of another tensor
+      leaf.grad = owned[leaf] and g or core.clone(g) -- own it: g may be a view of another tensor
     else
       core.add_(leaf.grad, g)
     end

@@ -129,6 +129,36 @@ describe("autograd", function()
     assert.are.same({ { 3 * 3, 3 * 5 } }, x.grad:totable()) -- sum over 3 rows of 2x + 1
   end)
 
+
+  it("sums many contributions in place without touching a tensor another input or the caller holds", function()
+    -- x + x + x: each add's backward hands the same gradient tensor to both
+    -- inputs, here the caller's G; the sum for x is made anew, then added into
+    local x = attn.tensor({ 1, 2 }, { dtype = "float64", requires_grad = true })
+    local G = attn.tensor({ 1, 10 }, "float64")
+    local y = x + x + x
+    y:backward(G)
+    assert.are.same({ 3, 30 }, x.grad:totable())
+    assert.are.same({ 1, 10 }, G:totable())
+    -- n's gradient S is a sum of two contributions; n's backward hands S to
+    -- w, to z and to w again: the second w must not add into S, which z holds
+    local w = attn.tensor({ 1, 2 }, { dtype = "float64", requires_grad = true })
+    local z = w * 3
+    local n = attn.autograd.record("w+z+w", attn.core.add(attn.core.add(w, z), w), { w, z, w },
+      function(g) return g, g, g end)
+    local loss = (n * 1 + n * 2):sum()
+    loss:backward()
+    assert.are.same({ 3 + 3 + 3 * 3, 3 + 3 + 3 * 3 }, w.grad:totable())
+    -- a leaf used at ten steps (a decoder's weight) gets the sum of all ten, in order
+    local v = attn.tensor({ 0.1, 0.2 }, { dtype = "float32", requires_grad = true })
+    local total, expected = nil, { 0, 0 }
+    for k = 1, 10 do
+      local term = v * k
+      total = total and total + term or term
+      expected[1], expected[2] = expected[1] + k, expected[2] + k
+    end
+    total:sum():backward()
+    assert.are.same(expected, v.grad:totable())
+  end)
   it("detach and no_grad stop recording", function()
     local w = attn.ones({ 2 }, { requires_grad = true })
     local d = w:detach()
