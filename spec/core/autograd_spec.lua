@@ -261,4 +261,24 @@ describe("autograd", function()
     -- grad mode is back on after the failure
     assert.is_true(attn.is_grad_enabled())
   end)
+
+  it("runs a backward pass from inside another's backward function, and passes after a failed one", function()
+    -- the passes keep their work tables between calls: the inner pass must get
+    -- its own, and a pass that raised must leave nothing behind for the next
+    local autograd = require "attn.autograd"
+    local u = attn.tensor({ 1, 2 }, { dtype = "float64", requires_grad = true })
+    local v = attn.tensor({ 3, 4 }, { dtype = "float64", requires_grad = true })
+    local y = autograd.record("calls_backward", u * 2, { u }, function(g)
+      attn.enable_grad(function() (v * v):sum():backward() end)
+      return g * 2
+    end)
+    ;(y * y):sum():backward()
+    assert.are.same({ 8, 16 }, u.grad:totable()) -- 2 y * 2 with y = 2 u
+    assert.are.same({ 6, 8 }, v.grad:totable())
+    local broken = autograd.record("broken", u * 1, { u }, function() error("no", 0) end)
+    assert.has_error(function() (broken + u):sum():backward() end, "backward of 'broken' failed: no")
+    u.grad = nil
+    ;(u * 3 + u):sum():backward()
+    assert.are.same({ 4, 4 }, u.grad:totable())
+  end)
 end)
