@@ -71,6 +71,22 @@ describe("fused softmax cross-entropy", function()
     end
   end
 
+  it("gives the same bits on 1 and 3 threads (rows split over the pool)", function()
+    local function run(n)
+      attn.set_num_threads(n)
+      attn.manual_seed(12)
+      local x = attn.randn({ 16, 20, 300 }):requires_grad_()
+      local l = nn.MaskedSoftmaxCELoss()(x, ids(16, 20, 300, "int64"), attn.randint(0, 21, { 16 }, "int64"))
+      l:sum():backward()
+      return l, x.grad
+    end
+    local l1, g1 = run(1)
+    local l3, g3 = run(3)
+    attn.set_num_threads(2)
+    helper.assert_identical(l3, l1)
+    helper.assert_identical(g3, g1)
+  end)
+
   it("counts valid tokens as an integer, a fractional length rounding down as t <= v does", function()
     local x = attn.randn({ 3, 4, 5 })
     local _, _, count = loss.masked_token_mean(x, ids(3, 4, 5, "int64"), { 2.5, 4, 1 })
