@@ -122,6 +122,18 @@ describe("fused softmax cross-entropy", function()
     assert.close(g1, g2, TOL.float64)
   end)
 
+  it("reads the rows of a permuted view in place (the decoder's time-major output)", function()
+    attn.manual_seed(10)
+    local base = attn.randn({ 4, 3, 6 }, "float64") -- (T, B, V), read as (B, T, V)
+    local y, lens = ids(3, 4, 6, "int64"), { 4, 2, 3 }
+    local fn = function(l) return nn.MaskedSoftmaxCELoss()(l:transpose(1, 2), y, lens) end
+    local ref = function(l) return loss.masked_ce_reference(l:transpose(1, 2), y, lens):mean(2) end
+    local v1, g1 = value_and_grad(fn, base, attn.tensor({ 1, 2, 3 }, "float64"))
+    local v2, g2 = value_and_grad(ref, base, attn.tensor({ 1, 2, 3 }, "float64"))
+    assert.close(v1, v2, TOL.float64)
+    assert.close(g1, g2, TOL.float64)
+  end)
+
   it("propagates a NaN in a padded row through the mask product, as the reference does", function()
     local x = attn.zeros({ 1, 2, 3 })
     x[{ 1, 2, 1 }] = 0 / 0
