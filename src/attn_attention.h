@@ -227,6 +227,16 @@ attn_status attn_attention_additive_scores_backward(const attn_tensor *qh, const
                                                     const attn_tensor *dscores, attn_tensor *dqh, attn_tensor *dkh,
                                                     attn_tensor *dwv);
 
+/* ---- head layout of multi-head attention ---------------------------------- */
+
+/* x (B, N, H*dh), any strides -> out (B*H, N, dh), contiguous: row b*H + h of out holds head h
+ * of sample b (d2l's transpose_qkv, batch-major). One strided copy. */
+attn_status attn_attention_split_heads(const attn_tensor *x, int64_t heads, attn_tensor *out);
+
+/* x (B*H, N, dh), any strides -> out (B, N, H*dh), contiguous: the inverse of split_heads (d2l's
+ * transpose_output). One strided copy. */
+attn_status attn_attention_merge_heads(const attn_tensor *x, int64_t heads, attn_tensor *out);
+
 /* ---- positional encoding ------------------------------------------------- */
 
 /* out (max_len, d), contiguous: out[pos, 2j] = sin(pos / 10000^(2j/d)),

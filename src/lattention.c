@@ -421,6 +421,42 @@ static int l_additive_scores_backward(lua_State *L) {
   return 3;
 }
 
+/* Shared by split_heads and merge_heads: the output's shape comes from a 3-D x (an empty one
+ * otherwise, so the core names x in its message). */
+static int head_move(lua_State *L, int split) {
+  attn_tensor *x = attn_l_check(L, 1);
+  lua_Integer heads = attn_l_checkinteger(L, 2, "num_heads");
+  int ok = x->ndim == 3 && heads >= 1 && (split ? x->shape[2] : x->shape[0]) % heads == 0;
+  int64_t shape[3] = {0, 0, 0};
+  if (ok && split) {
+    shape[0] = x->shape[0] * heads, shape[1] = x->shape[1], shape[2] = x->shape[2] / heads;
+  } else if (ok) {
+    shape[0] = x->shape[0] / heads, shape[1] = x->shape[1], shape[2] = x->shape[2] * heads;
+  }
+  attn_tensor *out = attn_l_push_alloc(L, x->dtype, 3, shape);
+  ATTN_L_TRY(L, split ? attn_attention_split_heads(x, (int64_t)heads, out)
+                      : attn_attention_merge_heads(x, (int64_t)heads, out));
+  return 1;
+}
+
+/***
+ * d2l's transpose_qkv as one copy: (B, N, H*dh) -> (B*H, N, dh), batch-major.
+ * @function split_heads
+ * @tparam Tensor x (B, N, H*dh)
+ * @tparam integer num_heads H
+ * @treturn Tensor (B*H, N, dh), contiguous
+ */
+static int l_split_heads(lua_State *L) { return head_move(L, 1); }
+
+/***
+ * d2l's transpose_output as one copy: (B*H, N, dh) -> (B, N, H*dh).
+ * @function merge_heads
+ * @tparam Tensor x (B*H, N, dh)
+ * @tparam integer num_heads H
+ * @treturn Tensor (B, N, H*dh), contiguous
+ */
+static int l_merge_heads(lua_State *L) { return head_move(L, 0); }
+
 /***
  * The sinusoidal positional encoding table.
  * @function positional_encoding
@@ -456,6 +492,8 @@ static const luaL_Reg attention_functions[] = {
     {"additive_scores_forward", l_additive_scores_forward},
     {"additive_scores_backward", l_additive_scores_backward},
     {"positional_encoding", l_positional_encoding},
+    {"split_heads", l_split_heads},
+    {"merge_heads", l_merge_heads},
     {NULL, NULL},
 };
 

@@ -34,7 +34,7 @@ local autograd = require "attn.autograd"
 local Tensor = require "attn.tensor"
 local check = require "attn.check"
 
-local record, is_tensor = autograd.record, autograd.is_tensor
+local record, is_tensor, wants = autograd.record, autograd.is_tensor, autograd.wants
 
 local M = {}
 
@@ -118,7 +118,7 @@ function M.dot_product_attention(Q, K, V, opts)
   local kopts = kernel_options(fn, opts)
   local out, weights, seed, lse = core.sdpa_forward(Q, K, V, kopts)
   kopts.seed = seed
-  if autograd.needs_grad({ Q, K, V }) then
+  if wants(Q, K, V) then
     record(fn, weights and { out, weights } or out, { Q, K, V }, function(g_out, g_w)
       if g_out == nil and g_w == nil then return nil end
       return core.sdpa_backward(Q, K, V, kopts, g_out, g_w, weights, { q = rg(Q), k = rg(K), v = rg(V) }, out, lse)
@@ -149,7 +149,7 @@ end
 local function attend_scores(fn, scores, V, kopts)
   local out, weights, seed = core.scores_attention_forward(scores, V, kopts)
   kopts.seed = seed
-  if autograd.needs_grad({ scores, V }) then
+  if wants(scores, V) then
     record(fn, weights and { out, weights } or out, { scores, V }, function(g_out, g_w)
       if g_out == nil and g_w == nil then return nil end
       return core.scores_attention_backward(scores, V, kopts, g_out, g_w, weights, { scores = rg(scores), v = rg(V) })
@@ -203,18 +203,10 @@ function M.split_heads(X, num_heads)
   local fn = "split_heads"
   check_tensor(fn, "X", X, 3, "(B, N, H*dh)")
   check_count(fn, "num_heads", num_heads)
-  local s = core.shape(X)
-  if s[3] % num_heads ~= 0 then
-    error(string.format("%s: width %d of X %s is not divisible by num_heads %d", fn, s[3], shape_str(X), num_heads), 2)
-  end
-  local dh = s[3] // num_heads
-  local Y = core.reshape(core.permute(core.reshape(X, s[1], s[2], num_heads, dh), 1, 3, 2, 4), s[1] * num_heads,
-    s[2], dh)
-  if not autograd.wants(X) then return Y end
-  -- one node instead of three: the gradient is the same moves undone
-  return record(fn, Y, { X }, function(g)
-    return core.reshape(core.permute(core.reshape(g, s[1], num_heads, s[2], dh), 1, 3, 2, 4), s[1], s[2], s[3])
-  end)
+  local Y = core.split_heads(X, num_heads) -- one strided copy (src/attn_heads.c; it checks the width)
+  if not wants(X) then return Y end
+  -- one node: the gradient is the inverse move
+  return record(fn, Y, { X }, function(g) return core.merge_heads(g, num_heads) end)
 end
 
 --- d2l's `transpose_output`: (B*H, N, dh) -> (B, N, H*dh), the inverse of `split_heads`.
@@ -225,17 +217,9 @@ function M.merge_heads(X, num_heads)
   local fn = "merge_heads"
   check_tensor(fn, "X", X, 3, "(B*H, N, dh)")
   check_count(fn, "num_heads", num_heads)
-  local s = core.shape(X)
-  if s[1] % num_heads ~= 0 then
-    error(string.format("%s: batch %d of X %s is not divisible by num_heads %d", fn, s[1], shape_str(X), num_heads), 2)
-  end
-  local B = s[1] // num_heads
-  local Y = core.reshape(core.permute(core.reshape(X, B, num_heads, s[2], s[3]), 1, 3, 2, 4), B, s[2],
-    num_heads * s[3])
-  if not autograd.wants(X) then return Y end
-  return record(fn, Y, { X }, function(g)
-    return core.reshape(core.permute(core.reshape(g, B, s[2], num_heads, s[3]), 1, 3, 2, 4), s[1], s[2], s[3])
-  end)
+  local Y = core.merge_heads(X, num_heads)
+  if not wants(X) then return Y end
+  return record(fn, Y, { X }, function(g) return core.split_heads(g, num_heads) end)
 end
 
 --- Repeats each sample's valid lengths num_heads times along the first dim, matching the

@@ -45,17 +45,30 @@ local function valid_lens_tensor(v, dtype)
   error("valid_lens must be a tensor, a table or nil, got a " .. type(v), 3)
 end
 
-local function detach(t) return t and t:detach() or nil end
+-- The weights as the layer keeps them: detached from the graph. A weights tensor no node
+-- produced (nothing recorded) is already detached and is kept as it is, with no new view.
+local function detach(t)
+  if t ~= nil and t._rg then return t:detach() end
+  return t
+end
+
+-- Stores the weights of the last call in `m.attention_weights`. They are a detached tensor or
+-- nil, never a parameter, buffer or child, so the field is written without the registration
+-- checks of a module assignment (which cost more than a small attention call).
+local function keep_weights(m, w) rawget(m, "_attrs").attention_weights = detach(w) end
 
 -- Options for the functional kernels: the caller's opts (copied), the lengths as
 -- a tensor, the layer's dropout, and weights in eval mode or in training when
 -- asked for (pitfall 9).
 local function kernel_options(m, opts, valid_lens, dtype)
   local o = {}
-  for k, v in pairs(opts or {}) do o[k] = v end
+  if opts ~= nil then
+    for k, v in pairs(opts) do o[k] = v end
+  end
   if valid_lens ~= nil then o.valid_lens = valid_lens_tensor(valid_lens, dtype) end
-  o.dropout, o.training = m.dropout.p, m.dropout.training
-  o.need_weights = m.keep_weights == true or not m.training
+  local dropout = m.dropout
+  o.dropout, o.training = dropout.p, dropout.training
+  o.need_weights = not m.training or m.keep_weights == true
   return o
 end
 
@@ -80,7 +93,7 @@ function DotProductAttention:forward(queries, keys, values, valid_lens, opts)
   end
   local o = kernel_options(self, opts, valid_lens, attn.is_tensor(queries) and queries:dtype() or nil)
   local out, weights = attn.dot_product_attention(queries, keys, values, o)
-  self.attention_weights = detach(weights)
+  keep_weights(self, weights)
   return out
 end
 
@@ -124,7 +137,7 @@ function AdditiveAttention:attend_projected(queries, projected_keys, values, val
   local w_v = self.w_v.weight:reshape({ self.w_v.in_features })
   local out, weights = attn.additive_attention(qh, projected_keys, values, w_v,
     kernel_options(self, nil, valid_lens, qh:dtype()))
-  self.attention_weights = detach(weights)
+  keep_weights(self, weights)
   return out
 end
 
