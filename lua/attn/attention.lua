@@ -176,6 +176,65 @@ function M.additive_attention(Qh, Kh, V, w_v, opts)
   return attend_scores(fn, scores, V, kopts)
 end
 
+-- Projection x (..., in) W^T (+ b) for the fused layers below, on rows: returns y (rows, out)
+-- and x as rows (rows, in), which the backward needs.
+local function project(x, W, b)
+  local x2 = core.reshape(x, -1, core.size(W, 2))
+  local y = core.matmul(x2, core.transpose(W, 1, 2))
+  if b then core.add_(y, b) end -- y is fresh: nobody else sees the write
+  return y, x2
+end
+
+-- Gradients of `project` from dy (rows, out): dx in x's shape, dW, db (nil without a bias).
+local function project_backward(dy, x, x2, W, b)
+  local dx = core.reshape(core.matmul(dy, W), core.shape(x))
+  return dx, core.matmul(core.transpose(dy, 1, 2), x2), b and core.sum(dy, 1) or nil
+end
+
+--- Additive attention with its projections as one autograd node: d2l's `AdditiveAttention`
+-- forward, `additive_attention(queries W_q^T, keys W_k^T, values, w_v, opts)`, without the four
+-- intermediate nodes (two projections, the scores, the attention). The numbers are those of the
+-- composed form; `nn.AdditiveAttention` runs it (its `fused = false` runs the composed one).
+-- @tparam Tensor queries (B, Nq, query_size)
+-- @tparam Tensor keys (B, Nk, key_size)
+-- @tparam Tensor values (B, Nk, dv)
+-- @tparam Tensor W_q (h, query_size)
+-- @tparam Tensor W_k (h, key_size)
+-- @tparam Tensor w_v (1, h) as `nn.Linear(h, 1).weight`, or (h)
+-- @tparam[opt] table opts as for `additive_attention`
+-- @treturn Tensor output (B, Nq, dv)
+-- @treturn ?Tensor weights (B, Nq, Nk)
+function M.projected_additive_attention(queries, keys, values, W_q, W_k, w_v, opts)
+  local fn = "projected_additive_attention"
+  check_tensor(fn, "queries", queries, 3, "(B, Nq, query_size)")
+  check_tensor(fn, "keys", keys, 3, "(B, Nk, key_size)")
+  check_tensor(fn, "values", values, nil, "(B, Nk, dv)")
+  check_tensor(fn, "W_q", W_q, 2, "(h, query_size)")
+  check_tensor(fn, "W_k", W_k, 2, "(h, key_size)")
+  check_tensor(fn, "w_v", w_v, nil, "(1, h) or (h)")
+  local kopts = kernel_options(fn, opts)
+  local h = core.size(W_q, 1)
+  local qp, q2 = project(queries, W_q)
+  local kp, k2 = project(keys, W_k)
+  local qh = core.reshape(qp, core.size(queries, 1), core.size(queries, 2), h)
+  local kh = core.reshape(kp, core.size(keys, 1), core.size(keys, 2), h)
+  local wv = core.reshape(w_v, h)
+  local scores = core.additive_scores_forward(qh, kh, wv)
+  local out, weights, seed = core.scores_attention_forward(scores, values, kopts)
+  kopts.seed = seed
+  if not autograd.needs_grad({ queries, keys, values, W_q, W_k, w_v }) then return out, weights end
+  record(fn, weights and { out, weights } or out, { queries, keys, values, W_q, W_k, w_v }, function(g_out, g_w)
+    if g_out == nil and g_w == nil then return nil end
+    local ds, dv = core.scores_attention_backward(scores, values, kopts, g_out, g_w, weights, { scores = true,
+      v = rg(values) })
+    local dqh, dkh, dwv = core.additive_scores_backward(qh, kh, wv, ds)
+    local dq, dWq = project_backward(core.reshape(dqh, -1, h), queries, q2, W_q)
+    local dk, dWk = project_backward(core.reshape(dkh, -1, h), keys, k2, W_k)
+    return dq, dk, dv, dWq, dWk, core.reshape(dwv, core.shape(w_v))
+  end)
+  return out, weights
+end
+
 --- Bilinear scores q^T W k for queries and keys of different widths.
 -- @tparam Tensor Q (B, Nq, dq)
 -- @tparam Tensor W (dq, dk)
@@ -265,6 +324,73 @@ function M.repeat_interleave(valid_lens, num_heads)
     end
   end
   return out
+end
+
+local mha_params = { W_q = true, W_k = true, W_v = true, W_o = true, b_q = true, b_k = true, b_v = true, b_o = true }
+
+--- Multi-head attention (d2l 11.5) as one autograd node: the four projections, the head split,
+-- scaled dot-product attention per head, the merge and the output projection. The numbers are
+-- those of the book's composition (`split_heads` of each projection, `dot_product_attention`
+-- with `repeat_interleave`d lengths, `merge_heads`, W_o); `nn.MultiHeadAttention` runs it (its
+-- `fused = false` runs the composition). Heads use the batch-major layout of `split_heads`.
+-- @tparam Tensor queries (B, Nq, query_size)
+-- @tparam Tensor keys (B, Nk, key_size)
+-- @tparam Tensor values (B, Nk, value_size)
+-- @tparam integer num_heads H, dividing h
+-- @tparam table params `W_q` (h, query_size), `W_k` (h, key_size), `W_v` (h, value_size),
+--   `W_o` (h, h) and optional biases `b_q`, `b_k`, `b_v`, `b_o` (h), as `nn.Linear` holds them
+-- @tparam[opt] table opts as for `dot_product_attention`, per sample: `valid_lens` (B) or
+--   (B, Nq) are repeated for the heads here; a `mask` must broadcast to (B*H, Nq, Nk)
+-- @treturn Tensor output (B, Nq, h)
+-- @treturn ?Tensor weights (B*H, Nq, Nk)
+function M.multi_head_attention(queries, keys, values, num_heads, params, opts)
+  local fn = "multi_head_attention"
+  check_tensor(fn, "queries", queries, 3, "(B, Nq, query_size)")
+  check_tensor(fn, "keys", keys, 3, "(B, Nk, key_size)")
+  check_tensor(fn, "values", values, 3, "(B, Nk, value_size)")
+  check_count(fn, "num_heads", num_heads)
+  params = check.options(fn, params, mha_params)
+  local Wq, Wk, Wv, Wo = params.W_q, params.W_k, params.W_v, params.W_o
+  local bq, bk, bv, bo = params.b_q, params.b_k, params.b_v, params.b_o
+  check_tensor(fn, "W_q", Wq, 2, "(h, query_size)")
+  check_tensor(fn, "W_k", Wk, 2, "(h, key_size)")
+  check_tensor(fn, "W_v", Wv, 2, "(h, value_size)")
+  check_tensor(fn, "W_o", Wo, 2, "(h, h)")
+  local kopts = kernel_options(fn, opts)
+  if kopts.valid_lens ~= nil then kopts.valid_lens = M.repeat_interleave(kopts.valid_lens, num_heads) end
+  local B, Nq, Nk, h = core.size(queries, 1), core.size(queries, 2), core.size(keys, 2), core.size(Wq, 1)
+  local qp, q2 = project(queries, Wq, bq)
+  local kp, k2 = project(keys, Wk, bk)
+  local vp, v2 = project(values, Wv, bv)
+  local qh = core.split_heads(core.reshape(qp, B, Nq, h), num_heads)
+  local kh = core.split_heads(core.reshape(kp, B, Nk, h), num_heads)
+  local vh = core.split_heads(core.reshape(vp, B, Nk, h), num_heads)
+  local ctx, weights, seed, lse = core.sdpa_forward(qh, kh, vh, kopts)
+  kopts.seed = seed
+  local merged = core.reshape(core.merge_heads(ctx, num_heads), -1, h)
+  local y = core.matmul(merged, core.transpose(Wo, 1, 2))
+  if bo then core.add_(y, bo) end
+  local out = core.reshape(y, B, Nq, h)
+  local inputs = { queries, keys, values, Wq, Wk, Wv, Wo, bq or false, bk or false, bv or false, bo or false }
+  if not autograd.needs_grad(inputs) then return out, weights end
+  record(fn, weights and { out, weights } or out, inputs, function(g_out, g_w)
+    if g_out == nil and g_w == nil then return nil end
+    local dWo, dbo, dctx
+    if g_out ~= nil then
+      local g2 = core.reshape(g_out, -1, h)
+      dWo, dbo = core.matmul(core.transpose(g2, 1, 2), merged), bo and core.sum(g2, 1) or nil
+      dctx = core.split_heads(core.reshape(core.matmul(g2, Wo), B, Nq, h), num_heads)
+    end
+    local dqh, dkh, dvh = core.sdpa_backward(qh, kh, vh, kopts, dctx, g_w, weights, nil, ctx, lse)
+    local function heads_back(dheads, x, x2, W, b)
+      return project_backward(core.reshape(core.merge_heads(dheads, num_heads), -1, h), x, x2, W, b)
+    end
+    local dq, dWq, dbq = heads_back(dqh, queries, q2, Wq, bq)
+    local dk, dWk, dbk = heads_back(dkh, keys, k2, Wk, bk)
+    local dv, dWv, dbv = heads_back(dvh, values, v2, Wv, bv)
+    return dq, dk, dv, dWq, dWk, dWv, dWo, dbq, dbk, dbv, dbo
+  end)
+  return out, weights
 end
 
 --- The sinusoidal positional encoding table of the Transformer.

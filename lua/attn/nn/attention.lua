@@ -57,6 +57,12 @@ end
 -- checks of a module assignment (which cost more than a small attention call).
 local function keep_weights(m, w) rawget(m, "_attrs").attention_weights = detach(w) end
 
+-- True when x is a 3-D tensor whose last dim is the in_features of `lin`; anything else goes
+-- through the composed path, whose Linear children raise their own errors.
+local function fits(x, lin)
+  return attn.is_tensor(x) and x:dim() == 3 and x:size(3) == lin.in_features
+end
+
 -- Options for the functional kernels: the caller's opts (copied), the lengths as
 -- a tensor, the layer's dropout, and weights in eval mode or in training when
 -- asked for (pitfall 9).
@@ -121,6 +127,13 @@ function AdditiveAttention:init(...)
 end
 
 function AdditiveAttention:forward(queries, keys, values, valid_lens)
+  if self.fused ~= false and fits(queries, self.W_q) and fits(keys, self.W_k) then
+    local out, weights = attn.projected_additive_attention(queries, keys, values, self.W_q.weight, self.W_k.weight,
+      self.w_v.weight, kernel_options(self, nil, valid_lens, queries:dtype()))
+    keep_weights(self, weights)
+    return out
+  end
+  -- the composition the fused node equals (the reference the specs compare it against)
   return self:attend_projected(queries, self.W_k(keys), values, valid_lens)
 end
 
@@ -205,24 +218,43 @@ local function check_lens(lens, queries)
   end
 end
 
-function MultiHeadAttention:forward(queries, keys, values, valid_lens, opts)
-  check_lens(valid_lens_tensor(valid_lens, attn.is_tensor(queries) and queries:dtype() or nil), queries)
-  local heads = self.num_heads
-  local q = attn.split_heads(self.W_q(queries), heads)
-  local k = attn.split_heads(self.W_k(keys), heads)
-  local v = attn.split_heads(self.W_v(values), heads)
-  valid_lens = valid_lens_tensor(valid_lens, q:dtype())
-  if valid_lens ~= nil then valid_lens = attn.repeat_interleave(valid_lens, heads) end
-  if opts ~= nil and opts.mask ~= nil then opts = per_head_mask(opts, heads, q:dtype()) end
-  self.attention.keep_weights = self.keep_weights
-  local out = self.attention(q, k, v, valid_lens, opts)
-  local w = self.attention.attention_weights
-  self.attention_weights = nil
+-- The per-head weights (B*H, Nq, Nk) of the last call in both places the book reads them:
+-- the attention child (as they are) and the layer, as (B, num_heads, Nq, Nk).
+local function keep_head_weights(m, w, heads)
+  keep_weights(m.attention, w)
+  w = m.attention.attention_weights
   if w ~= nil then
     local s = w:shape()
-    self.attention_weights = w:reshape({ s[1] // heads, heads, s[2], s[3] })
+    w = w:reshape({ s[1] // heads, heads, s[2], s[3] })
   end
-  return self.W_o(attn.merge_heads(out, heads))
+  rawget(m, "_attrs").attention_weights = w
+end
+
+function MultiHeadAttention:forward(queries, keys, values, valid_lens, opts)
+  local dtype = attn.is_tensor(queries) and queries:dtype() or nil
+  valid_lens = valid_lens_tensor(valid_lens, dtype)
+  check_lens(valid_lens, queries)
+  local heads = self.num_heads
+  if opts ~= nil and opts.mask ~= nil then opts = per_head_mask(opts, heads, dtype) end
+  local Wq, Wk, Wv, Wo = self.W_q, self.W_k, self.W_v, self.W_o
+  if self.fused ~= false and fits(queries, Wq) and fits(keys, Wk) and fits(values, Wv) then
+    local att = self.attention
+    att.keep_weights = self.keep_weights
+    local out, w = attn.multi_head_attention(queries, keys, values, heads, { W_q = Wq.weight, W_k = Wk.weight,
+      W_v = Wv.weight, W_o = Wo.weight, b_q = Wq.bias, b_k = Wk.bias, b_v = Wv.bias, b_o = Wo.bias },
+      kernel_options(att, opts, valid_lens, dtype))
+    keep_head_weights(self, w, heads)
+    return out
+  end
+  -- the composition the fused node equals (the reference the specs compare it against)
+  local q = attn.split_heads(Wq(queries), heads)
+  local k = attn.split_heads(Wk(keys), heads)
+  local v = attn.split_heads(Wv(values), heads)
+  if valid_lens ~= nil then valid_lens = attn.repeat_interleave(valid_lens, heads) end
+  self.attention.keep_weights = self.keep_weights
+  local out = self.attention(q, k, v, valid_lens, opts)
+  keep_head_weights(self, self.attention.attention_weights, heads)
+  return Wo(attn.merge_heads(out, heads))
 end
 
 function MultiHeadAttention:extra_repr() return "num_heads=" .. self.num_heads end
