@@ -176,17 +176,10 @@ function M.additive_attention(Qh, Kh, V, w_v, opts)
   return attend_scores(fn, scores, V, kopts)
 end
 
--- Projection x (..., in) W^T (+ b) for the fused layers below, on rows: returns y (rows, out)
--- and x as rows (rows, in), which the backward needs.
-local function project(x, W, b)
+-- Gradients of a projection y = x W^T + b (the fused layers' forwards run in C) from dy
+-- (rows, out): dx in x's shape, dW, db (nil without a bias).
+local function project_backward(dy, x, W, b)
   local x2 = core.reshape(x, -1, core.size(W, 2))
-  local y = core.matmul(x2, core.transpose(W, 1, 2))
-  if b then core.add_(y, b) end -- y is fresh: nobody else sees the write
-  return y, x2
-end
-
--- Gradients of `project` from dy (rows, out): dx in x's shape, dW, db (nil without a bias).
-local function project_backward(dy, x, x2, W, b)
   local dx = core.reshape(core.matmul(dy, W), core.shape(x))
   return dx, core.matmul(core.transpose(dy, 1, 2), x2), b and core.sum(dy, 1) or nil
 end
@@ -206,30 +199,23 @@ end
 -- @treturn ?Tensor weights (B, Nq, Nk)
 function M.projected_additive_attention(queries, keys, values, W_q, W_k, w_v, opts)
   local fn = "projected_additive_attention"
-  check_tensor(fn, "queries", queries, 3, "(B, Nq, query_size)")
-  check_tensor(fn, "keys", keys, 3, "(B, Nk, key_size)")
+  check_tensor(fn, "queries", queries, nil, "(B, Nq, query_size)") -- (shapes: the C core)
+  check_tensor(fn, "keys", keys, nil, "(B, Nk, key_size)")
   check_tensor(fn, "values", values, nil, "(B, Nk, dv)")
-  check_tensor(fn, "W_q", W_q, 2, "(h, query_size)")
-  check_tensor(fn, "W_k", W_k, 2, "(h, key_size)")
+  check_tensor(fn, "W_q", W_q, nil, "(h, query_size)")
+  check_tensor(fn, "W_k", W_k, nil, "(h, key_size)")
   check_tensor(fn, "w_v", w_v, nil, "(1, h) or (h)")
   local kopts = kernel_options(fn, opts)
-  local h = core.size(W_q, 1)
-  local qp, q2 = project(queries, W_q)
-  local kp, k2 = project(keys, W_k)
-  local qh = core.reshape(qp, core.size(queries, 1), core.size(queries, 2), h)
-  local kh = core.reshape(kp, core.size(keys, 1), core.size(keys, 2), h)
-  local wv = core.reshape(w_v, h)
-  local scores = core.additive_scores_forward(qh, kh, wv)
-  local out, weights, seed = core.scores_attention_forward(scores, values, kopts)
+  local out, weights, seed, qh, kh, scores = core.additive_layer_forward(queries, keys, values, W_q, W_k, w_v, kopts)
   kopts.seed = seed
-  if not autograd.needs_grad({ queries, keys, values, W_q, W_k, w_v }) then return out, weights end
   record(fn, weights and { out, weights } or out, { queries, keys, values, W_q, W_k, w_v }, function(g_out, g_w)
     if g_out == nil and g_w == nil then return nil end
+    local h = core.size(W_q, 1)
     local ds, dv = core.scores_attention_backward(scores, values, kopts, g_out, g_w, weights, { scores = true,
       v = rg(values) })
-    local dqh, dkh, dwv = core.additive_scores_backward(qh, kh, wv, ds)
-    local dq, dWq = project_backward(core.reshape(dqh, -1, h), queries, q2, W_q)
-    local dk, dWk = project_backward(core.reshape(dkh, -1, h), keys, k2, W_k)
+    local dqh, dkh, dwv = core.additive_scores_backward(qh, kh, core.reshape(w_v, h), ds)
+    local dq, dWq = project_backward(core.reshape(dqh, -1, h), queries, W_q)
+    local dk, dWk = project_backward(core.reshape(dkh, -1, h), keys, W_k)
     return dq, dk, dv, dWq, dWk, core.reshape(dwv, core.shape(w_v))
   end)
   return out, weights
@@ -297,15 +283,10 @@ function M.repeat_interleave(valid_lens, num_heads)
     error(string.format("%s: %d rows x num_heads = %d entries are more than memory can hold", fn, rows, num_heads), 2)
   end
   if is_tensor(valid_lens) then
-    local n = core.dim(valid_lens) > 0 and core.size(valid_lens, 1) or 0
     if core.dim(valid_lens) < 1 or core.dim(valid_lens) > 2 then
       error(string.format("%s: valid_lens must be 1-D (B) or 2-D (B, Q), got %s", fn, shape_str(valid_lens)), 2)
     end
-    local idx = {}
-    for b = 1, n do
-      for _ = 1, num_heads do idx[#idx + 1] = b end
-    end
-    return core.index_select(valid_lens, 1, idx)
+    return core.repeat_rows(valid_lens, num_heads) -- one strided copy (src/attn_masking.c)
   end
   if type(valid_lens) ~= "table" then
     error(string.format("%s: valid_lens must be a tensor or a table, got a %s", fn, type(valid_lens)), 2)
@@ -345,49 +326,39 @@ local mha_params = { W_q = true, W_k = true, W_v = true, W_o = true, b_q = true,
 -- @treturn ?Tensor weights (B*H, Nq, Nk)
 function M.multi_head_attention(queries, keys, values, num_heads, params, opts)
   local fn = "multi_head_attention"
-  check_tensor(fn, "queries", queries, 3, "(B, Nq, query_size)")
-  check_tensor(fn, "keys", keys, 3, "(B, Nk, key_size)")
-  check_tensor(fn, "values", values, 3, "(B, Nk, value_size)")
+  check_tensor(fn, "queries", queries, nil, "(B, Nq, query_size)") -- (shapes and parameters: the C core)
+  check_tensor(fn, "keys", keys, nil, "(B, Nk, key_size)")
+  check_tensor(fn, "values", values, nil, "(B, Nk, value_size)")
   check_count(fn, "num_heads", num_heads)
   params = check.options(fn, params, mha_params)
   local Wq, Wk, Wv, Wo = params.W_q, params.W_k, params.W_v, params.W_o
   local bq, bk, bv, bo = params.b_q, params.b_k, params.b_v, params.b_o
-  check_tensor(fn, "W_q", Wq, 2, "(h, query_size)")
-  check_tensor(fn, "W_k", Wk, 2, "(h, key_size)")
-  check_tensor(fn, "W_v", Wv, 2, "(h, value_size)")
-  check_tensor(fn, "W_o", Wo, 2, "(h, h)")
   local kopts = kernel_options(fn, opts)
-  if kopts.valid_lens ~= nil then kopts.valid_lens = M.repeat_interleave(kopts.valid_lens, num_heads) end
-  local B, Nq, Nk, h = core.size(queries, 1), core.size(queries, 2), core.size(keys, 2), core.size(Wq, 1)
-  local qp, q2 = project(queries, Wq, bq)
-  local kp, k2 = project(keys, Wk, bk)
-  local vp, v2 = project(values, Wv, bv)
-  local qh = core.split_heads(core.reshape(qp, B, Nq, h), num_heads)
-  local kh = core.split_heads(core.reshape(kp, B, Nk, h), num_heads)
-  local vh = core.split_heads(core.reshape(vp, B, Nk, h), num_heads)
-  local ctx, weights, seed, lse = core.sdpa_forward(qh, kh, vh, kopts)
+  local out, weights, seed, lse, qh, kh, vh, ctx, merged = core.mha_forward(queries, keys, values, num_heads, params,
+    kopts)
   kopts.seed = seed
-  local merged = core.reshape(core.merge_heads(ctx, num_heads), -1, h)
-  local y = core.matmul(merged, core.transpose(Wo, 1, 2))
-  if bo then core.add_(y, bo) end
-  local out = core.reshape(y, B, Nq, h)
-  local inputs = { queries, keys, values, Wq, Wk, Wv, Wo, bq or false, bk or false, bv or false, bo or false }
-  if not autograd.needs_grad(inputs) then return out, weights end
-  record(fn, weights and { out, weights } or out, inputs, function(g_out, g_w)
+  -- (record returns at once when nothing requires grad: the closure is all that was built)
+  record(fn, weights and { out, weights } or out,
+    { queries, keys, values, Wq, Wk, Wv, Wo, bq or false, bk or false, bv or false, bo or false }, function(g_out, g_w)
     if g_out == nil and g_w == nil then return nil end
+    local B, Nq, h = core.size(queries, 1), core.size(queries, 2), core.size(Wq, 1)
     local dWo, dbo, dctx
     if g_out ~= nil then
       local g2 = core.reshape(g_out, -1, h)
       dWo, dbo = core.matmul(core.transpose(g2, 1, 2), merged), bo and core.sum(g2, 1) or nil
       dctx = core.split_heads(core.reshape(core.matmul(g2, Wo), B, Nq, h), num_heads)
     end
-    local dqh, dkh, dvh = core.sdpa_backward(qh, kh, vh, kopts, dctx, g_w, weights, nil, ctx, lse)
-    local function heads_back(dheads, x, x2, W, b)
-      return project_backward(core.reshape(core.merge_heads(dheads, num_heads), -1, h), x, x2, W, b)
+    -- the kernel's options per head: the forward repeated the lengths in C
+    local hopts = {}
+    for k, v in pairs(kopts) do hopts[k] = v end
+    hopts.valid_lens = M.repeat_interleave(kopts.valid_lens, num_heads)
+    local dqh, dkh, dvh = core.sdpa_backward(qh, kh, vh, hopts, dctx, g_w, weights, nil, ctx, lse)
+    local function heads_back(dheads, x, W, b)
+      return project_backward(core.reshape(core.merge_heads(dheads, num_heads), -1, h), x, W, b)
     end
-    local dq, dWq, dbq = heads_back(dqh, queries, q2, Wq, bq)
-    local dk, dWk, dbk = heads_back(dkh, keys, k2, Wk, bk)
-    local dv, dWv, dbv = heads_back(dvh, values, v2, Wv, bv)
+    local dq, dWq, dbq = heads_back(dqh, queries, Wq, bq)
+    local dk, dWk, dbk = heads_back(dkh, keys, Wk, bk)
+    local dv, dWv, dbv = heads_back(dvh, values, Wv, bv)
     return dq, dk, dv, dWq, dWk, dWv, dWo, dbq, dbk, dbv, dbo
   end)
   return out, weights

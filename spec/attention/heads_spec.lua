@@ -92,6 +92,12 @@ describe("repeat_interleave", function()
     assert.are.equal("int64", r:dtype())
     assert.same({ 3, 3, (1 << 53) + 1, (1 << 53) + 1 }, r:totable())
   end)
+
+  it("reads strided lengths (one copy in C): a transposed (B, Q) table", function()
+    local lens = attn.tensor({ { 1, 2 }, { 3, 4 }, { 5, 6 } }, "int64"):t() -- (2, 3), not contiguous
+    assert.same({ { 1, 3, 5 }, { 1, 3, 5 }, { 1, 3, 5 }, { 2, 4, 6 }, { 2, 4, 6 }, { 2, 4, 6 } },
+      attn.repeat_interleave(lens, 3):totable())
+  end)
 end)
 
 describe("multi-head attention from the functional pieces", function()

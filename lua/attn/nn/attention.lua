@@ -13,18 +13,20 @@ local attn = require "attn"
 local module = require "attn.nn.module"
 local linear = require "attn.nn.linear"
 local check = require "attn.check"
+local core = require "attn.core"
 
 local Module = module.Module
 local Linear, Dropout, Embedding = linear.Linear, linear.Dropout, linear.Embedding
 
 local M = {}
 
-local shape_str = require("attn.core").shape_str -- "[2x3]" from a tensor or a table of sizes
+local shape_str = core.shape_str -- "[2x3]" from a tensor or a table of sizes
+local is_tensor = attn.is_tensor
 
 -- Options given either as a table or positionally, in the order of `names`.
 local function read_options(who, names, first, ...)
   local o = {}
-  if type(first) == "table" and not attn.is_tensor(first) then
+  if type(first) == "table" and not is_tensor(first) then
     check.options(who, first, names, 5)
     for k, v in pairs(first) do o[k] = v end
   else
@@ -40,7 +42,7 @@ local function need_int(who, o, name)
 end
 
 local function valid_lens_tensor(v, dtype)
-  if v == nil or attn.is_tensor(v) then return v end
+  if v == nil or is_tensor(v) then return v end
   if type(v) == "table" then return attn.tensor(v, dtype) end
   error("valid_lens must be a tensor, a table or nil, got a " .. type(v), 3)
 end
@@ -60,7 +62,7 @@ local function keep_weights(m, w) rawget(m, "_attrs").attention_weights = detach
 -- True when x is a 3-D tensor whose last dim is the in_features of `lin`; anything else goes
 -- through the composed path, whose Linear children raise their own errors.
 local function fits(x, lin)
-  return attn.is_tensor(x) and x:dim() == 3 and x:size(3) == lin.in_features
+  return is_tensor(x) and core.dim(x) == 3 and core.size(x, 3) == lin.in_features
 end
 
 -- Options for the functional kernels: the caller's opts (copied), the lengths as
@@ -97,7 +99,7 @@ function DotProductAttention:forward(queries, keys, values, valid_lens, opts)
   if opts ~= nil and type(opts) ~= "table" then
     error("DotProductAttention: opts must be a table, got a " .. type(opts), 2)
   end
-  local o = kernel_options(self, opts, valid_lens, attn.is_tensor(queries) and queries:dtype() or nil)
+  local o = kernel_options(self, opts, valid_lens, is_tensor(queries) and queries:dtype() or nil)
   local out, weights = attn.dot_product_attention(queries, keys, values, o)
   keep_weights(self, weights)
   return out
@@ -193,8 +195,8 @@ end
 -- that broadcast over the batch ((Nq, Nk) or (1, Nq, Nk)) are kept as they are.
 local function per_head_mask(opts, heads, dtype)
   local mask = opts.mask
-  if type(mask) == "table" and not attn.is_tensor(mask) then mask = attn.tensor(mask, dtype) end
-  if attn.is_tensor(mask) and mask:dim() == 3 and mask:size(1) > 1 then
+  if type(mask) == "table" and not is_tensor(mask) then mask = attn.tensor(mask, dtype) end
+  if is_tensor(mask) and mask:dim() == 3 and mask:size(1) > 1 then
     local idx = {}
     for b = 1, mask:size(1) do
       for _ = 1, heads do idx[#idx + 1] = b end
@@ -210,7 +212,7 @@ end
 -- valid_lens must fit the caller's (B) or (B, Nq), checked before the per-head
 -- repetition so the message shows the shapes the caller passed.
 local function check_lens(lens, queries)
-  if lens == nil or not attn.is_tensor(queries) or queries:dim() ~= 3 then return end
+  if lens == nil or not is_tensor(queries) or queries:dim() ~= 3 then return end
   local ls, qs = lens:shape(), queries:shape()
   if not ((#ls == 1 and ls[1] == qs[1]) or (#ls == 2 and ls[1] == qs[1] and ls[2] == qs[2])) then
     error(string.format("MultiHeadAttention: valid_lens %s does not fit queries %s (expected %s or %s)",
@@ -231,7 +233,7 @@ local function keep_head_weights(m, w, heads)
 end
 
 function MultiHeadAttention:forward(queries, keys, values, valid_lens, opts)
-  local dtype = attn.is_tensor(queries) and queries:dtype() or nil
+  local dtype = is_tensor(queries) and queries:dtype() or nil
   valid_lens = valid_lens_tensor(valid_lens, dtype)
   check_lens(valid_lens, queries)
   local heads = self.num_heads
@@ -239,10 +241,10 @@ function MultiHeadAttention:forward(queries, keys, values, valid_lens, opts)
   local Wq, Wk, Wv, Wo = self.W_q, self.W_k, self.W_v, self.W_o
   if self.fused ~= false and fits(queries, Wq) and fits(keys, Wk) and fits(values, Wv) then
     local att = self.attention
-    att.keep_weights = self.keep_weights
+    local o = kernel_options(att, opts, valid_lens, dtype)
+    o.need_weights = not att.training or self.keep_weights == true -- the layer's flag rules, as in the composition
     local out, w = attn.multi_head_attention(queries, keys, values, heads, { W_q = Wq.weight, W_k = Wk.weight,
-      W_v = Wv.weight, W_o = Wo.weight, b_q = Wq.bias, b_k = Wk.bias, b_v = Wv.bias, b_o = Wo.bias },
-      kernel_options(att, opts, valid_lens, dtype))
+      W_v = Wv.weight, W_o = Wo.weight, b_q = Wq.bias, b_k = Wk.bias, b_v = Wv.bias, b_o = Wo.bias }, o)
     keep_head_weights(self, w, heads)
     return out
   end
@@ -288,7 +290,7 @@ function PositionalEncoding:encoding(T, dtype, offset)
 end
 
 local function check_positions(who, X, d, max_len, offset)
-  if not attn.is_tensor(X) then error(who .. ": input must be a tensor (B, T, d), got a " .. type(X), 3) end
+  if not is_tensor(X) then error(who .. ": input must be a tensor (B, T, d), got a " .. type(X), 3) end
   if offset ~= nil and (math.type(offset) ~= "integer" or offset < 0) then
     error(string.format("%s: offset must be a non-negative integer, got %s", who, tostring(offset)), 3)
   end
