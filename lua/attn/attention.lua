@@ -111,11 +111,30 @@ end
 -- @treturn Tensor output (B, Nq, dv)
 -- @treturn ?Tensor weights (B, Nq, Nk), the softmax before dropout
 function M.dot_product_attention(Q, K, V, opts)
+  return M._dot_product_attention(Q, K, V, kernel_options("dot_product_attention", opts))
+end
+
+-- Kernel options for one call of a layer of attn.nn (fn: the function it runs), which sets the
+-- lengths, dropout and weights itself over the caller's opts (keys checked as for the
+-- functions): a fresh table, which the underscored forms of the functions use in place.
+function M._layer_options(fn, opts, valid_lens, dropout, training, need_weights)
+  local o = { name = fn }
+  if opts ~= nil then
+    check.options(fn, opts, attention_options)
+    for k, v in pairs(opts) do o[k] = v end
+  end
+  if valid_lens ~= nil then o.valid_lens = valid_lens end
+  o.dropout, o.training, o.need_weights = dropout, training == true, need_weights
+  return o
+end
+
+-- dot_product_attention on kernel options (kernel_options or _layer_options): the seed of the
+-- call is stored in them for the backward.
+function M._dot_product_attention(Q, K, V, kopts)
   local fn = "dot_product_attention"
   check_tensor(fn, "queries", Q, nil, "(B, Nq, d)") -- (shapes: the C core)
   check_tensor(fn, "keys", K, nil, "(B, Nk, d)")
   check_tensor(fn, "values", V, nil, "(B, Nk, dv)")
-  local kopts = kernel_options(fn, opts)
   local out, weights, seed, lse = core.sdpa_forward(Q, K, V, kopts)
   kopts.seed = seed
   if wants(Q, K, V) then
@@ -169,9 +188,13 @@ end
 -- @treturn Tensor output (B, Nq, dv)
 -- @treturn ?Tensor weights (B, Nq, Nk)
 function M.additive_attention(Qh, Kh, V, w_v, opts)
+  return M._additive_attention(Qh, Kh, V, w_v, kernel_options("additive_attention", opts))
+end
+
+-- additive_attention on kernel options (see _dot_product_attention).
+function M._additive_attention(Qh, Kh, V, w_v, kopts)
   local fn = "additive_attention"
   check_tensor(fn, "values", V, nil, "(B, Nk, dv)")
-  local kopts = kernel_options(fn, opts)
   local scores = M.additive_scores(Qh, Kh, w_v)
   return attend_scores(fn, scores, V, kopts)
 end
@@ -198,6 +221,12 @@ end
 -- @treturn Tensor output (B, Nq, dv)
 -- @treturn ?Tensor weights (B, Nq, Nk)
 function M.projected_additive_attention(queries, keys, values, W_q, W_k, w_v, opts)
+  return M._projected_additive_attention(queries, keys, values, W_q, W_k, w_v,
+    kernel_options("projected_additive_attention", opts))
+end
+
+-- projected_additive_attention on kernel options (see _dot_product_attention).
+function M._projected_additive_attention(queries, keys, values, W_q, W_k, w_v, kopts)
   local fn = "projected_additive_attention"
   check_tensor(fn, "queries", queries, nil, "(B, Nq, query_size)") -- (shapes: the C core)
   check_tensor(fn, "keys", keys, nil, "(B, Nk, key_size)")
@@ -205,7 +234,6 @@ function M.projected_additive_attention(queries, keys, values, W_q, W_k, w_v, op
   check_tensor(fn, "W_q", W_q, nil, "(h, query_size)")
   check_tensor(fn, "W_k", W_k, nil, "(h, key_size)")
   check_tensor(fn, "w_v", w_v, nil, "(1, h) or (h)")
-  local kopts = kernel_options(fn, opts)
   local out, weights, seed, qh, kh, scores = core.additive_layer_forward(queries, keys, values, W_q, W_k, w_v, kopts)
   kopts.seed = seed
   record(fn, weights and { out, weights } or out, { queries, keys, values, W_q, W_k, w_v }, function(g_out, g_w)
@@ -325,6 +353,12 @@ local mha_params = { W_q = true, W_k = true, W_v = true, W_o = true, b_q = true,
 -- @treturn Tensor output (B, Nq, h)
 -- @treturn ?Tensor weights (B*H, Nq, Nk)
 function M.multi_head_attention(queries, keys, values, num_heads, params, opts)
+  return M._multi_head_attention(queries, keys, values, num_heads, params,
+    kernel_options("multi_head_attention", opts))
+end
+
+-- multi_head_attention on kernel options (see _dot_product_attention).
+function M._multi_head_attention(queries, keys, values, num_heads, params, kopts)
   local fn = "multi_head_attention"
   check_tensor(fn, "queries", queries, nil, "(B, Nq, query_size)") -- (shapes and parameters: the C core)
   check_tensor(fn, "keys", keys, nil, "(B, Nk, key_size)")
@@ -333,7 +367,6 @@ function M.multi_head_attention(queries, keys, values, num_heads, params, opts)
   params = check.options(fn, params, mha_params)
   local Wq, Wk, Wv, Wo = params.W_q, params.W_k, params.W_v, params.W_o
   local bq, bk, bv, bo = params.b_q, params.b_k, params.b_v, params.b_o
-  local kopts = kernel_options(fn, opts)
   local out, weights, seed, lse, qh, kh, vh, ctx, merged = core.mha_forward(queries, keys, values, num_heads, params,
     kopts)
   kopts.seed = seed

@@ -13,6 +13,7 @@ local attn = require "attn"
 local module = require "attn.nn.module"
 local linear = require "attn.nn.linear"
 local check = require "attn.check"
+local attention = require "attn.attention"
 local core = require "attn.core"
 
 local Module = module.Module
@@ -65,19 +66,13 @@ local function fits(x, lin)
   return is_tensor(x) and core.dim(x) == 3 and core.size(x, 3) == lin.in_features
 end
 
--- Options for the functional kernels: the caller's opts (copied), the lengths as
--- a tensor, the layer's dropout, and weights in eval mode or in training when
--- asked for (pitfall 9).
-local function kernel_options(m, opts, valid_lens, dtype)
-  local o = {}
-  if opts ~= nil then
-    for k, v in pairs(opts) do o[k] = v end
-  end
-  if valid_lens ~= nil then o.valid_lens = valid_lens_tensor(valid_lens, dtype) end
+-- The kernel options of one layer call (attn.attention._layer_options): the caller's opts, the
+-- lengths as a tensor of the queries' dtype, the dropout of the layer's Dropout child, and the
+-- weights when `m` (the module computing them) is in eval mode or `keep` is set (pitfall 9).
+local function kernel_options(fn, m, keep, opts, valid_lens, queries)
   local dropout = m.dropout
-  o.dropout, o.training = dropout.p, dropout.training
-  o.need_weights = not m.training or m.keep_weights == true
-  return o
+  return attention._layer_options(fn, opts, valid_lens_tensor(valid_lens, is_tensor(queries) and core.dtype(queries)
+    or nil), dropout.p, dropout.training, not m.training or keep == true)
 end
 
 -- ---------------------------------------------------------------- DotProductAttention
@@ -99,8 +94,8 @@ function DotProductAttention:forward(queries, keys, values, valid_lens, opts)
   if opts ~= nil and type(opts) ~= "table" then
     error("DotProductAttention: opts must be a table, got a " .. type(opts), 2)
   end
-  local o = kernel_options(self, opts, valid_lens, is_tensor(queries) and queries:dtype() or nil)
-  local out, weights = attn.dot_product_attention(queries, keys, values, o)
+  local o = kernel_options("dot_product_attention", self, self.keep_weights, opts, valid_lens, queries)
+  local out, weights = attention._dot_product_attention(queries, keys, values, o)
   keep_weights(self, weights)
   return out
 end
@@ -130,8 +125,9 @@ end
 
 function AdditiveAttention:forward(queries, keys, values, valid_lens)
   if self.fused ~= false and fits(queries, self.W_q) and fits(keys, self.W_k) then
-    local out, weights = attn.projected_additive_attention(queries, keys, values, self.W_q.weight, self.W_k.weight,
-      self.w_v.weight, kernel_options(self, nil, valid_lens, queries:dtype()))
+    local o = kernel_options("projected_additive_attention", self, self.keep_weights, nil, valid_lens, queries)
+    local out, weights = attention._projected_additive_attention(queries, keys, values, self.W_q.weight,
+      self.W_k.weight, self.w_v.weight, o)
     keep_weights(self, weights)
     return out
   end
@@ -150,8 +146,8 @@ function AdditiveAttention:attend_projected(queries, projected_keys, values, val
   local qh = self.W_q(queries)
   -- w_v.weight is (1, num_hiddens) as in PyTorch; the functional form takes the (h) vector
   local w_v = self.w_v.weight:reshape({ self.w_v.in_features })
-  local out, weights = attn.additive_attention(qh, projected_keys, values, w_v,
-    kernel_options(self, nil, valid_lens, qh:dtype()))
+  local out, weights = attention._additive_attention(qh, projected_keys, values, w_v,
+    kernel_options("additive_attention", self, self.keep_weights, nil, valid_lens, qh))
   keep_weights(self, weights)
   return out
 end
@@ -225,9 +221,9 @@ end
 local function keep_head_weights(m, w, heads)
   keep_weights(m.attention, w)
   w = m.attention.attention_weights
-  if w ~= nil then
-    local s = w:shape()
-    w = w:reshape({ s[1] // heads, heads, s[2], s[3] })
+  if w ~= nil then -- detached: a plain view, no node
+    local s = core.shape(w)
+    w = core.reshape(w, s[1] // heads, heads, s[2], s[3])
   end
   rawget(m, "_attrs").attention_weights = w
 end
@@ -240,10 +236,9 @@ function MultiHeadAttention:forward(queries, keys, values, valid_lens, opts)
   if opts ~= nil and opts.mask ~= nil then opts = per_head_mask(opts, heads, dtype) end
   local Wq, Wk, Wv, Wo = self.W_q, self.W_k, self.W_v, self.W_o
   if self.fused ~= false and fits(queries, Wq) and fits(keys, Wk) and fits(values, Wv) then
-    local att = self.attention
-    local o = kernel_options(att, opts, valid_lens, dtype)
-    o.need_weights = not att.training or self.keep_weights == true -- the layer's flag rules, as in the composition
-    local out, w = attn.multi_head_attention(queries, keys, values, heads, { W_q = Wq.weight, W_k = Wk.weight,
+    -- the weights as the composition asks its child for them: the layer's keep_weights rules
+    local o = kernel_options("multi_head_attention", self.attention, self.keep_weights, opts, valid_lens, queries)
+    local out, w = attention._multi_head_attention(queries, keys, values, heads, { W_q = Wq.weight, W_k = Wk.weight,
       W_v = Wv.weight, W_o = Wo.weight, b_q = Wq.bias, b_k = Wk.bias, b_v = Wv.bias, b_o = Wo.bias }, o)
     keep_head_weights(self, w, heads)
     return out
