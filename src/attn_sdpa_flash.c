@@ -127,13 +127,17 @@ static void prep_task(void *ctx, int64_t begin, int64_t end) {
   for (int64_t item = begin; item < end; item++) {
     int64_t b = item / J->Nq, i = item % J->Nq;
     const float *g = P->F->dout.p + b * P->F->dout.sb + i * P->F->dout.sr, *o = P->o.p + b * P->o.sb + i * P->o.sr;
-    double s = 0;
-    for (int64_t c = 0; c < J->dv; c++) s += (double)g[c] * o[c];
-    P->D[item] = (float)s;
+    double s[8] = {0}; /* eight running sums: one chain was bound by the add latency (4% of a backward) */
+    int64_t c = 0;
+    for (; c + 8 <= J->dv; c += 8)
+      for (int u = 0; u < 8; u++) s[u] += (double)g[c + u] * o[c + u];
+    for (; c < J->dv; c++) s[0] += (double)g[c] * o[c];
+    P->D[item] = (float)(((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])));
     double l = P->lse[b * P->lse_sb + i];
     if (isnan(l)) atomic_store_explicit(&P->nan_lse, 1, memory_order_relaxed);
     P->lse2[item] = (float)(l * 1.4426950408889634);
-    P->fillp[item] = (float)exp2((double)P->F->fill2 - l * 1.4426950408889634); /* the kernels' own fill value */
+    /* the kernels' own fill value; only valid_lens fills keys (and exp2's underflow path is slow) */
+    P->fillp[item] = J->lens ? (float)exp2((double)P->F->fill2 - l * 1.4426950408889634) : 0.0f;
   }
 }
 
