@@ -56,8 +56,41 @@ static void reduce_rows_i64(int64_t n, char **p, const int64_t *st, void *arg) {
   }
 }
 
+/* Sums of SUM_BLOCK outputs at a time, each still added in order k = 0..len-1
+ * (so the bits equal the one-output loop's), but as SUM_BLOCK independent
+ * chains: one chain per output was bound by the latency of the add (a bias
+ * gradient, the column sums of a (640, 200) tensor, took 75 us). Outputs next
+ * to each other in x (column sums) make the inner loop a contiguous one. */
+#define SUM_BLOCK 64
+static void sum_block(const reduce_ctx *c, int64_t m, const char *x, int64_t xs, char *o, int64_t os) {
+  double acc[SUM_BLOCK] = {0};
+  if (m == 1) { /* one chain: the blocked loops' per-k overhead would cost more than they hide */
+    for (int64_t k = 0; k < c->len; k++) acc[0] += load(x + k * c->xstride, c->dtype);
+  } else if (c->dtype == ATTN_F32 && xs == 4) {
+    for (int64_t k = 0; k < c->len; k++) {
+      const float *row = (const float *)(x + k * c->xstride);
+      for (int64_t i = 0; i < m; i++) acc[i] += (double)row[i];
+    }
+  } else if (c->dtype == ATTN_F64 && xs == 8) {
+    for (int64_t k = 0; k < c->len; k++) {
+      const double *row = (const double *)(x + k * c->xstride);
+      for (int64_t i = 0; i < m; i++) acc[i] += row[i];
+    }
+  } else {
+    for (int64_t k = 0; k < c->len; k++)
+      for (int64_t i = 0; i < m; i++) acc[i] += load(x + i * xs + k * c->xstride, c->dtype);
+  }
+  for (int64_t i = 0; i < m; i++)
+    store(o + i * os, c->dtype, c->op == ATTN_MEAN ? acc[i] / (double)c->len : acc[i]);
+}
+
 static void reduce_rows(int64_t n, char **p, const int64_t *st, void *arg) {
   const reduce_ctx *c = arg;
+  if ((c->op == ATTN_SUM || c->op == ATTN_MEAN) && c->xstride != 0) {
+    for (int64_t i = 0; i < n; i += SUM_BLOCK)
+      sum_block(c, n - i < SUM_BLOCK ? n - i : SUM_BLOCK, p[1] + i * st[1], st[1], p[0] + i * st[0], st[0]);
+    return;
+  }
   for (int64_t i = 0; i < n; i++) {
     const char *x = p[1] + i * st[1];
     double acc;

@@ -141,6 +141,29 @@ describe("reductions", function()
     assert.are.equal(-1, x:min():item())
   end)
 
+  it("sums and means over any dim equal an in-order double loop, bit for bit (blocked outputs)", function()
+    -- 130 outputs cross the kernel's blocks of 64; the loop adds k = 1..len in
+    -- order in double and rounds once, as the kernel promises
+    attn.manual_seed(7)
+    for _, dtype in ipairs { "float32", "float64" } do
+      local t = attn.randn({ 37, 130 }, dtype) * 1000
+      for _, case in ipairs { { t, 1 }, { t, 2 }, { t:t(), 1 }, { t:t(), 2 }, { t:narrow(2, 3, 100), 1 } } do
+        local v, dim = case[1], case[2]
+        local rows, cols = v:size(1), v:size(2)
+        local other = dim == 1 and cols or rows
+        local len = dim == 1 and rows or cols
+        local sums, means = {}, {}
+        for i = 1, other do
+          local acc = 0.0
+          for k = 1, len do acc = acc + (dim == 1 and v:get(k, i) or v:get(i, k)) end
+          sums[i], means[i] = acc, acc / len
+        end
+        helper.assert_identical(v:sum(dim), attn.tensor(sums, "float64"):to(dtype))
+        helper.assert_identical(v:mean(dim), attn.tensor(means, "float64"):to(dtype))
+      end
+    end
+  end)
+
   it("reduces non-contiguous views correctly", function()
     local t = x:permute(3, 1, 2) -- (3, 2, 2)
     helper.assert_close(t:sum(1), x:sum(3))
