@@ -138,6 +138,34 @@ describe("flash attention on operands holding inf or NaN", function()
       check(t, {}, kernel, "-inf key")
     end)
 
+    it(kernel .. ": a call that falls back gives the same bits on 1, 2 and 3 threads", function()
+      -- whether a block's results are finite depends on the block alone, never on the range or
+      -- thread it ran in, so the fallback (and each path's bits) does not follow the thread count
+      local before = attn.get_num_threads()
+      local res = {}
+      for n = 1, 3 do
+        attn.set_num_threads(n)
+        res[n] = {}
+        for _, x in ipairs { NAN, INF } do
+          for _, place in ipairs { places[3], places[6], places[10] } do
+            local t = inputs(place, x)
+            local o = { causal = true, kernel = kernel }
+            local out, w, _, lse = core.sdpa_forward(t.q, t.k, t.v, o)
+            local dq, dk, dvv = core.sdpa_backward(t.q, t.k, t.v, o, t.dout, nil, nil, nil, out, lse)
+            for _, r in ipairs { out, w, dq, dk, dvv } do res[n][#res[n] + 1] = r end
+          end
+        end
+      end
+      attn.set_num_threads(before)
+      for n = 2, 3 do
+        for i, r in ipairs(res[1]) do
+          local a, b = r:reshape(r:numel()), res[n][i]:reshape(r:numel())
+          assert.equal(0, classes(a):ne(classes(b)):sum():item())
+          assert.equal(0, (a:masked_fill(classes(a):ne(0), 0) - b:masked_fill(classes(b):ne(0), 0)):abs():max():item())
+        end
+      end
+    end)
+
     it(kernel .. ": a denormal query times an infinite key is -inf on the reference, NaN in flash", function()
       -- q scaled before the product underflows to -0 in the flash kernel, so 0 * inf = NaN there
       -- while the reference's score is -inf (weight 0): the NaN sends the call to the reference
