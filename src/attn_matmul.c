@@ -1,9 +1,9 @@
-/* Batched, broadcasting matrix product through cblas gemm. OpenBLAS runs
- * single-threaded inside the engine's worker pool: batches are spread over
- * workers, and a single large product is split by rows of the output. */
-#include <cblas.h>
+/* Batched, broadcasting matrix product through attn_gemm (the engine's small-product kernel or
+ * OpenBLAS, by size). Both run single-threaded inside the engine's worker pool: batches are spread
+ * over workers, and a single large product is split by rows of the output. */
 #include <string.h>
 
+#include "attn_gemm.h"
 #include "attn_ops.h"
 #include "attn_parallel.h"
 
@@ -59,23 +59,6 @@ typedef struct {
   int64_t ld;
 } blas_operand;
 
-/* A BLAS matrix needs unit stride in one of its two dims. */
-static int blas_compatible(const attn_tensor *t, int *trans, int64_t *ld) {
-  int64_t rows = t->shape[t->ndim - 2], cols = t->shape[t->ndim - 1];
-  int64_t rs = t->stride[t->ndim - 2], cs = t->stride[t->ndim - 1];
-  if ((cs == 1 || cols == 1) && rs >= (cols > 1 ? cols : 1)) {
-    *trans = 0;
-    *ld = rs;
-    return 1;
-  }
-  if ((rs == 1 || rows == 1) && cs >= (rows > 1 ? rows : 1)) {
-    *trans = 1;
-    *ld = cs;
-    return 1;
-  }
-  return 0;
-}
-
 typedef struct {
   blas_operand a, b;
   attn_tensor *out;
@@ -102,16 +85,11 @@ static void gemm(const matmul_job *j, int64_t batch, int64_t row0, int64_t rows)
   int64_t aoff = batch_offset(A, j->out, j->batch_ndim, batch) + row0 * A->stride[A->ndim - 2];
   int64_t boff = batch_offset(B, j->out, j->batch_ndim, batch);
   int64_t ooff = batch * j->m * j->n + row0 * j->n;
-  CBLAS_TRANSPOSE ta = j->a.trans ? CblasTrans : CblasNoTrans, tb = j->b.trans ? CblasTrans : CblasNoTrans;
-  int lda = (int)(j->a.ld > 0 ? j->a.ld : 1), ldb = (int)(j->b.ld > 0 ? j->b.ld : 1);
-  if (j->out->dtype == ATTN_F32)
-    cblas_sgemm(CblasRowMajor, ta, tb, (int)rows, (int)j->n, (int)j->k, 1.0f,
-                (const float *)attn_tensor_data(A) + aoff, lda, (const float *)attn_tensor_data(B) + boff, ldb,
-                0.0f, (float *)attn_tensor_data(j->out) + ooff, (int)(j->n > 0 ? j->n : 1));
-  else
-    cblas_dgemm(CblasRowMajor, ta, tb, (int)rows, (int)j->n, (int)j->k, 1.0,
-                (const double *)attn_tensor_data(A) + aoff, lda, (const double *)attn_tensor_data(B) + boff, ldb,
-                0.0, (double *)attn_tensor_data(j->out) + ooff, (int)(j->n > 0 ? j->n : 1));
+  const size_t es = attn_dtype_size(j->out->dtype);
+  attn_gemm(j->out->dtype, j->a.trans, j->b.trans, rows, j->n, j->k, 1.0,
+            (const char *)attn_tensor_data(A) + (size_t)aoff * es, j->a.ld > 0 ? j->a.ld : 1,
+            (const char *)attn_tensor_data(B) + (size_t)boff * es, j->b.ld > 0 ? j->b.ld : 1, 0.0,
+            (char *)attn_tensor_data(j->out) + (size_t)ooff * es, j->n > 0 ? j->n : 1);
 }
 
 static void run_batches(void *arg, int64_t begin, int64_t end) {
@@ -154,18 +132,18 @@ attn_status attn_matmul(const attn_tensor *a, const attn_tensor *b, attn_tensor 
   if (k == 0) return attn_fill(out, 0);
   attn_tensor ac = {0}, bc = {0};
   matmul_job j = {{a, 0, 0}, {b, 0, 0}, out, nd - 2, numel / (m * n), m, n, k, 0};
-  if (!blas_compatible(a, &j.a.trans, &j.a.ld)) {
+  if (!attn_gemm_layout(a, &j.a.trans, &j.a.ld)) {
     if ((st = attn_tensor_clone(&ac, a, a->dtype)) != ATTN_OK) return st;
     j.a.t = &ac;
-    blas_compatible(&ac, &j.a.trans, &j.a.ld);
+    attn_gemm_layout(&ac, &j.a.trans, &j.a.ld);
   }
-  if (!blas_compatible(b, &j.b.trans, &j.b.ld)) {
+  if (!attn_gemm_layout(b, &j.b.trans, &j.b.ld)) {
     if ((st = attn_tensor_clone(&bc, b, b->dtype)) != ATTN_OK) {
       attn_tensor_free(&ac);
       return st;
     }
     j.b.t = &bc;
-    blas_compatible(&bc, &j.b.trans, &j.b.ld);
+    attn_gemm_layout(&bc, &j.b.trans, &j.b.ld);
   }
   double flops = 2.0 * (double)m * (double)n * (double)k;
   if (j.batches > 1) {

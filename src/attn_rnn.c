@@ -2,23 +2,18 @@
  * allocator, so a training loop reuses warm pages step after step. */
 #include "attn_rnn.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
 #include "attn_alloc.h"
 #include "attn_dropout.h"
+#include "attn_gemm.h"
 #include "attn_vmath.h"
 
-/* C = op(A) op(B) + beta C, row-major, through BLAS. */
+/* C = op(A) op(B) + beta C, row-major: the engine's small-product kernel or BLAS (attn_gemm.h). */
 static void gemm(attn_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
                  const void *B, int64_t ldb, double beta, void *C, int64_t ldc) {
-  CBLAS_TRANSPOSE a = ta ? CblasTrans : CblasNoTrans, b = tb ? CblasTrans : CblasNoTrans;
-  if (dt == ATTN_F32)
-    cblas_sgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb, (float)beta, C,
-                (int)ldc);
-  else
-    cblas_dgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, 1.0, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+  attn_gemm(dt, ta, tb, M, N, K, 1.0, A, lda, B, ldb, beta, C, ldc);
 }
 
 static void sigmoid_row_f64(const double *x, double *y, int64_t n) {

@@ -219,6 +219,24 @@ static int l_bmm(lua_State *L) {
   return l_matmul(L);
 }
 
+/* gemm_(c, a, b [, alpha [, beta [, path]]]): c = alpha a b + beta c in place on 2-D float views,
+ * by the path "auto" (default: as matmul chooses), "small" (the engine's kernel, float32) or
+ * "blas" (OpenBLAS): the specs and benchmarks compare the two with it. Returns c. */
+static int l_gemm_(lua_State *L) {
+  attn_tensor *c = attn_l_check(L, 1), *a = attn_l_check(L, 2), *b = attn_l_check(L, 3);
+  double alpha = attn_l_optnumber(L, 4, "alpha", 1), beta = attn_l_optnumber(L, 5, "beta", 0);
+  const char *name = lua_isnoneornil(L, 6) ? "auto" : attn_l_checklstring(L, 6, "path", NULL);
+  attn_gemm_path path = strcmp(name, "small") == 0 ? ATTN_GEMM_SMALL
+                        : strcmp(name, "blas") == 0 ? ATTN_GEMM_BLAS
+                                                    : ATTN_GEMM_AUTO;
+  if (path == ATTN_GEMM_AUTO && strcmp(name, "auto") != 0)
+    return attn_l_argerror(L, 6, "path", "'auto', 'small' or 'blas'");
+  ATTN_L_TRY(L, attn_gemm_views(path, alpha, a, b, beta, c));
+  attn_l_bump_version(c);
+  lua_settop(L, 1);
+  return 1;
+}
+
 /* index_select(x, dim, indices) with 1-based indices (table or 1-D tensor) */
 static int l_index_select(lua_State *L) {
   attn_tensor *x = attn_l_check(L, 1);
@@ -335,7 +353,8 @@ static const luaL_Reg math_functions[] = {
     {"sum", l_sum},         {"mean", l_mean},       {"prod", l_prod},
     {"max", l_max},         {"min", l_min},         {"argmax", l_argmax},
     {"argmin", l_argmin},   {"softmax", l_softmax}, {"log_softmax", l_log_softmax},
-    {"matmul", l_matmul},   {"bmm", l_bmm},         {"index_select", l_index_select},
+    {"matmul", l_matmul},   {"bmm", l_bmm},         {"gemm_", l_gemm_},
+    {"index_select", l_index_select},
     {"index_add_", l_index_add_}, {"gather", l_gather}, {"scatter_add_", l_scatter_add_},
     {"dropout", l_dropout},
     {NULL, NULL},
