@@ -180,10 +180,9 @@ void GEMM_FN(attn_vmath_gemm_small_f32_)(int ta, int tb, int64_t M, int64_t N, i
       if (tb)
         gemm_pack_t(B, ldb, n0, w, K, pack, bks);
       else
-        for (int64_t k = 0; k < K; k++) {
-          memcpy(pack + k * bks, B + k * ldb + n0, (size_t)w * sizeof *pack);
-          for (int64_t j = w; j < bks; j++) pack[k * bks + j] = 0;
-        }
+        for (int64_t k = 0; k < K; k++) /* one loop with a select, not memcpy: GCC inlined that as
+                                            * rep movsq, whose start-up cost more than these rows */
+          for (int64_t j = 0; j < bks; j++) pack[k * bks + j] = j < w ? B[k * ldb + n0 + j] : 0.0f;
       b = pack;
     }
     float *c = C + n0;
