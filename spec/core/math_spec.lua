@@ -147,6 +147,19 @@ describe("reductions", function()
     helper.assert_close(t:sum(), 37)
   end)
 
+  it("sums over rows (columns walked together) give the bits of the one-column walk", function()
+    attn.manual_seed(9)
+    for _, dtype in ipairs { "float32", "float64" } do
+      local z = attn.randn({ 301, 150 }, dtype) -- columns in blocks of 64 and a tail
+      local by_columns, one_by_one = z:sum(1), z:t():contiguous():sum(2) -- the second walks each row alone
+      assert.are.same(one_by_one:totable(), by_columns:totable())
+      assert.are.same(z:t():contiguous():mean(2):totable(), z:mean(1):totable())
+      helper.assert_close(by_columns, z:to("float64"):sum(1), { atol = 1e-4, rtol = 1e-6 })
+      local z3 = attn.randn({ 4, 7, 5 }, dtype)
+      assert.are.same(z3:permute(1, 3, 2):contiguous():sum(3):totable(), z3:sum(2):totable())
+    end
+  end)
+
   it("float32 softmax rows (vectorised path) agree with the strided path and float64", function()
     attn.manual_seed(5)
     local z = attn.randn({ 37, 301 }) * 6 -- contiguous rows, odd length
