@@ -65,6 +65,7 @@ typedef struct {
   int batch_ndim;
   int64_t batches, m, n, k;
   int64_t row_split; /* > 0: one batch, split into row blocks of this size */
+  double beta;       /* 0: out = a b; 1: out += a b (addmm) */
 } matmul_job;
 
 /* Element offset of batch number `flat` within operand t broadcast over out's batch dims. */
@@ -88,7 +89,7 @@ static void gemm(const matmul_job *j, int64_t batch, int64_t row0, int64_t rows)
   const size_t es = attn_dtype_size(j->out->dtype);
   attn_gemm(j->out->dtype, j->a.trans, j->b.trans, rows, j->n, j->k, 1.0,
             (const char *)attn_tensor_data(A) + (size_t)aoff * es, j->a.ld > 0 ? j->a.ld : 1,
-            (const char *)attn_tensor_data(B) + (size_t)boff * es, j->b.ld > 0 ? j->b.ld : 1, 0.0,
+            (const char *)attn_tensor_data(B) + (size_t)boff * es, j->b.ld > 0 ? j->b.ld : 1, j->beta,
             (char *)attn_tensor_data(j->out) + (size_t)ooff * es, j->n > 0 ? j->n : 1);
 }
 
@@ -106,7 +107,8 @@ static void run_row_blocks(void *arg, int64_t begin, int64_t end) {
   }
 }
 
-attn_status attn_matmul(const attn_tensor *a, const attn_tensor *b, attn_tensor *out) {
+/* out = a b + beta out, beta 0 or 1. */
+static attn_status product(const attn_tensor *a, const attn_tensor *b, attn_tensor *out, double beta) {
   int nd;
   int64_t shape[ATTN_MAX_DIMS];
   attn_status st = attn_matmul_shape(a, b, &nd, shape);
@@ -120,7 +122,7 @@ attn_status attn_matmul(const attn_tensor *a, const attn_tensor *b, attn_tensor 
     promote(a, b, &a2, &b2);
     if (a->ndim == 1) attn_view_unsqueeze(&out2, out2.ndim - (b->ndim == 1 ? 0 : 1));
     if (b->ndim == 1) attn_view_unsqueeze(&out2, out2.ndim);
-    return attn_matmul(&a2, &b2, &out2);
+    return product(&a2, &b2, &out2, beta);
   }
   attn_get_num_threads(); /* first use pins OpenBLAS to one thread, even on the serial path */
   int64_t m = shape[nd - 2], n = shape[nd - 1], k = a->shape[a->ndim - 1];
@@ -129,9 +131,9 @@ attn_status attn_matmul(const attn_tensor *a, const attn_tensor *b, attn_tensor 
                       attn_tensor_shape_str(b));
   int64_t numel = attn_tensor_numel(out);
   if (numel == 0) return ATTN_OK;
-  if (k == 0) return attn_fill(out, 0);
+  if (k == 0) return beta == 0 ? attn_fill(out, 0) : ATTN_OK;
   attn_tensor ac = {0}, bc = {0};
-  matmul_job j = {{a, 0, 0}, {b, 0, 0}, out, nd - 2, numel / (m * n), m, n, k, 0};
+  matmul_job j = {{a, 0, 0}, {b, 0, 0}, out, nd - 2, numel / (m * n), m, n, k, 0, beta};
   if (!attn_gemm_layout(a, &j.a.trans, &j.a.ld)) {
     if ((st = attn_tensor_clone(&ac, a, a->dtype)) != ATTN_OK) return st;
     j.a.t = &ac;
@@ -162,4 +164,27 @@ attn_status attn_matmul(const attn_tensor *a, const attn_tensor *b, attn_tensor 
   attn_tensor_free(&ac);
   attn_tensor_free(&bc);
   return ATTN_OK;
+}
+
+attn_status attn_matmul(const attn_tensor *a, const attn_tensor *b, attn_tensor *out) { return product(a, b, out, 0); }
+
+attn_status attn_addmm(const attn_tensor *bias, const attn_tensor *a, const attn_tensor *b, attn_tensor *out) {
+  if (a->ndim != 2 || b->ndim != 2 || bias->ndim != 1 || bias->shape[0] != b->shape[1])
+    return attn_error(ATTN_ERR_SHAPE, "addmm: expected bias (N), a (M, K), b (K, N), got %s, %s, %s",
+                      attn_tensor_shape_str(bias), attn_tensor_shape_str(a), attn_tensor_shape_str(b));
+  if (bias->dtype != a->dtype)
+    return attn_error(ATTN_ERR_DTYPE, "addmm: dtypes differ: bias %s %s, a %s %s", attn_dtype_name(bias->dtype),
+                      attn_tensor_shape_str(bias), attn_dtype_name(a->dtype), attn_tensor_shape_str(a));
+  int nd;
+  int64_t shape[ATTN_MAX_DIMS];
+  attn_status st = attn_matmul_shape(a, b, &nd, shape);
+  if (st != ATTN_OK) return st;
+  if (out->ndim != 2 || out->shape[0] != shape[0] || out->shape[1] != shape[1] || out->dtype != a->dtype ||
+      !attn_tensor_is_contiguous(out))
+    return attn_error(ATTN_ERR_SHAPE, "addmm: output %s must be a contiguous %s tensor of shape %s",
+                      attn_tensor_shape_str(out), attn_dtype_name(a->dtype), attn_shape_str(nd, shape));
+  attn_tensor rows = *bias; /* the bias as (M, N) rows: a view, no reference taken */
+  attn_view_unsqueeze(&rows, 0);
+  if ((st = attn_view_expand(&rows, 2, shape)) != ATTN_OK || (st = attn_copy(out, &rows)) != ATTN_OK) return st;
+  return product(a, b, out, 1);
 }

@@ -210,6 +210,15 @@ static int l_matmul(lua_State *L) {
   return 1;
 }
 
+/* addmm(bias, a, b): bias (N) + a (M, K) @ b (K, N) in one pass (a Linear's forward). */
+static int l_addmm(lua_State *L) {
+  attn_tensor *bias = attn_l_check(L, 1), *a = attn_l_check(L, 2), *b = attn_l_check(L, 3);
+  int64_t shape[2] = {a->ndim == 2 ? a->shape[0] : 0, b->ndim == 2 ? b->shape[1] : 0};
+  attn_tensor *out = attn_l_push_alloc(L, a->dtype, 2, shape);
+  ATTN_L_TRY(L, attn_addmm(bias, a, b, out));
+  return 1;
+}
+
 /* bmm(a, b): strictly 3-D batches of equal size. */
 static int l_bmm(lua_State *L) {
   attn_tensor *a = attn_l_check(L, 1), *b = attn_l_check(L, 2);
@@ -354,6 +363,7 @@ static const luaL_Reg math_functions[] = {
     {"max", l_max},         {"min", l_min},         {"argmax", l_argmax},
     {"argmin", l_argmin},   {"softmax", l_softmax}, {"log_softmax", l_log_softmax},
     {"matmul", l_matmul},   {"bmm", l_bmm},         {"gemm_", l_gemm_},
+    {"addmm", l_addmm},
     {"index_select", l_index_select},
     {"index_add_", l_index_add_}, {"gather", l_gather}, {"scatter_add_", l_scatter_add_},
     {"dropout", l_dropout},

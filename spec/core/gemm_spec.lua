@@ -137,6 +137,24 @@ describe("small float32 products", function()
     end
   end)
 
+  it("addmm is matmul then a broadcast add of the bias, in one pass", function()
+    for _, s in ipairs { { 640, 32, 32, "float32" }, { 7, 45, 13, "float32" }, { 9, 20, 6, "float64" } } do
+      local M, N, K, dtype = s[1], s[2], s[3], s[4]
+      local x, w, b = attn.randn({ M, K }, dtype), attn.randn({ N, K }, dtype), attn.randn({ N }, dtype)
+      local want = core.matmul(x, w:t())
+      core.add_(want, b)
+      -- the kernel's accumulator plus the bias is rounded once, as the add after the product
+      if dtype == "float32" then assert.are.same(want:totable(), core.addmm(b, x, w:t()):totable()) end
+      helper.assert_close(core.addmm(b, x, w:t()), want, { atol = 1e-12, rtol = 1e-12 })
+    end
+    local b, x, w = attn.randn(1024), attn.randn(8, 1024), attn.randn(1024, 1024) -- OpenBLAS with beta 1
+    assert_rel(core.addmm(b, x, w), core.matmul(x, w) + b, "addmm 8 x 1024 x 1024")
+    assert.has_error(function() core.addmm(attn.ones(3), attn.randn(2, 4), attn.randn(4, 5)) end,
+      "addmm: expected bias (N), a (M, K), b (K, N), got [3], [2x4], [4x5]")
+    assert.has_error(function() core.addmm(attn.ones(5, "float64"), attn.randn(2, 4), attn.randn(4, 5)) end,
+      "addmm: dtypes differ: bias float64 [5], a float32 [2x4]")
+  end)
+
   it("leaves float64 to OpenBLAS and checks its arguments", function()
     local a, b = attn.randn(4, 6, "float64"), attn.randn(6, 3, "float64")
     local c = core.gemm_(attn.ones(4, 3, "float64"), a, b, 2, 1)
