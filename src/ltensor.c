@@ -617,6 +617,170 @@ static int l_cat(lua_State *L) {
   return 1;
 }
 
+/* ---- autograd bookkeeping (lua/attn/autograd.lua): a node's checks in one
+ * call each, instead of a metatable test, a field read through __index and a
+ * version read per tensor from Lua. A tensor's autograd fields live in its
+ * user value table, as tensor_newindex stores them: _rg (requires grad),
+ * grad_fn (the node that made it) and _oi (its position among the node's
+ * outputs). Only raw table access: no metamethod runs. */
+
+/* The user value table of the tensor at idx pushed (created when absent and
+ * `create`), or nothing pushed and 0 returned. idx must be a tensor. */
+static int push_fields(lua_State *L, int idx, int create) {
+  if (lua_getiuservalue(L, idx, 1) == LUA_TTABLE) return 1;
+  lua_pop(L, 1);
+  if (!create) return 0;
+  lua_createtable(L, 0, 4);
+  lua_pushvalue(L, -1);
+  lua_setiuservalue(L, idx, 1);
+  return 1;
+}
+
+/* Pushes field `key` of the value at idx if it is a tensor (nil otherwise). */
+static int push_field(lua_State *L, int idx, const char *key) {
+  idx = lua_absindex(L, idx);
+  if (!luaL_testudata(L, idx, ATTN_TENSOR_MT) || !push_fields(L, idx, 0)) {
+    lua_pushnil(L);
+    return LUA_TNIL;
+  }
+  lua_pushstring(L, key);
+  int type = lua_rawget(L, -2);
+  lua_remove(L, -2);
+  return type;
+}
+
+static int requires_grad_at(lua_State *L, int idx) {
+  int yes = push_field(L, idx, "_rg") == LUA_TBOOLEAN && lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return yes;
+}
+
+/* graph_requires(...): whether any argument is a tensor that requires grad. */
+static int l_graph_requires(lua_State *L) {
+  int n = lua_gettop(L), yes = 0;
+  for (int i = 1; i <= n && !yes; i++) yes = requires_grad_at(L, i);
+  lua_pushboolean(L, yes);
+  return 1;
+}
+
+/* graph_requires_in(list): the same over list[1..#list] (a table). */
+static int l_graph_requires_in(lua_State *L) {
+  attn_l_checktable(L, 1, "inputs");
+  lua_Integer n = (lua_Integer)lua_rawlen(L, 1);
+  int yes = 0;
+  for (lua_Integer i = 1; i <= n && !yes; i++) {
+    lua_rawgeti(L, 1, i);
+    yes = requires_grad_at(L, -1);
+    lua_pop(L, 1);
+  }
+  lua_pushboolean(L, yes);
+  return 1;
+}
+
+/* graph_fn(v): v.grad_fn for a tensor v (false when it has none or v is not a tensor). */
+static int l_graph_fn(lua_State *L) {
+  if (push_field(L, 1, "grad_fn") == LUA_TNIL) lua_pushboolean(L, 0);
+  return 1;
+}
+
+/* graph_target(input, g): where backward sends g, the gradient of input:
+ * input's node (a table), true for a tensor that requires grad and has no
+ * node (a leaf), false otherwise; then whether g has input's shape (checked
+ * only when there is a target). */
+static int l_graph_target(lua_State *L) {
+  int type = push_field(L, 1, "grad_fn");
+  if (type == LUA_TNIL || type == LUA_TBOOLEAN) {
+    lua_pop(L, 1);
+    if (!requires_grad_at(L, 1)) {
+      lua_pushboolean(L, 0);
+      return 1;
+    }
+    lua_pushboolean(L, 1);
+  }
+  const attn_tensor *x = attn_l_check(L, 1), *g = attn_l_test(L, 2);
+  int same = g && g->ndim == x->ndim;
+  for (int d = 0; same && d < x->ndim; d++) same = g->shape[d] == x->shape[d];
+  lua_pushboolean(L, same);
+  return 2;
+}
+
+/* Sum of the write versions of the tensors in the table at idx (others skipped). */
+static lua_Integer list_versions(lua_State *L, int idx) {
+  lua_Integer sum = 0, n = (lua_Integer)lua_rawlen(L, idx);
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_rawgeti(L, idx, i);
+    const attn_tensor *t = attn_l_test(L, -1);
+    if (t) sum = (lua_Integer)((uint64_t)sum + t->storage->version);
+    lua_pop(L, 1);
+  }
+  return sum;
+}
+
+/* The node's version sum: its inputs' and outputs' write versions (see autograd.lua). */
+static lua_Integer node_versions(lua_State *L, int node) {
+  if (!lua_istable(L, node)) attn_l_argerror(L, node, "node", "a table");
+  lua_Integer sum;
+  if (attn_l_rawfield(L, node, "inputs") != LUA_TTABLE) attn_l_error(L, "graph: node has no inputs list");
+  sum = list_versions(L, lua_gettop(L));
+  lua_pop(L, 1);
+  if (attn_l_rawfield(L, node, "outputs") == LUA_TTABLE) {
+    sum = (lua_Integer)((uint64_t)sum + (uint64_t)list_versions(L, lua_gettop(L)));
+  } else {
+    lua_pop(L, 1);
+    attn_l_rawfield(L, node, "out");
+    sum = (lua_Integer)((uint64_t)sum + attn_l_check(L, -1)->storage->version);
+  }
+  lua_pop(L, 1);
+  return sum;
+}
+
+/* graph_versions(node): the node's version sum now. */
+static int l_graph_versions(lua_State *L) {
+  lua_pushinteger(L, node_versions(L, 1));
+  return 1;
+}
+
+/* Marks the tensor at idx as made by the node at `node`: _rg = true,
+ * grad_fn = node and, for one of several outputs, _oi = its position. */
+static void mark_output(lua_State *L, int idx, int node, lua_Integer position) {
+  attn_l_check(L, idx);
+  push_fields(L, idx, 1);
+  lua_pushliteral(L, "_rg");
+  lua_pushboolean(L, 1);
+  lua_rawset(L, -3);
+  lua_pushliteral(L, "grad_fn");
+  lua_pushvalue(L, node);
+  lua_rawset(L, -3);
+  if (position > 0) {
+    lua_pushliteral(L, "_oi");
+    lua_pushinteger(L, position);
+    lua_rawset(L, -3);
+  }
+  lua_pop(L, 1);
+}
+
+/* graph_link(node): sets node.vsum and marks node.out, or each of
+ * node.outputs, as made by node. */
+static int l_graph_link(lua_State *L) {
+  lua_settop(L, 1);
+  lua_Integer vsum = node_versions(L, 1);
+  lua_pushliteral(L, "vsum");
+  lua_pushinteger(L, vsum);
+  lua_rawset(L, 1);
+  if (attn_l_rawfield(L, 1, "outputs") == LUA_TTABLE) {
+    lua_Integer n = (lua_Integer)lua_rawlen(L, 2);
+    for (lua_Integer k = 1; k <= n; k++) {
+      lua_rawgeti(L, 2, k);
+      mark_output(L, 3, 1, k);
+      lua_pop(L, 1);
+    }
+  } else {
+    attn_l_rawfield(L, 1, "out");
+    mark_output(L, 3, 1, 0);
+  }
+  return 0;
+}
+
 static const luaL_Reg tensor_functions[] = {
     {"tensor", l_tensor},       {"empty", l_empty},
     {"full", l_full},           {"arange", l_arange},
@@ -640,7 +804,10 @@ static const luaL_Reg tensor_functions[] = {
     {"clone", l_clone},         {"to", l_to},
     {"copy_", l_copy_},         {"fill_", l_fill_},
     {"set_", l_set_},           {"version", l_version},
-    {"cat", l_cat},             {NULL, NULL},
+    {"cat", l_cat},             {"graph_requires", l_graph_requires},
+    {"graph_requires_in", l_graph_requires_in}, {"graph_fn", l_graph_fn},
+    {"graph_target", l_graph_target}, {"graph_versions", l_graph_versions},
+    {"graph_link", l_graph_link}, {NULL, NULL},
 };
 
 void attn_l_open_tensor(lua_State *L) { attn_l_setfuncs(L, tensor_functions); }

@@ -40,17 +40,17 @@ local function is_tensor(v) return getmetatable(v) == TENSOR_MT end
 autograd.is_tensor = is_tensor
 
 local function requires(t) return getmetatable(t) == TENSOR_MT and t._rg == true end
-local version, same_shape = core.version, core.same_shape
+local same_shape = core.same_shape
+-- The per-node bookkeeping in C (src/ltensor.c), one call each instead of a
+-- metatable test, a field read through __index and a version read per tensor.
+local graph_requires, graph_requires_in, graph_fn = core.graph_requires, core.graph_requires_in, core.graph_fn
+local graph_target, graph_versions, graph_link = core.graph_target, core.graph_versions, core.graph_link
 
 local function needs_grad(inputs)
   -- a tensor here would loop over its first size (# of a tensor), which can be 2^62
   if type(inputs) ~= "table" then error("needs_grad: inputs must be a table of values, got a " .. type(inputs), 2) end
   if modes[running()] == false then return false end
-  for i = 1, #inputs do
-    local t = inputs[i]
-    if getmetatable(t) == TENSOR_MT and t._rg == true then return true end
-  end
-  return false
+  return graph_requires_in(inputs)
 end
 autograd.needs_grad = needs_grad
 
@@ -58,25 +58,9 @@ autograd.needs_grad = needs_grad
 -- outputs): an in-place write between forward and backward would make the
 -- gradient silently wrong, so backward checks them (see check_versions).
 -- Versions only ever grow, so their sum is unchanged exactly when every one
--- of them is: a node keeps one number, not a table.
-local function version_sum(node)
-  local s = 0
-  local inputs = node.inputs
-  for i = 1, #inputs do
-    local t = inputs[i]
-    if is_tensor(t) then s = s + version(t) end
-  end
-  local outputs = node.outputs
-  if outputs then
-    for i = 1, #outputs do s = s + version(outputs[i]) end
-  else
-    s = s + version(node.out)
-  end
-  return s
-end
-
+-- of them is: a node keeps one number (vsum, set by graph_link), not a table.
 local function check_versions(node)
-  if version_sum(node) ~= node.vsum then
+  if graph_versions(node) ~= node.vsum then
     error(string.format("backward: a tensor used by '%s' was modified in place after the forward pass, so its "
       .. "gradient would be wrong; modify a clone instead", node.name), 0)
   end
@@ -87,7 +71,7 @@ end
 -- building its backward closure and input list when nothing records.
 function autograd.wants(a, b, c)
   if modes[running()] == false then return false end
-  return requires(a) or requires(b) or requires(c)
+  return graph_requires(a, b, c)
 end
 
 --- Records a finished forward computation; see the module comment.
@@ -120,18 +104,7 @@ function autograd.record(name, out, inputs, backward)
   end
   local node = single and { name = name, inputs = inputs, backward = backward, out = out, vsum = 0 }
     or { name = name, inputs = inputs, backward = backward, outputs = out, vsum = 0 }
-  node.vsum = version_sum(node)
-  if single then
-    out._rg = true
-    out.grad_fn = node
-  else
-    for k = 1, #out do
-      local o = out[k]
-      o._rg = true
-      o.grad_fn = node
-      o._oi = k
-    end
-  end
+  graph_link(node) -- vsum, and each output's _rg, grad_fn (and _oi when several)
   return out
 end
 
@@ -163,15 +136,33 @@ local function check_grad_shape(node, i, input, g)
   end
 end
 
-local add = core.add
+local add, add_ = core.add, core.add_
 
 -- The node whose backward function is running (see autograd.backward).
 local failing
 
+-- Sums contribution g into the pending gradient held in tbl[key]. The first
+-- contribution is kept as is (it may be a view of another tensor, or the
+-- same tensor another input received); the second makes a new sum that only
+-- this slot holds (`owned[tbl][key]`), and later ones are added into it in
+-- place instead of allocating a new sum each (the decoder's weights get one
+-- contribution per step). The sums are the same, in the same order.
+local function accumulate(tbl, key, g, owned)
+  local prev = tbl[key]
+  if prev == nil then
+    tbl[key] = g
+  elseif owned[key] then
+    add_(prev, g)
+  else
+    tbl[key] = add(prev, g)
+    owned[key] = true
+  end
+end
+
 -- Sends gradient g of `input` (an output of `child`) to child's pending
 -- gradients: the tensor itself for a one-output node, a table by output
 -- position otherwise. Repeated contributions are summed in arrival order.
-local function send(node_grads, child, input, g)
+local function send(node_grads, child, input, g, owned)
   if child.outputs then
     local slot = node_grads[child]
     if not slot then
@@ -182,15 +173,14 @@ local function send(node_grads, child, input, g)
     local prev = slot[k]
     slot[k] = prev == nil and g or add(prev, g)
   else
-    local prev = node_grads[child]
-    node_grads[child] = prev == nil and g or add(prev, g)
+    accumulate(node_grads, child, g, owned)
   end
 end
 
 -- Runs the nodes in reverse topological order, sending each input's gradient
 -- to the node that produced it or, for a leaf, to leaf_grads. Up to three
 -- input gradients come back in locals, more in a table.
-local function run_nodes(order, node_grads, leaf_grads, leaf_order, retain)
+local function run_nodes(order, node_grads, leaf_grads, leaf_order, retain, owned)
   for k = #order, 1, -1 do
     local node = order[k]
     local gs = node_grads[node]
@@ -227,20 +217,16 @@ local function run_nodes(order, node_grads, leaf_grads, leaf_order, retain)
           g = g3
         end
         local input = inputs[i]
-        -- an output of a node (grad_fn set) always requires grad: one field read for it, _rg for leaves
-        local child = g ~= nil and getmetatable(input) == TENSOR_MT and input.grad_fn
-        if child or (g ~= nil and requires(input)) then
-          check_grad_shape(node, i, input, g)
-          if child then
-            send(node_grads, child, input, g)
+        -- the node that made input, true for a leaf that requires grad, or false
+        local target, same = false, false
+        if g ~= nil then target, same = graph_target(input, g) end
+        if target then
+          if not same then check_grad_shape(node, i, input, g) end
+          if target ~= true then
+            send(node_grads, target, input, g, owned)
           else
-            local prev = leaf_grads[input]
-            if prev == nil then
-              leaf_order[#leaf_order + 1] = input
-              leaf_grads[input] = g
-            else
-              leaf_grads[input] = add(prev, g)
-            end
+            if leaf_grads[input] == nil then leaf_order[#leaf_order + 1] = input end
+            accumulate(leaf_grads, input, g, owned)
           end
         end
       end
@@ -252,6 +238,36 @@ local function run_nodes(order, node_grads, leaf_grads, leaf_order, retain)
 end
 
 local NO_OPTS = {}
+
+-- The tables a backward pass works in. The last pass's are kept, emptied, for
+-- the next (a pass over a one-op graph otherwise made eight tables); a pass
+-- that starts while another runs (from inside a backward function), or after
+-- one that raised, makes its own.
+local spare_work
+local function take_work()
+  local w = spare_work
+  spare_work = nil
+  return w or { order = {}, visited = {}, stack_node = {}, stack_pos = {}, node_grads = {}, owned = {},
+    leaf_grads = {}, leaf_order = {} }
+end
+
+-- Empties w through its lists (every visited node is in order once the walk
+-- has finished, every leaf in leaf_order) and keeps it for the next pass.
+local function give_work(w)
+  local order, visited, node_grads, owned = w.order, w.visited, w.node_grads, w.owned
+  for i = #order, 1, -1 do
+    local node = order[i]
+    visited[node], node_grads[node], owned[node], order[i] = nil, nil, nil, nil
+  end
+  local stack_node, stack_pos = w.stack_node, w.stack_pos
+  for i = #stack_node, 1, -1 do stack_node[i], stack_pos[i] = nil, nil end
+  local leaf_grads, leaf_order = w.leaf_grads, w.leaf_order
+  for i = #leaf_order, 1, -1 do
+    local leaf = leaf_order[i]
+    leaf_grads[leaf], owned[leaf], leaf_order[i] = nil, nil, nil
+  end
+  spare_work = w
+end
 
 --- Back-propagates from `root` (grad defaults to 1 for a one-element root;
 -- backward(root, opts) is accepted too).
@@ -278,9 +294,11 @@ function autograd.backward(root, grad, opts)
   end
   -- Topological order of nodes (iterative DFS with parallel arrays, so deep
   -- graphs do not overflow the C stack and no table is made per node).
-  local order, visited = {}, {}
-  local stack_node, stack_pos, top = {}, {}, 0
-  if root.grad_fn then stack_node[1], stack_pos[1], top = root.grad_fn, 1, 1 end
+  local w = take_work()
+  local order, visited, stack_node, stack_pos = w.order, w.visited, w.stack_node, w.stack_pos
+  local top = 0
+  local root_fn = root.grad_fn
+  if root_fn then stack_node[1], stack_pos[1], top = root_fn, 1, 1 end
   while top > 0 do
     local node, i = stack_node[top], stack_pos[top]
     if i == 1 then
@@ -296,8 +314,7 @@ function autograd.backward(root, grad, opts)
     end
     if i <= #node.inputs then
       stack_pos[top] = i + 1
-      local input = node.inputs[i]
-      local child = getmetatable(input) == TENSOR_MT and input.grad_fn
+      local child = graph_fn(node.inputs[i])
       if child and not visited[child] then
         top = top + 1
         stack_node[top], stack_pos[top] = child, 1
@@ -309,11 +326,10 @@ function autograd.backward(root, grad, opts)
     ::continue::
   end
 
-  local node_grads = {} -- node -> pending gradient (see send)
-  if root.grad_fn then send(node_grads, root.grad_fn, root, grad) end
-  local leaf_grads = {}
-  local leaf_order = {}
-  if not root.grad_fn then
+  local node_grads, owned, leaf_grads, leaf_order = w.node_grads, w.owned, w.leaf_grads, w.leaf_order
+  if root_fn then
+    send(node_grads, root_fn, root, grad, owned)
+  else
     leaf_grads[root] = grad
     leaf_order[1] = root
   end
@@ -324,7 +340,7 @@ function autograd.backward(root, grad, opts)
   local previous = modes[co]
   modes[co] = false
   failing = nil
-  local ok, err = pcall(run_nodes, order, node_grads, leaf_grads, leaf_order, opts.retain_graph)
+  local ok, err = pcall(run_nodes, order, node_grads, leaf_grads, leaf_order, opts.retain_graph, owned)
   modes[co] = previous
   if not ok then
     local node = failing
@@ -332,14 +348,16 @@ function autograd.backward(root, grad, opts)
     if node then error(string.format("backward of '%s' failed: %s", node.name, tostring(err)), 2) end
     error(err, 0)
   end
-  for _, leaf in ipairs(leaf_order) do
+  for i = 1, #leaf_order do
+    local leaf = leaf_order[i]
     local g = leaf_grads[leaf]
     if leaf.grad == nil then
-      leaf.grad = core.clone(g) -- own it: g may be a view of another tensor
+      leaf.grad = owned[leaf] and g or core.clone(g) -- own it: g may be a view of another tensor
     else
       core.add_(leaf.grad, g)
     end
   end
+  give_work(w)
 end
 
 --- Compares analytic gradients with central finite differences.

@@ -129,6 +129,36 @@ describe("autograd", function()
     assert.are.same({ { 3 * 3, 3 * 5 } }, x.grad:totable()) -- sum over 3 rows of 2x + 1
   end)
 
+
+  it("sums many contributions in place without touching a tensor another input or the caller holds", function()
+    -- x + x + x: each add's backward hands the same gradient tensor to both
+    -- inputs, here the caller's G; the sum for x is made anew, then added into
+    local x = attn.tensor({ 1, 2 }, { dtype = "float64", requires_grad = true })
+    local G = attn.tensor({ 1, 10 }, "float64")
+    local y = x + x + x
+    y:backward(G)
+    assert.are.same({ 3, 30 }, x.grad:totable())
+    assert.are.same({ 1, 10 }, G:totable())
+    -- n's gradient S is a sum of two contributions; n's backward hands S to
+    -- w, to z and to w again: the second w must not add into S, which z holds
+    local w = attn.tensor({ 1, 2 }, { dtype = "float64", requires_grad = true })
+    local z = w * 3
+    local n = attn.autograd.record("w+z+w", attn.core.add(attn.core.add(w, z), w), { w, z, w },
+      function(g) return g, g, g end)
+    local loss = (n * 1 + n * 2):sum()
+    loss:backward()
+    assert.are.same({ 3 + 3 + 3 * 3, 3 + 3 + 3 * 3 }, w.grad:totable())
+    -- a leaf used at ten steps (a decoder's weight) gets the sum of all ten, in order
+    local v = attn.tensor({ 0.1, 0.2 }, { dtype = "float32", requires_grad = true })
+    local total, expected = nil, { 0, 0 }
+    for k = 1, 10 do
+      local term = v * k
+      total = total and total + term or term
+      expected[1], expected[2] = expected[1] + k, expected[2] + k
+    end
+    total:sum():backward()
+    assert.are.same(expected, v.grad:totable())
+  end)
   it("detach and no_grad stop recording", function()
     local w = attn.ones({ 2 }, { requires_grad = true })
     local d = w:detach()
@@ -230,5 +260,25 @@ describe("autograd", function()
       "backward of 'my_broken_op' failed: cannot differentiate here")
     -- grad mode is back on after the failure
     assert.is_true(attn.is_grad_enabled())
+  end)
+
+  it("runs a backward pass from inside another's backward function, and passes after a failed one", function()
+    -- the passes keep their work tables between calls: the inner pass must get
+    -- its own, and a pass that raised must leave nothing behind for the next
+    local autograd = require "attn.autograd"
+    local u = attn.tensor({ 1, 2 }, { dtype = "float64", requires_grad = true })
+    local v = attn.tensor({ 3, 4 }, { dtype = "float64", requires_grad = true })
+    local y = autograd.record("calls_backward", u * 2, { u }, function(g)
+      attn.enable_grad(function() (v * v):sum():backward() end)
+      return g * 2
+    end)
+    ;(y * y):sum():backward()
+    assert.are.same({ 8, 16 }, u.grad:totable()) -- 2 y * 2 with y = 2 u
+    assert.are.same({ 6, 8 }, v.grad:totable())
+    local broken = autograd.record("broken", u * 1, { u }, function() error("no", 0) end)
+    assert.has_error(function() (broken + u):sum():backward() end, "backward of 'broken' failed: no")
+    u.grad = nil
+    ;(u * 3 + u):sum():backward()
+    assert.are.same({ 4, 4 }, u.grad:totable())
   end)
 end)

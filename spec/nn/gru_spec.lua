@@ -352,6 +352,31 @@ describe("nn.GRU", function()
     end, { x, h, m.weight_ih_l0, m.weight_hh_l0, m.bias_ih_l0, m.bias_hh_l0 })
   end)
 
+  it("unbind gives select's or (keepdim) narrow's views as one node, gradients for used slices only", function()
+    local gru = require "attn.nn.gru"
+    local x = helper.param({ 3, 2, 4 })
+    for _, keepdim in ipairs { false, true } do
+      local parts = gru.unbind(x, keepdim)
+      assert.are.equal(3, #parts)
+      for t = 1, 3 do
+        helper.assert_identical(parts[t], keepdim and x:narrow(1, t, 1) or x:select(1, t))
+        assert.are.equal(parts[1].grad_fn, parts[t].grad_fn)
+      end
+      -- slice 2 takes no part: its gradient is zero (the buffer is not zero-filled first)
+      helper.gradcheck(function(a)
+        local p = gru.unbind(a, keepdim)
+        return p[1] * 2 + p[3]:square()
+      end, { x })
+      x.grad = nil
+      local p = gru.unbind(x, keepdim)
+      ;(p[1] + p[3]):sum():backward()
+      local want = attn.ones({ 3, 2, 4 }, "float64")
+      want[2] = 0
+      helper.assert_identical(x.grad, want)
+      x.grad = nil
+    end
+  end)
+
   it("the fused kernel names the operand and shapes it refuses", function()
     local gru = require "attn.nn.gru"
     local w_ih, w_hh = attn.randn({ 12, 3 }), attn.randn({ 12, 4 })

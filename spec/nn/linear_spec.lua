@@ -605,3 +605,74 @@ describe("nn.init", function()
     helper.gradcheck(function(a, c, d) return linear.linear(a, c, d) end, { x, w, b })
   end)
 end)
+
+describe("fused nodes: linear_relu and add_layer_norm", function()
+  local linear = require "attn.nn.linear"
+
+  -- Runs fn on fresh copies of the inputs (requiring grad), backward with g;
+  -- returns the output and the inputs' gradients.
+  local function run(fn, inputs, g)
+    local copies = {}
+    for i, t in ipairs(inputs) do copies[i] = t:detach():clone():requires_grad_() end
+    local out = fn(table.unpack(copies))
+    out:backward(g)
+    local grads = {}
+    for i, t in ipairs(copies) do grads[i] = t.grad end
+    return out, grads
+  end
+
+  it("linear_relu gives the bits of linear then relu, forward and backward, and passes gradcheck", function()
+    attn.manual_seed(3)
+    for _, dtype in ipairs { "float32", "float64" } do
+      local x, w, b = attn.randn({ 2, 5, 4 }, dtype), attn.randn({ 6, 4 }, dtype), attn.randn({ 6 }, dtype)
+      local g = attn.randn({ 2, 5, 6 }, dtype)
+      local y1, g1 = run(linear.linear_relu, { x, w, b }, g)
+      local y2, g2 = run(function(a, c, d) return linear.linear(a, c, d):relu() end, { x, w, b }, g)
+      assert.are.equal("linear_relu", y1.grad_fn.name)
+      helper.assert_identical(y1, y2)
+      for i = 1, 3 do helper.assert_identical(g1[i], g2[i]) end
+    end
+    helper.gradcheck(linear.linear_relu, { helper.param({ 3, 4 }), helper.param({ 5, 4 }), helper.param({ 5 }) })
+    helper.gradcheck(function(a, c) return linear.linear_relu(a, c) end, { helper.param({ 3, 4 }), helper.param({ 2, 4 }) })
+  end)
+
+  it("add_layer_norm gives the bits of dropout, add and layer_norm, forward and backward, and passes gradcheck",
+    function()
+      for _, training in ipairs { false, true } do
+        local x, y = attn.randn({ 4, 3, 8 }), attn.randn({ 4, 3, 8 })
+        local w, b = attn.randn({ 8 }), attn.randn({ 8 })
+        local g = attn.randn({ 4, 3, 8 })
+        attn.manual_seed(11) -- both draw the dropout seed from the generator
+        local z1, g1 = run(function(a, c, d, e) return linear.add_layer_norm(a, c, 0.3, training, 8, d, e, 1e-5) end,
+          { x, y, w, b }, g)
+        attn.manual_seed(11)
+        local z2, g2 = run(function(a, c, d, e)
+          return linear.layer_norm(linear.dropout(c, 0.3, training) + a, 8, d, e, 1e-5)
+        end, { x, y, w, b }, g)
+        helper.assert_identical(z1, z2)
+        for i = 1, 4 do helper.assert_identical(g1[i], g2[i]) end
+      end
+      -- with a fixed dropout seed the node is a function: finite differences agree
+      helper.gradcheck(function(a, c, d, e) return linear.add_layer_norm(a, c, 0.25, true, 4, d, e, 1e-5, 99) end,
+        { helper.param({ 3, 4 }), helper.param({ 3, 4 }), helper.param({ 4 }), helper.param({ 4 }) })
+      helper.gradcheck(function(a, c) return linear.add_layer_norm(a, c, 0, false, 6, nil, nil, 1e-5) end,
+        { helper.param({ 2, 6 }), helper.param({ 1, 6 }) })
+    end)
+
+  it("the stock PositionWiseFFN and AddNorm use them; replaced layers keep their own path", function()
+    local transformer = require "attn.nn.transformer"
+    local ffn = transformer.PositionWiseFFN(4, 8, 4)
+    local addnorm = transformer.AddNorm(4, 0.2)
+    local x = attn.randn({ 2, 3, 4 }, { requires_grad = true })
+    assert.are.equal("linear_relu", ffn.dense1:forward_relu(x).grad_fn.name)
+    assert.are.equal("add_layer_norm", addnorm(x, ffn(x)).grad_fn.name)
+    local h = ffn.dense1(x)
+    assert.are.equal("linear_relu", ffn(x).grad_fn.inputs[1].grad_fn.name)
+    ffn.relu = nn.GELU()
+    helper.assert_identical(ffn(x), ffn.dense2(nn.GELU()(h)))
+    addnorm.dropout = nn.Identity()
+    assert.are.equal("layer_norm", addnorm(x, x).grad_fn.name)
+    assert.has_error(function() addnorm.ln:forward_add(x, x:narrow(2, 1, 2), 0, false) end,
+      "LayerNorm: the two inputs of forward_add differ in shape: [2x3x4] and [2x2x4]")
+  end)
+end)

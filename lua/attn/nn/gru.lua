@@ -40,20 +40,27 @@ local shape_str = core.shape_str -- "[2x3]" from a tensor or a table of sizes
 -- ---------------------------------------------------------------- autograd helpers
 
 --- Splits x along dim 1 into a list of views (one node; backward writes the
--- slices' gradients into one zero tensor).
-local function unbind(x)
+-- slices' gradients into one tensor). With keepdim the views keep dim 1 (size
+-- 1), as narrow would make them.
+local function unbind(x, keepdim)
   local n = core.size(x, 1)
   if n > core.max_request() // 64 then -- sized before building: an expanded view may name 2^62 slices
     error(string.format("unbind: %d slices are more than memory can hold", n), 2)
   end
+  local function slice(t, i) return keepdim and core.narrow(t, 1, i, 1) or core.select(t, 1, i) end
   local outs = {}
-  for t = 1, n do outs[t] = core.select(x, 1, t) end
+  for t = 1, n do outs[t] = slice(x, t) end
   if n == 0 then return outs end
   record("unbind", outs, { x }, function(...)
     local gs = table.pack(...)
-    local gin = core.full(core.shape(x), 0, core.dtype(x))
+    -- every slice is written, so no zero fill but for the slices no gradient reached
+    local gin = core.empty(core.shape(x), core.dtype(x))
     for t = 1, n do
-      if gs[t] ~= nil then core.copy_(core.select(gin, 1, t), gs[t]) end
+      if gs[t] ~= nil then
+        core.copy_(slice(gin, t), gs[t])
+      else
+        core.fill_(slice(gin, t), 0)
+      end
     end
     return gin
   end)

@@ -56,12 +56,9 @@ function Linear:init(in_features, out_features, opts)
   end
 end
 
---- The affine map y = x W^T + b as one autograd node (instead of transpose,
--- matmul, reshape and add): x (..., in), weight (out, in), bias (out) or nil
--- -> (..., out). Backward: dx = g W, dW = g^T x, db = the column sums of g,
--- over x and g flattened to rows.
--- @usage local y = linear.linear(x, m.weight, m.bias)
-function M.linear(x, weight, bias)
+-- y = x W^T + b over the rows of x: y (x's shape with out_features last),
+-- and what backward needs (x as rows, its rank, out_features).
+local function affine_forward(x, weight, bias)
   local s = core.shape(x)
   local n = #s
   local fin, fout = core.size(weight, 2), core.size(weight, 1)
@@ -72,23 +69,64 @@ function M.linear(x, weight, bias)
     s[n] = fout
     y = core.reshape(y, s)
   end
+  return y, x2, n, fout
+end
+
+-- Gradients of affine_forward for output gradient g: dx = g W, dW = g^T x,
+-- db = the column sums of g, over x and g flattened to rows.
+local function affine_backward(g, x, x2, n, fout, weight, bias)
+  local g2 = n == 2 and g or core.reshape(g, -1, fout)
+  local dx = core.matmul(g2, weight)
+  if n ~= 2 then dx = core.reshape(dx, core.shape(x)) end
+  return dx, core.matmul(core.transpose(g2, 1, 2), x2), bias and core.sum(g2, 1) or nil
+end
+
+--- The affine map y = x W^T + b as one autograd node (instead of transpose,
+-- matmul, reshape and add): x (..., in), weight (out, in), bias (out) or nil
+-- -> (..., out). Backward: dx = g W, dW = g^T x, db = the column sums of g,
+-- over x and g flattened to rows.
+-- @usage local y = linear.linear(x, m.weight, m.bias)
+function M.linear(x, weight, bias)
+  local y, x2, n, fout = affine_forward(x, weight, bias)
   return autograd.record("linear", y, { x, weight, bias or false }, function(g)
-    local g2 = n == 2 and g or core.reshape(g, -1, fout)
-    local dx = core.matmul(g2, weight)
-    if n ~= 2 then dx = core.reshape(dx, core.shape(x)) end
-    return dx, core.matmul(core.transpose(g2, 1, 2), x2), bias and core.sum(g2, 1) or nil
+    return affine_backward(g, x, x2, n, fout, weight, bias)
   end)
 end
 
-function Linear:forward(x)
+--- relu(x W^T + b) as one autograd node, the first half of the book's
+-- PositionWiseFFN: the same numbers as `linear` then `relu`, forward and
+-- backward (the gradient passes where the output is positive, which is where
+-- the affine map is), one node and no saved pre-activation instead of two.
+-- @usage local h = linear.linear_relu(x, m.weight, m.bias)
+function M.linear_relu(x, weight, bias)
+  local z, x2, n, fout = affine_forward(x, weight, bias)
+  local y = core.relu(z)
+  return autograd.record("linear_relu", y, { x, weight, bias or false }, function(g)
+    return affine_backward(core.mul(g, core.gt(y, 0)), x, x2, n, fout, weight, bias)
+  end)
+end
+
+-- Raises (at the caller's caller) unless x is a tensor (..., in_features).
+local function check_linear_input(self, x)
   check.tensor("Linear", "input", x)
   local s = x:shape()
   local n = #s
   if n == 0 or s[n] ~= self.in_features then
     error(string.format("Linear: input %s has last dim %s, expected in_features = %d (weight %s)", shape_str(s),
-      tostring(s[n]), self.in_features, shape_str(self.weight:shape())), 2)
+      tostring(s[n]), self.in_features, shape_str(self.weight:shape())), 3)
   end
+end
+
+function Linear:forward(x)
+  check_linear_input(self, x)
   return M.linear(x, self.weight, self.bias)
+end
+
+--- relu(self(x)) as one node (`linear_relu`), with forward's input checks.
+-- @usage local h = ffn.dense1:forward_relu(x)
+function Linear:forward_relu(x)
+  check_linear_input(self, x)
+  return M.linear_relu(x, self.weight, self.bias)
 end
 
 function Linear:extra_repr()
@@ -182,16 +220,34 @@ function LayerNorm:init(normalized_shape, opts)
   end
 end
 
-function LayerNorm:forward(x)
+-- Raises (at the caller's caller) unless x is a tensor ending with normalized_shape.
+local function check_norm_input(self, x)
   check.tensor("LayerNorm", "input", x)
   local s, ns = x:shape(), self.normalized_shape
   local k, n = #ns, #s
   local ok = n >= k
   for i = 1, k do ok = ok and s[n - k + i] == ns[i] end
   if not ok then
-    error(string.format("LayerNorm: input %s does not end with normalized_shape %s", shape_str(s), shape_str(ns)), 2)
+    error(string.format("LayerNorm: input %s does not end with normalized_shape %s", shape_str(s), shape_str(ns)), 3)
   end
+end
+
+function LayerNorm:forward(x)
+  check_norm_input(self, x)
   return M.layer_norm(x, self.normalized_numel, self.weight, self.bias, self.eps)
+end
+
+--- self(dropout(y, p, training) + x) as one node (`add_layer_norm`): the
+-- book's AddNorm. x and y are tensors of one shape ending with normalized_shape.
+-- @usage local z = addnorm.ln:forward_add(x, y, 0.1, true)
+function LayerNorm:forward_add(x, y, p, training)
+  check_norm_input(self, x)
+  check.tensor("LayerNorm", "input", y)
+  if not core.same_shape(x, y) then
+    error(string.format("LayerNorm: the two inputs of forward_add differ in shape: %s and %s", shape_str(x),
+      shape_str(y)), 2)
+  end
+  return M.add_layer_norm(x, y, p, training, self.normalized_numel, self.weight, self.bias, self.eps)
 end
 
 --- Layer normalisation over the last entries of x as one autograd node
@@ -209,6 +265,27 @@ function M.layer_norm(x, n, weight, bias, eps)
     local dx, dw, db = core.layer_norm_backward(xc, n, w, mean, rstd, core.contiguous(g), weight ~= nil or bias ~= nil)
     if weight == nil and bias == nil then return dx end
     return dx, weight and dw or nil, bias and core.reshape(db, core.shape(bias)) or nil
+  end)
+end
+
+--- layer_norm(dropout(y) + x) as one autograd node, the book's AddNorm:
+-- the same numbers as the three nodes dropout (as `M.dropout(y, p, training,
+-- seed)`, drawing the same seed), add and `layer_norm`, forward and backward,
+-- without their intermediate gradients. x and y broadcast as in add; the
+-- rest as `layer_norm`.
+-- @usage local z = linear.add_layer_norm(x, y, 0.1, true, 32, ln.weight, ln.bias, 1e-5)
+function M.add_layer_norm(x, y, p, training, n, weight, bias, eps, seed)
+  local drop = training and p ~= 0
+  local d = y
+  if drop then d, seed = core.dropout(y, p, seed) end
+  local sum = core.add(d, x)
+  local w, b = weight and core.contiguous(weight), bias and core.contiguous(bias)
+  local out, mean, rstd = core.layer_norm_forward(sum, n, w, b, eps)
+  return autograd.record("add_layer_norm", out, { x, y, weight or false, bias or false }, function(g)
+    local ds, dw, db = core.layer_norm_backward(sum, n, w, mean, rstd, core.contiguous(g), weight ~= nil or bias ~= nil)
+    local dy = drop and (core.dropout(ds, p, seed)) or ds
+    return autograd.sum_to(ds, core.shape(x)), autograd.sum_to(dy, core.shape(y)), weight and dw or nil,
+      bias and core.reshape(db, core.shape(bias)) or nil
   end)
 end
 

@@ -215,21 +215,25 @@ function Seq2SeqAttentionDecoder:forward(X, state)
   check_ids("Seq2SeqAttentionDecoder", X)
   local enc_outputs, hidden_state, enc_valid_lens = state[1], state[2], state[3]
   -- the steps' embeddings as one node (the book's `for x in X`), not a narrow
-  -- per step, whose gradient would be a full-size tensor each
-  local steps = gru.unbind(self.embedding(X):permute(2, 1, 3)) -- T x (B, embed)
+  -- per step, whose gradient would be a full-size tensor each; each is (1, B, embed)
+  local steps = gru.unbind(self.embedding(X):permute(2, 1, 3), true)
   local T = #steps
   local outputs, weights = {}, {}
   -- Additive scoring projects the keys (the same at every step) once, not once per step as the book
   local scorer = self.attention
   local keys = scorer.project_keys and scorer:project_keys(enc_outputs)
+  -- the query is the last layer's state (B, 1, h); after the first step that is the
+  -- GRU's output (the same numbers), one view of it instead of a select and an unsqueeze
+  local query = hidden_state:select(1, hidden_state:size(1)):unsqueeze(2)
   for t = 1, T do
-    local query = hidden_state:select(1, hidden_state:size(1)):unsqueeze(2) -- (B, 1, h)
     local context = keys and scorer:attend_projected(query, keys, enc_outputs, enc_valid_lens)
       or scorer(query, enc_outputs, enc_outputs, enc_valid_lens)
-    local x = attn.cat({ context, steps[t]:unsqueeze(2) }, 3) -- (B, 1, h + embed)
+    -- the book's cat of context and embedding, built time-major: (1, B, h + embed)
+    local x = attn.cat({ context:transpose(1, 2), steps[t] }, 3)
     local out
-    out, hidden_state = self.rnn(x:permute(2, 1, 3), hidden_state)
+    out, hidden_state = self.rnn(x, hidden_state)
     outputs[t] = out
+    query = out:transpose(1, 2)
     weights[t] = scorer.attention_weights
   end
   self.attention_weights = weights

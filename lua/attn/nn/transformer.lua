@@ -48,7 +48,12 @@ function PositionWiseFFN:init(ffn_num_input, ffn_num_hiddens, ffn_num_outputs)
   self.dense2 = Linear(ffn_num_hiddens, ffn_num_outputs)
 end
 
-function PositionWiseFFN:forward(X) return self.dense2(self.relu(self.dense1(X))) end
+function PositionWiseFFN:forward(X)
+  local dense1, relu = self.dense1, self.relu
+  -- the stock layers as one node for dense1 and relu (linear_relu); replaced ones as they are
+  if getmetatable(dense1) == Linear and getmetatable(relu) == ReLU then return self.dense2(dense1:forward_relu(X)) end
+  return self.dense2(relu(dense1(X)))
+end
 
 -- ---------------------------------------------------------------- AddNorm
 
@@ -63,7 +68,15 @@ function AddNorm:init(normalized_shape, dropout)
   self.ln = LayerNorm(normalized_shape)
 end
 
-function AddNorm:forward(X, Y) return self.ln(self.dropout(Y) + X) end
+function AddNorm:forward(X, Y)
+  local dropout, ln = self.dropout, self.ln
+  -- the stock layers as one node (add_layer_norm), the same numbers as the three; replaced ones as they are
+  if getmetatable(dropout) == Dropout and getmetatable(ln) == LayerNorm and attn.is_tensor(X) and attn.is_tensor(Y)
+    and X:dim() > 0 and attn.core.same_shape(X, Y) then
+    return ln:forward_add(X, Y, dropout.p, dropout.training)
+  end
+  return ln(dropout(Y) + X)
+end
 
 -- ---------------------------------------------------------------- encoder
 
