@@ -11,6 +11,7 @@
 #include "attn_attention.h"
 #include "attn_dropout.h"
 #include "attn_error.h"
+#include "attn_gemm.h"
 #include "attn_io.h"
 #include "attn_layernorm.h"
 #include "attn_linalg.h"
