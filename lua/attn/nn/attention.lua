@@ -208,9 +208,11 @@ end
 -- valid_lens must fit the caller's (B) or (B, Nq), checked before the per-head
 -- repetition so the message shows the shapes the caller passed.
 local function check_lens(lens, queries)
-  if lens == nil or not is_tensor(queries) or queries:dim() ~= 3 then return end
-  local ls, qs = lens:shape(), queries:shape()
-  if not ((#ls == 1 and ls[1] == qs[1]) or (#ls == 2 and ls[1] == qs[1] and ls[2] == qs[2])) then
+  if lens == nil or not is_tensor(queries) or core.dim(queries) ~= 3 then return end
+  local n, B = core.dim(lens), core.size(queries, 1)
+  if not ((n == 1 and core.size(lens, 1) == B) or (n == 2 and core.size(lens, 1) == B
+      and core.size(lens, 2) == core.size(queries, 2))) then
+    local ls, qs = core.shape(lens), core.shape(queries)
     error(string.format("MultiHeadAttention: valid_lens %s does not fit queries %s (expected %s or %s)",
       shape_str(ls), shape_str(qs), shape_str({ qs[1] }), shape_str({ qs[1], qs[2] })), 3)
   end
