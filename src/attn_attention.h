@@ -61,9 +61,10 @@
  * multiplied into the output at once, so no score row is ever stored; tiles
  * no query sees (causal, window, lengths) are skipped. The backward pass
  * rebuilds the weights tile by tile from the saved log-sum-exp. The blocked
- * path below stays the reference (and runs for float64, for non-finite
- * operands, for gradients of the weights, and when opts.kernel asks for it);
- * the two agree within 1e-5 relative.
+ * path below stays the reference (and runs for float64, for gradients of
+ * the weights, when opts.kernel asks for it, and for every call whose flash
+ * results come out not finite: the flash kernels never scan their operands
+ * for inf or NaN, see attn_flash_item_fn); the two agree within 1e-5 relative.
  *
  * Reference path: dot-product attention computes the two products with cblas gemm,
  * in blocks of ATTN_SDPA_BLOCK query rows, parallel over (batch, row block)
@@ -90,7 +91,7 @@
 
 /* Which dot-product attention kernel runs (attn_attention_opts.kernel). */
 enum {
-  ATTN_KERNEL_AUTO = 0,      /* flash where it applies (float32, finite operands, Nq * Nk >= 64 * 64),
+  ATTN_KERNEL_AUTO = 0,      /* flash where it applies (float32, Nq * Nk >= 64 * 64; results not finite: reference),
                                 else tiny where it applies, else reference */
   ATTN_KERNEL_REFERENCE,     /* the blocked sgemm path */
   ATTN_KERNEL_FLASH,         /* as AUTO */
@@ -135,8 +136,8 @@ attn_status attn_attention_lengths(const char *op, const char *arg, const char *
 /* ---- scaled dot-product attention ---------------------------------------- */
 
 /* Whether the flash kernel may run for Nq queries and Nk keys under opts->kernel (it then also
- * needs float32 and finite operands): calls smaller than one 64 x 64 tile stay on the reference
- * path unless a flash kernel is asked for, as the tile's padding would dominate. */
+ * needs float32, and finite results to keep its own): calls smaller than one 64 x 64 tile stay
+ * on the reference path unless a flash kernel is asked for, as the tile's padding would dominate. */
 static inline int attn_sdpa_flash_size(int64_t Nq, int64_t Nk, int kernel) {
   return kernel != ATTN_KERNEL_REFERENCE && kernel != ATTN_KERNEL_TINY && (kernel != ATTN_KERNEL_AUTO || Nq * Nk >= 64 * 64);
 }
