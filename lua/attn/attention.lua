@@ -365,8 +365,10 @@ function M.multi_head_attention(queries, keys, values, num_heads, params, opts)
     kernel_options("multi_head_attention", opts))
 end
 
--- multi_head_attention on kernel options (see _dot_product_attention).
-function M._multi_head_attention(queries, keys, values, num_heads, params, kopts)
+-- multi_head_attention on kernel options (see _dot_product_attention). `operands`, when given,
+-- holds the same weights in another layout for the forward's products (nn.MultiHeadAttention's
+-- cached transposes); the node and its gradients are on `params`.
+function M._multi_head_attention(queries, keys, values, num_heads, params, kopts, operands)
   local fn = "multi_head_attention"
   check_tensor(fn, "queries", queries, nil, "(B, Nq, query_size)") -- (shapes and parameters: the C core)
   check_tensor(fn, "keys", keys, nil, "(B, Nk, key_size)")
@@ -375,8 +377,8 @@ function M._multi_head_attention(queries, keys, values, num_heads, params, kopts
   params = check.options(fn, params, mha_params)
   local Wq, Wk, Wv, Wo = params.W_q, params.W_k, params.W_v, params.W_o
   local bq, bk, bv, bo = params.b_q, params.b_k, params.b_v, params.b_o
-  local out, weights, seed, lse, qh, kh, vh, ctx, merged = core.mha_forward(queries, keys, values, num_heads, params,
-    kopts)
+  local out, weights, seed, lse, qh, kh, vh, ctx, merged = core.mha_forward(queries, keys, values, num_heads,
+    operands or params, kopts)
   kopts.seed = seed
   -- (record returns at once when nothing requires grad: the closure is all that was built)
   record(fn, recorded(out, weights, kopts),
