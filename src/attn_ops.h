@@ -77,6 +77,12 @@ attn_status attn_gather(const attn_tensor *x, int dim, const attn_tensor *index,
  * shape and out's dtype; index is int64 with 0-based values. */
 attn_status attn_scatter_add(attn_tensor *out, int dim, const attn_tensor *index, const attn_tensor *src);
 
+/* The max of a contiguous row of n >= 0 entries (-inf when empty), NaN when
+ * it holds one; eight running maxima, so long rows are not latency-bound.
+ * Shared by the softmax and cross-entropy kernels. */
+float attn_row_max_f32(const float *x, int64_t n);
+double attn_row_max_f64(const double *x, int64_t n);
+
 /* Ids to indices: checks that every value of src (any dtype) is an integer in
  * base..base+limit-1 (limit < 0: no upper bound) and, when out is not NULL
  * (int64, src's shape, contiguous), writes value - base into it. Errors read
