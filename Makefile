@@ -98,6 +98,9 @@ $(OBJ_DIR)/%.o: src/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	@echo "cc $<"; $(CC) $(ALL_CFLAGS) -c $< -o $@
 
+# The optimizer loops vectorise only without errno around sqrt (src/attn_optim.c).
+$(OBJ_DIR)/attn_optim.o: ALL_CFLAGS += -fno-math-errno
+
 # src/cpu/<name>_<isa>.c: compiled with CPU_FLAGS_<isa> (the last word of the file name).
 cpu_isa_flags = $(CPU_FLAGS_$(lastword $(subst _, ,$1)))
 

@@ -61,9 +61,10 @@
  * multiplied into the output at once, so no score row is ever stored; tiles
  * no query sees (causal, window, lengths) are skipped. The backward pass
  * rebuilds the weights tile by tile from the saved log-sum-exp. The blocked
- * path below stays the reference (and runs for float64, for non-finite
- * operands, for gradients of the weights, and when opts.kernel asks for it);
- * the two agree within 1e-5 relative.
+ * path below stays the reference (and runs for float64, for gradients of
+ * the weights, when opts.kernel asks for it, and for every call whose flash
+ * results come out not finite: the flash kernels never scan their operands
+ * for inf or NaN, see attn_flash_item_fn); the two agree within 1e-5 relative.
  *
  * Reference path: dot-product attention computes the two products with cblas gemm,
  * in blocks of ATTN_SDPA_BLOCK query rows, parallel over (batch, row block)
@@ -90,7 +91,7 @@
 
 /* Which dot-product attention kernel runs (attn_attention_opts.kernel). */
 enum {
-  ATTN_KERNEL_AUTO = 0,      /* flash where it applies (float32, finite operands, Nq * Nk >= 64 * 64),
+  ATTN_KERNEL_AUTO = 0,      /* flash where it applies (float32, Nq * Nk >= 64 * 64; results not finite: reference),
                                 else tiny where it applies, else reference */
   ATTN_KERNEL_REFERENCE,     /* the blocked sgemm path */
   ATTN_KERNEL_FLASH,         /* as AUTO */
@@ -135,8 +136,8 @@ attn_status attn_attention_lengths(const char *op, const char *arg, const char *
 /* ---- scaled dot-product attention ---------------------------------------- */
 
 /* Whether the flash kernel may run for Nq queries and Nk keys under opts->kernel (it then also
- * needs float32 and finite operands): calls smaller than one 64 x 64 tile stay on the reference
- * path unless a flash kernel is asked for, as the tile's padding would dominate. */
+ * needs float32, and finite results to keep its own): calls smaller than one 64 x 64 tile stay
+ * on the reference path unless a flash kernel is asked for, as the tile's padding would dominate. */
 static inline int attn_sdpa_flash_size(int64_t Nq, int64_t Nk, int kernel) {
   return kernel != ATTN_KERNEL_REFERENCE && kernel != ATTN_KERNEL_TINY && (kernel != ATTN_KERNEL_AUTO || Nq * Nk >= 64 * 64);
 }
@@ -226,6 +227,58 @@ attn_status attn_attention_additive_scores_forward(const attn_tensor *qh, const 
 attn_status attn_attention_additive_scores_backward(const attn_tensor *qh, const attn_tensor *kh, const attn_tensor *wv,
                                                     const attn_tensor *dscores, attn_tensor *dqh, attn_tensor *dkh,
                                                     attn_tensor *dwv);
+
+/* ---- head layout of multi-head attention ---------------------------------- */
+
+/* x (B, N, H*dh), any strides -> out (B*H, N, dh), contiguous: row b*H + h of out holds head h
+ * of sample b (d2l's transpose_qkv, batch-major). One strided copy. */
+attn_status attn_attention_split_heads(const attn_tensor *x, int64_t heads, attn_tensor *out);
+
+/* x (B*H, N, dh), any strides -> out (B, N, H*dh), contiguous: the inverse of split_heads (d2l's
+ * transpose_output). One strided copy. */
+attn_status attn_attention_merge_heads(const attn_tensor *x, int64_t heads, attn_tensor *out);
+
+/* x (R, ...) -> out (R*n, ...), contiguous: row r of x repeated n times at rows r*n .. r*n+n-1
+ * (torch.repeat_interleave(x, n, dim=0)); the valid lengths of a sample given to its heads. */
+attn_status attn_attention_repeat_rows(const attn_tensor *x, int64_t n, attn_tensor *out);
+
+/* ---- the attention layers in one call ------------------------------------- */
+
+/* d2l's AdditiveAttention forward: qh = queries W_q^T (B, Nq, h), kh = keys W_k^T (B, Nk, h),
+ * scores = attn_attention_additive_scores_forward(qh, kh, w_v) (B, Nq, Nk), then
+ * attn_attention_scores_forward(scores, values, opts, out, weights). queries (B, Nq, q),
+ * keys (B, Nk, k), values (B, Nk, dv), w_q (h, q), w_k (h, k), w_v (1, h) or (h). qh, kh and
+ * scores are contiguous outputs the backward needs; weights may be NULL. */
+attn_status attn_attention_additive_layer_forward(const attn_tensor *queries, const attn_tensor *keys,
+                                                  const attn_tensor *values, const attn_tensor *w_q,
+                                                  const attn_tensor *w_k, const attn_tensor *w_v,
+                                                  const attn_attention_opts *opts, attn_tensor *out,
+                                                  attn_tensor *weights, attn_tensor *qh, attn_tensor *kh,
+                                                  attn_tensor *scores);
+
+/* Parameters of d2l's MultiHeadAttention, as nn.Linear holds them. */
+typedef struct attn_mha_params {
+  const attn_tensor *w_q, *w_k, *w_v, *w_o; /* (h, q), (h, k), (h, v), (h, h) */
+  const attn_tensor *b_q, *b_k, *b_v, *b_o; /* (h) each, or NULL */
+  int64_t heads;                            /* H, divides h; head width dh = h / H */
+} attn_mha_params;
+
+/* What the multi-head backward needs, written by the forward (contiguous, allocated by the caller). */
+typedef struct attn_mha_saved {
+  attn_tensor *qh, *kh, *vh; /* (B*H, Nq, dh), (B*H, Nk, dh), (B*H, Nk, dh): the projections split into heads */
+  attn_tensor *ctx;          /* (B*H, Nq, dh): attention per head */
+  attn_tensor *merged;       /* (B*Nq, h): ctx with its heads merged, the input of W_o */
+} attn_mha_saved;
+
+/* d2l's MultiHeadAttention forward: queries (B, Nq, q), keys (B, Nk, k), values (B, Nk, v) ->
+ * out (B, Nq, h) = merge_heads(sdpa(split_heads(queries W_q^T + b_q), ...)) W_o^T + b_o, with
+ * the heads batch-major (row b*H + j is head j of sample b). opts are per sample: valid_lens
+ * (B) or (B, Nq) are repeated for the heads here; a mask must broadcast to (B*H, Nq, Nk).
+ * weights (B*H, Nq, Nk) and lse (B*H, Nq) are as for attn_sdpa_forward and may be NULL. */
+attn_status attn_attention_mha_forward(const attn_tensor *queries, const attn_tensor *keys,
+                                       const attn_tensor *values, const attn_mha_params *p,
+                                       const attn_attention_opts *opts, attn_tensor *out, attn_tensor *weights,
+                                       attn_tensor *lse, const attn_mha_saved *s);
 
 /* ---- positional encoding ------------------------------------------------- */
 

@@ -227,8 +227,13 @@ static inline size_t attn_flash_workspace(int64_t d, int64_t dv) {
   return (size_t)(2 * d + 2 * dv + 2 * ATTN_FLASH_TILE + 16) * ATTN_FLASH_TILE;
 }
 
-/* One query block (forward, dq) or key block (dk, dv) of head b, row offset i0. */
-typedef void (*attn_flash_item_fn)(const attn_flash_job *F, int64_t b, int64_t i0, float *ws);
+/* One query block (forward, dq) or key block (dk, dv) of head b, row offset i0. Returns 1 when
+ * every row it wrote is finite (a forward row without keys counts: zeros, log-sum-exp +inf), else
+ * 0. The kernels never test their operands for inf or NaN: they leave masked entries out exactly
+ * where the reference does (by selection), and any inf or NaN they do read reaches a result they
+ * return 0 for, so the call then runs on the reference path, which owns every rule for
+ * non-finite values ("Softmax rows" in attn_attention.h). */
+typedef int (*attn_flash_item_fn)(const attn_flash_job *F, int64_t b, int64_t i0, float *ws);
 typedef struct {
   const char *name;
   attn_flash_item_fn forward, backward_q, backward_k;
@@ -238,11 +243,14 @@ typedef struct {
 
 /* The kernel set for opts->kernel (ATTN_KERNEL_*): a named ISA, or the best this CPU runs. */
 attn_status attn_attention_flash_kernels(int kernel, const char *op, const attn_flash_kernels **ks);
-/* Writes F->out, F->lse and (when not NULL) F->weights. */
-attn_status attn_attention_run_flash_forward(const attn_flash_job *F, const attn_flash_kernels *ks, const char *op);
+/* Writes F->out, F->lse and (when not NULL) F->weights; *done is 0 when a result came out not
+ * finite (an item returned 0): the outputs are then unfinished and the caller runs the reference. */
+attn_status attn_attention_run_flash_forward(const attn_flash_job *F, const attn_flash_kernels *ks, const char *op,
+                                             int *done);
 /* Writes F->dq, F->dk, F->dv (those not NULL) from the forward's out (B, Nq, dv) and lse
- * (element [b][i] at lse[b * lse_sb + i]); F->dout must be set. */
+ * (element [b][i] at lse[b * lse_sb + i]); F->dout must be set. *done as above, and 0 when an lse
+ * entry is NaN (the forward ran on the reference path). */
 attn_status attn_attention_run_flash_backward(attn_flash_job *F, const attn_flash_kernels *ks, attn_flash_mat out,
-                                              const double *lse, int64_t lse_sb, const char *op);
+                                              const double *lse, int64_t lse_sb, const char *op, int *done);
 
 #endif

@@ -102,3 +102,28 @@ attn_status attn_attention_sequence_mask(const attn_tensor *x, const attn_tensor
   attn_free(lens, cap);
   return st;
 }
+
+attn_status attn_attention_repeat_rows(const attn_tensor *x, int64_t n, attn_tensor *out) {
+  const char *op = "repeat_interleave";
+  if (x->ndim < 1 || x->ndim > ATTN_MAX_DIMS - 1 || n < 1 || out->dtype != x->dtype || out->ndim != x->ndim ||
+      out->shape[0] != x->shape[0] * n || !attn_tensor_is_contiguous(out))
+    return attn_error(ATTN_ERR_SHAPE, "%s: %s repeated %lld times does not fit %s", op, attn_tensor_shape_str(x),
+                      (long long)n, attn_tensor_shape_str(out));
+  for (int d = 1; d < x->ndim; d++)
+    if (out->shape[d] != x->shape[d])
+      return attn_error(ATTN_ERR_SHAPE, "%s: %s repeated %lld times does not fit %s", op, attn_tensor_shape_str(x),
+                        (long long)n, attn_tensor_shape_str(out));
+  /* x read as (R, n, rest...) with stride 0 over the repeats; out is the same shape, contiguous */
+  attn_tensor src = *x, dst = *out; /* borrowed views */
+  src.ndim = dst.ndim = x->ndim + 1;
+  src.shape[0] = dst.shape[0] = x->shape[0];
+  src.stride[0] = x->stride[0];
+  src.shape[1] = dst.shape[1] = n;
+  src.stride[1] = 0;
+  for (int d = 1; d < x->ndim; d++) {
+    src.shape[d + 1] = dst.shape[d + 1] = x->shape[d];
+    src.stride[d + 1] = x->stride[d];
+  }
+  attn_contiguous_strides(dst.ndim, dst.shape, dst.stride);
+  return attn_copy(&dst, &src);
+}

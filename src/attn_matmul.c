@@ -1,9 +1,9 @@
-/* Batched, broadcasting matrix product through cblas gemm. OpenBLAS runs
- * single-threaded inside the engine's worker pool: batches are spread over
- * workers, and a single large product is split by rows of the output. */
-#include <cblas.h>
+/* Batched, broadcasting matrix product through attn_gemm (the engine's small-product kernel or
+ * OpenBLAS, by size). Both run single-threaded inside the engine's worker pool: batches are spread
+ * over workers, and a single large product is split by rows of the output. */
 #include <string.h>
 
+#include "attn_gemm.h"
 #include "attn_ops.h"
 #include "attn_parallel.h"
 
@@ -59,29 +59,13 @@ typedef struct {
   int64_t ld;
 } blas_operand;
 
-/* A BLAS matrix needs unit stride in one of its two dims. */
-static int blas_compatible(const attn_tensor *t, int *trans, int64_t *ld) {
-  int64_t rows = t->shape[t->ndim - 2], cols = t->shape[t->ndim - 1];
-  int64_t rs = t->stride[t->ndim - 2], cs = t->stride[t->ndim - 1];
-  if ((cs == 1 || cols == 1) && rs >= (cols > 1 ? cols : 1)) {
-    *trans = 0;
-    *ld = rs;
-    return 1;
-  }
-  if ((rs == 1 || rows == 1) && cs >= (rows > 1 ? rows : 1)) {
-    *trans = 1;
-    *ld = cs;
-    return 1;
-  }
-  return 0;
-}
-
 typedef struct {
   blas_operand a, b;
   attn_tensor *out;
   int batch_ndim;
   int64_t batches, m, n, k;
   int64_t row_split; /* > 0: one batch, split into row blocks of this size */
+  double beta;       /* 0: out = a b; 1: out += a b (addmm) */
 } matmul_job;
 
 /* Element offset of batch number `flat` within operand t broadcast over out's batch dims. */
@@ -102,16 +86,11 @@ static void gemm(const matmul_job *j, int64_t batch, int64_t row0, int64_t rows)
   int64_t aoff = batch_offset(A, j->out, j->batch_ndim, batch) + row0 * A->stride[A->ndim - 2];
   int64_t boff = batch_offset(B, j->out, j->batch_ndim, batch);
   int64_t ooff = batch * j->m * j->n + row0 * j->n;
-  CBLAS_TRANSPOSE ta = j->a.trans ? CblasTrans : CblasNoTrans, tb = j->b.trans ? CblasTrans : CblasNoTrans;
-  int lda = (int)(j->a.ld > 0 ? j->a.ld : 1), ldb = (int)(j->b.ld > 0 ? j->b.ld : 1);
-  if (j->out->dtype == ATTN_F32)
-    cblas_sgemm(CblasRowMajor, ta, tb, (int)rows, (int)j->n, (int)j->k, 1.0f,
-                (const float *)attn_tensor_data(A) + aoff, lda, (const float *)attn_tensor_data(B) + boff, ldb,
-                0.0f, (float *)attn_tensor_data(j->out) + ooff, (int)(j->n > 0 ? j->n : 1));
-  else
-    cblas_dgemm(CblasRowMajor, ta, tb, (int)rows, (int)j->n, (int)j->k, 1.0,
-                (const double *)attn_tensor_data(A) + aoff, lda, (const double *)attn_tensor_data(B) + boff, ldb,
-                0.0, (double *)attn_tensor_data(j->out) + ooff, (int)(j->n > 0 ? j->n : 1));
+  const size_t es = attn_dtype_size(j->out->dtype);
+  attn_gemm(j->out->dtype, j->a.trans, j->b.trans, rows, j->n, j->k, 1.0,
+            (const char *)attn_tensor_data(A) + (size_t)aoff * es, j->a.ld > 0 ? j->a.ld : 1,
+            (const char *)attn_tensor_data(B) + (size_t)boff * es, j->b.ld > 0 ? j->b.ld : 1, j->beta,
+            (char *)attn_tensor_data(j->out) + (size_t)ooff * es, j->n > 0 ? j->n : 1);
 }
 
 static void run_batches(void *arg, int64_t begin, int64_t end) {
@@ -128,7 +107,8 @@ static void run_row_blocks(void *arg, int64_t begin, int64_t end) {
   }
 }
 
-attn_status attn_matmul(const attn_tensor *a, const attn_tensor *b, attn_tensor *out) {
+/* out = a b + beta out, beta 0 or 1. */
+static attn_status product(const attn_tensor *a, const attn_tensor *b, attn_tensor *out, double beta) {
   int nd;
   int64_t shape[ATTN_MAX_DIMS];
   attn_status st = attn_matmul_shape(a, b, &nd, shape);
@@ -142,7 +122,7 @@ attn_status attn_matmul(const attn_tensor *a, const attn_tensor *b, attn_tensor 
     promote(a, b, &a2, &b2);
     if (a->ndim == 1) attn_view_unsqueeze(&out2, out2.ndim - (b->ndim == 1 ? 0 : 1));
     if (b->ndim == 1) attn_view_unsqueeze(&out2, out2.ndim);
-    return attn_matmul(&a2, &b2, &out2);
+    return product(&a2, &b2, &out2, beta);
   }
   attn_get_num_threads(); /* first use pins OpenBLAS to one thread, even on the serial path */
   int64_t m = shape[nd - 2], n = shape[nd - 1], k = a->shape[a->ndim - 1];
@@ -151,21 +131,21 @@ attn_status attn_matmul(const attn_tensor *a, const attn_tensor *b, attn_tensor 
                       attn_tensor_shape_str(b));
   int64_t numel = attn_tensor_numel(out);
   if (numel == 0) return ATTN_OK;
-  if (k == 0) return attn_fill(out, 0);
+  if (k == 0) return beta == 0 ? attn_fill(out, 0) : ATTN_OK;
   attn_tensor ac = {0}, bc = {0};
-  matmul_job j = {{a, 0, 0}, {b, 0, 0}, out, nd - 2, numel / (m * n), m, n, k, 0};
-  if (!blas_compatible(a, &j.a.trans, &j.a.ld)) {
+  matmul_job j = {{a, 0, 0}, {b, 0, 0}, out, nd - 2, numel / (m * n), m, n, k, 0, beta};
+  if (!attn_gemm_layout(a, &j.a.trans, &j.a.ld)) {
     if ((st = attn_tensor_clone(&ac, a, a->dtype)) != ATTN_OK) return st;
     j.a.t = &ac;
-    blas_compatible(&ac, &j.a.trans, &j.a.ld);
+    attn_gemm_layout(&ac, &j.a.trans, &j.a.ld);
   }
-  if (!blas_compatible(b, &j.b.trans, &j.b.ld)) {
+  if (!attn_gemm_layout(b, &j.b.trans, &j.b.ld)) {
     if ((st = attn_tensor_clone(&bc, b, b->dtype)) != ATTN_OK) {
       attn_tensor_free(&ac);
       return st;
     }
     j.b.t = &bc;
-    blas_compatible(&bc, &j.b.trans, &j.b.ld);
+    attn_gemm_layout(&bc, &j.b.trans, &j.b.ld);
   }
   double flops = 2.0 * (double)m * (double)n * (double)k;
   if (j.batches > 1) {
@@ -184,4 +164,27 @@ attn_status attn_matmul(const attn_tensor *a, const attn_tensor *b, attn_tensor 
   attn_tensor_free(&ac);
   attn_tensor_free(&bc);
   return ATTN_OK;
+}
+
+attn_status attn_matmul(const attn_tensor *a, const attn_tensor *b, attn_tensor *out) { return product(a, b, out, 0); }
+
+attn_status attn_addmm(const attn_tensor *bias, const attn_tensor *a, const attn_tensor *b, attn_tensor *out) {
+  if (a->ndim != 2 || b->ndim != 2 || bias->ndim != 1 || bias->shape[0] != b->shape[1])
+    return attn_error(ATTN_ERR_SHAPE, "addmm: expected bias (N), a (M, K), b (K, N), got %s, %s, %s",
+                      attn_tensor_shape_str(bias), attn_tensor_shape_str(a), attn_tensor_shape_str(b));
+  if (bias->dtype != a->dtype)
+    return attn_error(ATTN_ERR_DTYPE, "addmm: dtypes differ: bias %s %s, a %s %s", attn_dtype_name(bias->dtype),
+                      attn_tensor_shape_str(bias), attn_dtype_name(a->dtype), attn_tensor_shape_str(a));
+  int nd;
+  int64_t shape[ATTN_MAX_DIMS];
+  attn_status st = attn_matmul_shape(a, b, &nd, shape);
+  if (st != ATTN_OK) return st;
+  if (out->ndim != 2 || out->shape[0] != shape[0] || out->shape[1] != shape[1] || out->dtype != a->dtype ||
+      !attn_tensor_is_contiguous(out))
+    return attn_error(ATTN_ERR_SHAPE, "addmm: output %s must be a contiguous %s tensor of shape %s",
+                      attn_tensor_shape_str(out), attn_dtype_name(a->dtype), attn_shape_str(nd, shape));
+  attn_tensor rows = *bias; /* the bias as (M, N) rows: a view, no reference taken */
+  attn_view_unsqueeze(&rows, 0);
+  if ((st = attn_view_expand(&rows, 2, shape)) != ATTN_OK || (st = attn_copy(out, &rows)) != ATTN_OK) return st;
+  return product(a, b, out, 1);
 }

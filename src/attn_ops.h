@@ -77,6 +77,12 @@ attn_status attn_gather(const attn_tensor *x, int dim, const attn_tensor *index,
  * shape and out's dtype; index is int64 with 0-based values. */
 attn_status attn_scatter_add(attn_tensor *out, int dim, const attn_tensor *index, const attn_tensor *src);
 
+/* The max of a contiguous row of n >= 0 entries (-inf when empty), NaN when
+ * it holds one; eight running maxima, so long rows are not latency-bound.
+ * Shared by the softmax and cross-entropy kernels. */
+float attn_row_max_f32(const float *x, int64_t n);
+double attn_row_max_f64(const double *x, int64_t n);
+
 /* Ids to indices: checks that every value of src (any dtype) is an integer in
  * base..base+limit-1 (limit < 0: no upper bound) and, when out is not NULL
  * (int64, src's shape, contiguous), writes value - base into it. Errors read
@@ -91,11 +97,15 @@ attn_status attn_index_convert(const char *op, const char *what, const char *ctx
  * not in the result: (K) @ (K) -> (), (K) @ (..., K, N) -> (..., N),
  * (..., M, K) @ (K) -> (..., M). A 0-d operand is an error. */
 attn_status attn_matmul_shape(const attn_tensor *a, const attn_tensor *b, int *ndim, int64_t *shape);
-/* out = a @ b (shapes as attn_matmul_shape) through BLAS gemm per batch
- * (strided views are used in place when one of their matrix strides is 1,
- * copied otherwise). out must be contiguous and not alias a or b. Batches
- * are spread over the worker pool. */
+/* out = a @ b (shapes as attn_matmul_shape) through attn_gemm per batch (the
+ * small-product kernel or BLAS; strided views are used in place when one of
+ * their matrix strides is 1, copied otherwise). out must be contiguous and
+ * not alias a or b. Batches are spread over the worker pool. */
 attn_status attn_matmul(const attn_tensor *a, const attn_tensor *b, attn_tensor *out);
+/* out (M, N) = bias (N) + a (M, K) @ b (K, N), PyTorch's addmm (a Linear's
+ * forward): out starts as the bias rows and the product adds to it, one
+ * rounding per entry as matmul then add. out contiguous, not aliasing. */
+attn_status attn_addmm(const attn_tensor *bias, const attn_tensor *a, const attn_tensor *b, attn_tensor *out);
 
 /* Creation kernels on contiguous out (1-D for arange/linspace, 2-D for eye). */
 attn_status attn_arange(attn_tensor *out, double start, double step);

@@ -2,7 +2,8 @@
  *
  * OpenBLAS is pinned to one thread and called from these workers, so the two
  * never spin against each other on a small machine: set_num_threads governs
- * both. Workers sleep on a condition variable between jobs. Work is split
+ * both. Workers poll for the next job for a few tens of microseconds, then
+ * sleep on a condition variable. Work is split
  * into contiguous ranges of indices that threads take as they become free,
  * and kernels only parallelise over independent outputs, so results depend
  * neither on the thread count nor on which thread ran which range. */
@@ -14,7 +15,8 @@
 /* Runs fn(ctx, begin, end) over disjoint ranges covering [0, n), each of at
  * least grain items (the last may be shorter), on at most num_threads threads:
  * the caller and the workers take the next range from a shared counter until
- * none is left (about 4 ranges per thread), then the caller returns. How [0, n)
+ * none is left (guided: each range is the items left over twice the thread
+ * count, at least grain), then the caller returns. How [0, n)
  * is cut and which thread runs a range vary, so fn must treat every item
  * independently of the range it comes in. Called from inside a worker (nested)
  * or while the pool is busy, it runs fn(ctx, 0, n) on the calling thread. */

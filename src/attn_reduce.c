@@ -172,7 +172,7 @@ attn_status attn_reduce(attn_reduce_op op, const attn_tensor *x, int dim, attn_t
  * took most of the softmax's time. Equal to the one-chain max except perhaps
  * in the sign of a zero maximum. */
 #define ROW_MAX(S, T)                                                              \
-  static T row_max_##S(const T *x, int64_t n) {                                    \
+  T attn_row_max_##S(const T *x, int64_t n) {                                      \
     T m[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,                           \
               -INFINITY, -INFINITY, -INFINITY, -INFINITY};                          \
     int nan = 0;                                                                   \
@@ -200,7 +200,7 @@ ROW_MAX(f64, double)
   do {                                                                              \
     T *r = (T *)o;                                                                  \
     const T *xr = (const T *)x;                                                     \
-    T mx = row_max_##S(xr, c->len);                                                 \
+    T mx = attn_row_max_##S(xr, c->len);                                            \
     if (mx == -INFINITY) mx = 0;                                                    \
     memcpy(r, xr, sizeof(T) * (size_t)c->len);                                      \
     double sum = EXP_ROW(r, c->len, mx);                                            \

@@ -2,23 +2,18 @@
  * allocator, so a training loop reuses warm pages step after step. */
 #include "attn_rnn.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
 #include "attn_alloc.h"
 #include "attn_dropout.h"
+#include "attn_gemm.h"
 #include "attn_vmath.h"
 
-/* C = op(A) op(B) + beta C, row-major, through BLAS. */
+/* C = op(A) op(B) + beta C, row-major: the engine's small-product kernel or BLAS (attn_gemm.h). */
 static void gemm(attn_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
                  const void *B, int64_t ldb, double beta, void *C, int64_t ldc) {
-  CBLAS_TRANSPOSE a = ta ? CblasTrans : CblasNoTrans, b = tb ? CblasTrans : CblasNoTrans;
-  if (dt == ATTN_F32)
-    cblas_sgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb, (float)beta, C,
-                (int)ldc);
-  else
-    cblas_dgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, 1.0, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+  attn_gemm(dt, ta, tb, M, N, K, 1.0, A, lda, B, ldb, beta, C, ldc);
 }
 
 static void sigmoid_row_f64(const double *x, double *y, int64_t n) {
@@ -35,8 +30,9 @@ static void tanh_row_f64(const double *x, double *y, int64_t n) {
  * saved planes rz (B, 2H), n (B, H), ghn (B, H).
  *
  * gates_bwd: from dh (B, H), the gradient of the new state, writes dgi and
- * dgh (B, 3H), the gradients of the two projections, and dhp = dh * z (the
- * direct part of the previous state's gradient; the caller adds dgh W_hh). */
+ * dgh (B, 3H), the gradients of the two projections, and replaces dh by
+ * dh * z (the direct part of the previous state's gradient; the caller adds
+ * dgh W_hh). Its buffers do not overlap (restrict), so the loop vectorises. */
 #define DEFINE_STEP(S, T, SIGMOID, TANH)                                                              \
   static void gates_fwd_##S(int64_t B, int64_t H, const T *gi, const T *gh, const T *hp, T *hn, T *rz, T *n, \
                             T *ghn) {                                                                 \
@@ -56,8 +52,9 @@ static void tanh_row_f64(const double *x, double *y, int64_t n) {
         hn[b * H + j] = v + z * (hp[b * H + j] - v);                                                  \
       }                                                                                               \
   }                                                                                                   \
-  static void gates_bwd_##S(int64_t B, int64_t H, const T *dh, const T *hp, const T *rz, const T *n,   \
-                            const T *ghn, T *dgi, T *dgh, T *dhp) {                                   \
+  static void gates_bwd_##S(int64_t B, int64_t H, T *restrict dh, const T *restrict hp,              \
+                            const T *restrict rz, const T *restrict n, const T *restrict ghn,         \
+                            T *restrict dgi, T *restrict dgh) {                                       \
     for (int64_t b = 0; b < B; b++)                                                                   \
       for (int64_t j = 0; j < H; j++) {                                                               \
         T g = dh[b * H + j], r = rz[b * 2 * H + j], z = rz[b * 2 * H + H + j], v = n[b * H + j];      \
@@ -69,7 +66,7 @@ static void tanh_row_f64(const double *x, double *y, int64_t n) {
         i[H + j] = h[H + j] = daz;                                                                    \
         i[2 * H + j] = dan;                                                                           \
         h[2 * H + j] = dan * r;                                                                       \
-        dhp[b * H + j] = g * z;                                                                       \
+        dh[b * H + j] = g * z;                                                                        \
       }                                                                                               \
   }                                                                                                   \
   /* out[c] = sum over rows of m (rows, cols), accumulated in double. */                              \
@@ -319,14 +316,13 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
         const float *d = (const float *)(dy + off);
         for (int64_t i = 0; i < B * H; i++) g[i] += d[i];
         gates_bwd_f32(B, H, g, (const float *)(s.hs + off), (const float *)(s.rz + 2 * off),
-                      (const float *)(s.n + off), (const float *)(s.ghn + off), (float *)dgit, (float *)dght, g);
+                      (const float *)(s.n + off), (const float *)(s.ghn + off), (float *)dgit, (float *)dght);
       } else {
         double *g = (double *)dh;
         const double *d = (const double *)(dy + off);
         for (int64_t i = 0; i < B * H; i++) g[i] += d[i];
         gates_bwd_f64(B, H, g, (const double *)(s.hs + off), (const double *)(s.rz + 2 * off),
-                      (const double *)(s.n + off), (const double *)(s.ghn + off), (double *)dgit, (double *)dght,
-                      g);
+                      (const double *)(s.n + off), (const double *)(s.ghn + off), (double *)dgit, (double *)dght);
       }
       gemm(dt, 0, 0, B, H, 3 * H, dght, 3 * H, whh, H, 1, dh, H);
     }

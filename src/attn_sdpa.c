@@ -1,6 +1,7 @@
 /* Scaled dot-product attention: the entry points. A call is set up as every attention call is
- * (src/attn_attention.c), then runs the flash kernels (float32, finite operands, at least one
- * 64 x 64 tile: src/attn_sdpa_flash.c) or the blocked reference path (src/attn_sdpa_reference.c). */
+ * (src/attn_attention.c), then runs the flash kernels (float32, at least one 64 x 64 tile:
+ * src/attn_sdpa_flash.c) or the blocked reference path (src/attn_sdpa_reference.c), which also
+ * reruns a flash call whose results came out not finite. */
 #include "attn_attention_internal.h"
 
 #include <limits.h>
@@ -9,38 +10,13 @@
 
 /* ------------------------------------------------------------ flash path */
 
-/* 1 when every element of the 3-D float32 tensor t is finite (exponent bits not all ones; an
- * integer test, so the loop vectorises). */
-static int all_finite_f32(const attn_tensor *t) {
-  const float *p = attn_tensor_data(t);
-  const int64_t n = t->shape[2], sc = t->stride[2];
-  uint32_t bad = 0;
-  for (int64_t b = 0; b < t->shape[0]; b++)
-    for (int64_t r = 0; r < t->shape[1]; r++) {
-      const float *x = p + b * t->stride[0] + r * t->stride[1];
-      if (sc == 1)
-        for (int64_t c = 0; c < n; c++) {
-          uint32_t u;
-          memcpy(&u, &x[c], 4);
-          bad |= (u & 0x7f800000u) == 0x7f800000u;
-        }
-      else
-        for (int64_t c = 0; c < n; c++) {
-          uint32_t u;
-          memcpy(&u, &x[c * sc], 4);
-          bad |= (u & 0x7f800000u) == 0x7f800000u;
-        }
-      if (bad) return 0;
-    }
-  return 1;
-}
-
-/* Non-finite operands keep the reference path's guarantee that a NaN or inf in a removed entry
- * cannot reach the result; float64 always takes the reference path. */
-static int flash_applies(const attn_attention_job *J, const attn_attention_opts *o, const attn_tensor *q,
-                         const attn_tensor *k, const attn_tensor *v) {
-  return attn_sdpa_flash_size(J->Nq, J->Nk, o->kernel) && J->dt == ATTN_F32 && J->d > 0 && J->dv > 0 &&
-         J->B > 0 && J->Nq > 0 && J->Nk > 0 && all_finite_f32(q) && all_finite_f32(k) && all_finite_f32(v);
+/* Float32 calls of at least one tile take the flash kernels, whatever the operands hold: they
+ * need no scan for inf or NaN first (a serial pass over q, k and v cost ~7% of a one-thread call
+ * at N = 128), because a block whose results come out not finite sends the whole call to the
+ * reference path (attn_flash_item_fn says why that keeps the rules). */
+static int flash_applies(const attn_attention_job *J, const attn_attention_opts *o) {
+  return attn_sdpa_flash_size(J->Nq, J->Nk, o->kernel) && J->dt == ATTN_F32 && J->d > 0 && J->dv > 0 && J->B > 0 &&
+         J->Nq > 0 && J->Nk > 0;
 }
 
 /* t as a float32 operand with unit column stride (a contiguous copy when it has none). */
@@ -140,16 +116,18 @@ attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k, const 
         (!lse || (st = check_lse(op, lse, J.B, J.Nq)) == ATTN_OK)) {
       J.out = attn_tensor_data(out);
       J.weights = weights ? attn_tensor_data(weights) : NULL;
-      if (flash_applies(&J, o, q, k, v)) {
+      int done = 0;
+      if (flash_applies(&J, o)) {
         attn_flash_job F;
         const attn_flash_kernels *ks;
         if ((st = flash_setup(&F, &ks, &J, &mem, op, q, k, v, o)) == ATTN_OK) {
           F.out = (float *)J.out;
           F.weights = (float *)J.weights;
           F.lse = lse ? attn_tensor_data(lse) : NULL;
-          st = attn_attention_run_flash_forward(&F, ks, op);
+          st = attn_attention_run_flash_forward(&F, ks, op, &done);
         }
-      } else {
+      }
+      if (st == ATTN_OK && !done) {
         st = attn_attention_run_forward(&J, op);
         double *l = lse ? attn_tensor_data(lse) : NULL;
         for (int64_t i = 0; l && i < J.B * J.Nq; i++) l[i] = NAN;
@@ -182,21 +160,19 @@ attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k, const
   if (out && lse && dout && !dweights) {
     if ((st = attn_attention_check_input(op, "out", out, J.dt, os, &ctx)) != ATTN_OK || (st = check_lse(op, lse, J.B, J.Nq)) != ATTN_OK)
       goto done;
-    const double *l = attn_tensor_data(lse);
-    int lse_set = 1; /* NaN: the reference path ran, or a row had no finite softmax (its gradient is NaN) */
-    for (int64_t i = 0; i < J.B * J.Nq && lse_set; i++) lse_set = !isnan(l[i]);
-    if (flash_applies(&J, o, q, k, v) && lse_set && all_finite_f32(dout) && all_finite_f32(out)) {
+    if (flash_applies(&J, o)) { /* an lse entry that is NaN (the reference forward ran) sends it back */
       attn_flash_job F;
       attn_flash_mat om;
       const attn_flash_kernels *ks;
+      int flash_done = 0;
       if ((st = flash_setup(&F, &ks, &J, &mem, op, q, k, v, o)) != ATTN_OK ||
           (st = flash_operand(&mem, dout, &F.dout)) != ATTN_OK || (st = flash_operand(&mem, out, &om)) != ATTN_OK)
         goto done;
       F.dq = (float *)J.gq;
       F.dk = (float *)J.gk;
       F.dv = (float *)J.gv;
-      st = attn_attention_run_flash_backward(&F, ks, om, l, J.Nq, op);
-      goto done;
+      st = attn_attention_run_flash_backward(&F, ks, om, attn_tensor_data(lse), J.Nq, op, &flash_done);
+      if (st != ATTN_OK || flash_done) goto done;
     }
   }
   st = attn_attention_run_backward(&J, op);

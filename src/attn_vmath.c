@@ -19,13 +19,14 @@ typedef struct {
   void (*dropout_f64)(const attn_dropout_rule *, const double *, double *, int64_t, uint64_t);
   void (*gemm_small_f32)(int, int, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *, int64_t,
                          float, float *, int64_t, float *);
+  const int64_t *gemm_small_max;
 } vmath_set;
 
 #define VMATH_SET(isa)                                                                        \
   {                                                                                           \
     #isa, attn_vmath_exp_f32_##isa, attn_vmath_log_f32_##isa, attn_vmath_tanh_f32_##isa,       \
         attn_vmath_sigmoid_f32_##isa, attn_vmath_exp_row_f32_##isa, attn_vmath_dropout_f32_##isa, \
-        attn_vmath_dropout_f64_##isa, attn_vmath_gemm_small_f32_##isa                         \
+        attn_vmath_dropout_f64_##isa, attn_vmath_gemm_small_f32_##isa, &attn_vmath_gemm_small_max_##isa \
   }
 
 static const vmath_set sets[] = {
@@ -106,6 +107,8 @@ void attn_vmath_gemm_small_f32(int ta, int tb, int64_t M, int64_t N, int64_t K, 
                                float *pack) {
   get()->gemm_small_f32(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack);
 }
+
+int64_t attn_vmath_gemm_small_max(void) { return *get()->gemm_small_max; }
 
 double attn_vmath_exp_row_f64(double *x, int64_t n, double m) {
   double s = 0;

@@ -38,15 +38,24 @@ void attn_vmath_sigmoid_f32(const float *x, float *y, int64_t n);
 double attn_vmath_exp_row_f32(float *x, int64_t n, float m);
 double attn_vmath_exp_row_f64(double *x, int64_t n, double m);
 
-/* Small products (the attention kernels' tiny heads, a few dozen rows and columns), where a BLAS
- * call costs more in setup than in arithmetic: C (M x N, row-major, ldc) = alpha * op(A) op(B) +
- * beta * C, op(A) M x K and op(B) K x N, row-major with leading dims lda, ldb (ta, tb: transposed).
- * pack is a workspace of ATTN_VMATH_GEMM_PACK(N, K) floats. C is not read when beta is 0 (as in
- * BLAS), and every product is summed (a NaN or inf in an operand reaches C, as through BLAS). */
+/* Small products (Linear layers, the GRU's gates, the attention kernels' tiny heads: a few dozen
+ * to a few hundred rows and columns), where a BLAS call costs more in setup and packing than in
+ * arithmetic; attn_gemm.h decides when they are used. C (M x N, row-major, ldc) = alpha * op(A)
+ * op(B) + beta * C, op(A) M x K and op(B) K x N, row-major with leading dims lda, ldb (ta, tb:
+ * transposed). Register-blocked tiles per instruction set (src/cpu/gemm_body.h); B is copied into
+ * pack only when it is transposed or N is not a multiple of ATTN_VMATH_GEMM_PANEL, and then at
+ * most ATTN_VMATH_GEMM_PACK(min(N, ATTN_VMATH_GEMM_PANEL), K) floats (every path's panel is at
+ * most that wide); ATTN_VMATH_GEMM_PACK(N, K) is always enough. C is not read when beta is 0 (as
+ * in BLAS), and every product is summed (a NaN or inf in an operand reaches C, as through BLAS).
+ * A row's bits depend on N, K and the path, never on M. */
+#define ATTN_VMATH_GEMM_PANEL 32
 #define ATTN_VMATH_GEMM_PACK(N, K) ((K) * (((N) + 15) / 16 * 16))
 void attn_vmath_gemm_small_f32(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                                int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
                                float *pack);
+/* The active path's size limit for attn_gemm's automatic choice: the most multiply-adds (M N K)
+ * up to which its kernel measured faster than OpenBLAS (0: never chosen by size). */
+int64_t attn_vmath_gemm_small_max(void);
 
 /* The rows of attn_dropout_f32/f64 (the rule of attn_dropout.h), per path:
  * every path gives the same bits (the rule is integer arithmetic and one

@@ -421,6 +421,167 @@ static int l_additive_scores_backward(lua_State *L) {
   return 3;
 }
 
+/* Shared by split_heads and merge_heads: the output's shape comes from a 3-D x (an empty one
+ * otherwise, so the core names x in its message). */
+static int head_move(lua_State *L, int split) {
+  attn_tensor *x = attn_l_check(L, 1);
+  lua_Integer heads = attn_l_checkinteger(L, 2, "num_heads");
+  int ok = x->ndim == 3 && heads >= 1 && (split ? x->shape[2] : x->shape[0]) % heads == 0;
+  int64_t shape[3] = {0, 0, 0};
+  if (ok && split) {
+    shape[0] = x->shape[0] * heads, shape[1] = x->shape[1], shape[2] = x->shape[2] / heads;
+  } else if (ok) {
+    shape[0] = x->shape[0] / heads, shape[1] = x->shape[1], shape[2] = x->shape[2] * heads;
+  }
+  attn_tensor *out = attn_l_push_alloc(L, x->dtype, 3, shape);
+  ATTN_L_TRY(L, split ? attn_attention_split_heads(x, (int64_t)heads, out)
+                      : attn_attention_merge_heads(x, (int64_t)heads, out));
+  return 1;
+}
+
+/***
+ * d2l's transpose_qkv as one copy: (B, N, H*dh) -> (B*H, N, dh), batch-major.
+ * @function split_heads
+ * @tparam Tensor x (B, N, H*dh)
+ * @tparam integer num_heads H
+ * @treturn Tensor (B*H, N, dh), contiguous
+ */
+static int l_split_heads(lua_State *L) { return head_move(L, 1); }
+
+/***
+ * d2l's transpose_output as one copy: (B*H, N, dh) -> (B, N, H*dh).
+ * @function merge_heads
+ * @tparam Tensor x (B*H, N, dh)
+ * @tparam integer num_heads H
+ * @treturn Tensor (B, N, H*dh), contiguous
+ */
+static int l_merge_heads(lua_State *L) { return head_move(L, 0); }
+
+/* The tensor field `key` of the table at idx (read raw): NULL when absent; left on the stack
+ * (the table keeps it alive anyway). */
+static const attn_tensor *param_field(lua_State *L, int idx, const char *fn, const char *key, int required) {
+  attn_l_rawfield(L, idx, key);
+  if (lua_isnil(L, -1)) {
+    if (required) attn_l_error(L, "%s: parameter %s is required", fn, key);
+    return NULL;
+  }
+  attn_tensor *t = attn_l_test(L, -1);
+  if (!t) attn_l_error(L, "%s: parameter %s must be a tensor, got a %s", fn, key, luaL_typename(L, -1));
+  return t;
+}
+
+/* A float tensor of `dt` for an output, sized from the given dims (empty when an operand has the
+ * wrong rank: the core then names it). */
+static attn_tensor *push_out(lua_State *L, attn_dtype dt, int ok, int ndim, int64_t a, int64_t b, int64_t c) {
+  int64_t shape[3] = {ok ? a : 0, ok ? b : 0, ok ? c : 0};
+  return attn_l_push_alloc(L, dt, ndim, shape);
+}
+
+/***
+ * d2l's AdditiveAttention forward in one call (see attn_attention_additive_layer_forward).
+ * @function additive_layer_forward
+ * @tparam Tensor queries (B, Nq, q)
+ * @tparam Tensor keys (B, Nk, k)
+ * @tparam Tensor values (B, Nk, dv)
+ * @tparam Tensor w_q (h, q)
+ * @tparam Tensor w_k (h, k)
+ * @tparam Tensor w_v (1, h) or (h)
+ * @tparam[opt] table opts as for sdpa_forward (name: the operation in errors)
+ * @treturn Tensor out (B, Nq, dv)
+ * @treturn ?Tensor weights (B, Nq, Nk), nil when need_weights is false
+ * @treturn ?integer the dropout seed
+ * @treturn Tensor qh (B, Nq, h), kh (B, Nk, h) and scores (B, Nq, Nk): saved for the backward
+ */
+static int l_additive_layer_forward(lua_State *L) {
+  luaL_checkstack(L, 16, "projected_additive_attention");
+  attn_tensor *q = attn_l_check(L, 1), *k = attn_l_check(L, 2), *v = attn_l_check(L, 3);
+  attn_tensor *wq = attn_l_check(L, 4), *wk = attn_l_check(L, 5), *wv = attn_l_check(L, 6);
+  attn_attention_opts o;
+  int need_weights;
+  read_opts(L, 7, "projected_additive_attention", &o, &need_weights);
+  int ok = q->ndim == 3 && k->ndim == 3 && v->ndim == 3 && wq->ndim == 2;
+  int64_t B = ok ? q->shape[0] : 0, Nq = ok ? q->shape[1] : 0, Nk = ok ? k->shape[1] : 0, h = ok ? wq->shape[0] : 0;
+  int top = lua_gettop(L);
+  attn_tensor *out = push_out(L, q->dtype, ok, 3, B, Nq, ok ? v->shape[2] : 0);
+  attn_tensor *w = need_weights ? push_out(L, q->dtype, ok, 3, B, Nq, Nk) : (lua_pushnil(L), NULL);
+  push_seed(L, &o);
+  attn_tensor *qh = push_out(L, q->dtype, ok, 3, B, Nq, h), *kh = push_out(L, q->dtype, ok, 3, B, Nk, h);
+  attn_tensor *scores = push_out(L, q->dtype, ok, 3, B, Nq, Nk);
+  ATTN_L_TRY(L, attn_attention_additive_layer_forward(q, k, v, wq, wk, wv, &o, out, w, qh, kh, scores));
+  return lua_gettop(L) - top;
+}
+
+/***
+ * d2l's MultiHeadAttention forward in one call (see attn_attention_mha_forward).
+ * @function mha_forward
+ * @tparam Tensor queries (B, Nq, q)
+ * @tparam Tensor keys (B, Nk, k)
+ * @tparam Tensor values (B, Nk, v)
+ * @tparam integer num_heads H
+ * @tparam table params W_q, W_k, W_v, W_o and optional b_q, b_k, b_v, b_o
+ * @tparam[opt] table opts as for sdpa_forward, per sample (valid_lens are repeated for the heads)
+ * @treturn Tensor out (B, Nq, h)
+ * @treturn ?Tensor weights (B*H, Nq, Nk), nil when need_weights is false
+ * @treturn ?integer the dropout seed
+ * @treturn ?Tensor lse (B*H, Nq) for the flash backward (nil when the reference path ran)
+ * @treturn Tensor qh, kh, vh, ctx (head layout) and merged (B*Nq, h): saved for the backward
+ */
+static int l_mha_forward(lua_State *L) {
+  const char *fn = "multi_head_attention";
+  luaL_checkstack(L, 24, fn); /* 8 parameters, the options' temporaries and 9 results */
+  attn_tensor *q = attn_l_check(L, 1), *k = attn_l_check(L, 2), *v = attn_l_check(L, 3);
+  attn_mha_params p;
+  p.heads = (int64_t)attn_l_checkinteger(L, 4, "num_heads");
+  attn_l_checktable(L, 5, "params");
+  p.w_q = param_field(L, 5, fn, "W_q", 1), p.w_k = param_field(L, 5, fn, "W_k", 1);
+  p.w_v = param_field(L, 5, fn, "W_v", 1), p.w_o = param_field(L, 5, fn, "W_o", 1);
+  p.b_q = param_field(L, 5, fn, "b_q", 0), p.b_k = param_field(L, 5, fn, "b_k", 0);
+  p.b_v = param_field(L, 5, fn, "b_v", 0), p.b_o = param_field(L, 5, fn, "b_o", 0);
+  attn_attention_opts o;
+  int need_weights;
+  read_opts(L, 6, fn, &o, &need_weights);
+  int64_t H = p.heads;
+  int ok = q->ndim == 3 && k->ndim == 3 && p.w_q->ndim == 2 && H >= 1 && p.w_q->shape[0] % H == 0;
+  int64_t B = ok ? q->shape[0] : 0, Nq = ok ? q->shape[1] : 0, Nk = ok ? k->shape[1] : 0;
+  int64_t h = ok ? p.w_q->shape[0] : 0, dh = ok ? h / H : 0;
+  int top = lua_gettop(L);
+  attn_tensor *out = push_out(L, q->dtype, ok, 3, B, Nq, h);
+  attn_tensor *w = need_weights ? push_out(L, q->dtype, ok, 3, B * H, Nq, Nk) : (lua_pushnil(L), NULL);
+  push_seed(L, &o);
+  int flash = q->dtype == ATTN_F32 && attn_sdpa_flash_size(Nq, Nk, o.kernel);
+  attn_tensor *lse = flash ? push_out(L, ATTN_F64, ok, 2, B * H, Nq, 0) : (lua_pushnil(L), NULL);
+  attn_mha_saved s;
+  s.qh = push_out(L, q->dtype, ok, 3, B * H, Nq, dh);
+  s.kh = push_out(L, q->dtype, ok, 3, B * H, Nk, dh);
+  s.vh = push_out(L, q->dtype, ok, 3, B * H, Nk, dh);
+  s.ctx = push_out(L, q->dtype, ok, 3, B * H, Nq, dh);
+  s.merged = push_out(L, q->dtype, ok, 2, B * Nq, h, 0);
+  ATTN_L_TRY(L, attn_attention_mha_forward(q, k, v, &p, &o, out, w, lse, &s));
+  if (lse && !(B * H * Nq > 0 && !isnan(((const double *)attn_tensor_data(lse))[0]))) { /* the reference path ran */
+    lua_pushnil(L);
+    lua_replace(L, top + 4);
+  }
+  return lua_gettop(L) - top;
+}
+
+/***
+ * Rows of x repeated: (R, ...) -> (R*n, ...), row r at rows r*n .. r*n+n-1.
+ * @function repeat_rows
+ * @tparam Tensor x (R, ...)
+ * @tparam integer n
+ * @treturn Tensor (R*n, ...)
+ */
+static int l_repeat_rows(lua_State *L) {
+  attn_tensor *x = attn_l_check(L, 1);
+  lua_Integer n = attn_l_checkinteger(L, 2, "n");
+  int64_t shape[ATTN_MAX_DIMS] = {0};
+  for (int d = 0; d < x->ndim; d++) shape[d] = x->shape[d];
+  if (x->ndim > 0 && n >= 1 && x->shape[0] <= INT64_MAX / n) shape[0] = x->shape[0] * n;
+  attn_tensor *out = attn_l_push_alloc(L, x->dtype, x->ndim, shape);
+  ATTN_L_TRY(L, attn_attention_repeat_rows(x, (int64_t)n, out));
+  return 1;
+}
+
 /***
  * The sinusoidal positional encoding table.
  * @function positional_encoding
@@ -456,6 +617,11 @@ static const luaL_Reg attention_functions[] = {
     {"additive_scores_forward", l_additive_scores_forward},
     {"additive_scores_backward", l_additive_scores_backward},
     {"positional_encoding", l_positional_encoding},
+    {"split_heads", l_split_heads},
+    {"merge_heads", l_merge_heads},
+    {"additive_layer_forward", l_additive_layer_forward},
+    {"mha_forward", l_mha_forward},
+    {"repeat_rows", l_repeat_rows},
     {NULL, NULL},
 };
 

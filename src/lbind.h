@@ -88,6 +88,11 @@ int attn_l_rawfield(lua_State *L, int idx, const char *key);
  * another binding call, whose operands must then stay untouched). */
 int attn_l_in_finalizer(lua_State *L);
 
+/* Releases t's storage reference (as attn_tensor_free), telling the GC
+ * pacing when that frees the storage's bytes. Every release of a tensor the
+ * binding made goes through here. */
+void attn_l_release(lua_State *L, attn_tensor *t);
+
 /* Registers fns into the table on top, each wrapped so that what may run Lua
  * code (GC steps paid for tensor bytes, frees requested by finalizers) runs
  * only after the function has returned and its results are on the stack. */
@@ -101,6 +106,8 @@ void attn_l_open_attention(lua_State *L);
 void attn_l_open_io(lua_State *L);
 void attn_l_open_rnn(lua_State *L);
 void attn_l_open_norm(lua_State *L);
+void attn_l_open_optim(lua_State *L);
+void attn_l_open_loss(lua_State *L);
 
 #define ATTN_L_TRY(L, call)                         \
   do {                                              \

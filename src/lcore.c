@@ -15,10 +15,11 @@
 
 typedef struct {
   attn_rng rng;
-  size_t gc_debt;     /* tensor bytes allocated since the last GC step */
-  size_t since_cycle; /* tensor bytes allocated since the last full collection */
-  size_t live_after;  /* live tensor bytes after that collection */
-  int deferred;       /* frees requested by finalizers, not yet done */
+  size_t held;     /* bytes of the storages this state allocated and has not released yet */
+  size_t baseline; /* held after the last full collection, or less if releases went lower */
+  size_t trigger;  /* held above this: collect (see settle) */
+  size_t gc_debt;  /* tensor bytes allocated since the last GC step */
+  int deferred;    /* frees requested by finalizers, not yet done */
 } binding_state;
 
 static const char state_key = 0, deferred_key = 0;
@@ -46,23 +47,42 @@ int attn_l_rawfield(lua_State *L, int idx, const char *key) {
   return lua_rawget(L, idx);
 }
 
-/* Only counts: the collector is fed in settle(), after the call that
+#define MIN_GARBAGE_BYTES ((size_t)8 << 20)
+
+/* The next full collection comes when held exceeds the baseline by the
+ * baseline (the live tensors; 8 MiB at least). */
+static void set_trigger(binding_state *s) {
+  s->trigger = s->baseline + (s->baseline > MIN_GARBAGE_BYTES ? s->baseline : MIN_GARBAGE_BYTES);
+}
+
+/* Only counts: the collector runs in settle(), after the call that
  * allocated has finished with its operands. */
 static void account(lua_State *L, size_t bytes) {
   binding_state *s = get_state(L);
+  s->held += bytes;
   s->gc_debt += bytes;
-  s->since_cycle += bytes;
 }
 
 #define STEP_BYTES ((size_t)1 << 20)
-#define MIN_CYCLE_BYTES ((size_t)16 << 20)
+
+void attn_l_release(lua_State *L, attn_tensor *t) {
+  if (t->storage && t->storage->refcount == 1) {
+    binding_state *s = get_state(L);
+    s->held -= s->held < t->storage->capacity ? s->held : t->storage->capacity;
+    if (s->held < s->baseline) { /* the live tensors are fewer than thought: pace from there */
+      s->baseline = s->held;
+      set_trigger(s);
+    }
+  }
+  attn_tensor_free(t);
+}
 
 static void drain_deferred(lua_State *L, binding_state *s) {
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &deferred_key) == LUA_TTABLE) {
     lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
     for (lua_Integer i = 1; i <= n; i++) {
       lua_rawgeti(L, -1, i);
-      attn_tensor_free(lua_touserdata(L, -1));
+      attn_l_release(L, lua_touserdata(L, -1));
       lua_pop(L, 1);
     }
   }
@@ -73,27 +93,41 @@ static void drain_deferred(lua_State *L, binding_state *s) {
 }
 
 /* Runs after a binding function returned. Lua paces its collector by the Lua
- * heap, which does not see tensor bytes: one GC step per MiB of tensors lets
- * it feel them, and once the tensor bytes allocated since the last full
- * collection exceed the live tensor bytes after it (16 MiB at least), a full
- * collection runs, so tensor garbage stays bounded by live tensors whatever
- * the size of the Lua heap. Skipped inside a finalizer, which may itself run
- * inside another call's allocation. */
+ * heap, which does not see tensor bytes. Two rules pace it by the tensors:
+ *
+ * - a GC step per MiB of tensors allocated, so Lua feels them (in a small
+ *   heap these steps finish cycles often and keep garbage low);
+ * - the bound: a full collection once the bytes held (allocated and not
+ *   released: live tensors plus uncollected garbage) exceed the baseline
+ *   (held after the last finished cycle) by the baseline, 8 MiB at least.
+ *
+ * The bound counts held bytes, not allocated ones: a tensor released early
+ * (t:free(), <close>, a composed optimizer's temporaries) never counts, and
+ * a release below the baseline lowers it. So the garbage between collections
+ * is bounded by the live tensors whatever the mix of allocations and frees
+ * and whatever the size of the Lua heap. (Counting allocated bytes made the
+ * bound depend on the mix: a loop that freed half its bytes early reached a
+ * full collection at half the garbage of one that freed nothing, while in a
+ * small heap the steps kept the garbage low either way, so RSS came to
+ * depend on the heap once fused Adam stopped allocating temporaries.)
+ * Skipped inside a finalizer, which may itself run inside another call's
+ * allocation. */
 static void settle(lua_State *L, binding_state *s) {
   if (attn_l_in_finalizer(L)) return;
-  if (lua_gc(L, LUA_GCISRUNNING)) { /* a collector stopped by the script stays stopped */
-    size_t bound = s->live_after > MIN_CYCLE_BYTES ? s->live_after : MIN_CYCLE_BYTES;
-    if (s->since_cycle > bound) {
-      s->gc_debt = s->since_cycle = 0;
+  /* a collector stopped by the script stays stopped */
+  if (lua_gc(L, LUA_GCISRUNNING)) {
+    int cycle = 0;
+    if (s->held > s->trigger) {
       lua_gc(L, LUA_GCCOLLECT);
-      s->live_after = attn_alloc_live_bytes();
+      cycle = 1;
     } else if (s->gc_debt >= STEP_BYTES) {
       int kb = s->gc_debt / 1024 > 1 << 30 ? 1 << 30 : (int)(s->gc_debt / 1024);
-      s->gc_debt = 0;
-      if (lua_gc(L, LUA_GCSTEP, kb)) { /* the step finished a cycle */
-        s->since_cycle = 0;
-        s->live_after = attn_alloc_live_bytes();
-      }
+      cycle = lua_gc(L, LUA_GCSTEP, kb);
+    }
+    s->gc_debt = 0;
+    if (cycle) {
+      s->baseline = s->held;
+      set_trigger(s);
     }
   }
   if (s->deferred) drain_deferred(L, s);
@@ -103,7 +137,7 @@ static int guarded_call(lua_State *L) {
   const luaL_Reg *reg = lua_touserdata(L, lua_upvalueindex(1));
   int n = reg->func(L);
   binding_state *s = lua_touserdata(L, lua_upvalueindex(2));
-  if (s->gc_debt >= STEP_BYTES || s->deferred) settle(L, s);
+  if (s->gc_debt >= STEP_BYTES || s->held > s->trigger || s->deferred) settle(L, s);
   return n;
 }
 
@@ -379,7 +413,7 @@ static int tensor_newindex(lua_State *L) {
 }
 
 static int tensor_gc(lua_State *L) { /* unreachable: nothing can be using it */
-  attn_tensor_free(luaL_checkudata(L, 1, ATTN_TENSOR_MT));
+  attn_l_release(L, luaL_checkudata(L, 1, ATTN_TENSOR_MT));
   return 0;
 }
 
@@ -400,7 +434,7 @@ static int tensor_free(lua_State *L) {
     get_state(L)->deferred = 1;
     return 0;
   }
-  attn_tensor_free(t);
+  attn_l_release(L, t);
   return 0;
 }
 
@@ -577,6 +611,7 @@ int luaopen_attn_core(lua_State *L) {
   if (lua_isnil(L, -1)) {
     binding_state *s = lua_newuserdatauv(L, sizeof(binding_state), 0);
     memset(s, 0, sizeof *s);
+    set_trigger(s);
     attn_rng_seed(&s->rng, 0);
     lua_createtable(L, 0, 1);
     lua_pushcfunction(L, state_gc);
@@ -629,6 +664,8 @@ int luaopen_attn_core(lua_State *L) {
   attn_l_open_io(L);
   attn_l_open_rnn(L);
   attn_l_open_norm(L);
+  attn_l_open_optim(L);
+  attn_l_open_loss(L);
   lua_pushfstring(L, "%d.%d.%d", ATTN_VERSION_MAJOR, ATTN_VERSION_MINOR, ATTN_VERSION_PATCH);
   lua_setfield(L, -2, "_VERSION");
 #ifdef ATTN_SANITIZED_BUILD

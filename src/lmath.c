@@ -210,6 +210,15 @@ static int l_matmul(lua_State *L) {
   return 1;
 }
 
+/* addmm(bias, a, b): bias (N) + a (M, K) @ b (K, N) in one pass (a Linear's forward). */
+static int l_addmm(lua_State *L) {
+  attn_tensor *bias = attn_l_check(L, 1), *a = attn_l_check(L, 2), *b = attn_l_check(L, 3);
+  int64_t shape[2] = {a->ndim == 2 ? a->shape[0] : 0, b->ndim == 2 ? b->shape[1] : 0};
+  attn_tensor *out = attn_l_push_alloc(L, a->dtype, 2, shape);
+  ATTN_L_TRY(L, attn_addmm(bias, a, b, out));
+  return 1;
+}
+
 /* bmm(a, b): strictly 3-D batches of equal size. */
 static int l_bmm(lua_State *L) {
   attn_tensor *a = attn_l_check(L, 1), *b = attn_l_check(L, 2);
@@ -217,6 +226,24 @@ static int l_bmm(lua_State *L) {
     return attn_l_error(L, "bmm: expected (B, n, m) @ (B, m, p), got %s @ %s", attn_tensor_shape_str(a),
                       attn_tensor_shape_str(b));
   return l_matmul(L);
+}
+
+/* gemm_(c, a, b [, alpha [, beta [, path]]]): c = alpha a b + beta c in place on 2-D float views,
+ * by the path "auto" (default: as matmul chooses), "small" (the engine's kernel, float32) or
+ * "blas" (OpenBLAS): the specs and benchmarks compare the two with it. Returns c. */
+static int l_gemm_(lua_State *L) {
+  attn_tensor *c = attn_l_check(L, 1), *a = attn_l_check(L, 2), *b = attn_l_check(L, 3);
+  double alpha = attn_l_optnumber(L, 4, "alpha", 1), beta = attn_l_optnumber(L, 5, "beta", 0);
+  const char *name = lua_isnoneornil(L, 6) ? "auto" : attn_l_checklstring(L, 6, "path", NULL);
+  attn_gemm_path path = strcmp(name, "small") == 0 ? ATTN_GEMM_SMALL
+                        : strcmp(name, "blas") == 0 ? ATTN_GEMM_BLAS
+                                                    : ATTN_GEMM_AUTO;
+  if (path == ATTN_GEMM_AUTO && strcmp(name, "auto") != 0)
+    return attn_l_argerror(L, 6, "path", "'auto', 'small' or 'blas'");
+  ATTN_L_TRY(L, attn_gemm_views(path, alpha, a, b, beta, c));
+  attn_l_bump_version(c);
+  lua_settop(L, 1);
+  return 1;
 }
 
 /* index_select(x, dim, indices) with 1-based indices (table or 1-D tensor) */
@@ -335,7 +362,9 @@ static const luaL_Reg math_functions[] = {
     {"sum", l_sum},         {"mean", l_mean},       {"prod", l_prod},
     {"max", l_max},         {"min", l_min},         {"argmax", l_argmax},
     {"argmin", l_argmin},   {"softmax", l_softmax}, {"log_softmax", l_log_softmax},
-    {"matmul", l_matmul},   {"bmm", l_bmm},         {"index_select", l_index_select},
+    {"matmul", l_matmul},   {"bmm", l_bmm},         {"gemm_", l_gemm_},
+    {"addmm", l_addmm},
+    {"index_select", l_index_select},
     {"index_add_", l_index_add_}, {"gather", l_gather}, {"scatter_add_", l_scatter_add_},
     {"dropout", l_dropout},
     {NULL, NULL},

@@ -566,7 +566,7 @@ static int l_set_(lua_State *L) {
   if (attn_l_in_finalizer(L)) return attn_l_error(L, "set_: cannot replace a tensor's storage inside a finalizer");
   attn_tensor old = *t;
   attn_tensor_view(t, src);
-  attn_tensor_free(&old);
+  attn_l_release(L, &old);
   attn_l_bump_version(t);
   lua_settop(L, 1);
   return 1;

@@ -34,7 +34,7 @@ local autograd = require "attn.autograd"
 local Tensor = require "attn.tensor"
 local check = require "attn.check"
 
-local record, is_tensor = autograd.record, autograd.is_tensor
+local record, is_tensor, wants = autograd.record, autograd.is_tensor, autograd.wants
 
 local M = {}
 
@@ -111,14 +111,33 @@ end
 -- @treturn Tensor output (B, Nq, dv)
 -- @treturn ?Tensor weights (B, Nq, Nk), the softmax before dropout
 function M.dot_product_attention(Q, K, V, opts)
+  return M._dot_product_attention(Q, K, V, kernel_options("dot_product_attention", opts))
+end
+
+-- Kernel options for one call of a layer of attn.nn (fn: the function it runs), which sets the
+-- lengths, dropout and weights itself over the caller's opts (keys checked as for the
+-- functions): a fresh table, which the underscored forms of the functions use in place.
+function M._layer_options(fn, opts, valid_lens, dropout, training, need_weights)
+  local o = { name = fn }
+  if opts ~= nil then
+    check.options(fn, opts, attention_options)
+    for k, v in pairs(opts) do o[k] = v end
+  end
+  if valid_lens ~= nil then o.valid_lens = valid_lens end
+  o.dropout, o.training, o.need_weights = dropout, training == true, need_weights
+  return o
+end
+
+-- dot_product_attention on kernel options (kernel_options or _layer_options): the seed of the
+-- call is stored in them for the backward.
+function M._dot_product_attention(Q, K, V, kopts)
   local fn = "dot_product_attention"
   check_tensor(fn, "queries", Q, nil, "(B, Nq, d)") -- (shapes: the C core)
   check_tensor(fn, "keys", K, nil, "(B, Nk, d)")
   check_tensor(fn, "values", V, nil, "(B, Nk, dv)")
-  local kopts = kernel_options(fn, opts)
   local out, weights, seed, lse = core.sdpa_forward(Q, K, V, kopts)
   kopts.seed = seed
-  if autograd.needs_grad({ Q, K, V }) then
+  if wants(Q, K, V) then
     record(fn, weights and { out, weights } or out, { Q, K, V }, function(g_out, g_w)
       if g_out == nil and g_w == nil then return nil end
       return core.sdpa_backward(Q, K, V, kopts, g_out, g_w, weights, { q = rg(Q), k = rg(K), v = rg(V) }, out, lse)
@@ -149,7 +168,7 @@ end
 local function attend_scores(fn, scores, V, kopts)
   local out, weights, seed = core.scores_attention_forward(scores, V, kopts)
   kopts.seed = seed
-  if autograd.needs_grad({ scores, V }) then
+  if wants(scores, V) then
     record(fn, weights and { out, weights } or out, { scores, V }, function(g_out, g_w)
       if g_out == nil and g_w == nil then return nil end
       return core.scores_attention_backward(scores, V, kopts, g_out, g_w, weights, { scores = rg(scores), v = rg(V) })
@@ -169,11 +188,65 @@ end
 -- @treturn Tensor output (B, Nq, dv)
 -- @treturn ?Tensor weights (B, Nq, Nk)
 function M.additive_attention(Qh, Kh, V, w_v, opts)
+  return M._additive_attention(Qh, Kh, V, w_v, kernel_options("additive_attention", opts))
+end
+
+-- additive_attention on kernel options (see _dot_product_attention).
+function M._additive_attention(Qh, Kh, V, w_v, kopts)
   local fn = "additive_attention"
   check_tensor(fn, "values", V, nil, "(B, Nk, dv)")
-  local kopts = kernel_options(fn, opts)
   local scores = M.additive_scores(Qh, Kh, w_v)
   return attend_scores(fn, scores, V, kopts)
+end
+
+-- Gradients of a projection y = x W^T + b (the fused layers' forwards run in C) from dy
+-- (rows, out): dx in x's shape, dW, db (nil without a bias).
+local function project_backward(dy, x, W, b)
+  local x2 = core.reshape(x, -1, core.size(W, 2))
+  local dx = core.reshape(core.matmul(dy, W), core.shape(x))
+  return dx, core.matmul(core.transpose(dy, 1, 2), x2), b and core.sum(dy, 1) or nil
+end
+
+--- Additive attention with its projections as one autograd node: d2l's `AdditiveAttention`
+-- forward, `additive_attention(queries W_q^T, keys W_k^T, values, w_v, opts)`, without the four
+-- intermediate nodes (two projections, the scores, the attention). The numbers are those of the
+-- composed form; `nn.AdditiveAttention` runs it (its `fused = false` runs the composed one).
+-- @tparam Tensor queries (B, Nq, query_size)
+-- @tparam Tensor keys (B, Nk, key_size)
+-- @tparam Tensor values (B, Nk, dv)
+-- @tparam Tensor W_q (h, query_size)
+-- @tparam Tensor W_k (h, key_size)
+-- @tparam Tensor w_v (1, h) as `nn.Linear(h, 1).weight`, or (h)
+-- @tparam[opt] table opts as for `additive_attention`
+-- @treturn Tensor output (B, Nq, dv)
+-- @treturn ?Tensor weights (B, Nq, Nk)
+function M.projected_additive_attention(queries, keys, values, W_q, W_k, w_v, opts)
+  return M._projected_additive_attention(queries, keys, values, W_q, W_k, w_v,
+    kernel_options("projected_additive_attention", opts))
+end
+
+-- projected_additive_attention on kernel options (see _dot_product_attention).
+function M._projected_additive_attention(queries, keys, values, W_q, W_k, w_v, kopts)
+  local fn = "projected_additive_attention"
+  check_tensor(fn, "queries", queries, nil, "(B, Nq, query_size)") -- (shapes: the C core)
+  check_tensor(fn, "keys", keys, nil, "(B, Nk, key_size)")
+  check_tensor(fn, "values", values, nil, "(B, Nk, dv)")
+  check_tensor(fn, "W_q", W_q, nil, "(h, query_size)")
+  check_tensor(fn, "W_k", W_k, nil, "(h, key_size)")
+  check_tensor(fn, "w_v", w_v, nil, "(1, h) or (h)")
+  local out, weights, seed, qh, kh, scores = core.additive_layer_forward(queries, keys, values, W_q, W_k, w_v, kopts)
+  kopts.seed = seed
+  record(fn, weights and { out, weights } or out, { queries, keys, values, W_q, W_k, w_v }, function(g_out, g_w)
+    if g_out == nil and g_w == nil then return nil end
+    local h = core.size(W_q, 1)
+    local ds, dv = core.scores_attention_backward(scores, values, kopts, g_out, g_w, weights, { scores = true,
+      v = rg(values) })
+    local dqh, dkh, dwv = core.additive_scores_backward(qh, kh, core.reshape(w_v, h), ds)
+    local dq, dWq = project_backward(core.reshape(dqh, -1, h), queries, W_q)
+    local dk, dWk = project_backward(core.reshape(dkh, -1, h), keys, W_k)
+    return dq, dk, dv, dWq, dWk, core.reshape(dwv, core.shape(w_v))
+  end)
+  return out, weights
 end
 
 --- Bilinear scores q^T W k for queries and keys of different widths.
@@ -203,18 +276,10 @@ function M.split_heads(X, num_heads)
   local fn = "split_heads"
   check_tensor(fn, "X", X, 3, "(B, N, H*dh)")
   check_count(fn, "num_heads", num_heads)
-  local s = core.shape(X)
-  if s[3] % num_heads ~= 0 then
-    error(string.format("%s: width %d of X %s is not divisible by num_heads %d", fn, s[3], shape_str(X), num_heads), 2)
-  end
-  local dh = s[3] // num_heads
-  local Y = core.reshape(core.permute(core.reshape(X, s[1], s[2], num_heads, dh), 1, 3, 2, 4), s[1] * num_heads,
-    s[2], dh)
-  if not autograd.wants(X) then return Y end
-  -- one node instead of three: the gradient is the same moves undone
-  return record(fn, Y, { X }, function(g)
-    return core.reshape(core.permute(core.reshape(g, s[1], num_heads, s[2], dh), 1, 3, 2, 4), s[1], s[2], s[3])
-  end)
+  local Y = core.split_heads(X, num_heads) -- one strided copy (src/attn_heads.c; it checks the width)
+  if not wants(X) then return Y end
+  -- one node: the gradient is the inverse move
+  return record(fn, Y, { X }, function(g) return core.merge_heads(g, num_heads) end)
 end
 
 --- d2l's `transpose_output`: (B*H, N, dh) -> (B, N, H*dh), the inverse of `split_heads`.
@@ -225,17 +290,9 @@ function M.merge_heads(X, num_heads)
   local fn = "merge_heads"
   check_tensor(fn, "X", X, 3, "(B*H, N, dh)")
   check_count(fn, "num_heads", num_heads)
-  local s = core.shape(X)
-  if s[1] % num_heads ~= 0 then
-    error(string.format("%s: batch %d of X %s is not divisible by num_heads %d", fn, s[1], shape_str(X), num_heads), 2)
-  end
-  local B = s[1] // num_heads
-  local Y = core.reshape(core.permute(core.reshape(X, B, num_heads, s[2], s[3]), 1, 3, 2, 4), B, s[2],
-    num_heads * s[3])
-  if not autograd.wants(X) then return Y end
-  return record(fn, Y, { X }, function(g)
-    return core.reshape(core.permute(core.reshape(g, B, s[2], num_heads, s[3]), 1, 3, 2, 4), s[1], s[2], s[3])
-  end)
+  local Y = core.merge_heads(X, num_heads)
+  if not wants(X) then return Y end
+  return record(fn, Y, { X }, function(g) return core.split_heads(g, num_heads) end)
 end
 
 --- Repeats each sample's valid lengths num_heads times along the first dim, matching the
@@ -254,15 +311,10 @@ function M.repeat_interleave(valid_lens, num_heads)
     error(string.format("%s: %d rows x num_heads = %d entries are more than memory can hold", fn, rows, num_heads), 2)
   end
   if is_tensor(valid_lens) then
-    local n = core.dim(valid_lens) > 0 and core.size(valid_lens, 1) or 0
     if core.dim(valid_lens) < 1 or core.dim(valid_lens) > 2 then
       error(string.format("%s: valid_lens must be 1-D (B) or 2-D (B, Q), got %s", fn, shape_str(valid_lens)), 2)
     end
-    local idx = {}
-    for b = 1, n do
-      for _ = 1, num_heads do idx[#idx + 1] = b end
-    end
-    return core.index_select(valid_lens, 1, idx)
+    return core.repeat_rows(valid_lens, num_heads) -- one strided copy (src/attn_masking.c)
   end
   if type(valid_lens) ~= "table" then
     error(string.format("%s: valid_lens must be a tensor or a table, got a %s", fn, type(valid_lens)), 2)
@@ -281,6 +333,68 @@ function M.repeat_interleave(valid_lens, num_heads)
     end
   end
   return out
+end
+
+local mha_params = { W_q = true, W_k = true, W_v = true, W_o = true, b_q = true, b_k = true, b_v = true, b_o = true }
+
+--- Multi-head attention (d2l 11.5) as one autograd node: the four projections, the head split,
+-- scaled dot-product attention per head, the merge and the output projection. The numbers are
+-- those of the book's composition (`split_heads` of each projection, `dot_product_attention`
+-- with `repeat_interleave`d lengths, `merge_heads`, W_o); `nn.MultiHeadAttention` runs it (its
+-- `fused = false` runs the composition). Heads use the batch-major layout of `split_heads`.
+-- @tparam Tensor queries (B, Nq, query_size)
+-- @tparam Tensor keys (B, Nk, key_size)
+-- @tparam Tensor values (B, Nk, value_size)
+-- @tparam integer num_heads H, dividing h
+-- @tparam table params `W_q` (h, query_size), `W_k` (h, key_size), `W_v` (h, value_size),
+--   `W_o` (h, h) and optional biases `b_q`, `b_k`, `b_v`, `b_o` (h), as `nn.Linear` holds them
+-- @tparam[opt] table opts as for `dot_product_attention`, per sample: `valid_lens` (B) or
+--   (B, Nq) are repeated for the heads here; a `mask` must broadcast to (B*H, Nq, Nk)
+-- @treturn Tensor output (B, Nq, h)
+-- @treturn ?Tensor weights (B*H, Nq, Nk)
+function M.multi_head_attention(queries, keys, values, num_heads, params, opts)
+  return M._multi_head_attention(queries, keys, values, num_heads, params,
+    kernel_options("multi_head_attention", opts))
+end
+
+-- multi_head_attention on kernel options (see _dot_product_attention).
+function M._multi_head_attention(queries, keys, values, num_heads, params, kopts)
+  local fn = "multi_head_attention"
+  check_tensor(fn, "queries", queries, nil, "(B, Nq, query_size)") -- (shapes and parameters: the C core)
+  check_tensor(fn, "keys", keys, nil, "(B, Nk, key_size)")
+  check_tensor(fn, "values", values, nil, "(B, Nk, value_size)")
+  check_count(fn, "num_heads", num_heads)
+  params = check.options(fn, params, mha_params)
+  local Wq, Wk, Wv, Wo = params.W_q, params.W_k, params.W_v, params.W_o
+  local bq, bk, bv, bo = params.b_q, params.b_k, params.b_v, params.b_o
+  local out, weights, seed, lse, qh, kh, vh, ctx, merged = core.mha_forward(queries, keys, values, num_heads, params,
+    kopts)
+  kopts.seed = seed
+  -- (record returns at once when nothing requires grad: the closure is all that was built)
+  record(fn, weights and { out, weights } or out,
+    { queries, keys, values, Wq, Wk, Wv, Wo, bq or false, bk or false, bv or false, bo or false }, function(g_out, g_w)
+    if g_out == nil and g_w == nil then return nil end
+    local B, Nq, h = core.size(queries, 1), core.size(queries, 2), core.size(Wq, 1)
+    local dWo, dbo, dctx
+    if g_out ~= nil then
+      local g2 = core.reshape(g_out, -1, h)
+      dWo, dbo = core.matmul(core.transpose(g2, 1, 2), merged), bo and core.sum(g2, 1) or nil
+      dctx = core.split_heads(core.reshape(core.matmul(g2, Wo), B, Nq, h), num_heads)
+    end
+    -- the kernel's options per head: the forward repeated the lengths in C
+    local hopts = {}
+    for k, v in pairs(kopts) do hopts[k] = v end
+    hopts.valid_lens = M.repeat_interleave(kopts.valid_lens, num_heads)
+    local dqh, dkh, dvh = core.sdpa_backward(qh, kh, vh, hopts, dctx, g_w, weights, nil, ctx, lse)
+    local function heads_back(dheads, x, W, b)
+      return project_backward(core.reshape(core.merge_heads(dheads, num_heads), -1, h), x, W, b)
+    end
+    local dq, dWq, dbq = heads_back(dqh, queries, Wq, bq)
+    local dk, dWk, dbk = heads_back(dkh, keys, Wk, bk)
+    local dv, dWv, dbv = heads_back(dvh, values, Wv, bv)
+    return dq, dk, dv, dWq, dWk, dWv, dWo, dbq, dbk, dbv, dbo
+  end)
+  return out, weights
 end
 
 --- The sinusoidal positional encoding table of the Transformer.

@@ -12,6 +12,7 @@
 -- module and loads without the C module.)
 
 local check = {}
+local core -- attn.core, loaded by the first tensor check (a require per check cost more than the check)
 
 -- The allowed names, for the message: a list keeps its order (a constructor's
 -- positional order says more than the alphabet), a set is sorted.
@@ -113,7 +114,7 @@ end
 -- @usage check.tensor("bmm", "a", a, 3, "(batch, n, m)")
 function check.tensor(fn, name, v, ndim, what, level)
   level = level or 3
-  local core = require "attn.core"
+  core = core or require "attn.core"
   if getmetatable(v) ~= core.metatable then
     error(string.format("%s: %s must be a tensor%s, got a %s", fn, name, what and " " .. what or "", type(v)), level)
   end

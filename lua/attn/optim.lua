@@ -9,6 +9,14 @@
 -- temporaries a step needs are released as soon as the step is done, so a
 -- training loop stays flat in memory.
 --
+-- **Fused updates.** By default each parameter's update is one pass in C
+-- (`core.adam_step`, `core.sgd_step`) that does element by element the very
+-- float operations of the composed tensor-op path, in the same order and
+-- dtype, so both give the same bits; `{fused = false}` (PyTorch's option name)
+-- selects the composed path, which the specs keep as the reference. A fused
+-- update allocates nothing; a parameter, grad or buffer that is not
+-- contiguous takes the composed path.
+--
 -- Hyper-parameters are plain fields (`opt.lr`, `opt.momentum`, `opt.betas`,
 -- ...) read at every step, so a learning-rate schedule may assign `opt.lr`.
 -- @module attn.optim
@@ -231,10 +239,25 @@ function Optimizer:load_state_dict(s)
   self.steps = s.steps or 0
 end
 
-local function new_optimizer(class, name, params, hyper_names)
+-- fused: the option as given (nil means true), or nil and a message.
+local function new_optimizer(class, name, opts, hyper_names)
+  local fused = opts.fused
+  if fused == nil then fused = true end
+  if type(fused) ~= "boolean" then
+    return nil, string.format("%s: fused must be a boolean, got a %s", name, type(fused))
+  end
   local list = {}
-  for i = 1, #params do list[i] = params[i] end
-  return setmetatable({ name = name, params = list, state = {}, steps = 0, hyper_names = hyper_names }, class)
+  for i = 1, #opts.params do list[i] = opts.params[i] end
+  return setmetatable({ name = name, params = list, state = {}, steps = 0, hyper_names = hyper_names,
+    fused = fused }, class)
+end
+
+local is_contiguous = core.is_contiguous
+
+-- Whether the fused kernel takes these operands (it wants them contiguous).
+local function fusable(self, a, b, c, d)
+  return self.fused and is_contiguous(a) and is_contiguous(b) and (c == nil or is_contiguous(c))
+    and (d == nil or is_contiguous(d))
 end
 
 -- ---------------------------------------------------------------- SGD
@@ -243,7 +266,7 @@ local SGD = setmetatable({}, { __index = Optimizer })
 SGD.__index = SGD
 
 local sgd_options = { params = true, lr = true, momentum = true, dampening = true, weight_decay = true,
-  nesterov = true }
+  nesterov = true, fused = true }
 
 --- Stochastic gradient descent, as torch.optim.SGD:
 --
@@ -255,7 +278,8 @@ local sgd_options = { params = true, lr = true, momentum = true, dampening = tru
 -- `SGD{params = params, lr = 0.1}`.
 -- @param params_or_opts the list of parameter tensors, or the options table with `params` in it
 -- @tparam[opt] table opts `params` (list of tensors), `lr` (required, >= 0), `momentum` (0),
---   `dampening` (0), `weight_decay` (0), `nesterov` (false; needs momentum > 0 and dampening 0)
+--   `dampening` (0), `weight_decay` (0), `nesterov` (false; needs momentum > 0 and dampening 0),
+--   `fused` (true: one C pass per parameter; false: the composed reference path)
 -- @treturn SGD
 -- @raise on a missing or invalid argument, naming the optimizer and the argument
 function optim.SGD(params_or_opts, opts)
@@ -264,7 +288,9 @@ function optim.SGD(params_or_opts, opts)
   msg = msg or options_error("SGD", opts, sgd_options) or params_error("SGD", opts.params)
   if msg then error(msg, 2) end
   if opts.lr == nil then error("SGD: lr is required", 2) end
-  local self = new_optimizer(SGD, "SGD", opts.params, { "lr", "momentum", "dampening", "weight_decay", "nesterov" })
+  local self
+  self, msg = new_optimizer(SGD, "SGD", opts, { "lr", "momentum", "dampening", "weight_decay", "nesterov" })
+  if not self then error(msg, 2) end
   self.lr = opts.lr
   self.momentum = opts.momentum or 0
   self.dampening = opts.dampening or 0
@@ -290,6 +316,23 @@ function SGD:_hyper_error()
 end
 
 function SGD:_update(p, g, st)
+  local mom = self.momentum
+  local buf = st.momentum_buffer
+  if fusable(self, p, g, buf) then
+    local first = mom ~= 0 and buf == nil
+    if first then
+      buf = core.empty(core.shape(p), core.dtype(p))
+      st.momentum_buffer = buf
+    end
+    core.sgd_step(p, g, mom ~= 0 and buf or nil, self.lr, mom, self.dampening, self.weight_decay, self.nesterov,
+      first)
+  else
+    self:_update_composed(p, g, st)
+  end
+end
+
+-- The reference path: whole-tensor ops, as torch.optim.SGD writes them.
+function SGD:_update_composed(p, g, st)
   local lr, mom, wd = self.lr, self.momentum, self.weight_decay
   local d -- d_p, a temporary we own
   if wd ~= 0 then
@@ -330,14 +373,16 @@ end
 local Adam = setmetatable({}, { __index = Optimizer })
 Adam.__index = Adam
 
-local adam_options = { params = true, lr = true, betas = true, eps = true, weight_decay = true }
+local adam_options = { params = true, lr = true, betas = true, eps = true, weight_decay = true, fused = true }
 
 local function new_adam(name, params_or_opts, opts, default_wd)
   local msg
   opts, msg = call_options(name, params_or_opts, opts)
   msg = msg or options_error(name, opts, adam_options) or params_error(name, opts.params)
   if msg then return nil, msg end
-  local self = new_optimizer(Adam, name, opts.params, { "lr", "betas", "eps", "weight_decay" })
+  local self
+  self, msg = new_optimizer(Adam, name, opts, { "lr", "betas", "eps", "weight_decay" })
+  if not self then return nil, msg end
   self.decoupled = name == "AdamW"
   self.lr = opts.lr == nil and 1e-3 or opts.lr
   local betas = opts.betas or { 0.9, 0.999 }
@@ -376,7 +421,8 @@ end
 -- `Adam{params = params, lr = 0.005}`.
 -- @param params_or_opts the list of parameter tensors, or the options table with `params` in it
 -- @tparam[opt] table opts `params` (list of tensors), `lr` (1e-3), `betas` ({0.9, 0.999}, each in [0, 1)),
---   `eps` (1e-8), `weight_decay` (0)
+--   `eps` (1e-8), `weight_decay` (0), `fused` (true: one C pass per parameter; false: the composed
+--   reference path)
 -- @treturn Adam
 -- @raise on an invalid argument, naming the optimizer and the argument
 function optim.Adam(params_or_opts, opts)
@@ -399,15 +445,24 @@ function optim.AdamW(params_or_opts, opts)
 end
 
 function Adam:_update(p, g, st)
-  local lr, eps, wd = self.lr, self.eps, self.weight_decay
-  local beta1, beta2 = self.betas[1], self.betas[2]
   local m, v = st.exp_avg, st.exp_avg_sq
   if m == nil then
     m = core.full(core.shape(p), 0, core.dtype(p))
     v = core.full(core.shape(p), 0, core.dtype(p))
     st.exp_avg, st.exp_avg_sq = m, v
   end
-  local t = st.step
+  if fusable(self, p, g, m, v) then
+    core.adam_step(p, g, m, v, self.lr, self.betas[1], self.betas[2], self.eps, self.weight_decay, self.decoupled,
+      st.step)
+  else
+    self:_update_composed(p, g, m, v, st.step)
+  end
+end
+
+-- The reference path: whole-tensor ops, as torch.optim.Adam writes them.
+function Adam:_update_composed(p, g, m, v, t)
+  local lr, eps, wd = self.lr, self.eps, self.weight_decay
+  local beta1, beta2 = self.betas[1], self.betas[2]
 
   local grad, own_grad = g, false
   if wd ~= 0 then

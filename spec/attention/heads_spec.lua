@@ -31,6 +31,30 @@ describe("split_heads and merge_heads", function()
     helper.assert_close(attn.merge_heads(Y, H), X, { atol = 0 })
   end)
 
+  it("read strided views (one copy in C) with the same layout, float32 and float64", function()
+    local B, N, H, dh = 3, 4, 2, 3
+    for _, dtype in ipairs({ "float32", "float64" }) do
+      -- (B, N, H*dh) as a transposed view of (B, H*dh, N), and (B*H, N, dh) as one of (B*H, dh, N)
+      local X = attn.randn({ B, H * dh, N }, dtype):transpose(2, 3)
+      local Y = attn.split_heads(X, H)
+      assert.is_true(Y:is_contiguous())
+      for b = 1, B do
+        for h = 1, H do
+          helper.assert_close(Y:select(1, (b - 1) * H + h), X:select(1, b):narrow(2, (h - 1) * dh + 1, dh),
+            { atol = 0 })
+        end
+      end
+      local Z = attn.randn({ B * H, dh, N }, dtype):transpose(2, 3)
+      local M = attn.merge_heads(Z, H)
+      for b = 1, B do
+        for h = 1, H do
+          helper.assert_close(M:select(1, b):narrow(2, (h - 1) * dh + 1, dh), Z:select(1, (b - 1) * H + h),
+            { atol = 0 })
+        end
+      end
+    end
+  end)
+
   it("are differentiable", function()
     helper.gradcheck(function(x) return attn.merge_heads(attn.split_heads(x, 3):pow(2), 3) end,
       { helper.param({ 2, 4, 6 }) })
@@ -67,6 +91,12 @@ describe("repeat_interleave", function()
     local r = attn.repeat_interleave(attn.tensor({ 3, (1 << 53) + 1 }, "int64"), 2)
     assert.are.equal("int64", r:dtype())
     assert.same({ 3, 3, (1 << 53) + 1, (1 << 53) + 1 }, r:totable())
+  end)
+
+  it("reads strided lengths (one copy in C): a transposed (B, Q) table", function()
+    local lens = attn.tensor({ { 1, 2 }, { 3, 4 }, { 5, 6 } }, "int64"):t() -- (2, 3), not contiguous
+    assert.same({ { 1, 3, 5 }, { 1, 3, 5 }, { 1, 3, 5 }, { 2, 4, 6 }, { 2, 4, 6 }, { 2, 4, 6 } },
+      attn.repeat_interleave(lens, 3):totable())
   end)
 end)
 

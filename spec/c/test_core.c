@@ -574,6 +574,77 @@ static void test_attention_checks(void) {
   attn_tensor_free(&mask);
 }
 
+/* Fused optimizer updates, gradient norms and the cross-entropy kernels
+ * against the formulas written out here. */
+static void test_optim_and_loss(void) {
+  int64_t three = 3;
+  attn_tensor p, g, m, v;
+  attn_tensor_init(&p, ATTN_F64, 1, &three);
+  attn_tensor_init(&g, ATTN_F64, 1, &three);
+  attn_tensor_init_zeros(&m, ATTN_F64, 1, &three);
+  attn_tensor_init_zeros(&v, ATTN_F64, 1, &three);
+  double *pd = attn_tensor_data(&p), *gd = attn_tensor_data(&g), p0[3] = {1, -2, 0.5}, g0[3] = {0.5, -3, 2};
+  memcpy(pd, p0, sizeof p0);
+  memcpy(gd, g0, sizeof g0);
+  attn_adam_options o = {0.1, 0.9, 0.999, 1e-8, 0, 0, 1};
+  CHECK(attn_adam_step(&p, &g, &m, &v, &o) == ATTN_OK, "adam_step: %s", attn_last_error());
+  for (int i = 0; i < 3; i++) { /* step 1: m/(1-b1) = g, sqrt(v/(1-b2)) = |g|: p moves by lr * sign(g) */
+    double expect = p0[i] - 0.1 * g0[i] / (fabs(g0[i]) + 1e-8);
+    CHECK(fabs(pd[i] - expect) < 1e-12, "adam entry %d: %.17g vs %.17g", i, pd[i], expect);
+  }
+  CHECK(attn_adam_step(&p, &g, &m, &p, &o) == ATTN_ERR_ARG, "aliasing buffers refused");
+  attn_sgd_options so = {0.5, 0, 0, 0.1, 0, 0};
+  memcpy(pd, p0, sizeof p0);
+  CHECK(attn_sgd_step(&p, &g, NULL, &so) == ATTN_OK, "sgd_step: %s", attn_last_error());
+  for (int i = 0; i < 3; i++) {
+    double expect = p0[i] - (p0[i] * 0.1 + g0[i]) * 0.5;
+    CHECK(fabs(pd[i] - expect) < 1e-15, "sgd entry %d: %.17g vs %.17g", i, pd[i], expect);
+  }
+  const attn_tensor *both[2] = {&p, &g};
+  double norm;
+  CHECK(attn_grads_norm(2, both, &norm) == ATTN_OK, "grads_norm");
+  double sq = 0;
+  for (int i = 0; i < 3; i++) sq += pd[i] * pd[i] + gd[i] * gd[i];
+  CHECK(fabs(norm - sqrt(sq)) < 1e-14 * sqrt(sq), "norm %.17g vs %.17g", norm, sqrt(sq));
+
+  /* cross-entropy: 2 sequences x 2 steps of 3 classes, valid lengths 1 and 2 */
+  int64_t xs[3] = {2, 2, 3}, rows = 4, stat_n = 8, two = 2;
+  attn_tensor x, idx, valid, loss, stats, dloss, dx;
+  attn_tensor_init(&x, ATTN_F64, 3, xs);
+  attn_tensor_init(&idx, ATTN_I64, 1, &rows);
+  attn_tensor_init(&valid, ATTN_I64, 1, &two);
+  attn_tensor_init(&loss, ATTN_F64, 1, &rows);
+  attn_tensor_init(&stats, ATTN_F64, 1, &stat_n);
+  attn_tensor_init(&dloss, ATTN_F64, 1, &rows);
+  attn_tensor_init(&dx, ATTN_F64, 3, xs);
+  double *xd = attn_tensor_data(&x), *ld = attn_tensor_data(&loss), *dd = attn_tensor_data(&dx);
+  int64_t *id = attn_tensor_data(&idx), *vd = attn_tensor_data(&valid);
+  for (int i = 0; i < 12; i++) xd[i] = sin(i + 1.0) * 2;
+  for (int r = 0; r < 4; r++) id[r] = (r * 2 + 1) % 3, ((double *)attn_tensor_data(&dloss))[r] = 1;
+  vd[0] = 1, vd[1] = 2;
+  int64_t count;
+  CHECK(attn_softmax_ce_forward(&x, &idx, &valid, 2, &loss, &stats, &count) == ATTN_OK, "ce forward: %s",
+        attn_last_error());
+  CHECK(attn_softmax_ce_backward(&x, &idx, &valid, 2, &stats, &dloss, &dx) == ATTN_OK, "ce backward: %s",
+        attn_last_error());
+  CHECK(count == 3, "3 rows count, got %lld", (long long)count);
+  for (int r = 0; r < 4; r++) {
+    int counts = r != 1; /* sequence 0 has one valid step */
+    double lse = log(exp(xd[3 * r]) + exp(xd[3 * r + 1]) + exp(xd[3 * r + 2]));
+    double expect = counts ? lse - xd[3 * r + id[r]] : 0;
+    CHECK(fabs(ld[r] - expect) < 1e-12, "ce row %d: %.17g vs %.17g", r, ld[r], expect);
+    for (int c = 0; c < 3; c++) {
+      double grad = counts ? exp(xd[3 * r + c] - lse) - (c == id[r]) : 0;
+      CHECK(fabs(dd[3 * r + c] - grad) < 1e-12, "ce grad %d,%d: %.17g vs %.17g", r, c, dd[3 * r + c], grad);
+    }
+  }
+  id[2] = 3;
+  CHECK(attn_softmax_ce_forward(&x, &idx, NULL, 0, &loss, &stats, &count) == ATTN_ERR_ARG, "id 3 of 3 refused");
+  CHECK(strstr(attn_last_error(), "index 3 at row 3 is out of range 0..2") != NULL, "message: %s", attn_last_error());
+  attn_tensor *all[] = {&p, &g, &m, &v, &x, &idx, &valid, &loss, &stats, &dloss, &dx};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) attn_tensor_free(all[i]);
+}
+
 int main(void) {
   test_allocator();
   test_views_and_errors();
@@ -587,6 +658,7 @@ int main(void) {
   test_gru();
   test_vmath();
   test_attention_checks();
+  test_optim_and_loss();
   attn_alloc_empty_cache();
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;

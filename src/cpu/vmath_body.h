@@ -174,52 +174,6 @@ double VMATH_FN(attn_vmath_exp_row_f32_)(float *x, int64_t n, float m) {
   return s;
 }
 
-/* Small product (attn_vmath_gemm_small_f32): op(B) packed into K rows of N rounded up to 16 (zero
- * columns past N), then C built 4 rows by 16 columns at a time in vector accumulators (GCC vector
- * extensions, as the flash kernels use: one register on AVX-512, two or four narrower ones
- * elsewhere), 4 independent chains of multiply-adds. */
-#ifndef VM_V16_DEFINED
-#define VM_V16_DEFINED
-typedef float vm_v16 __attribute__((vector_size(64)));
-#endif
-void VMATH_FN(attn_vmath_gemm_small_f32_)(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
-                                          const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                                          float *C, int64_t ldc, float *pack) {
-  const int64_t Np = (N + 15) / 16 * 16;
-  memset(pack, 0, (size_t)(K * Np) * sizeof *pack);
-  for (int64_t k = 0; k < K; k++) {
-    float *p = pack + k * Np;
-    if (tb)
-      for (int64_t n = 0; n < N; n++) p[n] = B[n * ldb + k];
-    else
-      memcpy(p, B + k * ldb, (size_t)N * sizeof *p);
-  }
-  for (int64_t m0 = 0; m0 < M; m0 += 4) {
-    const int64_t rows = M - m0 < 4 ? M - m0 : 4;
-    for (int64_t n0 = 0; n0 < N; n0 += 16) {
-      vm_v16 acc[4] = {{0}, {0}, {0}, {0}};
-      for (int64_t k = 0; k < K; k++) {
-        vm_v16 p;
-        memcpy(&p, pack + k * Np + n0, sizeof p);
-        for (int r = 0; r < 4; r++) {
-          float a = r < rows ? (ta ? A[k * lda + m0 + r] : A[(m0 + r) * lda + k]) : 0.0f;
-          acc[r] += a * p;
-        }
-      }
-      const int64_t w = N - n0 < 16 ? N - n0 : 16;
-      for (int64_t r = 0; r < rows; r++) {
-        float out[16], *c = C + (m0 + r) * ldc + n0;
-        const vm_v16 y = alpha * acc[r];
-        memcpy(out, &y, sizeof out);
-        if (beta != 0)
-          for (int64_t t = 0; t < w; t++) c[t] = beta * c[t] + out[t];
-        else
-          memcpy(c, out, (size_t)w * sizeof *c);
-      }
-    }
-  }
-}
-
 /* The engine's dropout rule (attn_dropout.h) over a row; only AVX-512 DQ has
  * the 64-bit multiplies that let the hash vectorise. The kept value is
  * computed for every entry and cleared by a mask from the draw, not chosen

@@ -18,7 +18,8 @@
   void attn_vmath_dropout_f64_##isa(const attn_dropout_rule *r, const double *x, double *y, int64_t n, uint64_t base); \
   void attn_vmath_gemm_small_f32_##isa(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,          \
                                        const float *A, int64_t lda, const float *B, int64_t ldb, float beta,  \
-                                       float *C, int64_t ldc, float *pack);
+                                       float *C, int64_t ldc, float *pack);                                  \
+  extern const int64_t attn_vmath_gemm_small_max_##isa;
 
 ATTN_VMATH_DECLARE(generic)
 #if defined(__x86_64__)

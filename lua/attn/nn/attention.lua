@@ -13,18 +13,21 @@ local attn = require "attn"
 local module = require "attn.nn.module"
 local linear = require "attn.nn.linear"
 local check = require "attn.check"
+local attention = require "attn.attention"
+local core = require "attn.core"
 
 local Module = module.Module
 local Linear, Dropout, Embedding = linear.Linear, linear.Dropout, linear.Embedding
 
 local M = {}
 
-local shape_str = require("attn.core").shape_str -- "[2x3]" from a tensor or a table of sizes
+local shape_str = core.shape_str -- "[2x3]" from a tensor or a table of sizes
+local is_tensor = attn.is_tensor
 
 -- Options given either as a table or positionally, in the order of `names`.
 local function read_options(who, names, first, ...)
   local o = {}
-  if type(first) == "table" and not attn.is_tensor(first) then
+  if type(first) == "table" and not is_tensor(first) then
     check.options(who, first, names, 5)
     for k, v in pairs(first) do o[k] = v end
   else
@@ -40,23 +43,36 @@ local function need_int(who, o, name)
 end
 
 local function valid_lens_tensor(v, dtype)
-  if v == nil or attn.is_tensor(v) then return v end
+  if v == nil or is_tensor(v) then return v end
   if type(v) == "table" then return attn.tensor(v, dtype) end
   error("valid_lens must be a tensor, a table or nil, got a " .. type(v), 3)
 end
 
-local function detach(t) return t and t:detach() or nil end
+-- The weights as the layer keeps them: detached from the graph. A weights tensor no node
+-- produced (nothing recorded) is already detached and is kept as it is, with no new view.
+local function detach(t)
+  if t ~= nil and t._rg then return t:detach() end
+  return t
+end
 
--- Options for the functional kernels: the caller's opts (copied), the lengths as
--- a tensor, the layer's dropout, and weights in eval mode or in training when
--- asked for (pitfall 9).
-local function kernel_options(m, opts, valid_lens, dtype)
-  local o = {}
-  for k, v in pairs(opts or {}) do o[k] = v end
-  if valid_lens ~= nil then o.valid_lens = valid_lens_tensor(valid_lens, dtype) end
-  o.dropout, o.training = m.dropout.p, m.dropout.training
-  o.need_weights = m.keep_weights == true or not m.training
-  return o
+-- Stores the weights of the last call in `m.attention_weights`. They are a detached tensor or
+-- nil, never a parameter, buffer or child, so the field is written without the registration
+-- checks of a module assignment (which cost more than a small attention call).
+local function keep_weights(m, w) rawget(m, "_attrs").attention_weights = detach(w) end
+
+-- True when x is a 3-D tensor whose last dim is the in_features of `lin`; anything else goes
+-- through the composed path, whose Linear children raise their own errors.
+local function fits(x, lin)
+  return is_tensor(x) and core.dim(x) == 3 and core.size(x, 3) == lin.in_features
+end
+
+-- The kernel options of one layer call (attn.attention._layer_options): the caller's opts, the
+-- lengths as a tensor of the queries' dtype, the dropout of the layer's Dropout child, and the
+-- weights when `m` (the module computing them) is in eval mode or `keep` is set (pitfall 9).
+local function kernel_options(fn, m, keep, opts, valid_lens, queries)
+  local dropout = m.dropout
+  return attention._layer_options(fn, opts, valid_lens_tensor(valid_lens, is_tensor(queries) and core.dtype(queries)
+    or nil), dropout.p, dropout.training, not m.training or keep == true)
 end
 
 -- ---------------------------------------------------------------- DotProductAttention
@@ -78,9 +94,9 @@ function DotProductAttention:forward(queries, keys, values, valid_lens, opts)
   if opts ~= nil and type(opts) ~= "table" then
     error("DotProductAttention: opts must be a table, got a " .. type(opts), 2)
   end
-  local o = kernel_options(self, opts, valid_lens, attn.is_tensor(queries) and queries:dtype() or nil)
-  local out, weights = attn.dot_product_attention(queries, keys, values, o)
-  self.attention_weights = detach(weights)
+  local o = kernel_options("dot_product_attention", self, self.keep_weights, opts, valid_lens, queries)
+  local out, weights = attention._dot_product_attention(queries, keys, values, o)
+  keep_weights(self, weights)
   return out
 end
 
@@ -108,6 +124,14 @@ function AdditiveAttention:init(...)
 end
 
 function AdditiveAttention:forward(queries, keys, values, valid_lens)
+  if self.fused ~= false and fits(queries, self.W_q) and fits(keys, self.W_k) then
+    local o = kernel_options("projected_additive_attention", self, self.keep_weights, nil, valid_lens, queries)
+    local out, weights = attention._projected_additive_attention(queries, keys, values, self.W_q.weight,
+      self.W_k.weight, self.w_v.weight, o)
+    keep_weights(self, weights)
+    return out
+  end
+  -- the composition the fused node equals (the reference the specs compare it against)
   return self:attend_projected(queries, self.W_k(keys), values, valid_lens)
 end
 
@@ -122,9 +146,9 @@ function AdditiveAttention:attend_projected(queries, projected_keys, values, val
   local qh = self.W_q(queries)
   -- w_v.weight is (1, num_hiddens) as in PyTorch; the functional form takes the (h) vector
   local w_v = self.w_v.weight:reshape({ self.w_v.in_features })
-  local out, weights = attn.additive_attention(qh, projected_keys, values, w_v,
-    kernel_options(self, nil, valid_lens, qh:dtype()))
-  self.attention_weights = detach(weights)
+  local out, weights = attention._additive_attention(qh, projected_keys, values, w_v,
+    kernel_options("additive_attention", self, self.keep_weights, nil, valid_lens, qh))
+  keep_weights(self, weights)
   return out
 end
 
@@ -167,8 +191,8 @@ end
 -- that broadcast over the batch ((Nq, Nk) or (1, Nq, Nk)) are kept as they are.
 local function per_head_mask(opts, heads, dtype)
   local mask = opts.mask
-  if type(mask) == "table" and not attn.is_tensor(mask) then mask = attn.tensor(mask, dtype) end
-  if attn.is_tensor(mask) and mask:dim() == 3 and mask:size(1) > 1 then
+  if type(mask) == "table" and not is_tensor(mask) then mask = attn.tensor(mask, dtype) end
+  if is_tensor(mask) and mask:dim() == 3 and mask:size(1) > 1 then
     local idx = {}
     for b = 1, mask:size(1) do
       for _ = 1, heads do idx[#idx + 1] = b end
@@ -184,7 +208,7 @@ end
 -- valid_lens must fit the caller's (B) or (B, Nq), checked before the per-head
 -- repetition so the message shows the shapes the caller passed.
 local function check_lens(lens, queries)
-  if lens == nil or not attn.is_tensor(queries) or queries:dim() ~= 3 then return end
+  if lens == nil or not is_tensor(queries) or queries:dim() ~= 3 then return end
   local ls, qs = lens:shape(), queries:shape()
   if not ((#ls == 1 and ls[1] == qs[1]) or (#ls == 2 and ls[1] == qs[1] and ls[2] == qs[2])) then
     error(string.format("MultiHeadAttention: valid_lens %s does not fit queries %s (expected %s or %s)",
@@ -192,24 +216,42 @@ local function check_lens(lens, queries)
   end
 end
 
+-- The per-head weights (B*H, Nq, Nk) of the last call in both places the book reads them:
+-- the attention child (as they are) and the layer, as (B, num_heads, Nq, Nk).
+local function keep_head_weights(m, w, heads)
+  keep_weights(m.attention, w)
+  w = m.attention.attention_weights
+  if w ~= nil then -- detached: a plain view, no node
+    local s = core.shape(w)
+    w = core.reshape(w, s[1] // heads, heads, s[2], s[3])
+  end
+  rawget(m, "_attrs").attention_weights = w
+end
+
 function MultiHeadAttention:forward(queries, keys, values, valid_lens, opts)
-  check_lens(valid_lens_tensor(valid_lens, attn.is_tensor(queries) and queries:dtype() or nil), queries)
+  local dtype = is_tensor(queries) and queries:dtype() or nil
+  valid_lens = valid_lens_tensor(valid_lens, dtype)
+  check_lens(valid_lens, queries)
   local heads = self.num_heads
-  local q = attn.split_heads(self.W_q(queries), heads)
-  local k = attn.split_heads(self.W_k(keys), heads)
-  local v = attn.split_heads(self.W_v(values), heads)
-  valid_lens = valid_lens_tensor(valid_lens, q:dtype())
+  if opts ~= nil and opts.mask ~= nil then opts = per_head_mask(opts, heads, dtype) end
+  local Wq, Wk, Wv, Wo = self.W_q, self.W_k, self.W_v, self.W_o
+  if self.fused ~= false and fits(queries, Wq) and fits(keys, Wk) and fits(values, Wv) then
+    -- the weights as the composition asks its child for them: the layer's keep_weights rules
+    local o = kernel_options("multi_head_attention", self.attention, self.keep_weights, opts, valid_lens, queries)
+    local out, w = attention._multi_head_attention(queries, keys, values, heads, { W_q = Wq.weight, W_k = Wk.weight,
+      W_v = Wv.weight, W_o = Wo.weight, b_q = Wq.bias, b_k = Wk.bias, b_v = Wv.bias, b_o = Wo.bias }, o)
+    keep_head_weights(self, w, heads)
+    return out
+  end
+  -- the composition the fused node equals (the reference the specs compare it against)
+  local q = attn.split_heads(Wq(queries), heads)
+  local k = attn.split_heads(Wk(keys), heads)
+  local v = attn.split_heads(Wv(values), heads)
   if valid_lens ~= nil then valid_lens = attn.repeat_interleave(valid_lens, heads) end
-  if opts ~= nil and opts.mask ~= nil then opts = per_head_mask(opts, heads, q:dtype()) end
   self.attention.keep_weights = self.keep_weights
   local out = self.attention(q, k, v, valid_lens, opts)
-  local w = self.attention.attention_weights
-  self.attention_weights = nil
-  if w ~= nil then
-    local s = w:shape()
-    self.attention_weights = w:reshape({ s[1] // heads, heads, s[2], s[3] })
-  end
-  return self.W_o(attn.merge_heads(out, heads))
+  keep_head_weights(self, self.attention.attention_weights, heads)
+  return Wo(attn.merge_heads(out, heads))
 end
 
 function MultiHeadAttention:extra_repr() return "num_heads=" .. self.num_heads end
@@ -243,7 +285,7 @@ function PositionalEncoding:encoding(T, dtype, offset)
 end
 
 local function check_positions(who, X, d, max_len, offset)
-  if not attn.is_tensor(X) then error(who .. ": input must be a tensor (B, T, d), got a " .. type(X), 3) end
+  if not is_tensor(X) then error(who .. ": input must be a tensor (B, T, d), got a " .. type(X), 3) end
   if offset ~= nil and (math.type(offset) ~= "integer" or offset < 0) then
     error(string.format("%s: offset must be a non-negative integer, got %s", who, tostring(offset)), 3)
   end

@@ -63,8 +63,8 @@ local function affine_forward(x, weight, bias)
   local n = #s
   local fin, fout = core.size(weight, 2), core.size(weight, 1)
   local x2 = n == 2 and x or core.reshape(x, -1, fin)
-  local y = core.matmul(x2, core.transpose(weight, 1, 2))
-  if bias then core.add_(y, bias) end -- y is fresh: nobody else sees the write
+  local wt = core.transpose(weight, 1, 2)
+  local y = bias and core.addmm(bias, x2, wt) or core.matmul(x2, wt) -- the bias rows start the product
   if n ~= 2 then
     s[n] = fout
     y = core.reshape(y, s)

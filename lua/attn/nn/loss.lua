@@ -26,42 +26,61 @@ local M = {}
 
 local shape_str = require("attn.core").shape_str -- "[2x3]" from a tensor or a table of sizes
 
--- Labels as a tensor (int64, or float holding integers), checked in the core
--- against the logits' shape (..., C) and the class range 1..C.
-local function check_labels(who, logits, labels)
-  if type(labels) == "table" and not attn.is_tensor(labels) then labels = attn.tensor(labels, "float64") end
+-- A table of labels becomes a tensor; shapes and ids are checked in the core.
+local function as_labels(who, labels)
+  if type(labels) == "table" and not attn.is_tensor(labels) then return attn.tensor(labels, "float64") end
   if not attn.is_tensor(labels) then error(string.format("%s: labels must be a tensor or a table", who), 4) end
-  local ls, ps = labels:shape(), logits:shape()
-  local ok = #ls == #ps - 1
-  for i = 1, #ls do ok = ok and ls[i] == ps[i] end
-  if not ok then
-    error(string.format("%s: labels %s must have the shape of logits %s without its last (class) dim", who,
-      shape_str(ls), shape_str(ps)), 4)
-  end
-  local ctx = string.format("labels %s, logits %s", shape_str(ls), shape_str(ps))
-  attn.core.check_ids(labels, ps[#ps], who, "label", ctx)
   return labels
 end
 
+local function contiguous(t) return core.is_contiguous(t) and t or core.contiguous(t) end
+
+-- The fused node: -log_softmax(logits)[label] per row (labels' shape), times
+-- the 0/1 mask of rows t <= valid_len[b] when valid_len is given (rows read as
+-- (B, steps)). One forward kernel checks the ids (1-based, int64 or integral
+-- floats) and saves each row's max and log-sum; backward is one pass,
+-- (softmax - onehot) * g. Returns the loss and the number of rows that count.
+local function softmax_ce(who, logits, labels, valid_len, steps)
+  local x = contiguous(logits)
+  local loss, stats, index, count = core.softmax_ce_forward(x, as_labels(who, labels), valid_len, steps, who)
+  local out = autograd.record("cross_entropy", loss, { logits }, function(g)
+    return core.softmax_ce_backward(x, index, valid_len, steps, stats, contiguous(g))
+  end)
+  return out, count
+end
+
+local function check_logits(who, logits)
+  if not attn.is_tensor(logits) or logits:dim() < 1 then
+    error(string.format("%s: logits must be a tensor (..., C)", who), 4)
+  end
+end
+
 --- Per-element cross-entropy: logits (..., C), labels (...) 1-based -> (...).
--- Computed as -log_softmax(logits)[label], as one autograd node whose
--- backward is (softmax(logits) - onehot(label)) * g in one pass over the
--- saved log-probabilities (instead of log_softmax, gather, squeeze and neg).
+-- Computed as -log_softmax(logits)[label] by one C kernel and one autograd
+-- node (see `attn_loss.h`): the ids are checked in the core (range 1..C,
+-- integrality of float ids), each row's max and log-sum are kept for
+-- backward, which is (softmax(logits) - onehot(label)) * g in one pass.
+-- @tparam Tensor logits (..., C), float32 or float64
+-- @param labels (...) 1-based class ids: a tensor (int64, or float holding integers) or a table
+-- @tparam[opt] string who the name errors give (default "cross_entropy")
+-- @treturn Tensor (...) per-element losses
 function M.cross_entropy(logits, labels, who)
   who = who or "cross_entropy"
-  if not attn.is_tensor(logits) or logits:dim() < 1 then
-    error(string.format("%s: logits must be a tensor (..., C)", who), 3)
-  end
-  labels = check_labels(who, logits, labels)
+  check_logits(who, logits)
+  return (softmax_ce(who, logits, labels))
+end
+
+--- The composed reference of `cross_entropy` (the specs compare against it):
+-- log_softmax, gather, squeeze and neg, each its own autograd node.
+-- @tparam Tensor logits (..., C)
+-- @param labels (...) 1-based class ids
+-- @treturn Tensor (...)
+function M.cross_entropy_reference(logits, labels)
+  check_logits("cross_entropy", logits)
+  labels = as_labels("cross_entropy", labels)
   local d = logits:dim()
-  local logp = core.log_softmax(logits, d)
   local index = core.unsqueeze(labels, d)
-  local out = core.neg(core.squeeze(core.gather(logp, d, index), d))
-  return autograd.record("cross_entropy", out, { logits }, function(g)
-    local gu = core.unsqueeze(g, d)
-    local dlogits = core.mul(core.exp(logp), gu)
-    return core.scatter_add_(dlogits, d, index, core.contiguous(core.neg(gu)))
-  end)
+  return -(logits:log_softmax(d):gather(d, index):squeeze(d))
 end
 
 -- ---------------------------------------------------------------- CrossEntropyLoss
@@ -94,26 +113,44 @@ function CrossEntropyLoss:extra_repr() return "reduction=" .. self.reduction end
 
 -- ---------------------------------------------------------------- masked losses
 
--- 0/1 mask (B, T) of positions t <= valid_len[b].
-local function length_mask(B, T, valid_len, dtype, who)
+-- valid_len as B lengths (a table becomes a tensor of dtype), contiguous.
+local function lengths(who, B, valid_len, dtype)
   if type(valid_len) == "table" and not attn.is_tensor(valid_len) then valid_len = attn.tensor(valid_len, dtype) end
   if not attn.is_tensor(valid_len) or valid_len:numel() ~= B then
     error(string.format("%s: valid_len must be a tensor or table of %d lengths", who, B), 4)
   end
-  local lens = valid_len:reshape({ B, 1 }):to(dtype)
-  local steps = attn.arange(1, T + 1, dtype):reshape({ 1, T })
-  return attn.core.le(steps, lens)
+  return contiguous(valid_len)
 end
 
-local function masked_ce(who, pred, label, valid_len)
+local function check_pred(who, pred)
   if not attn.is_tensor(pred) or pred:dim() ~= 3 then
     error(string.format("%s: pred must be a tensor (B, T, V), got %s", who,
-      attn.is_tensor(pred) and shape_str(pred:shape()) or type(pred)), 3)
+      attn.is_tensor(pred) and shape_str(pred:shape()) or type(pred)), 4)
   end
+end
+
+-- Per-token losses (B, T) masked by valid length, the count of valid tokens, and T.
+local function masked_ce(who, pred, label, valid_len)
+  check_pred(who, pred)
   local B, T = pred:size(1), pred:size(2)
-  local l = M.cross_entropy(pred, label, who)
-  local mask = length_mask(B, T, valid_len, pred:dtype(), who)
-  return l * mask, mask, T
+  local l, count = softmax_ce(who, pred, label, lengths(who, B, valid_len, pred:dtype()), T)
+  return l, count, T
+end
+
+--- The composed reference of the masked per-token loss (the specs compare
+-- against it): `cross_entropy_reference` times a 0/1 mask (B, T) of the
+-- positions t <= valid_len[b], built by arange and a comparison.
+-- @tparam Tensor pred (B, T, V)
+-- @param label (B, T) 1-based ids
+-- @param valid_len (B) lengths
+-- @treturn Tensor (B, T) masked per-token losses
+-- @treturn Tensor (B, T) the mask
+function M.masked_ce_reference(pred, label, valid_len)
+  check_pred("masked_ce_reference", pred)
+  local B, T = pred:size(1), pred:size(2)
+  local lens = lengths("masked_ce_reference", B, valid_len, pred:dtype()):reshape({ B, 1 }):to(pred:dtype())
+  local mask = attn.core.le(attn.arange(1, T + 1, pred:dtype()):reshape({ 1, T }), lens)
+  return M.cross_entropy_reference(pred, label) * mask, mask
 end
 
 --- `nn.MaskedSoftmaxCELoss()`: loss(pred (B, T, V), label (B, T), valid_len (B))
@@ -134,8 +171,7 @@ end
 -- valid), book (= token_mean / T, what d2l's train_seq2seq prints) and the
 -- number of valid tokens.
 function M.masked_token_mean(pred, label, valid_len)
-  local l, mask, T = masked_ce("masked_token_mean", pred, label, valid_len)
-  local count = mask:sum():item()
+  local l, count, T = masked_ce("masked_token_mean", pred, label, valid_len)
   local mean = l:sum() / math.max(count, 1)
   return mean, mean / T, count
 end

@@ -1,0 +1,64 @@
+/* The head layout of multi-head attention (d2l's transpose_qkv and transpose_output) as one
+ * strided copy each: the 4-D views below are never materialised, so a move costs one pass over
+ * the data instead of a reshape, a permute and a copying reshape. */
+#include "attn_attention.h"
+
+/* Row-major strides of a contiguous (B*H, N, dh) or (B, N, H*dh) tensor are the only layout the
+ * outputs take; the inputs may be any strided view. */
+static attn_status check_out(const char *op, const attn_tensor *x, const attn_tensor *out, const int64_t *want) {
+  if (out->dtype != x->dtype || out->ndim != 3 || out->shape[0] != want[0] || out->shape[1] != want[1] ||
+      out->shape[2] != want[2] || !attn_tensor_is_contiguous(out))
+    return attn_error(ATTN_ERR_SHAPE, "%s: output %s must be a contiguous [%lldx%lldx%lld] %s tensor", op,
+                      attn_tensor_shape_str(out), (long long)want[0], (long long)want[1], (long long)want[2],
+                      attn_dtype_name(x->dtype));
+  return ATTN_OK;
+}
+
+/* A 4-D view of t's storage: shape and strides given, t's offset and dtype. */
+static attn_tensor view4(const attn_tensor *t, const int64_t *shape, const int64_t *stride) {
+  attn_tensor v = *t; /* borrowed: shares t's storage reference, never freed */
+  v.ndim = 4;
+  for (int d = 0; d < 4; d++) {
+    v.shape[d] = shape[d];
+    v.stride[d] = stride[d];
+  }
+  return v;
+}
+
+attn_status attn_attention_split_heads(const attn_tensor *x, int64_t heads, attn_tensor *out) {
+  const char *op = "split_heads";
+  if (x->ndim != 3)
+    return attn_error(ATTN_ERR_SHAPE, "%s: X must be (B, N, H*dh), got %s", op, attn_tensor_shape_str(x));
+  if (heads < 1 || x->shape[2] % heads != 0)
+    return attn_error(ATTN_ERR_ARG, "%s: width %lld of X %s is not divisible by num_heads %lld", op,
+                      (long long)x->shape[2], attn_tensor_shape_str(x), (long long)heads);
+  int64_t B = x->shape[0], N = x->shape[1], dh = x->shape[2] / heads;
+  int64_t want[3] = {B * heads, N, dh};
+  attn_status st = check_out(op, x, out, want);
+  if (st != ATTN_OK) return st;
+  /* x as (B, N, H, dh) read in (B, H, N, dh) order; out is (B*H, N, dh) = (B, H, N, dh) */
+  int64_t shape[4] = {B, heads, N, dh};
+  int64_t xs[4] = {x->stride[0], dh * x->stride[2], x->stride[1], x->stride[2]};
+  int64_t os[4] = {heads * N * dh, N * dh, dh, 1};
+  attn_tensor src = view4(x, shape, xs), dst = view4(out, shape, os);
+  return attn_copy(&dst, &src);
+}
+
+attn_status attn_attention_merge_heads(const attn_tensor *x, int64_t heads, attn_tensor *out) {
+  const char *op = "merge_heads";
+  if (x->ndim != 3)
+    return attn_error(ATTN_ERR_SHAPE, "%s: X must be (B*H, N, dh), got %s", op, attn_tensor_shape_str(x));
+  if (heads < 1 || x->shape[0] % heads != 0)
+    return attn_error(ATTN_ERR_ARG, "%s: batch %lld of X %s is not divisible by num_heads %lld", op,
+                      (long long)x->shape[0], attn_tensor_shape_str(x), (long long)heads);
+  int64_t B = x->shape[0] / heads, N = x->shape[1], dh = x->shape[2];
+  int64_t want[3] = {B, N, heads * dh};
+  attn_status st = check_out(op, x, out, want);
+  if (st != ATTN_OK) return st;
+  /* x (B*H, N, dh) = (B, H, N, dh); out (B, N, H*dh) written in (B, H, N, dh) order */
+  int64_t shape[4] = {B, heads, N, dh};
+  int64_t xs[4] = {heads * x->stride[0], x->stride[0], x->stride[1], x->stride[2]};
+  int64_t os[4] = {N * heads * dh, dh, heads * dh, 1};
+  attn_tensor src = view4(x, shape, xs), dst = view4(out, shape, os);
+  return attn_copy(&dst, &src);
+}
