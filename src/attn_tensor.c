@@ -512,6 +512,20 @@ static const attn_iter_fn copy_fns[3][3] = {
     {copy_i64_f32, copy_i64_f64, copy_i64_i64},
 };
 
+/* One row of n elements at stride `stride` into a contiguous one; unit-stride
+ * rows (the head layouts' 8 columns) as a loop the compiler vectorises. */
+#define DEFINE_COPY_ROW(name, T)                                                   \
+  static inline void name(char *out, const char *row, int64_t n, int64_t stride) { \
+    const T *restrict a = (const T *)row;                                          \
+    T *restrict o = (T *)out;                                                      \
+    if (stride == 1)                                                               \
+      for (int64_t j = 0; j < n; j++) o[j] = a[j];                                 \
+    else                                                                           \
+      for (int64_t j = 0; j < n; j++) o[j] = a[j * stride];                        \
+  }
+DEFINE_COPY_ROW(copy_row32, uint32_t)
+DEFINE_COPY_ROW(copy_row64, uint64_t)
+
 /* A same-dtype copy of a strided, non-contiguous src (same shape) into a
  * contiguous dst, for short inner rows (a permuted head layout has rows of a
  * head's 8 columns): loops over the last two dims with an odometer over the
@@ -540,22 +554,10 @@ static int copy_rows_into_contiguous(attn_tensor *dst, const attn_tensor *src) {
   for (int64_t r = 0; r < runs; r++) {
     const char *row = at;
     for (int64_t i = 0; i < run; i++, row += rstride, out += row_bytes) {
-      /* unit-stride rows (the head layouts' 8 columns) as a loop the compiler vectorises */
-      if (es == 4) {
-        const uint32_t *restrict a = (const uint32_t *)row;
-        uint32_t *restrict o = (uint32_t *)out;
-        if (istride == 1)
-          for (int64_t j = 0; j < inner; j++) o[j] = a[j];
-        else
-          for (int64_t j = 0; j < inner; j++) o[j] = a[j * istride];
-      } else {
-        const uint64_t *restrict a = (const uint64_t *)row;
-        uint64_t *restrict o = (uint64_t *)out;
-        if (istride == 1)
-          for (int64_t j = 0; j < inner; j++) o[j] = a[j];
-        else
-          for (int64_t j = 0; j < inner; j++) o[j] = a[j * istride];
-      }
+      if (es == 4)
+        copy_row32(out, row, inner, istride);
+      else
+        copy_row64(out, row, inner, istride);
     }
     for (int d = nd - 3; d >= 0; d--) { /* next run: odometer over the outer dims */
       if (++index[d] < src->shape[d]) {
