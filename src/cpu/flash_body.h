@@ -59,6 +59,8 @@ static inline __attribute__((always_inline)) void mk_block(const int NB, const i
       for (int q = s; q < FLASH_QV; q++) a[q] = vload(ap + q * FLASH_VL);
       for (int r = 0; r < NB; r++) {
         float bv = bp[r * bn];
+        /* a[q] is loaded above for every q >= s (cppcheck loses that across the two loops) */
+        // cppcheck-suppress uninitvar
         for (int q = s; q < FLASH_QV; q++) acc[r][q] += a[q] * bv;
       }
     }
