@@ -320,3 +320,133 @@ describe("nn.Module", function()
     end)
   end)
 end)
+
+describe("the cached parameters() list", function()
+  -- The reference: the tensors of a fresh tree walk (named_parameters walks
+  -- the tree at every call and never reads the cache).
+  local function walked(m)
+    local out = {}
+    for i, e in ipairs(m:named_parameters()) do out[i] = e[2] end
+    return out
+  end
+  -- parameters() equals the walk element by element (the same tensor objects).
+  local function agrees(m)
+    local got, want = m:parameters(), walked(m)
+    assert.equal(#want, #got)
+    for i = 1, #want do assert.is_true(rawequal(want[i], got[i]), "position " .. i) end
+    return got
+  end
+  local function param(...) return attn.randn({ ... }, { requires_grad = true }) end
+
+  it("follows every change made through the module's fields and registration functions", function()
+    local root = Block(4)
+    local list = agrees(root) -- cached from here on
+    assert.equal(7, #list)
+    root.extra = param(2) -- a new parameter field
+    assert.equal(8, #agrees(root))
+    local old = root.extra
+    root.extra = param(2) -- replaced by another parameter
+    assert.is_false(rawequal(old, agrees(root)[2]))
+    root.extra = nil -- removed
+    assert.equal(7, #agrees(root))
+    root:register_parameter("gate", attn.ones({ 4 })) -- explicit forms
+    assert.equal(8, #agrees(root))
+    root:register_buffer("gate", attn.ones({ 4 })) -- the name becomes a buffer: no longer a parameter
+    assert.equal(7, #agrees(root))
+    root:add_module("side", nn.Linear(2, 2))
+    assert.equal(9, #agrees(root))
+    root.side = nn.Linear(2, 2, { bias = false }) -- a child replaced
+    assert.equal(8, #agrees(root))
+    root.side = nil -- and removed
+    assert.equal(7, #agrees(root))
+    -- a change deep in the tree reaches the root's cached list
+    root.inner[1].weight = param(3, 4)
+    agrees(root)
+    root.inner[2].bias = nil
+    assert.equal(6, #agrees(root))
+    root.head.extra = param(1)
+    assert.equal(7, #agrees(root))
+  end)
+
+  it("follows the containers: append, extend, insert, replace, dict entries", function()
+    local list = nn.ModuleList { nn.Linear(2, 2) }
+    local top = nn.Sequential(list, nn.Linear(2, 3))
+    agrees(top)
+    list:append(nn.Linear(2, 2))
+    assert.equal(6, #agrees(top))
+    list:extend { nn.Linear(2, 2, { bias = false }) }
+    assert.equal(7, #agrees(top))
+    list:insert(1, nn.Linear(2, 2))
+    assert.equal(9, #agrees(top))
+    list[2] = nn.ReLU() -- replacement through the integer __newindex
+    assert.equal(7, #agrees(top))
+    list[#list + 1] = nn.Linear(2, 2) -- append through it
+    assert.equal(9, #agrees(top))
+    local dict = nn.ModuleDict { a = nn.Linear(2, 2) }
+    local holder = nn.Sequential(dict)
+    assert.equal(2, #agrees(holder))
+    dict.b = nn.Linear(2, 2)
+    assert.equal(4, #agrees(holder))
+    dict.a = nil
+    assert.equal(2, #agrees(holder))
+    -- a module shared by two parents (tied): listed once, and a change seen from both
+    local shared = nn.Linear(2, 2)
+    local x, y = nn.Sequential(shared), nn.Sequential(shared, shared)
+    assert.equal(2, #agrees(x))
+    assert.equal(2, #agrees(y))
+    shared.weight = param(2, 2) -- re-registered: now after the bias, as a fresh walk lists it
+    assert.is_true(rawequal(shared.weight, agrees(x)[2]))
+    assert.is_true(rawequal(shared.weight, agrees(y)[2]))
+  end)
+
+  it("stays valid across in place changes: load_state_dict and to()", function()
+    local m = Block(3)
+    local before = agrees(m)
+    local sd = Block(3):state_dict()
+    m:load_state_dict(sd)
+    local after = agrees(m)
+    for i = 1, #before do assert.is_true(rawequal(before[i], after[i])) end
+    helper.assert_close(m.inner[1].weight, sd["inner.0.weight"], { atol = 0, rtol = 0 })
+    m:to("float64")
+    for _, p in ipairs(agrees(m)) do assert.equal("float64", p:dtype()) end
+    assert.equal("float64", m:dtype())
+  end)
+
+  it("returns a new table each call: a caller changing it cannot corrupt the cache", function()
+    local m = Block(2)
+    local list = m:parameters()
+    list[1], list[#list + 1] = nil, attn.ones({ 1 })
+    table.remove(list, 2)
+    agrees(m)
+    assert.is_false(rawequal(m:parameters(), m:parameters()))
+  end)
+
+  it("still refuses a plain table of modules filled after the list was cached", function()
+    local Late = nn.Module:extend("LateFill")
+    function Late:init()
+      self.lin = nn.Linear(2, 2)
+      self.blks = {}
+    end
+    local late = Late()
+    assert.equal(2, #late:parameters()) -- cached, the table still empty
+    late.blks[1] = nn.Linear(2, 2)
+    assert.error_matches(function() late:parameters() end, "field 'blks' is a plain Lua table", nil, true)
+    late.blks[1] = nil
+    assert.equal(2, #late:parameters())
+    late.more = {} -- a plain table assigned later is watched too
+    late:parameters()
+    late.more.x = nn.ReLU()
+    assert.error_matches(function() late:parameters() end, "field 'more' is a plain Lua table", nil, true)
+  end)
+
+  it("is rebuilt after an edit of the registries behind them when told (module.invalidate)", function()
+    local m = nn.Sequential(nn.Linear(2, 2))
+    local extra = nn.Linear(2, 2) -- built first: any registration, anywhere, drops every cached list
+    agrees(m)
+    rawget(m, "_attrs").side = extra
+    m._module_names[#m._module_names + 1] = "side"
+    assert.equal(2, #m:parameters()) -- the cache does not see a raw edit
+    require("attn.nn.module").invalidate()
+    assert.equal(4, #agrees(m))
+  end)
+end)

@@ -81,6 +81,7 @@ local function relist(self, entries)
   for i = 1, self._n do rawget(self, "_attrs")[i] = nil end
   self._module_names, self._keys = {}, {}
   self._n = 0
+  module.invalidate() -- the registries were rewritten behind the registration functions
   for i, e in ipairs(entries) do
     local name = (e[1] == nil or e[1]:match("^%d+$")) and tostring(i - 1) or e[1]
     self:add_module(name, e[2])

@@ -140,10 +140,30 @@ local is_module = M.is_module
 
 -- ---------------------------------------------------------------- registration
 
+-- The structure generation: bumped by every change of any module's registries
+-- (a parameter, buffer or child registered, replaced or removed; a plain table
+-- assigned to a field). A cached parameter list is valid while the generation
+-- it was built at is current; one counter for every module, since a module
+-- does not know its parents (a change deep in a tree must reach the root's
+-- cache) and the tree only changes while it is being built.
+local generation = 0
+
+--- Marks the module structure as changed: every cached `parameters()` list is
+-- rebuilt at its next call. The registration functions call it; a container
+-- that rewrites its registries calls it too. Code that edits the internal
+-- registries (`_param_names`, `_attrs`, ...) behind them must call it.
+function M.invalidate() generation = generation + 1 end
+local invalidate = M.invalidate
+
 local function remove_name(list, name)
+  local found = false
   for i = #list, 1, -1 do
-    if list[i] == name then table.remove(list, i) end
+    if list[i] == name then
+      table.remove(list, i)
+      found = true
+    end
   end
+  return found
 end
 
 local function add_name(list, name)
@@ -162,9 +182,10 @@ end
 
 -- Forget `name` in every registry (a field being re-assigned with another kind).
 local function unregister(self, name)
-  remove_name(self._param_names, name)
-  remove_name(self._buffer_names, name)
-  remove_name(self._module_names, name)
+  local p = remove_name(self._param_names, name)
+  local b = remove_name(self._buffer_names, name)
+  local m = remove_name(self._module_names, name)
+  if p or b or m then invalidate() end
   self._keys[name] = nil
 end
 
@@ -172,9 +193,15 @@ local function is_param_tensor(v) return is_tensor(v) and v._rg == true and v.gr
 
 local function get(self, name) return rawget(self, "_attrs")[self._keys[name] or name] end
 
+-- A plain Lua table: not a module, not a tensor, no metatable (a field that
+-- could be filled with modules after its assignment).
+local function is_plain_table(v)
+  return type(v) == "table" and getmetatable(v) == nil and not is_tensor(v)
+end
+
 -- The first module found in a plain Lua table (not a module, not a tensor), or nil.
 local function module_in_table(v)
-  if type(v) ~= "table" or is_module(v) or is_tensor(v) or getmetatable(v) ~= nil then return nil end
+  if not is_plain_table(v) then return nil end
   for k, x in pairs(v) do
     if is_module(x) then return k, x end
   end
@@ -210,6 +237,7 @@ local function register_module(self, name, m, key, level)
   add_name(self._module_names, name)
   if key ~= nil and key ~= name then self._keys[name] = key end
   rawset(m, "_name", name)
+  invalidate()
 end
 
 -- Field assignment: modules and leaf tensors requiring grad are registered; a
@@ -225,6 +253,7 @@ function Module.__newindex(self, k, v)
     elseif is_param_tensor(v) then
       unregister(self, k)
       add_name(self._param_names, k)
+      invalidate()
     elseif v == nil then
       unregister(self, k)
     elseif has_name(self._module_names, k) then
@@ -240,6 +269,8 @@ function Module.__newindex(self, k, v)
     else
       local key, m = module_in_table(v)
       if key ~= nil then plain_table_error(self, k, key, m, 3) end
+      -- a new buffer tensor, or a plain table a cached list must watch
+      if is_plain_table(v) or has_name(self._buffer_names, k) then invalidate() end
     end
   end
   rawget(self, "_attrs")[k] = v
@@ -256,6 +287,7 @@ function Module:register_parameter(name, t)
   unregister(self, name)
   add_name(self._param_names, name)
   rawget(self, "_attrs")[name] = t
+  invalidate()
   return t
 end
 
@@ -267,6 +299,7 @@ function Module:register_buffer(name, t)
   unregister(self, name)
   add_name(self._buffer_names, name)
   rawget(self, "_attrs")[name] = t
+  invalidate()
   return t
 end
 
@@ -284,12 +317,14 @@ end
 
 -- ---------------------------------------------------------------- enumeration
 
--- Raises when a plain field of `m` holds modules (filled after it was assigned).
-local function check_plain_tables(m)
+-- Raises when a plain field of `m` holds modules (filled after it was
+-- assigned). `plain` (optional) collects {m, field} of its plain tables.
+local function check_plain_tables(m, plain)
   for k, v in pairs(rawget(m, "_attrs")) do
-    if type(v) == "table" and not is_tensor(v) and not is_module(v) then
+    if is_plain_table(v) and not is_module(v) then
       local key, child = module_in_table(v)
       if key ~= nil then plain_table_error(m, k, key, child, 0) end
+      if plain then plain[#plain + 1] = { m, k } end
     end
   end
 end
@@ -384,22 +419,22 @@ end
 -- The order and checks of walk without the dotted names, which parameters()
 -- (called by clip_grad_norm_ at every step) does not need; a cycle is
 -- reported by walk itself, which names the path.
-local function each_module(self, visit, path, root)
+local function each_module(self, visit, path, root, plain)
   if path[self] then walk(root, "", function() end) end
-  check_plain_tables(self)
+  check_plain_tables(self, plain)
   path[self] = true
   visit(self)
   for _, name in ipairs(self._module_names) do
     local c = get(self, name)
-    if c ~= nil then each_module(c, visit, path, root) end
+    if c ~= nil then each_module(c, visit, path, root, plain) end
   end
   path[self] = nil
 end
 
---- The parameters as a list: registration order, own before children's, depth
--- first; a parameter shared by two modules appears once.
-function Module:parameters()
-  local values, seen = {}, {}
+-- The parameter list of a fresh walk, with the plain-table fields met on the
+-- way: {list = ..., plain = {{m, field}, ...}, generation = ...}.
+local function collect_parameters(self)
+  local values, seen, plain = {}, {}, {}
   each_module(self, function(m)
     for _, n in ipairs(m._param_names) do
       local t = get(m, n)
@@ -408,8 +443,33 @@ function Module:parameters()
         values[#values + 1] = t
       end
     end
-  end, {}, self)
-  return values
+  end, {}, self, plain)
+  return { list = values, plain = plain, generation = generation }
+end
+
+--- The parameters as a list: registration order, own before children's, depth
+-- first; a parameter shared by two modules appears once.
+--
+-- The list is cached on the module (clip_grad_norm_ asks for it at every
+-- step, and a walk of the Transformer's tree costs ~90 us) and rebuilt after
+-- any registration change anywhere (see `invalidate`); in place changes
+-- (`load_state_dict`, `to`) keep the tensors, so the list stays valid. Each
+-- call returns a new table, which the caller may change freely. The
+-- plain-table fields met by the walk are checked again at every call, so a
+-- table filled with modules after the list was cached still raises.
+function Module:parameters()
+  local c = rawget(self, "_pcache")
+  if c == nil or c.generation ~= generation then
+    c = collect_parameters(self)
+    rawset(self, "_pcache", c)
+  end
+  for _, e in ipairs(c.plain) do
+    local v = rawget(e[1], "_attrs")[e[2]]
+    local key, child = module_in_table(v)
+    if key ~= nil then plain_table_error(e[1], e[2], key, child, 0) end
+  end
+  local list = c.list
+  return table.move(list, 1, #list, 1, {})
 end
 
 --- The parameters with their dotted names ("W_q.weight", "0.bias"), in
