@@ -2,6 +2,7 @@
 #include "attn_optim.h"
 
 #include <math.h>
+#include <stdio.h>
 
 #include "attn_ops.h"
 #include "attn_parallel.h"
@@ -93,19 +94,62 @@ typedef struct {
 DEFINE_ADAM(f32, float)
 DEFINE_ADAM(f64, double)
 
-attn_status attn_adam_step(attn_tensor *p, const attn_tensor *grad, attn_tensor *exp_avg, attn_tensor *exp_avg_sq,
-                           const attn_adam_options *o) {
+/* The multi-parameter steps take a grad of exactly the parameter's shape
+ * (the single ones only compare entry counts). */
+static attn_status same_shape(const char *op, const attn_tensor *p, const attn_tensor *grad) {
+  int same = p->ndim == grad->ndim;
+  for (int d = 0; same && d < p->ndim; d++) same = p->shape[d] == grad->shape[d];
+  if (same) return ATTN_OK;
+  return attn_error(ATTN_ERR_SHAPE, "%s: grad %s, the parameter %s", op, attn_tensor_shape_str(grad),
+                    attn_tensor_shape_str(p));
+}
+
+/* The last error with the failing parameter's position appended (formatted
+ * only on failure: a step checks every parameter). */
+static attn_status at_parameter(attn_status st, int64_t i) {
+  char msg[960];
+  snprintf(msg, sizeof msg, "%s", attn_last_error());
+  return attn_error(st, "%s (parameter %lld)", msg, (long long)i + 1);
+}
+
+static attn_status adam_check(const char *op, attn_tensor *p, const attn_tensor *grad, attn_tensor *exp_avg,
+                              attn_tensor *exp_avg_sq, int64_t step) {
   const attn_tensor *ops[4] = {p, grad, exp_avg, exp_avg_sq};
-  attn_status st = check_operands("adam_step", 4, ops, 1 | 4 | 8);
+  attn_status st = check_operands(op, 4, ops, 1 | 4 | 8);
   if (st != ATTN_OK) return st;
-  if (o->step < 1) return attn_error(ATTN_ERR_ARG, "adam_step: step must be >= 1, got %lld", (long long)o->step);
-  double t = (double)o->step;
+  if (step < 1) return attn_error(ATTN_ERR_ARG, "%s: step must be >= 1, got %lld", op, (long long)step);
+  return ATTN_OK;
+}
+
+/* One checked update at step t. */
+static void adam_run(attn_tensor *p, const attn_tensor *grad, attn_tensor *exp_avg, attn_tensor *exp_avg_sq,
+                     const attn_adam_options *o, int64_t step) {
+  double t = (double)step;
   adam_job J = {attn_tensor_data(p), attn_tensor_data(exp_avg), attn_tensor_data(exp_avg_sq),
                 attn_tensor_data(grad), o->weight_decay,
                 o->decoupled && o->weight_decay != 0 ? 1 - o->lr * o->weight_decay : 1,
                 o->beta1, 1 - o->beta1, o->beta2, 1 - o->beta2, sqrt(1 - lua_pow(o->beta2, t)), o->eps,
                 o->lr / (1 - lua_pow(o->beta1, t)), !o->decoupled && o->weight_decay != 0};
   attn_parallel_for(attn_tensor_numel(p), GRAIN_ELEMENTS, p->dtype == ATTN_F32 ? adam_f32 : adam_f64, &J);
+}
+
+attn_status attn_adam_step(attn_tensor *p, const attn_tensor *grad, attn_tensor *exp_avg, attn_tensor *exp_avg_sq,
+                           const attn_adam_options *o) {
+  attn_status st = adam_check("adam_step", p, grad, exp_avg, exp_avg_sq, o->step);
+  if (st != ATTN_OK) return st;
+  adam_run(p, grad, exp_avg, exp_avg_sq, o, o->step);
+  return ATTN_OK;
+}
+
+attn_status attn_adam_steps(int64_t n, attn_tensor *const *p, const attn_tensor *const *grad,
+                            attn_tensor *const *exp_avg, attn_tensor *const *exp_avg_sq, const int64_t *step,
+                            const attn_adam_options *o) {
+  for (int64_t i = 0; i < n; i++) {
+    attn_status st = adam_check("adam_steps", p[i], grad[i], exp_avg[i], exp_avg_sq[i], step[i]);
+    if (st == ATTN_OK) st = same_shape("adam_steps", p[i], grad[i]);
+    if (st != ATTN_OK) return at_parameter(st, i);
+  }
+  for (int64_t i = 0; i < n; i++) adam_run(p[i], grad[i], exp_avg[i], exp_avg_sq[i], o, step[i]);
   return ATTN_OK;
 }
 
@@ -144,13 +188,32 @@ typedef struct {
 DEFINE_SGD(f32, float)
 DEFINE_SGD(f64, double)
 
-attn_status attn_sgd_step(attn_tensor *p, const attn_tensor *grad, attn_tensor *buf, const attn_sgd_options *o) {
+static attn_status sgd_check(const char *op, attn_tensor *p, const attn_tensor *grad, attn_tensor *buf) {
   const attn_tensor *ops[3] = {p, grad, buf};
-  attn_status st = check_operands("sgd_step", buf ? 3 : 2, ops, 1 | 4);
-  if (st != ATTN_OK) return st;
+  return check_operands(op, buf ? 3 : 2, ops, 1 | 4);
+}
+
+static void sgd_run(attn_tensor *p, const attn_tensor *grad, attn_tensor *buf, const attn_sgd_options *o, int first) {
   sgd_job J = {attn_tensor_data(p), buf ? attn_tensor_data(buf) : NULL, attn_tensor_data(grad), o->lr, o->momentum,
-               1 - o->dampening, o->weight_decay, o->nesterov, o->first};
+               1 - o->dampening, o->weight_decay, o->nesterov, first};
   attn_parallel_for(attn_tensor_numel(p), GRAIN_ELEMENTS, p->dtype == ATTN_F32 ? sgd_f32 : sgd_f64, &J);
+}
+
+attn_status attn_sgd_step(attn_tensor *p, const attn_tensor *grad, attn_tensor *buf, const attn_sgd_options *o) {
+  attn_status st = sgd_check("sgd_step", p, grad, buf);
+  if (st != ATTN_OK) return st;
+  sgd_run(p, grad, buf, o, o->first);
+  return ATTN_OK;
+}
+
+attn_status attn_sgd_steps(int64_t n, attn_tensor *const *p, const attn_tensor *const *grad, attn_tensor *const *buf,
+                           const unsigned char *first, const attn_sgd_options *o) {
+  for (int64_t i = 0; i < n; i++) {
+    attn_status st = sgd_check("sgd_steps", p[i], grad[i], buf ? buf[i] : NULL);
+    if (st == ATTN_OK) st = same_shape("sgd_steps", p[i], grad[i]);
+    if (st != ATTN_OK) return at_parameter(st, i);
+  }
+  for (int64_t i = 0; i < n; i++) sgd_run(p[i], grad[i], buf ? buf[i] : NULL, o, first ? first[i] : 0);
   return ATTN_OK;
 }
 

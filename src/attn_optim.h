@@ -27,6 +27,15 @@ typedef struct {
 attn_status attn_adam_step(attn_tensor *p, const attn_tensor *grad, attn_tensor *exp_avg, attn_tensor *exp_avg_sq,
                            const attn_adam_options *o);
 
+/* n Adam updates in one call (a training step's parameters): p[i], grad[i],
+ * exp_avg[i], exp_avg_sq[i] as attn_adam_step's operands, at step step[i]
+ * (o->step is not read); grad[i] has exactly p[i]'s shape. Every parameter's
+ * operands are checked before any is written (an error names the position);
+ * the updates run in list order, each with attn_adam_step's bits. */
+attn_status attn_adam_steps(int64_t n, attn_tensor *const *p, const attn_tensor *const *grad,
+                            attn_tensor *const *exp_avg, attn_tensor *const *exp_avg_sq, const int64_t *step,
+                            const attn_adam_options *o);
+
 /* torch.optim.SGD:
  *   d = p * weight_decay + g (when weight_decay ~= 0), else g
  *   momentum ~= 0: buf = d on the first step, else buf * momentum + d * (1 - dampening)
@@ -41,6 +50,12 @@ typedef struct {
 
 /* p, grad: n entries; buf: n entries, or NULL when momentum is 0. */
 attn_status attn_sgd_step(attn_tensor *p, const attn_tensor *grad, attn_tensor *buf, const attn_sgd_options *o);
+
+/* n SGD updates in one call: p[i], grad[i] and buf[i] (buf NULL, or entries
+ * NULL, when momentum is 0) as attn_sgd_step's operands; first[i] (first may
+ * be NULL: all 0) replaces o->first. Checked before any write, as adam_steps. */
+attn_status attn_sgd_steps(int64_t n, attn_tensor *const *p, const attn_tensor *const *grad, attn_tensor *const *buf,
+                           const unsigned char *first, const attn_sgd_options *o);
 
 /* The L2 norm of n tensors taken together (any shapes, float dtypes, any
  * strides), squares summed in double, in *norm. */

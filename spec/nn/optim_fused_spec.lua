@@ -30,6 +30,16 @@ local function run_both(kind, opts, dtype)
   return ps, qs, o1, o2
 end
 
+-- The same random grads on both lists, then one step of each optimizer.
+local function step_both(ps, qs, o1, o2)
+  for i = 1, #ps do
+    local g = attn.randn(ps[i]:shape())
+    ps[i].grad, qs[i].grad = g, g:clone()
+  end
+  o1:step()
+  o2:step()
+end
+
 local cases = {
   { "Adam", { lr = 1e-2 } },
   { "Adam", { lr = 3e-2, betas = { 0.8, 0.99 }, eps = 1e-6, weight_decay = 0.1 } },
@@ -105,6 +115,74 @@ describe("fused optimizer steps", function()
     o1:step()
     o2:step()
     helper.assert_identical(p:contiguous(), q:contiguous())
+  end)
+
+  it("update every parameter in one call, leaving the non-contiguous ones to the composed path", function()
+    -- a contiguous, a transposed and a contiguous parameter: the call updates
+    -- 1 and 3, the composed path 2 (SGD's first momentum step included)
+    for _, case in ipairs { { "Adam", { lr = 0.1, weight_decay = 0.1 } }, { "AdamW", { lr = 0.1 } },
+      { "SGD", { lr = 0.1, momentum = 0.9, nesterov = true } }, { "SGD", { lr = 0.1 } } } do
+      attn.manual_seed(3)
+      local base = { attn.randn({ 3, 5 }), attn.randn({ 6, 4 }), attn.randn({ 7 }) }
+      local function params()
+        return { base[1]:clone(), base[2]:clone():transpose(1, 2), base[3]:clone() }
+      end
+      local ps, qs = params(), params()
+      local o1 = optim[case[1]](ps, helper.with(case[2], { fused = true }))
+      local o2 = optim[case[1]](qs, helper.with(case[2], { fused = false }))
+      for _ = 1, 3 do step_both(ps, qs, o1, o2) end
+      for i = 1, 3 do helper.assert_identical(ps[i]:contiguous(), qs[i]:contiguous()) end
+      assert.are.equal(3, o1.state[2].step)
+    end
+  end)
+
+  it("change nothing when one grad of the step is refused, and name it", function()
+    local ps = { attn.randn({ 2 }), attn.randn({ 2 }), attn.randn({ 3 }) }
+    local before = { ps[1]:clone(), ps[2]:clone(), ps[3]:clone() }
+    for _, kind in ipairs { "Adam", "SGD" } do
+      local opt = optim[kind](ps, { lr = 0.1, momentum = kind == "SGD" and 0.9 or nil })
+      ps[1].grad, ps[2].grad, ps[3].grad = attn.ones({ 2 }), attn.ones({ 2 }), attn.ones({ 1, 3 })
+      assert.has_error(function() opt:step() end,
+        kind .. ".step: params[3] is float32 [3] but its grad is float32 [1x3]")
+      ps[3].grad = "x"
+      assert.has_error(function() opt:step() end, kind .. ".step: params[3].grad must be a tensor or nil, got a string")
+      for i = 1, 3 do helper.assert_identical(ps[i], before[i]) end
+      for i = 1, 3 do assert.same({ step = 0 }, opt.state[i] or { step = 0 }) end -- no buffer, no step counted
+      -- the refused steps left no state behind: the next step is a first step
+      local qs = { ps[1]:clone(), ps[2]:clone(), ps[3]:clone() }
+      local ref = optim[kind](qs, { lr = 0.1, momentum = kind == "SGD" and 0.9 or nil, fused = false })
+      step_both(ps, qs, opt, ref)
+      for i = 1, 3 do helper.assert_identical(ps[i], qs[i]) end
+      for i = 1, 3 do before[i] = ps[i]:clone() end
+    end
+  end)
+
+  it("are refused by the multi-parameter core calls before any write", function()
+    local core = attn.core
+    local p, g, m, v = attn.zeros(4), attn.ones(4), attn.zeros(4), attn.zeros(4)
+    local q = attn.zeros(2)
+    local function adam(ps, gs, steps)
+      return core.adam_steps(ps, gs, { m, attn.zeros(2) }, { v, attn.zeros(2) }, steps, 0.1, 0.9, 0.999, 1e-8, 0,
+        false)
+    end
+    assert.has_error(function() adam({ p, q }, { g, attn.ones(2, 1) }, { 1, 1 }) end,
+      "adam_steps: grad [2x1], the parameter [2] (parameter 2)")
+    assert.has_error(function() adam({ p, q }, { g, attn.ones(2) }, { 1, 0 }) end,
+      "adam_steps: step must be >= 1, got 0 (parameter 2)")
+    assert.has_error(function() adam({ p, q }, { g }, { 1, 1 }) end, "adam_steps: grads has 1 entries, params 2")
+    assert.has_error(function() adam({ p, q }, { g, 5 }, { 1, 1 }) end, "adam_steps: grads[2] is not a tensor")
+    assert.has_error(function() adam({ p, q }, { g, attn.ones(2) }, { 1 }) end,
+      "adam_steps: steps has 1 entries, params 2")
+    assert.has_error(function() core.sgd_steps({ p }, { g }, { p }, { true }, 0.1, 0.9, 0, 0, false) end,
+      "sgd_steps: operand 1 shares memory with operand 3 (parameter 1)")
+    helper.assert_identical(p, attn.zeros(4)) -- the first parameter was not written either
+    -- and the list of positions left to the caller
+    local wide = attn.zeros(4, 2)
+    local left = core.sgd_steps({ p, wide:select(2, 1) }, { g, g }, nil, nil, 0.5, 0, 0, 0, false)
+    assert.same({ 2 }, left)
+    helper.assert_identical(p, attn.full({ 4 }, -0.5))
+    helper.assert_identical(wide, attn.zeros(4, 2))
+    assert.is_nil(core.sgd_steps({ p }, { g }, nil, nil, 0.5, 0, 0, 0, false))
   end)
 
   it("refuse a fused option that is not a boolean", function()
