@@ -69,6 +69,13 @@ end
 
 local function rg(t) return is_tensor(t) and t._rg == true end
 
+-- The outputs a node records: the weights too, unless the caller keeps them detached anyway (the
+-- layers of attn.nn: their options come from _layer_options), which spares the node an output.
+local function recorded(out, weights, kopts)
+  if weights ~= nil and not kopts.detached_weights then return { out, weights } end
+  return out
+end
+
 --- d2l's `sequence_mask`: entries of sample b at time steps past `valid_len[b]` become `value`.
 -- @tparam Tensor X (B, T, ...); for 3-D X whole feature rows are set
 -- @tparam Tensor|table valid_len (B), integers >= 0 (int64 or float; past T means all of T)
@@ -125,6 +132,7 @@ function M._layer_options(fn, opts, valid_lens, dropout, training, need_weights)
   end
   if valid_lens ~= nil then o.valid_lens = valid_lens end
   o.dropout, o.training, o.need_weights = dropout, training == true, need_weights
+  o.detached_weights = true -- (read by `recorded`; the binding reads only the kernel's keys)
   return o
 end
 
@@ -138,7 +146,7 @@ function M._dot_product_attention(Q, K, V, kopts)
   local out, weights, seed, lse = core.sdpa_forward(Q, K, V, kopts)
   kopts.seed = seed
   if wants(Q, K, V) then
-    record(fn, weights and { out, weights } or out, { Q, K, V }, function(g_out, g_w)
+    record(fn, recorded(out, weights, kopts), { Q, K, V }, function(g_out, g_w)
       if g_out == nil and g_w == nil then return nil end
       return core.sdpa_backward(Q, K, V, kopts, g_out, g_w, weights, { q = rg(Q), k = rg(K), v = rg(V) }, out, lse)
     end)
@@ -169,7 +177,7 @@ local function attend_scores(fn, scores, V, kopts)
   local out, weights, seed = core.scores_attention_forward(scores, V, kopts)
   kopts.seed = seed
   if wants(scores, V) then
-    record(fn, weights and { out, weights } or out, { scores, V }, function(g_out, g_w)
+    record(fn, recorded(out, weights, kopts), { scores, V }, function(g_out, g_w)
       if g_out == nil and g_w == nil then return nil end
       return core.scores_attention_backward(scores, V, kopts, g_out, g_w, weights, { scores = rg(scores), v = rg(V) })
     end)
@@ -236,7 +244,7 @@ function M._projected_additive_attention(queries, keys, values, W_q, W_k, w_v, k
   check_tensor(fn, "w_v", w_v, nil, "(1, h) or (h)")
   local out, weights, seed, qh, kh, scores = core.additive_layer_forward(queries, keys, values, W_q, W_k, w_v, kopts)
   kopts.seed = seed
-  record(fn, weights and { out, weights } or out, { queries, keys, values, W_q, W_k, w_v }, function(g_out, g_w)
+  record(fn, recorded(out, weights, kopts), { queries, keys, values, W_q, W_k, w_v }, function(g_out, g_w)
     if g_out == nil and g_w == nil then return nil end
     local h = core.size(W_q, 1)
     local ds, dv = core.scores_attention_backward(scores, values, kopts, g_out, g_w, weights, { scores = true,
@@ -357,8 +365,10 @@ function M.multi_head_attention(queries, keys, values, num_heads, params, opts)
     kernel_options("multi_head_attention", opts))
 end
 
--- multi_head_attention on kernel options (see _dot_product_attention).
-function M._multi_head_attention(queries, keys, values, num_heads, params, kopts)
+-- multi_head_attention on kernel options (see _dot_product_attention). `operands`, when given,
+-- holds the same weights in another layout for the forward's products (nn.MultiHeadAttention's
+-- cached transposes); the node and its gradients are on `params`.
+function M._multi_head_attention(queries, keys, values, num_heads, params, kopts, operands)
   local fn = "multi_head_attention"
   check_tensor(fn, "queries", queries, nil, "(B, Nq, query_size)") -- (shapes and parameters: the C core)
   check_tensor(fn, "keys", keys, nil, "(B, Nk, key_size)")
@@ -367,11 +377,11 @@ function M._multi_head_attention(queries, keys, values, num_heads, params, kopts
   params = check.options(fn, params, mha_params)
   local Wq, Wk, Wv, Wo = params.W_q, params.W_k, params.W_v, params.W_o
   local bq, bk, bv, bo = params.b_q, params.b_k, params.b_v, params.b_o
-  local out, weights, seed, lse, qh, kh, vh, ctx, merged = core.mha_forward(queries, keys, values, num_heads, params,
-    kopts)
+  local out, weights, seed, lse, qh, kh, vh, ctx, merged = core.mha_forward(queries, keys, values, num_heads,
+    operands or params, kopts)
   kopts.seed = seed
   -- (record returns at once when nothing requires grad: the closure is all that was built)
-  record(fn, weights and { out, weights } or out,
+  record(fn, recorded(out, weights, kopts),
     { queries, keys, values, Wq, Wk, Wv, Wo, bq or false, bk or false, bv or false, bo or false }, function(g_out, g_w)
     if g_out == nil and g_w == nil then return nil end
     local B, Nq, h = core.size(queries, 1), core.size(queries, 2), core.size(Wq, 1)

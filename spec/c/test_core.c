@@ -574,6 +574,94 @@ static void test_attention_checks(void) {
   attn_tensor_free(&mask);
 }
 
+/* d2l's MultiHeadAttention in one core call against naive loops (float64): projections, heads,
+ * softmax with the book's -1e6 past each sample's length, the output projection. */
+static double fill_value(int64_t i, int salt) { return sin(0.7 * (double)i + salt) * 0.8; }
+
+static void test_mha_layer(void) {
+  enum { B = 2, Nq = 3, Nk = 4, Dq = 5, Dk = 3, Dv = 4, h = 6, H = 3, dh = h / H };
+  int64_t xs[3][3] = {{B, Nq, Dq}, {B, Nk, Dk}, {B, Nk, Dv}}, ws[4][2] = {{h, Dq}, {h, Dk}, {h, Dv}, {h, h}};
+  int64_t bs[1] = {h}, ls[1] = {B}, os[3] = {B, Nq, h}, hq[3] = {B * H, Nq, dh}, hk[3] = {B * H, Nk, dh};
+  int64_t ms[2] = {B * Nq, h};
+  attn_tensor x[3], w[4], bq, lens, out, qh, kh, vh, ctx, merged;
+  int ok = attn_tensor_init(&bq, ATTN_F64, 1, bs) == ATTN_OK && attn_tensor_init(&lens, ATTN_I64, 1, ls) == ATTN_OK;
+  for (int i = 0; i < 3; i++) ok = ok && attn_tensor_init(&x[i], ATTN_F64, 3, xs[i]) == ATTN_OK;
+  for (int i = 0; i < 4; i++) ok = ok && attn_tensor_init(&w[i], ATTN_F64, 2, ws[i]) == ATTN_OK;
+  ok = ok && attn_tensor_init(&out, ATTN_F64, 3, os) == ATTN_OK && attn_tensor_init(&qh, ATTN_F64, 3, hq) == ATTN_OK &&
+       attn_tensor_init(&kh, ATTN_F64, 3, hk) == ATTN_OK && attn_tensor_init(&vh, ATTN_F64, 3, hk) == ATTN_OK &&
+       attn_tensor_init(&ctx, ATTN_F64, 3, hq) == ATTN_OK && attn_tensor_init(&merged, ATTN_F64, 2, ms) == ATTN_OK;
+  CHECK(ok, "init");
+  if (!ok) return;
+  for (int i = 0; i < 3; i++)
+    for (int64_t j = 0; j < attn_tensor_numel(&x[i]); j++) ((double *)x[i].storage->data)[j] = fill_value(j, i);
+  for (int i = 0; i < 4; i++)
+    for (int64_t j = 0; j < attn_tensor_numel(&w[i]); j++) ((double *)w[i].storage->data)[j] = fill_value(j, 10 + i);
+  for (int64_t j = 0; j < h; j++) ((double *)bq.storage->data)[j] = 0.1 * (double)j;
+  int64_t len[B] = {4, 2};
+  for (int b = 0; b < B; b++) ((int64_t *)lens.storage->data)[b] = len[b];
+  attn_mha_params p = {&w[0], &w[1], &w[2], &w[3], &bq, NULL, NULL, NULL, H};
+  attn_mha_saved sv = {&qh, &kh, &vh, &ctx, &merged};
+  attn_attention_opts o;
+  attn_attention_opts_init(&o);
+  o.valid_lens = &lens;
+  CHECK(attn_attention_mha_forward(&x[0], &x[1], &x[2], &p, &o, &out, NULL, NULL, &sv) == ATTN_OK, "mha: %s",
+        attn_last_error());
+  /* the same by loops */
+  const double *X[3] = {x[0].storage->data, x[1].storage->data, x[2].storage->data};
+  const double *W[4] = {w[0].storage->data, w[1].storage->data, w[2].storage->data, w[3].storage->data};
+  const double *bias = bq.storage->data, *got = out.storage->data;
+  const int64_t N[3] = {Nq, Nk, Nk}, D[3] = {Dq, Dk, Dv};
+  double P[3][B][Nk][h], C[B][Nq][h], worst = 0;
+  for (int m = 0; m < 3; m++)
+    for (int b = 0; b < B; b++)
+      for (int n = 0; n < N[m]; n++)
+        for (int c = 0; c < h; c++) {
+          double s = m == 0 ? bias[c] : 0;
+          for (int d = 0; d < D[m]; d++) s += X[m][(b * N[m] + n) * D[m] + d] * W[m][c * D[m] + d];
+          P[m][b][n][c] = s;
+        }
+  for (int b = 0; b < B; b++)
+    for (int j = 0; j < H; j++)
+      for (int i = 0; i < Nq; i++) {
+        double sc[Nk], mx = -INFINITY, sum = 0;
+        for (int k = 0; k < Nk; k++) {
+          double s = 0;
+          for (int c = 0; c < dh; c++) s += P[0][b][i][j * dh + c] * P[1][b][k][j * dh + c];
+          sc[k] = k < len[b] ? s / sqrt((double)dh) : -1e6;
+          if (sc[k] > mx) mx = sc[k];
+        }
+        for (int k = 0; k < Nk; k++) sum += (sc[k] = exp(sc[k] - mx));
+        for (int c = 0; c < dh; c++) {
+          double s = 0;
+          for (int k = 0; k < Nk; k++) s += sc[k] / sum * P[2][b][k][j * dh + c];
+          C[b][i][j * dh + c] = s;
+        }
+      }
+  for (int b = 0; b < B; b++)
+    for (int i = 0; i < Nq; i++)
+      for (int c = 0; c < h; c++) {
+        double s = 0;
+        for (int d = 0; d < h; d++) s += C[b][i][d] * W[3][c * h + d];
+        double e = fabs(got[(b * Nq + i) * h + c] - s);
+        if (e > worst) worst = e;
+      }
+  CHECK(worst < 1e-12, "mha forward equals the loops: worst error %g", worst);
+  /* a length vector that does not fit the batch is refused with the shapes */
+  int64_t bad_shape[1] = {3};
+  attn_tensor bad;
+  CHECK(attn_tensor_init(&bad, ATTN_I64, 1, bad_shape) == ATTN_OK, "init");
+  for (int b = 0; b < 3; b++) ((int64_t *)bad.storage->data)[b] = 1;
+  o.valid_lens = &bad;
+  CHECK(attn_attention_mha_forward(&x[0], &x[1], &x[2], &p, &o, &out, NULL, NULL, &sv) == ATTN_ERR_SHAPE &&
+            strstr(attn_last_error(), "valid_lens [3] does not fit queries [2x3x5]") != NULL,
+        "message: %s", attn_last_error());
+  attn_tensor_free(&bad);
+  for (int i = 0; i < 3; i++) attn_tensor_free(&x[i]);
+  for (int i = 0; i < 4; i++) attn_tensor_free(&w[i]);
+  attn_tensor *rest[] = {&bq, &lens, &out, &qh, &kh, &vh, &ctx, &merged};
+  for (size_t i = 0; i < sizeof rest / sizeof *rest; i++) attn_tensor_free(rest[i]);
+}
+
 /* Fused optimizer updates, gradient norms and the cross-entropy kernels
  * against the formulas written out here. */
 static void test_optim_and_loss(void) {
@@ -658,6 +746,7 @@ int main(void) {
   test_gru();
   test_vmath();
   test_attention_checks();
+  test_mha_layer();
   test_optim_and_loss();
   attn_alloc_empty_cache();
   printf("%d passed, %d failed\n", passed, failed);

@@ -121,6 +121,45 @@ describe("nn.MultiHeadAttention fused node", function()
     assert_same_paths(m, make, { valid_lens = { 2, 3 } }, TOL.float64)
   end)
 
+  it("reads its cached transposed weights only while they are current (steps, load_state_dict, in place, to)",
+    function()
+      attn.manual_seed(8)
+      local m = nn.MultiHeadAttention(4, 4, 4, 8, 2, 0):eval()
+      local X = attn.randn({ 2, 3, 4 })
+      local function both()
+        m.fused = true
+        local fused = m(X, X, X, { 2, 3 })
+        m.fused = false
+        local composed = m(X, X, X, { 2, 3 })
+        m.fused = nil
+        return fused, composed
+      end
+      local before = both()
+      -- an optimizer step changes every weight in place
+      local opt = attn.optim.SGD(m:parameters(), { lr = 0.5 })
+      m(X, X, X, { 2, 3 }):sum():backward()
+      opt:step()
+      local f, c = both()
+      assert.close(f, c, { rtol = 1e-5, atol = 1e-6 })
+      assert.is_false(helper.compare(f, before))
+      -- load_state_dict copies into the same tensors
+      local other = nn.MultiHeadAttention(4, 4, 4, 8, 2, 0):eval()
+      m:load_state_dict(other:state_dict())
+      f, c = both()
+      assert.close(f, c, { rtol = 1e-5, atol = 1e-6 })
+      assert.close(f, other(X, X, X, { 2, 3 }), { rtol = 1e-5, atol = 1e-6 })
+      -- an in-place write outside the optimizer
+      attn.no_grad(function() m.W_o.weight:mul_(-2) end)
+      f, c = both()
+      assert.close(f, c, { rtol = 1e-5, atol = 1e-6 })
+      -- to() makes new tensors of another dtype
+      m:to("float64")
+      X = X:to("float64")
+      f, c = both()
+      assert.equal("float64", f:dtype())
+      assert.close(f, c, { rtol = 1e-12, atol = 1e-12 })
+    end)
+
   it("stores the per-head weights in the layer and in its attention child, as the composition does", function()
     local m = nn.MultiHeadAttention(4, 4, 4, 8, 2, 0):eval()
     local X = attn.randn({ 2, 3, 4 })

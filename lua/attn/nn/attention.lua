@@ -208,9 +208,11 @@ end
 -- valid_lens must fit the caller's (B) or (B, Nq), checked before the per-head
 -- repetition so the message shows the shapes the caller passed.
 local function check_lens(lens, queries)
-  if lens == nil or not is_tensor(queries) or queries:dim() ~= 3 then return end
-  local ls, qs = lens:shape(), queries:shape()
-  if not ((#ls == 1 and ls[1] == qs[1]) or (#ls == 2 and ls[1] == qs[1] and ls[2] == qs[2])) then
+  if lens == nil or not is_tensor(queries) or core.dim(queries) ~= 3 then return end
+  local n, B = core.dim(lens), core.size(queries, 1)
+  if not ((n == 1 and core.size(lens, 1) == B) or (n == 2 and core.size(lens, 1) == B
+      and core.size(lens, 2) == core.size(queries, 2))) then
+    local ls, qs = core.shape(lens), core.shape(queries)
     error(string.format("MultiHeadAttention: valid_lens %s does not fit queries %s (expected %s or %s)",
       shape_str(ls), shape_str(qs), shape_str({ qs[1] }), shape_str({ qs[1], qs[2] })), 3)
   end
@@ -228,6 +230,25 @@ local function keep_head_weights(m, w, heads)
   rawget(m, "_attrs").attention_weights = w
 end
 
+-- W (h, in) as a view of a contiguous W^T, for the forward's products: the small-product kernel
+-- reads a contiguous W^T in place, where W itself it packs on every call (half the product's time
+-- at the book's 100 x 100). The copy is kept while W is the same tensor at the same write version:
+-- optimizer steps, load_state_dict and every in-place write bump the version, `to` makes new
+-- tensors, so a changed weight is never read stale (in training it is rebuilt at every step).
+local function transposed(m, key, W)
+  local cache = rawget(m, "_transposed")
+  if cache == nil then
+    cache = {}
+    rawset(m, "_transposed", cache)
+  end
+  local e, v = cache[key], core.version(W)
+  if e == nil or not rawequal(e[1], W) or e[2] ~= v then
+    e = { W, v, core.transpose(core.contiguous(core.transpose(W, 1, 2)), 1, 2) }
+    cache[key] = e
+  end
+  return e[3]
+end
+
 function MultiHeadAttention:forward(queries, keys, values, valid_lens, opts)
   local dtype = is_tensor(queries) and queries:dtype() or nil
   valid_lens = valid_lens_tensor(valid_lens, dtype)
@@ -238,8 +259,12 @@ function MultiHeadAttention:forward(queries, keys, values, valid_lens, opts)
   if self.fused ~= false and fits(queries, Wq) and fits(keys, Wk) and fits(values, Wv) then
     -- the weights as the composition asks its child for them: the layer's keep_weights rules
     local o = kernel_options("multi_head_attention", self.attention, self.keep_weights, opts, valid_lens, queries)
-    local out, w = attention._multi_head_attention(queries, keys, values, heads, { W_q = Wq.weight, W_k = Wk.weight,
-      W_v = Wv.weight, W_o = Wo.weight, b_q = Wq.bias, b_k = Wk.bias, b_v = Wv.bias, b_o = Wo.bias }, o)
+    local wq, wk, wv, wo = Wq.weight, Wk.weight, Wv.weight, Wo.weight
+    local bq, bk, bv, bo = Wq.bias, Wk.bias, Wv.bias, Wo.bias
+    local out, w = attention._multi_head_attention(queries, keys, values, heads, { W_q = wq, W_k = wk, W_v = wv,
+      W_o = wo, b_q = bq, b_k = bk, b_v = bv, b_o = bo }, o, { W_q = transposed(self, "W_q", wq),
+      W_k = transposed(self, "W_k", wk), W_v = transposed(self, "W_v", wv), W_o = transposed(self, "W_o", wo),
+      b_q = bq, b_k = bk, b_v = bv, b_o = bo })
     keep_head_weights(self, w, heads)
     return out
   end
