@@ -437,6 +437,27 @@ describe("the cached parameters() list", function()
     late:parameters()
     late.more.x = nn.ReLU()
     assert.error_matches(function() late:parameters() end, "field 'more' is a plain Lua table", nil, true)
+    -- a watched field given a fresh table (as a forward keeping its attention
+    -- weights does at every call) keeps the cached list, and is still checked
+    late.more = {}
+    late:parameters()
+    local cache = rawget(late, "_pcache")
+    late.more = {}
+    late:parameters()
+    assert.is_true(rawequal(cache, rawget(late, "_pcache")))
+    late.more[1] = nn.ReLU()
+    assert.error_matches(function() late:parameters() end, "field 'more' is a plain Lua table", nil, true)
+  end)
+
+  it("is not rebuilt by the book's Transformer forward (attention weights kept in plain tables)", function()
+    local net = nn.TransformerEncoder(20, 8, 8, 8, 8, { 8 }, 8, 16, 2, 2, 0)
+    local X, lens = attn.randint(1, 20, { 2, 5 }, "int64"), attn.tensor({ 3, 5 }, "int64")
+    net(X, lens) -- the first forward creates the attention_weights field
+    agrees(net)
+    local cache = rawget(net, "_pcache")
+    net(X, lens)
+    assert.is_true(rawequal(cache, rawget(net, "_pcache")))
+    agrees(net)
   end)
 
   it("is rebuilt after an edit of the registries behind them when told (module.invalidate)", function()

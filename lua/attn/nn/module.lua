@@ -141,8 +141,8 @@ local is_module = M.is_module
 -- ---------------------------------------------------------------- registration
 
 -- The structure generation: bumped by every change of any module's registries
--- (a parameter, buffer or child registered, replaced or removed; a plain table
--- assigned to a field). A cached parameter list is valid while the generation
+-- (a parameter, buffer or child registered, replaced or removed; a field
+-- receiving its first plain table). A cached parameter list is valid while the generation
 -- it was built at is current; one counter for every module, since a module
 -- does not know its parents (a change deep in a tree must reach the root's
 -- cache) and the tree only changes while it is being built.
@@ -269,8 +269,20 @@ function Module.__newindex(self, k, v)
     else
       local key, m = module_in_table(v)
       if key ~= nil then plain_table_error(self, k, key, m, 3) end
-      -- a new buffer tensor, or a plain table a cached list must watch
-      if is_plain_table(v) or has_name(self._buffer_names, k) then invalidate() end
+      -- a field holding a plain table is watched by the cached parameter
+      -- lists from now on (whatever it holds later): only its first plain
+      -- table changes the structure (forwards assign fresh ones every call)
+      if is_plain_table(v) then
+        local plain = rawget(self, "_plain")
+        if plain == nil then
+          plain = {}
+          rawset(self, "_plain", plain)
+        end
+        if not plain[k] then
+          plain[k] = true
+          invalidate()
+        end
+      end
     end
   end
   rawget(self, "_attrs")[k] = v
@@ -318,14 +330,15 @@ end
 -- ---------------------------------------------------------------- enumeration
 
 -- Raises when a plain field of `m` holds modules (filled after it was
--- assigned). `plain` (optional) collects {m, field} of its plain tables.
+-- assigned). `plain` (optional) collects {m, field} of every field that has
+-- held a plain table (the fields a cached list checks again).
 local function check_plain_tables(m, plain)
   for k, v in pairs(rawget(m, "_attrs")) do
-    if is_plain_table(v) and not is_module(v) then
-      local key, child = module_in_table(v)
-      if key ~= nil then plain_table_error(m, k, key, child, 0) end
-      if plain then plain[#plain + 1] = { m, k } end
-    end
+    local key, child = module_in_table(v)
+    if key ~= nil then plain_table_error(m, k, key, child, 0) end
+  end
+  if plain then
+    for k in pairs(rawget(m, "_plain") or {}) do plain[#plain + 1] = { m, k } end
   end
 end
 
