@@ -125,14 +125,16 @@ end
 -- lengths, dropout and weights itself over the caller's opts (keys checked as for the
 -- functions): a fresh table, which the underscored forms of the functions use in place.
 function M._layer_options(fn, opts, valid_lens, dropout, training, need_weights)
-  local o = { name = fn }
+  -- one constructor (no rehash while it fills): detached_weights is read by `recorded`, the
+  -- binding reads only the kernel's keys
+  local o = { name = fn, valid_lens = valid_lens, dropout = dropout, training = training == true,
+    need_weights = need_weights, detached_weights = true }
   if opts ~= nil then
     check.options(fn, opts, attention_options)
-    for k, v in pairs(opts) do o[k] = v end
+    for k, v in pairs(opts) do
+      if o[k] == nil then o[k] = v end -- the layer's own settings win, as before
+    end
   end
-  if valid_lens ~= nil then o.valid_lens = valid_lens end
-  o.dropout, o.training, o.need_weights = dropout, training == true, need_weights
-  o.detached_weights = true -- (read by `recorded`; the binding reads only the kernel's keys)
   return o
 end
 
