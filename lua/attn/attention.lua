@@ -363,20 +363,20 @@ local mha_params = { W_q = true, W_k = true, W_v = true, W_o = true, b_q = true,
 -- @treturn Tensor output (B, Nq, h)
 -- @treturn ?Tensor weights (B*H, Nq, Nk)
 function M.multi_head_attention(queries, keys, values, num_heads, params, opts)
-  return M._multi_head_attention(queries, keys, values, num_heads, params,
-    kernel_options("multi_head_attention", opts))
+  local fn = "multi_head_attention"
+  return M._multi_head_attention(queries, keys, values, num_heads, check.options(fn, params, mha_params),
+    kernel_options(fn, opts))
 end
 
 -- multi_head_attention on kernel options (see _dot_product_attention). `operands`, when given,
 -- holds the same weights in another layout for the forward's products (nn.MultiHeadAttention's
--- cached transposes); the node and its gradients are on `params`.
+-- cached transposes); the node and its gradients are on `params` (keys as the public form takes).
 function M._multi_head_attention(queries, keys, values, num_heads, params, kopts, operands)
   local fn = "multi_head_attention"
   check_tensor(fn, "queries", queries, nil, "(B, Nq, query_size)") -- (shapes and parameters: the C core)
   check_tensor(fn, "keys", keys, nil, "(B, Nk, key_size)")
   check_tensor(fn, "values", values, nil, "(B, Nk, value_size)")
   check_count(fn, "num_heads", num_heads)
-  params = check.options(fn, params, mha_params)
   local Wq, Wk, Wv, Wo = params.W_q, params.W_k, params.W_v, params.W_o
   local bq, bk, bv, bo = params.b_q, params.b_k, params.b_v, params.b_o
   local out, weights, seed, lse, qh, kh, vh, ctx, merged = core.mha_forward(queries, keys, values, num_heads,
