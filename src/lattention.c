@@ -524,7 +524,8 @@ static int l_additive_layer_forward(lua_State *L) {
  * @treturn ?Tensor weights (B*H, Nq, Nk), nil when need_weights is false
  * @treturn ?integer the dropout seed
  * @treturn ?Tensor lse (B*H, Nq) for the flash backward (nil when the reference path ran)
- * @treturn Tensor qh, kh, vh, ctx (head layout) and merged (B*Nq, h): saved for the backward
+ * @treturn Tensor saved: qh (B*H, Nq, dh), kh and vh (B*H, Nk, dh), ctx (B*H, Nq, dh) and merged
+ *   (B*Nq, h), flattened one after the other, for the backward
  */
 static int l_mha_forward(lua_State *L) {
   const char *fn = "multi_head_attention";
@@ -550,12 +551,20 @@ static int l_mha_forward(lua_State *L) {
   push_seed(L, &o);
   int flash = q->dtype == ATTN_F32 && attn_sdpa_flash_size(Nq, Nk, o.kernel);
   attn_tensor *lse = flash ? push_out(L, ATTN_F64, ok, 2, B * H, Nq, 0) : (lua_pushnil(L), NULL);
-  attn_mha_saved s;
-  s.qh = push_out(L, q->dtype, ok, 3, B * H, Nq, dh);
-  s.kh = push_out(L, q->dtype, ok, 3, B * H, Nk, dh);
-  s.vh = push_out(L, q->dtype, ok, 3, B * H, Nk, dh);
-  s.ctx = push_out(L, q->dtype, ok, 3, B * H, Nq, dh);
-  s.merged = push_out(L, q->dtype, ok, 2, B * Nq, h, 0);
+  /* what the backward needs, one after the other in one tensor (one allocation, one userdata) */
+  int64_t nq = B * H * Nq * dh, nk = B * H * Nk * dh;
+  attn_tensor *saved = push_out(L, q->dtype, ok, 1, 2 * nq + 2 * nk + B * Nq * h, 0, 0);
+  attn_tensor parts[5];
+  const int64_t at[5] = {0, nq, nq + nk, nq + 2 * nk, 2 * nq + 2 * nk};
+  const int64_t dims[5][3] = {{B * H, Nq, dh}, {B * H, Nk, dh}, {B * H, Nk, dh}, {B * H, Nq, dh}, {B * Nq, h, 0}};
+  for (int i = 0; i < 5; i++) { /* borrowed contiguous views of saved */
+    parts[i] = *saved;
+    parts[i].offset = saved->offset + at[i];
+    parts[i].ndim = i == 4 ? 2 : 3;
+    for (int d = 0; d < parts[i].ndim; d++) parts[i].shape[d] = dims[i][d];
+    attn_contiguous_strides(parts[i].ndim, parts[i].shape, parts[i].stride);
+  }
+  attn_mha_saved s = {&parts[0], &parts[1], &parts[2], &parts[3], &parts[4]};
   ATTN_L_TRY(L, attn_attention_mha_forward(q, k, v, &p, &o, out, w, lse, &s));
   if (lse && !(B * H * Nq > 0 && !isnan(((const double *)attn_tensor_data(lse))[0]))) { /* the reference path ran */
     lua_pushnil(L);

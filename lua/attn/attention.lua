@@ -379,14 +379,25 @@ function M._multi_head_attention(queries, keys, values, num_heads, params, kopts
   check_count(fn, "num_heads", num_heads)
   local Wq, Wk, Wv, Wo = params.W_q, params.W_k, params.W_v, params.W_o
   local bq, bk, bv, bo = params.b_q, params.b_k, params.b_v, params.b_o
-  local out, weights, seed, lse, qh, kh, vh, ctx, merged = core.mha_forward(queries, keys, values, num_heads,
-    operands or params, kopts)
+  local out, weights, seed, lse, saved = core.mha_forward(queries, keys, values, num_heads, operands or params,
+    kopts)
   kopts.seed = seed
   -- (record returns at once when nothing requires grad: the closure is all that was built)
   record(fn, recorded(out, weights, kopts),
     { queries, keys, values, Wq, Wk, Wv, Wo, bq or false, bk or false, bv or false, bo or false }, function(g_out, g_w)
     if g_out == nil and g_w == nil then return nil end
-    local B, Nq, h = core.size(queries, 1), core.size(queries, 2), core.size(Wq, 1)
+    local B, Nq, Nk, h = core.size(queries, 1), core.size(queries, 2), core.size(keys, 2), core.size(Wq, 1)
+    -- the forward's intermediates, one after the other in `saved` (see core.mha_forward)
+    local BH, dh, at = B * num_heads, h // num_heads, 0
+    local function part(shape)
+      local n = 1
+      for _, d in ipairs(shape) do n = n * d end
+      local t = core.view(core.narrow(saved, 1, at + 1, n), shape)
+      at = at + n
+      return t
+    end
+    local qh, kh, vh = part({ BH, Nq, dh }), part({ BH, Nk, dh }), part({ BH, Nk, dh })
+    local ctx, merged = part({ BH, Nq, dh }), part({ B * Nq, h })
     local dWo, dbo, dctx
     if g_out ~= nil then
       local g2 = core.reshape(g_out, -1, h)
