@@ -209,6 +209,19 @@ function M._additive_attention(Qh, Kh, V, w_v, kopts)
   return attend_scores(fn, scores, V, kopts)
 end
 
+-- Views of a fused forward's `saved` tensor (src/lattention.c): its parts, one after the other,
+-- in these shapes.
+local function saved_parts(saved, shapes)
+  local parts, at = {}, 0
+  for i, shape in ipairs(shapes) do
+    local n = 1
+    for _, d in ipairs(shape) do n = n * d end
+    parts[i] = core.view(core.narrow(saved, 1, at + 1, n), shape)
+    at = at + n
+  end
+  return table.unpack(parts)
+end
+
 -- Gradients of a projection y = x W^T + b (the fused layers' forwards run in C) from dy
 -- (rows, out): dx in x's shape, dW, db (nil without a bias).
 local function project_backward(dy, x, W, b)
@@ -244,11 +257,12 @@ function M._projected_additive_attention(queries, keys, values, W_q, W_k, w_v, k
   check_tensor(fn, "W_q", W_q, nil, "(h, query_size)")
   check_tensor(fn, "W_k", W_k, nil, "(h, key_size)")
   check_tensor(fn, "w_v", w_v, nil, "(1, h) or (h)")
-  local out, weights, seed, qh, kh, scores = core.additive_layer_forward(queries, keys, values, W_q, W_k, w_v, kopts)
+  local out, weights, seed, saved = core.additive_layer_forward(queries, keys, values, W_q, W_k, w_v, kopts)
   kopts.seed = seed
   record(fn, recorded(out, weights, kopts), { queries, keys, values, W_q, W_k, w_v }, function(g_out, g_w)
     if g_out == nil and g_w == nil then return nil end
-    local h = core.size(W_q, 1)
+    local B, Nq, Nk, h = core.size(queries, 1), core.size(queries, 2), core.size(keys, 2), core.size(W_q, 1)
+    local qh, kh, scores = saved_parts(saved, { { B, Nq, h }, { B, Nk, h }, { B, Nq, Nk } })
     local ds, dv = core.scores_attention_backward(scores, values, kopts, g_out, g_w, weights, { scores = true,
       v = rg(values) })
     local dqh, dkh, dwv = core.additive_scores_backward(qh, kh, core.reshape(w_v, h), ds)
@@ -387,17 +401,9 @@ function M._multi_head_attention(queries, keys, values, num_heads, params, kopts
     { queries, keys, values, Wq, Wk, Wv, Wo, bq or false, bk or false, bv or false, bo or false }, function(g_out, g_w)
     if g_out == nil and g_w == nil then return nil end
     local B, Nq, Nk, h = core.size(queries, 1), core.size(queries, 2), core.size(keys, 2), core.size(Wq, 1)
-    -- the forward's intermediates, one after the other in `saved` (see core.mha_forward)
-    local BH, dh, at = B * num_heads, h // num_heads, 0
-    local function part(shape)
-      local n = 1
-      for _, d in ipairs(shape) do n = n * d end
-      local t = core.view(core.narrow(saved, 1, at + 1, n), shape)
-      at = at + n
-      return t
-    end
-    local qh, kh, vh = part({ BH, Nq, dh }), part({ BH, Nk, dh }), part({ BH, Nk, dh })
-    local ctx, merged = part({ BH, Nq, dh }), part({ B * Nq, h })
+    local BH, dh = B * num_heads, h // num_heads
+    local qh, kh, vh, ctx, merged = saved_parts(saved, { { BH, Nq, dh }, { BH, Nk, dh }, { BH, Nk, dh },
+      { BH, Nq, dh }, { B * Nq, h } })
     local dWo, dbo, dctx
     if g_out ~= nil then
       local g2 = core.reshape(g_out, -1, h)
