@@ -16,8 +16,8 @@
 void *attn_alloc(size_t nbytes, size_t *capacity);
 
 /* Returns a block obtained from attn_alloc with its capacity; it goes to the
- * cache unless that would make the cache larger than its limit or than the
- * largest number of bytes ever live at once. */
+ * cache unless that would make the cache larger than its limit or than twice
+ * the largest number of bytes ever live at once. */
 void attn_free(void *ptr, size_t capacity);
 
 /* Gives every cached block back to the system. */

@@ -38,8 +38,7 @@ static attn_status project(const attn_tensor *x, const attn_tensor *w, const att
     rows = view2(&copy, B * N, in, in, 1);
   }
   attn_tensor wt = view2(w, w->shape[1], w->shape[0], w->stride[1], w->stride[0]);
-  attn_status st = attn_matmul(&rows, &wt, y);
-  if (st == ATTN_OK && b) st = attn_binary(ATTN_ADD, y, b, y);
+  attn_status st = b ? attn_addmm(b, &rows, &wt, y) : attn_matmul(&rows, &wt, y); /* the bias rows start the product */
   attn_tensor_free(&copy);
   return st;
 }

@@ -20,7 +20,19 @@ typedef struct {
   void *loss, *out_stats, *dx;
   attn_dtype vdtype;
   int64_t C, steps;
+  int lead;                           /* the dims before the classes */
+  int64_t shape[ATTN_MAX_DIMS], stride[ATTN_MAX_DIMS]; /* theirs, strides in elements */
 } ce_job;
+
+/* Element offset of row r (row-major over the leading dims) in the logits. */
+static int64_t row_offset(const ce_job *J, int64_t r) {
+  int64_t off = 0;
+  for (int d = J->lead - 1; d >= 0; d--) {
+    off += r % J->shape[d] * J->stride[d];
+    r /= J->shape[d];
+  }
+  return off;
+}
 
 /* Whether row r counts: its step t + 1 <= valid_len[b], compared in the
  * logits' dtype as the composed mask (valid_len converted, then <=) does. */
@@ -53,7 +65,7 @@ static void exp_f64(const double *x, double *y, int64_t n) {
     const ce_job *J = ctx;                                                             \
     T buf[CHUNK];                                                                      \
     for (int64_t r = r0; r < r1; r++) {                                                \
-      const T *x = (const T *)J->x + r * J->C;                                         \
+      const T *x = (const T *)J->x + row_offset(J, r);                                 \
       T m = attn_row_max_##S(x, J->C);                                                      \
       if (m == -INFINITY) m = 0;                                                       \
       T s = (T)log(exp_row_sum_##S(buf, x, J->C, m));                                  \
@@ -66,7 +78,7 @@ static void exp_f64(const double *x, double *y, int64_t n) {
   static void backward_##S(void *ctx, int64_t r0, int64_t r1) {                        \
     const ce_job *J = ctx;                                                             \
     for (int64_t r = r0; r < r1; r++) {                                                \
-      const T *x = (const T *)J->x + r * J->C;                                         \
+      const T *x = (const T *)J->x + row_offset(J, r);                                 \
       T *d = (T *)J->dx + r * J->C;                                                    \
       T m = ((const T *)J->stats)[2 * r], s = ((const T *)J->stats)[2 * r + 1];        \
       T g = ((const T *)J->dloss)[r];                                                  \
@@ -87,10 +99,11 @@ static attn_status setup(const char *op, const attn_tensor *logits, const attn_t
                          const attn_tensor *valid_len, int64_t steps, ce_job *J, int64_t *rows) {
   attn_status st = attn_check_float(op, logits);
   if (st != ATTN_OK) return st;
-  if (logits->ndim < 1 || !attn_tensor_is_contiguous(logits) || logits->shape[logits->ndim - 1] < 1)
-    return attn_error(ATTN_ERR_SHAPE, "%s: logits %s must be contiguous (..., C) with C >= 1", op,
+  int lead = logits->ndim - 1;
+  if (lead < 0 || logits->shape[lead] < 1 || (logits->shape[lead] > 1 && logits->stride[lead] != 1))
+    return attn_error(ATTN_ERR_SHAPE, "%s: logits %s must be (..., C) with C >= 1 and unit stride over C", op,
                       attn_tensor_shape_str(logits));
-  int64_t C = logits->shape[logits->ndim - 1], R = attn_tensor_numel(logits) / C;
+  int64_t C = logits->shape[lead], R = attn_tensor_numel(logits) / C;
   if (index->dtype != ATTN_I64 || !attn_tensor_is_contiguous(index) || attn_tensor_numel(index) != R)
     return attn_error(ATTN_ERR_SHAPE, "%s: index %s must be %lld contiguous int64 ids for logits %s", op,
                       attn_tensor_shape_str(index), (long long)R, attn_tensor_shape_str(logits));
@@ -106,7 +119,8 @@ static attn_status setup(const char *op, const attn_tensor *logits, const attn_t
     if (ids[r] < 0 || ids[r] >= C)
       return attn_error(ATTN_ERR_ARG, "%s: index %lld at row %lld is out of range 0..%lld", op, (long long)ids[r],
                         (long long)r + 1, (long long)C - 1);
-  *J = (ce_job){.x = attn_tensor_data(logits), .index = ids, .C = C, .steps = steps};
+  *J = (ce_job){.x = attn_tensor_data(logits), .index = ids, .C = C, .steps = steps, .lead = lead};
+  for (int d = 0; d < lead; d++) J->shape[d] = logits->shape[d], J->stride[d] = logits->stride[d];
   if (valid_len) J->valid = attn_tensor_data(valid_len), J->vdtype = valid_len->dtype;
   *rows = R;
   return ATTN_OK;
@@ -150,6 +164,8 @@ attn_status attn_softmax_ce_backward(const attn_tensor *logits, const attn_tenso
   if (st == ATTN_OK) st = check_out(op, "stats", stats, logits->dtype, 2 * R);
   if (st == ATTN_OK) st = check_out(op, "dloss", dloss, logits->dtype, R);
   if (st == ATTN_OK) st = check_out(op, "dlogits", dlogits, logits->dtype, attn_tensor_numel(logits));
+  if (st == ATTN_OK && attn_tensor_aliases(dlogits, logits))
+    st = attn_error(ATTN_ERR_ARG, "%s: dlogits shares memory with logits", op);
   if (st != ATTN_OK) return st;
   J.stats = attn_tensor_data(stats), J.dloss = attn_tensor_data(dloss), J.dx = attn_tensor_data(dlogits);
   attn_parallel_for(R, grain(J.C), logits->dtype == ATTN_F32 ? backward_f32 : backward_f64, &J);

@@ -1,8 +1,8 @@
 /* attn_loss: softmax cross-entropy over rows as one forward and one backward
  * kernel, optionally masked by valid lengths (d2l's MaskedSoftmaxCELoss).
  *
- * logits are R rows of C classes (a contiguous float tensor whose last dim is
- * C); index holds R 0-based class ids (int64, contiguous: what
+ * logits are R rows of C classes (a float tensor (..., C) whose last dim has
+ * unit stride; the rows may lie anywhere, as a permuted view's do); index holds R 0-based class ids (int64, contiguous: what
  * attn_index_convert writes from 1-based labels). When valid_len is given,
  * rows are read as (B, steps) with R = B * steps, and row (b, t) (t 0-based)
  * counts when t + 1 <= valid_len[b] (valid_len: B entries, contiguous, any
@@ -28,7 +28,7 @@ attn_status attn_softmax_ce_forward(const attn_tensor *logits, const attn_tensor
                                     const attn_tensor *valid_len, int64_t steps, attn_tensor *loss,
                                     attn_tensor *stats, int64_t *count);
 
-/* dlogits (logits' shape, contiguous) from dloss (R entries, any shape,
+/* dlogits (logits' shape, contiguous, apart from logits) from dloss (R entries, any shape,
  * contiguous) and the forward's stats; the other operands as given to forward. */
 attn_status attn_softmax_ce_backward(const attn_tensor *logits, const attn_tensor *index,
                                      const attn_tensor *valid_len, int64_t steps, const attn_tensor *stats,

@@ -69,12 +69,24 @@ static void tanh_row_f64(const double *x, double *y, int64_t n) {
         dh[b * H + j] = g * z;                                                                        \
       }                                                                                               \
   }                                                                                                   \
-  /* out[c] = sum over rows of m (rows, cols), accumulated in double. */                              \
+  /* out[c] = sum over rows of m (rows, cols), accumulated in double, each column in row order: 8  \
+   * columns at a time down all the rows, their sums held in registers (a row at a time through    \
+   * acc made every step a load and a store of acc), the rest through acc. */                        \
   static void colsum_##S(const T *m, int64_t rows, int64_t cols, double *acc, T *out) {               \
+    int64_t c0 = 0;                                                                                   \
+    for (; c0 + 8 <= cols; c0 += 8) {                                                                 \
+      double a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;                          \
+      for (int64_t r = 0; r < rows; r++) {                                                            \
+        const T *x = m + r * cols + c0;                                                               \
+        a0 += x[0], a1 += x[1], a2 += x[2], a3 += x[3], a4 += x[4], a5 += x[5], a6 += x[6], a7 += x[7]; \
+      }                                                                                               \
+      out[c0] = (T)a0, out[c0 + 1] = (T)a1, out[c0 + 2] = (T)a2, out[c0 + 3] = (T)a3;                 \
+      out[c0 + 4] = (T)a4, out[c0 + 5] = (T)a5, out[c0 + 6] = (T)a6, out[c0 + 7] = (T)a7;             \
+    }                                                                                                 \
     memset(acc, 0, (size_t)cols * sizeof(double));                                                    \
     for (int64_t r = 0; r < rows; r++)                                                                \
-      for (int64_t c = 0; c < cols; c++) acc[c] += m[r * cols + c];                                   \
-    for (int64_t c = 0; c < cols; c++) out[c] = (T)acc[c];                                            \
+      for (int64_t c = c0; c < cols; c++) acc[c] += m[r * cols + c];                                  \
+    for (int64_t c = c0; c < cols; c++) out[c] = (T)acc[c];                                           \
   }                                                                                                   \
   /* Every row of m (rows, cols) set to v (cols), or zeros when v is NULL. */                         \
   static void fill_rows_##S(T *m, int64_t rows, int64_t cols, const T *v) {                           \

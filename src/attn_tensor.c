@@ -512,11 +512,28 @@ static const attn_iter_fn copy_fns[3][3] = {
     {copy_i64_f32, copy_i64_f64, copy_i64_i64},
 };
 
-/* A same-dtype copy of a strided src (same shape) into a contiguous dst, for
- * short inner rows (a permuted head layout has rows of a head's 8 columns):
- * one loop with an odometer over the outer dims, where the general iterator
- * pays an indirect call and a pointer recomputation per row. Returns 0 when
- * the case does not apply. */
+/* One row of n elements at stride `stride` into a contiguous one; unit-stride
+ * rows (the head layouts' 8 columns) as a loop the compiler vectorises. */
+#define DEFINE_COPY_ROW(name, T)                                                   \
+  static inline void name(char *out, const char *row, int64_t n, int64_t stride) { \
+    const T *restrict a = (const T *)row;                                          \
+    T *restrict o = (T *)out;                                                      \
+    if (stride == 1)                                                               \
+      for (int64_t j = 0; j < n; j++) o[j] = a[j];                                 \
+    else                                                                           \
+      for (int64_t j = 0; j < n; j++) o[j] = a[j * stride];                        \
+  }
+DEFINE_COPY_ROW(copy_row32, uint32_t)
+DEFINE_COPY_ROW(copy_row64, uint64_t)
+
+/* A same-dtype copy of a strided, non-contiguous src (same shape) into a
+ * contiguous dst, for short inner rows (a permuted head layout has rows of a
+ * head's 8 columns): loops over the last two dims with an odometer over the
+ * others, where the general iterator pays an indirect call and a pointer
+ * recomputation per row; unit-stride rows are a vectorised loop (split_heads'
+ * (64, 4, 10, 8) copy: 9.5 -> 5.5 us). A contiguous src is left to the
+ * iterator, which copies it as one run (it was copied row by row here: 9.3 ->
+ * 1.4 us for 80 KB). Returns 0 when the case does not apply. */
 static int copy_rows_into_contiguous(attn_tensor *dst, const attn_tensor *src) {
   int nd = src->ndim;
   size_t es = attn_dtype_size(src->dtype);
@@ -524,28 +541,30 @@ static int copy_rows_into_contiguous(attn_tensor *dst, const attn_tensor *src) {
     return 0;
   for (int d = 0; d < nd; d++)
     if (src->shape[d] != dst->shape[d] || src->shape[d] == 0) return 0;
+  if (attn_tensor_is_contiguous(src)) return 0; /* one run: the iterator's memcpy */
   int64_t inner = src->shape[nd - 1], istride = src->stride[nd - 1];
   if (inner > 64) return 0; /* long rows: the iterator's memcpy per row is as good */
   if (attn_get_num_threads() > 1 && attn_tensor_numel(src) >= 32768) return 0; /* the iterator splits it */
-  int64_t rows = attn_tensor_numel(src) / inner, index[ATTN_MAX_DIMS] = {0};
-  const char *base = attn_tensor_data(src), *row = base;
+  /* rows of the last dim, walked as runs of the next-to-last dim (no odometer step per row) */
+  int64_t run = src->shape[nd - 2], rstride = src->stride[nd - 2] * (int64_t)es;
+  int64_t runs = attn_tensor_numel(src) / (inner * run), index[ATTN_MAX_DIMS] = {0};
+  size_t row_bytes = (size_t)inner * es;
+  const char *base = attn_tensor_data(src), *at = base;
   char *out = attn_tensor_data(dst);
-  for (int64_t r = 0; r < rows; r++) {
-    if (es == 4) {
-      const uint32_t *a = (const uint32_t *)row;
-      uint32_t *o = (uint32_t *)out + r * inner;
-      for (int64_t j = 0; j < inner; j++) o[j] = a[j * istride];
-    } else {
-      const uint64_t *a = (const uint64_t *)row;
-      uint64_t *o = (uint64_t *)out + r * inner;
-      for (int64_t j = 0; j < inner; j++) o[j] = a[j * istride];
+  for (int64_t r = 0; r < runs; r++) {
+    const char *row = at;
+    for (int64_t i = 0; i < run; i++, row += rstride, out += row_bytes) {
+      if (es == 4)
+        copy_row32(out, row, inner, istride);
+      else
+        copy_row64(out, row, inner, istride);
     }
-    for (int d = nd - 2; d >= 0; d--) { /* next row: odometer over the outer dims */
+    for (int d = nd - 3; d >= 0; d--) { /* next run: odometer over the outer dims */
       if (++index[d] < src->shape[d]) {
-        row += src->stride[d] * (int64_t)es;
+        at += src->stride[d] * (int64_t)es;
         break;
       }
-      row -= (src->shape[d] - 1) * src->stride[d] * (int64_t)es;
+      at -= (src->shape[d] - 1) * src->stride[d] * (int64_t)es;
       index[d] = 0;
     }
   }
@@ -583,6 +602,23 @@ attn_status attn_fill(attn_tensor *t, double value) {
                       "write to a contiguous copy", attn_tensor_shape_str(t));
   attn_status st = attn_scalar_to("fill", t->dtype, value, buf);
   if (st != ATTN_OK) return st;
+  if (attn_tensor_is_contiguous(t)) { /* one run (zeros for a gradient buffer): no iterator, no call per element */
+    size_t n = (size_t)attn_tensor_numel(t), es = attn_dtype_size(t->dtype);
+    char *p = attn_tensor_data(t);
+    static const char zero[8];
+    if (!memcmp(buf, zero, es)) {
+      memset(p, 0, n * es);
+    } else if (es == 4) {
+      uint32_t v, *q = (uint32_t *)p;
+      memcpy(&v, buf, 4);
+      for (size_t i = 0; i < n; i++) q[i] = v;
+    } else {
+      uint64_t v, *q = (uint64_t *)p;
+      memcpy(&v, buf, 8);
+      for (size_t i = 0; i < n; i++) q[i] = v;
+    }
+    return ATTN_OK;
+  }
   attn_iter it;
   attn_iter_begin(&it, t->ndim, t->shape);
   attn_iter_add(&it, t);

@@ -123,7 +123,11 @@ static int l_full(lua_State *L) {
   attn_l_check_sizes(L, nd, shape, "full");
   attn_l_checknumber(L, 2, "value");
   attn_tensor *t = attn_l_push_alloc(L, attn_l_optdtype(L, 3, ATTN_F32), nd, shape);
-  attn_tensor *v = attn_l_push_number(L, 2, t->dtype, "full");
+  if (t->dtype != ATTN_I64) { /* a float value fills directly (zeros: one memset) */
+    ATTN_L_TRY(L, attn_fill(t, lua_tonumber(L, 2)));
+    return 1;
+  }
+  attn_tensor *v = attn_l_push_number(L, 2, t->dtype, "full"); /* int64: exact past 2^53 */
   ATTN_L_TRY(L, attn_copy(t, v));
   lua_pop(L, 1);
   return 1;

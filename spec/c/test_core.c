@@ -40,6 +40,22 @@ static void test_allocator(void) {
   CHECK(attn_alloc_cached_bytes() == 0, "empty_cache gives everything back");
   size_t cap;
   CHECK(attn_alloc((size_t)1 << 62, &cap) == NULL, "absurd request refused");
+
+  /* The cache holds up to twice the most bytes ever live (4096 here, the
+   * first block above was 1024): the 4096 and 3072 blocks both stay, a 2048
+   * block then evicts the class used longest ago. */
+  size_t cx, cy, cz;
+  void *x = attn_alloc(4096, &cx);
+  attn_free(x, cx);
+  void *y = attn_alloc(3000, &cy);
+  attn_free(y, cy);
+  CHECK(cx == 4096 && cy == 3072 && attn_alloc_cached_bytes() == cx + cy, "two blocks past one peak are cached: %zu",
+        attn_alloc_cached_bytes());
+  void *z = attn_alloc(2000, &cz);
+  attn_free(z, cz);
+  CHECK(cz == 2048 && attn_alloc_cached_bytes() == cy + cz, "past twice the peak the oldest class goes: %zu cached",
+        attn_alloc_cached_bytes());
+  attn_alloc_empty_cache();
 }
 
 static void test_views_and_errors(void) {

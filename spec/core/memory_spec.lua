@@ -57,8 +57,8 @@ describe("memory", function()
   end)
 
   it("gives cached memory back on empty_cache", function()
-    -- the cache holds at most the most bytes ever live at once, so a second
-    -- 4 MiB block stays live while the first is freed: its bytes fit the bound
+    -- the cache holds at most twice the most bytes ever live at once, so a
+    -- second 4 MiB block stays live while the first is freed: its bytes fit the bound
     local keep = attn.empty({ 1024, 1024 })
     do
       local _ = attn.empty({ 1024, 1024 })

@@ -236,6 +236,23 @@ describe("views", function()
     end
   end)
 
+  it("full and fill_ write the value's exact bits (0, -0, NaN, inf, 1/3) in one run or through a view", function()
+    for _, dtype in ipairs { "float32", "float64" } do
+      for _, v in ipairs { 0.0, -0.0, 0 / 0, -math.huge, 1 / 3 } do
+        local want = attn.empty({ 3, 5 }, dtype)
+        for i = 1, 3 do
+          for j = 1, 5 do want:set(v, i, j) end
+        end
+        helper.assert_identical(attn.full({ 3, 5 }, v, dtype), want)
+        local t = attn.ones({ 5, 3 }, dtype)
+        t:t():fill_(v) -- a transposed view: the iterator's path
+        helper.assert_identical(t:t():contiguous(), want)
+        t:fill_(v) -- contiguous: one run
+        helper.assert_identical(t, want:t():contiguous())
+      end
+    end
+  end)
+
   it("get/set with 1-based and negative indices", function()
     local m = attn.zeros({ 2, 3 })
     m:set(5, 2, -1)

@@ -64,6 +64,24 @@ describe("fused optimizer steps", function()
     end
   end
 
+  it("give the same bits on 1 and 3 threads (entries split over the pool)", function()
+    local function run(n)
+      attn.set_num_threads(n)
+      attn.manual_seed(13)
+      local p = attn.randn({ 300, 400 })
+      local opt = optim.AdamW({ p }, { lr = 0.01 })
+      for _ = 1, 3 do
+        p.grad = attn.randn({ 300, 400 })
+        opt:step()
+      end
+      return p
+    end
+    local p1 = run(1)
+    local p3 = run(3)
+    attn.set_num_threads(2)
+    helper.assert_identical(p3, p1)
+  end)
+
   it("allocate nothing once the state exists", function()
     local p = attn.randn({ 64, 64 })
     p.grad = attn.randn({ 64, 64 })

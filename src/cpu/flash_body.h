@@ -38,25 +38,36 @@ static inline flash_vf vload(const float *p) {
 }
 static inline void vstore(float *p, flash_vf v) { memcpy(p, &v, sizeof v); }
 
-/* Rows [n0, n0 + NB) of the product below, lanes [l0, l0 + VL * QV): NB x QV accumulators stay in
- * registers over the whole k loop (NB is a constant after inlining). */
-static inline __attribute__((always_inline)) void mk_block(const int NB, int64_t K, int64_t n0, int64_t l0,
-                                                           const float *A, const float *B, int64_t bn, int64_t bk,
-                                                           float *C, const float *cs, int mode) {
+/* Rows [n0, n0 + NB) of the product below, lane vectors [QLO, QV) of lanes [l0, l0 + VL * QV):
+ * NB x QV accumulators stay in registers over the whole k loop (NB and QLO are constants after
+ * inlining). kend (NULL: none) bounds the k loop per lane vector, non-decreasing: vector q takes
+ * k < kend[q] only (the terms past it are known to be 0). */
+static inline __attribute__((always_inline)) void mk_block(const int NB, const int QLO, int64_t K, int64_t n0,
+                                                           int64_t l0, const float *A, const float *B, int64_t bn,
+                                                           int64_t bk, float *C, const float *cs, int mode,
+                                                           const int64_t *kend) {
   flash_vf acc[FLASH_NR][FLASH_QV];
   for (int r = 0; r < NB; r++)
-    for (int q = 0; q < FLASH_QV; q++) acc[r][q] = (flash_vf){0};
+    for (int q = QLO; q < FLASH_QV; q++) acc[r][q] = (flash_vf){0};
   const float *ap = A + l0, *bp = B + n0 * bn;
-  for (int64_t k = 0; k < K; k++, ap += TW, bp += bk) {
-    flash_vf a[FLASH_QV];
-    for (int q = 0; q < FLASH_QV; q++) a[q] = vload(ap + q * FLASH_VL);
-    for (int r = 0; r < NB; r++) {
-      float bv = bp[r * bn];
-      for (int q = 0; q < FLASH_QV; q++) acc[r][q] += a[q] * bv;
+  int64_t k = 0;
+#pragma GCC unroll 4
+  for (int s = QLO; s < FLASH_QV; s++) { /* one pass without kend; else vectors s.. from kend[s-1] */
+    const int64_t ke = kend ? kend[s] : K;
+    for (; k < ke; k++, ap += TW, bp += bk) {
+      flash_vf a[FLASH_QV];
+      for (int q = s; q < FLASH_QV; q++) a[q] = vload(ap + q * FLASH_VL);
+      for (int r = 0; r < NB; r++) {
+        float bv = bp[r * bn];
+        /* a[q] is loaded above for every q >= s (cppcheck loses that across the two loops) */
+        // cppcheck-suppress uninitvar
+        for (int q = s; q < FLASH_QV; q++) acc[r][q] += a[q] * bv;
+      }
     }
+    if (!kend) break;
   }
   for (int r = 0; r < NB; r++)
-    for (int q = 0; q < FLASH_QV; q++) {
+    for (int q = QLO; q < FLASH_QV; q++) {
       float *cp = C + (n0 + r) * TW + l0 + q * FLASH_VL;
       flash_vf c = acc[r][q];
       if (mode == 1) c += vload(cp);
@@ -66,19 +77,66 @@ static inline __attribute__((always_inline)) void mk_block(const int NB, int64_t
 }
 
 /* C[n][0:TW] = init + sum_{k < K} A[k][0:TW] * B[n*bn + k*bk] for n < N, where init is 0
- * (mode 0), C (mode 1) or C * cs lane-wise (mode 2: the online-softmax rescale). */
-static void mk(int64_t K, int64_t N, const float *A, const float *B, int64_t bn, int64_t bk, float *C,
-               const float *cs, int mode) {
+ * (mode 0), C (mode 1) or C * cs lane-wise (mode 2: the online-softmax rescale). kend as in
+ * mk_block, one entry per lane vector of the tile (NULL: none; a constant after inlining, so the
+ * plain product keeps its one k loop). */
+static inline __attribute__((always_inline)) void mk_impl(int64_t K, int64_t N, const float *A, const float *B,
+                                                          int64_t bn, int64_t bk, float *C, const float *cs,
+                                                          int mode, const int64_t *kend) {
   for (int64_t l0 = 0; l0 < TW; l0 += FLASH_VL * FLASH_QV) {
+    const int64_t *ke = kend ? kend + l0 / FLASH_VL : NULL;
     int64_t n0 = 0;
-    for (; n0 + FLASH_NR <= N; n0 += FLASH_NR) mk_block(FLASH_NR, K, n0, l0, A, B, bn, bk, C, cs, mode);
+    for (; n0 + FLASH_NR <= N; n0 += FLASH_NR) mk_block(FLASH_NR, 0, K, n0, l0, A, B, bn, bk, C, cs, mode, ke);
 #if FLASH_NR > 4
-    for (; n0 + 4 <= N; n0 += 4) mk_block(4, K, n0, l0, A, B, bn, bk, C, cs, mode);
+    for (; n0 + 4 <= N; n0 += 4) mk_block(4, 0, K, n0, l0, A, B, bn, bk, C, cs, mode, ke);
 #endif
 #if FLASH_NR > 2
-    for (; n0 + 2 <= N; n0 += 2) mk_block(2, K, n0, l0, A, B, bn, bk, C, cs, mode);
+    for (; n0 + 2 <= N; n0 += 2) mk_block(2, 0, K, n0, l0, A, B, bn, bk, C, cs, mode, ke);
 #endif
-    for (; n0 < N; n0++) mk_block(1, K, n0, l0, A, B, bn, bk, C, cs, mode);
+    for (; n0 < N; n0++) mk_block(1, 0, K, n0, l0, A, B, bn, bk, C, cs, mode, ke);
+  }
+}
+
+static void mk(int64_t K, int64_t N, const float *A, const float *B, int64_t bn, int64_t bk, float *C,
+               const float *cs, int mode) {
+  mk_impl(K, N, A, B, bn, bk, C, cs, mode, NULL);
+}
+
+/* The output product of a masked tile (mode 2): lane vector v takes keys k < kend[v] only. */
+static void mk_bounded(int64_t K, int64_t N, const float *A, const float *B, int64_t bk, float *C, const float *cs,
+                       const int64_t *kend) {
+  mk_impl(K, N, A, B, 1, bk, C, cs, 2, kend);
+}
+
+#define FLASH_NV (TW / FLASH_VL) /* lane vectors per tile */
+
+/* The scores of a masked tile (mode 0; rows are keys j0 + n, lanes queries): a block of key rows
+ * from n0 on skips the lane vectors whose queries see no key from j0 + n0 on (hi[v]: the end of
+ * the keys vector v's queries see). mask_tile then sets every skipped entry to -inf, as it does
+ * every key past a query's range, so under a causal mask the diagonal tile costs about 5/8. */
+static void mk_scores_masked(int64_t K, int64_t N, const float *A, const float *B, int64_t bn, float *C, int64_t j0,
+                             const int64_t *hi) {
+  for (int64_t l0 = 0; l0 < TW; l0 += FLASH_VL * FLASH_QV) {
+    const int64_t *h = hi + l0 / FLASH_VL;
+    int64_t n0 = 0;
+    for (; n0 + FLASH_NR <= N; n0 += FLASH_NR) {
+      int qlo = 0;
+      while (qlo < FLASH_QV && h[qlo] <= j0 + n0) qlo++;
+      switch (qlo) {
+        case 0: mk_block(FLASH_NR, 0, K, n0, l0, A, B, bn, 1, C, NULL, 0, NULL); break;
+#if FLASH_QV > 1
+        case 1: mk_block(FLASH_NR, 1, K, n0, l0, A, B, bn, 1, C, NULL, 0, NULL); break;
+#endif
+#if FLASH_QV > 2
+        case 2: mk_block(FLASH_NR, 2, K, n0, l0, A, B, bn, 1, C, NULL, 0, NULL); break;
+#endif
+#if FLASH_QV > 3
+        case 3: mk_block(FLASH_NR, 3, K, n0, l0, A, B, bn, 1, C, NULL, 0, NULL); break;
+#endif
+        default: break; /* no query of this block sees these keys */
+      }
+    }
+    for (; n0 < N; n0++) mk_block(1, 0, K, n0, l0, A, B, bn, 1, C, NULL, 0, NULL);
   }
 }
 
@@ -182,6 +240,15 @@ static void mask_tile(const attn_attention_job *J, int64_t b, float *T, int64_t 
   }
 }
 
+/* hi[v] = the end of the keys some query of lane vector v sees (the max of qb over its lanes). */
+static inline void lane_ends(const int64_t *qb, int64_t *hi) {
+  for (int v = 0; v < FLASH_NV; v++) {
+    int64_t h = 0;
+    for (int l = 0; l < FLASH_VL; l++) h = qb[v * FLASH_VL + l] > h ? qb[v * FLASH_VL + l] : h;
+    hi[v] = h;
+  }
+}
+
 /* Scores of query block (b, i0) (r queries, packed scaled in Qt) against keys [j0, j0 + nb) into
  * S (one row per key, queries in lanes), masked; the tile's class is returned (TILE_SKIP: S is
  * not written). level: each row's running max or log-sum-exp, for classify. */
@@ -191,8 +258,14 @@ static inline int query_tile(const attn_flash_job *F, int64_t b, int64_t i0, int
   const attn_attention_job *J = F->J;
   int cls = classify(J, r, j0, j0 + nb, qa, qb, qe, level, F->fill2);
   if (cls == TILE_SKIP) return cls;
-  mk(J->d, nb, Qt, F->k.p + b * F->k.sb + j0 * F->k.sr, F->k.sr, 1, S, NULL, 0);
-  if (cls == TILE_MASKED) mask_tile(J, b, S, nb, 1, i0, j0, qa, qb, qe, F->fill2);
+  if (cls == TILE_MASKED) {
+    int64_t hi[FLASH_NV];
+    lane_ends(qb, hi);
+    mk_scores_masked(J->d, nb, Qt, F->k.p + b * F->k.sb + j0 * F->k.sr, F->k.sr, S, j0, hi);
+    mask_tile(J, b, S, nb, 1, i0, j0, qa, qb, qe, F->fill2);
+  } else {
+    mk(J->d, nb, Qt, F->k.p + b * F->k.sb + j0 * F->k.sr, F->k.sr, 1, S, NULL, 0);
+  }
   return cls;
 }
 
@@ -265,7 +338,17 @@ int FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i0
     if (J->dropout)
       for (int64_t n = 0; n < nb; n++)
         for (int64_t o = 0; o < r; o++) S[n * TW + o] *= (float)attn_attention_keep(J, b, i0 + o, j0 + n);
-    mk(nb, dv, S, V + j0 * F->v.sr, 1, F->v.sr, Ot, al, 2);
+    if (cls == TILE_MASKED) { /* keys past a lane vector's range have weight 0 there: stop early */
+      int64_t hi[FLASH_NV], kend[FLASH_NV], run = 0;
+      lane_ends(qb, hi);
+      for (int v = 0; v < FLASH_NV; v++) {
+        int64_t e = hi[v] - j0 < 0 ? 0 : hi[v] - j0 > nb ? nb : hi[v] - j0;
+        kend[v] = run = e > run ? e : run; /* non-decreasing: a later bound only adds zero terms */
+      }
+      mk_bounded(nb, dv, S, V + j0 * F->v.sr, F->v.sr, Ot, al, kend);
+    } else {
+      mk(nb, dv, S, V + j0 * F->v.sr, 1, F->v.sr, Ot, al, 2);
+    }
   }
   /* A sum that is not positive means no key (zeros, log-sum-exp +inf) or, when the row has keys,
    * no finite softmax (its scores are all -inf, or hold +inf or NaN): that row, like an output

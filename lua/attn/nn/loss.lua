@@ -41,7 +41,8 @@ local function contiguous(t) return core.is_contiguous(t) and t or core.contiguo
 -- floats) and saves each row's max and log-sum; backward is one pass,
 -- (softmax - onehot) * g. Returns the loss and the number of rows that count.
 local function softmax_ce(who, logits, labels, valid_len, steps)
-  local x = contiguous(logits)
+  local strides = core.stride(logits) -- the kernel reads rows anywhere, each with unit stride
+  local x = strides[#strides] == 1 and logits or core.contiguous(logits)
   local loss, stats, index, count = core.softmax_ce_forward(x, as_labels(who, labels), valid_len, steps, who)
   local out = autograd.record("cross_entropy", loss, { logits }, function(g)
     return core.softmax_ce_backward(x, index, valid_len, steps, stats, contiguous(g))

@@ -115,7 +115,9 @@ end
 
 function Seq2SeqEncoder:forward(X)
   check_ids("Seq2SeqEncoder", X)
-  local emb = self.embedding(X):permute(2, 1, 3) -- time-major for the GRU
+  -- time-major for the GRU: the embedding of the transposed ids is the book's
+  -- permuted embedding, built in place (no permute node, no copy of its gradient)
+  local emb = self.embedding(X:t())
   return self.rnn(emb)
 end
 
@@ -162,7 +164,7 @@ function Seq2SeqDecoder:forward(X, state)
   else
     context = hidden:select(1, hidden:size(1)) -- state[-1]: the last layer
   end
-  local emb = self.embedding(X):permute(2, 1, 3) -- (T, B, embed)
+  local emb = self.embedding(X:t()) -- (T, B, embed): the permuted embedding, built in place
   local T, B = emb:size(1), emb:size(2)
   local ctx = context:unsqueeze(1):expand({ T, B, context:size(2) })
   local output, new_hidden = self.rnn(attn.cat({ emb, ctx }, 3), hidden)
@@ -216,7 +218,7 @@ function Seq2SeqAttentionDecoder:forward(X, state)
   local enc_outputs, hidden_state, enc_valid_lens = state[1], state[2], state[3]
   -- the steps' embeddings as one node (the book's `for x in X`), not a narrow
   -- per step, whose gradient would be a full-size tensor each; each is (1, B, embed)
-  local steps = gru.unbind(self.embedding(X):permute(2, 1, 3), true)
+  local steps = gru.unbind(self.embedding(X:t()), true)
   local T = #steps
   local outputs, weights = {}, {}
   -- Additive scoring projects the keys (the same at every step) once, not once per step as the book
@@ -232,12 +234,14 @@ function Seq2SeqAttentionDecoder:forward(X, state)
     local x = attn.cat({ context:transpose(1, 2), steps[t] }, 3)
     local out
     out, hidden_state = self.rnn(x, hidden_state)
-    outputs[t] = out
     query = out:transpose(1, 2)
+    outputs[t] = query
     weights[t] = scorer.attention_weights
   end
   self.attention_weights = weights
-  local output = self.dense(attn.cat(outputs, 1)):permute(2, 1, 3)
+  -- the steps' outputs batch-major, (B, T, h): the dense layer then writes (B, T, vocab)
+  -- in order, with no permute of its output or copy of its gradient
+  local output = self.dense(attn.cat(outputs, 2))
   return output, { enc_outputs, hidden_state, enc_valid_lens }
 end
 
