@@ -125,6 +125,28 @@ function Optimizer:zero_grad()
   for _, p in ipairs(self.params) do p.grad = nil end
 end
 
+-- Empties the lists after a step: they must not keep the grads alive.
+local function empty(b)
+  local p, g, st, step, m, v, buf, first = b.p, b.g, b.st, b.step, b.m, b.v, b.buf, b.first
+  for k = 1, b.n do
+    p[k], g[k], st[k], step[k], m[k], v[k], buf[k], first[k] = nil, nil, nil, nil, nil, nil, nil, nil
+  end
+  b.n = 0
+end
+
+-- The fused step's lists (entry k: parameter, grad, state, new step count,
+-- buffers), kept between steps so that a step allocates no Lua tables (their
+-- garbage made the next collection steps land in the optimizer).
+function Optimizer:_lists()
+  local b = self._batch
+  if b == nil then
+    b = { n = 0, p = {}, g = {}, st = {}, step = {}, m = {}, v = {}, buf = {}, first = {} }
+    self._batch = b
+  end
+  if b.n ~= 0 then empty(b) end -- a step that raised while gathering
+  return b
+end
+
 -- Raises (at the caller of step) on the first grad that is not a tensor or
 -- whose shape or dtype differs from its parameter's.
 local function check_grads(self)
@@ -156,7 +178,7 @@ function Optimizer:step()
   autograd.no_grad(function()
     -- fused: the parameters with grads gathered for one C call; a step
     -- count moves once the call has taken its parameter
-    local batch = self.fused and { n = 0, p = {}, g = {}, st = {}, step = {} } or nil
+    local batch = self.fused and self:_lists() or nil
     for i, p in ipairs(self.params) do
       local g = p.grad
       if g ~= nil then
@@ -178,11 +200,15 @@ function Optimizer:step()
     if batch then
       local ok, left = pcall(self._fused_steps, self, batch)
       if not ok then
+        empty(batch)
         check_grads(self)
         error(left, 0)
       end
       for k = 1, batch.n do self:_keep(batch, k) end
-      for _, k in ipairs(left or {}) do self:_update_left(batch, k) end
+      if left then
+        for _, k in ipairs(left) do self:_update_left(batch, k) end
+      end
+      empty(batch)
     end
   end)
   self.steps = self.steps + 1
@@ -341,8 +367,6 @@ end
 -- _keep, once the call has succeeded.
 function SGD:_gather(b, k, p, st)
   if self.momentum == 0 then return end
-  b.buf = b.buf or {}
-  b.first = b.first or {}
   local buf = st.momentum_buffer
   b.first[k] = buf == nil
   b.buf[k] = buf or core.empty(core.shape(p), core.dtype(p))
@@ -351,18 +375,19 @@ end
 function SGD._keep(_, b, k)
   local st = b.st[k]
   st.step = b.step[k]
-  if b.first and b.first[k] then st.momentum_buffer = b.buf[k] end
+  if b.first[k] then st.momentum_buffer = b.buf[k] end
 end
 
 function SGD:_fused_steps(b)
-  return core.sgd_steps(b.p, b.g, b.buf, b.first, self.lr, self.momentum, self.dampening,
+  local mom = self.momentum ~= 0
+  return core.sgd_steps(b.p, b.g, mom and b.buf or nil, mom and b.first or nil, self.lr, self.momentum, self.dampening,
     self.weight_decay, self.nesterov)
 end
 
 -- A parameter the kernel left (an operand not contiguous): the composed path,
 -- which makes a new buffer itself.
 function SGD:_update_left(b, k)
-  if b.first and b.first[k] then b.st[k].momentum_buffer = nil end
+  if b.first[k] then b.st[k].momentum_buffer = nil end
   self:_update(b.p[k], b.g[k], b.st[k])
 end
 
@@ -491,8 +516,6 @@ local function moments(p, st)
 end
 
 function Adam._gather(_, b, k, p, st)
-  b.m = b.m or {}
-  b.v = b.v or {}
   b.m[k], b.v[k] = moments(p, st)
 end
 
@@ -502,7 +525,7 @@ function Adam._keep(_, b, k)
 end
 
 function Adam:_fused_steps(b)
-  return core.adam_steps(b.p, b.g, b.m or {}, b.v or {}, b.step, self.lr, self.betas[1], self.betas[2], self.eps,
+  return core.adam_steps(b.p, b.g, b.m, b.v, b.step, self.lr, self.betas[1], self.betas[2], self.eps,
     self.weight_decay, self.decoupled)
 end
 
