@@ -268,12 +268,12 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
     return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the %s workspace", op, attn_tensor_shape_str(x));
   }
 
-  if (dout)
-    memcpy(dy, attn_tensor_data(dout), n_dy);
-  else
-    memset(dy, 0, n_dy);
+  /* the output gradient of layer k: dout for the top one (read in place), then what the layer
+   * above leaves in dy */
+  if (!dout) memset(dy, 0, n_dy);
   for (int k = layers - 1; k >= 0; k--) {
     saved_layer s = layer_block(saved, k, T, B, H);
+    const char *gy = dout && k == layers - 1 ? (const char *)attn_tensor_data(dout) : dy;
     if (dhn)
       memcpy(dh, (const char *)attn_tensor_data(dhn) + (size_t)k * n_dh, n_dh);
     else
@@ -282,13 +282,13 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
     for (int64_t t = T - 1; t >= 0; t--) {
       size_t off = (size_t)(t * B * H) * es;
       char *dgit = dgi + 3 * off, *dght = dgh + 3 * off;
-      /* dh += dy[t]; then the step's gate gradients; dh becomes dh * z + dgh W_hh */
+      /* dh += gy[t]; then the step's gate gradients; dh becomes dh * z + dgh W_hh */
       if (dt == ATTN_F32)
-        attn_vmath_gru_bwd_f32(B, H, (float *)dh, (const float *)(dy + off), (const float *)(s.hs + off),
+        attn_vmath_gru_bwd_f32(B, H, (float *)dh, (const float *)(gy + off), (const float *)(s.hs + off),
                                (const float *)(s.rz + 2 * off), (const float *)(s.n + off),
                                (const float *)(s.ghn + off), (float *)dgit, (float *)dght);
       else
-        gates_bwd_f64(B, H, (double *)dh, (const double *)(dy + off), (const double *)(s.hs + off),
+        gates_bwd_f64(B, H, (double *)dh, (const double *)(gy + off), (const double *)(s.hs + off),
                       (const double *)(s.rz + 2 * off), (const double *)(s.n + off),
                       (const double *)(s.ghn + off), (double *)dgit, (double *)dght);
       gemm(dt, 0, 0, B, H, 3 * H, dght, 3 * H, whh, H, 1, dh, H);
