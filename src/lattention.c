@@ -477,6 +477,20 @@ static attn_tensor *push_out(lua_State *L, attn_dtype dt, int ok, int ndim, int6
   return attn_l_push_alloc(L, dt, ndim, shape);
 }
 
+/* Borrowed contiguous 3-D views of the flat tensor `saved`, one after the other (a fused layer's
+ * intermediates for its backward: one allocation and one userdata). */
+static void saved_views(const attn_tensor *saved, int n, const int64_t (*dims)[3], attn_tensor *parts) {
+  int64_t at = saved->offset;
+  for (int i = 0; i < n; i++) {
+    parts[i] = *saved;
+    parts[i].offset = at;
+    parts[i].ndim = 3;
+    for (int d = 0; d < 3; d++) parts[i].shape[d] = dims[i][d];
+    attn_contiguous_strides(3, parts[i].shape, parts[i].stride);
+    at += dims[i][0] * dims[i][1] * dims[i][2];
+  }
+}
+
 /***
  * d2l's AdditiveAttention forward in one call (see attn_attention_additive_layer_forward).
  * @function additive_layer_forward
@@ -490,7 +504,8 @@ static attn_tensor *push_out(lua_State *L, attn_dtype dt, int ok, int ndim, int6
  * @treturn Tensor out (B, Nq, dv)
  * @treturn ?Tensor weights (B, Nq, Nk), nil when need_weights is false
  * @treturn ?integer the dropout seed
- * @treturn Tensor qh (B, Nq, h), kh (B, Nk, h) and scores (B, Nq, Nk): saved for the backward
+ * @treturn Tensor saved: qh (B, Nq, h), kh (B, Nk, h) and scores (B, Nq, Nk), flattened one after
+ *   the other, for the backward
  */
 static int l_additive_layer_forward(lua_State *L) {
   luaL_checkstack(L, 16, "projected_additive_attention");
@@ -505,9 +520,13 @@ static int l_additive_layer_forward(lua_State *L) {
   attn_tensor *out = push_out(L, q->dtype, ok, 3, B, Nq, ok ? v->shape[2] : 0);
   attn_tensor *w = need_weights ? push_out(L, q->dtype, ok, 3, B, Nq, Nk) : (lua_pushnil(L), NULL);
   push_seed(L, &o);
-  attn_tensor *qh = push_out(L, q->dtype, ok, 3, B, Nq, h), *kh = push_out(L, q->dtype, ok, 3, B, Nk, h);
-  attn_tensor *scores = push_out(L, q->dtype, ok, 3, B, Nq, Nk);
-  ATTN_L_TRY(L, attn_attention_additive_layer_forward(q, k, v, wq, wk, wv, &o, out, w, qh, kh, scores));
+  /* what the backward needs, one after the other in one tensor: qh, kh, scores */
+  attn_tensor *saved = push_out(L, q->dtype, ok, 1, B * Nq * h + B * Nk * h + B * Nq * Nk, 0, 0);
+  const int64_t dims[3][3] = {{B, Nq, h}, {B, Nk, h}, {B, Nq, Nk}};
+  attn_tensor parts[3];
+  saved_views(saved, 3, dims, parts);
+  ATTN_L_TRY(L, attn_attention_additive_layer_forward(q, k, v, wq, wk, wv, &o, out, w, &parts[0], &parts[1],
+                                                      &parts[2]));
   return lua_gettop(L) - top;
 }
 
@@ -524,7 +543,8 @@ static int l_additive_layer_forward(lua_State *L) {
  * @treturn ?Tensor weights (B*H, Nq, Nk), nil when need_weights is false
  * @treturn ?integer the dropout seed
  * @treturn ?Tensor lse (B*H, Nq) for the flash backward (nil when the reference path ran)
- * @treturn Tensor qh, kh, vh, ctx (head layout) and merged (B*Nq, h): saved for the backward
+ * @treturn Tensor saved: qh (B*H, Nq, dh), kh and vh (B*H, Nk, dh), ctx (B*H, Nq, dh) and merged
+ *   (B*Nq, h), flattened one after the other, for the backward
  */
 static int l_mha_forward(lua_State *L) {
   const char *fn = "multi_head_attention";
@@ -550,12 +570,14 @@ static int l_mha_forward(lua_State *L) {
   push_seed(L, &o);
   int flash = q->dtype == ATTN_F32 && attn_sdpa_flash_size(Nq, Nk, o.kernel);
   attn_tensor *lse = flash ? push_out(L, ATTN_F64, ok, 2, B * H, Nq, 0) : (lua_pushnil(L), NULL);
-  attn_mha_saved s;
-  s.qh = push_out(L, q->dtype, ok, 3, B * H, Nq, dh);
-  s.kh = push_out(L, q->dtype, ok, 3, B * H, Nk, dh);
-  s.vh = push_out(L, q->dtype, ok, 3, B * H, Nk, dh);
-  s.ctx = push_out(L, q->dtype, ok, 3, B * H, Nq, dh);
-  s.merged = push_out(L, q->dtype, ok, 2, B * Nq, h, 0);
+  /* what the backward needs, one after the other in one tensor (one allocation, one userdata) */
+  int64_t nq = B * H * Nq * dh, nk = B * H * Nk * dh;
+  attn_tensor *saved = push_out(L, q->dtype, ok, 1, 2 * nq + 2 * nk + B * Nq * h, 0, 0);
+  const int64_t dims[5][3] = {{B * H, Nq, dh}, {B * H, Nk, dh}, {B * H, Nk, dh}, {B * H, Nq, dh}, {B * Nq, h, 1}};
+  attn_tensor parts[5];
+  saved_views(saved, 5, dims, parts);
+  parts[4].ndim = 2; /* merged (B*Nq, h) */
+  attn_mha_saved s = {&parts[0], &parts[1], &parts[2], &parts[3], &parts[4]};
   ATTN_L_TRY(L, attn_attention_mha_forward(q, k, v, &p, &o, out, w, lse, &s));
   if (lse && !(B * H * Nq > 0 && !isnan(((const double *)attn_tensor_data(lse))[0]))) { /* the reference path ran */
     lua_pushnil(L);

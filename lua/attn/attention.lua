@@ -125,14 +125,16 @@ end
 -- lengths, dropout and weights itself over the caller's opts (keys checked as for the
 -- functions): a fresh table, which the underscored forms of the functions use in place.
 function M._layer_options(fn, opts, valid_lens, dropout, training, need_weights)
-  local o = { name = fn }
+  -- one constructor (no rehash while it fills): detached_weights is read by `recorded`, the
+  -- binding reads only the kernel's keys
+  local o = { name = fn, valid_lens = valid_lens, dropout = dropout, training = training == true,
+    need_weights = need_weights, detached_weights = true }
   if opts ~= nil then
     check.options(fn, opts, attention_options)
-    for k, v in pairs(opts) do o[k] = v end
+    for k, v in pairs(opts) do
+      if o[k] == nil then o[k] = v end -- the layer's own settings win, as before
+    end
   end
-  if valid_lens ~= nil then o.valid_lens = valid_lens end
-  o.dropout, o.training, o.need_weights = dropout, training == true, need_weights
-  o.detached_weights = true -- (read by `recorded`; the binding reads only the kernel's keys)
   return o
 end
 
@@ -207,6 +209,19 @@ function M._additive_attention(Qh, Kh, V, w_v, kopts)
   return attend_scores(fn, scores, V, kopts)
 end
 
+-- Views of a fused forward's `saved` tensor (src/lattention.c): its parts, one after the other,
+-- in these shapes.
+local function saved_parts(saved, shapes)
+  local parts, at = {}, 0
+  for i, shape in ipairs(shapes) do
+    local n = 1
+    for _, d in ipairs(shape) do n = n * d end
+    parts[i] = core.view(core.narrow(saved, 1, at + 1, n), shape)
+    at = at + n
+  end
+  return table.unpack(parts)
+end
+
 -- Gradients of a projection y = x W^T + b (the fused layers' forwards run in C) from dy
 -- (rows, out): dx in x's shape, dW, db (nil without a bias).
 local function project_backward(dy, x, W, b)
@@ -242,11 +257,12 @@ function M._projected_additive_attention(queries, keys, values, W_q, W_k, w_v, k
   check_tensor(fn, "W_q", W_q, nil, "(h, query_size)")
   check_tensor(fn, "W_k", W_k, nil, "(h, key_size)")
   check_tensor(fn, "w_v", w_v, nil, "(1, h) or (h)")
-  local out, weights, seed, qh, kh, scores = core.additive_layer_forward(queries, keys, values, W_q, W_k, w_v, kopts)
+  local out, weights, seed, saved = core.additive_layer_forward(queries, keys, values, W_q, W_k, w_v, kopts)
   kopts.seed = seed
   record(fn, recorded(out, weights, kopts), { queries, keys, values, W_q, W_k, w_v }, function(g_out, g_w)
     if g_out == nil and g_w == nil then return nil end
-    local h = core.size(W_q, 1)
+    local B, Nq, Nk, h = core.size(queries, 1), core.size(queries, 2), core.size(keys, 2), core.size(W_q, 1)
+    local qh, kh, scores = saved_parts(saved, { { B, Nq, h }, { B, Nk, h }, { B, Nq, Nk } })
     local ds, dv = core.scores_attention_backward(scores, values, kopts, g_out, g_w, weights, { scores = true,
       v = rg(values) })
     local dqh, dkh, dwv = core.additive_scores_backward(qh, kh, core.reshape(w_v, h), ds)
@@ -361,30 +377,33 @@ local mha_params = { W_q = true, W_k = true, W_v = true, W_o = true, b_q = true,
 -- @treturn Tensor output (B, Nq, h)
 -- @treturn ?Tensor weights (B*H, Nq, Nk)
 function M.multi_head_attention(queries, keys, values, num_heads, params, opts)
-  return M._multi_head_attention(queries, keys, values, num_heads, params,
-    kernel_options("multi_head_attention", opts))
+  local fn = "multi_head_attention"
+  return M._multi_head_attention(queries, keys, values, num_heads, check.options(fn, params, mha_params),
+    kernel_options(fn, opts))
 end
 
 -- multi_head_attention on kernel options (see _dot_product_attention). `operands`, when given,
 -- holds the same weights in another layout for the forward's products (nn.MultiHeadAttention's
--- cached transposes); the node and its gradients are on `params`.
+-- cached transposes); the node and its gradients are on `params` (keys as the public form takes).
 function M._multi_head_attention(queries, keys, values, num_heads, params, kopts, operands)
   local fn = "multi_head_attention"
   check_tensor(fn, "queries", queries, nil, "(B, Nq, query_size)") -- (shapes and parameters: the C core)
   check_tensor(fn, "keys", keys, nil, "(B, Nk, key_size)")
   check_tensor(fn, "values", values, nil, "(B, Nk, value_size)")
   check_count(fn, "num_heads", num_heads)
-  params = check.options(fn, params, mha_params)
   local Wq, Wk, Wv, Wo = params.W_q, params.W_k, params.W_v, params.W_o
   local bq, bk, bv, bo = params.b_q, params.b_k, params.b_v, params.b_o
-  local out, weights, seed, lse, qh, kh, vh, ctx, merged = core.mha_forward(queries, keys, values, num_heads,
-    operands or params, kopts)
+  local out, weights, seed, lse, saved = core.mha_forward(queries, keys, values, num_heads, operands or params,
+    kopts)
   kopts.seed = seed
   -- (record returns at once when nothing requires grad: the closure is all that was built)
   record(fn, recorded(out, weights, kopts),
     { queries, keys, values, Wq, Wk, Wv, Wo, bq or false, bk or false, bv or false, bo or false }, function(g_out, g_w)
     if g_out == nil and g_w == nil then return nil end
-    local B, Nq, h = core.size(queries, 1), core.size(queries, 2), core.size(Wq, 1)
+    local B, Nq, Nk, h = core.size(queries, 1), core.size(queries, 2), core.size(keys, 2), core.size(Wq, 1)
+    local BH, dh = B * num_heads, h // num_heads
+    local qh, kh, vh, ctx, merged = saved_parts(saved, { { BH, Nq, dh }, { BH, Nk, dh }, { BH, Nk, dh },
+      { BH, Nq, dh }, { B * Nq, h } })
     local dWo, dbo, dctx
     if g_out ~= nil then
       local g2 = core.reshape(g_out, -1, h)

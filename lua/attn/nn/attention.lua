@@ -234,7 +234,7 @@ end
 -- reads a contiguous W^T in place, where W itself it packs on every call (half the product's time
 -- at the book's 100 x 100). The copy is kept while W is the same tensor at the same write version:
 -- optimizer steps, load_state_dict and every in-place write bump the version, `to` makes new
--- tensors, so a changed weight is never read stale (in training it is rebuilt at every step).
+-- tensors, so a changed weight is never read stale. Used in eval mode (inference, the book's calls).
 local function transposed(m, key, W)
   local cache = rawget(m, "_transposed")
   if cache == nil then
@@ -261,10 +261,12 @@ function MultiHeadAttention:forward(queries, keys, values, valid_lens, opts)
     local o = kernel_options("multi_head_attention", self.attention, self.keep_weights, opts, valid_lens, queries)
     local wq, wk, wv, wo = Wq.weight, Wk.weight, Wv.weight, Wo.weight
     local bq, bk, bv, bo = Wq.bias, Wk.bias, Wv.bias, Wo.bias
-    local out, w = attention._multi_head_attention(queries, keys, values, heads, { W_q = wq, W_k = wk, W_v = wv,
-      W_o = wo, b_q = bq, b_k = bk, b_v = bv, b_o = bo }, o, { W_q = transposed(self, "W_q", wq),
-      W_k = transposed(self, "W_k", wk), W_v = transposed(self, "W_v", wv), W_o = transposed(self, "W_o", wo),
-      b_q = bq, b_k = bk, b_v = bv, b_o = bo })
+    local params = { W_q = wq, W_k = wk, W_v = wv, W_o = wo, b_q = bq, b_k = bk, b_v = bv, b_o = bo }
+    -- in training every step changes the weights, so transposes would be rebuilt at each call
+    local operands = not self.training and { W_q = transposed(self, "W_q", wq), W_k = transposed(self, "W_k", wk),
+      W_v = transposed(self, "W_v", wv), W_o = transposed(self, "W_o", wo), b_q = bq, b_k = bk, b_v = bv, b_o = bo }
+      or nil
+    local out, w = attention._multi_head_attention(queries, keys, values, heads, params, o, operands)
     keep_head_weights(self, w, heads)
     return out
   end
