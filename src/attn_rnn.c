@@ -16,89 +16,56 @@ static void gemm(attn_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K,
   attn_gemm(dt, ta, tb, M, N, K, 1.0, A, lda, B, ldb, beta, C, ldc);
 }
 
-static void sigmoid_row_f64(const double *x, double *y, int64_t n) {
-  for (int64_t j = 0; j < n; j++) y[j] = x[j] >= 0 ? 1 / (1 + exp(-x[j])) : exp(x[j]) / (1 + exp(x[j]));
-}
-static void tanh_row_f64(const double *x, double *y, int64_t n) {
-  for (int64_t j = 0; j < n; j++) y[j] = tanh(x[j]);
+/* The float64 step kernels; float32 runs the per-ISA ones of attn_vmath (same arguments, the
+ * model in attn_vmath.h), vectorised with the ISA's own sigmoid and tanh. */
+static double sigmoid_f64(double x) { return x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x)); }
+
+static void gates_fwd_f64(int64_t B, int64_t H, const double *gi, const double *gh, const double *hp, double *hn,
+                          double *rz, double *n, double *ghn) {
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t j = 0; j < H; j++) {
+      const double *i = gi + b * 3 * H, *h = gh + b * 3 * H;
+      double r = sigmoid_f64(i[j] + h[j]), z = sigmoid_f64(i[H + j] + h[H + j]), g = h[2 * H + j];
+      double v = tanh(i[2 * H + j] + r * g);
+      rz[b * 2 * H + j] = r, rz[b * 2 * H + H + j] = z, n[b * H + j] = v, ghn[b * H + j] = g;
+      hn[b * H + j] = v + z * (hp[b * H + j] - v);
+    }
 }
 
-/* Per-dtype step kernels (the dtype is the only difference, hence the macro).
- *
- * gates_fwd: gi (B, 3H) input projections of this step, gh (B, 3H) recurrent
- * ones, hp (B, H) the previous state; writes the new state hn (B, H) and the
- * saved planes rz (B, 2H), n (B, H), ghn (B, H).
- *
- * gates_bwd: from dh (B, H), the gradient of the new state, writes dgi and
- * dgh (B, 3H), the gradients of the two projections, and replaces dh by
- * dh * z (the direct part of the previous state's gradient; the caller adds
- * dgh W_hh). Its buffers do not overlap (restrict), so the loop vectorises. */
-#define DEFINE_STEP(S, T, SIGMOID, TANH)                                                              \
-  static void gates_fwd_##S(int64_t B, int64_t H, const T *gi, const T *gh, const T *hp, T *hn, T *rz, T *n, \
-                            T *ghn) {                                                                 \
-    for (int64_t b = 0; b < B; b++)                                                                   \
-      for (int64_t j = 0; j < 2 * H; j++) rz[b * 2 * H + j] = gi[b * 3 * H + j] + gh[b * 3 * H + j];  \
-    SIGMOID(rz, rz, B * 2 * H);                                                                       \
-    for (int64_t b = 0; b < B; b++)                                                                   \
-      for (int64_t j = 0; j < H; j++) {                                                               \
-        T g = gh[b * 3 * H + 2 * H + j];                                                              \
-        ghn[b * H + j] = g;                                                                           \
-        n[b * H + j] = gi[b * 3 * H + 2 * H + j] + rz[b * 2 * H + j] * g;                             \
-      }                                                                                               \
-    TANH(n, n, B * H);                                                                                \
-    for (int64_t b = 0; b < B; b++)                                                                   \
-      for (int64_t j = 0; j < H; j++) {                                                               \
-        T z = rz[b * 2 * H + H + j], v = n[b * H + j];                                                \
-        hn[b * H + j] = v + z * (hp[b * H + j] - v);                                                  \
-      }                                                                                               \
-  }                                                                                                   \
-  static void gates_bwd_##S(int64_t B, int64_t H, T *restrict dh, const T *restrict hp,              \
-                            const T *restrict rz, const T *restrict n, const T *restrict ghn,         \
-                            T *restrict dgi, T *restrict dgh) {                                       \
-    for (int64_t b = 0; b < B; b++)                                                                   \
-      for (int64_t j = 0; j < H; j++) {                                                               \
-        T g = dh[b * H + j], r = rz[b * 2 * H + j], z = rz[b * 2 * H + H + j], v = n[b * H + j];      \
-        T dn = g - g * z, dz = g * (hp[b * H + j] - v);                                               \
-        T dan = dn * (1 - v * v), daz = dz * (z * (1 - z));                                           \
-        T dar = (dan * ghn[b * H + j]) * (r * (1 - r));                                               \
-        T *i = dgi + b * 3 * H, *h = dgh + b * 3 * H;                                                 \
-        i[j] = h[j] = dar;                                                                            \
-        i[H + j] = h[H + j] = daz;                                                                    \
-        i[2 * H + j] = dan;                                                                           \
-        h[2 * H + j] = dan * r;                                                                       \
-        dh[b * H + j] = g * z;                                                                        \
-      }                                                                                               \
-  }                                                                                                   \
-  /* out[c] = sum over rows of m (rows, cols), accumulated in double, each column in row order: 8  \
-   * columns at a time down all the rows, their sums held in registers (a row at a time through    \
-   * acc made every step a load and a store of acc), the rest through acc. */                        \
-  static void colsum_##S(const T *m, int64_t rows, int64_t cols, double *acc, T *out) {               \
-    int64_t c0 = 0;                                                                                   \
-    for (; c0 + 8 <= cols; c0 += 8) {                                                                 \
-      double a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;                          \
-      for (int64_t r = 0; r < rows; r++) {                                                            \
-        const T *x = m + r * cols + c0;                                                               \
-        a0 += x[0], a1 += x[1], a2 += x[2], a3 += x[3], a4 += x[4], a5 += x[5], a6 += x[6], a7 += x[7]; \
-      }                                                                                               \
-      out[c0] = (T)a0, out[c0 + 1] = (T)a1, out[c0 + 2] = (T)a2, out[c0 + 3] = (T)a3;                 \
-      out[c0 + 4] = (T)a4, out[c0 + 5] = (T)a5, out[c0 + 6] = (T)a6, out[c0 + 7] = (T)a7;             \
-    }                                                                                                 \
-    memset(acc, 0, (size_t)cols * sizeof(double));                                                    \
-    for (int64_t r = 0; r < rows; r++)                                                                \
-      for (int64_t c = c0; c < cols; c++) acc[c] += m[r * cols + c];                                  \
-    for (int64_t c = c0; c < cols; c++) out[c] = (T)acc[c];                                           \
-  }                                                                                                   \
-  /* Every row of m (rows, cols) set to v (cols), or zeros when v is NULL. */                         \
-  static void fill_rows_##S(T *m, int64_t rows, int64_t cols, const T *v) {                           \
-    for (int64_t r = 0; r < rows; r++)                                                                \
-      if (v)                                                                                          \
-        memcpy(m + r * cols, v, (size_t)cols * sizeof(T));                                            \
-      else                                                                                            \
-        memset(m + r * cols, 0, (size_t)cols * sizeof(T));                                            \
-  }
+static void gates_bwd_f64(int64_t B, int64_t H, double *restrict dh, const double *restrict dy,
+                          const double *restrict hp, const double *restrict rz, const double *restrict n,
+                          const double *restrict ghn, double *restrict dgi, double *restrict dgh) {
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t j = 0; j < H; j++) {
+      double g = dh[b * H + j] + dy[b * H + j], r = rz[b * 2 * H + j], z = rz[b * 2 * H + H + j], v = n[b * H + j];
+      double dn = g - g * z, dz = g * (hp[b * H + j] - v);
+      double dan = dn * (1 - v * v), daz = dz * (z * (1 - z));
+      double dar = (dan * ghn[b * H + j]) * (r * (1 - r));
+      double *i = dgi + b * 3 * H, *h = dgh + b * 3 * H;
+      i[j] = h[j] = dar;
+      i[H + j] = h[H + j] = daz;
+      i[2 * H + j] = dan;
+      h[2 * H + j] = dan * r;
+      dh[b * H + j] = g * z;
+    }
+}
 
-DEFINE_STEP(f32, float, attn_vmath_sigmoid_f32, attn_vmath_tanh_f32)
-DEFINE_STEP(f64, double, sigmoid_row_f64, tanh_row_f64)
+/* out (cols) = the column sums of m (rows, cols), in row order. */
+static void colsum_f64(const double *m, int64_t rows, int64_t cols, double *out) {
+  for (int64_t c = 0; c < cols; c++) out[c] = 0;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) out[c] += m[r * cols + c];
+}
+
+/* Every row of m (rows, cols; es bytes an entry) set to v (cols), or zeros when v is NULL. */
+static void fill_rows(char *m, int64_t rows, int64_t cols, size_t es, const void *v) {
+  size_t row = (size_t)cols * es;
+  for (int64_t r = 0; r < rows; r++)
+    if (v)
+      memcpy(m + (size_t)r * row, v, row);
+    else
+      memset(m + (size_t)r * row, 0, row);
+}
 
 int64_t attn_gru_saved_numel(int64_t T, int64_t B, int64_t H, int layers) {
   return (int64_t)layers * ((T + 1) * B * H + 4 * T * B * H);
@@ -221,10 +188,7 @@ attn_status attn_gru_forward(const attn_tensor *x, const attn_tensor *h0, int la
     const void *bi = b_ih[k] ? attn_tensor_data(b_ih[k]) : NULL;
     const void *bh = b_hh[k] ? attn_tensor_data(b_hh[k]) : NULL;
     /* all steps' input projections in one GEMM, on top of the bias rows */
-    if (dt == ATTN_F32)
-      fill_rows_f32((float *)gi, TB, 3 * H, bi);
-    else
-      fill_rows_f64((double *)gi, TB, 3 * H, bi);
+    fill_rows(gi, TB, 3 * H, es, bi);
     gemm(dt, 0, 1, TB, 3 * H, in_k, input, in_k, attn_tensor_data(w_ih[k]), in_k, 1, gi, 3 * H);
     if (h0)
       memcpy(s.hs, (const char *)attn_tensor_data(h0) + (size_t)(k * B * H) * es, (size_t)(B * H) * es);
@@ -232,14 +196,11 @@ attn_status attn_gru_forward(const attn_tensor *x, const attn_tensor *h0, int la
       memset(s.hs, 0, (size_t)(B * H) * es);
     for (int64_t t = 0; t < T; t++) {
       size_t bh_off = (size_t)(t * B * H) * es;
-      if (dt == ATTN_F32)
-        fill_rows_f32((float *)gh, B, 3 * H, bh);
-      else
-        fill_rows_f64((double *)gh, B, 3 * H, bh);
+      fill_rows(gh, B, 3 * H, es, bh);
       gemm(dt, 0, 1, B, 3 * H, H, s.hs + bh_off, H, attn_tensor_data(w_hh[k]), H, 1, gh, 3 * H);
       char *git = gi + (size_t)(t * B * 3 * H) * es;
       if (dt == ATTN_F32)
-        gates_fwd_f32(B, H, (const float *)git, (const float *)gh, (const float *)(s.hs + bh_off),
+        attn_vmath_gru_fwd_f32(B, H, (const float *)git, (const float *)gh, (const float *)(s.hs + bh_off),
                       (float *)(s.hs + bh_off + (size_t)(B * H) * es), (float *)(s.rz + 2 * bh_off),
                       (float *)(s.n + bh_off), (float *)(s.ghn + bh_off));
       else
@@ -296,24 +257,23 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
   int64_t TB = T * B;
   int drop = dropout_p > 0 && layers > 1;
   size_t n_dy = (size_t)(TB * H) * es, n_dg = (size_t)(TB * 3 * H) * es, n_dh = (size_t)(B * H) * es;
-  size_t n_acc = (size_t)(3 * H) * sizeof(double);
-  size_t cap[6] = {0};
+  size_t cap[5] = {0};
   char *dy = attn_alloc(n_dy, &cap[0]), *dgi = attn_alloc(n_dg, &cap[1]), *dgh = attn_alloc(n_dg, &cap[2]);
-  char *dh = attn_alloc(n_dh, &cap[3]), *acc = attn_alloc(n_acc, &cap[4]);
-  char *layer_in = drop ? attn_alloc(n_dy, &cap[5]) : NULL;
-  if (!dy || !dgi || !dgh || !dh || !acc || (drop && !layer_in)) {
-    char *bufs[6] = {dy, dgi, dgh, dh, acc, layer_in};
-    for (int i = 0; i < 6; i++)
+  char *dh = attn_alloc(n_dh, &cap[3]);
+  char *layer_in = drop ? attn_alloc(n_dy, &cap[4]) : NULL;
+  if (!dy || !dgi || !dgh || !dh || (drop && !layer_in)) {
+    char *bufs[5] = {dy, dgi, dgh, dh, layer_in};
+    for (int i = 0; i < 5; i++)
       if (bufs[i]) attn_free(bufs[i], cap[i]);
     return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the %s workspace", op, attn_tensor_shape_str(x));
   }
 
-  if (dout)
-    memcpy(dy, attn_tensor_data(dout), n_dy);
-  else
-    memset(dy, 0, n_dy);
+  /* the output gradient of layer k: dout for the top one (read in place), then what the layer
+   * above leaves in dy */
+  if (!dout) memset(dy, 0, n_dy);
   for (int k = layers - 1; k >= 0; k--) {
     saved_layer s = layer_block(saved, k, T, B, H);
+    const char *gy = dout && k == layers - 1 ? (const char *)attn_tensor_data(dout) : dy;
     if (dhn)
       memcpy(dh, (const char *)attn_tensor_data(dhn) + (size_t)k * n_dh, n_dh);
     else
@@ -322,20 +282,15 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
     for (int64_t t = T - 1; t >= 0; t--) {
       size_t off = (size_t)(t * B * H) * es;
       char *dgit = dgi + 3 * off, *dght = dgh + 3 * off;
-      /* dh += dy[t]; then the step's gate gradients; dh becomes dh * z + dgh W_hh */
-      if (dt == ATTN_F32) {
-        float *g = (float *)dh;
-        const float *d = (const float *)(dy + off);
-        for (int64_t i = 0; i < B * H; i++) g[i] += d[i];
-        gates_bwd_f32(B, H, g, (const float *)(s.hs + off), (const float *)(s.rz + 2 * off),
-                      (const float *)(s.n + off), (const float *)(s.ghn + off), (float *)dgit, (float *)dght);
-      } else {
-        double *g = (double *)dh;
-        const double *d = (const double *)(dy + off);
-        for (int64_t i = 0; i < B * H; i++) g[i] += d[i];
-        gates_bwd_f64(B, H, g, (const double *)(s.hs + off), (const double *)(s.rz + 2 * off),
-                      (const double *)(s.n + off), (const double *)(s.ghn + off), (double *)dgit, (double *)dght);
-      }
+      /* dh += gy[t]; then the step's gate gradients; dh becomes dh * z + dgh W_hh */
+      if (dt == ATTN_F32)
+        attn_vmath_gru_bwd_f32(B, H, (float *)dh, (const float *)(gy + off), (const float *)(s.hs + off),
+                               (const float *)(s.rz + 2 * off), (const float *)(s.n + off),
+                               (const float *)(s.ghn + off), (float *)dgit, (float *)dght);
+      else
+        gates_bwd_f64(B, H, (double *)dh, (const double *)(gy + off), (const double *)(s.hs + off),
+                      (const double *)(s.rz + 2 * off), (const double *)(s.n + off),
+                      (const double *)(s.ghn + off), (double *)dgit, (double *)dght);
       gemm(dt, 0, 0, B, H, 3 * H, dght, 3 * H, whh, H, 1, dh, H);
     }
     if (dh0) memcpy((char *)attn_tensor_data(dh0) + (size_t)k * n_dh, dh, n_dh);
@@ -346,9 +301,9 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
       const char *g = which ? dgh : dgi;
       if (!db) continue;
       if (dt == ATTN_F32)
-        colsum_f32((const float *)g, TB, 3 * H, (double *)acc, attn_tensor_data(db));
+        attn_vmath_colsum_f32((const float *)g, TB, 3 * H, attn_tensor_data(db));
       else
-        colsum_f64((const double *)g, TB, 3 * H, (double *)acc, attn_tensor_data(db));
+        colsum_f64((const double *)g, TB, 3 * H, attn_tensor_data(db));
     }
     int64_t in_k = k ? H : NI;
     const char *input = attn_tensor_data(x);
@@ -366,8 +321,8 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
     gemm(dt, 0, 0, TB, in_k, 3 * H, dgi, 3 * H, attn_tensor_data(w_ih[k]), in_k, 0, din, in_k);
     if (k > 0 && drop) dropout(dt, dy, dy, TB * H, seed + (uint64_t)(k - 1), dropout_p);
   }
-  char *bufs[6] = {dy, dgi, dgh, dh, acc, layer_in};
-  for (int i = 0; i < 6; i++)
+  char *bufs[5] = {dy, dgi, dgh, dh, layer_in};
+  for (int i = 0; i < 5; i++)
     if (bufs[i]) attn_free(bufs[i], cap[i]);
   return ATTN_OK;
 }

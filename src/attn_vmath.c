@@ -20,13 +20,19 @@ typedef struct {
   void (*gemm_small_f32)(int, int, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *, int64_t,
                          float, float *, int64_t, float *);
   const int64_t *gemm_small_max;
+  void (*gru_fwd_f32)(int64_t, int64_t, const float *, const float *, const float *, float *, float *, float *,
+                      float *);
+  void (*gru_bwd_f32)(int64_t, int64_t, float *, const float *, const float *, const float *, const float *,
+                      const float *, float *, float *);
+  void (*colsum_f32)(const float *, int64_t, int64_t, float *);
 } vmath_set;
 
 #define VMATH_SET(isa)                                                                        \
   {                                                                                           \
     #isa, attn_vmath_exp_f32_##isa, attn_vmath_log_f32_##isa, attn_vmath_tanh_f32_##isa,       \
         attn_vmath_sigmoid_f32_##isa, attn_vmath_exp_row_f32_##isa, attn_vmath_dropout_f32_##isa, \
-        attn_vmath_dropout_f64_##isa, attn_vmath_gemm_small_f32_##isa, &attn_vmath_gemm_small_max_##isa \
+        attn_vmath_dropout_f64_##isa, attn_vmath_gemm_small_f32_##isa, &attn_vmath_gemm_small_max_##isa, \
+        attn_vmath_gru_fwd_f32_##isa, attn_vmath_gru_bwd_f32_##isa, attn_vmath_colsum_f32_##isa \
   }
 
 static const vmath_set sets[] = {
@@ -109,6 +115,18 @@ void attn_vmath_gemm_small_f32(int ta, int tb, int64_t M, int64_t N, int64_t K, 
 }
 
 int64_t attn_vmath_gemm_small_max(void) { return *get()->gemm_small_max; }
+
+void attn_vmath_gru_fwd_f32(int64_t B, int64_t H, const float *gi, const float *gh, const float *hp, float *hn,
+                            float *rz, float *n, float *ghn) {
+  get()->gru_fwd_f32(B, H, gi, gh, hp, hn, rz, n, ghn);
+}
+void attn_vmath_gru_bwd_f32(int64_t B, int64_t H, float *dh, const float *dy, const float *hp, const float *rz,
+                            const float *n, const float *ghn, float *dgi, float *dgh) {
+  get()->gru_bwd_f32(B, H, dh, dy, hp, rz, n, ghn, dgi, dgh);
+}
+void attn_vmath_colsum_f32(const float *m, int64_t rows, int64_t cols, float *out) {
+  get()->colsum_f32(m, rows, cols, out);
+}
 
 double attn_vmath_exp_row_f64(double *x, int64_t n, double m) {
   double s = 0;

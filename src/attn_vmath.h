@@ -57,6 +57,21 @@ void attn_vmath_gemm_small_f32(int ta, int tb, int64_t M, int64_t N, int64_t K, 
  * up to which its kernel measured faster than OpenBLAS (0: never chosen by size). */
 int64_t attn_vmath_gemm_small_max(void);
 
+/* The fused GRU's gate math for one time step (attn_rnn.c; the model in attn_rnn.h), float32,
+ * over B rows of H units. Forward: gi, gh (B, 3H) the step's input and recurrent projections
+ * (gate order r, z, n, biases included), hp (B, H) the previous state; writes the new state hn
+ * (B, H) and the saved planes rz (B, 2H) (sigmoids r, z), n (B, H) (the tanh candidate) and ghn
+ * (B, H) (the recurrent n projection). The output buffers do not overlap each other or the inputs.
+ * Backward: dh (B, H) the new state's gradient, to which dy (B, H) is added first; writes dgi, dgh
+ * (B, 3H), the gradients of the two projections, and replaces dh by dh * z (the caller adds
+ * dgh W_hh). Sigmoid and tanh as attn_vmath_sigmoid/tanh_f32. */
+void attn_vmath_gru_fwd_f32(int64_t B, int64_t H, const float *gi, const float *gh, const float *hp, float *hn,
+                            float *rz, float *n, float *ghn);
+void attn_vmath_gru_bwd_f32(int64_t B, int64_t H, float *dh, const float *dy, const float *hp, const float *rz,
+                            const float *n, const float *ghn, float *dgi, float *dgh);
+/* out (cols) = the column sums of m (rows, cols), added in double in row order, rounded once. */
+void attn_vmath_colsum_f32(const float *m, int64_t rows, int64_t cols, float *out);
+
 /* The rows of attn_dropout_f32/f64 (the rule of attn_dropout.h), per path:
  * every path gives the same bits (the rule is integer arithmetic and one
  * multiply by the scale). */

@@ -257,6 +257,30 @@ describe("nn.GRU", function()
     end
   end
 
+  -- The float32 gate math runs per instruction-set path (attn_vmath): each path against the
+  -- composed reference, at H 32 (whole vectors) and 37 (vector tails, column sums past 16).
+  it("fused equals the composed path on every instruction-set path (float32, H 32 and 37)", function()
+    local core, saved = attn.core, attn.core.isa()
+    finally(function() core.isa(saved) end)
+    for _, H in ipairs { 32, 37 } do
+      local T, B, I = 4, 5, 6
+      local fused = nn.GRU { input_size = I, num_hiddens = H, num_layers = 2 }
+      local ref = nn.GRU { input_size = I, num_hiddens = H, num_layers = 2, fused = false }
+      ref:load_state_dict(fused:state_dict())
+      local X, h0 = attn.randn({ T, B, I }, { requires_grad = true }), attn.randn({ 2, B, H }, { requires_grad = true })
+      local gout, gstate = attn.randn({ T, B, H }), attn.randn({ 2, B, H })
+      local o2, s2, g2 = run(ref, X, h0, gout, gstate)
+      for _, isa in ipairs(helper.isa_paths()) do
+        core.isa(isa)
+        local o1, s1, g1 = run(fused, X, h0, gout, gstate)
+        local tol = { rtol = 1e-5, atol = 1e-6 }
+        assert.close(o1, o2, tol)
+        assert.close(s1, s2, tol)
+        for name, g in pairs(g2) do assert.close(g1[name], g, tol) end
+      end
+    end
+  end)
+
   it("fused without biases equals the composed path", function()
     local fused = nn.GRU { input_size = 4, num_hiddens = 5, num_layers = 2, bias = false, dtype = "float64" }
     local ref = nn.GRU { input_size = 4, num_hiddens = 5, num_layers = 2, bias = false, dtype = "float64",

@@ -156,6 +156,19 @@ describe("nn.Embedding", function()
     assert.error_matches(function() m({ 1.5 }) end, "token id 1.5 at position 1 is not an integer %(ids %[1%]%)")
   end)
 
+  it("reads ids of every dtype, contiguous or a strided view, in row-major order", function()
+    local m = nn.Embedding(6, 3)
+    for _, dtype in ipairs { "float32", "float64", "int64" } do
+      local ids = attn.tensor({ { 1, 2 }, { 5, 3 } }, dtype):transpose(1, 2) -- { { 1, 5 }, { 2, 3 } }, strided
+      local want = attn.stack({ attn.stack({ m.weight[1], m.weight[5] }), attn.stack({ m.weight[2], m.weight[3] }) })
+      assert.close(m(ids), want, { atol = 0 })
+      assert.close(m(ids:contiguous()), want, { atol = 0 })
+      local bad = attn.tensor({ { 1, 2 }, { 7, 3 } }, dtype)
+      assert.error_matches(function() m(bad:transpose(1, 2)) end, "token id 7 at position 2 is out of range 1..6")
+      assert.error_matches(function() m(bad) end, "token id 7 at position 3 is out of range 1..6")
+    end
+  end)
+
   it("sends gradients to the rows used (repeated ids accumulate)", function()
     local m = nn.Embedding(4, 2):to("float64")
     local y = m({ { 1, 3, 3 } })

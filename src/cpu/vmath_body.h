@@ -201,3 +201,69 @@ void VMATH_FN(attn_vmath_dropout_f64_)(const attn_dropout_rule *r, const double 
                                         uint64_t base) {
   DROPOUT_LOOP(double, uint64_t);
 }
+
+/* The fused GRU's per-step gate math (attn_rnn.c, model in attn_rnn.h) over B rows of H units,
+ * one pass per row so the gates stay in registers: gi, gh (B, 3H) the step's input and recurrent
+ * projections in PyTorch's gate order (r, z, n), hp (B, H) the previous state. Writes the new
+ * state hn (B, H) and what backward reads: rz (B, 2H) the r and z gates, n (B, H) the candidate,
+ * ghn (B, H) the recurrent n projection W_hn h + b_hn. The sigmoid and tanh are the element
+ * functions above, so every path agrees with attn_vmath_sigmoid/tanh_f32 within their ulp. */
+void VMATH_FN(attn_vmath_gru_fwd_f32_)(int64_t B, int64_t H, const float *gi, const float *gh, const float *hp,
+                                        float *restrict hn, float *restrict rz, float *restrict n,
+                                        float *restrict ghn) {
+  for (int64_t b = 0; b < B; b++) {
+    const float *i = gi + b * 3 * H, *h = gh + b * 3 * H, *p = hp + b * H;
+    float *o = hn + b * H, *g = rz + b * 2 * H, *c = n + b * H, *q = ghn + b * H;
+    for (int64_t j = 0; j < H; j++) {
+      float r = vm_sigmoidf(i[j] + h[j]), z = vm_sigmoidf(i[H + j] + h[H + j]);
+      float hn_j = h[2 * H + j];
+      float v = vm_tanhf(i[2 * H + j] + r * hn_j);
+      g[j] = r, g[H + j] = z, c[j] = v, q[j] = hn_j;
+      o[j] = v + z * (p[j] - v);
+    }
+  }
+}
+
+/* The gradients of one step of the above: dh (B, H) holds the new state's gradient from the step
+ * after; dy (B, H) is added to it first (the layer's output gradient at this step). hp,
+ * rz, n, ghn as forward saved them. Writes dgi and dgh (B, 3H), the gradients of the two
+ * projections, and replaces dh by dh * z, the direct part of the previous state's gradient (the
+ * caller adds dgh W_hh). */
+void VMATH_FN(attn_vmath_gru_bwd_f32_)(int64_t B, int64_t H, float *restrict dh, const float *restrict dy,
+                                        const float *restrict hp, const float *restrict rz, const float *restrict n,
+                                        const float *restrict ghn, float *restrict dgi, float *restrict dgh) {
+  for (int64_t b = 0; b < B; b++) {
+    float *d = dh + b * H, *i = dgi + b * 3 * H, *h = dgh + b * 3 * H;
+    const float *y = dy + b * H, *p = hp + b * H, *g = rz + b * 2 * H, *c = n + b * H;
+    const float *q = ghn + b * H;
+    for (int64_t j = 0; j < H; j++) {
+      float gr = d[j] + y[j];
+      float r = g[j], z = g[H + j], v = c[j];
+      float dn = gr - gr * z, dz = gr * (p[j] - v);
+      float dan = dn * (1 - v * v), daz = dz * (z * (1 - z));
+      float dar = (dan * q[j]) * (r * (1 - r));
+      i[j] = h[j] = dar;
+      i[H + j] = h[H + j] = daz;
+      i[2 * H + j] = dan;
+      h[2 * H + j] = dan * r;
+      d[j] = gr * z;
+    }
+  }
+}
+
+/* out[c] = the sum of column c of m (rows, cols), added in double down the rows in row order (a
+ * bias gradient over every step and batch row): 16 columns at a time held in registers. */
+void VMATH_FN(attn_vmath_colsum_f32_)(const float *m, int64_t rows, int64_t cols, float *out) {
+  int64_t c0 = 0;
+  for (; c0 + 16 <= cols; c0 += 16) {
+    double a[16] = {0};
+    for (int64_t r = 0; r < rows; r++)
+      for (int k = 0; k < 16; k++) a[k] += m[r * cols + c0 + k];
+    for (int k = 0; k < 16; k++) out[c0 + k] = (float)a[k];
+  }
+  for (int64_t c = c0; c < cols; c++) {
+    double a = 0;
+    for (int64_t r = 0; r < rows; r++) a += m[r * cols + c];
+    out[c] = (float)a;
+  }
+}

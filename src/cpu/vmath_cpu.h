@@ -19,7 +19,15 @@
   void attn_vmath_gemm_small_f32_##isa(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,          \
                                        const float *A, int64_t lda, const float *B, int64_t ldb, float beta,  \
                                        float *C, int64_t ldc, float *pack);                                  \
-  extern const int64_t attn_vmath_gemm_small_max_##isa;
+  extern const int64_t attn_vmath_gemm_small_max_##isa;                                                    \
+  void attn_vmath_gru_fwd_f32_##isa(int64_t B, int64_t H, const float *gi, const float *gh, const float *hp,  \
+                                    float *restrict hn, float *restrict rz, float *restrict n,                \
+                                    float *restrict ghn);                                                     \
+  void attn_vmath_gru_bwd_f32_##isa(int64_t B, int64_t H, float *restrict dh, const float *restrict dy,       \
+                                    const float *restrict hp, const float *restrict rz,                       \
+                                    const float *restrict n, const float *restrict ghn,                       \
+                                    float *restrict dgi, float *restrict dgh);                                \
+  void attn_vmath_colsum_f32_##isa(const float *m, int64_t rows, int64_t cols, float *out);
 
 ATTN_VMATH_DECLARE(generic)
 #if defined(__x86_64__)
