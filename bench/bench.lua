@@ -88,7 +88,7 @@ for _, N in ipairs(BOOK_ONLY and {} or SIZES) do
     local sgemm = {}
     for _, threads in ipairs { 1, 2 } do
       attn.set_num_threads(threads)
-      -- the same two products per head through OpenBLAS: S = Q K^T, then S V
+      -- the same two products per head through matmul (OpenBLAS above the small-product size): S = Q K^T, then S V
       local qs, ks, vs = q:select(1, 1), k:select(1, 1):t(), v:select(1, 1)
       local t = per_call(function() return core.matmul(core.matmul(qs, ks), vs) end, threads)
       sgemm[threads] = full_flops / B / t / 1e9
@@ -336,7 +336,8 @@ local notes = {
   "One-thread rows: process CPU time; two-thread rows: wall time; best of three rounds each.",
   "GFLOP/s: forward 4 B N^2 d (x 0.5 causal), forward+backward 3.5 x that; % of the FMA peak row.",
   "extra MiB: the most bytes a forward+backward holds beyond its inputs and results.",
-  "sgemm pair: OpenBLAS S = Q K^T then S V for one head, same threads; vs sgemm = attention / sgemm GFLOP/s.",
+  "sgemm pair: S = Q K^T then S V for one head through matmul, same threads (OpenBLAS sgemm for products " ..
+    "above 2^22 multiply-adds, so from N 512 up; the engine's small kernel below); vs sgemm = attention / sgemm GFLOP/s.",
   "2 thr / 1 thr: wall-time speed-up of two threads over one. vs PyTorch: PyTorch time / attn time.",
   torch_note,
   string.format("Bench time %.0f s.", core.clock() - started),
