@@ -14,6 +14,13 @@ static attn_status check_out(const char *op, const attn_tensor *x, const attn_te
   return ATTN_OK;
 }
 
+/* The output's one grown dim (B*H rows or H*dh columns) past int64: an empty x may have such
+ * dims. An empty output is then returned before any stride product is formed. */
+static attn_status too_many(const char *op, const attn_tensor *x, int64_t heads) {
+  return attn_error(ATTN_ERR_SHAPE, "%s: X %s with num_heads %lld gives a dim past 2^63 - 1", op,
+                    attn_tensor_shape_str(x), (long long)heads);
+}
+
 /* A 4-D view of t's storage: shape and strides given, t's offset and dtype. */
 static attn_tensor view4(const attn_tensor *t, const int64_t *shape, const int64_t *stride) {
   attn_tensor v = *t; /* borrowed: shares t's storage reference, never freed */
@@ -32,10 +39,11 @@ attn_status attn_attention_split_heads(const attn_tensor *x, int64_t heads, attn
   if (heads < 1 || x->shape[2] % heads != 0)
     return attn_error(ATTN_ERR_ARG, "%s: width %lld of X %s is not divisible by num_heads %lld", op,
                       (long long)x->shape[2], attn_tensor_shape_str(x), (long long)heads);
-  int64_t B = x->shape[0], N = x->shape[1], dh = x->shape[2] / heads;
-  int64_t want[3] = {B * heads, N, dh};
+  int64_t B = x->shape[0], N = x->shape[1], dh = x->shape[2] / heads, BH;
+  if (__builtin_mul_overflow(B, heads, &BH)) return too_many(op, x, heads);
+  int64_t want[3] = {BH, N, dh};
   attn_status st = check_out(op, x, out, want);
-  if (st != ATTN_OK) return st;
+  if (st != ATTN_OK || attn_tensor_numel(out) == 0) return st;
   /* x as (B, N, H, dh) read in (B, H, N, dh) order; out is (B*H, N, dh) = (B, H, N, dh) */
   int64_t shape[4] = {B, heads, N, dh};
   int64_t xs[4] = {x->stride[0], dh * x->stride[2], x->stride[1], x->stride[2]};
@@ -51,10 +59,11 @@ attn_status attn_attention_merge_heads(const attn_tensor *x, int64_t heads, attn
   if (heads < 1 || x->shape[0] % heads != 0)
     return attn_error(ATTN_ERR_ARG, "%s: batch %lld of X %s is not divisible by num_heads %lld", op,
                       (long long)x->shape[0], attn_tensor_shape_str(x), (long long)heads);
-  int64_t B = x->shape[0] / heads, N = x->shape[1], dh = x->shape[2];
-  int64_t want[3] = {B, N, heads * dh};
+  int64_t B = x->shape[0] / heads, N = x->shape[1], dh = x->shape[2], Hdh;
+  if (__builtin_mul_overflow(heads, dh, &Hdh)) return too_many(op, x, heads);
+  int64_t want[3] = {B, N, Hdh};
   attn_status st = check_out(op, x, out, want);
-  if (st != ATTN_OK) return st;
+  if (st != ATTN_OK || attn_tensor_numel(out) == 0) return st;
   /* x (B*H, N, dh) = (B, H, N, dh); out (B, N, H*dh) written in (B, H, N, dh) order */
   int64_t shape[4] = {B, heads, N, dh};
   int64_t xs[4] = {heads * x->stride[0], x->stride[0], x->stride[1], x->stride[2]};

@@ -105,8 +105,9 @@ attn_status attn_attention_sequence_mask(const attn_tensor *x, const attn_tensor
 
 attn_status attn_attention_repeat_rows(const attn_tensor *x, int64_t n, attn_tensor *out) {
   const char *op = "repeat_interleave";
-  if (x->ndim < 1 || x->ndim > ATTN_MAX_DIMS - 1 || n < 1 || out->dtype != x->dtype || out->ndim != x->ndim ||
-      out->shape[0] != x->shape[0] * n || !attn_tensor_is_contiguous(out))
+  /* R * n is formed only once it is known to fit (R of an empty view may be up to 2^63 - 1) */
+  if (x->ndim < 1 || x->ndim > ATTN_MAX_DIMS - 1 || n < 1 || x->shape[0] > INT64_MAX / n || out->dtype != x->dtype ||
+      out->ndim != x->ndim || out->shape[0] != x->shape[0] * n || !attn_tensor_is_contiguous(out))
     return attn_error(ATTN_ERR_SHAPE, "%s: %s repeated %lld times does not fit %s", op, attn_tensor_shape_str(x),
                       (long long)n, attn_tensor_shape_str(out));
   for (int d = 1; d < x->ndim; d++)

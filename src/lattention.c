@@ -427,11 +427,11 @@ static int head_move(lua_State *L, int split) {
   attn_tensor *x = attn_l_check(L, 1);
   lua_Integer heads = attn_l_checkinteger(L, 2, "num_heads");
   int ok = x->ndim == 3 && heads >= 1 && (split ? x->shape[2] : x->shape[0]) % heads == 0;
-  int64_t shape[3] = {0, 0, 0};
-  if (ok && split) {
-    shape[0] = x->shape[0] * heads, shape[1] = x->shape[1], shape[2] = x->shape[2] / heads;
-  } else if (ok) {
-    shape[0] = x->shape[0] / heads, shape[1] = x->shape[1], shape[2] = x->shape[2] * heads;
+  int64_t shape[3] = {0, 0, 0}, grown; /* left empty when a dim would pass int64: the core names x */
+  if (ok && split && !__builtin_mul_overflow(x->shape[0], (int64_t)heads, &grown)) {
+    shape[0] = grown, shape[1] = x->shape[1], shape[2] = x->shape[2] / heads;
+  } else if (ok && !split && !__builtin_mul_overflow(x->shape[2], (int64_t)heads, &grown)) {
+    shape[0] = x->shape[0] / heads, shape[1] = x->shape[1], shape[2] = grown;
   }
   attn_tensor *out = attn_l_push_alloc(L, x->dtype, 3, shape);
   ATTN_L_TRY(L, split ? attn_attention_split_heads(x, (int64_t)heads, out)
