@@ -397,8 +397,11 @@ function M._multi_head_attention(queries, keys, values, num_heads, params, kopts
     kopts)
   kopts.seed = seed
   -- (record returns at once when nothing requires grad: the closure is all that was built)
-  record(fn, recorded(out, weights, kopts),
-    { queries, keys, values, Wq, Wk, Wv, Wo, bq or false, bk or false, bv or false, bo or false }, function(g_out, g_w)
+  -- without biases the node has the seven tensor inputs only (the gradients past them are nil)
+  local inputs = (bq or bk or bv or bo) and
+    { queries, keys, values, Wq, Wk, Wv, Wo, bq or false, bk or false, bv or false, bo or false }
+    or { queries, keys, values, Wq, Wk, Wv, Wo }
+  record(fn, recorded(out, weights, kopts), inputs, function(g_out, g_w)
     if g_out == nil and g_w == nil then return nil end
     local B, Nq, Nk, h = core.size(queries, 1), core.size(queries, 2), core.size(keys, 2), core.size(Wq, 1)
     local BH, dh = B * num_heads, h // num_heads
