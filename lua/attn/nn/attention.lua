@@ -124,7 +124,8 @@ function AdditiveAttention:init(...)
 end
 
 function AdditiveAttention:forward(queries, keys, values, valid_lens)
-  if self.fused ~= false and fits(queries, self.W_q) and fits(keys, self.W_k) then
+  -- (values that are no tensor take the composed path, whose checks name them)
+  if self.fused ~= false and fits(queries, self.W_q) and fits(keys, self.W_k) and is_tensor(values) then
     local o = kernel_options("projected_additive_attention", self, self.keep_weights, nil, valid_lens, queries)
     local out, weights = attention._projected_additive_attention(queries, keys, values, self.W_q.weight,
       self.W_k.weight, self.w_v.weight, o)
