@@ -42,9 +42,10 @@ local function need_int(who, o, name)
   return o[name]
 end
 
-local function valid_lens_tensor(v, dtype)
+-- Lengths given as a table become a tensor of the dtype of `like` (the queries) when it is one.
+local function valid_lens_tensor(v, like)
   if v == nil or is_tensor(v) then return v end
-  if type(v) == "table" then return attn.tensor(v, dtype) end
+  if type(v) == "table" then return attn.tensor(v, is_tensor(like) and core.dtype(like) or nil) end
   error("valid_lens must be a tensor, a table or nil, got a " .. type(v), 3)
 end
 
@@ -71,8 +72,8 @@ end
 -- weights when `m` (the module computing them) is in eval mode or `keep` is set (pitfall 9).
 local function kernel_options(fn, m, keep, opts, valid_lens, queries)
   local dropout = m.dropout
-  return attention._layer_options(fn, opts, valid_lens_tensor(valid_lens, is_tensor(queries) and core.dtype(queries)
-    or nil), dropout.p, dropout.training, not m.training or keep == true)
+  return attention._layer_options(fn, opts, valid_lens_tensor(valid_lens, queries), dropout.p, dropout.training,
+    not m.training or keep == true)
 end
 
 -- ---------------------------------------------------------------- DotProductAttention
@@ -124,11 +125,12 @@ function AdditiveAttention:init(...)
 end
 
 function AdditiveAttention:forward(queries, keys, values, valid_lens)
+  local Wq, Wk = self.W_q, self.W_k -- (each field read of a module is a call of its __index)
   -- (values that are no tensor take the composed path, whose checks name them)
-  if self.fused ~= false and fits(queries, self.W_q) and fits(keys, self.W_k) and is_tensor(values) then
+  if self.fused ~= false and fits(queries, Wq) and fits(keys, Wk) and is_tensor(values) then
     local o = kernel_options("projected_additive_attention", self, self.keep_weights, nil, valid_lens, queries)
-    local out, weights = attention._projected_additive_attention(queries, keys, values, self.W_q.weight,
-      self.W_k.weight, self.w_v.weight, o)
+    local out, weights = attention._projected_additive_attention(queries, keys, values, Wq.weight, Wk.weight,
+      self.w_v.weight, o)
     keep_weights(self, weights)
     return out
   end
@@ -222,11 +224,10 @@ end
 -- The per-head weights (B*H, Nq, Nk) of the last call in both places the book reads them:
 -- the attention child (as they are) and the layer, as (B, num_heads, Nq, Nk).
 local function keep_head_weights(m, w, heads)
-  keep_weights(m.attention, w)
-  w = m.attention.attention_weights
+  w = detach(w)
+  keep_weights(m.attention, w) -- (detach(w) is w now)
   if w ~= nil then -- detached: a plain view, no node
-    local s = core.shape(w)
-    w = core.reshape(w, s[1] // heads, heads, s[2], s[3])
+    w = core.reshape(w, core.size(w, 1) // heads, heads, core.size(w, 2), core.size(w, 3))
   end
   rawget(m, "_attrs").attention_weights = w
 end
@@ -259,11 +260,12 @@ local function eval_parameters(m, wq, wk, wv, wo, bq, bk, bv, bo)
 end
 
 function MultiHeadAttention:forward(queries, keys, values, valid_lens, opts)
-  local dtype = is_tensor(queries) and queries:dtype() or nil
-  valid_lens = valid_lens_tensor(valid_lens, dtype)
+  valid_lens = valid_lens_tensor(valid_lens, queries)
   check_lens(valid_lens, queries)
   local heads = self.num_heads
-  if opts ~= nil and opts.mask ~= nil then opts = per_head_mask(opts, heads, dtype) end
+  if opts ~= nil and opts.mask ~= nil then
+    opts = per_head_mask(opts, heads, is_tensor(queries) and core.dtype(queries) or nil)
+  end
   local Wq, Wk, Wv, Wo = self.W_q, self.W_k, self.W_v, self.W_o
   if self.fused ~= false and fits(queries, Wq) and fits(keys, Wk) and fits(values, Wv) then
     -- the weights as the composition asks its child for them: the layer's keep_weights rules
