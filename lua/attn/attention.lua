@@ -244,12 +244,6 @@ end
 -- @treturn Tensor output (B, Nq, dv)
 -- @treturn ?Tensor weights (B, Nq, Nk)
 function M.projected_additive_attention(queries, keys, values, W_q, W_k, w_v, opts)
-  return M._projected_additive_attention(queries, keys, values, W_q, W_k, w_v,
-    kernel_options("projected_additive_attention", opts))
-end
-
--- projected_additive_attention on kernel options (see _dot_product_attention).
-function M._projected_additive_attention(queries, keys, values, W_q, W_k, w_v, kopts)
   local fn = "projected_additive_attention"
   check_tensor(fn, "queries", queries, nil, "(B, Nq, query_size)") -- (shapes: the C core)
   check_tensor(fn, "keys", keys, nil, "(B, Nk, key_size)")
@@ -257,6 +251,14 @@ function M._projected_additive_attention(queries, keys, values, W_q, W_k, w_v, k
   check_tensor(fn, "W_q", W_q, nil, "(h, query_size)")
   check_tensor(fn, "W_k", W_k, nil, "(h, key_size)")
   check_tensor(fn, "w_v", w_v, nil, "(1, h) or (h)")
+  return M._projected_additive_attention(queries, keys, values, W_q, W_k, w_v, kernel_options(fn, opts))
+end
+
+-- projected_additive_attention on kernel options (see _dot_product_attention) and operands the
+-- caller has checked to be tensors (the public form, or nn.AdditiveAttention, whose weights are
+-- its own): at the book's size the checks would cost a tenth of the call.
+function M._projected_additive_attention(queries, keys, values, W_q, W_k, w_v, kopts)
+  local fn = "projected_additive_attention"
   local out, weights, seed, saved = core.additive_layer_forward(queries, keys, values, W_q, W_k, w_v, kopts)
   kopts.seed = seed
   record(fn, recorded(out, weights, kopts), { queries, keys, values, W_q, W_k, w_v }, function(g_out, g_w)
@@ -378,27 +380,32 @@ local mha_params = { W_q = true, W_k = true, W_v = true, W_o = true, b_q = true,
 -- @treturn ?Tensor weights (B*H, Nq, Nk)
 function M.multi_head_attention(queries, keys, values, num_heads, params, opts)
   local fn = "multi_head_attention"
-  return M._multi_head_attention(queries, keys, values, num_heads, check.options(fn, params, mha_params),
-    kernel_options(fn, opts))
-end
-
--- multi_head_attention on kernel options (see _dot_product_attention). `operands`, when given,
--- holds the same weights in another layout for the forward's products (nn.MultiHeadAttention's
--- cached transposes); the node and its gradients are on `params` (keys as the public form takes).
-function M._multi_head_attention(queries, keys, values, num_heads, params, kopts, operands)
-  local fn = "multi_head_attention"
   check_tensor(fn, "queries", queries, nil, "(B, Nq, query_size)") -- (shapes and parameters: the C core)
   check_tensor(fn, "keys", keys, nil, "(B, Nk, key_size)")
   check_tensor(fn, "values", values, nil, "(B, Nk, value_size)")
   check_count(fn, "num_heads", num_heads)
+  return M._multi_head_attention(queries, keys, values, num_heads, check.options(fn, params, mha_params),
+    kernel_options(fn, opts))
+end
+
+-- multi_head_attention on kernel options (see _dot_product_attention) and checked operands (see
+-- _projected_additive_attention; nn.MultiHeadAttention checked num_heads when it was built).
+-- `operands`, when given, holds the same weights in another layout for the forward's products
+-- (nn.MultiHeadAttention's cached transposes); the node and its gradients are on `params` (keys
+-- as the public form takes).
+function M._multi_head_attention(queries, keys, values, num_heads, params, kopts, operands)
+  local fn = "multi_head_attention"
   local Wq, Wk, Wv, Wo = params.W_q, params.W_k, params.W_v, params.W_o
   local bq, bk, bv, bo = params.b_q, params.b_k, params.b_v, params.b_o
   local out, weights, seed, lse, saved = core.mha_forward(queries, keys, values, num_heads, operands or params,
     kopts)
   kopts.seed = seed
   -- (record returns at once when nothing requires grad: the closure is all that was built)
-  record(fn, recorded(out, weights, kopts),
-    { queries, keys, values, Wq, Wk, Wv, Wo, bq or false, bk or false, bv or false, bo or false }, function(g_out, g_w)
+  -- without biases the node has the seven tensor inputs only (the gradients past them are nil)
+  local inputs = (bq or bk or bv or bo) and
+    { queries, keys, values, Wq, Wk, Wv, Wo, bq or false, bk or false, bv or false, bo or false }
+    or { queries, keys, values, Wq, Wk, Wv, Wo }
+  record(fn, recorded(out, weights, kopts), inputs, function(g_out, g_w)
     if g_out == nil and g_w == nil then return nil end
     local B, Nq, Nk, h = core.size(queries, 1), core.size(queries, 2), core.size(keys, 2), core.size(Wq, 1)
     local BH, dh = B * num_heads, h // num_heads

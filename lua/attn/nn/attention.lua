@@ -42,9 +42,10 @@ local function need_int(who, o, name)
   return o[name]
 end
 
-local function valid_lens_tensor(v, dtype)
+-- Lengths given as a table become a tensor of the dtype of `like` (the queries) when it is one.
+local function valid_lens_tensor(v, like)
   if v == nil or is_tensor(v) then return v end
-  if type(v) == "table" then return attn.tensor(v, dtype) end
+  if type(v) == "table" then return attn.tensor(v, is_tensor(like) and core.dtype(like) or nil) end
   error("valid_lens must be a tensor, a table or nil, got a " .. type(v), 3)
 end
 
@@ -71,8 +72,8 @@ end
 -- weights when `m` (the module computing them) is in eval mode or `keep` is set (pitfall 9).
 local function kernel_options(fn, m, keep, opts, valid_lens, queries)
   local dropout = m.dropout
-  return attention._layer_options(fn, opts, valid_lens_tensor(valid_lens, is_tensor(queries) and core.dtype(queries)
-    or nil), dropout.p, dropout.training, not m.training or keep == true)
+  return attention._layer_options(fn, opts, valid_lens_tensor(valid_lens, queries), dropout.p, dropout.training,
+    not m.training or keep == true)
 end
 
 -- ---------------------------------------------------------------- DotProductAttention
@@ -124,10 +125,12 @@ function AdditiveAttention:init(...)
 end
 
 function AdditiveAttention:forward(queries, keys, values, valid_lens)
-  if self.fused ~= false and fits(queries, self.W_q) and fits(keys, self.W_k) then
+  local Wq, Wk = self.W_q, self.W_k -- (each field read of a module is a call of its __index)
+  -- (values that are no tensor take the composed path, whose checks name them)
+  if self.fused ~= false and fits(queries, Wq) and fits(keys, Wk) and is_tensor(values) then
     local o = kernel_options("projected_additive_attention", self, self.keep_weights, nil, valid_lens, queries)
-    local out, weights = attention._projected_additive_attention(queries, keys, values, self.W_q.weight,
-      self.W_k.weight, self.w_v.weight, o)
+    local out, weights = attention._projected_additive_attention(queries, keys, values, Wq.weight, Wk.weight,
+      self.w_v.weight, o)
     keep_weights(self, weights)
     return out
   end
@@ -221,51 +224,60 @@ end
 -- The per-head weights (B*H, Nq, Nk) of the last call in both places the book reads them:
 -- the attention child (as they are) and the layer, as (B, num_heads, Nq, Nk).
 local function keep_head_weights(m, w, heads)
-  keep_weights(m.attention, w)
-  w = m.attention.attention_weights
+  w = detach(w)
+  keep_weights(m.attention, w) -- (detach(w) is w now)
   if w ~= nil then -- detached: a plain view, no node
-    local s = core.shape(w)
-    w = core.reshape(w, s[1] // heads, heads, s[2], s[3])
+    w = core.reshape(w, core.size(w, 1) // heads, heads, core.size(w, 2), core.size(w, 3))
   end
   rawget(m, "_attrs").attention_weights = w
 end
 
 -- W (h, in) as a view of a contiguous W^T, for the forward's products: the small-product kernel
 -- reads a contiguous W^T in place, where W itself it packs on every call (half the product's time
--- at the book's 100 x 100). The copy is kept while W is the same tensor at the same write version:
--- optimizer steps, load_state_dict and every in-place write bump the version, `to` makes new
--- tensors, so a changed weight is never read stale. Used in eval mode (inference, the book's calls).
-local function transposed(m, key, W)
-  local cache = rawget(m, "_transposed")
-  if cache == nil then
-    cache = {}
-    rawset(m, "_transposed", cache)
+-- at the book's 100 x 100).
+local function transposed(W) return core.transpose(core.contiguous(core.transpose(W, 1, 2)), 1, 2) end
+
+-- The parameter tables of one fused call (eval mode): `params` (the node's inputs) and `operands`
+-- (the same weights, W as views of cached transposes). Both are kept, with the tensors they were
+-- built from and the weights' write versions, while the projections hold the same tensors at the
+-- same versions: optimizer steps, load_state_dict and every in-place write bump the version,
+-- `to` and assignments make new tensors, so a changed weight is never read stale, and a call
+-- that finds them current builds no table.
+local function eval_parameters(m, wq, wk, wv, wo, bq, bk, bv, bo)
+  local c = rawget(m, "_fused_parameters")
+  local vq, vk, vv, vo = core.version(wq), core.version(wk), core.version(wv), core.version(wo)
+  if c ~= nil and rawequal(c[1], wq) and rawequal(c[2], wk) and rawequal(c[3], wv) and rawequal(c[4], wo)
+      and rawequal(c[5], bq) and rawequal(c[6], bk) and rawequal(c[7], bv) and rawequal(c[8], bo)
+      and c[9] == vq and c[10] == vk and c[11] == vv and c[12] == vo then
+    return c.params, c.operands
   end
-  local e, v = cache[key], core.version(W)
-  if e == nil or not rawequal(e[1], W) or e[2] ~= v then
-    e = { W, v, core.transpose(core.contiguous(core.transpose(W, 1, 2)), 1, 2) }
-    cache[key] = e
-  end
-  return e[3]
+  c = { wq, wk, wv, wo, bq, bk, bv, bo, vq, vk, vv, vo,
+    params = { W_q = wq, W_k = wk, W_v = wv, W_o = wo, b_q = bq, b_k = bk, b_v = bv, b_o = bo },
+    operands = { W_q = transposed(wq), W_k = transposed(wk), W_v = transposed(wv), W_o = transposed(wo),
+      b_q = bq, b_k = bk, b_v = bv, b_o = bo } }
+  rawset(m, "_fused_parameters", c)
+  return c.params, c.operands
 end
 
 function MultiHeadAttention:forward(queries, keys, values, valid_lens, opts)
-  local dtype = is_tensor(queries) and queries:dtype() or nil
-  valid_lens = valid_lens_tensor(valid_lens, dtype)
+  valid_lens = valid_lens_tensor(valid_lens, queries)
   check_lens(valid_lens, queries)
   local heads = self.num_heads
-  if opts ~= nil and opts.mask ~= nil then opts = per_head_mask(opts, heads, dtype) end
+  if opts ~= nil and opts.mask ~= nil then
+    opts = per_head_mask(opts, heads, is_tensor(queries) and core.dtype(queries) or nil)
+  end
   local Wq, Wk, Wv, Wo = self.W_q, self.W_k, self.W_v, self.W_o
   if self.fused ~= false and fits(queries, Wq) and fits(keys, Wk) and fits(values, Wv) then
     -- the weights as the composition asks its child for them: the layer's keep_weights rules
     local o = kernel_options("multi_head_attention", self.attention, self.keep_weights, opts, valid_lens, queries)
     local wq, wk, wv, wo = Wq.weight, Wk.weight, Wv.weight, Wo.weight
     local bq, bk, bv, bo = Wq.bias, Wk.bias, Wv.bias, Wo.bias
-    local params = { W_q = wq, W_k = wk, W_v = wv, W_o = wo, b_q = bq, b_k = bk, b_v = bv, b_o = bo }
-    -- in training every step changes the weights, so transposes would be rebuilt at each call
-    local operands = not self.training and { W_q = transposed(self, "W_q", wq), W_k = transposed(self, "W_k", wk),
-      W_v = transposed(self, "W_v", wv), W_o = transposed(self, "W_o", wo), b_q = bq, b_k = bk, b_v = bv, b_o = bo }
-      or nil
+    local params, operands
+    if self.training then -- every step changes the weights: nothing to keep between calls
+      params = { W_q = wq, W_k = wk, W_v = wv, W_o = wo, b_q = bq, b_k = bk, b_v = bv, b_o = bo }
+    else
+      params, operands = eval_parameters(self, wq, wk, wv, wo, bq, bk, bv, bo)
+    end
     local out, w = attention._multi_head_attention(queries, keys, values, heads, params, o, operands)
     keep_head_weights(self, w, heads)
     return out
