@@ -21,17 +21,6 @@ static attn_status too_many(const char *op, const attn_tensor *x, int64_t heads)
                     attn_tensor_shape_str(x), (long long)heads);
 }
 
-/* A 4-D view of t's storage: shape and strides given, t's offset and dtype. */
-static attn_tensor view4(const attn_tensor *t, const int64_t *shape, const int64_t *stride) {
-  attn_tensor v = *t; /* borrowed: shares t's storage reference, never freed */
-  v.ndim = 4;
-  for (int d = 0; d < 4; d++) {
-    v.shape[d] = shape[d];
-    v.stride[d] = stride[d];
-  }
-  return v;
-}
-
 attn_status attn_attention_split_heads(const attn_tensor *x, int64_t heads, attn_tensor *out) {
   const char *op = "split_heads";
   if (x->ndim != 3)
@@ -48,7 +37,7 @@ attn_status attn_attention_split_heads(const attn_tensor *x, int64_t heads, attn
   int64_t shape[4] = {B, heads, N, dh};
   int64_t xs[4] = {x->stride[0], dh * x->stride[2], x->stride[1], x->stride[2]};
   int64_t os[4] = {heads * N * dh, N * dh, dh, 1};
-  attn_tensor src = view4(x, shape, xs), dst = view4(out, shape, os);
+  attn_tensor src = attn_view_as_strided(x, 4, shape, xs), dst = attn_view_as_strided(out, 4, shape, os);
   return attn_copy(&dst, &src);
 }
 
@@ -68,6 +57,6 @@ attn_status attn_attention_merge_heads(const attn_tensor *x, int64_t heads, attn
   int64_t shape[4] = {B, heads, N, dh};
   int64_t xs[4] = {heads * x->stride[0], x->stride[0], x->stride[1], x->stride[2]};
   int64_t os[4] = {N * heads * dh, dh, heads * dh, 1};
-  attn_tensor src = view4(x, shape, xs), dst = view4(out, shape, os);
+  attn_tensor src = attn_view_as_strided(x, 4, shape, xs), dst = attn_view_as_strided(out, 4, shape, os);
   return attn_copy(&dst, &src);
 }

@@ -10,11 +10,8 @@
 
 /* Borrowed views (struct copies sharing the operand's storage reference, never freed). */
 static attn_tensor view2(const attn_tensor *t, int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride) {
-  attn_tensor v = *t;
-  v.ndim = 2;
-  v.shape[0] = rows, v.shape[1] = cols;
-  v.stride[0] = row_stride, v.stride[1] = col_stride;
-  return v;
+  const int64_t shape[2] = {rows, cols}, stride[2] = {row_stride, col_stride};
+  return attn_view_as_strided(t, 2, shape, stride);
 }
 
 static attn_tensor view3(const attn_tensor *t, int64_t a, int64_t b, int64_t c) {

@@ -336,6 +336,16 @@ attn_status attn_view_squeeze(attn_tensor *t, int dim) {
   return ATTN_OK;
 }
 
+attn_tensor attn_view_as_strided(const attn_tensor *t, int ndim, const int64_t *shape, const int64_t *stride) {
+  attn_tensor v = *t;
+  v.ndim = ndim;
+  for (int d = 0; d < ndim; d++) {
+    v.shape[d] = shape[d];
+    v.stride[d] = stride[d];
+  }
+  return v;
+}
+
 attn_status attn_view_expand(attn_tensor *t, int ndim, const int64_t *shape) {
   if (ndim < t->ndim || ndim > ATTN_MAX_DIMS)
     return attn_error(ATTN_ERR_SHAPE, "expand: cannot expand %s to %s", attn_tensor_shape_str(t),

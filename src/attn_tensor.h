@@ -112,6 +112,9 @@ attn_status attn_view_narrow(attn_tensor *t, int dim, int64_t start, int64_t len
 attn_status attn_view_select(attn_tensor *t, int dim, int64_t index); /* drops dim */
 attn_status attn_view_unsqueeze(attn_tensor *t, int dim);            /* dim in [0, ndim] */
 attn_status attn_view_squeeze(attn_tensor *t, int dim);              /* dim < 0: all size-1 dims */
+/* t's storage, offset and dtype under the given shape and element strides (ndim <= ATTN_MAX_DIMS),
+ * as torch.as_strided: a borrowed struct copy, unchecked; the caller keeps it inside t's storage. */
+attn_tensor attn_view_as_strided(const attn_tensor *t, int ndim, const int64_t *shape, const int64_t *stride);
 /* Broadcast view to shape (ndim >= t->ndim; size-1 dims get stride 0; -1 keeps a size). */
 attn_status attn_view_expand(attn_tensor *t, int ndim, const int64_t *shape);
 /* Reshape without copying; one entry may be -1. Fails with ATTN_ERR_SHAPE
