@@ -38,13 +38,22 @@ static inline flash_vf vload(const float *p) {
 }
 static inline void vstore(float *p, flash_vf v) { memcpy(p, &v, sizeof v); }
 
+typedef int32_t flash_vi __attribute__((vector_size(FLASH_VL * 4)));
+typedef uint32_t flash_vu __attribute__((vector_size(FLASH_VL * 4)));
+
+/* a > b ? a : b lane-wise (b where either is NaN, as the scalar select) */
+static inline flash_vf vmax(flash_vf a, flash_vf b) {
+  flash_vi gt = a > b;
+  return (flash_vf)((gt & (flash_vi)a) | (~gt & (flash_vi)b));
+}
+
 /* Rows [n0, n0 + NB) of the product below, lane vectors [QLO, QV) of lanes [l0, l0 + VL * QV):
  * NB x QV accumulators stay in registers over the whole k loop (NB and QLO are constants after
  * inlining). kend (NULL: none) bounds the k loop per lane vector, non-decreasing: vector q takes
  * k < kend[q] only (the terms past it are known to be 0). */
 static inline __attribute__((always_inline)) void mk_block(const int NB, const int QLO, int64_t K, int64_t n0,
                                                            int64_t l0, const float *A, const float *B, int64_t bn,
-                                                           int64_t bk, float *C, const float *cs, int mode,
+                                                           int64_t bk, float *C, float *cs, int mode,
                                                            const int64_t *kend) {
   flash_vf acc[FLASH_NR][FLASH_QV];
   for (int r = 0; r < NB; r++)
@@ -66,6 +75,12 @@ static inline __attribute__((always_inline)) void mk_block(const int NB, const i
     }
     if (!kend) break;
   }
+  if (mode == 3)
+    for (int q = QLO; q < FLASH_QV; q++) {
+      flash_vf mx = vload(cs + l0 + q * FLASH_VL);
+      for (int r = 0; r < NB; r++) mx = vmax(acc[r][q], mx);
+      vstore(cs + l0 + q * FLASH_VL, mx);
+    }
   for (int r = 0; r < NB; r++)
     for (int q = QLO; q < FLASH_QV; q++) {
       float *cp = C + (n0 + r) * TW + l0 + q * FLASH_VL;
@@ -77,12 +92,14 @@ static inline __attribute__((always_inline)) void mk_block(const int NB, const i
 }
 
 /* C[n][0:TW] = init + sum_{k < K} A[k][0:TW] * B[n*bn + k*bk] for n < N, where init is 0
- * (mode 0), C (mode 1) or C * cs lane-wise (mode 2: the online-softmax rescale). kend as in
+ * (mode 0), C (mode 1) or C * cs lane-wise (mode 2: the online-softmax rescale); mode 3 is mode 0
+ * that also takes the new rows into the lane-wise running max cs, while they are in registers
+ * (a pass of its own over the tile was bound by the latency of its max chain). kend as in
  * mk_block, one entry per lane vector of the tile (NULL: none; a constant after inlining, so the
  * plain product keeps its one k loop). */
 static inline __attribute__((always_inline)) void mk_impl(int64_t K, int64_t N, const float *A, const float *B,
-                                                          int64_t bn, int64_t bk, float *C, const float *cs,
-                                                          int mode, const int64_t *kend) {
+                                                          int64_t bn, int64_t bk, float *C, float *cs, int mode,
+                                                          const int64_t *kend) {
   for (int64_t l0 = 0; l0 < TW; l0 += FLASH_VL * FLASH_QV) {
     const int64_t *ke = kend ? kend + l0 / FLASH_VL : NULL;
     int64_t n0 = 0;
@@ -97,13 +114,19 @@ static inline __attribute__((always_inline)) void mk_impl(int64_t K, int64_t N, 
   }
 }
 
-static void mk(int64_t K, int64_t N, const float *A, const float *B, int64_t bn, int64_t bk, float *C,
-               const float *cs, int mode) {
+static void mk(int64_t K, int64_t N, const float *A, const float *B, int64_t bn, int64_t bk, float *C, float *cs,
+               int mode) {
   mk_impl(K, N, A, B, bn, bk, C, cs, mode, NULL);
 }
 
+/* The scores of a clean tile (mode 3): C as mk's mode 0, and mx[lane] = the max of it and of the
+ * lane's new scores. */
+static void mk_scores_max(int64_t K, int64_t N, const float *A, const float *B, int64_t bn, float *C, float *mx) {
+  mk_impl(K, N, A, B, bn, 1, C, mx, 3, NULL);
+}
+
 /* The output product of a masked tile (mode 2): lane vector v takes keys k < kend[v] only. */
-static void mk_bounded(int64_t K, int64_t N, const float *A, const float *B, int64_t bk, float *C, const float *cs,
+static void mk_bounded(int64_t K, int64_t N, const float *A, const float *B, int64_t bk, float *C, float *cs,
                        const int64_t *kend) {
   mk_impl(K, N, A, B, 1, bk, C, cs, 2, kend);
 }
@@ -152,6 +175,25 @@ static inline float exp2_f(float x) {
   yb &= (uint32_t)0 - (uint32_t)(xb <= 0xC2FC0000u || xb > 0xFF800000u); /* -126 > x >= -inf: 0 */
   memcpy(&y, &yb, 4);
   return y;
+}
+
+/* exp2_f on a whole vector, for the forward's softmax (written with vectors so the running max
+ * and row sums stay in registers; the auto-vectorised loops kept them in memory and the store
+ * to load chain bound the pass). 2^f on f = x - round(x) in [-0.5, 0.5] is a degree-5
+ * interpolant at the Chebyshev nodes: relative error below 2.5e-7 in float, one FMA fewer than
+ * exp_poly's degree-7 e^r and no multiply by ln 2. Same edges as exp2_f. */
+static inline flash_vf exp2_v(flash_vf x) {
+  flash_vf kf = x + 12583039.0f;
+  flash_vf f = x - (kf - 12583039.0f);
+  flash_vf p = f * 1.339086336e-3f + 9.676031918e-3f;
+  p = p * f + 5.550357114e-2f;
+  p = p * f + 2.402210749e-1f;
+  p = p * f + 6.931471880e-1f;
+  p = p * f + 1.000000075f;
+  flash_vf y = p * (flash_vf)((flash_vu)kf << 23);
+  flash_vu xb = (flash_vu)x;
+  flash_vu keep = (flash_vu)((xb <= 0xC2FC0000u) | (xb > 0xFF800000u));
+  return (flash_vf)((flash_vu)y & keep);
 }
 
 /* ---- masks ---------------------------------------------------------------- */
@@ -251,10 +293,11 @@ static inline void lane_ends(const int64_t *qb, int64_t *hi) {
 
 /* Scores of query block (b, i0) (r queries, packed scaled in Qt) against keys [j0, j0 + nb) into
  * S (one row per key, queries in lanes), masked; the tile's class is returned (TILE_SKIP: S is
- * not written). level: each row's running max or log-sum-exp, for classify. */
+ * not written). level: each row's running max or log-sum-exp, for classify. mx (NULL: none)
+ * takes in the scores of a clean tile as a lane-wise running max. */
 static inline int query_tile(const attn_flash_job *F, int64_t b, int64_t i0, int64_t r, int64_t j0, int64_t nb,
                              const int64_t *qa, const int64_t *qb, const int64_t *qe, const float *level,
-                             const float *Qt, float *S) {
+                             const float *Qt, float *S, float *mx) {
   const attn_attention_job *J = F->J;
   int cls = classify(J, r, j0, j0 + nb, qa, qb, qe, level, F->fill2);
   if (cls == TILE_SKIP) return cls;
@@ -263,19 +306,65 @@ static inline int query_tile(const attn_flash_job *F, int64_t b, int64_t i0, int
     lane_ends(qb, hi);
     mk_scores_masked(J->d, nb, Qt, F->k.p + b * F->k.sb + j0 * F->k.sr, F->k.sr, S, j0, hi);
     mask_tile(J, b, S, nb, 1, i0, j0, qa, qb, qe, F->fill2);
+  } else if (mx) {
+    mk_scores_max(J->d, nb, Qt, F->k.p + b * F->k.sb + j0 * F->k.sr, F->k.sr, S, mx);
   } else {
     mk(J->d, nb, Qt, F->k.p + b * F->k.sb + j0 * F->k.sr, F->k.sr, 1, S, NULL, 0);
   }
   return cls;
 }
 
+/* ---- transposes ------------------------------------------------------------ */
+
+/* x[i][p] -> x[p][i] for a block of FLASH_VL vectors: at each stage h (FLASH_VL / 2 down to 1)
+ * rows i and i + h swap their off-diagonal h x h sub-blocks, one two-source shuffle per row.
+ * Queries sit in lanes inside the tiles but in rows outside, so every packed operand and every
+ * output row crosses one; element by element that was ~4% of a causal forward. */
+#if FLASH_VL == 16
+#define FLASH_LANES(M, h)                                                                                     \
+  M(h, 0), M(h, 1), M(h, 2), M(h, 3), M(h, 4), M(h, 5), M(h, 6), M(h, 7), M(h, 8), M(h, 9), M(h, 10), M(h, 11), \
+      M(h, 12), M(h, 13), M(h, 14), M(h, 15)
+#elif FLASH_VL == 8
+#define FLASH_LANES(M, h) M(h, 0), M(h, 1), M(h, 2), M(h, 3), M(h, 4), M(h, 5), M(h, 6), M(h, 7)
+#elif FLASH_VL == 4
+#define FLASH_LANES(M, h) M(h, 0), M(h, 1), M(h, 2), M(h, 3)
+#endif
+#define FLASH_TLO(h, p) (((p) & (h)) ? FLASH_VL + (p) - (h) : (p))
+#define FLASH_THI(h, p) (((p) & (h)) ? FLASH_VL + (p) : (p) + (h))
+#define FLASH_TSTAGE(h)                                                    \
+  for (int i = 0; i < FLASH_VL; i++)                                       \
+    if (!(i & (h))) {                                                      \
+      flash_vf a = x[i], b = x[i + (h)];                                   \
+      x[i] = __builtin_shufflevector(a, b, FLASH_LANES(FLASH_TLO, h));     \
+      x[i + (h)] = __builtin_shufflevector(a, b, FLASH_LANES(FLASH_THI, h)); \
+    }
+
+static inline void vtranspose(flash_vf *x) {
+#if FLASH_VL >= 16
+  FLASH_TSTAGE(8)
+#endif
+#if FLASH_VL >= 8
+  FLASH_TSTAGE(4)
+#endif
+  FLASH_TSTAGE(2)
+  FLASH_TSTAGE(1)
+}
+
 /* ---- forward ---------------------------------------------------------------- */
 
-/* dst[c][o] = scale * src[o][c] (rows o < 64, zero past `rows`), a column at a time so the stores
- * are contiguous (a row at a time stored each element to its own line: 17% of the forward's own
- * time at N 1024, now 6%). */
+/* dst[c][o] = scale * src[o][c] (rows o < 64, zero past `rows`): whole FLASH_VL x FLASH_VL blocks
+ * through vtranspose, the columns past the last whole block one at a time. */
 static void pack_t(float *dst, const float *src, int64_t sr, int64_t rows, int64_t width, float scale) {
-  for (int64_t c = 0; c < width; c++) {
+  int64_t c0 = 0;
+  for (; c0 + FLASH_VL <= width; c0 += FLASH_VL)
+    for (int64_t o0 = 0; o0 < TW; o0 += FLASH_VL) {
+      flash_vf x[FLASH_VL];
+      for (int i = 0; i < FLASH_VL; i++)
+        x[i] = o0 + i < rows ? vload(src + (o0 + i) * sr + c0) * scale : (flash_vf){0};
+      vtranspose(x);
+      for (int i = 0; i < FLASH_VL; i++) vstore(dst + (c0 + i) * TW + o0, x[i]);
+    }
+  for (int64_t c = c0; c < width; c++) {
     float *dp = dst + c * TW;
     for (int64_t o = 0; o < rows; o++) dp[o] = src[o * sr + c] * scale;
     for (int64_t o = rows; o < TW; o++) dp[o] = 0.0f;
@@ -292,6 +381,53 @@ static inline int finite_f32(const float *x, int64_t n) {
     bad |= (u & 0x7f800000u) == 0x7f800000u;
   }
   return !bad;
+}
+
+/* The online softmax of a score tile S (nb rows of TW lanes, base 2): the running max m and sum
+ * l of every lane take the tile in, S becomes its weights relative to the new max, and al the
+ * factor the output so far is to be rescaled by. A lane whose max is still -inf uses 0 in its
+ * place, so its weights stay 0 and the factor is 0. tmax (NULL: none) is the new max when the
+ * score product already formed it. */
+static void online_softmax(float *S, int64_t nb, float *m, float *l, float *al, const float *tmax) {
+  flash_vf mx[FLASH_NV], mu[FLASH_NV], sum[FLASH_NV];
+  for (int v = 0; v < FLASH_NV; v++) mx[v] = vload((tmax ? tmax : m) + v * FLASH_VL);
+  if (!tmax)
+    for (int64_t n = 0; n < nb; n++)
+      for (int v = 0; v < FLASH_NV; v++) mx[v] = vmax(vload(S + n * TW + v * FLASH_VL), mx[v]);
+  for (int v = 0; v < FLASH_NV; v++) {
+    flash_vi none = mx[v] == -INFINITY;
+    mu[v] = (flash_vf)(~none & (flash_vi)mx[v]);
+    vstore(al + v * FLASH_VL, exp2_v(vload(m + v * FLASH_VL) - mu[v]));
+    vstore(m + v * FLASH_VL, mx[v]);
+    sum[v] = (flash_vf){0};
+  }
+  for (int64_t n = 0; n < nb; n++)
+    for (int v = 0; v < FLASH_NV; v++) {
+      flash_vf p = exp2_v(vload(S + n * TW + v * FLASH_VL) - mu[v]);
+      vstore(S + n * TW + v * FLASH_VL, p);
+      sum[v] += p;
+    }
+  for (int v = 0; v < FLASH_NV; v++)
+    vstore(l + v * FLASH_VL, vload(l + v * FLASH_VL) * vload(al + v * FLASH_VL) + sum[v]);
+}
+
+/* out[o][c] = Ot[c][o] * inv[o] for rows o < r of width dv (contiguous rows): whole blocks through
+ * vtranspose, the rest one at a time. */
+static void write_rows(float *out, const float *Ot, int64_t r, int64_t dv, const float *inv) {
+  int64_t o0 = 0;
+  for (; o0 + FLASH_VL <= r; o0 += FLASH_VL) {
+    int64_t c0 = 0;
+    for (; c0 + FLASH_VL <= dv; c0 += FLASH_VL) {
+      flash_vf x[FLASH_VL];
+      for (int i = 0; i < FLASH_VL; i++) x[i] = vload(Ot + (c0 + i) * TW + o0);
+      vtranspose(x);
+      for (int i = 0; i < FLASH_VL; i++) vstore(out + (o0 + i) * dv + c0, x[i] * inv[o0 + i]);
+    }
+    for (int64_t o = o0; o < o0 + FLASH_VL; o++)
+      for (int64_t c = c0; c < dv; c++) out[o * dv + c] = Ot[c * TW + o] * inv[o];
+  }
+  for (int64_t o = o0; o < r; o++)
+    for (int64_t c = 0; c < dv; c++) out[o * dv + c] = Ot[c * TW + o] * inv[o];
 }
 
 /* Output, log-sum-exp and (when wanted) weights of queries [i0, i0 + 64) of head b. Returns 0,
@@ -315,26 +451,10 @@ int FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i0
   const float *V = F->v.p + b * F->v.sb;
   for (int64_t j0 = jlo; j0 < jhi; j0 += KT) {
     int64_t nb = jhi - j0 < KT ? jhi - j0 : KT;
-    int cls = query_tile(F, b, i0, r, j0, nb, qa, qb, qe, m, Qt, S);
+    memcpy(mu, m, sizeof(float) * TW);
+    int cls = query_tile(F, b, i0, r, j0, nb, qa, qb, qe, m, Qt, S, mu);
     if (cls == TILE_SKIP) continue;
-    /* online softmax: new running max, rescale factor of what came before, exp2 and row sums */
-    for (int64_t o = 0; o < TW; o++) mu[o] = m[o];
-    for (int64_t n = 0; n < nb; n++)
-      for (int64_t o = 0; o < TW; o++) mu[o] = S[n * TW + o] > mu[o] ? S[n * TW + o] : mu[o];
-    for (int64_t o = 0; o < TW; o++) {
-      float mnew = mu[o];
-      mu[o] = mnew == -INFINITY ? 0.0f : mnew;
-      al[o] = exp2_f(m[o] - mu[o]);
-      m[o] = mnew;
-      sum[o] = 0;
-    }
-    for (int64_t n = 0; n < nb; n++)
-      for (int64_t o = 0; o < TW; o++) {
-        float p = exp2_f(S[n * TW + o] - mu[o]);
-        S[n * TW + o] = p;
-        sum[o] += p;
-      }
-    for (int64_t o = 0; o < TW; o++) l[o] = l[o] * al[o] + sum[o];
+    online_softmax(S, nb, m, l, al, cls == TILE_CLEAN ? mu : NULL);
     if (J->dropout)
       for (int64_t n = 0; n < nb; n++)
         for (int64_t o = 0; o < r; o++) S[n * TW + o] *= (float)attn_attention_keep(J, b, i0 + o, j0 + n);
@@ -362,12 +482,11 @@ int FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i0
       attn_attention_row_mask(J, b, i0 + o, &rm);
       if (attn_sdpa_row_has_key(J, &rm)) return 0;
     }
-    float inv = l[o] > 0 ? 1.0f / l[o] : 0.0f;
-    float *orow = F->out + ((b * Nq + i0 + o) * dv);
-    for (int64_t c = 0; c < dv; c++) orow[c] = Ot[c * TW + o] * inv;
+    sum[o] = l[o] > 0 ? 1.0f / l[o] : 0.0f;
     if (F->lse)
       F->lse[b * Nq + i0 + o] = l[o] > 0 ? ((double)m[o] + log2((double)l[o])) * 0.6931471805599453 : INFINITY;
   }
+  write_rows(F->out + b * Nq * dv + i0 * dv, Ot, r, dv, sum);
   if (!F->weights) return 1;
   /* weights: the scores once more, normalised with the final max and sum */
   for (int64_t o = 0; o < r; o++) memset(F->weights + (b * Nq + i0 + o) * Nk, 0, sizeof(float) * (size_t)Nk);
@@ -377,7 +496,7 @@ int FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i0
   }
   for (int64_t j0 = jlo; j0 < jhi; j0 += KT) {
     int64_t nb = jhi - j0 < KT ? jhi - j0 : KT;
-    int cls = query_tile(F, b, i0, r, j0, nb, qa, qb, qe, m, Qt, S);
+    int cls = query_tile(F, b, i0, r, j0, nb, qa, qb, qe, m, Qt, S, NULL);
     if (cls == TILE_SKIP) continue;
     for (int64_t n = 0; n < nb; n++)
       for (int64_t o = 0; o < TW; o++) S[n * TW + o] = exp2_f(S[n * TW + o] - mu[o]) * sum[o];
@@ -413,7 +532,7 @@ int FLASH_FN(attn_flash_backward_q_)(const attn_flash_job *F, int64_t b, int64_t
   const float *K = F->k.p + b * F->k.sb, *V = F->v.p + b * F->v.sb;
   for (int64_t j0 = jlo; j0 < jhi; j0 += TW) {
     int64_t nb = jhi - j0 < TW ? jhi - j0 : TW;
-    int cls = query_tile(F, b, i0, r, j0, nb, qa, qb, qe, lse2, Qt, S);
+    int cls = query_tile(F, b, i0, r, j0, nb, qa, qb, qe, lse2, Qt, S, NULL);
     if (cls == TILE_SKIP) continue;
     mk(dv, nb, dOt, V + j0 * F->v.sr, F->v.sr, 1, dP, NULL, 0);
     if (J->dropout)
