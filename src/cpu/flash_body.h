@@ -177,12 +177,16 @@ static inline float exp2_f(float x) {
   return y;
 }
 
-/* exp2_f on a whole vector, for the forward's softmax (written with vectors so the running max
- * and row sums stay in registers; the auto-vectorised loops kept them in memory and the store
- * to load chain bound the pass). 2^f on f = x - round(x) in [-0.5, 0.5] is a degree-5
- * interpolant at the Chebyshev nodes: relative error below 2.5e-7 in float, one FMA fewer than
- * exp_poly's degree-7 e^r and no multiply by ln 2. Same edges as exp2_f. */
+/* 2^x on a whole vector for x <= 0, -inf or NaN (the forward's softmax: written with vectors so
+ * the running max and row sums stay in registers; the auto-vectorised loops kept them in
+ * memory). x below -127 is raised to it, whose scale bits are those of +0: the result is exact 0
+ * there and for -inf, with no mask of its own, and a NaN fails the test and stays NaN. 2^f on
+ * f = x - round(x) in [-0.5, 0.5] is a degree-5 interpolant at the Chebyshev nodes: relative
+ * error below 2.5e-7 in float, one FMA fewer than exp_poly's degree-7 e^r and no multiply by
+ * ln 2. */
 static inline flash_vf exp2_v(flash_vf x) {
+  flash_vi low = x < -127.0f;
+  x = (flash_vf)((low & (flash_vi)((flash_vf){0} - 127.0f)) | (~low & (flash_vi)x));
   flash_vf kf = x + 12583039.0f;
   flash_vf f = x - (kf - 12583039.0f);
   flash_vf p = f * 1.339086336e-3f + 9.676031918e-3f;
@@ -190,10 +194,24 @@ static inline flash_vf exp2_v(flash_vf x) {
   p = p * f + 2.402210749e-1f;
   p = p * f + 6.931471880e-1f;
   p = p * f + 1.000000075f;
-  flash_vf y = p * (flash_vf)((flash_vu)kf << 23);
-  flash_vu xb = (flash_vu)x;
-  flash_vu keep = (flash_vu)((xb <= 0xC2FC0000u) | (xb > 0xFF800000u));
-  return (flash_vf)((flash_vu)y & keep);
+  return p * (flash_vf)((flash_vu)kf << 23);
+}
+
+/* log2 of a vector of positive normal floats: the exponent, and 2 atanh(t) / ln 2 to the t^7
+ * term for the mantissa m in [sqrt(1/2), sqrt(2)), t = (m - 1) / (m + 1) (|t| < 0.172, so the
+ * first term left out is below 5e-8). For the forward's log-sum-exp, 64 rows at a time. */
+static inline flash_vf log2_v(flash_vf x) {
+  flash_vi xb = (flash_vi)x;
+  flash_vi e = (xb >> 23) - 127;
+  flash_vf m = (flash_vf)((xb & 0x007FFFFF) | 0x3F800000);
+  flash_vi big = m > 1.41421356f;
+  m = (flash_vf)((big & (flash_vi)(m * 0.5f)) | (~big & (flash_vi)m));
+  e -= big; /* big is -1 where m was halved */
+  flash_vf t = (m - 1.0f) / (m + 1.0f), t2 = t * t;
+  flash_vf p = t2 * 0.4121985831f + 0.5770780164f;
+  p = p * t2 + 0.9617966939f;
+  p = p * t2 + 2.885390082f;
+  return __builtin_convertvector(e, flash_vf) + p * t;
 }
 
 /* ---- masks ---------------------------------------------------------------- */
@@ -258,8 +276,18 @@ static inline int keep_mask_at(const attn_attention_job *J, int64_t b, int64_t i
  * The range tests are branch-free selects (they vectorise); the keep-mask is read afterwards. */
 static void mask_tile(const attn_attention_job *J, int64_t b, float *T, int64_t rows, int lanes_q, int64_t q0,
                       int64_t k0, const int64_t *qa, const int64_t *qb, const int64_t *qe, float fill2) {
+  int64_t alo = 0, bhi = INT64_MAX; /* lanes_q: rows (keys) in [alo, bhi) that every lane sees unfilled */
+  if (lanes_q)
+    for (int64_t l = 0; l < TW; l++) {
+      alo = qa[l] > alo ? qa[l] : alo;
+      bhi = qb[l] < bhi ? qb[l] : bhi;
+      bhi = qe[l] < bhi ? qe[l] : bhi;
+    }
   for (int64_t n = 0; n < rows; n++) {
     float *x = T + n * TW;
+    if (!J->mask && (lanes_q ? k0 + n >= alo && k0 + n < bhi
+                             : qa[n] <= k0 && k0 + TW <= qb[n] && k0 + TW <= qe[n]))
+      continue; /* nothing to mask in this row (the clean part of a tile the diagonal cuts) */
     if (lanes_q) {
       const int64_t j = k0 + n;
       for (int64_t l = 0; l < TW; l++) {
@@ -355,16 +383,16 @@ static inline void vtranspose(flash_vf *x) {
 /* dst[c][o] = scale * src[o][c] (rows o < 64, zero past `rows`): whole FLASH_VL x FLASH_VL blocks
  * through vtranspose, the columns past the last whole block one at a time. */
 static void pack_t(float *dst, const float *src, int64_t sr, int64_t rows, int64_t width, float scale) {
-  int64_t c0 = 0;
-  for (; c0 + FLASH_VL <= width; c0 += FLASH_VL)
-    for (int64_t o0 = 0; o0 < TW; o0 += FLASH_VL) {
+  const int64_t wv = width - width % FLASH_VL; /* rows in turn: each is read from start to end */
+  for (int64_t o0 = 0; o0 < TW; o0 += FLASH_VL)
+    for (int64_t c0 = 0; c0 < wv; c0 += FLASH_VL) {
       flash_vf x[FLASH_VL];
       for (int i = 0; i < FLASH_VL; i++)
         x[i] = o0 + i < rows ? vload(src + (o0 + i) * sr + c0) * scale : (flash_vf){0};
       vtranspose(x);
       for (int i = 0; i < FLASH_VL; i++) vstore(dst + (c0 + i) * TW + o0, x[i]);
     }
-  for (int64_t c = c0; c < width; c++) {
+  for (int64_t c = wv; c < width; c++) {
     float *dp = dst + c * TW;
     for (int64_t o = 0; o < rows; o++) dp[o] = src[o * sr + c] * scale;
     for (int64_t o = rows; o < TW; o++) dp[o] = 0.0f;
@@ -476,6 +504,7 @@ int FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i0
    * before it is scaled by 1 / sum <= 1), is left to the reference path. */
   for (int64_t c = 0; c < dv; c++)
     if (!finite_f32(Ot + c * TW, r)) return 0;
+  for (int v = 0; v < FLASH_NV; v++) vstore(al + v * FLASH_VL, log2_v(vload(l + v * FLASH_VL))); /* used where l > 0 */
   for (int64_t o = 0; o < r; o++) {
     if (!(l[o] > 0)) {
       attn_attention_rowmask rm;
@@ -483,8 +512,7 @@ int FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i0
       if (attn_sdpa_row_has_key(J, &rm)) return 0;
     }
     sum[o] = l[o] > 0 ? 1.0f / l[o] : 0.0f;
-    if (F->lse)
-      F->lse[b * Nq + i0 + o] = l[o] > 0 ? ((double)m[o] + log2((double)l[o])) * 0.6931471805599453 : INFINITY;
+    if (F->lse) F->lse[b * Nq + i0 + o] = l[o] > 0 ? ((double)m[o] + (double)al[o]) * 0.6931471805599453 : INFINITY;
   }
   write_rows(F->out + b * Nq * dv + i0 * dv, Ot, r, dv, sum);
   if (!F->weights) return 1;
