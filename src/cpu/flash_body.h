@@ -47,44 +47,49 @@ static inline flash_vf vmax(flash_vf a, flash_vf b) {
   return (flash_vf)((gt & (flash_vi)a) | (~gt & (flash_vi)b));
 }
 
-/* Rows [n0, n0 + NB) of the product below, lane vectors [QLO, QV) of lanes [l0, l0 + VL * QV):
- * NB x QV accumulators stay in registers over the whole k loop (NB and QLO are constants after
- * inlining). kend (NULL: none) bounds the k loop per lane vector, non-decreasing: vector q takes
- * k < kend[q] only (the terms past it are known to be 0). */
-static inline __attribute__((always_inline)) void mk_block(const int NB, const int QLO, int64_t K, int64_t n0,
-                                                           int64_t l0, const float *A, const float *B, int64_t bn,
-                                                           int64_t bk, float *C, float *cs, int mode,
-                                                           const int64_t *kend) {
+/* Rows [n0, n0 + NB) of the product below, lane vectors [QLO, QHI) of lanes [l0, l0 + VL * QV):
+ * NB x QV accumulators stay in registers over the whole k loop (NB, QLO and QHI are constants
+ * after inlining); in mode 0 the vectors outside [QLO, QHI) are stored as 0. Bounds on the k loop
+ * per lane vector (the terms outside are known to be 0), at most one of: kend (non-decreasing:
+ * vector q takes k < kend[q] only) or kbeg (non-decreasing: vector q takes k >= kbeg[q] only). */
+static inline __attribute__((always_inline)) void mk_block(const int NB, const int QLO, const int QHI, int64_t K,
+                                                           int64_t n0, int64_t l0, const float *A, const float *B,
+                                                           int64_t bn, int64_t bk, float *C, float *cs, int mode,
+                                                           const int64_t *kend, const int64_t *kbeg) {
   flash_vf acc[FLASH_NR][FLASH_QV];
   for (int r = 0; r < NB; r++)
-    for (int q = QLO; q < FLASH_QV; q++) acc[r][q] = (flash_vf){0};
-  const float *ap = A + l0, *bp = B + n0 * bn;
-  int64_t k = 0;
+    for (int q = QLO; q < QHI; q++) acc[r][q] = (flash_vf){0};
+  int64_t k = kbeg ? (kbeg[QLO] < K ? kbeg[QLO] : K) : 0;
+  const float *ap = A + l0 + k * TW, *bp = B + n0 * bn + k * bk;
 #pragma GCC unroll 4
-  for (int s = QLO; s < FLASH_QV; s++) { /* one pass without kend; else vectors s.. from kend[s-1] */
-    const int64_t ke = kend ? kend[s] : K;
+  for (int s = QLO; s < QHI; s++) {
+    /* one pass without bounds; with kend vectors [s, QHI) up to kend[s]; with kbeg vectors
+     * [QLO, s] up to kbeg[s + 1] */
+    const int lo = kend ? s : QLO, hi = kbeg ? s + 1 : QHI;
+    int64_t ke = kend ? kend[s] : kbeg && s + 1 < QHI ? kbeg[s + 1] : K;
+    ke = ke < K ? ke : K;
     for (; k < ke; k++, ap += TW, bp += bk) {
       flash_vf a[FLASH_QV];
-      for (int q = s; q < FLASH_QV; q++) a[q] = vload(ap + q * FLASH_VL);
+      for (int q = lo; q < hi; q++) a[q] = vload(ap + q * FLASH_VL);
       for (int r = 0; r < NB; r++) {
         float bv = bp[r * bn];
-        /* a[q] is loaded above for every q >= s (cppcheck loses that across the two loops) */
+        /* a[q] is loaded above for every q in [lo, hi) (cppcheck loses that across the two loops) */
         // cppcheck-suppress uninitvar
-        for (int q = s; q < FLASH_QV; q++) acc[r][q] += a[q] * bv;
+        for (int q = lo; q < hi; q++) acc[r][q] += a[q] * bv;
       }
     }
-    if (!kend) break;
+    if (!kend && !kbeg) break;
   }
   if (mode == 3)
-    for (int q = QLO; q < FLASH_QV; q++) {
+    for (int q = QLO; q < QHI; q++) {
       flash_vf mx = vload(cs + l0 + q * FLASH_VL);
       for (int r = 0; r < NB; r++) mx = vmax(acc[r][q], mx);
       vstore(cs + l0 + q * FLASH_VL, mx);
     }
   for (int r = 0; r < NB; r++)
-    for (int q = QLO; q < FLASH_QV; q++) {
+    for (int q = mode == 0 ? 0 : QLO; q < (mode == 0 ? FLASH_QV : QHI); q++) {
       float *cp = C + (n0 + r) * TW + l0 + q * FLASH_VL;
-      flash_vf c = acc[r][q];
+      flash_vf c = q >= QLO && q < QHI ? acc[r][q] : (flash_vf){0};
       if (mode == 1) c += vload(cp);
       if (mode == 2) c += vload(cp) * vload(cs + l0 + q * FLASH_VL);
       vstore(cp, c);
@@ -94,72 +99,92 @@ static inline __attribute__((always_inline)) void mk_block(const int NB, const i
 /* C[n][0:TW] = init + sum_{k < K} A[k][0:TW] * B[n*bn + k*bk] for n < N, where init is 0
  * (mode 0), C (mode 1) or C * cs lane-wise (mode 2: the online-softmax rescale); mode 3 is mode 0
  * that also takes the new rows into the lane-wise running max cs, while they are in registers
- * (a pass of its own over the tile was bound by the latency of its max chain). kend as in
- * mk_block, one entry per lane vector of the tile (NULL: none; a constant after inlining, so the
- * plain product keeps its one k loop). */
+ * (a pass of its own over the tile was bound by the latency of its max chain). kend and kbeg as
+ * in mk_block, one entry per lane vector of the tile (NULL: none; constants after inlining, so
+ * the plain product keeps its one k loop). */
 static inline __attribute__((always_inline)) void mk_impl(int64_t K, int64_t N, const float *A, const float *B,
                                                           int64_t bn, int64_t bk, float *C, float *cs, int mode,
-                                                          const int64_t *kend) {
+                                                          const int64_t *kend, const int64_t *kbeg) {
   for (int64_t l0 = 0; l0 < TW; l0 += FLASH_VL * FLASH_QV) {
-    const int64_t *ke = kend ? kend + l0 / FLASH_VL : NULL;
+    const int64_t *ke = kend ? kend + l0 / FLASH_VL : NULL, *kb = kbeg ? kbeg + l0 / FLASH_VL : NULL;
     int64_t n0 = 0;
-    for (; n0 + FLASH_NR <= N; n0 += FLASH_NR) mk_block(FLASH_NR, 0, K, n0, l0, A, B, bn, bk, C, cs, mode, ke);
+    for (; n0 + FLASH_NR <= N; n0 += FLASH_NR)
+      mk_block(FLASH_NR, 0, FLASH_QV, K, n0, l0, A, B, bn, bk, C, cs, mode, ke, kb);
 #if FLASH_NR > 4
-    for (; n0 + 4 <= N; n0 += 4) mk_block(4, 0, K, n0, l0, A, B, bn, bk, C, cs, mode, ke);
+    for (; n0 + 4 <= N; n0 += 4) mk_block(4, 0, FLASH_QV, K, n0, l0, A, B, bn, bk, C, cs, mode, ke, kb);
 #endif
 #if FLASH_NR > 2
-    for (; n0 + 2 <= N; n0 += 2) mk_block(2, 0, K, n0, l0, A, B, bn, bk, C, cs, mode, ke);
+    for (; n0 + 2 <= N; n0 += 2) mk_block(2, 0, FLASH_QV, K, n0, l0, A, B, bn, bk, C, cs, mode, ke, kb);
 #endif
-    for (; n0 < N; n0++) mk_block(1, 0, K, n0, l0, A, B, bn, bk, C, cs, mode, ke);
+    for (; n0 < N; n0++) mk_block(1, 0, FLASH_QV, K, n0, l0, A, B, bn, bk, C, cs, mode, ke, kb);
   }
 }
 
 static void mk(int64_t K, int64_t N, const float *A, const float *B, int64_t bn, int64_t bk, float *C, float *cs,
                int mode) {
-  mk_impl(K, N, A, B, bn, bk, C, cs, mode, NULL);
+  mk_impl(K, N, A, B, bn, bk, C, cs, mode, NULL, NULL);
 }
 
 /* The scores of a clean tile (mode 3): C as mk's mode 0, and mx[lane] = the max of it and of the
  * lane's new scores. */
 static void mk_scores_max(int64_t K, int64_t N, const float *A, const float *B, int64_t bn, float *C, float *mx) {
-  mk_impl(K, N, A, B, bn, 1, C, mx, 3, NULL);
+  mk_impl(K, N, A, B, bn, 1, C, mx, 3, NULL, NULL);
 }
 
-/* The output product of a masked tile (mode 2): lane vector v takes keys k < kend[v] only. */
+/* The products of a masked tile whose k loop runs over the tile's rows (the weights times V or
+ * dO, dS times K or Q): mode 2 or 1, lane vector v taking k < kend[v] only or k >= kbeg[v] only
+ * (one of the two given). */
 static void mk_bounded(int64_t K, int64_t N, const float *A, const float *B, int64_t bk, float *C, float *cs,
-                       const int64_t *kend) {
-  mk_impl(K, N, A, B, 1, bk, C, cs, 2, kend);
+                       int mode, const int64_t *kend, const int64_t *kbeg) {
+  if (mode == 2) mk_impl(K, N, A, B, 1, bk, C, cs, 2, kend, NULL);
+  if (mode == 1 && kend) mk_impl(K, N, A, B, 1, bk, C, NULL, 1, kend, NULL);
+  if (mode == 1 && kbeg) mk_impl(K, N, A, B, 1, bk, C, NULL, 1, NULL, kbeg);
 }
 
 #define FLASH_NV (TW / FLASH_VL) /* lane vectors per tile */
+#define FLASH_MAXNB (KT / FLASH_NR + 1) /* blocks of FLASH_NR rows in a tile */
 
-/* The scores of a masked tile (mode 0; rows are keys j0 + n, lanes queries): a block of key rows
- * from n0 on skips the lane vectors whose queries see no key from j0 + n0 on (hi[v]: the end of
- * the keys vector v's queries see). mask_tile then sets every skipped entry to -inf, as it does
- * every key past a query's range, so under a causal mask the diagonal tile costs about 5/8. */
-static void mk_scores_masked(int64_t K, int64_t N, const float *A, const float *B, int64_t bn, float *C, int64_t j0,
-                             const int64_t *hi) {
+/* mk_block of mode 0 on lane vectors [qlo, qhi) only (qlo >= qhi: the block is stored as 0). */
+static inline __attribute__((always_inline)) void mk_block_range(int qlo, int qhi, int64_t K, int64_t n0,
+                                                                 int64_t l0, const float *A, const float *B,
+                                                                 int64_t bn, float *C) {
+#define FLASH_MKR(lo, hi)                                                                      \
+  case (lo) * 8 + (hi):                                                                        \
+    mk_block(FLASH_NR, lo, hi, K, n0, l0, A, B, bn, 1, C, NULL, 0, NULL, NULL);                \
+    return;
+  switch (qlo < qhi ? qlo * 8 + qhi : 0) {
+    FLASH_MKR(0, 1)
+    FLASH_MKR(0, 2)
+    FLASH_MKR(1, 2)
+#if FLASH_QV > 2
+    FLASH_MKR(0, 3)
+    FLASH_MKR(1, 3)
+    FLASH_MKR(2, 3)
+    FLASH_MKR(0, 4)
+    FLASH_MKR(1, 4)
+    FLASH_MKR(2, 4)
+    FLASH_MKR(3, 4)
+#endif
+    default: mk_block(FLASH_NR, 0, FLASH_QV, 0, n0, l0, A, B, bn, 1, C, NULL, 0, NULL, NULL); /* zeros */
+  }
+#undef FLASH_MKR
+}
+
+/* The scores (or dP) of a masked tile (mode 0): the block of FLASH_NR rows from FLASH_NR * i on
+ * computes only the lane vectors [vlo[i], vhi[i]) (tile-wide vector indices) and stores the
+ * others as 0; rows past the last whole block are computed whole. The vectors left out are ones
+ * no lane of which sees a key (or query) of the block, so mask_tile sets them to -inf, as it
+ * does every entry out of range, and under a causal mask the diagonal tile costs about 5/8. */
+static void mk_masked(int64_t K, int64_t N, const float *A, const float *B, int64_t bn, float *C, const int *vlo,
+                      const int *vhi) {
   for (int64_t l0 = 0; l0 < TW; l0 += FLASH_VL * FLASH_QV) {
-    const int64_t *h = hi + l0 / FLASH_VL;
+    const int v0 = (int)(l0 / FLASH_VL);
     int64_t n0 = 0;
     for (; n0 + FLASH_NR <= N; n0 += FLASH_NR) {
-      int qlo = 0;
-      while (qlo < FLASH_QV && h[qlo] <= j0 + n0) qlo++;
-      switch (qlo) {
-        case 0: mk_block(FLASH_NR, 0, K, n0, l0, A, B, bn, 1, C, NULL, 0, NULL); break;
-#if FLASH_QV > 1
-        case 1: mk_block(FLASH_NR, 1, K, n0, l0, A, B, bn, 1, C, NULL, 0, NULL); break;
-#endif
-#if FLASH_QV > 2
-        case 2: mk_block(FLASH_NR, 2, K, n0, l0, A, B, bn, 1, C, NULL, 0, NULL); break;
-#endif
-#if FLASH_QV > 3
-        case 3: mk_block(FLASH_NR, 3, K, n0, l0, A, B, bn, 1, C, NULL, 0, NULL); break;
-#endif
-        default: break; /* no query of this block sees these keys */
-      }
+      int i = (int)(n0 / FLASH_NR), lo = vlo[i] - v0, hi = vhi[i] - v0;
+      mk_block_range(lo < 0 ? 0 : lo, hi > FLASH_QV ? FLASH_QV : hi, K, n0, l0, A, B, bn, C);
     }
-    for (; n0 < N; n0++) mk_block(1, 0, K, n0, l0, A, B, bn, 1, C, NULL, 0, NULL);
+    for (; n0 < N; n0++) mk_block(1, 0, FLASH_QV, K, n0, l0, A, B, bn, 1, C, NULL, 0, NULL, NULL);
   }
 }
 
@@ -310,12 +335,73 @@ static void mask_tile(const attn_attention_job *J, int64_t b, float *T, int64_t 
   }
 }
 
-/* hi[v] = the end of the keys some query of lane vector v sees (the max of qb over its lanes). */
-static inline void lane_ends(const int64_t *qb, int64_t *hi) {
+/* The lane vectors each block of FLASH_NR rows of a masked tile computes (mk_masked), as the range
+ * from the first to the last vector one of whose lanes sees one of the block's rows: lanes are
+ * queries with visible keys [qa, qb) and rows keys j0 + n (forward, dq), nrows rows. */
+static void vis_query_lanes(const int64_t *qa, const int64_t *qb, int64_t j0, int64_t nrows, int *vlo, int *vhi) {
+  int64_t lo[FLASH_NV], hi[FLASH_NV];
+  for (int v = 0; v < FLASH_NV; v++) {
+    lo[v] = INT64_MAX;
+    hi[v] = INT64_MIN;
+    for (int l = v * FLASH_VL; l < (v + 1) * FLASH_VL; l++)
+      if (qa[l] < qb[l]) {
+        lo[v] = qa[l] < lo[v] ? qa[l] : lo[v];
+        hi[v] = qb[l] > hi[v] ? qb[l] : hi[v];
+      }
+  }
+  for (int i = 0; i * FLASH_NR < nrows; i++) {
+    int64_t bl = j0 + i * FLASH_NR, bh = bl + FLASH_NR;
+    vlo[i] = FLASH_NV;
+    vhi[i] = 0;
+    for (int v = 0; v < FLASH_NV; v++)
+      if (lo[v] < bh && hi[v] > bl) {
+        vlo[i] = v < vlo[i] ? v : vlo[i];
+        vhi[i] = v + 1;
+      }
+  }
+}
+
+/* The same for lanes that are keys k0 + l and rows that are queries seeing keys [qa[n], qb[n])
+ * (dk, dv), and kbeg[v]: the first row from which on vector v has a lane some row sees
+ * (non-decreasing, as mk_bounded wants: the least over v and the vectors after it). */
+static void vis_key_lanes(const int64_t *qa, const int64_t *qb, int64_t k0, int64_t nrows, int *vlo, int *vhi,
+                          int64_t *kbeg) {
+  for (int v = 0; v < FLASH_NV; v++) {
+    kbeg[v] = nrows;
+    for (int64_t n = 0; n < nrows; n++)
+      if (qa[n] < qb[n] && qa[n] < k0 + (v + 1) * FLASH_VL && qb[n] > k0 + v * FLASH_VL) {
+        kbeg[v] = n;
+        break;
+      }
+  }
+  for (int v = FLASH_NV - 2; v >= 0; v--) kbeg[v] = kbeg[v + 1] < kbeg[v] ? kbeg[v + 1] : kbeg[v];
+  for (int i = 0; i * FLASH_NR < nrows; i++) {
+    int64_t bl = INT64_MAX, bh = INT64_MIN;
+    for (int64_t n = i * FLASH_NR; n < (i + 1) * FLASH_NR && n < nrows; n++)
+      if (qa[n] < qb[n]) {
+        bl = qa[n] < bl ? qa[n] : bl;
+        bh = qb[n] > bh ? qb[n] : bh;
+      }
+    vlo[i] = FLASH_NV;
+    vhi[i] = 0;
+    for (int v = 0; v < FLASH_NV; v++)
+      if (k0 + v * FLASH_VL < bh && k0 + (v + 1) * FLASH_VL > bl) {
+        vlo[i] = v < vlo[i] ? v : vlo[i];
+        vhi[i] = v + 1;
+      }
+  }
+}
+
+/* kend[v] for the products over the rows (keys j0 + n) of a masked tile whose lanes are queries:
+ * the keys past the end of every range in vector v have weight 0 there (non-decreasing: a later
+ * bound only adds zero terms). */
+static void lane_kend(const int64_t *qb, int64_t j0, int64_t nb, int64_t *kend) {
+  int64_t run = 0;
   for (int v = 0; v < FLASH_NV; v++) {
     int64_t h = 0;
     for (int l = 0; l < FLASH_VL; l++) h = qb[v * FLASH_VL + l] > h ? qb[v * FLASH_VL + l] : h;
-    hi[v] = h;
+    int64_t e = h - j0 < 0 ? 0 : h - j0 > nb ? nb : h - j0;
+    kend[v] = run = e > run ? e : run;
   }
 }
 
@@ -330,9 +416,9 @@ static inline int query_tile(const attn_flash_job *F, int64_t b, int64_t i0, int
   int cls = classify(J, r, j0, j0 + nb, qa, qb, qe, level, F->fill2);
   if (cls == TILE_SKIP) return cls;
   if (cls == TILE_MASKED) {
-    int64_t hi[FLASH_NV];
-    lane_ends(qb, hi);
-    mk_scores_masked(J->d, nb, Qt, F->k.p + b * F->k.sb + j0 * F->k.sr, F->k.sr, S, j0, hi);
+    int vlo[FLASH_MAXNB], vhi[FLASH_MAXNB];
+    vis_query_lanes(qa, qb, j0, nb, vlo, vhi);
+    mk_masked(J->d, nb, Qt, F->k.p + b * F->k.sb + j0 * F->k.sr, F->k.sr, S, vlo, vhi);
     mask_tile(J, b, S, nb, 1, i0, j0, qa, qb, qe, F->fill2);
   } else if (mx) {
     mk_scores_max(J->d, nb, Qt, F->k.p + b * F->k.sb + j0 * F->k.sr, F->k.sr, S, mx);
@@ -487,13 +573,9 @@ int FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i0
       for (int64_t n = 0; n < nb; n++)
         for (int64_t o = 0; o < r; o++) S[n * TW + o] *= (float)attn_attention_keep(J, b, i0 + o, j0 + n);
     if (cls == TILE_MASKED) { /* keys past a lane vector's range have weight 0 there: stop early */
-      int64_t hi[FLASH_NV], kend[FLASH_NV], run = 0;
-      lane_ends(qb, hi);
-      for (int v = 0; v < FLASH_NV; v++) {
-        int64_t e = hi[v] - j0 < 0 ? 0 : hi[v] - j0 > nb ? nb : hi[v] - j0;
-        kend[v] = run = e > run ? e : run; /* non-decreasing: a later bound only adds zero terms */
-      }
-      mk_bounded(nb, dv, S, V + j0 * F->v.sr, F->v.sr, Ot, al, kend);
+      int64_t kend[FLASH_NV];
+      lane_kend(qb, j0, nb, kend);
+      mk_bounded(nb, dv, S, V + j0 * F->v.sr, F->v.sr, Ot, al, 2, kend, NULL);
     } else {
       mk(nb, dv, S, V + j0 * F->v.sr, 1, F->v.sr, Ot, al, 2);
     }
@@ -562,7 +644,13 @@ int FLASH_FN(attn_flash_backward_q_)(const attn_flash_job *F, int64_t b, int64_t
     int64_t nb = jhi - j0 < TW ? jhi - j0 : TW;
     int cls = query_tile(F, b, i0, r, j0, nb, qa, qb, qe, lse2, Qt, S, NULL);
     if (cls == TILE_SKIP) continue;
-    mk(dv, nb, dOt, V + j0 * F->v.sr, F->v.sr, 1, dP, NULL, 0);
+    if (cls == TILE_MASKED) { /* the lane vectors the scores left out are 0 in dP too */
+      int vlo[FLASH_MAXNB], vhi[FLASH_MAXNB];
+      vis_query_lanes(qa, qb, j0, nb, vlo, vhi);
+      mk_masked(dv, nb, dOt, V + j0 * F->v.sr, F->v.sr, dP, vlo, vhi);
+    } else {
+      mk(dv, nb, dOt, V + j0 * F->v.sr, F->v.sr, 1, dP, NULL, 0);
+    }
     if (J->dropout)
       for (int64_t n = 0; n < nb; n++)
         for (int64_t o = 0; o < r; o++) dP[n * TW + o] *= (float)attn_attention_keep(J, b, i0 + o, j0 + n);
@@ -575,7 +663,13 @@ int FLASH_FN(attn_flash_backward_q_)(const attn_flash_job *F, int64_t b, int64_t
       for (int64_t n = 0; n < nb; n++)
         for (int64_t o = 0; o < TW; o++)
           if (j0 + n >= qe[o]) dP[n * TW + o] = 0.0f;
-    mk(nb, d, dP, K + j0 * F->k.sr, 1, F->k.sr, dQt, NULL, 1);
+    if (cls == TILE_MASKED) {
+      int64_t kend[FLASH_NV];
+      lane_kend(qb, j0, nb, kend);
+      mk_bounded(nb, d, dP, K + j0 * F->k.sr, F->k.sr, dQt, NULL, 1, kend, NULL);
+    } else {
+      mk(nb, d, dP, K + j0 * F->k.sr, 1, F->k.sr, dQt, NULL, 1);
+    }
   }
   float sc = (float)J->scale;
   int ok = 1;
@@ -610,9 +704,19 @@ int FLASH_FN(attn_flash_backward_k_)(const attn_flash_job *F, int64_t b, int64_t
     for (int64_t o = 0; o < TW; o++) lse2[o] = o < nr ? F->lse2[b * Nq + i0 + o] : INFINITY;
     int cls = classify(J, nr, j0, j1, qa, qb, qe, lse2, F->fill2);
     if (cls == TILE_SKIP) continue;
-    mk(d, nr, Kt, Q + i0 * F->q.sr, F->q.sr, 1, S, NULL, 0);
-    if (cls == TILE_MASKED) mask_tile(J, b, S, nr, 0, i0, j0, qa, qb, qe, F->fill2);
-    mk(dv, nr, Vt, dO + i0 * F->dout.sr, F->dout.sr, 1, dP, NULL, 0);
+    /* masked (the causal diagonal): each block of query rows computes the lane vectors of keys
+     * some of its rows see, and the products over the rows start each vector at its first row */
+    int vlo[FLASH_MAXNB], vhi[FLASH_MAXNB];
+    int64_t kbeg[FLASH_NV];
+    if (cls == TILE_MASKED) {
+      vis_key_lanes(qa, qb, j0, nr, vlo, vhi, kbeg);
+      mk_masked(d, nr, Kt, Q + i0 * F->q.sr, F->q.sr, S, vlo, vhi);
+      mask_tile(J, b, S, nr, 0, i0, j0, qa, qb, qe, F->fill2);
+      mk_masked(dv, nr, Vt, dO + i0 * F->dout.sr, F->dout.sr, dP, vlo, vhi);
+    } else {
+      mk(d, nr, Kt, Q + i0 * F->q.sr, F->q.sr, 1, S, NULL, 0);
+      mk(dv, nr, Vt, dO + i0 * F->dout.sr, F->dout.sr, 1, dP, NULL, 0);
+    }
     for (int64_t n = 0; n < nr; n++) {
       const float L2 = lse2[n], Dn = F->D[b * Nq + i0 + n];
       float *s = S + n * TW, *g = dP + n * TW;
@@ -639,8 +743,13 @@ int FLASH_FN(attn_flash_backward_k_)(const attn_flash_job *F, int64_t b, int64_t
             s[o] = F->fillp[b * Nq + i0 + n] * (J->dropout ? (float)attn_attention_keep(J, b, i0 + n, j) : 1.0f);
         }
     }
-    mk(nr, dv, S, dO + i0 * F->dout.sr, 1, F->dout.sr, dVt, NULL, 1);
-    mk(nr, d, dP, Q + i0 * F->q.sr, 1, F->q.sr, dKt, NULL, 1);
+    if (cls == TILE_MASKED) {
+      mk_bounded(nr, dv, S, dO + i0 * F->dout.sr, F->dout.sr, dVt, NULL, 1, NULL, kbeg);
+      mk_bounded(nr, d, dP, Q + i0 * F->q.sr, F->q.sr, dKt, NULL, 1, NULL, kbeg);
+    } else {
+      mk(nr, dv, S, dO + i0 * F->dout.sr, 1, F->dout.sr, dVt, NULL, 1);
+      mk(nr, d, dP, Q + i0 * F->q.sr, 1, F->q.sr, dKt, NULL, 1);
+    }
   }
   float sc = (float)J->scale;
   int ok = 1;
