@@ -454,6 +454,7 @@ static inline int query_tile(const attn_flash_job *F, int64_t b, int64_t i0, int
     }
 
 static inline void vtranspose(flash_vf *x) {
+#if defined(__clang__) || __GNUC__ >= 12 /* __builtin_shufflevector */
 #if FLASH_VL >= 16
   FLASH_TSTAGE(8)
 #endif
@@ -462,6 +463,12 @@ static inline void vtranspose(flash_vf *x) {
 #endif
   FLASH_TSTAGE(2)
   FLASH_TSTAGE(1)
+#else
+  float t[FLASH_VL][FLASH_VL];
+  memcpy(t, x, sizeof t);
+  for (int i = 0; i < FLASH_VL; i++)
+    for (int p = 0; p < FLASH_VL; p++) x[i][p] = t[p][i];
+#endif
 }
 
 /* ---- forward ---------------------------------------------------------------- */
