@@ -202,7 +202,7 @@ static inline float exp2_f(float x) {
   return y;
 }
 
-/* 2^x on a whole vector for x <= 0, -inf or NaN (the forward's softmax: written with vectors so
+/* 2^x on a whole vector for x <= 0, -inf or NaN (the softmax weights, forward and backward: vectors so
  * the running max and row sums stay in registers; the auto-vectorised loops kept them in
  * memory). x below -127 is raised to it, whose scale bits are those of +0: the result is exact 0
  * there and for -inf, with no mask of its own, and a NaN fails the test and stays NaN. 2^f on
@@ -661,10 +661,11 @@ int FLASH_FN(attn_flash_backward_q_)(const attn_flash_job *F, int64_t b, int64_t
     if (J->dropout)
       for (int64_t n = 0; n < nb; n++)
         for (int64_t o = 0; o < r; o++) dP[n * TW + o] *= (float)attn_attention_keep(J, b, i0 + o, j0 + n);
-    for (int64_t n = 0; n < nb; n++)
-      for (int64_t o = 0; o < TW; o++) {
-        float p = exp2_f(S[n * TW + o] - lse2[o]);
-        dP[n * TW + o] = p * (dP[n * TW + o] - D[o]);
+    for (int64_t n = 0; n < nb; n++) /* dS = P (dP - D), P = exp2(S - lse2) <= 1 */
+      for (int v = 0; v < FLASH_NV; v++) {
+        float *g = dP + n * TW + v * FLASH_VL;
+        flash_vf p = exp2_v(vload(S + n * TW + v * FLASH_VL) - vload(lse2 + v * FLASH_VL));
+        vstore(g, p * (vload(g) - vload(D + v * FLASH_VL)));
       }
     if (cls == TILE_MASKED)
       for (int64_t n = 0; n < nb; n++)
@@ -735,10 +736,10 @@ int FLASH_FN(attn_flash_backward_k_)(const attn_flash_job *F, int64_t b, int64_t
         }
         for (int64_t o = nk; o < TW; o++) s[o] = g[o] = 0;
       } else {
-        for (int64_t o = 0; o < TW; o++) {
-          float p = exp2_f(s[o] - L2);
-          g[o] = p * (g[o] - Dn);
-          s[o] = p;
+        for (int v = 0; v < FLASH_NV; v++) {
+          flash_vf p = exp2_v(vload(s + v * FLASH_VL) - L2);
+          vstore(g + v * FLASH_VL, p * (vload(g + v * FLASH_VL) - Dn));
+          vstore(s + v * FLASH_VL, p);
         }
       }
       if (cls == TILE_MASKED) /* filled keys: no score gradient; their weight comes from fillp (exact) */
