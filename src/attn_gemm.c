@@ -9,9 +9,9 @@
 /* The kernel's workspace on the stack: 64 KiB, a panel of 32 columns for K up to 512. */
 #define STACK_PACK 16384
 
-/* Floats the small kernel packs for this shape (see attn_vmath.h). */
+/* Floats the small kernel packs for this shape (see attn_vmath.h): only a transposed B. */
 static int64_t pack_floats(int tb, int64_t N, int64_t K) {
-  if (!tb && N % ATTN_VMATH_GEMM_PANEL == 0) return 0;
+  if (!tb) return 0;
   return ATTN_VMATH_GEMM_PACK(N < ATTN_VMATH_GEMM_PANEL ? N : ATTN_VMATH_GEMM_PANEL, K);
 }
 

@@ -38,9 +38,12 @@ local function assert_rel(actual, expected, what)
   assert(ok, what .. ": " .. tostring(msg))
 end
 
+-- the edges of the kernel: panels cut inside a vector (N 5, 8, 10, 24, 33, 70, 200: masked loads
+-- of B and masked stores of C), K past and inside a transposed block (K 8, 17, 40, 65), one row,
+-- and the book's tiny heads (10 x 10 x 8, 10 x 8 x 10)
 local shapes = { -- M, N, K
   { 1, 1, 1 }, { 3, 5, 7 }, { 8, 32, 32 }, { 9, 33, 17 }, { 13, 70, 65 }, { 64, 96, 32 }, { 17, 16, 100 },
-  { 6, 200, 3 },
+  { 6, 200, 3 }, { 10, 10, 8 }, { 10, 8, 10 }, { 1, 9, 32 }, { 5, 24, 40 },
 }
 
 describe("small float32 products", function()
