@@ -175,5 +175,11 @@ describe("small float32 products", function()
       "gemm: a [4x4] and b [4x4] need a unit stride in one dim, c [4x4] in its columns")
     assert.has_error(function() core.gemm_(attn.zeros(2, 2), attn.randn(2, 2), attn.randn(2, 2), 1, 0, "fast") end,
       "gemm_: argument 6 (path) must be 'auto', 'small' or 'blas', got a string")
+    -- reps (the benchmark's loop in C): beta 1 accumulates the product once per repetition
+    local p, q = attn.randn(3, 5), attn.randn(5, 4)
+    local acc = core.gemm_(attn.ones(3, 4), p, q, 0.5, 1, "small", 4)
+    helper.assert_close(acc, naive(p, q, attn.ones(3, 4), 2, 1), { atol = 1e-5 })
+    assert.has_error(function() core.gemm_(attn.zeros(3, 4), p, q, 1, 0, "small", 0) end,
+      "gemm_: argument 7 (reps) must be a positive integer, got 0")
   end)
 end)
