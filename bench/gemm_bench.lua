@@ -68,7 +68,7 @@ local has_reps = not pcall(core.gemm_, attn.zeros(1, 1), attn.zeros(1, 1), attn.
 local function compare(M, N, K, ta, tb, beta, ldb)
   local a, b, c = operands(M, N, K, ta, tb, ldb)
   local best = {}
-  local reps = has_reps and math.max(1, math.floor(20000 / (M * N * K))) or 1
+  local reps = has_reps and math.max(1, math.floor(2 ^ 21 / (M * N * K))) or 1
   for round = 0, 5 do
     for _, path in ipairs { "small", "blas" } do
       local t = time(function() core.gemm_(c, a, b, 1, beta, path, reps) end, 0.02) / reps
