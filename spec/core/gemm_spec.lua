@@ -116,6 +116,18 @@ describe("small float32 products", function()
     end)
   end
 
+  it("leaves the FPU to OpenBLAS's x87 code: a float64 QR after every path's edge packing", function()
+    -- a staging array in the generic path's masked-load stand-in once compiled to MMX moves,
+    -- whose state (never reset) turned the next dnrm2 inside LAPACK's QR into NaN
+    for _, isa in ipairs(paths) do
+      core.isa(isa)
+      core.gemm_(attn.zeros(1, 45), attn.randn(1, 29), attn.randn(45, 29):t(), 1, 0, "small")
+      core.isa(saved)
+      local q = attn.linalg.qr(attn.randn({ 5, 3 }, "float64"))
+      for _, v in ipairs(helper.flatten(q:totable())) do assert(v == v, isa .. ": NaN in Q") end
+    end
+  end)
+
   it("packs K past its stack workspace from the allocator when forced", function()
     local a, b = attn.randn(3, 700), attn.randn(20, 700):t()
     local small = core.gemm_(attn.zeros(3, 20), a, b, 1, 0, "small")

@@ -33,17 +33,16 @@
 typedef float gemm_vf __attribute__((vector_size(GEMM_VW * 4)));
 typedef int32_t gemm_vi __attribute__((vector_size(GEMM_VW * 4)));
 
-/* The first n (1..GEMM_VW) floats at p into a vector with zeros past them, and back: the ISA's
+/* The first n (0..GEMM_VW) floats at p into a vector with zeros past them, and back: the ISA's
  * masked load and store when it has them, else an n-float copy through the stack. */
 GEMM_INLINE gemm_vf gemm_loadn(const float *p, int64_t n) {
 #ifdef GEMM_LOADN
   return GEMM_LOADN(p, n);
 #else
-  float t[GEMM_VW] = {0};
+  gemm_vf v = {0}; /* lane by lane: a staging array let GCC move its halves through MMX registers,
+                     * whose unreset state then broke the x87 code of OpenBLAS's dnrm2 */
   for (int i = 0; i < GEMM_VW; i++)
-    if (i < n) t[i] = p[i];
-  gemm_vf v;
-  memcpy(&v, t, sizeof v);
+    if (i < n) v[i] = p[i];
   return v;
 #endif
 }
@@ -107,14 +106,8 @@ static void gemm_pack_t(const float *B, int64_t ldb, int64_t n0, int64_t w, int6
     for (int64_t k0 = 0; k0 < K; k0 += GEMM_VW) {
       const int64_t kn = K - k0 < GEMM_VW ? K - k0 : GEMM_VW;
       gemm_vf r[GEMM_VW];
-      for (int i = 0; i < GEMM_VW; i++) {
-        if (i >= rows)
-          r[i] = (gemm_vf){0};
-        else if (kn == GEMM_VW)
-          memcpy(&r[i], src + i * ldb + k0, sizeof r[i]);
-        else
-          r[i] = gemm_loadn(src + i * ldb + k0, kn);
-      }
+      for (int i = 0; i < GEMM_VW; i++) /* no branch: a row past w is a load of no lanes */
+        r[i] = gemm_loadn(src + (i < rows ? i : 0) * ldb + k0, i < rows ? kn : 0);
       gemm_transpose(r);
       for (int i = 0; i < GEMM_VW; i++)
         if (i < kn) memcpy(p + (k0 + i) * pw + j0, &r[i], sizeof r[i]);
