@@ -69,13 +69,15 @@ static void small_pack(const attn_attention_mat *m, int64_t b, int64_t n, int64_
                        small_vf (*rows)[NV]) {
   for (int64_t c = 0; cols && c < w; c++) cols[c] = small_zero;
   for (int64_t j = 0; rows && j < n; j++)
-    for (int t = 0; t < NV; t++) rows[j][t] = small_zero;
-  for (int64_t j = 0; j < n; j++)
+    for (int64_t t = 0; t < (w + KL - 1) / KL; t++) rows[j][t] = small_zero; /* the vectors read */
+  for (int64_t j = 0; j < n; j++) {
+    const float *x = attn_attention_at(m, sizeof(float), b, j, 0);
+    float *r = rows ? (float *)rows[j] : NULL;
     for (int64_t c = 0; c < w; c++) {
-      float x = *(const float *)attn_attention_at(m, sizeof(float), b, j, c);
-      if (cols) cols[c][j] = x;
-      if (rows) rows[j][c / KL][c % KL] = x;
+      if (cols) cols[c][j] = x[c * m->sc];
+      if (r) r[c] = x[c * m->sc];
     }
+  }
 }
 
 /* Row r of operand m of head b. */
@@ -146,16 +148,15 @@ SMALL_INLINE int small_softmax(const attn_attention_rowmask *m, const small_vf *
   const small_vf fill = small_zero + (float)ATTN_MASKED_SOFTMAX_FILL, none = small_zero - INFINITY;
   small_vf x = SMALL_SEL(small_lane < e, *s, fill);
   x = SMALL_SEL((small_lane >= a) & (small_lane < b), x, none);
-  if (a >= b) {
-    *p = small_zero;
-    return 1;
-  }
-  x -= small_max(&x);
+  /* without branches, so the rows a kernel interleaves stay one straight run of code: a row
+   * with no key has every lane at -inf, shifts by 0 and gets exp = 0 and a factor of 0 */
+  const int has = a < b;
+  float mx = small_max(&x);
+  x -= has ? mx : 0.0f;
   small_exp_neg(&x, p);
   float sum = small_sum(p); /* >= 1 (the largest lane gives exp(0)) unless NaN */
-  if (!(sum >= 1 && sum <= KL)) return 0;
-  *p *= 1 / sum;
-  return 1;
+  *p *= has ? 1 / sum : 0.0f;
+  return (has ^ 1) | ((sum >= 1) & (sum <= KL));
 }
 
 /* *kf: the dropout factors of the row whose stream index starts at base (0 dropped, 1/(1-p)
@@ -222,24 +223,37 @@ int SMALL_FN(attn_sdpa_small_forward_)(const attn_attention_job *J, int64_t b, i
   if (J->out) small_pack(&J->v, b, Nk, dv, NULL, h.vr);
   const float scale = (float)J->scale;
   small_vf chk = {0};
-  for (int64_t i = i0; i < i0 + r; i++) {
-    attn_attention_rowmask m;
-    attn_attention_row_mask(J, b, i, &m);
-    small_vf s, p, kf, o[NV];
-    small_lanes(small_rowp(&J->q, b, i), J->q.sc, h.kt, d, scale, &s);
-    if (!small_softmax(&m, &s, &p)) return 0;
-    if (J->weights) {
-      float *w = (float *)J->weights + (b * J->Nq + i) * Nk;
-      for (int64_t j = 0; j < Nk; j++) w[j] = p[j];
+  /* two rows at a time: each row is one long chain of dependent steps (products, max, exp,
+   * sum, weighted sum), and two independent chains keep the multiply-add units busy */
+  for (int64_t i = i0; i < i0 + r; i += 2) {
+    int64_t row[2] = {i, i + 1 < i0 + r ? i + 1 : i}; /* an odd last row is computed twice, kept once */
+    attn_attention_rowmask m[2];
+    small_vf s[2], p[2], kf[2], o[2][NV];
+    int ok = 1;
+    for (int u = 0; u < 2; u++) {
+      attn_attention_row_mask(J, b, row[u], &m[u]);
+      small_lanes(small_rowp(&J->q, b, row[u]), J->q.sc, h.kt, d, scale, &s[u]);
+    }
+    for (int u = 0; u < 2; u++) ok &= small_softmax(&m[u], &s[u], &p[u]);
+    if (!ok) return 0;
+    for (int u = 0; u < 2; u++) {
+      if (J->weights) {
+        float *w = (float *)J->weights + (b * J->Nq + row[u]) * Nk;
+        for (int64_t j = 0; j < Nk; j++) w[j] = p[u][j];
+      }
     }
     if (!J->out) continue;
-    small_keep(J, small_base(J, b, i), &kf);
-    p *= kf;
-    small_combine(&p, h.vr, Nk, h.ndv, o);
-    float *out = (float *)J->out + (b * J->Nq + i) * dv;
-    const float *os = (const float *)o;
-    for (int64_t c = 0; c < dv; c++) out[c] = os[c];
-    for (int64_t t = 0; t < h.ndv; t++) chk += o[t] * 0;
+    for (int u = 0; u < 2; u++) {
+      small_keep(J, small_base(J, b, row[u]), &kf[u]);
+      p[u] *= kf[u];
+    }
+    for (int u = 0; u < 2; u++) small_combine(&p[u], h.vr, Nk, h.ndv, o[u]);
+    for (int u = 0; u < 2; u++) {
+      float *out = (float *)J->out + (b * J->Nq + row[u]) * dv;
+      const float *os = (const float *)o[u];
+      for (int64_t c = 0; c < dv; c++) out[c] = os[c];
+      for (int64_t t = 0; t < h.ndv; t++) chk += o[u][t] * 0;
+    }
   }
   return small_sum(&chk) == 0;
 }
@@ -259,39 +273,49 @@ int SMALL_FN(attn_sdpa_small_backward_)(const attn_attention_job *J, int64_t b, 
   for (int64_t c = 0; c < dv; c++) avt[c] = small_zero;
   const float scale = (float)J->scale;
   small_vf chk = {0};
-  for (int64_t i = i0; i < i1; i++) {
-    attn_attention_rowmask m;
-    attn_attention_row_mask(J, b, i, &m);
-    float *gq = J->gq ? (float *)J->gq + (b * J->Nq + i) * d : NULL;
-    if (m.a >= m.b) { /* no key: no weight, no gradient */
-      if (gq) memset(gq, 0, sizeof(float) * (size_t)d);
-      continue;
-    }
-    const float *q = small_rowp(&J->q, b, i), *g = small_rowp(&J->dout, b, i);
+  for (int64_t i = i0; i < i1; i += 2) { /* two rows at a time, as forward */
+    int64_t row[2] = {i, i + 1 < i1 ? i + 1 : i};
+    const int n = row[1] != row[0] ? 2 : 1; /* an odd last row is computed twice, used once */
+    attn_attention_rowmask m[2];
+    const float *q[2], *g[2];
+    small_vf s[2], p[2], dp[2], kf[2], ds[2];
     const int64_t sq = J->q.sc, sg = J->dout.sc;
-    small_vf s, p, dp, kf;
-    small_lanes(q, sq, h.kt, d, scale, &s);
-    if (!small_softmax(&m, &s, &p)) return 0;
-    small_lanes(g, sg, h.vt, dv, 1.0f, &dp); /* dL/d(dropped weights) */
-    small_keep(J, small_base(J, b, i), &kf);
-    dp *= kf; /* dL/dweights */
-    small_vf pdp = p * dp;
-    const float D = small_sum(&pdp);
-    /* dL/dscores times scale: 0 on every masked key (a filled key's score is a constant) */
-    small_vf ds = scale * (p * (dp - D));
-    ds = SMALL_SEL((small_lane >= (int32_t)m.a) & (small_lane < (int32_t)m.e), ds, small_zero);
-    if (gq) {
-      small_vf o[NV];
-      small_combine(&ds, h.kr, Nk, h.nd, o);
-      const float *os = (const float *)o;
-      for (int64_t c = 0; c < d; c++) gq[c] = os[c];
-      for (int64_t t = 0; t < h.nd; t++) chk += o[t] * 0;
+    int ok = 1;
+    for (int u = 0; u < 2; u++) {
+      attn_attention_row_mask(J, b, row[u], &m[u]);
+      q[u] = small_rowp(&J->q, b, row[u]);
+      g[u] = small_rowp(&J->dout, b, row[u]);
+      small_lanes(q[u], sq, h.kt, d, scale, &s[u]);
+      small_lanes(g[u], sg, h.vt, dv, 1.0f, &dp[u]); /* dL/d(dropped weights) */
     }
-    if (acc_k)
-      for (int64_t c = 0; c < d; c++) akt[c] += q[c * sq] * ds;
-    if (acc_v) {
-      small_vf pk = p * kf;
-      for (int64_t c = 0; c < dv; c++) avt[c] += g[c * sg] * pk;
+    for (int u = 0; u < 2; u++) ok &= small_softmax(&m[u], &s[u], &p[u]);
+    if (!ok) return 0;
+    for (int u = 0; u < 2; u++) {
+      small_keep(J, small_base(J, b, row[u]), &kf[u]);
+      dp[u] *= kf[u]; /* dL/dweights */
+      small_vf pdp = p[u] * dp[u];
+      const float D = small_sum(&pdp);
+      /* dL/dscores times scale: 0 on every masked key (a filled key's score is a constant); a
+       * row with no key has p = 0 and gives 0 */
+      ds[u] = scale * (p[u] * (dp[u] - D));
+      ds[u] = SMALL_SEL((small_lane >= (int32_t)m[u].a) & (small_lane < (int32_t)m[u].e), ds[u], small_zero);
+    }
+    if (J->gq)
+      for (int u = 0; u < n; u++) {
+        small_vf o[NV];
+        small_combine(&ds[u], h.kr, Nk, h.nd, o);
+        float *gq = (float *)J->gq + (b * J->Nq + row[u]) * d;
+        const float *os = (const float *)o;
+        for (int64_t c = 0; c < d; c++) gq[c] = os[c];
+        for (int64_t t = 0; t < h.nd; t++) chk += o[t] * 0;
+      }
+    for (int u = 0; u < n; u++) {
+      if (acc_k)
+        for (int64_t c = 0; c < d; c++) akt[c] += q[u][c * sq] * ds[u];
+      if (acc_v) {
+        small_vf pk = p[u] * kf[u];
+        for (int64_t c = 0; c < dv; c++) avt[c] += g[u][c * sg] * pk;
+      }
     }
   }
   if (acc_k) {
