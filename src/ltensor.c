@@ -623,39 +623,39 @@ static int l_cat(lua_State *L) {
 
 /* ---- autograd bookkeeping (lua/attn/autograd.lua): a node's checks in one
  * call each, instead of a metatable test, a field read through __index and a
- * version read per tensor from Lua. A tensor's autograd fields live in its
- * user value table, as tensor_newindex stores them: _rg (requires grad),
- * grad_fn (the node that made it) and _oi (its position among the node's
- * outputs). Only raw table access: no metamethod runs. */
+ * version read per tensor from Lua. A tensor's autograd state is in its user
+ * values (lbind.h): the node that made it (grad_fn) and its position among
+ * the node's outputs (_oi) in slots, and the requires-grad flag of a leaf
+ * (_rg) in its fields table; a tensor a node made requires grad. Only raw
+ * access: no metamethod runs. */
 
-/* The user value table of the tensor at idx pushed (created when absent and
- * `create`), or nothing pushed and 0 returned. idx must be a tensor. */
-static int push_fields(lua_State *L, int idx, int create) {
-  if (lua_getiuservalue(L, idx, 1) == LUA_TTABLE) return 1;
-  lua_pop(L, 1);
-  if (!create) return 0;
-  lua_createtable(L, 0, 4);
-  lua_pushvalue(L, -1);
-  lua_setiuservalue(L, idx, 1);
-  return 1;
-}
-
-/* Pushes field `key` of the value at idx if it is a tensor (nil otherwise). */
-static int push_field(lua_State *L, int idx, const char *key) {
-  idx = lua_absindex(L, idx);
-  if (!luaL_testudata(L, idx, ATTN_TENSOR_MT) || !push_fields(L, idx, 0)) {
+/* Pushes the grad_fn slot of the tensor at idx (nil for a leaf), or nil when
+ * the value is not a tensor; returns the type pushed. */
+static int push_grad_fn(lua_State *L, int idx) {
+  if (!attn_l_is_tensor(L, idx)) {
     lua_pushnil(L);
     return LUA_TNIL;
   }
-  lua_pushstring(L, key);
-  int type = lua_rawget(L, -2);
-  lua_remove(L, -2);
-  return type;
+  return lua_getiuservalue(L, idx, ATTN_L_UV_GRAD_FN);
 }
 
+/* Whether the tensor at idx (any value) requires grad: a node made it, or it
+ * is a leaf whose flag is set. */
 static int requires_grad_at(lua_State *L, int idx) {
-  int yes = push_field(L, idx, "_rg") == LUA_TBOOLEAN && lua_toboolean(L, -1);
+  idx = lua_absindex(L, idx);
+  if (push_grad_fn(L, idx) != LUA_TNIL) {
+    lua_pop(L, 1);
+    return 1;
+  }
   lua_pop(L, 1);
+  if (!attn_l_is_tensor(L, idx)) return 0;
+  if (lua_getiuservalue(L, idx, ATTN_L_UV_FIELDS) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    return 0;
+  }
+  lua_pushliteral(L, "_rg");
+  int yes = lua_rawget(L, -2) == LUA_TBOOLEAN && lua_toboolean(L, -1);
+  lua_pop(L, 2);
   return yes;
 }
 
@@ -683,7 +683,7 @@ static int l_graph_requires_in(lua_State *L) {
 
 /* graph_fn(v): v.grad_fn for a tensor v (false when it has none or v is not a tensor). */
 static int l_graph_fn(lua_State *L) {
-  if (push_field(L, 1, "grad_fn") == LUA_TNIL) lua_pushboolean(L, 0);
+  if (push_grad_fn(L, 1) == LUA_TNIL) lua_pushboolean(L, 0);
   return 1;
 }
 
@@ -692,7 +692,7 @@ static int l_graph_fn(lua_State *L) {
  * node (a leaf), false otherwise; then whether g has input's shape (checked
  * only when there is a target). */
 static int l_graph_target(lua_State *L) {
-  int type = push_field(L, 1, "grad_fn");
+  int type = push_grad_fn(L, 1);
   if (type == LUA_TNIL || type == LUA_TBOOLEAN) {
     lua_pop(L, 1);
     if (!requires_grad_at(L, 1)) {
@@ -720,69 +720,55 @@ static lua_Integer list_versions(lua_State *L, int idx) {
   return sum;
 }
 
-/* The node's version sum: its inputs' and outputs' write versions (see autograd.lua). */
-static lua_Integer node_versions(lua_State *L, int node) {
-  if (!lua_istable(L, node)) attn_l_argerror(L, node, "node", "a table");
-  lua_Integer sum;
-  if (attn_l_rawfield(L, node, "inputs") != LUA_TTABLE) attn_l_error(L, "graph: node has no inputs list");
-  sum = list_versions(L, lua_gettop(L));
-  lua_pop(L, 1);
-  if (attn_l_rawfield(L, node, "outputs") == LUA_TTABLE) {
-    sum = (lua_Integer)((uint64_t)sum + (uint64_t)list_versions(L, lua_gettop(L)));
-  } else {
-    lua_pop(L, 1);
-    attn_l_rawfield(L, node, "out");
-    sum = (lua_Integer)((uint64_t)sum + attn_l_check(L, -1)->storage->version);
-  }
-  lua_pop(L, 1);
-  return sum;
+/* The version sum of a node's inputs (the list at `inputs`) and its output
+ * or list of outputs (at `out`) (see autograd.lua). */
+static lua_Integer node_versions(lua_State *L, int inputs, int out) {
+  attn_l_checktable(L, inputs, "inputs");
+  lua_Integer sum = list_versions(L, inputs);
+  const attn_tensor *t = attn_l_test(L, out);
+  if (t) return (lua_Integer)((uint64_t)sum + t->storage->version);
+  attn_l_checktable(L, out, "outputs");
+  return (lua_Integer)((uint64_t)sum + (uint64_t)list_versions(L, out));
 }
 
-/* graph_versions(node): the node's version sum now. */
+/* graph_versions(inputs, out): the version sum of a node's inputs and its
+ * output (a tensor) or outputs (a list) now. */
 static int l_graph_versions(lua_State *L) {
-  lua_pushinteger(L, node_versions(L, 1));
+  lua_pushinteger(L, node_versions(L, 1, 2));
   return 1;
 }
 
-/* Marks the tensor at idx as made by the node at `node`: _rg = true,
- * grad_fn = node and, for one of several outputs, _oi = its position. */
+/* Marks the tensor at idx as made by the node at `node` (in slots: see
+ * lbind.h), and for one of several outputs, its position. */
 static void mark_output(lua_State *L, int idx, int node, lua_Integer position) {
   attn_l_check(L, idx);
-  push_fields(L, idx, 1);
-  lua_pushliteral(L, "_rg");
-  lua_pushboolean(L, 1);
-  lua_rawset(L, -3);
-  lua_pushliteral(L, "grad_fn");
   lua_pushvalue(L, node);
-  lua_rawset(L, -3);
+  lua_setiuservalue(L, idx, ATTN_L_UV_GRAD_FN);
   if (position > 0) {
-    lua_pushliteral(L, "_oi");
     lua_pushinteger(L, position);
-    lua_rawset(L, -3);
+    lua_setiuservalue(L, idx, ATTN_L_UV_OUTPUT);
   }
-  lua_pop(L, 1);
 }
 
-/* graph_link(node): sets node.vsum and marks node.out, or each of
- * node.outputs, as made by node. */
+/* graph_link(node, inputs, out): marks out (a tensor), or each tensor of the
+ * list out, as made by node; returns the version sum of inputs and out
+ * (node.vsum). */
 static int l_graph_link(lua_State *L) {
-  lua_settop(L, 1);
-  lua_Integer vsum = node_versions(L, 1);
-  lua_pushliteral(L, "vsum");
-  lua_pushinteger(L, vsum);
-  lua_rawset(L, 1);
-  if (attn_l_rawfield(L, 1, "outputs") == LUA_TTABLE) {
-    lua_Integer n = (lua_Integer)lua_rawlen(L, 2);
+  lua_settop(L, 3);
+  if (!lua_istable(L, 1)) attn_l_argerror(L, 1, "node", "a table");
+  lua_Integer vsum = node_versions(L, 2, 3);
+  if (lua_type(L, 3) == LUA_TTABLE) {
+    lua_Integer n = (lua_Integer)lua_rawlen(L, 3);
     for (lua_Integer k = 1; k <= n; k++) {
-      lua_rawgeti(L, 2, k);
-      mark_output(L, 3, 1, k);
+      lua_rawgeti(L, 3, k);
+      mark_output(L, 4, 1, k);
       lua_pop(L, 1);
     }
   } else {
-    attn_l_rawfield(L, 1, "out");
     mark_output(L, 3, 1, 0);
   }
-  return 0;
+  lua_pushinteger(L, vsum);
+  return 1;
 }
 
 static const luaL_Reg tensor_functions[] = {

@@ -60,7 +60,7 @@ autograd.needs_grad = needs_grad
 -- Versions only ever grow, so their sum is unchanged exactly when every one
 -- of them is: a node keeps one number (vsum, set by graph_link), not a table.
 local function check_versions(node)
-  if graph_versions(node) ~= node.vsum then
+  if graph_versions(node.inputs, node.out or node.outputs) ~= node.vsum then
     error(string.format("backward: a tensor used by '%s' was modified in place after the forward pass, so its "
       .. "gradient would be wrong; modify a clone instead", node.name), 0)
   end
@@ -104,7 +104,7 @@ function autograd.record(name, out, inputs, backward)
   end
   local node = single and { name = name, inputs = inputs, backward = backward, out = out, vsum = 0 }
     or { name = name, inputs = inputs, backward = backward, outputs = out, vsum = 0 }
-  graph_link(node) -- vsum, and each output's _rg, grad_fn (and _oi when several)
+  node.vsum = graph_link(node, inputs, out) -- and each output's grad_fn (and _oi when several)
   return out
 end
 
