@@ -681,12 +681,6 @@ static int l_graph_requires_in(lua_State *L) {
   return 1;
 }
 
-/* graph_fn(v): v.grad_fn for a tensor v (false when it has none or v is not a tensor). */
-static int l_graph_fn(lua_State *L) {
-  if (push_grad_fn(L, 1) == LUA_TNIL) lua_pushboolean(L, 0);
-  return 1;
-}
-
 /* graph_target(input, g): where backward sends g, the gradient of input:
  * input's node (a table), true for a tensor that requires grad and has no
  * node (a leaf), false otherwise; then whether g has input's shape (checked
@@ -705,6 +699,23 @@ static int l_graph_target(lua_State *L) {
   int same = g && g->ndim == x->ndim;
   for (int d = 0; same && d < x->ndim; d++) same = g->shape[d] == x->shape[d];
   lua_pushboolean(L, same);
+  return 2;
+}
+
+/* graph_root(root, grad): what backward starts from: root's node (a table),
+ * true for a leaf that requires grad, or false when root is no tensor that
+ * requires grad; then whether grad is a tensor of root's dtype and shape
+ * (false for nil). */
+static int l_graph_root(lua_State *L) {
+  lua_settop(L, 2);
+  if (push_grad_fn(L, 1) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_pushboolean(L, requires_grad_at(L, 1));
+  }
+  const attn_tensor *r = attn_l_test(L, 1), *g = attn_l_test(L, 2);
+  int fits = r && g && g->dtype == r->dtype && g->ndim == r->ndim;
+  for (int d = 0; fits && d < r->ndim; d++) fits = g->shape[d] == r->shape[d];
+  lua_pushboolean(L, fits);
   return 2;
 }
 
@@ -750,14 +761,42 @@ static void mark_output(lua_State *L, int idx, int node, lua_Integer position) {
   }
 }
 
+/* Whether a value of the list at `outs` (or the value at `outs` itself when
+ * `single`) is one of the list at `inputs` (raw identity). */
+static int returns_input(lua_State *L, int inputs, int outs, int single) {
+  lua_Integer nin = (lua_Integer)lua_rawlen(L, inputs), nout = single ? 1 : (lua_Integer)lua_rawlen(L, outs);
+  for (lua_Integer k = 1; k <= nout; k++) {
+    if (single) lua_pushvalue(L, outs);
+    else lua_rawgeti(L, outs, k);
+    for (lua_Integer i = 1; i <= nin; i++) {
+      lua_rawgeti(L, inputs, i);
+      int same = lua_rawequal(L, -1, -2);
+      lua_pop(L, 1);
+      if (same) {
+        lua_pop(L, 1);
+        return 1;
+      }
+    }
+    lua_pop(L, 1);
+  }
+  return 0;
+}
+
 /* graph_link(node, inputs, out): marks out (a tensor), or each tensor of the
- * list out, as made by node; returns the version sum of inputs and out
- * (node.vsum). */
+ * list out, as made by node and returns the version sum of inputs and out
+ * (node.vsum); or, when out is (or holds) one of the inputs, marks nothing
+ * and returns false: the op was the identity (to() of the same dtype,
+ * contiguous() of a contiguous tensor) and its input carries its history. */
 static int l_graph_link(lua_State *L) {
   lua_settop(L, 3);
   if (!lua_istable(L, 1)) attn_l_argerror(L, 1, "node", "a table");
   lua_Integer vsum = node_versions(L, 2, 3);
-  if (lua_type(L, 3) == LUA_TTABLE) {
+  int single = lua_type(L, 3) != LUA_TTABLE;
+  if (returns_input(L, 2, 3, single)) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  if (!single) {
     lua_Integer n = (lua_Integer)lua_rawlen(L, 3);
     for (lua_Integer k = 1; k <= n; k++) {
       lua_rawgeti(L, 3, k);
@@ -769,6 +808,90 @@ static int l_graph_link(lua_State *L) {
   }
   lua_pushinteger(L, vsum);
   return 1;
+}
+
+/* graph_order(root, order, visited, stack_node, stack_pos): appends to
+ * `order` the nodes reachable from the node root through their inputs'
+ * grad_fn, each after every node it reaches (a topological order; backward
+ * runs it from the end), and sets visited[node] = true for each. An
+ * iterative walk over the two stack lists (empty on entry and on return), so
+ * deep graphs need no C stack. Returns nothing, or a node whose graph an
+ * earlier backward freed (its inputs are gone). Only raw access. */
+static int l_graph_order(lua_State *L) {
+  lua_settop(L, 5);
+  for (int i = 2; i <= 5; i++) attn_l_checktable(L, i, "work list");
+  if (!lua_istable(L, 1)) attn_l_argerror(L, 1, "root", "a node");
+  lua_Integer top = 1, n = (lua_Integer)lua_rawlen(L, 2);
+  lua_pushvalue(L, 1);
+  lua_rawseti(L, 4, 1);
+  lua_pushinteger(L, 1);
+  lua_rawseti(L, 5, 1);
+  while (top > 0) {
+    lua_rawgeti(L, 4, top); /* node: 6 */
+    lua_rawgeti(L, 5, top);
+    lua_Integer i = lua_tointeger(L, -1);
+    lua_pop(L, 1);
+    if (i == 1) {
+      lua_pushvalue(L, 6);
+      if (lua_rawget(L, 3) != LUA_TNIL) { /* reached before through another path */
+        lua_pop(L, 2);
+        lua_pushnil(L);
+        lua_rawseti(L, 4, top);
+        lua_pushnil(L);
+        lua_rawseti(L, 5, top);
+        top--;
+        continue;
+      }
+      lua_pop(L, 1);
+      lua_pushvalue(L, 6);
+      lua_pushboolean(L, 1);
+      lua_rawset(L, 3);
+    }
+    if (attn_l_rawfield(L, 6, "inputs") != LUA_TTABLE) { /* 7: freed by an earlier backward */
+      lua_pop(L, 1);
+      for (; top > 0; top--) { /* leave the stacks empty */
+        lua_pushnil(L);
+        lua_rawseti(L, 4, top);
+        lua_pushnil(L);
+        lua_rawseti(L, 5, top);
+      }
+      return 1; /* the node */
+    }
+    lua_Integer nin = (lua_Integer)lua_rawlen(L, 7);
+    int pushed = 0;
+    for (; i <= nin && !pushed; i++) {
+      lua_rawgeti(L, 7, i);
+      if (push_grad_fn(L, -1) == LUA_TTABLE) {
+        lua_pushvalue(L, -1);
+        if (lua_rawget(L, 3) == LUA_TNIL) { /* a child not reached yet: walk it next */
+          lua_pop(L, 1);
+          lua_pushinteger(L, i + 1);
+          lua_rawseti(L, 5, top);
+          top++;
+          lua_rawseti(L, 4, top); /* the child */
+          lua_pushinteger(L, 1);
+          lua_rawseti(L, 5, top);
+          pushed = 1;
+        } else {
+          lua_pop(L, 2);
+        }
+      } else {
+        lua_pop(L, 1);
+      }
+      lua_pop(L, 1); /* the input */
+    }
+    if (!pushed) { /* every input done: the node follows its children */
+      lua_pushvalue(L, 6);
+      lua_rawseti(L, 2, ++n);
+      lua_pushnil(L);
+      lua_rawseti(L, 4, top);
+      lua_pushnil(L);
+      lua_rawseti(L, 5, top);
+      top--;
+    }
+    lua_settop(L, 5);
+  }
+  return 0;
 }
 
 static const luaL_Reg tensor_functions[] = {
@@ -795,9 +918,11 @@ static const luaL_Reg tensor_functions[] = {
     {"copy_", l_copy_},         {"fill_", l_fill_},
     {"set_", l_set_},           {"version", l_version},
     {"cat", l_cat},             {"graph_requires", l_graph_requires},
-    {"graph_requires_in", l_graph_requires_in}, {"graph_fn", l_graph_fn},
+    {"graph_requires_in", l_graph_requires_in},
     {"graph_target", l_graph_target}, {"graph_versions", l_graph_versions},
-    {"graph_link", l_graph_link}, {NULL, NULL},
+    {"graph_link", l_graph_link}, {"graph_order", l_graph_order},
+    {"graph_root", l_graph_root},
+    {NULL, NULL},
 };
 
 void attn_l_open_tensor(lua_State *L) { attn_l_setfuncs(L, tensor_functions); }

@@ -221,6 +221,43 @@ describe("autograd", function()
     assert.is_nil(d.note)
   end)
 
+  it("walks deep and shared graphs in order, and names a node an earlier backward freed", function()
+    -- the walk (core.graph_order) runs in C over Lua lists: a chain far deeper than the C stack
+    -- allows recursion into, and a node reached by two paths runs once, after both consumers
+    local x = attn.tensor({ 0.5 }, { dtype = "float64", requires_grad = true })
+    local y = x
+    for _ = 1, 30000 do y = y * 1 end
+    y:sum():backward()
+    assert.are.same({ 1 }, x.grad:totable())
+    x.grad = nil
+    local shared = x:exp()
+    local out = (shared * shared + shared:tanh()):sum()
+    out:backward()
+    local e, t = math.exp(0.5), math.tanh(math.exp(0.5))
+    assert.is_true(math.abs(x.grad:get(1) - (2 * e * e + (1 - t * t) * e)) < 1e-12)
+    assert.has_error(function() out:backward() end, "backward: the graph through 'sum' was already freed by an "
+      .. "earlier backward; pass {retain_graph = true} to the first one")
+  end)
+
+  it("links no node for an op that returns its input, through record and record_wanted", function()
+    local autograd = require "attn.autograd"
+    local x = attn.tensor({ 1, 2 }, { dtype = "float64", requires_grad = true })
+    local y = x * 2
+    local node = y.grad_fn
+    assert.are.equal(y, y:contiguous()) -- contiguous of a contiguous tensor is the identity
+    assert.are.equal(node, y.grad_fn)
+    assert.are.equal(y, autograd.record_wanted("same", y, { y }, function(g) return g * 100 end))
+    assert.are.equal(node, y.grad_fn)
+    local z = autograd.record_wanted("double", y * 1, { y }, function(g) return g * 2 end)
+    assert.are.equal("double", z.grad_fn.name)
+    z:sum():backward()
+    assert.are.same({ 4, 4 }, x.grad:totable())
+    assert.has_error(function() autograd.record_wanted("bad", y, y, function() end) end,
+      "record: inputs must be a table of values, got a userdata")
+    assert.has_error(function() autograd.record_wanted("bad", 5, { y }, function() end) end,
+      "record: out must be a tensor or a table of tensors, got a number")
+  end)
+
   it("tells a fused layer's operand shape with core.fits_last", function()
     local core = attn.core
     local q = attn.zeros { 2, 1, 20 }
