@@ -46,7 +46,7 @@ static void add_into(attn_dtype dt, void *y, const void *x, int64_t n) {
 /* ---------------------------------------------------------------- layout of `saved` */
 
 typedef struct {
-  int64_t qh, scores, weights, x, layers, layer; /* offsets, and the entries of one layer */
+  int64_t qh, scores, weights, ctx, layers, layer; /* offsets, and the entries of one layer */
 } layout;
 
 static layout layout_of(const attn_decoder_dims *d) {
@@ -55,8 +55,8 @@ static layout layout_of(const attn_decoder_dims *d) {
   l.qh = 0;
   l.scores = TB * d->ha;
   l.weights = l.scores + TB * d->Nk;
-  l.x = l.weights + TB * d->Nk;
-  l.layers = l.x + TB * (d->dv + d->e);
+  l.ctx = l.weights + TB * d->Nk;
+  l.layers = l.ctx + TB * d->dv;
   l.layer = (d->T + 1) * d->B * d->H + 4 * TB * d->H;
   return l;
 }
@@ -79,6 +79,18 @@ static layer_planes planes(const layout *l, const attn_decoder_dims *d, int k) {
 int64_t attn_decoder_saved_numel(const attn_decoder_dims *d) {
   layout l = layout_of(d);
   return l.layers + d->layers * l.layer;
+}
+
+/* dst (cols, rows) contiguous = the transpose of w (rows, cols), a weight taken as op(B) = w^T
+ * untransposed: the small products then need no packing of it at every step. */
+static attn_status transpose_into(const attn_tensor *w, attn_tensor *ws, int64_t off) {
+  attn_tensor src = *w;
+  attn_status st = attn_view_transpose(&src, 0, 1);
+  if (st != ATTN_OK) return st;
+  const int64_t shape[2] = {w->shape[1], w->shape[0]}, stride[2] = {w->shape[0], 1};
+  attn_tensor dst = attn_view_as_strided(ws, 2, shape, stride);
+  dst.offset = ws->offset + off;
+  return attn_copy(&dst, &src);
 }
 
 /* The attention options of step t: d2l's lengths and the step's dropout stream. */
@@ -198,44 +210,58 @@ attn_status attn_decoder_forward(const attn_decoder_args *a, attn_tensor *out, a
 
   size_t es = attn_dtype_size(dt);
   layout lay = layout_of(&d);
-  /* workspace: gi, gh (B, 3H), the context (B, dv), a dropped state (B, H) */
-  int64_t w_gi = 0, w_gh = w_gi + B * 3 * H, w_ctx = w_gh + B * 3 * H, w_drop = w_ctx + B * dv;
-  int64_t wn = w_drop + B * H;
+  /* workspace: every step's input projections gi (T, B, 3H) (the embeddings' part and the bias
+   * for layer 0 up front, in one product), gh (B, 3H), a dropped state (B, H), and the weights
+   * transposed: W_q^T (H, ha), then per layer W_ih^T (in_k, 3H) and W_hh^T (H, 3H) */
+  int64_t w_gi = 0, w_gh = w_gi + T * B * 3 * H, w_drop = w_gh + B * 3 * H, w_wq = w_drop + B * H;
+  int64_t w_wt = w_wq + H * ha, wt_layer0 = (in0 + H) * 3 * H, wt_layer = 2 * H * 3 * H;
+  int64_t wn = w_wt + wt_layer0 + (L - 1) * wt_layer;
   attn_tensor ws = {0};
   if ((st = attn_tensor_init(&ws, dt, 1, &wn)) != ATTN_OK) return st;
+  st = transpose_into(a->w_q, &ws, w_wq);
+  for (int k = 0; k < L && st == ATTN_OK; k++) {
+    int64_t o = w_wt + (k ? wt_layer0 + (k - 1) * wt_layer : 0), in_k = k ? H : in0;
+    if ((st = transpose_into(a->w_ih[k], &ws, o)) == ATTN_OK) st = transpose_into(a->w_hh[k], &ws, o + in_k * 3 * H);
+  }
+  if (st != ATTN_OK) {
+    attn_tensor_free(&ws);
+    return st;
+  }
   const int64_t wv_shape = ha, wv_stride = 1;
   attn_tensor wv = attn_view_as_strided(a->w_v, 1, &wv_shape, &wv_stride);
+  char *wih0t = at(&ws, w_wt); /* (dv + e, 3H): the context's rows, then the embedding's */
+  attn_gru_fill_rows(at(&ws, w_gi), T * B, 3 * H, es, a->b_ih[0] ? attn_tensor_data(a->b_ih[0]) : NULL);
+  gemm(dt, 0, 0, T * B, 3 * H, e, attn_tensor_data(a->emb), e, wih0t + (size_t)(dv * 3 * H) * es, 3 * H, 1,
+       at(&ws, w_gi), 3 * H);
 
   for (int k = 0; k < L; k++) memcpy(at(saved, planes(&lay, &d, k).hs), at(a->h0, k * B * H), (size_t)(B * H) * es);
   layer_planes top = planes(&lay, &d, L - 1);
   for (int64_t t = 0; t < T && st == ATTN_OK; t++) {
     int64_t tb = t * B;
     /* the query is the top layer's state before the step */
-    gemm(dt, 0, 1, B, ha, H, at(saved, top.hs + tb * H), H, attn_tensor_data(a->w_q), H, 0,
-         at(saved, lay.qh + tb * ha), ha);
+    gemm(dt, 0, 0, B, ha, H, at(saved, top.hs + tb * H), H, at(&ws, w_wq), ha, 0, at(saved, lay.qh + tb * ha), ha);
     attn_tensor qv = view3(saved, lay.qh + tb * ha, B, 1, ha), sv = view3(saved, lay.scores + tb * Nk, B, 1, Nk);
-    attn_tensor wtv = view3(saved, lay.weights + tb * Nk, B, 1, Nk), cv = view3(&ws, w_ctx, B, 1, dv);
+    attn_tensor wtv = view3(saved, lay.weights + tb * Nk, B, 1, Nk), cv = view3(saved, lay.ctx + tb * dv, B, 1, dv);
     attn_attention_opts o;
     step_options(a, t, &o);
     if ((st = attn_attention_additive_scores_forward(&qv, a->keys, &wv, &sv)) != ATTN_OK ||
         (st = attn_attention_scores_forward(op, &sv, a->values, &o, &cv, &wtv)) != ATTN_OK)
       break;
-    /* x = cat(context, embedding) per row, kept for the weight gradient of layer 0 */
-    char *x = at(saved, lay.x + tb * in0);
-    for (int64_t b = 0; b < B; b++) {
-      memcpy(x + (size_t)(b * in0) * es, at(&ws, w_ctx + b * dv), (size_t)dv * es);
-      memcpy(x + (size_t)(b * in0 + dv) * es, at(a->emb, (tb + b) * e), (size_t)e * es);
-    }
-    const char *input = x;
-    int64_t in_k = in0;
+    /* layer 0's input is cat(context, embedding): the context's part joins the embedding's */
+    char *gi = at(&ws, w_gi + tb * 3 * H), *gh = at(&ws, w_gh);
+    gemm(dt, 0, 0, B, 3 * H, dv, at(saved, lay.ctx + tb * dv), dv, wih0t, 3 * H, 1, gi, 3 * H);
+    const char *input = NULL;
     for (int k = 0; k < L; k++) {
       layer_planes p = planes(&lay, &d, k);
-      char *gi = at(&ws, w_gi), *gh = at(&ws, w_gh), *h_prev = at(saved, p.hs + tb * H);
-      char *h_new = at(saved, p.hs + (tb + B) * H);
-      attn_gru_fill_rows(gi, B, 3 * H, es, a->b_ih[k] ? attn_tensor_data(a->b_ih[k]) : NULL);
-      gemm(dt, 0, 1, B, 3 * H, in_k, input, in_k, attn_tensor_data(a->w_ih[k]), in_k, 1, gi, 3 * H);
+      char *wt = at(&ws, w_wt + (k ? wt_layer0 + (k - 1) * wt_layer : 0));
+      char *h_prev = at(saved, p.hs + tb * H), *h_new = at(saved, p.hs + (tb + B) * H);
+      if (k > 0) {
+        /* (the step's rows of gi are free again once layer 0 has used them) */
+        attn_gru_fill_rows(gi, B, 3 * H, es, a->b_ih[k] ? attn_tensor_data(a->b_ih[k]) : NULL);
+        gemm(dt, 0, 0, B, 3 * H, H, input, H, wt, 3 * H, 1, gi, 3 * H);
+      }
       attn_gru_fill_rows(gh, B, 3 * H, es, a->b_hh[k] ? attn_tensor_data(a->b_hh[k]) : NULL);
-      gemm(dt, 0, 1, B, 3 * H, H, h_prev, H, attn_tensor_data(a->w_hh[k]), H, 1, gh, 3 * H);
+      gemm(dt, 0, 0, B, 3 * H, H, h_prev, H, wt + (size_t)((k ? H : in0) * 3 * H) * es, 3 * H, 1, gh, 3 * H);
       attn_gru_gates_forward(dt, B, H, gi, gh, h_prev, h_new, at(saved, p.rz + 2 * tb * H), at(saved, p.n + tb * H),
                              at(saved, p.ghn + tb * H));
       input = h_new;
@@ -243,16 +269,17 @@ attn_status attn_decoder_forward(const attn_decoder_args *a, attn_tensor *out, a
         attn_gru_dropout(dt, h_new, at(&ws, w_drop), B * H, rnn_stream(a, t, k), a->rnn_dropout);
         input = at(&ws, w_drop);
       }
-      in_k = H;
     }
   }
   attn_tensor_free(&ws);
   if (st != ATTN_OK) return st;
   /* batch-major outputs and weights, every layer's last state */
+  char *o_base = attn_tensor_data(out), *w_base = attn_tensor_data(weights);
+  const char *hs_top = at(saved, top.hs + B * H), *w_saved = at(saved, lay.weights);
   for (int64_t t = 0; t < T; t++)
     for (int64_t b = 0; b < B; b++) {
-      memcpy(at(out, (b * T + t) * H), at(saved, top.hs + ((t + 1) * B + b) * H), (size_t)H * es);
-      memcpy(at(weights, (b * T + t) * Nk), at(saved, lay.weights + (t * B + b) * Nk), (size_t)Nk * es);
+      memcpy(o_base + (size_t)((b * T + t) * H) * es, hs_top + (size_t)((t * B + b) * H) * es, (size_t)H * es);
+      memcpy(w_base + (size_t)((b * T + t) * Nk) * es, w_saved + (size_t)((t * B + b) * Nk) * es, (size_t)Nk * es);
     }
   for (int k = 0; k < L; k++)
     memcpy(at(hn, k * B * H), at(saved, planes(&lay, &d, k).hs + T * B * H), (size_t)(B * H) * es);
@@ -296,12 +323,11 @@ attn_status attn_decoder_backward(const attn_decoder_args *a, const attn_tensor 
 
   size_t es = attn_dtype_size(dt);
   layout lay = layout_of(&d);
-  int64_t wide = in0 > H ? in0 : H;
-  /* workspace: the layers' state gradients dh (L, B, H), the top output's gradient gy (B, H), an
-   * input gradient dx (B, max(dv + e, H)), the context's dctx (B, dv), dscores (B, Nk), one step's
+  /* workspace: the layers' state gradients dh (L, B, H), the top output's gradient gy (B, H), a
+   * layer input's gradient dx (B, H), the context's dctx (B, dv), dscores (B, Nk), one step's
    * dkh (B, Nk, ha), dvalues (B, Nk, dv) and dw_v (ha), every step's dqh (T, B, ha), the gate
    * gradients dgi, dgh (L, T, B, 3H) and a dropped layer input (T, B, H) */
-  int64_t w_dh = 0, w_gy = w_dh + L * B * H, w_dx = w_gy + B * H, w_dctx = w_dx + B * wide;
+  int64_t w_dh = 0, w_gy = w_dh + L * B * H, w_dx = w_gy + B * H, w_dctx = w_dx + B * H;
   int64_t w_ds = w_dctx + B * dv, w_dk = w_ds + B * Nk, w_dv = w_dk + B * Nk * ha, w_dwv = w_dv + B * Nk * dv;
   int64_t w_dqh = w_dwv + ha, w_dgi = w_dqh + TB * ha, w_dgh = w_dgi + L * TB * 3 * H, w_in = w_dgh + L * TB * 3 * H;
   int64_t wn = w_in + TB * H;
@@ -343,13 +369,12 @@ attn_status attn_decoder_backward(const attn_decoder_args *a, const attn_tensor 
       attn_gru_gates_backward(dt, B, H, dh, dy, at(saved, p.hs + tb * H), at(saved, p.rz + 2 * tb * H),
                               at(saved, p.n + tb * H), at(saved, p.ghn + tb * H), dgi, dgh);
       gemm(dt, 0, 0, B, H, 3 * H, dgh, 3 * H, attn_tensor_data(a->w_hh[k]), H, 1, dh, H);
-      int64_t in_k = k ? H : in0;
-      gemm(dt, 0, 0, B, in_k, 3 * H, dgi, 3 * H, attn_tensor_data(a->w_ih[k]), in_k, 0, dx, in_k);
-    }
-    /* dx = the gradient of cat(context, embedding) */
-    for (int64_t b = 0; b < B; b++) {
-      memcpy(at(&ws, w_dctx + b * dv), dx + (size_t)(b * in0) * es, (size_t)dv * es);
-      if (g->emb) memcpy(at(g->emb, (tb + b) * e), dx + (size_t)(b * in0 + dv) * es, (size_t)e * es);
+      /* the input's gradient: the layer below's output, or for layer 0 the context's columns
+       * (the embeddings' part is one product after the loop) */
+      if (k)
+        gemm(dt, 0, 0, B, H, 3 * H, dgi, 3 * H, attn_tensor_data(a->w_ih[k]), H, 0, dx, H);
+      else
+        gemm(dt, 0, 0, B, dv, 3 * H, dgi, 3 * H, attn_tensor_data(a->w_ih[0]), in0, 0, at(&ws, w_dctx), dv);
     }
     attn_tensor qv = view3(saved, lay.qh + tb * ha, B, 1, ha), sv = view3(saved, lay.scores + tb * Nk, B, 1, Nk);
     attn_tensor wtv = view3(saved, lay.weights + tb * Nk, B, 1, Nk), dcv = view3(&ws, w_dctx, B, 1, dv);
@@ -382,20 +407,24 @@ attn_status attn_decoder_backward(const attn_decoder_args *a, const attn_tensor 
       if (g->b_ih && g->b_ih[k] && a->b_ih[k]) attn_gru_colsum(dt, dgi, TB, 3 * H, attn_tensor_data(g->b_ih[k]));
       if (g->b_hh && g->b_hh[k] && a->b_hh[k]) attn_gru_colsum(dt, dgh, TB, 3 * H, attn_tensor_data(g->b_hh[k]));
       if (!g->w_ih || !g->w_ih[k]) continue;
-      const char *input = at(saved, lay.x);
-      int64_t in_k = in0;
-      if (k > 0) {
-        in_k = H;
-        input = at(saved, planes(&lay, &d, k - 1).hs + B * H); /* the layer below's states after each step */
-        if (a->rnn_dropout > 0) {
-          for (int64_t t = 0; t < T; t++)
-            attn_gru_dropout(dt, input + (size_t)(t * B * H) * es, at(&ws, w_in + t * B * H), B * H,
-                             rnn_stream(a, t, k - 1), a->rnn_dropout);
-          input = at(&ws, w_in);
-        }
+      if (k == 0) { /* layer 0's input is cat(context, embedding): two column blocks */
+        char *dw = attn_tensor_data(g->w_ih[0]);
+        gemm(dt, 1, 0, 3 * H, dv, TB, dgi, 3 * H, at(saved, lay.ctx), dv, 0, dw, in0);
+        gemm(dt, 1, 0, 3 * H, e, TB, dgi, 3 * H, attn_tensor_data(a->emb), e, 0, dw + (size_t)dv * es, in0);
+        continue;
       }
-      gemm(dt, 1, 0, 3 * H, in_k, TB, dgi, 3 * H, input, in_k, 0, attn_tensor_data(g->w_ih[k]), in_k);
+      const char *input = at(saved, planes(&lay, &d, k - 1).hs + B * H); /* the layer below's new states */
+      if (a->rnn_dropout > 0) {
+        for (int64_t t = 0; t < T; t++)
+          attn_gru_dropout(dt, input + (size_t)(t * B * H) * es, at(&ws, w_in + t * B * H), B * H,
+                           rnn_stream(a, t, k - 1), a->rnn_dropout);
+        input = at(&ws, w_in);
+      }
+      gemm(dt, 1, 0, 3 * H, H, TB, dgi, 3 * H, input, H, 0, attn_tensor_data(g->w_ih[k]), H);
     }
+    if (g->emb)
+      gemm(dt, 0, 0, TB, e, 3 * H, at(&ws, w_dgi), 3 * H, (const char *)attn_tensor_data(a->w_ih[0]) + (size_t)dv * es,
+           in0, 0, attn_tensor_data(g->emb), e);
   }
   attn_tensor_free(&ws);
   return st;
