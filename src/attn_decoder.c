@@ -46,14 +46,15 @@ static void add_into(attn_dtype dt, void *y, const void *x, int64_t n) {
 /* ---------------------------------------------------------------- layout of `saved` */
 
 typedef struct {
-  int64_t qh, scores, weights, ctx, layers, layer; /* offsets, and the entries of one layer */
+  int64_t kh, qh, scores, weights, ctx, layers, layer; /* offsets, and the entries of one layer */
 } layout;
 
 static layout layout_of(const attn_decoder_dims *d) {
   int64_t TB = d->T * d->B;
   layout l;
-  l.qh = 0;
-  l.scores = TB * d->ha;
+  l.kh = 0;
+  l.qh = d->B * d->Nk * d->ha;
+  l.scores = l.qh + TB * d->ha;
   l.weights = l.scores + TB * d->Nk;
   l.ctx = l.weights + TB * d->Nk;
   l.layers = l.ctx + TB * d->dv;
@@ -140,25 +141,27 @@ static attn_status check_3d(const char *op, const char *what, const char *form, 
 attn_status attn_decoder_check(const char *op, const attn_decoder_args *a, attn_decoder_dims *d) {
   attn_status st;
   if ((st = check_3d(op, "embeddings", "(T, B, embed)", a->emb)) != ATTN_OK ||
-      (st = check_3d(op, "projected keys", "(B, Nk, h)", a->keys)) != ATTN_OK ||
       (st = check_3d(op, "values", "(B, Nk, dv)", a->values)) != ATTN_OK ||
       (st = check_3d(op, "state", "(num_layers, B, num_hiddens)", a->h0)) != ATTN_OK)
     return st;
   if ((st = attn_check_float(op, a->emb)) != ATTN_OK) return st;
+  if (!a->w_k || a->w_k->ndim != 2 || a->w_k->shape[0] < 1)
+    return attn_error(ATTN_ERR_SHAPE, "%s: W_k %s must be (h, value_size) with h at least 1", op,
+                      a->w_k ? attn_tensor_shape_str(a->w_k) : "(missing)");
   attn_dtype dt = a->emb->dtype;
   d->T = a->emb->shape[0], d->B = a->emb->shape[1], d->e = a->emb->shape[2];
-  d->Nk = a->keys->shape[1], d->ha = a->keys->shape[2], d->dv = a->values->shape[2];
+  d->Nk = a->values->shape[1], d->ha = a->w_k->shape[0], d->dv = a->values->shape[2];
   d->H = a->h0->shape[2], d->layers = a->layers;
   if (a->layers < 1 || a->h0->shape[0] != a->layers)
     return attn_error(ATTN_ERR_SHAPE, "%s: state %s must be (num_layers, B, num_hiddens) for %d layers", op,
                       attn_tensor_shape_str(a->h0), a->layers);
   /* every product's size and leading dim below 2^31 (attn_gemm's bound), so no count below overflows */
   const int64_t lim = INT64_C(1) << 31;
-  if (d->T * 1.0 * d->B >= lim || d->Nk >= lim || d->ha >= lim || d->dv + d->e >= lim || 3.0 * d->H >= lim)
-    return attn_error(ATTN_ERR_SHAPE, "%s: embeddings %s, keys %s and state %s are too large for one call", op,
-                      attn_tensor_shape_str(a->emb), attn_tensor_shape_str(a->keys), attn_tensor_shape_str(a->h0));
+  if (d->T * 1.0 * d->B >= lim || d->B * 1.0 * d->Nk >= lim || d->ha >= lim || d->dv + d->e >= lim || 3.0 * d->H >= lim)
+    return attn_error(ATTN_ERR_SHAPE, "%s: embeddings %s, values %s and state %s are too large for one call", op,
+                      attn_tensor_shape_str(a->emb), attn_tensor_shape_str(a->values), attn_tensor_shape_str(a->h0));
   if ((st = check_operand(op, "embeddings", -1, a->emb, dt, 3, d->T, d->B, d->e)) != ATTN_OK ||
-      (st = check_operand(op, "projected keys", -1, a->keys, dt, 3, d->B, d->Nk, d->ha)) != ATTN_OK ||
+      (st = check_operand(op, "W_k", -1, a->w_k, dt, 2, d->ha, d->dv, 0)) != ATTN_OK ||
       (st = check_operand(op, "values", -1, a->values, dt, 3, d->B, d->Nk, d->dv)) != ATTN_OK ||
       (st = check_operand(op, "state", -1, a->h0, dt, 3, a->layers, d->B, d->H)) != ATTN_OK ||
       (st = check_operand(op, "W_q", -1, a->w_q, dt, 2, d->ha, d->H, 0)) != ATTN_OK)
@@ -183,7 +186,7 @@ attn_status attn_decoder_check(const char *op, const attn_decoder_args *a, attn_
     return attn_error(ATTN_ERR_ARG, "%s: GRU dropout %g must be in [0, 1)", op, a->rnn_dropout);
   /* the saved entries, counted in double first: each term is below 2^62 by the bounds above
    * only when the layer count is small, so the sum is checked before it is formed */
-  double saved = (double)d->T * d->B * (d->ha + 2.0 * d->Nk + d->dv + d->e) +
+  double saved = (double)d->B * d->Nk * d->ha + (double)d->T * d->B * (d->ha + 2.0 * d->Nk + d->dv) +
                  (double)a->layers * ((d->T + 1.0) * d->B * d->H + 4.0 * d->T * d->B * d->H);
   if (saved >= 0x1p62)
     return attn_error(ATTN_ERR_SHAPE, "%s: %d layers over embeddings %s need %.3g saved entries, too many", op,
@@ -229,6 +232,10 @@ attn_status attn_decoder_forward(const attn_decoder_args *a, attn_tensor *out, a
   }
   const int64_t wv_shape = ha, wv_stride = 1;
   attn_tensor wv = attn_view_as_strided(a->w_v, 1, &wv_shape, &wv_stride);
+  /* the keys, projected once */
+  gemm(dt, 0, 1, B * Nk, ha, dv, attn_tensor_data(a->values), dv, attn_tensor_data(a->w_k), dv, 0, at(saved, lay.kh),
+       ha);
+  attn_tensor kh = view3(saved, lay.kh, B, Nk, ha);
   char *wih0t = at(&ws, w_wt); /* (dv + e, 3H): the context's rows, then the embedding's */
   attn_gru_fill_rows(at(&ws, w_gi), T * B, 3 * H, es, a->b_ih[0] ? attn_tensor_data(a->b_ih[0]) : NULL);
   gemm(dt, 0, 0, T * B, 3 * H, e, attn_tensor_data(a->emb), e, wih0t + (size_t)(dv * 3 * H) * es, 3 * H, 1,
@@ -244,7 +251,7 @@ attn_status attn_decoder_forward(const attn_decoder_args *a, attn_tensor *out, a
     attn_tensor wtv = view3(saved, lay.weights + tb * Nk, B, 1, Nk), cv = view3(saved, lay.ctx + tb * dv, B, 1, dv);
     attn_attention_opts o;
     step_options(a, t, &o);
-    if ((st = attn_attention_additive_scores_forward(&qv, a->keys, &wv, &sv)) != ATTN_OK ||
+    if ((st = attn_attention_additive_scores_forward(&qv, &kh, &wv, &sv)) != ATTN_OK ||
         (st = attn_attention_scores_forward(op, &sv, a->values, &o, &cv, &wtv)) != ATTN_OK)
       break;
     /* layer 0's input is cat(context, embedding): the context's part joins the embedding's */
@@ -307,7 +314,7 @@ attn_status attn_decoder_backward(const attn_decoder_args *a, const attn_tensor 
   if ((st = check_operand(op, "saved", -1, saved, dt, 1, attn_decoder_saved_numel(&d), 0, 0)) != ATTN_OK ||
       (dout && (st = check_operand(op, "output gradient", -1, dout, dt, 3, B, T, H)) != ATTN_OK) ||
       (dhn && (st = check_operand(op, "final state gradient", -1, dhn, dt, 3, L, B, H)) != ATTN_OK) ||
-      (st = check_grad(op, "keys gradient", -1, g->keys, a->keys)) != ATTN_OK ||
+      (st = check_grad(op, "W_k gradient", -1, g->w_k, a->w_k)) != ATTN_OK ||
       (st = check_grad(op, "values gradient", -1, g->values, a->values)) != ATTN_OK ||
       (st = check_grad(op, "embeddings gradient", -1, g->emb, a->emb)) != ATTN_OK ||
       (st = check_grad(op, "state gradient", -1, g->h0, a->h0)) != ATTN_OK ||
@@ -326,15 +333,18 @@ attn_status attn_decoder_backward(const attn_decoder_args *a, const attn_tensor 
   /* workspace: the layers' state gradients dh (L, B, H), the top output's gradient gy (B, H), a
    * layer input's gradient dx (B, H), the context's dctx (B, dv), dscores (B, Nk), one step's
    * dkh (B, Nk, ha), dvalues (B, Nk, dv) and dw_v (ha), every step's dqh (T, B, ha), the gate
-   * gradients dgi, dgh (L, T, B, 3H) and a dropped layer input (T, B, H) */
+   * gradients dgi, dgh (L, T, B, 3H), a dropped layer input (T, B, H) and the keys' gradient summed
+   * over the steps (B, Nk, ha) */
   int64_t w_dh = 0, w_gy = w_dh + L * B * H, w_dx = w_gy + B * H, w_dctx = w_dx + B * H;
   int64_t w_ds = w_dctx + B * dv, w_dk = w_ds + B * Nk, w_dv = w_dk + B * Nk * ha, w_dwv = w_dv + B * Nk * dv;
   int64_t w_dqh = w_dwv + ha, w_dgi = w_dqh + TB * ha, w_dgh = w_dgi + L * TB * 3 * H, w_in = w_dgh + L * TB * 3 * H;
-  int64_t wn = w_in + TB * H;
+  int64_t w_dks = w_in + TB * H, wn = w_dks + B * Nk * ha;
   attn_tensor ws = {0};
   if ((st = attn_tensor_init(&ws, dt, 1, &wn)) != ATTN_OK) return st;
   const int64_t wv_shape = ha, wv_stride = 1;
   attn_tensor wv = attn_view_as_strided(a->w_v, 1, &wv_shape, &wv_stride);
+  attn_tensor kh = view3(saved, lay.kh, B, Nk, ha);
+  int want_dk = g->w_k || g->values; /* the keys' gradient reaches both */
   attn_tensor dk_t = view3(&ws, w_dk, B, Nk, ha), dv_t = view3(&ws, w_dv, B, Nk, dv);
   attn_tensor dwv_t = attn_view_as_strided(&ws, 1, &wv_shape, &wv_stride);
   dwv_t.offset = ws.offset + w_dwv;
@@ -343,9 +353,10 @@ attn_status attn_decoder_backward(const attn_decoder_args *a, const attn_tensor 
     memcpy(at(&ws, w_dh), attn_tensor_data(dhn), (size_t)(L * B * H) * es);
   else
     memset(at(&ws, w_dh), 0, (size_t)(L * B * H) * es);
-  attn_tensor *sums[3] = {g->keys, g->values, g->w_v}; /* accumulated over the steps */
-  for (int i = 0; i < 3; i++)
+  attn_tensor *sums[2] = {g->values, g->w_v}; /* accumulated over the steps */
+  for (int i = 0; i < 2; i++)
     if (sums[i]) memset(attn_tensor_data(sums[i]), 0, (size_t)attn_tensor_numel(sums[i]) * es);
+  if (want_dk) memset(at(&ws, w_dks), 0, (size_t)(B * Nk * ha) * es);
   if (!dout) memset(at(&ws, w_gy), 0, (size_t)(B * H) * es);
 
   for (int64_t t = T - 1; t >= 0 && st == ATTN_OK; t--) {
@@ -383,11 +394,11 @@ attn_status attn_decoder_backward(const attn_decoder_args *a, const attn_tensor 
     step_options(a, t, &o);
     if ((st = attn_attention_scores_backward(op, &sv, a->values, &o, &wtv, &dcv, NULL, &dsv,
                                              g->values ? &dv_t : NULL)) != ATTN_OK ||
-        (st = attn_attention_additive_scores_backward(&qv, a->keys, &wv, &dsv, &dqv, g->keys ? &dk_t : NULL,
+        (st = attn_attention_additive_scores_backward(&qv, &kh, &wv, &dsv, &dqv, want_dk ? &dk_t : NULL,
                                                       g->w_v ? &dwv_t : NULL)) != ATTN_OK)
       break;
     if (g->values) add_into(dt, attn_tensor_data(g->values), at(&ws, w_dv), B * Nk * dv);
-    if (g->keys) add_into(dt, attn_tensor_data(g->keys), at(&ws, w_dk), B * Nk * ha);
+    if (want_dk) add_into(dt, at(&ws, w_dks), at(&ws, w_dk), B * Nk * ha);
     if (g->w_v) add_into(dt, attn_tensor_data(g->w_v), at(&ws, w_dwv), ha);
     /* the query was the top layer's state before the step */
     gemm(dt, 0, 0, B, H, ha, at(&ws, w_dqh + tb * ha), ha, attn_tensor_data(a->w_q), H, 1,
@@ -395,6 +406,13 @@ attn_status attn_decoder_backward(const attn_decoder_args *a, const attn_tensor 
   }
   if (st == ATTN_OK) {
     if (g->h0) memcpy(attn_tensor_data(g->h0), at(&ws, w_dh), (size_t)(L * B * H) * es);
+    /* through the keys' projection: dW_k = dkh^T values, dvalues += dkh W_k */
+    if (g->w_k)
+      gemm(dt, 1, 0, ha, dv, B * Nk, at(&ws, w_dks), ha, attn_tensor_data(a->values), dv, 0, attn_tensor_data(g->w_k),
+           dv);
+    if (g->values)
+      gemm(dt, 0, 0, B * Nk, dv, ha, at(&ws, w_dks), ha, attn_tensor_data(a->w_k), dv, 1, attn_tensor_data(g->values),
+           dv);
     layer_planes top = planes(&lay, &d, L - 1);
     if (g->w_q)
       gemm(dt, 1, 0, ha, H, TB, at(&ws, w_dqh), ha, at(saved, top.hs), H, 0, attn_tensor_data(g->w_q), H);

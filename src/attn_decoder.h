@@ -1,8 +1,8 @@
 /* attn_decoder: the Bahdanau decoder's step loop (d2l's Seq2SeqAttentionDecoder, additive
  * scoring) as one forward and one backward call.
  *
- * Operands: projected keys kh (B, Nk, ha) (keys W_k^T, computed once by the caller), values
- * (B, Nk, dv) (the encoder outputs), optional source lengths valid_lens (B), the steps'
+ * Operands: values (B, Nk, dv) (the encoder outputs, also the keys), the attention's W_k (ha, dv)
+ * (the keys are projected once, kh = values W_k^T (B, Nk, ha)), optional source lengths valid_lens (B), the steps'
  * embeddings emb (T, B, e) (time-major), the initial state h0 (L, B, H), the attention's W_q
  * (ha, H) and w_v (1, ha) or (ha), and an L-layer GRU whose layer 0 takes dv + e inputs (the
  * book's cat of context and embedding, context first): weights as attn_rnn.h. At step t
@@ -29,8 +29,8 @@
 #include "attn_tensor.h"
 
 typedef struct attn_decoder_args {
-  const attn_tensor *keys;       /* (B, Nk, ha): keys projected by W_k */
-  const attn_tensor *values;     /* (B, Nk, dv) */
+  const attn_tensor *w_k;        /* (ha, dv) */
+  const attn_tensor *values;     /* (B, Nk, dv): the keys and the values */
   const attn_tensor *valid_lens; /* NULL or (B): d2l's lengths (integers >= 0, above Nk = all) */
   const attn_tensor *emb;        /* (T, B, e) */
   const attn_tensor *h0;         /* (L, B, H) */
@@ -53,8 +53,8 @@ typedef struct attn_decoder_dims {
  * op and the shapes. Also checks that the saved tensor's size fits an int64. */
 attn_status attn_decoder_check(const char *op, const attn_decoder_args *a, attn_decoder_dims *d);
 
-/* Entries of the `saved` tensor forward fills and backward reads: per step qh (B, ha), scores
- * and weights (B, Nk), the GRU input x (B, dv + e); per layer the states (T+1, B, H) and gate
+/* Entries of the `saved` tensor forward fills and backward reads: kh (B, Nk, ha); per step qh (B, ha), scores
+ * and weights (B, Nk), the context (B, dv); per layer the states (T+1, B, H) and gate
  * planes (T, B, 4H). */
 int64_t attn_decoder_saved_numel(const attn_decoder_dims *d);
 
@@ -66,7 +66,7 @@ attn_status attn_decoder_forward(const attn_decoder_args *a, attn_tensor *out, a
 /* Gradients of every operand, written (not accumulated); any entry may be NULL to skip it (the
  * w_ih .. b_hh arrays themselves are NULL or have L entries). */
 typedef struct attn_decoder_grads {
-  attn_tensor *keys, *values, *emb, *h0, *w_q, *w_v; /* shapes of the operands */
+  attn_tensor *w_k, *values, *emb, *h0, *w_q, *w_v; /* shapes of the operands */
   attn_tensor *const *w_ih, *const *w_hh, *const *b_ih, *const *b_hh;
 } attn_decoder_grads;
 

@@ -98,12 +98,12 @@ static int l_gru_backward(lua_State *L) {
   return 3;
 }
 
-/* The decoder's operands at args 1..11: keys, values, valid_lens|nil, emb, h0, W_q, w_v, params,
+/* The decoder's operands at args 1..11: W_k, values, valid_lens|nil, emb, h0, W_q, w_v, params,
  * attention dropout, GRU dropout, seed|nil (drawn when nil and some dropout is on). The layer
  * arrays are the caller's (MAX_LAYERS entries). */
 static void read_decoder(lua_State *L, attn_decoder_args *a, const attn_tensor **w_ih, const attn_tensor **w_hh,
                          const attn_tensor **b_ih, const attn_tensor **b_hh, const char *fn) {
-  a->keys = attn_l_check(L, 1);
+  a->w_k = attn_l_check(L, 1);
   a->values = attn_l_check(L, 2);
   a->valid_lens = lua_isnoneornil(L, 3) ? NULL : attn_l_check(L, 3);
   a->emb = attn_l_check(L, 4);
@@ -119,7 +119,7 @@ static void read_decoder(lua_State *L, attn_decoder_args *a, const attn_tensor *
                                    : (uint64_t)attn_l_checkinteger(L, 11, "seed");
 }
 
-/* decoder_forward(keys, values, valid_lens|nil, emb, h0, W_q, w_v, params, p_attention, p_rnn,
+/* decoder_forward(W_k, values, valid_lens|nil, emb, h0, W_q, w_v, params, p_attention, p_rnn,
  * seed|nil) -> out (B, T, H), hn (L, B, H), weights (B, T, Nk), saved, seed */
 static int l_decoder_forward(lua_State *L) {
   const char *fn = "attention_decoder";
@@ -141,8 +141,8 @@ static int l_decoder_forward(lua_State *L) {
   return 5;
 }
 
-/* decoder_backward(keys, values, valid_lens|nil, emb, h0, W_q, w_v, params, p_attention, p_rnn,
- * seed, saved, dout|nil, dhn|nil) -> dkeys, dvalues, demb, dh0, dW_q, dw_v, grads (4 per layer,
+/* decoder_backward(W_k, values, valid_lens|nil, emb, h0, W_q, w_v, params, p_attention, p_rnn,
+ * seed, saved, dout|nil, dhn|nil) -> dW_k, dvalues, demb, dh0, dW_q, dw_v, grads (4 per layer,
  * false for a missing bias) */
 static int l_decoder_backward(lua_State *L) {
   const char *fn = "attention_decoder backward";
@@ -158,7 +158,7 @@ static int l_decoder_backward(lua_State *L) {
   lua_settop(L, 14);
   ATTN_L_TRY(L, attn_decoder_check(fn, &a, &d));
   attn_decoder_grads g = {.w_ih = dw_ih, .w_hh = dw_hh, .b_ih = db_ih, .b_hh = db_hh};
-  g.keys = attn_l_push_like(L, a.keys);
+  g.w_k = attn_l_push_like(L, a.w_k);
   g.values = attn_l_push_like(L, a.values);
   g.emb = attn_l_push_like(L, a.emb);
   g.h0 = attn_l_push_like(L, a.h0);

@@ -118,7 +118,7 @@ describe("fused Bahdanau decoder", function()
   it("matches finite differences in every input, with dropout on (float64)", function()
     attn.manual_seed(3)
     local L, ha, dv, e, h = 2, 4, 5, 3, 6
-    local keys, values = helper.param({ 2, 4, ha }, 0.5), helper.param({ 2, 4, dv }, 0.5)
+    local W_k, values = helper.param({ ha, dv }, 0.5), helper.param({ 2, 4, dv }, 0.5)
     local emb, h0 = helper.param({ 3, 2, e }, 0.5), helper.param({ L, 2, h }, 0.5)
     local W_q, w_v = helper.param({ ha, h }, 0.5), helper.param({ 1, ha }, 0.5)
     local params = {
@@ -127,11 +127,11 @@ describe("fused Bahdanau decoder", function()
       helper.param({ 3 * h }, 0.4),
     }
     local lens = attn.tensor({ 3, 1 })
-    local function fn(k, v, x, s, wq, wv, ...)
-      local out, hn = seq2seq.attention_decoder(k, v, lens, x, s, wq, wv, { ... }, 0.25, 0.25, 99)
+    local function fn(wk, v, x, s, wq, wv, ...)
+      local out, hn = seq2seq.attention_decoder(wk, v, lens, x, s, wq, wv, { ... }, 0.25, 0.25, 99)
       return attn.cat({ out:reshape({ -1 }), hn:reshape({ -1 }) })
     end
-    helper.gradcheck(fn, { keys, values, emb, h0, W_q, w_v, table.unpack(params) })
+    helper.gradcheck(fn, { W_k, values, emb, h0, W_q, w_v, table.unpack(params) })
   end)
 
   it("gives the same bits on 1 and 2 threads", function()
@@ -151,7 +151,7 @@ describe("fused Bahdanau decoder", function()
   end)
 
   it("raises on hostile arguments with the shapes", function()
-    local keys, values, emb, h0 = attn.zeros({ 2, 3, 4 }), attn.zeros({ 2, 3, 5 }), attn.zeros({ 4, 2, 6 }),
+    local W_k, values, emb, h0 = attn.zeros({ 4, 5 }), attn.zeros({ 2, 3, 5 }), attn.zeros({ 4, 2, 6 }),
         attn.zeros({ 1, 2, 7 })
     local W_q, w_v = attn.zeros({ 4, 7 }), attn.zeros({ 1, 4 })
     local params = { attn.zeros({ 21, 11 }), attn.zeros({ 21, 7 }), false, false }
@@ -160,28 +160,30 @@ describe("fused Bahdanau decoder", function()
       assert.is_false(ok)
       assert.matches(pattern, err, 1, true)
     end
-    assert.are.same({ 2, 4, 7 }, (core.decoder_forward(keys, values, nil, emb, h0, W_q, w_v, params, 0, 0)):shape())
-    fails("attention_decoder: weight_ih of layer 0 is [21x10], expected [21x11]", keys, values, nil, emb, h0, W_q,
+    assert.are.same({ 2, 4, 7 }, (core.decoder_forward(W_k, values, nil, emb, h0, W_q, w_v, params, 0, 0)):shape())
+    fails("attention_decoder: weight_ih of layer 0 is [21x10], expected [21x11]", W_k, values, nil, emb, h0, W_q,
       w_v, { attn.zeros({ 21, 10 }), params[2], false, false }, 0, 0)
-    fails("attention_decoder: values is [3x3x5], expected [2x3x5]", keys, attn.zeros({ 3, 3, 5 }), nil, emb, h0, W_q,
+    fails("attention_decoder: values is [3x3x5], expected [2x3x5]", W_k, attn.zeros({ 3, 3, 5 }), nil, emb, h0, W_q,
       w_v, params, 0, 0)
-    fails("attention_decoder: W_q is [4x6], expected [4x7]", keys, values, nil, emb, h0, attn.zeros({ 4, 6 }), w_v,
+    fails("attention_decoder: W_q is [4x6], expected [4x7]", W_k, values, nil, emb, h0, attn.zeros({ 4, 6 }), w_v,
       params, 0, 0)
-    fails("attention_decoder: valid_lens [3] must be (B) = [2]", keys, values, attn.tensor({ 1, 2, 3 }), emb, h0, W_q,
+    fails("attention_decoder: valid_lens [3] must be (B) = [2]", W_k, values, attn.tensor({ 1, 2, 3 }), emb, h0, W_q,
       w_v, params, 0, 0)
-    fails("attention_decoder: state [2x2x7] must be (num_layers, B, num_hiddens) for 1 layers", keys, values, nil,
+    fails("attention_decoder: state [2x2x7] must be (num_layers, B, num_hiddens) for 1 layers", W_k, values, nil,
       emb, attn.zeros({ 2, 2, 7 }), W_q, w_v, params, 0, 0)
-    fails("attention_decoder: dropout 1.0 must be in [0, 1)", keys, values, nil, emb, h0, W_q, w_v, params, 0, 1)
-    fails("attention_decoder: projected keys is float64, the embeddings are float32", keys:to("float64"), values, nil,
+    fails("attention_decoder: dropout 1.0 must be in [0, 1)", W_k, values, nil, emb, h0, W_q, w_v, params, 0, 1)
+    fails("attention_decoder: W_k is float64, the embeddings are float32", W_k:to("float64"), values, nil,
       emb, h0, W_q, w_v, params, 0, 0)
     -- empty tensors whose other dims are huge are refused before anything is sized from them
     fails("attention_decoder: embeddings [0x4611686018427387904x6] must be (T, B, embed) with every size at least 1",
-      keys, values, nil, attn.zeros({ 0, 1 << 62, 6 }), h0, W_q, w_v, params, 0, 0)
-    fails("attention_decoder: projected keys [4611686018427387904x0x4] must be (B, Nk, h)", attn.zeros({ 1 << 62, 0,
-      4 }), values, nil, emb, h0, W_q, w_v, params, 0, 0)
+      W_k, values, nil, attn.zeros({ 0, 1 << 62, 6 }), h0, W_q, w_v, params, 0, 0)
+    fails("attention_decoder: values [4611686018427387904x0x5] must be (B, Nk, dv)", W_k,
+      attn.zeros({ 1 << 62, 0, 5 }), nil, emb, h0, W_q, w_v, params, 0, 0)
+    fails("attention_decoder: W_k [0x4611686018427387904] must be (h, value_size) with h at least 1",
+      attn.zeros({ 0, 1 << 62 }), values, nil, emb, h0, W_q, w_v, params, 0, 0)
     -- a view of 2^31 steps is refused by size, not read
-    fails("attention_decoder: embeddings [2147483648x2x6], keys [2x3x4] and state [1x2x7] are too large",
-      keys, values, nil, attn.zeros({ 1, 2, 6 }):expand({ 1 << 31, 2, 6 }), h0, W_q, w_v, params, 0, 0)
-    assert.is_false((pcall(core.decoder_forward, keys, values, nil, emb, h0, W_q, w_v, "params", 0, 0)))
+    fails("attention_decoder: embeddings [2147483648x2x6], values [2x3x5] and state [1x2x7] are too large",
+      W_k, values, nil, attn.zeros({ 1, 2, 6 }):expand({ 1 << 31, 2, 6 }), h0, W_q, w_v, params, 0, 0)
+    assert.is_false((pcall(core.decoder_forward, W_k, values, nil, emb, h0, W_q, w_v, "params", 0, 0)))
   end)
 end)

@@ -189,12 +189,12 @@ end
 -- enc_valid_lens}. forward(X (B, T), state) -> (B, T, vocab_size), state. After a
 -- call, `attention_weights` is the list of the steps' weights, each (B, 1, Nk).
 --
--- With additive scoring the whole step loop (attention, cat, every GRU layer,
--- all T steps) is one C call and one autograd node (`M.attention_decoder`, over
--- src/attn_decoder.h), its backward one C call too; the keys are projected once
--- before it. `fused = false` (or dot scoring, or lengths that are not one per
--- sample) runs the step-by-step composition instead, the reference the specs
--- compare the fused node against (`composed_forward`).
+-- With additive scoring the whole step loop (the keys' projection, then per
+-- step attention, cat and every GRU layer) is one C call and one autograd node
+-- (`M.attention_decoder`, over src/attn_decoder.h), its backward one C call
+-- too. `fused = false` (or dot scoring, or lengths that are not one per sample)
+-- runs the step-by-step composition instead, the reference the specs compare
+-- the fused node against (`composed_forward`).
 -- @type Seq2SeqAttentionDecoder
 local Seq2SeqAttentionDecoder = AttentionDecoder:extend("Seq2SeqAttentionDecoder")
 M.Seq2SeqAttentionDecoder = Seq2SeqAttentionDecoder
@@ -224,26 +224,27 @@ function Seq2SeqAttentionDecoder.init_state(_, enc_outputs, enc_valid_lens)
 end
 
 --- The Bahdanau decoder's step loop as one autograd node (src/attn_decoder.h).
--- keys (B, Nk, ha) projected by W_k; values (B, Nk, dv); valid_lens nil or (B);
--- emb (T, B, e) the steps' embeddings; h0 (L, B, H); W_q (ha, H); w_v (1, ha)
--- or (ha); params the GRU's (`GRU:flat_parameters`, layer 0 taking dv + e
--- inputs); p_attention, p_rnn the dropout of the weights and between the GRU
--- layers (0 when not training); seed fixes every dropout stream (drawn when
--- nil). Returns the outputs (B, T, H), the final state (L, B, H) and the
--- attention weights (B, T, Nk) before dropout (not part of the graph).
--- @usage local out, hn, w = seq2seq.attention_decoder(kh, V, lens, emb, h0, Wq, wv, params, 0, 0)
-function M.attention_decoder(keys, values, valid_lens, emb, h0, W_q, w_v, params, p_attention, p_rnn, seed)
+-- W_k (ha, dv) projects the keys once; values (B, Nk, dv) are the keys and the
+-- values; valid_lens nil or (B); emb (T, B, e) the steps' embeddings; h0 (L, B,
+-- H); W_q (ha, H); w_v (1, ha) or (ha); params the GRU's
+-- (`GRU:flat_parameters`, layer 0 taking dv + e inputs); p_attention, p_rnn the
+-- dropout of the weights and between the GRU layers (0 when not training); seed
+-- fixes every dropout stream (drawn when nil). Returns the outputs (B, T, H),
+-- the final state (L, B, H) and the attention weights (B, T, Nk) before dropout
+-- (not part of the graph).
+-- @usage local out, hn, w = seq2seq.attention_decoder(Wk, V, lens, emb, h0, Wq, wv, params, 0, 0)
+function M.attention_decoder(W_k, values, valid_lens, emb, h0, W_q, w_v, params, p_attention, p_rnn, seed)
   local c = core.contiguous
-  local kh, v, e, h = c(keys), c(values), c(emb), c(h0)
+  local v, e, h = c(values), c(emb), c(h0)
   local out, hn, weights, saved
-  out, hn, weights, saved, seed = core.decoder_forward(kh, v, valid_lens, e, h, W_q, w_v, params, p_attention,
+  out, hn, weights, saved, seed = core.decoder_forward(W_k, v, valid_lens, e, h, W_q, w_v, params, p_attention,
     p_rnn, seed)
-  local inputs = { keys, values, emb, h0, W_q, w_v }
+  local inputs = { W_k, values, emb, h0, W_q, w_v }
   for i = 1, #params do inputs[i + 6] = params[i] end
   record("attention_decoder", { out, hn }, inputs, function(gout, ghn)
-    local dk, dv, de, dh, dWq, dwv, grads = core.decoder_backward(kh, v, valid_lens, e, h, W_q, w_v, params,
+    local dWk, dv, de, dh, dWq, dwv, grads = core.decoder_backward(W_k, v, valid_lens, e, h, W_q, w_v, params,
       p_attention, p_rnn, seed, saved, gout and c(gout), ghn and c(ghn))
-    return dk, dv, de, dh, dWq, dwv, table.unpack(grads, 1, #params)
+    return dWk, dv, de, dh, dWq, dwv, table.unpack(grads, 1, #params)
   end)
   return out, hn, weights
 end
@@ -285,7 +286,7 @@ function Seq2SeqAttentionDecoder:fused_forward(X, state, seed, lens)
   local enc_outputs, hidden_state = state[1], state[2]
   if lens == nil then lens = lens_tensor(state[3], enc_outputs) end
   local drop = scorer.dropout
-  local out, hn, weights = M.attention_decoder(scorer:project_keys(enc_outputs), enc_outputs, lens,
+  local out, hn, weights = M.attention_decoder(scorer.W_k.weight, enc_outputs, lens,
     self.embedding(X:t()), hidden_state, scorer.W_q.weight, scorer.w_v.weight, rnn:flat_parameters(),
     drop.training and drop.p or 0, rnn.training and rnn.dropout or 0, seed)
   local steps = {}
