@@ -35,6 +35,26 @@ static double check_dropout(lua_State *L, int arg, const char *fn) {
   return p;
 }
 
+/* Pushes a table of gradient tensors shaped like the parameters (4 per layer, false for a missing
+ * bias) and points the d* arrays at them (NULL for a missing bias). */
+static void push_param_grads(lua_State *L, int layers, const attn_tensor **w_ih, const attn_tensor **w_hh,
+                             const attn_tensor **b_ih, const attn_tensor **b_hh, attn_tensor **dw_ih,
+                             attn_tensor **dw_hh, attn_tensor **db_ih, attn_tensor **db_hh) {
+  lua_createtable(L, 4 * layers, 0);
+  const attn_tensor *const *src[4] = {w_ih, w_hh, b_ih, b_hh};
+  attn_tensor **dst[4] = {dw_ih, dw_hh, db_ih, db_hh};
+  for (int k = 0; k < layers; k++)
+    for (int j = 0; j < 4; j++) {
+      if (src[j][k]) {
+        dst[j][k] = attn_l_push_like(L, src[j][k]);
+      } else {
+        dst[j][k] = NULL;
+        lua_pushboolean(L, 0);
+      }
+      lua_rawseti(L, -2, 4 * k + j + 1);
+    }
+}
+
 /* gru_forward(x, h0|nil, params, dropout, seed|nil) -> out, hn, saved, seed */
 static int l_gru_forward(lua_State *L) {
   const char *fn = "gru";
@@ -80,19 +100,7 @@ static int l_gru_backward(lua_State *L) {
     dh0 = attn_l_push_like(L, h0);
   else
     lua_pushnil(L);
-  lua_createtable(L, 4 * layers, 0);
-  const attn_tensor *const *src[4] = {w_ih, w_hh, b_ih, b_hh};
-  attn_tensor **dst[4] = {dw_ih, dw_hh, db_ih, db_hh};
-  for (int k = 0; k < layers; k++)
-    for (int j = 0; j < 4; j++) {
-      if (src[j][k]) {
-        dst[j][k] = attn_l_push_like(L, src[j][k]);
-      } else {
-        dst[j][k] = NULL;
-        lua_pushboolean(L, 0);
-      }
-      lua_rawseti(L, -2, 4 * k + j + 1);
-    }
+  push_param_grads(L, layers, w_ih, w_hh, b_ih, b_hh, dw_ih, dw_hh, db_ih, db_hh);
   ATTN_L_TRY(L, attn_gru_backward(x, h0, layers, w_ih, w_hh, p, seed, saved, dout, dhn, dx, dh0, dw_ih, dw_hh,
                                   db_ih, db_hh));
   return 3;
@@ -164,19 +172,7 @@ static int l_decoder_backward(lua_State *L) {
   g.h0 = attn_l_push_like(L, a.h0);
   g.w_q = attn_l_push_like(L, a.w_q);
   g.w_v = attn_l_push_like(L, a.w_v);
-  lua_createtable(L, 4 * a.layers, 0);
-  const attn_tensor *const *src[4] = {w_ih, w_hh, b_ih, b_hh};
-  attn_tensor **dst[4] = {dw_ih, dw_hh, db_ih, db_hh};
-  for (int k = 0; k < a.layers; k++)
-    for (int j = 0; j < 4; j++) {
-      if (src[j][k]) {
-        dst[j][k] = attn_l_push_like(L, src[j][k]);
-      } else {
-        dst[j][k] = NULL;
-        lua_pushboolean(L, 0);
-      }
-      lua_rawseti(L, -2, 4 * k + j + 1);
-    }
+  push_param_grads(L, a.layers, w_ih, w_hh, b_ih, b_hh, dw_ih, dw_hh, db_ih, db_hh);
   ATTN_L_TRY(L, attn_decoder_backward(&a, saved, dout, dhn, &g));
   return 7;
 }
