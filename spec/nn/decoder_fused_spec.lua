@@ -69,7 +69,8 @@ describe("fused Bahdanau decoder", function()
         it("equals the composition: outputs, state, weights and every gradient (" .. name .. ")", function()
           local lens = attn.tensor({ NK, 1, 4 }) -- full, 1 and in between
           local a, b = build(L, dtype, training, lens)
-          -- the composition keeps the weights in training only when asked
+          -- both keep the weights in training only when asked
+          a[2].attention.keep_weights = true
           b[2].attention.keep_weights = true
           local out, hn, weights, grads = step(a, fused)
           local out2, hn2, weights2, grads2 = step(b, composed)
@@ -134,10 +135,21 @@ describe("fused Bahdanau decoder", function()
     helper.gradcheck(fn, { W_k, values, emb, h0, W_q, w_v, table.unpack(params) })
   end)
 
+  it("keeps the weights in training only when asked, as the attention layer does", function()
+    local a = build(2, "float32", true, { NK, 1, 4 })
+    local enc, dec, X, Y = table.unpack(a, 1, 4)
+    dec(Y, dec:init_state(table.pack(enc(X)), nil))
+    assert.are.same({}, dec.attention_weights)
+    dec.attention.keep_weights = true
+    dec(Y, dec:init_state(table.pack(enc(X)), nil))
+    assert.are.equal(T, #dec.attention_weights)
+  end)
+
   it("gives the same bits on 1 and 2 threads", function()
     local function run(n)
       attn.set_num_threads(n)
       local a = build(2, "float32", true, { NK, 1, 4 })
+      a[2].attention.keep_weights = true
       local out, hn, weights, grads = step(a, fused)
       attn.set_num_threads(2)
       return out, hn, weights, grads
