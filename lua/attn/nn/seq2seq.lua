@@ -187,7 +187,8 @@ end
 -- GRU's input; a dense layer maps the outputs to the vocabulary.
 -- init_state({output, state}, enc_valid_lens) -> {enc_outputs (B, T, h), state,
 -- enc_valid_lens}. forward(X (B, T), state) -> (B, T, vocab_size), state. After a
--- call, `attention_weights` is the list of the steps' weights, each (B, 1, Nk).
+-- call, `attention_weights` is the list of the steps' weights, each (B, 1, Nk)
+-- (materialised in eval mode or with `attention.keep_weights`; see attn.nn.attention).
 --
 -- With additive scoring the whole step loop (the keys' projection, then per
 -- step attention, cat and every GRU layer) is one C call and one autograd node
