@@ -162,14 +162,17 @@ end
 -- projection node instead of one per step.
 function AdditiveAttention:project_keys(keys) return self.W_k(keys) end
 
---- forward with keys already projected by `project_keys`.
-function AdditiveAttention:attend_projected(queries, projected_keys, values, valid_lens)
+--- forward with keys already projected by `project_keys`. `seed` (an integer,
+-- optional) picks the dropout stream of the weights instead of drawing one (the
+-- fused Bahdanau decoder's reference path replays its streams with it).
+function AdditiveAttention:attend_projected(queries, projected_keys, values, valid_lens, seed)
   local qh = self.W_q(queries)
   -- w_v.weight is (1, num_hiddens) as in PyTorch; the functional form takes the (h) vector
   local w_v = self.w_v.weight:reshape({ self.w_v.in_features })
   local a = rawget(self, "_attrs")
-  local out, weights = attention._additive_attention(qh, projected_keys, values, w_v,
-    kernel_options("additive_attention", self, a, field(a, self, "keep_weights"), nil, valid_lens, qh))
+  local kopts = kernel_options("additive_attention", self, a, field(a, self, "keep_weights"), nil, valid_lens, qh)
+  kopts.seed = seed
+  local out, weights = attention._additive_attention(qh, projected_keys, values, w_v, kopts)
   keep_weights(self, weights)
   return out
 end
