@@ -72,7 +72,7 @@ ASAN_CAIRO_MODULE = build/asan/attn/cairo.so
 
 LUA_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="lua/?.so;;" OPENBLAS_NUM_THREADS=1
 
-.PHONY: all deps test test-exit test-asan test-leaks fuzz fuzz-files check-c check-c-run check-install doc \
+.PHONY: all deps test test-exit test-asan test-leaks fuzz fuzz-files check-c check-c-run check-vmath-ulp check-install doc \
         doc-check demo bench lint clean install uninstall examples help check-aarch64
 
 all: $(MODULE) $(CAIRO_MODULE) ## build lua/attn/core.so and lua/attn/cairo.so
@@ -234,6 +234,13 @@ check-c-run: $(CPU_SRC:src/%.c=build/asan/%.o) $(CPU_SRC:src/%.c=$(OBJ_DIR)/%.o)
 	  -o build/test_core $(LDLIBS)
 	OPENBLAS_NUM_THREADS=1 valgrind -q --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite \
 	  build/test_core
+
+# The float32 exp, tanh, sigmoid and log against libm over all 2^32 inputs on every path this CPU
+# has (a few minutes, so not part of `make test`; spec/core/vmath_spec.lua samples the range).
+check-vmath-ulp: $(CORE_SRC:src/%.c=$(OBJ_DIR)/%.o) $(CPU_SRC:src/%.c=$(OBJ_DIR)/%.o)
+	@mkdir -p build
+	$(CC) $(WARN) -O2 -Isrc spec/c/vmath_ulp.c $^ -o build/vmath_ulp $(LDLIBS)
+	OPENBLAS_NUM_THREADS=1 build/vmath_ulp
 
 # The LDoc reference (config.ld: lua/attn and the doc-only files in doc-src/
 # for the functions written in C) as HTML in doc/, after doc-check: every

@@ -45,6 +45,10 @@ end
 
 local paths = helper.isa_paths()
 
+-- The bounds README documents, measured over all 2^32 inputs by `make check-vmath-ulp`: the float
+-- exp, tanh and sigmoid evaluate in float lanes, log in double.
+local bound = { exp = 1, tanh = 2, sigmoid = 2, log = 1 }
+
 describe("vectorised float32 math", function()
   local saved
   before_each(function() saved = core.isa() end)
@@ -60,13 +64,13 @@ describe("vectorised float32 math", function()
 
   for _, isa in ipairs(paths) do
     for _, f in ipairs { "exp", "log", "tanh", "sigmoid" } do
-      it(string.format("%s on the %s path is within 1 ulp of libm everywhere", f, isa), function()
+      it(string.format("%s on the %s path is within %d ulp of libm everywhere", f, isa, bound[f]), function()
         core.isa(isa)
         local x = attn.tensor(inputs, "float32")
         local ref = core[f](x:to("float64")):to("float32"):totable()
         local got = core[f](x):totable()
         local w, at = worst(got, ref)
-        assert(w <= 1, string.format("%s(%.9g) = %.9g, libm %.9g (%s ulps)", f, inputs[at or 1],
+        assert(w <= bound[f], string.format("%s(%.9g) = %.9g, libm %.9g (%s ulps)", f, inputs[at or 1],
           got[at or 1], ref[at or 1], tostring(w)))
         -- strided operands take the same path value by value
         local strided = core[f](attn.stack({ x, x }, 2):select(2, 1)):totable()
@@ -75,7 +79,7 @@ describe("vectorised float32 math", function()
     end
   end
 
-  it("agrees with the generic path on every other path within 1 ulp", function()
+  it("agrees with the generic path on every other path within the bound", function()
     local x = attn.tensor(inputs, "float32")
     for _, f in ipairs { "exp", "log", "tanh", "sigmoid" } do
       core.isa("generic")
@@ -83,7 +87,7 @@ describe("vectorised float32 math", function()
       for _, isa in ipairs(paths) do
         core.isa(isa)
         local w = worst(core[f](x):totable(), base)
-        assert(w <= 1, string.format("%s: %s path differs from generic by %s ulps", f, isa, tostring(w)))
+        assert(w <= bound[f], string.format("%s: %s path differs from generic by %s ulps", f, isa, tostring(w)))
       end
     end
   end)

@@ -3,11 +3,12 @@
  * and is compiled with that ISA's flags (see the Makefile), so one binary
  * carries every path and attn_vmath.c picks one at run time.
  *
- * float32 exp, log, tanh and sigmoid evaluate in double internally: a
- * degree-7 polynomial after range reduction has a relative error near 5e-9,
- * so the float result is within 1 ulp of the exact value over the whole
- * range (denormal inputs and outputs included, as doubles have room for
- * them), and no branch depends on the data: special values (+-inf, NaN,
+ * float32 exp, tanh and sigmoid evaluate in float lanes (twice as many per
+ * vector as double, no double division); the worst errors against libm over
+ * all 2^32 inputs, measured by `make check-vmath-ulp` (spec/c/vmath_ulp.c) on
+ * every path, are 1 ulp for exp and 2 for tanh and sigmoid. log evaluates in
+ * double (1 ulp). Denormal inputs and outputs, +-inf, NaN and -0 come out as
+ * libm gives them, and no branch depends on the data: special values (+-inf, NaN,
  * zero, negatives for log) are chosen by selects at the end. Bit patterns go
  * through memcpy (type punning without aliasing trouble; compilers turn it
  * into a register move). */
@@ -40,56 +41,62 @@ VM_INLINE double vm_double(uint64_t b) {
   return x;
 }
 
-/* exp(x) for x in [-745, 709] (callers clamp): x = n ln2 + r with |r| <= ln2/2,
- * e^r by its Taylor series to degree 7, times 2^n built in the exponent bits.
- * NaN propagates through the arithmetic. */
-VM_INLINE double vm_exp_core(double x) {
-  const double shifter = 6755399441055744.0; /* 1.5 * 2^52: adding it rounds to an integer */
-  double kd = x * 1.4426950408889634 + shifter;
-  double n = kd - shifter;
-  double r = x - n * 0.6931471803691238;
-  r = r - n * 1.9082149292705877e-10;
-  double p = 1.0 / 5040;
-  p = p * r + 1.0 / 720;
-  p = p * r + 1.0 / 120;
-  p = p * r + 1.0 / 24;
-  p = p * r + 1.0 / 6;
-  p = p * r + 0.5;
-  p = p * r + 1.0;
-  p = p * r + 1.0;
-  uint64_t k = vm_bits(kd) - vm_bits(shifter); /* n as a two's complement integer */
-  return p * vm_double((k + 1023) << 52);
+VM_INLINE float vm_bits_float(uint32_t b) {
+  float x;
+  memcpy(&x, &b, 4);
+  return x;
 }
 
-VM_INLINE double vm_clamp(double x, double lo, double hi) {
+VM_INLINE float vm_clampf(float x, float lo, float hi) {
   x = x < lo ? lo : x; /* NaN compares false and stays NaN */
   return x > hi ? hi : x;
 }
 
-/* exp of a float: below -104 the result rounds to 0, above 89 to +inf. */
-VM_INLINE float vm_expf(float x) { return (float)vm_exp_core(vm_clamp(x, -104.0, 89.0)); }
-
-/* sigmoid(x) = 1 / (1 + e^-x): exact 0 below -110 (e^-110 is under half the
- * smallest denormal) and 1 above 40 (e^-40 is under half an ulp of 1). */
-VM_INLINE float vm_sigmoidf(float x) {
-  double e = vm_exp_core(-vm_clamp(x, -110.0, 40.0));
-  return (float)(1.0 / (1.0 + e));
+/* exp of a float in float lanes (16 per AVX-512 vector): x clamped to [-104, 89] (below -104 the
+ * result rounds to 0, above 89 to +inf), n = round(x / ln2) by the add-a-shifter trick, r = x - n ln2
+ * with ln2 in two parts (the high part has 15 bits, so n ln2hi is exact), e^r by exp_poly.h's
+ * degree-7 series, and 2^n applied as two factors 2^(n/2) so that n from -150 to 128 needs no
+ * denormal or infinite scale: the one rounding into a denormal or +inf happens at the last multiply.
+ * NaN propagates through the arithmetic. */
+VM_INLINE float vm_expf(float x) {
+  x = vm_clampf(x, -104.0f, 89.0f);
+  float kf = x * 1.44269504088896341f + 12582912.0f; /* 1.5 * 2^23: round(x / ln2) in the low bits */
+  uint32_t kb;
+  memcpy(&kb, &kf, 4);
+  float n = kf - 12582912.0f;
+  float r = x - n * 0.693145751953125f;
+  r = r - n * 1.428606765330187045e-06f;
+  int32_t k = (int32_t)(kb - 0x4B400000u); /* n as an integer */
+  int32_t k1 = k / 2;
+  float p = attn_cpu_exp_poly_scale(r, (uint32_t)(k1 + 127));
+  return p * vm_bits_float((uint32_t)(k - k1 + 127) << 23);
 }
 
-/* tanh(x) = sign(x) (e - 1) / (e + 1) with e = e^(2|x|), which loses no more
- * than a few bits of a double for |x| >= 2^-10; below that the odd series
- * x - x^3/3 + 2x^5/15 is exact to float precision (and keeps tiny and
- * denormal inputs exact). |x| > 10 gives +-1 (tanh(10) rounds to 1). The
- * sign goes on last with copysign, so -0 stays -0 and NaN stays NaN. Every
- * select compares doubles and picks doubles: mixed-width selects would stop
- * the vectoriser. */
+/* sigmoid(x) from e = e^-|x| <= 1, which never overflows: 1 / (1 + e) for x >= 0 and e / (1 + e)
+ * below, one float division either way, so outputs down to the denormals keep their precision
+ * (e^x underflows to 0 exactly where the sigmoid does). */
+VM_INLINE float vm_sigmoidf(float x) {
+  float e = vm_expf(-fabsf(x));
+  return (x >= 0 ? 1.0f : e) / (1 + e);
+}
+
+/* tanh(x) for |x| >= 0.55 (where tanh >= 1/2) as 1 - 2 / (e^(2|x|) + 1): the subtracted part is
+ * below 1/2, so its few ulps of error shrink to about one of the result; |x| is clamped to 10 (tanh
+ * rounds to 1 from 9.01). Below 0.55 an odd polynomial x + x^3 P(x^2), P fitted by weighted least
+ * squares on [0, 0.55] (approximation error under 0.05 ulp); it keeps tiny and denormal inputs
+ * exact. The sign goes on last with copysignf, so -0 stays -0 and NaN stays NaN. */
 VM_INLINE float vm_tanhf(float x) {
-  double a = fabs((double)x);
-  double e = vm_exp_core(2 * (a > 10 ? 10 : a));
-  double t = (e - 1) / (e + 1);
-  double a2 = a * a;
-  double s = a * (1 + a2 * (-1.0 / 3 + a2 * (2.0 / 15)));
-  return (float)copysign(a < 0x1p-10 ? s : t, (double)x);
+  float a = fabsf(x);
+  float e = vm_expf(2 * (a > 10 ? 10 : a));
+  float t = 1 - 2 / (e + 1);
+  float a2 = a * a;
+  float p = -6.264554802e-03f;
+  p = p * a2 + 2.106428519e-02f;
+  p = p * a2 + -5.385033786e-02f;
+  p = p * a2 + 1.333256513e-01f;
+  p = p * a2 + -3.333331645e-01f;
+  float s = a + a * a2 * p;
+  return copysignf(a < 0.55f ? s : t, x);
 }
 
 /* log(x): a float is a normal double, so x = m 2^e with m in [sqrt(1/2), sqrt(2))
