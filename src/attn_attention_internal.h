@@ -150,6 +150,16 @@ int attn_sdpa_block_finite(const attn_attention_job *J, const attn_attention_mat
 /* 1 when x[0:n] (J->dt, contiguous) is finite. */
 int attn_sdpa_row_finite(const attn_attention_job *J, const void *x, int64_t n);
 
+/* ---- short rows (float32; src/cpu/sdpa_small_*.c, chosen in src/attn_sdpa_reference.c) ---- */
+
+/* Keys per row of the short-row kernels: a row's keys fill the lanes of one 16-float vector. The
+ * blocked driver hands them its items when J->tiny, float32 dot products, Nk <= this, no
+ * keep-mask and no stored weights or weight gradients: the rows of a head then go from scores
+ * to output (forward) or to dq and their share of dk, dv (backward) in registers, with the same
+ * masking, fill, exp and dropout mask as the row kernels below, and the item falls back to the
+ * blocked path when a result comes out not finite (src/cpu/sdpa_small_body.h). */
+#define ATTN_SDPA_SMALL_KEYS 16
+
 /* ---- call setup (src/attn_attention.c), shared by every entry point ---- */
 
 /* The operand shapes error messages name, formatted on first use: most calls never fail, and

@@ -66,6 +66,17 @@ describe("tiny-head dot-product attention", function()
     { "dropout", { 3, 10, 10, 8, 8 }, { dropout = 0.3, seed = 5 } },
     { "dropout with valid_lens", { 2, 9, 13, 8, 5 }, { dropout = 0.5, seed = 9, valid_lens = { 0, 6 } } },
     { "scale, weights off", { 2, 5, 6, 8, 8 }, { scale = 0.05, need_weights = false } },
+    -- the short-row kernels (rows of at most 16 keys) and their edges
+    { "short rows: 16 keys, one vector", { 3, 11, 16, 8, 8 }, { valid_lens = { 16, 5, 0 } } },
+    { "short rows: 17 keys, past one vector", { 2, 5, 17, 8, 8 }, { valid_lens = { 17, 9 } } },
+    { "short rows: one key, width 1", { 4, 3, 1, 1, 1 }, {} },
+    { "short rows: widths 64 and 37", { 2, 4, 10, 64, 37 }, { dropout = 0.2, seed = 4 } },
+    { "short rows: causal 2-D lengths with dropout (the decoder's self-attention)", { 4, 10, 10, 8, 8 },
+      { causal = true, dropout = 0.2, seed = 7, valid_lens = { { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 },
+        { 1, 1, 1, 1, 1, 1, 1, 1, 1, 1 }, { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }, { 10, 9, 8, 7, 6, 5, 4, 3, 2, 1 } } } },
+    { "short rows: window with 1-D lengths and dropout", { 3, 12, 12, 8, 5 },
+      { window = 1, dropout = 0.4, seed = 2, valid_lens = { 12, 3, 0 } } },
+    { "short rows: dropout 1", { 2, 4, 6, 8, 8 }, { dropout = 1, seed = 1 } },
   }
   for _, dtype in ipairs { "float32", "float64" } do
     for _, isa in ipairs(helper.isa_paths()) do
@@ -108,6 +119,19 @@ describe("tiny-head dot-product attention", function()
       for _, x in ipairs(out:reshape(6):totable()) do assert.is_true(x == x) end
     end)
   end
+
+  it("sends rows with inf or NaN to the blocked path, which decides them as the reference (short rows)", function()
+    for _, case in ipairs { { "inf", math.huge, {} }, { "NaN", 0 / 0, {} }, { "NaN", 0 / 0, { valid_lens = { 3, 2 } } } } do
+      local q, k, v = inputs("float32", 2, 5, 6, 4, 3)
+      k:set(case[2], 1, 5, 2) -- key 5 of head 1: read unless the lengths mask it
+      v:set(case[2], 2, 4, 1)
+      compare(q, k, v, case[3])
+      local out = core.sdpa_forward(q, k, v, copy(case[3], { kernel = "tiny" }))
+      local finite = true
+      for _, x in ipairs(out:reshape(30):totable()) do finite = finite and x == x and math.abs(x) < math.huge end
+      assert.equal(case[3].valid_lens ~= nil, finite, case[1])
+    end
+  end)
 
   it("is what the default kernel runs for the book's sizes", function()
     local q, k, v = inputs("float32", 4, 10, 10, 8, 8)

@@ -25,4 +25,23 @@ static inline float attn_cpu_exp_poly_scale(float r, uint32_t kb) {
   return p * s;
 }
 
+/* exp(x) for x <= 0 in float for the softmax rows: exact 0 below -87 and for
+ * -inf, NaN stays NaN, relative error about 1e-7 elsewhere (cheaper than a
+ * double evaluation, and the softmax normalises anyway). */
+static inline float attn_cpu_exp_neg_f(float x) {
+  uint32_t xb, kb, yb;
+  memcpy(&xb, &x, 4);
+  float kf = x * 1.44269504088896341f + 12583039.0f; /* round(x / ln 2) + 127 in the low bits */
+  memcpy(&kb, &kf, 4);
+  float n = kf - 12583039.0f;
+  float r = x - n * 0.693145751953125f;
+  r = r - n * 1.428606765330187045e-06f;
+  float y = attn_cpu_exp_poly_scale(r, kb);
+  memcpy(&yb, &y, 4);
+  /* keep y unless -87 > x >= -inf (sign bit set, magnitude above 87) */
+  yb &= (uint32_t)0 - (uint32_t)(xb <= 0xC2AE0000u || xb > 0xFF800000u);
+  memcpy(&y, &yb, 4);
+  return y;
+}
+
 #endif

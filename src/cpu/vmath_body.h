@@ -131,26 +131,8 @@ void VMATH_FN(attn_vmath_sigmoid_f32_)(const float *x, float *y, int64_t n) {
   for (int64_t j = 0; j < n; j++) y[j] = vm_sigmoidf(x[j]);
 }
 
-/* exp(x) for x <= 0 in float for the softmax rows: exact 0 below -87 and for
- * -inf, NaN stays NaN, relative error about 1e-7 elsewhere (cheaper than the
- * double path above, and the softmax normalises anyway). */
-VM_INLINE float vm_exp_neg_f(float x) {
-  uint32_t xb, kb, yb;
-  memcpy(&xb, &x, 4);
-  float kf = x * 1.44269504088896341f + 12583039.0f; /* round(x / ln 2) + 127 in the low bits */
-  memcpy(&kb, &kf, 4);
-  float n = kf - 12583039.0f;
-  float r = x - n * 0.693145751953125f;
-  r = r - n * 1.428606765330187045e-06f;
-  float y = attn_cpu_exp_poly_scale(r, kb);
-  memcpy(&yb, &y, 4);
-  /* keep y unless -87 > x >= -inf (sign bit set, magnitude above 87) */
-  yb &= (uint32_t)0 - (uint32_t)(xb <= 0xC2AE0000u || xb > 0xFF800000u);
-  memcpy(&y, &yb, 4);
-  return y;
-}
-
-/* x[j] = exp(x[j] - m), returns the sum: float lanes over runs of 256 entries,
+/* x[j] = exp(x[j] - m) (exp_poly.h's attn_cpu_exp_neg_f, which the short-row attention kernels
+ * share, so both paths give the same weights), returns the sum: float lanes over runs of 256 entries,
  * added up in double (so the rounding error stays near 1e-7 for long rows). */
 double VMATH_FN(attn_vmath_exp_row_f32_)(float *x, int64_t n, float m) {
   double s = 0;
@@ -160,14 +142,14 @@ double VMATH_FN(attn_vmath_exp_row_f32_)(float *x, int64_t n, float m) {
     int64_t stop = j + 256 < n ? j + 256 : n;
     for (; j + 16 <= stop; j += 16)
       for (int k = 0; k < 16; k++) {
-        float e = vm_exp_neg_f(x[j + k] - m);
+        float e = attn_cpu_exp_neg_f(x[j + k] - m);
         x[j + k] = e;
         s16[k] += e;
       }
     for (int k = 0; k < 16; k += 2) s += (double)s16[k] + s16[k + 1];
   }
   for (; j < n; j++) {
-    float e = vm_exp_neg_f(x[j] - m);
+    float e = attn_cpu_exp_neg_f(x[j] - m);
     x[j] = e;
     s += e;
   }
