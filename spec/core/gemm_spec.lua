@@ -197,6 +197,10 @@ describe("small float32 products", function()
     local acc = core.gemm_(attn.ones(3, 4), p, q, 0.5, 1, "small", 4)
     helper.assert_close(acc, naive(p, q, attn.ones(3, 4), 2, 1), { atol = 1e-5 })
     assert.has_error(function() core.gemm_(attn.zeros(3, 4), p, q, 1, 0, "small", 0) end,
-      "gemm_: argument 7 (reps) must be a positive integer, got 0")
+      "gemm_: argument 7 (reps) must be a positive integer with reps M N K at most 2^30, got 0")
+    local big = attn.randn(64, 64) -- 2^18 multiply-adds: 2^12 repetitions are the most
+    assert.has_error(function() core.gemm_(attn.zeros(64, 64), big, big, 1, 0, "small", (1 << 12) + 1) end,
+      "gemm_: argument 7 (reps) must be a positive integer with reps M N K at most 2^30, got 4097")
+    assert.has_error(function() core.gemm_(attn.zeros(3, 4), p, q, 1, 0, "small", math.maxinteger) end)
   end)
 end)
