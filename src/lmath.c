@@ -232,7 +232,7 @@ static int l_bmm(lua_State *L) {
  * views, by the path "auto" (default: as matmul chooses), "small" (the engine's kernel, float32)
  * or "blas" (OpenBLAS): the specs and benchmarks compare the two with it. reps (default 1) runs
  * it that many times in one call, so that bench/gemm_bench.lua can time products that take less
- * than the binding itself. Returns c. */
+ * than the binding itself (at most 2^30 multiply-adds in all). Returns c. */
 static int l_gemm_(lua_State *L) {
   attn_tensor *c = attn_l_check(L, 1), *a = attn_l_check(L, 2), *b = attn_l_check(L, 3);
   double alpha = attn_l_optnumber(L, 4, "alpha", 1), beta = attn_l_optnumber(L, 5, "beta", 0);
@@ -243,7 +243,10 @@ static int l_gemm_(lua_State *L) {
   if (path == ATTN_GEMM_AUTO && strcmp(name, "auto") != 0)
     return attn_l_argerror(L, 6, "path", "'auto', 'small' or 'blas'");
   lua_Integer reps = attn_l_optinteger(L, 7, "reps", 1);
-  if (reps < 1) return attn_l_argerror(L, 7, "reps", "a positive integer");
+  /* bounded work, so that a hostile count cannot keep the call running for hours */
+  double work = a->ndim == 2 && c->ndim == 2 ? (double)c->shape[0] * (double)c->shape[1] * (double)a->shape[1] : 1;
+  if (reps < 1 || (double)reps * (work > 1 ? work : 1) > 0x1p30)
+    return attn_l_argerror(L, 7, "reps", "a positive integer with reps M N K at most 2^30");
   for (lua_Integer r = 0; r < reps; r++) ATTN_L_TRY(L, attn_gemm_views(path, alpha, a, b, beta, c));
   attn_l_bump_version(c);
   lua_settop(L, 1);

@@ -105,12 +105,17 @@ describe("small float32 products", function()
 
     it("gives a row the same bits whatever the height of the call (" .. isa .. ")", function()
       core.isa(isa)
-      for _, tb in ipairs { false, true } do
-        local a, b = attn.randn(37, 29), operand(29, 45, tb, 0)
-        local whole = core.gemm_(attn.zeros(37, 45), a, b, 1, 0, "small")
-        for _, cut in ipairs { { 1, 1 }, { 5, 3 }, { 10, 27 } } do
-          local part = core.gemm_(attn.zeros(cut[2], 45), a:narrow(1, cut[1], cut[2]), b, 1, 0, "small")
-          assert.are.same(whole:narrow(1, cut[1], cut[2]):totable(), part:totable())
+      -- N 45 ends in a masked vector; N 8 with beta 1 takes the narrow tile's read-then-write path
+      for _, nb in ipairs { { 45, 0 }, { 8, 1 } } do
+        local N, beta = nb[1], nb[2]
+        for _, tb in ipairs { false, true } do
+          local a, b, c0 = attn.randn(37, 29), operand(29, N, tb, 0), attn.randn(37, N)
+          local whole = core.gemm_(c0:clone(), a, b, 1, beta, "small")
+          for _, cut in ipairs { { 1, 1 }, { 5, 3 }, { 10, 27 } } do
+            local c = c0:narrow(1, cut[1], cut[2]):clone()
+            local part = core.gemm_(c, a:narrow(1, cut[1], cut[2]), b, 1, beta, "small")
+            assert.are.same(whole:narrow(1, cut[1], cut[2]):totable(), part:totable())
+          end
         end
       end
     end)
@@ -192,6 +197,10 @@ describe("small float32 products", function()
     local acc = core.gemm_(attn.ones(3, 4), p, q, 0.5, 1, "small", 4)
     helper.assert_close(acc, naive(p, q, attn.ones(3, 4), 2, 1), { atol = 1e-5 })
     assert.has_error(function() core.gemm_(attn.zeros(3, 4), p, q, 1, 0, "small", 0) end,
-      "gemm_: argument 7 (reps) must be a positive integer, got 0")
+      "gemm_: argument 7 (reps) must be a positive integer with reps M N K at most 2^30, got 0")
+    local big = attn.randn(64, 64) -- 2^18 multiply-adds: 2^12 repetitions are the most
+    assert.has_error(function() core.gemm_(attn.zeros(64, 64), big, big, 1, 0, "small", (1 << 12) + 1) end,
+      "gemm_: argument 7 (reps) must be a positive integer with reps M N K at most 2^30, got 4097")
+    assert.has_error(function() core.gemm_(attn.zeros(3, 4), p, q, 1, 0, "small", math.maxinteger) end)
   end)
 end)

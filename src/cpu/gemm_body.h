@@ -34,10 +34,12 @@ typedef float gemm_vf __attribute__((vector_size(GEMM_VW * 4)));
 typedef int32_t gemm_vi __attribute__((vector_size(GEMM_VW * 4)));
 
 /* The first n (0..GEMM_VW) floats at p into a vector with zeros past them, and back: the ISA's
- * masked load and store when it has them, else an n-float copy through the stack. */
+ * masked load and store when it has them, else lane by lane. (The clamp costs nothing in a loop,
+ * where n is invariant, and shows the bound checker that no shift count is negative.) */
 GEMM_INLINE gemm_vf gemm_loadn(const float *p, int64_t n) {
 #ifdef GEMM_LOADN
-  return GEMM_LOADN(p, n);
+  const unsigned u = n > 0 ? (unsigned)n : 0u;
+  return GEMM_LOADN(p, u);
 #else
   gemm_vf v = {0}; /* lane by lane: a staging array let GCC move its halves through MMX registers,
                      * whose unreset state then broke the x87 code of OpenBLAS's dnrm2 */
@@ -49,7 +51,8 @@ GEMM_INLINE gemm_vf gemm_loadn(const float *p, int64_t n) {
 
 GEMM_INLINE void gemm_storen(float *p, gemm_vf v, int64_t n) {
 #ifdef GEMM_STOREN
-  GEMM_STOREN(p, v, n);
+  const unsigned u = n > 0 ? (unsigned)n : 0u;
+  GEMM_STOREN(p, v, u);
 #else
   float t[GEMM_VW];
   memcpy(t, &v, sizeof t);
@@ -139,6 +142,32 @@ GEMM_INLINE void gemm_tile(const int mr, const int nv, const int part, int64_t K
       for (int v = 0; v < nv; v++) acc[r][v] += x * bv[v];
     }
   }
+  if (beta != 0 && w < nv * GEMM_VW) {
+    /* A narrow tile with beta: its old C is read before any of it is written. With N 8 (rows 32
+     * bytes apart) a masked store's vector spans the next row, and a load there would wait for
+     * the store to retire (2x the time of a 10 x 8 x 10 product). */
+    for (int r = 0; r < mr; r++)
+      for (int v = 0; v < nv; v++) {
+        const float *cr = c + r * ldc + v * GEMM_VW;
+        const int64_t cols = w - v * GEMM_VW;
+        gemm_vf old;
+        if (cols >= GEMM_VW)
+          memcpy(&old, cr, sizeof old);
+        else
+          old = gemm_loadn(cr, cols);
+        acc[r][v] = beta * old + (alpha == 1 ? acc[r][v] : alpha * acc[r][v]);
+      }
+    for (int r = 0; r < mr; r++)
+      for (int v = 0; v < nv; v++) {
+        float *cr = c + r * ldc + v * GEMM_VW;
+        const int64_t cols = w - v * GEMM_VW;
+        if (cols >= GEMM_VW)
+          memcpy(cr, &acc[r][v], sizeof acc[r][v]);
+        else
+          gemm_storen(cr, acc[r][v], cols);
+      }
+    return;
+  }
   for (int r = 0; r < mr; r++)
     for (int v = 0; v < nv; v++) {
       float *cr = c + r * ldc + v * GEMM_VW;
@@ -152,8 +181,7 @@ GEMM_INLINE void gemm_tile(const int mr, const int nv, const int part, int64_t K
         }
         memcpy(cr, &y, sizeof y);
       } else {
-        if (beta != 0) y = beta * gemm_loadn(cr, cols) + y;
-        gemm_storen(cr, y, cols);
+        gemm_storen(cr, y, cols); /* beta is 0 here */
       }
     }
 }
