@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "../attn_attention_internal.h"
+#include "exp_poly.h"
 
 #define SMALL_CAT2(a, b) a##b
 #define SMALL_CAT(a, b) SMALL_CAT2(a, b)
@@ -126,13 +127,7 @@ SMALL_INLINE void small_exp_neg(const small_vf *xp, small_vf *y) {
   small_vf n = kf - 12583039.0f;
   small_vf r = x - n * 0.693145751953125f;
   r = r - n * 1.428606765330187045e-06f;
-  small_vf p = r * (1.0f / 5040) + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  small_vf p = ATTN_CPU_EXP_POLY(r);
   small_vf s = (small_vf)((small_vu)kf << 23);
   small_vu xb = (small_vu)x;
   small_vi keep = (xb <= 0xC2AE0000u) | (xb > 0xFF800000u);
