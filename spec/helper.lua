@@ -245,23 +245,26 @@ helper.slowdown = tonumber(os.getenv("ATTN_SPEC_SLOWDOWN")) or (helper.sanitized
 --- The shell command that runs the Lua file `script` in a child interpreter
 -- with the module this suite loaded (the sanitized one under `make test-asan`).
 -- The interpreter is ATTN_LUA when set (the command that starts one; `make
--- check-aarch64` sets qemu-user and an arm64 lua5.4), lua5.4 otherwise.
-function helper.lua_command(script)
+-- check-aarch64` sets qemu-user and an arm64 lua5.4), lua5.4 otherwise, run
+-- under the command `prefix` when given.
+function helper.lua_command(script, prefix)
   local so = assert(package.searchpath("attn.core", package.cpath))
+  local lua = (prefix and prefix .. " " or "") .. (os.getenv("ATTN_LUA") or "lua5.4")
   return string.format('LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="%s;;" %s %s',
-    so:gsub("attn/core%.so$", "?.so"), os.getenv("ATTN_LUA") or "lua5.4", script)
+    so:gsub("attn/core%.so$", "?.so"), lua, script)
 end
 
 --- Runs Lua source in a child process (see lua_command), so a crash fails a
 -- spec instead of the whole run. opts: times (run it that many times, stop at
 -- the first failure), shell (commands run first in the child's shell, e.g.
--- "ulimit -f 64"). Returns exit_ok, exit_kind ("exit"/"signal"), code, and
--- the combined output.
+-- "ulimit -f 64"), prefix (a command the interpreter runs under, e.g.
+-- valgrind). Returns exit_ok, exit_kind ("exit"/"signal"), code, and the
+-- combined output.
 function helper.run_lua(source, opts)
   opts = opts or {}
   local script = os.tmpname()
   helper.write_bytes(script, source)
-  local cmd = helper.lua_command(script) .. " 2>&1"
+  local cmd = helper.lua_command(script, opts.prefix) .. " 2>&1"
   if opts.times then
     cmd = string.format("i=0; while [ $i -lt %d ]; do %s || { echo \"run $i failed: $?\"; exit 1; }; i=$((i+1)); done",
       opts.times, cmd)

@@ -9,6 +9,7 @@
 
 #include "attn_alloc.h"
 #include "attn_attention.h"
+#include "attn_decoder.h"
 #include "attn_dropout.h"
 #include "attn_error.h"
 #include "attn_gemm.h"

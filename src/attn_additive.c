@@ -232,18 +232,17 @@ static void additive32_backward_task(void *ctx, int64_t begin, int64_t end) {
 }
 
 /* 1 when x[0:n] is finite. With finite qh and kh, tanh(q + k) is finite and a pair whose grad is
- * 0 contributes exactly 0, so it may be skipped; a NaN in qh or kh must still reach the gradients. */
-static int finite_f32(const float *x, int64_t n) {
-  float acc = 0;
-  for (int64_t i = 0; i < n; i++) acc += x[i] * 0; /* NaN and inf turn it to NaN */
-  return acc == 0;
-}
-
-static int finite_f64(const double *x, int64_t n) {
-  double acc = 0;
-  for (int64_t i = 0; i < n; i++) acc += x[i] * 0;
-  return acc == 0;
-}
+ * 0 contributes exactly 0, so it may be skipped; a NaN in qh or kh must still reach the gradients.
+ * x - x is 0 exactly for a finite x (NaN for NaN and inf); the flags are or-reduced as integers,
+ * which vectorises (the decoder runs it on the keys at every step). */
+#define ATTN_FINITE_CHECK(name, type)                               \
+  static int name(const type *x, int64_t n) {                       \
+    int bad = 0;                                                    \
+    for (int64_t i = 0; i < n; i++) bad |= !(x[i] - x[i] == 0);     \
+    return !bad;                                                    \
+  }
+ATTN_FINITE_CHECK(finite_f32, float)
+ATTN_FINITE_CHECK(finite_f64, double)
 
 /* Data of t as contiguous float32: t's own, or a copy made in *tmp. */
 static attn_status f32_data(const attn_tensor *t, attn_tensor *tmp, const float **p) {

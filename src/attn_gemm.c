@@ -9,9 +9,9 @@
 /* The kernel's workspace on the stack: 64 KiB, a panel of 32 columns for K up to 512. */
 #define STACK_PACK 16384
 
-/* Floats the small kernel packs for this shape (see attn_vmath.h). */
+/* Floats the small kernel packs for this shape (see attn_vmath.h): only a transposed B. */
 static int64_t pack_floats(int tb, int64_t N, int64_t K) {
-  if (!tb && N % ATTN_VMATH_GEMM_PANEL == 0) return 0;
+  if (!tb) return 0;
   return ATTN_VMATH_GEMM_PACK(N < ATTN_VMATH_GEMM_PANEL ? N : ATTN_VMATH_GEMM_PANEL, K);
 }
 
@@ -68,28 +68,31 @@ int attn_gemm_layout(const attn_tensor *t, int *trans, int64_t *ld) {
 
 attn_status attn_gemm_views(attn_gemm_path path, double alpha, const attn_tensor *a, const attn_tensor *b, double beta,
                             attn_tensor *c) {
-  const char *as = attn_tensor_shape_str(a), *bs = attn_tensor_shape_str(b), *cs = attn_tensor_shape_str(c);
+  /* the shapes are formatted only for a message: a benchmark times tiny products through here */
+#define GEMM_SHAPES attn_tensor_shape_str(c), attn_tensor_shape_str(a), attn_tensor_shape_str(b)
   if (a->ndim != 2 || b->ndim != 2 || c->ndim != 2 || a->shape[1] != b->shape[0] || c->shape[0] != a->shape[0] ||
       c->shape[1] != b->shape[1])
-    return attn_error(ATTN_ERR_SHAPE, "gemm: expected c (M, N) = a (M, K) b (K, N), got %s = %s %s", cs, as, bs);
+    return attn_error(ATTN_ERR_SHAPE, "gemm: expected c (M, N) = a (M, K) b (K, N), got %s = %s %s", GEMM_SHAPES);
   attn_status st = attn_check_float("gemm", a);
   if (st != ATTN_OK) return st;
   if (b->dtype != a->dtype || c->dtype != a->dtype)
-    return attn_error(ATTN_ERR_DTYPE, "gemm: dtypes differ: %s %s = %s %s %s %s", attn_dtype_name(c->dtype), cs,
-                      attn_dtype_name(a->dtype), as, attn_dtype_name(b->dtype), bs);
+    return attn_error(ATTN_ERR_DTYPE, "gemm: dtypes differ: %s %s = %s %s %s %s", attn_dtype_name(c->dtype),
+                      attn_tensor_shape_str(c), attn_dtype_name(a->dtype), attn_tensor_shape_str(a),
+                      attn_dtype_name(b->dtype), attn_tensor_shape_str(b));
   if (path == ATTN_GEMM_SMALL && a->dtype != ATTN_F32)
     return attn_error(ATTN_ERR_DTYPE, "gemm: the small path is float32 only, got %s", attn_dtype_name(a->dtype));
   int ta, tb, tc;
   int64_t lda, ldb, ldc, M = c->shape[0], N = c->shape[1], K = a->shape[1];
   if (!attn_gemm_layout(a, &ta, &lda) || !attn_gemm_layout(b, &tb, &ldb) || !attn_gemm_layout(c, &tc, &ldc) ||
       (tc && N > 1))
-    return attn_error(ATTN_ERR_SHAPE, "gemm: a %s and b %s need a unit stride in one dim, c %s in its columns", as,
-                      bs, cs);
+    return attn_error(ATTN_ERR_SHAPE, "gemm: a %s and b %s need a unit stride in one dim, c %s in its columns",
+                      attn_tensor_shape_str(a), attn_tensor_shape_str(b), attn_tensor_shape_str(c));
   if (c->storage == a->storage || c->storage == b->storage)
-    return attn_error(ATTN_ERR_ARG, "gemm: c %s shares storage with a or b", cs);
+    return attn_error(ATTN_ERR_ARG, "gemm: c %s shares storage with a or b", attn_tensor_shape_str(c));
   if (M > 0x7fffffff || N > 0x7fffffff || K > 0x7fffffff || lda > 0x7fffffff || ldb > 0x7fffffff ||
       ldc > 0x7fffffff)
-    return attn_error(ATTN_ERR_SHAPE, "gemm: %s = %s %s exceeds BLAS's 32-bit sizes", cs, as, bs);
+    return attn_error(ATTN_ERR_SHAPE, "gemm: %s = %s %s exceeds BLAS's 32-bit sizes", GEMM_SHAPES);
+#undef GEMM_SHAPES
   if (M == 0 || N == 0) return ATTN_OK;
   if (lda < 1) lda = 1;
   if (ldb < 1) ldb = 1;
@@ -98,7 +101,8 @@ attn_status attn_gemm_views(attn_gemm_path path, double alpha, const attn_tensor
   void *C = attn_tensor_data(c);
   if (path == ATTN_GEMM_SMALL) {
     if (!small(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
-      return attn_error(ATTN_ERR_MEMORY, "gemm: out of memory for the small path's workspace of %s", bs);
+      return attn_error(ATTN_ERR_MEMORY, "gemm: out of memory for the small path's workspace of %s",
+                        attn_tensor_shape_str(b));
   } else if (path == ATTN_GEMM_BLAS) {
     blas(a->dtype, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   } else {

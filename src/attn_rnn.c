@@ -50,21 +50,49 @@ static void gates_bwd_f64(int64_t B, int64_t H, double *restrict dh, const doubl
     }
 }
 
-/* out (cols) = the column sums of m (rows, cols), in row order. */
-static void colsum_f64(const double *m, int64_t rows, int64_t cols, double *out) {
-  for (int64_t c = 0; c < cols; c++) out[c] = 0;
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < cols; c++) out[c] += m[r * cols + c];
+void attn_gru_gates_forward(attn_dtype dt, int64_t B, int64_t H, const void *gi, const void *gh, const void *hp,
+                            void *hn, void *rz, void *n, void *ghn) {
+  if (dt == ATTN_F32)
+    attn_vmath_gru_fwd_f32(B, H, gi, gh, hp, hn, rz, n, ghn);
+  else
+    gates_fwd_f64(B, H, gi, gh, hp, hn, rz, n, ghn);
 }
 
-/* Every row of m (rows, cols; es bytes an entry) set to v (cols), or zeros when v is NULL. */
-static void fill_rows(char *m, int64_t rows, int64_t cols, size_t es, const void *v) {
+void attn_gru_gates_backward(attn_dtype dt, int64_t B, int64_t H, void *dh, const void *dy, const void *hp,
+                             const void *rz, const void *n, const void *ghn, void *dgi, void *dgh) {
+  if (dt == ATTN_F32)
+    attn_vmath_gru_bwd_f32(B, H, dh, dy, hp, rz, n, ghn, dgi, dgh);
+  else
+    gates_bwd_f64(B, H, dh, dy, hp, rz, n, ghn, dgi, dgh);
+}
+
+void attn_gru_colsum(attn_dtype dt, const void *m, int64_t rows, int64_t cols, void *out) {
+  if (dt == ATTN_F32) {
+    attn_vmath_colsum_f32(m, rows, cols, out);
+    return;
+  }
+  const double *md = m;
+  double *o = out;
+  for (int64_t c = 0; c < cols; c++) o[c] = 0;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) o[c] += md[r * cols + c];
+}
+
+void attn_gru_fill_rows(void *m, int64_t rows, int64_t cols, size_t es, const void *v) {
   size_t row = (size_t)cols * es;
   for (int64_t r = 0; r < rows; r++)
     if (v)
-      memcpy(m + (size_t)r * row, v, row);
+      memcpy((char *)m + (size_t)r * row, v, row);
     else
-      memset(m + (size_t)r * row, 0, row);
+      memset((char *)m + (size_t)r * row, 0, row);
+}
+
+void attn_gru_dropout(attn_dtype dt, const void *x, void *y, int64_t n, uint64_t seed, double p) {
+  attn_dropout_rule r = attn_dropout_rule_make(p, seed);
+  if (dt == ATTN_F32)
+    attn_dropout_f32(&r, x, y, n, 0);
+  else
+    attn_dropout_f64(&r, x, y, n, 0);
 }
 
 int64_t attn_gru_saved_numel(int64_t T, int64_t B, int64_t H, int layers) {
@@ -85,15 +113,6 @@ static saved_layer layer_block(const attn_tensor *saved, int k, int64_t T, int64
   s.n = s.rz + (size_t)(2 * T * B * H) * es;
   s.ghn = s.n + (size_t)(T * B * H) * es;
   return s;
-}
-
-/* The engine's dropout (attn_dropout.h) on a contiguous buffer, stream seed. */
-static void dropout(attn_dtype dt, const void *x, void *y, int64_t n, uint64_t seed, double p) {
-  attn_dropout_rule r = attn_dropout_rule_make(p, seed);
-  if (dt == ATTN_F32)
-    attn_dropout_f32(&r, x, y, n, 0);
-  else
-    attn_dropout_f64(&r, x, y, n, 0);
 }
 
 /* ---------------------------------------------------------------- checks */
@@ -188,7 +207,7 @@ attn_status attn_gru_forward(const attn_tensor *x, const attn_tensor *h0, int la
     const void *bi = b_ih[k] ? attn_tensor_data(b_ih[k]) : NULL;
     const void *bh = b_hh[k] ? attn_tensor_data(b_hh[k]) : NULL;
     /* all steps' input projections in one GEMM, on top of the bias rows */
-    fill_rows(gi, TB, 3 * H, es, bi);
+    attn_gru_fill_rows(gi, TB, 3 * H, es, bi);
     gemm(dt, 0, 1, TB, 3 * H, in_k, input, in_k, attn_tensor_data(w_ih[k]), in_k, 1, gi, 3 * H);
     if (h0)
       memcpy(s.hs, (const char *)attn_tensor_data(h0) + (size_t)(k * B * H) * es, (size_t)(B * H) * es);
@@ -196,17 +215,11 @@ attn_status attn_gru_forward(const attn_tensor *x, const attn_tensor *h0, int la
       memset(s.hs, 0, (size_t)(B * H) * es);
     for (int64_t t = 0; t < T; t++) {
       size_t bh_off = (size_t)(t * B * H) * es;
-      fill_rows(gh, B, 3 * H, es, bh);
+      attn_gru_fill_rows(gh, B, 3 * H, es, bh);
       gemm(dt, 0, 1, B, 3 * H, H, s.hs + bh_off, H, attn_tensor_data(w_hh[k]), H, 1, gh, 3 * H);
       char *git = gi + (size_t)(t * B * 3 * H) * es;
-      if (dt == ATTN_F32)
-        attn_vmath_gru_fwd_f32(B, H, (const float *)git, (const float *)gh, (const float *)(s.hs + bh_off),
-                      (float *)(s.hs + bh_off + (size_t)(B * H) * es), (float *)(s.rz + 2 * bh_off),
-                      (float *)(s.n + bh_off), (float *)(s.ghn + bh_off));
-      else
-        gates_fwd_f64(B, H, (const double *)git, (const double *)gh, (const double *)(s.hs + bh_off),
-                      (double *)(s.hs + bh_off + (size_t)(B * H) * es), (double *)(s.rz + 2 * bh_off),
-                      (double *)(s.n + bh_off), (double *)(s.ghn + bh_off));
+      attn_gru_gates_forward(dt, B, H, git, gh, s.hs + bh_off, s.hs + bh_off + (size_t)(B * H) * es,
+                             s.rz + 2 * bh_off, s.n + bh_off, s.ghn + bh_off);
     }
     memcpy((char *)attn_tensor_data(hn) + (size_t)(k * B * H) * es, s.hs + (size_t)(T * B * H) * es,
            (size_t)(B * H) * es);
@@ -214,7 +227,7 @@ attn_status attn_gru_forward(const attn_tensor *x, const attn_tensor *h0, int la
     if (k == layers - 1) {
       memcpy(attn_tensor_data(out), states, (size_t)(TB * H) * es);
     } else if (drop) {
-      dropout(dt, states, dropped, TB * H, seed + (uint64_t)k, dropout_p);
+      attn_gru_dropout(dt, states, dropped, TB * H, seed + (uint64_t)k, dropout_p);
       input = dropped;
     } else {
       input = states;
@@ -283,14 +296,8 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
       size_t off = (size_t)(t * B * H) * es;
       char *dgit = dgi + 3 * off, *dght = dgh + 3 * off;
       /* dh += gy[t]; then the step's gate gradients; dh becomes dh * z + dgh W_hh */
-      if (dt == ATTN_F32)
-        attn_vmath_gru_bwd_f32(B, H, (float *)dh, (const float *)(gy + off), (const float *)(s.hs + off),
-                               (const float *)(s.rz + 2 * off), (const float *)(s.n + off),
-                               (const float *)(s.ghn + off), (float *)dgit, (float *)dght);
-      else
-        gates_bwd_f64(B, H, (double *)dh, (const double *)(gy + off), (const double *)(s.hs + off),
-                      (const double *)(s.rz + 2 * off), (const double *)(s.n + off),
-                      (const double *)(s.ghn + off), (double *)dgit, (double *)dght);
+      attn_gru_gates_backward(dt, B, H, dh, gy + off, s.hs + off, s.rz + 2 * off, s.n + off, s.ghn + off, dgit,
+                              dght);
       gemm(dt, 0, 0, B, H, 3 * H, dght, 3 * H, whh, H, 1, dh, H);
     }
     if (dh0) memcpy((char *)attn_tensor_data(dh0) + (size_t)k * n_dh, dh, n_dh);
@@ -299,11 +306,7 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
     for (int which = 0; which < 2; which++) {
       attn_tensor *db = which ? db_hh[k] : db_ih[k];
       const char *g = which ? dgh : dgi;
-      if (!db) continue;
-      if (dt == ATTN_F32)
-        attn_vmath_colsum_f32((const float *)g, TB, 3 * H, attn_tensor_data(db));
-      else
-        colsum_f64((const double *)g, TB, 3 * H, attn_tensor_data(db));
+      if (db) attn_gru_colsum(dt, g, TB, 3 * H, attn_tensor_data(db));
     }
     int64_t in_k = k ? H : NI;
     const char *input = attn_tensor_data(x);
@@ -311,7 +314,7 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
       saved_layer below = layer_block(saved, k - 1, T, B, H);
       input = below.hs + n_dh; /* the layer below's h_1 .. h_T */
       if (drop) {
-        dropout(dt, input, layer_in, TB * H, seed + (uint64_t)(k - 1), dropout_p);
+        attn_gru_dropout(dt, input, layer_in, TB * H, seed + (uint64_t)(k - 1), dropout_p);
         input = layer_in;
       }
     }
@@ -319,7 +322,7 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
     /* the input's gradient: dx for the first layer, else the layer below's output gradient */
     void *din = k ? (void *)dy : attn_tensor_data(dx);
     gemm(dt, 0, 0, TB, in_k, 3 * H, dgi, 3 * H, attn_tensor_data(w_ih[k]), in_k, 0, din, in_k);
-    if (k > 0 && drop) dropout(dt, dy, dy, TB * H, seed + (uint64_t)(k - 1), dropout_p);
+    if (k > 0 && drop) attn_gru_dropout(dt, dy, dy, TB * H, seed + (uint64_t)(k - 1), dropout_p);
   }
   char *bufs[5] = {dy, dgi, dgh, dh, layer_in};
   for (int i = 0; i < 5; i++)

@@ -48,4 +48,25 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
                               const attn_tensor *dhn, attn_tensor *dx, attn_tensor *dh0, attn_tensor *const *dw_ih,
                               attn_tensor *const *dw_hh, attn_tensor *const *db_ih, attn_tensor *const *db_hh);
 
+/* ---- one step's kernels, shared with the fused attention decoder (attn_decoder.c) ----
+ * Raw contiguous buffers of dtype dt; float32 runs attn_vmath's vectorised kernels, float64 plain
+ * loops (the reference). */
+
+/* The gate math of one step over B rows (the model above and in attn_vmath.h): gi, gh (B, 3H)
+ * the input and recurrent projections with biases, hp (B, H) the previous state -> hn (B, H),
+ * saved planes rz (B, 2H), n (B, H), ghn (B, H). */
+void attn_gru_gates_forward(attn_dtype dt, int64_t B, int64_t H, const void *gi, const void *gh, const void *hp,
+                            void *hn, void *rz, void *n, void *ghn);
+/* Its gradient: dh (B, H) += dy (B, H), then dgi, dgh (B, 3H) and dh replaced by dh * z (the
+ * caller adds dgh W_hh). */
+void attn_gru_gates_backward(attn_dtype dt, int64_t B, int64_t H, void *dh, const void *dy, const void *hp,
+                             const void *rz, const void *n, const void *ghn, void *dgi, void *dgh);
+/* out (cols) = the column sums of m (rows, cols), in row order (a bias gradient). */
+void attn_gru_colsum(attn_dtype dt, const void *m, int64_t rows, int64_t cols, void *out);
+/* Every row of m (rows, cols; es bytes an entry) set to v (cols), or zeros when v is NULL. */
+void attn_gru_fill_rows(void *m, int64_t rows, int64_t cols, size_t es, const void *v);
+/* y (n) = the engine's dropout (attn_dropout.h) of x (n) with probability p, stream seed,
+ * entries indexed from 0; y may be x. */
+void attn_gru_dropout(attn_dtype dt, const void *x, void *y, int64_t n, uint64_t seed, double p);
+
 #endif

@@ -70,10 +70,33 @@ double attn_flash_fma_peak(const char **isa) {
 typedef struct {
   const attn_flash_job *F;
   attn_flash_item_fn fn;
-  int64_t per_head; /* blocks per head */
+  const attn_flash_mat *first; /* the operand whose block rows an item packs first */
+  int64_t width;               /* its row width */
+  int64_t per_head;            /* blocks per head */
   atomic_int failed;
   atomic_int unclean; /* an item returned 0: the rest may stop, the reference reruns the call */
 } flash_run;
+
+/* Head and first row of an item: within a head the blocks go outside-in (0, n-1, 1, n-2, ...). */
+static void item_block(const flash_run *R, int64_t item, int64_t *b, int64_t *i0) {
+  int64_t p = item % R->per_head;
+  *b = item / R->per_head;
+  *i0 = (p % 2 == 0 ? p / 2 : R->per_head - 1 - p / 2) * TW;
+}
+
+/* Asks for the rows the next item packs first while this one computes: they come from memory
+ * or L3 (each block's own rows are read once per call), and their misses were ~3% of a causal
+ * forward at N 1024. Into L2, so the current item's tiles in L1 stay. */
+static void prefetch_block(const flash_run *R, int64_t item) {
+  int64_t b, i0, rows = R->first == &R->F->k ? R->F->J->Nk : R->F->J->Nq;
+  item_block(R, item, &b, &i0);
+  const float *p = R->first->p + b * R->first->sb + i0 * R->first->sr;
+  int64_t n = rows - i0 < TW ? rows - i0 : TW;
+  for (int64_t o = 0; o < n; o++) {
+    for (int64_t c = 0; c < R->width; c += 16) __builtin_prefetch(p + o * R->first->sr + c, 0, 2);
+    __asm__ __volatile__(""); /* GCC 12 at -O2 deleted the loop as one without side effects */
+  }
+}
 
 static void flash_task(void *ctx, int64_t begin, int64_t end) {
   flash_run *R = ctx;
@@ -85,16 +108,18 @@ static void flash_task(void *ctx, int64_t begin, int64_t end) {
     return;
   }
   for (int64_t item = begin; item < end && !atomic_load_explicit(&R->unclean, memory_order_relaxed); item++) {
-    int64_t b = item / R->per_head, p = item % R->per_head;
-    int64_t blk = p % 2 == 0 ? p / 2 : R->per_head - 1 - p / 2;
-    if (!R->fn(R->F, b, blk * TW, ws)) atomic_store(&R->unclean, 1);
+    if (item + 1 < end) prefetch_block(R, item + 1);
+    int64_t b, i0;
+    item_block(R, item, &b, &i0);
+    if (!R->fn(R->F, b, i0, ws)) atomic_store(&R->unclean, 1);
   }
   attn_free(ws, cap);
 }
 
 /* Runs fn over every block: -1 out of memory, 0 a block came out not finite, 1 done. */
-static int run_items(const attn_flash_job *F, attn_flash_item_fn fn, int64_t rows, double flops_per_block) {
-  flash_run R = {.F = F, .fn = fn, .per_head = (rows + TW - 1) / TW};
+static int run_items(const attn_flash_job *F, attn_flash_item_fn fn, const attn_flash_mat *first, int64_t width,
+                     int64_t rows, double flops_per_block) {
+  flash_run R = {.F = F, .fn = fn, .first = first, .width = width, .per_head = (rows + TW - 1) / TW};
   atomic_init(&R.failed, 0);
   atomic_init(&R.unclean, 0);
   attn_parallel_for(F->J->B * R.per_head, (int64_t)(2e5 / flops_per_block) + 1, flash_task, &R);
@@ -105,7 +130,7 @@ attn_status attn_attention_run_flash_forward(const attn_flash_job *F, const attn
                                              int *done) {
   const attn_attention_job *J = F->J;
   double flops = 2.0 * TW * (double)J->Nk * (double)(J->d + J->dv);
-  int r = run_items(F, ks->forward, J->Nq, flops);
+  int r = run_items(F, ks->forward, &F->q, J->d, J->Nq, flops);
   *done = r == 1;
   if (r < 0) return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the workspace", op);
   return ATTN_OK;
@@ -156,8 +181,8 @@ attn_status attn_attention_run_flash_backward(attn_flash_job *F, const attn_flas
   F->fillp = P.fillp;
   double flops = 2.0 * TW * (double)(J->Nk > J->Nq ? J->Nk : J->Nq) * (double)(2 * J->d + 2 * J->dv);
   int r = atomic_load(&P.nan_lse) ? 0 : 1;
-  if (r == 1 && F->dq) r = run_items(F, ks->backward_q, J->Nq, flops);
-  if (r == 1 && (F->dk || F->dv)) r = run_items(F, ks->backward_k, J->Nk, flops);
+  if (r == 1 && F->dq) r = run_items(F, ks->backward_q, &F->q, J->d, J->Nq, flops);
+  if (r == 1 && (F->dk || F->dv)) r = run_items(F, ks->backward_k, &F->k, J->d, J->Nk, flops);
   attn_free(buf, cap);
   F->lse2 = F->D = F->fillp = NULL;
   *done = r == 1;

@@ -43,8 +43,7 @@ double attn_vmath_exp_row_f64(double *x, int64_t n, double m);
  * arithmetic; attn_gemm.h decides when they are used. C (M x N, row-major, ldc) = alpha * op(A)
  * op(B) + beta * C, op(A) M x K and op(B) K x N, row-major with leading dims lda, ldb (ta, tb:
  * transposed). Register-blocked tiles per instruction set (src/cpu/gemm_body.h); B is copied into
- * pack only when it is transposed or N is not a multiple of ATTN_VMATH_GEMM_PANEL, and then at
- * most ATTN_VMATH_GEMM_PACK(min(N, ATTN_VMATH_GEMM_PANEL), K) floats (every path's panel is at
+ * pack only when it is transposed, and then at most ATTN_VMATH_GEMM_PACK(min(N, ATTN_VMATH_GEMM_PANEL), K) floats (every path's panel is at
  * most that wide); ATTN_VMATH_GEMM_PACK(N, K) is always enough. C is not read when beta is 0 (as
  * in BLAS), and every product is summed (a NaN or inf in an operand reaches C, as through BLAS).
  * A row's bits depend on N, K and the path, never on M. */

@@ -1,9 +1,9 @@
 /* Shared helpers of the Lua binding (not part of the C core).
  *
- * A Lua tensor is a full userdata holding an attn_tensor by value, with one
- * user value (a table for Lua-side fields such as grad) and the metatable
- * "attn.Tensor". Dims and indices arrive 1-based (negative counts from the
- * end) and leave 0-based for the core. Core failures are raised as Lua errors
+ * A Lua tensor is a full userdata holding an attn_tensor by value, with the
+ * metatable "attn.Tensor" and three user values (ATTN_L_UV_*). Dims and
+ * indices arrive 1-based (negative counts from the end) and leave 0-based for
+ * the core. Core failures are raised as Lua errors
  * only after the core has returned. */
 #ifndef ATTN_LBIND_H
 #define ATTN_LBIND_H
@@ -14,6 +14,15 @@
 #include "attn.h"
 
 #define ATTN_TENSOR_MT "attn.Tensor"
+
+/* A tensor's user values: a table of its Lua-side fields (grad, _rg for a leaf, a user's own;
+ * made by the first assignment), the autograd node that made it (t.grad_fn) and its position
+ * among that node's outputs when there are several (t._oi). The autograd fields are slots rather
+ * than table entries, so recording an op makes no table per output (src/ltensor.c). */
+#define ATTN_L_UV_FIELDS 1
+#define ATTN_L_UV_GRAD_FN 2
+#define ATTN_L_UV_OUTPUT 3
+#define ATTN_L_USER_VALUES 3
 
 /* Argument errors name the function the user called: every binding function
  * is registered (attn_l_setfuncs) as a closure whose upvalue 1 is its luaL_Reg
@@ -33,6 +42,8 @@ double attn_l_optnumber(lua_State *L, int arg, const char *what, double def);
 const char *attn_l_checklstring(lua_State *L, int arg, const char *what, size_t *len);
 void attn_l_checktable(lua_State *L, int arg, const char *what);
 
+/* Whether the value at idx is a tensor (freed or not). */
+int attn_l_is_tensor(lua_State *L, int idx);
 /* The tensor at idx; raises if it is not one or was freed. */
 attn_tensor *attn_l_check(lua_State *L, int idx);
 /* The tensor at idx, or NULL if the value is not a tensor (raises if freed). */

@@ -22,7 +22,7 @@ typedef struct {
   int deferred;    /* frees requested by finalizers, not yet done */
 } binding_state;
 
-static const char state_key = 0, deferred_key = 0;
+static const char state_key = 0, deferred_key = 0, tensor_mt_key = 0;
 
 /* Lua states that have loaded the module; the last to close stops the worker
  * pool and empties the cache before Lua unloads the library. */
@@ -151,9 +151,23 @@ void attn_l_setfuncs(lua_State *L, const luaL_Reg *fns) {
   }
 }
 
+/* The tensor metatable is also kept under a light userdata key: luaL_testudata
+ * and luaL_setmetatable look it up by name, which interns the name (a strcmp
+ * in Lua's string cache) on every tensor test and creation. */
+static void push_tensor_mt(lua_State *L) { lua_rawgetp(L, LUA_REGISTRYINDEX, &tensor_mt_key); }
+
+int attn_l_is_tensor(lua_State *L, int idx) {
+  if (lua_type(L, idx) != LUA_TUSERDATA || !lua_getmetatable(L, idx)) return 0;
+  push_tensor_mt(L);
+  int is = lua_rawequal(L, -1, -2);
+  lua_pop(L, 2);
+  return is;
+}
+
 attn_tensor *attn_l_test(lua_State *L, int idx) {
-  attn_tensor *t = luaL_testudata(L, idx, ATTN_TENSOR_MT);
-  if (t && !t->storage) attn_l_error(L, "use of freed tensor");
+  if (!attn_l_is_tensor(L, idx)) return NULL;
+  attn_tensor *t = lua_touserdata(L, idx);
+  if (!t->storage) attn_l_error(L, "use of freed tensor");
   return t;
 }
 
@@ -169,7 +183,7 @@ static const char *got(lua_State *L, int arg) {
   if (lua_isnone(L, arg)) return "no value";
   if (lua_isnil(L, arg)) return "nil";
   if (lua_type(L, arg) == LUA_TNUMBER) return lua_pushfstring(L, "%s", lua_tostring(L, arg));
-  if (luaL_testudata(L, arg, ATTN_TENSOR_MT)) return "a tensor";
+  if (attn_l_is_tensor(L, arg)) return "a tensor";
   return lua_pushfstring(L, "a %s", luaL_typename(L, arg));
 }
 
@@ -216,9 +230,10 @@ void attn_l_checktable(lua_State *L, int arg, const char *what) {
 }
 
 static attn_tensor *push_empty(lua_State *L) {
-  attn_tensor *t = lua_newuserdatauv(L, sizeof(attn_tensor), 1);
+  attn_tensor *t = lua_newuserdatauv(L, sizeof(attn_tensor), ATTN_L_USER_VALUES);
   memset(t, 0, sizeof *t);
-  luaL_setmetatable(L, ATTN_TENSOR_MT);
+  push_tensor_mt(L);
+  lua_setmetatable(L, -2);
   return t;
 }
 
@@ -352,11 +367,22 @@ int64_t attn_l_checkindices(lua_State *L, int arg, int64_t **out, const char *fn
   return n;
 }
 
+/* The user value slot of an autograd key kept as a slot (see lbind.h:
+ * grad_fn, _oi), else 0. */
+static int autograd_slot(lua_State *L, int key) {
+  size_t n;
+  const char *k = lua_tolstring(L, key, &n);
+  if (n == 7 && memcmp(k, "grad_fn", 7) == 0) return ATTN_L_UV_GRAD_FN;
+  if (n == 3 && memcmp(k, "_oi", 3) == 0) return ATTN_L_UV_OUTPUT;
+  return 0;
+}
+
 /* __index. A string key is a method (upvalue 1), else one of the tensor's
- * own fields (its user value table: grad, grad_fn, ...), else a computed
- * property (upvalue 2, e.g. requires_grad), else nil; methods come first so
- * that t:method() costs one rawget. Any other key (an integer or a Torch-style
- * index table) goes to the Lua indexer hooks.get (upvalue 3). */
+ * own fields (its fields table: grad, _rg of a leaf, ...; or an autograd
+ * slot: grad_fn, _oi, and _rg = true for a tensor a node made), else a
+ * computed property (upvalue 2, e.g. requires_grad), else nil; methods come
+ * first so that t:method() costs one rawget. Any other key (an integer or a
+ * Torch-style index table) goes to the Lua indexer hooks.get (upvalue 3). */
 static int tensor_index(lua_State *L) {
   lua_pushvalue(L, 2);
   if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1; /* no other key is in the methods table */
@@ -367,12 +393,24 @@ static int tensor_index(lua_State *L) {
     lua_call(L, 2, 1);
     return 1;
   }
-  if (lua_getiuservalue(L, 1, 1) == LUA_TTABLE) {
+  if (lua_getiuservalue(L, 1, ATTN_L_UV_FIELDS) == LUA_TTABLE) {
     lua_pushvalue(L, 2);
     if (lua_rawget(L, -2) != LUA_TNIL) return 1;
     lua_pop(L, 1);
   }
   lua_pop(L, 1);
+  int slot = autograd_slot(L, 2);
+  if (slot) {
+    lua_getiuservalue(L, 1, slot);
+    return 1;
+  }
+  size_t n;
+  const char *k = lua_tolstring(L, 2, &n);
+  if (n == 3 && memcmp(k, "_rg", 3) == 0) { /* a node's output requires grad */
+    if (lua_getiuservalue(L, 1, ATTN_L_UV_GRAD_FN) != LUA_TNIL) lua_pushboolean(L, 1);
+    else lua_pushnil(L);
+    return 1;
+  }
   lua_pushvalue(L, 2);
   if (lua_rawget(L, lua_upvalueindex(2)) == LUA_TNIL) return 1;
   lua_pushvalue(L, 1);
@@ -381,9 +419,9 @@ static int tensor_index(lua_State *L) {
 }
 
 /* __newindex. A string key with a setter (upvalue 1, e.g. requires_grad)
- * calls it; any other string key is stored in the user value table. Other
- * keys are element/slice assignment, done by the Lua hook hooks.set
- * (upvalue 2). */
+ * calls it; an autograd slot key (grad_fn, _oi) sets the slot; any other
+ * string key is stored in the fields table. Other keys are element/slice
+ * assignment, done by the Lua hook hooks.set (upvalue 2). */
 static int tensor_newindex(lua_State *L) {
   if (lua_type(L, 2) != LUA_TSTRING) {
     if (lua_getfield(L, lua_upvalueindex(2), "set") == LUA_TNIL)
@@ -400,11 +438,17 @@ static int tensor_newindex(lua_State *L) {
     return 0;
   }
   lua_pop(L, 1);
-  if (lua_getiuservalue(L, 1, 1) != LUA_TTABLE) {
+  int slot = autograd_slot(L, 2);
+  if (slot) {
+    lua_settop(L, 3);
+    lua_setiuservalue(L, 1, slot);
+    return 0;
+  }
+  if (lua_getiuservalue(L, 1, ATTN_L_UV_FIELDS) != LUA_TTABLE) {
     lua_pop(L, 1);
     lua_newtable(L);
     lua_pushvalue(L, -1);
-    lua_setiuservalue(L, 1, 1);
+    lua_setiuservalue(L, 1, ATTN_L_UV_FIELDS);
   }
   lua_pushvalue(L, 2);
   lua_pushvalue(L, 3);
@@ -412,8 +456,14 @@ static int tensor_newindex(lua_State *L) {
   return 0;
 }
 
+/* The tensor at 1, freed or not (the metamethods below release it). */
+static attn_tensor *check_held(lua_State *L) {
+  if (attn_l_is_tensor(L, 1)) return lua_touserdata(L, 1);
+  return luaL_checkudata(L, 1, ATTN_TENSOR_MT); /* raises its usual error */
+}
+
 static int tensor_gc(lua_State *L) { /* unreachable: nothing can be using it */
-  attn_l_release(L, luaL_checkudata(L, 1, ATTN_TENSOR_MT));
+  attn_l_release(L, check_held(L));
   return 0;
 }
 
@@ -421,7 +471,7 @@ static int tensor_gc(lua_State *L) { /* unreachable: nothing can be using it */
  * allocation there steps the collector) whose operand t may be: then the free
  * waits, in a registry list, until that call has returned (see settle). */
 static int tensor_free(lua_State *L) {
-  attn_tensor *t = luaL_checkudata(L, 1, ATTN_TENSOR_MT);
+  attn_tensor *t = check_held(L);
   if (t->storage && attn_l_in_finalizer(L)) {
     if (lua_rawgetp(L, LUA_REGISTRYINDEX, &deferred_key) != LUA_TTABLE) {
       lua_pop(L, 1);
@@ -438,11 +488,79 @@ static int tensor_free(lua_State *L) {
   return 0;
 }
 
+/* ---- Lua's own allocations. Every tensor op makes a userdata, and recording
+ * it a node table, an input list and a closure; the collector frees them in
+ * batches of a sweep step, which overflow the C library's per-size caches, so
+ * the next allocations took its slow paths (a third of a small op's time).
+ * A state's allocator is wrapped by a cache of freed blocks by exact size,
+ * handed back only for a request of that size: every block still comes from
+ * the wrapped allocator, which gets back the cached ones when the state
+ * closes. Bounded (CACHE_BYTES a state); not in the sanitized build, where
+ * reuse would hide a use after free from ASan. */
+#define CACHE_MAX_BLOCK 512
+#define CACHE_BYTES ((size_t)4 << 20)
+
+typedef struct cached_block {
+  struct cached_block *next;
+} cached_block;
+
+typedef struct {
+  lua_Alloc base;
+  void *base_ud;
+  size_t bytes;
+  cached_block *free[CACHE_MAX_BLOCK + 1];
+} lua_block_cache;
+
+static void *cached_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+  lua_block_cache *c = ud;
+  if (nsize == 0) {
+    if (ptr && osize >= sizeof(cached_block) && osize <= CACHE_MAX_BLOCK && c->bytes + osize <= CACHE_BYTES) {
+      cached_block *b = ptr;
+      b->next = c->free[osize];
+      c->free[osize] = b;
+      c->bytes += osize;
+      return NULL;
+    }
+  } else if (!ptr && nsize <= CACHE_MAX_BLOCK && c->free[nsize]) { /* (osize is a type tag here) */
+    cached_block *b = c->free[nsize];
+    c->free[nsize] = b->next;
+    c->bytes -= nsize;
+    return b;
+  }
+  return c->base(c->base_ud, ptr, osize, nsize);
+}
+
+static void cache_lua_blocks(lua_State *L) {
+#ifndef ATTN_SANITIZED_BUILD
+  lua_block_cache *c = calloc(1, sizeof *c);
+  if (!c) return; /* no cache: the allocator stays as it is */
+  c->base = lua_getallocf(L, &c->base_ud);
+  lua_setallocf(L, cached_alloc, c);
+#else
+  (void)L;
+#endif
+}
+
+/* Gives the cached blocks back and restores the wrapped allocator (unless
+ * another one was set since, which then keeps the cache's blocks). */
+static void uncache_lua_blocks(lua_State *L) {
+  void *ud;
+  if (lua_getallocf(L, &ud) != cached_alloc) return;
+  lua_block_cache *c = ud;
+  lua_setallocf(L, c->base, c->base_ud);
+  for (size_t n = 0; n <= CACHE_MAX_BLOCK; n++)
+    for (cached_block *b = c->free[n], *next; b; b = next) {
+      next = b->next;
+      c->base(c->base_ud, b, n, 0);
+    }
+  free(c);
+}
+
 /* __gc of the per-state data: Lua finalises it after every tensor (it was
  * made before them) and before it unloads the library (package's table of
  * loaded C libraries is older still). */
 static int state_gc(lua_State *L) {
-  (void)L;
+  uncache_lua_blocks(L); /* the state is closing: what it frees from now on goes straight back */
   pthread_mutex_lock(&states_lock);
   int last = --open_states == 0;
   pthread_mutex_unlock(&states_lock);
@@ -585,9 +703,19 @@ static int l_same_shape(lua_State *L) {
   return 1;
 }
 
+/* fits_last(v, ndim, last): whether v is a tensor of ndim dims whose last size is `last` (any
+ * other value: false), so a layer picks its fused path with one call, not three per operand. */
+static int l_fits_last(lua_State *L) {
+  lua_Integer ndim = attn_l_checkinteger(L, 2, "ndim"), last = attn_l_checkinteger(L, 3, "last");
+  const attn_tensor *t = attn_l_test(L, 1);
+  lua_pushboolean(L, t && t->ndim == ndim && ndim > 0 && t->shape[t->ndim - 1] == last);
+  return 1;
+}
+
 static const luaL_Reg core_functions[] = {
     {"clock", l_clock},
     {"same_shape", l_same_shape},
+    {"fits_last", l_fits_last},
     {"cpu_clock", l_cpu_clock},
     {"isa", l_isa},
     {"isa_supported", l_isa_supported},
@@ -618,6 +746,7 @@ int luaopen_attn_core(lua_State *L) {
     lua_setfield(L, -2, "__gc");
     lua_setmetatable(L, -2);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &state_key);
+    cache_lua_blocks(L);
     pthread_mutex_lock(&states_lock);
     open_states++;
     pthread_mutex_unlock(&states_lock);
@@ -626,6 +755,8 @@ int luaopen_attn_core(lua_State *L) {
 
   lua_newtable(L); /* module */
   int created = luaL_newmetatable(L, ATTN_TENSOR_MT);
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &tensor_mt_key);
   if (created) {
     /* Filled in by the Lua side (attn.tensor): methods, property getters
      * and setters, and the indexing hooks {get =, set =}. */

@@ -228,9 +228,11 @@ static int l_bmm(lua_State *L) {
   return l_matmul(L);
 }
 
-/* gemm_(c, a, b [, alpha [, beta [, path]]]): c = alpha a b + beta c in place on 2-D float views,
- * by the path "auto" (default: as matmul chooses), "small" (the engine's kernel, float32) or
- * "blas" (OpenBLAS): the specs and benchmarks compare the two with it. Returns c. */
+/* gemm_(c, a, b [, alpha [, beta [, path [, reps]]]]): c = alpha a b + beta c in place on 2-D float
+ * views, by the path "auto" (default: as matmul chooses), "small" (the engine's kernel, float32)
+ * or "blas" (OpenBLAS): the specs and benchmarks compare the two with it. reps (default 1) runs
+ * it that many times in one call, so that bench/gemm_bench.lua can time products that take less
+ * than the binding itself. Returns c. */
 static int l_gemm_(lua_State *L) {
   attn_tensor *c = attn_l_check(L, 1), *a = attn_l_check(L, 2), *b = attn_l_check(L, 3);
   double alpha = attn_l_optnumber(L, 4, "alpha", 1), beta = attn_l_optnumber(L, 5, "beta", 0);
@@ -240,7 +242,9 @@ static int l_gemm_(lua_State *L) {
                                                     : ATTN_GEMM_AUTO;
   if (path == ATTN_GEMM_AUTO && strcmp(name, "auto") != 0)
     return attn_l_argerror(L, 6, "path", "'auto', 'small' or 'blas'");
-  ATTN_L_TRY(L, attn_gemm_views(path, alpha, a, b, beta, c));
+  lua_Integer reps = attn_l_optinteger(L, 7, "reps", 1);
+  if (reps < 1) return attn_l_argerror(L, 7, "reps", "a positive integer");
+  for (lua_Integer r = 0; r < reps; r++) ATTN_L_TRY(L, attn_gemm_views(path, alpha, a, b, beta, c));
   attn_l_bump_version(c);
   lua_settop(L, 1);
   return 1;

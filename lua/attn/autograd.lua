@@ -43,8 +43,9 @@ local function requires(t) return getmetatable(t) == TENSOR_MT and t._rg == true
 local same_shape = core.same_shape
 -- The per-node bookkeeping in C (src/ltensor.c), one call each instead of a
 -- metatable test, a field read through __index and a version read per tensor.
-local graph_requires, graph_requires_in, graph_fn = core.graph_requires, core.graph_requires_in, core.graph_fn
+local graph_requires, graph_requires_in = core.graph_requires, core.graph_requires_in
 local graph_target, graph_versions, graph_link = core.graph_target, core.graph_versions, core.graph_link
+local graph_order, graph_root = core.graph_order, core.graph_root
 
 local function needs_grad(inputs)
   -- a tensor here would loop over its first size (# of a tensor), which can be 2^62
@@ -60,7 +61,7 @@ autograd.needs_grad = needs_grad
 -- Versions only ever grow, so their sum is unchanged exactly when every one
 -- of them is: a node keeps one number (vsum, set by graph_link), not a table.
 local function check_versions(node)
-  if graph_versions(node) ~= node.vsum then
+  if graph_versions(node.inputs, node.out or node.outputs) ~= node.vsum then
     error(string.format("backward: a tensor used by '%s' was modified in place after the forward pass, so its "
       .. "gradient would be wrong; modify a clone instead", node.name), 0)
   end
@@ -74,6 +75,21 @@ function autograd.wants(a, b, c)
   return graph_requires(a, b, c)
 end
 
+-- The node of record and record_wanted (see record).
+local function link(name, out, inputs, backward)
+  local single = is_tensor(out)
+  if not single and type(out) ~= "table" then
+    error("record: out must be a tensor or a table of tensors, got a " .. type(out), 2)
+  end
+  local node = single and { name = name, inputs = inputs, backward = backward, out = out, vsum = 0 }
+    or { name = name, inputs = inputs, backward = backward, outputs = out, vsum = 0 }
+  -- each output's grad_fn (and _oi when several) and the version sum; false (nothing linked) when
+  -- the op returned an input unchanged (to() of the same dtype, contiguous() of a contiguous
+  -- tensor): it is the identity, and the input already carries its history
+  node.vsum = graph_link(node, inputs, out)
+  return out
+end
+
 --- Records a finished forward computation; see the module comment.
 -- out: tensor or array of tensors; inputs: array (non-tensors ignored, false for holes);
 -- backward(g1, ...) returns the inputs' gradients in order.
@@ -83,29 +99,15 @@ end
 -- further table: its pending gradient is the tensor itself (see run_nodes).
 function autograd.record(name, out, inputs, backward)
   if not needs_grad(inputs) then return out end
-  local nin = #inputs
-  local single = is_tensor(out)
-  if not single and type(out) ~= "table" then
-    error("record: out must be a tensor or a table of tensors, got a " .. type(out), 2)
-  end
-  -- An op that returned its input unchanged (to() of the same dtype, contiguous()
-  -- of a contiguous tensor) is the identity: the input already carries its history.
-  if single then
-    for i = 1, nin do
-      if rawequal(out, inputs[i]) then return out end
-    end
-  else
-    for k = 1, #out do
-      local o = out[k]
-      for i = 1, nin do
-        if rawequal(o, inputs[i]) then return out end
-      end
-    end
-  end
-  local node = single and { name = name, inputs = inputs, backward = backward, out = out, vsum = 0 }
-    or { name = name, inputs = inputs, backward = backward, outputs = out, vsum = 0 }
-  graph_link(node) -- vsum, and each output's _rg, grad_fn (and _oi when several)
-  return out
+  return link(name, out, inputs, backward) -- (a tail call: its errors point at record's caller)
+end
+
+--- `record` for an op that has just found `wants` true for the operands it lists in `inputs`:
+-- the same node, without repeating the grad-mode and requires-grad tests (a tenth of a small
+-- op's recording).
+function autograd.record_wanted(name, out, inputs, backward)
+  if type(inputs) ~= "table" then error("record: inputs must be a table of values, got a " .. type(inputs), 2) end
+  return link(name, out, inputs, backward)
 end
 
 --- Gradient `g` summed down to `shape` (undoes broadcasting).
@@ -276,11 +278,13 @@ function autograd.backward(root, grad, opts)
   if type(grad) == "table" and not is_tensor(grad) and opts == nil then grad, opts = nil, grad end
   opts = opts or NO_OPTS
   if type(opts) ~= "table" then error("backward: options must be a table, got a " .. type(opts), 2) end
-  if not requires(root) then
+  -- root's node (true for a leaf, false when it needs no grad) and whether grad fits it, in one call
+  local root_fn, fits = graph_root(root, grad)
+  if not root_fn then
     error("backward: tensor does not require grad (no input of its computation had requires_grad)", 2)
   end
   if grad ~= nil then
-    if not (is_tensor(grad) and same_shape(root, grad) and core.dtype(grad) == core.dtype(root)) then
+    if not fits then
       error(string.format("backward: grad must be a %s tensor of the output's shape %s, got %s", core.dtype(root),
         core.shape_str(root), is_tensor(grad) and string.format("%s %s", core.dtype(grad), core.shape_str(grad))
           or type(grad)), 2)
@@ -292,38 +296,18 @@ function autograd.backward(root, grad, opts)
     end
     grad = core.full(core.shape(root), 1, core.dtype(root))
   end
-  -- Topological order of nodes (iterative DFS with parallel arrays, so deep
-  -- graphs do not overflow the C stack and no table is made per node).
+  if root_fn == true then root_fn = nil end
+  -- Topological order of nodes (graph_order: an iterative walk in C over the
+  -- work lists, so deep graphs do not overflow the C stack and no table is
+  -- made per node).
   local w = take_work()
-  local order, visited, stack_node, stack_pos = w.order, w.visited, w.stack_node, w.stack_pos
-  local top = 0
-  local root_fn = root.grad_fn
-  if root_fn then stack_node[1], stack_pos[1], top = root_fn, 1, 1 end
-  while top > 0 do
-    local node, i = stack_node[top], stack_pos[top]
-    if i == 1 then
-      if visited[node] then
-        top = top - 1
-        goto continue
-      end
-      visited[node] = true
-      if not node.inputs then
-        error("backward: the graph through '" .. node.name .. "' was already freed by an earlier backward; "
-          .. "pass {retain_graph = true} to the first one", 2)
-      end
+  local order = w.order
+  if root_fn then
+    local freed = graph_order(root_fn, order, w.visited, w.stack_node, w.stack_pos)
+    if freed then
+      error("backward: the graph through '" .. freed.name .. "' was already freed by an earlier backward; "
+        .. "pass {retain_graph = true} to the first one", 2)
     end
-    if i <= #node.inputs then
-      stack_pos[top] = i + 1
-      local child = graph_fn(node.inputs[i])
-      if child and not visited[child] then
-        top = top + 1
-        stack_node[top], stack_pos[top] = child, 1
-      end
-    else
-      order[#order + 1] = node
-      top = top - 1
-    end
-    ::continue::
   end
 
   local node_grads, owned, leaf_grads, leaf_order = w.node_grads, w.owned, w.leaf_grads, w.leaf_order

@@ -8,6 +8,7 @@ local core = require "attn.core"
 local autograd = require "attn.autograd"
 
 local record, sum_to, is_tensor, wants = autograd.record, autograd.sum_to, autograd.is_tensor, autograd.wants
+local record_wanted = autograd.record_wanted
 
 local Tensor = core.methods
 
@@ -79,7 +80,7 @@ local function binary(name, grad_fn)
   return function(a, b)
     local out = f(a, b)
     if not wants(a, b) then return out end -- no closure or input list when nothing records
-    return record(name, out, { a, b }, function(g) return grad_fn(g, a, b, out) end)
+    return record_wanted(name, out, { a, b }, function(g) return grad_fn(g, a, b, out) end)
   end
 end
 
@@ -149,7 +150,7 @@ local function unary(name, grad_fn)
   return function(x)
     local out = f(x)
     if not wants(x) then return out end
-    return record(name, out, { x }, function(g) return grad_fn(g, x, out) end)
+    return record_wanted(name, out, { x }, function(g) return grad_fn(g, x, out) end)
   end
 end
 
@@ -294,7 +295,7 @@ local function view_op(name, grad_fn)
     local out = f(x, ...)
     if not wants(x) then return out end
     local args = table.pack(...)
-    return record(name, out, { x }, function(g) return grad_fn(g, x, args) end)
+    return record_wanted(name, out, { x }, function(g) return grad_fn(g, x, args) end)
   end
 end
 

@@ -78,20 +78,50 @@ describe("flash dot-product attention", function()
     end)
   end
 
-  it("gives the same bits on 1 and 2 threads (dropout included)", function()
+  -- Masked tiles compute only the lane vectors some row of a block sees (queries in the forward
+  -- and dq, keys in dk and dv, where each vector's sums also start at its first visible query):
+  -- the causal diagonal, windows (vectors left out at both ends), lengths and keep-masks on top,
+  -- at odd sizes so the tiles end mid-vector.
+  for _, kernel in ipairs(helper.flash_kernels()) do
+    local skip_cases = {
+      { "causal, odd N", { 2, 197, 197, 33, 17 }, { causal = true } },
+      { "causal, more queries than keys", { 2, 203, 131, 16, 24 }, { causal = true } },
+      { "causal, more keys than queries", { 2, 131, 203, 16, 24 }, { causal = true } },
+      { "window alone", { 2, 201, 199, 8, 8 }, { window = 9 } },
+      { "window with causal", { 1, 259, 259, 16, 16 }, { window = 40, causal = true } },
+      { "causal with valid_lens", { 2, 150, 150, 8, 8 }, { causal = true, valid_lens = { 3, 149 } } },
+      { "causal with dropout", { 2, 140, 140, 8, 8 }, { causal = true, dropout = 0.25, seed = 11 } },
+    }
+    for _, c in ipairs(skip_cases) do
+      it(kernel .. " skips the lane vectors no row sees and still equals the reference: " .. c[1], function()
+        local q, k, v = inputs(table.unpack(c[2]))
+        compare(q, k, v, c[3], kernel)
+      end)
+    end
+    it(kernel .. " skips the lane vectors no row sees under a keep-mask with causal", function()
+      local q, k, v = inputs(2, 170, 170, 8, 8)
+      local m = attn.rand({ 2, 170, 170 }):gt(0.3):totable()
+      local mask = attn.tensor(m)
+      compare(q, k, v, { mask = mask, causal = true }, kernel)
+    end)
+  end
+
+  it("gives the same bits on 1, 2 and 3 threads (dropout included)", function()
     local q, k, v = inputs(3, 150, 140, 32, 16)
     local dout = attn.randn { 3, 150, 16 }
     local opts = { dropout = 0.2, seed = 3, valid_lens = { 5, 0, 140 }, causal = true }
     local before = attn.get_num_threads()
     local res = {}
-    for _, n in ipairs { 1, 2 } do
+    for _, n in ipairs { 1, 2, 3 } do
       attn.set_num_threads(n)
       local out, w, _, lse = core.sdpa_forward(q, k, v, opts)
       local dq, dk, dv = core.sdpa_backward(q, k, v, opts, dout, nil, nil, nil, out, lse)
       res[n] = { out, w, dq, dk, dv }
     end
     attn.set_num_threads(before)
-    for i = 1, 5 do assert.are.equal(0, (res[1][i] - res[2][i]):abs():max():item()) end
+    for n = 2, 3 do
+      for i = 1, 5 do assert.are.equal(0, (res[1][i] - res[n][i]):abs():max():item()) end
+    end
   end)
 
   it("leaves float64 and non-finite operands to the reference path", function()

@@ -190,6 +190,89 @@ describe("autograd", function()
     assert.is_nil(x.no_such_field) -- unknown fields still read as nil
   end)
 
+  it("keeps a result's node, position and flag apart from its own fields", function()
+    -- grad_fn and _oi live in the tensor's user value slots, a leaf's flag and user fields in its
+    -- fields table (src/lbind.h): each must read back what was set, whatever the other holds
+    local autograd = require "attn.autograd"
+    local x = attn.tensor({ 1, 2 }, { dtype = "float64", requires_grad = true })
+    local y = x * 3
+    assert.are.equal("mul", y.grad_fn.name)
+    assert.are.same({ x }, { y.grad_fn.inputs[1] })
+    assert.is_false(y.is_leaf and y:is_leaf())
+    assert.is_true(x:is_leaf())
+    assert.is_nil(x.grad_fn)
+    assert.is_nil(y._oi) -- a one-output node gives no position
+    y.note = "kept"
+    y.grad = nil
+    assert.are.equal("kept", y.note)
+    assert.are.equal("mul", y.grad_fn.name) -- a user field does not hide the node
+    local a, b = x * 1, x * 2
+    local outs = autograd.record("pair", { a + 0, b + 0 }, { a, b }, function(ga, gb) return ga, gb end)
+    assert.are.equal(1, outs[1]._oi)
+    assert.are.equal(2, outs[2]._oi)
+    assert.are.equal(outs[1].grad_fn, outs[2].grad_fn)
+    assert.is_true(outs[2].requires_grad)
+    ;(outs[1] * 5 + outs[2] * 7):sum():backward()
+    assert.are.same({ 5 + 14, 5 + 14 }, x.grad:totable())
+    local d = y:detach()
+    assert.is_nil(d.grad_fn)
+    assert.is_false(d.requires_grad)
+    assert.are.equal("kept", y.note) -- the view shares storage, not fields
+    assert.is_nil(d.note)
+  end)
+
+  it("walks deep and shared graphs in order, and names a node an earlier backward freed", function()
+    -- the walk (core.graph_order) runs in C over Lua lists: a chain far deeper than the C stack
+    -- allows recursion into, and a node reached by two paths runs once, after both consumers
+    local x = attn.tensor({ 0.5 }, { dtype = "float64", requires_grad = true })
+    local y = x
+    for _ = 1, 30000 do y = y * 1 end
+    y:sum():backward()
+    assert.are.same({ 1 }, x.grad:totable())
+    x.grad = nil
+    local shared = x:exp()
+    local out = (shared * shared + shared:tanh()):sum()
+    out:backward()
+    local e = math.exp(0.5)
+    local t = (math.exp(2 * e) - 1) / (math.exp(2 * e) + 1) -- tanh(e)
+    assert.is_true(math.abs(x.grad:get(1) - (2 * e * e + (1 - t * t) * e)) < 1e-12)
+    assert.has_error(function() out:backward() end, "backward: the graph through 'sum' was already freed by an "
+      .. "earlier backward; pass {retain_graph = true} to the first one")
+  end)
+
+  it("links no node for an op that returns its input, through record and record_wanted", function()
+    local autograd = require "attn.autograd"
+    local x = attn.tensor({ 1, 2 }, { dtype = "float64", requires_grad = true })
+    local y = x * 2
+    local node = y.grad_fn
+    assert.are.equal(y, y:contiguous()) -- contiguous of a contiguous tensor is the identity
+    assert.are.equal(node, y.grad_fn)
+    assert.are.equal(y, autograd.record_wanted("same", y, { y }, function(g) return g * 100 end))
+    assert.are.equal(node, y.grad_fn)
+    local z = autograd.record_wanted("double", y * 1, { y }, function(g) return g * 2 end)
+    assert.are.equal("double", z.grad_fn.name)
+    z:sum():backward()
+    assert.are.same({ 4, 4 }, x.grad:totable())
+    assert.has_error(function() autograd.record_wanted("bad", y, y, function() end) end,
+      "record: inputs must be a table of values, got a userdata")
+    assert.has_error(function() autograd.record_wanted("bad", 5, { y }, function() end) end,
+      "record: out must be a tensor or a table of tensors, got a number")
+  end)
+
+  it("tells a fused layer's operand shape with core.fits_last", function()
+    local core = attn.core
+    local q = attn.zeros { 2, 1, 20 }
+    assert.is_true(core.fits_last(q, 3, 20))
+    assert.is_false(core.fits_last(q, 3, 2))
+    assert.is_false(core.fits_last(q, 2, 20))
+    assert.is_false(core.fits_last(attn.zeros {}, 0, 1)) -- a 0-d tensor has no last dim
+    assert.is_false(core.fits_last({ 20 }, 1, 20)) -- not a tensor
+    assert.has_error(function() core.fits_last(q, 3.5, 20) end,
+      "fits_last: argument 2 (ndim) must be an integer, got 3.5")
+    assert.has_error(function() core.fits_last(q, 3) end,
+      "fits_last: argument 3 (last) must be an integer, got no value")
+  end)
+
   it("frees the graph after backward unless retain_graph", function()
     local w = attn.ones({ 2 }, { requires_grad = true })
     local loss = (w:exp() * 3):sum()

@@ -38,9 +38,12 @@ local function assert_rel(actual, expected, what)
   assert(ok, what .. ": " .. tostring(msg))
 end
 
+-- the edges of the kernel: panels cut inside a vector (N 5, 8, 10, 24, 33, 70, 200: masked loads
+-- of B and masked stores of C), K past and inside a transposed block (K 8, 17, 40, 65), one row,
+-- and the book's tiny heads (10 x 10 x 8, 10 x 8 x 10)
 local shapes = { -- M, N, K
   { 1, 1, 1 }, { 3, 5, 7 }, { 8, 32, 32 }, { 9, 33, 17 }, { 13, 70, 65 }, { 64, 96, 32 }, { 17, 16, 100 },
-  { 6, 200, 3 },
+  { 6, 200, 3 }, { 10, 10, 8 }, { 10, 8, 10 }, { 1, 9, 32 }, { 5, 24, 40 },
 }
 
 describe("small float32 products", function()
@@ -113,6 +116,18 @@ describe("small float32 products", function()
     end)
   end
 
+  it("leaves the FPU to OpenBLAS's x87 code: a float64 QR after every path's edge packing", function()
+    -- a staging array in the generic path's masked-load stand-in once compiled to MMX moves,
+    -- whose state (never reset) turned the next dnrm2 inside LAPACK's QR into NaN
+    for _, isa in ipairs(paths) do
+      core.isa(isa)
+      core.gemm_(attn.zeros(1, 45), attn.randn(1, 29), attn.randn(45, 29):t(), 1, 0, "small")
+      core.isa(saved)
+      local q = attn.linalg.qr(attn.randn({ 5, 3 }, "float64"))
+      for _, v in ipairs(helper.flatten(q:totable())) do assert(v == v, isa .. ": NaN in Q") end
+    end
+  end)
+
   it("packs K past its stack workspace from the allocator when forced", function()
     local a, b = attn.randn(3, 700), attn.randn(20, 700):t()
     local small = core.gemm_(attn.zeros(3, 20), a, b, 1, 0, "small")
@@ -172,5 +187,11 @@ describe("small float32 products", function()
       "gemm: a [4x4] and b [4x4] need a unit stride in one dim, c [4x4] in its columns")
     assert.has_error(function() core.gemm_(attn.zeros(2, 2), attn.randn(2, 2), attn.randn(2, 2), 1, 0, "fast") end,
       "gemm_: argument 6 (path) must be 'auto', 'small' or 'blas', got a string")
+    -- reps (the benchmark's loop in C): beta 1 accumulates the product once per repetition
+    local p, q = attn.randn(3, 5), attn.randn(5, 4)
+    local acc = core.gemm_(attn.ones(3, 4), p, q, 0.5, 1, "small", 4)
+    helper.assert_close(acc, naive(p, q, attn.ones(3, 4), 2, 1), { atol = 1e-5 })
+    assert.has_error(function() core.gemm_(attn.zeros(3, 4), p, q, 1, 0, "small", 0) end,
+      "gemm_: argument 7 (reps) must be a positive integer, got 0")
   end)
 end)

@@ -38,38 +38,58 @@ static inline flash_vf vload(const float *p) {
 }
 static inline void vstore(float *p, flash_vf v) { memcpy(p, &v, sizeof v); }
 
-/* Rows [n0, n0 + NB) of the product below, lane vectors [QLO, QV) of lanes [l0, l0 + VL * QV):
- * NB x QV accumulators stay in registers over the whole k loop (NB and QLO are constants after
- * inlining). kend (NULL: none) bounds the k loop per lane vector, non-decreasing: vector q takes
- * k < kend[q] only (the terms past it are known to be 0). */
-static inline __attribute__((always_inline)) void mk_block(const int NB, const int QLO, int64_t K, int64_t n0,
-                                                           int64_t l0, const float *A, const float *B, int64_t bn,
-                                                           int64_t bk, float *C, const float *cs, int mode,
-                                                           const int64_t *kend) {
+typedef int32_t flash_vi __attribute__((vector_size(FLASH_VL * 4)));
+typedef uint32_t flash_vu __attribute__((vector_size(FLASH_VL * 4)));
+
+/* a > b ? a : b lane-wise (b where either is NaN, as the scalar select) */
+static inline flash_vf vmax(flash_vf a, flash_vf b) {
+  flash_vi gt = a > b;
+  return (flash_vf)((gt & (flash_vi)a) | (~gt & (flash_vi)b));
+}
+
+/* Rows [n0, n0 + NB) of the product below, lane vectors [QLO, QHI) of lanes [l0, l0 + VL * QV):
+ * NB x QV accumulators stay in registers over the whole k loop (NB, QLO and QHI are constants
+ * after inlining); in mode 0 the vectors outside [QLO, QHI) are stored as 0. Bounds on the k loop
+ * per lane vector (the terms outside are known to be 0), at most one of: kend (non-decreasing:
+ * vector q takes k < kend[q] only) or kbeg (non-decreasing: vector q takes k >= kbeg[q] only). */
+static inline __attribute__((always_inline)) void mk_block(const int NB, const int QLO, const int QHI, int64_t K,
+                                                           int64_t n0, int64_t l0, const float *A, const float *B,
+                                                           int64_t bn, int64_t bk, float *C, float *cs, int mode,
+                                                           const int64_t *kend, const int64_t *kbeg) {
   flash_vf acc[FLASH_NR][FLASH_QV];
   for (int r = 0; r < NB; r++)
-    for (int q = QLO; q < FLASH_QV; q++) acc[r][q] = (flash_vf){0};
-  const float *ap = A + l0, *bp = B + n0 * bn;
-  int64_t k = 0;
+    for (int q = QLO; q < QHI; q++) acc[r][q] = (flash_vf){0};
+  int64_t k = kbeg ? (kbeg[QLO] < K ? kbeg[QLO] : K) : 0;
+  const float *ap = A + l0 + k * TW, *bp = B + n0 * bn + k * bk;
 #pragma GCC unroll 4
-  for (int s = QLO; s < FLASH_QV; s++) { /* one pass without kend; else vectors s.. from kend[s-1] */
-    const int64_t ke = kend ? kend[s] : K;
+  for (int s = QLO; s < QHI; s++) {
+    /* one pass without bounds; with kend vectors [s, QHI) up to kend[s]; with kbeg vectors
+     * [QLO, s] up to kbeg[s + 1] */
+    const int lo = kend ? s : QLO, hi = kbeg ? s + 1 : QHI;
+    int64_t ke = kend ? kend[s] : kbeg && s + 1 < QHI ? kbeg[s + 1] : K;
+    ke = ke < K ? ke : K;
     for (; k < ke; k++, ap += TW, bp += bk) {
       flash_vf a[FLASH_QV];
-      for (int q = s; q < FLASH_QV; q++) a[q] = vload(ap + q * FLASH_VL);
+      for (int q = lo; q < hi; q++) a[q] = vload(ap + q * FLASH_VL);
       for (int r = 0; r < NB; r++) {
         float bv = bp[r * bn];
-        /* a[q] is loaded above for every q >= s (cppcheck loses that across the two loops) */
+        /* a[q] is loaded above for every q in [lo, hi) (cppcheck loses that across the two loops) */
         // cppcheck-suppress uninitvar
-        for (int q = s; q < FLASH_QV; q++) acc[r][q] += a[q] * bv;
+        for (int q = lo; q < hi; q++) acc[r][q] += a[q] * bv;
       }
     }
-    if (!kend) break;
+    if (!kend && !kbeg) break;
   }
+  if (mode == 3)
+    for (int q = QLO; q < QHI; q++) {
+      flash_vf mx = vload(cs + l0 + q * FLASH_VL);
+      for (int r = 0; r < NB; r++) mx = vmax(acc[r][q], mx);
+      vstore(cs + l0 + q * FLASH_VL, mx);
+    }
   for (int r = 0; r < NB; r++)
-    for (int q = QLO; q < FLASH_QV; q++) {
+    for (int q = mode == 0 ? 0 : QLO; q < (mode == 0 ? FLASH_QV : QHI); q++) {
       float *cp = C + (n0 + r) * TW + l0 + q * FLASH_VL;
-      flash_vf c = acc[r][q];
+      flash_vf c = q >= QLO && q < QHI ? acc[r][q] : (flash_vf){0};
       if (mode == 1) c += vload(cp);
       if (mode == 2) c += vload(cp) * vload(cs + l0 + q * FLASH_VL);
       vstore(cp, c);
@@ -77,66 +97,94 @@ static inline __attribute__((always_inline)) void mk_block(const int NB, const i
 }
 
 /* C[n][0:TW] = init + sum_{k < K} A[k][0:TW] * B[n*bn + k*bk] for n < N, where init is 0
- * (mode 0), C (mode 1) or C * cs lane-wise (mode 2: the online-softmax rescale). kend as in
- * mk_block, one entry per lane vector of the tile (NULL: none; a constant after inlining, so the
- * plain product keeps its one k loop). */
+ * (mode 0), C (mode 1) or C * cs lane-wise (mode 2: the online-softmax rescale); mode 3 is mode 0
+ * that also takes the new rows into the lane-wise running max cs, while they are in registers
+ * (a pass of its own over the tile was bound by the latency of its max chain). kend and kbeg as
+ * in mk_block, one entry per lane vector of the tile (NULL: none; constants after inlining, so
+ * the plain product keeps its one k loop). */
 static inline __attribute__((always_inline)) void mk_impl(int64_t K, int64_t N, const float *A, const float *B,
-                                                          int64_t bn, int64_t bk, float *C, const float *cs,
-                                                          int mode, const int64_t *kend) {
+                                                          int64_t bn, int64_t bk, float *C, float *cs, int mode,
+                                                          const int64_t *kend, const int64_t *kbeg) {
   for (int64_t l0 = 0; l0 < TW; l0 += FLASH_VL * FLASH_QV) {
-    const int64_t *ke = kend ? kend + l0 / FLASH_VL : NULL;
+    const int64_t *ke = kend ? kend + l0 / FLASH_VL : NULL, *kb = kbeg ? kbeg + l0 / FLASH_VL : NULL;
     int64_t n0 = 0;
-    for (; n0 + FLASH_NR <= N; n0 += FLASH_NR) mk_block(FLASH_NR, 0, K, n0, l0, A, B, bn, bk, C, cs, mode, ke);
+    for (; n0 + FLASH_NR <= N; n0 += FLASH_NR)
+      mk_block(FLASH_NR, 0, FLASH_QV, K, n0, l0, A, B, bn, bk, C, cs, mode, ke, kb);
 #if FLASH_NR > 4
-    for (; n0 + 4 <= N; n0 += 4) mk_block(4, 0, K, n0, l0, A, B, bn, bk, C, cs, mode, ke);
+    for (; n0 + 4 <= N; n0 += 4) mk_block(4, 0, FLASH_QV, K, n0, l0, A, B, bn, bk, C, cs, mode, ke, kb);
 #endif
 #if FLASH_NR > 2
-    for (; n0 + 2 <= N; n0 += 2) mk_block(2, 0, K, n0, l0, A, B, bn, bk, C, cs, mode, ke);
+    for (; n0 + 2 <= N; n0 += 2) mk_block(2, 0, FLASH_QV, K, n0, l0, A, B, bn, bk, C, cs, mode, ke, kb);
 #endif
-    for (; n0 < N; n0++) mk_block(1, 0, K, n0, l0, A, B, bn, bk, C, cs, mode, ke);
+    for (; n0 < N; n0++) mk_block(1, 0, FLASH_QV, K, n0, l0, A, B, bn, bk, C, cs, mode, ke, kb);
   }
 }
 
-static void mk(int64_t K, int64_t N, const float *A, const float *B, int64_t bn, int64_t bk, float *C,
-               const float *cs, int mode) {
-  mk_impl(K, N, A, B, bn, bk, C, cs, mode, NULL);
+static void mk(int64_t K, int64_t N, const float *A, const float *B, int64_t bn, int64_t bk, float *C, float *cs,
+               int mode) {
+  mk_impl(K, N, A, B, bn, bk, C, cs, mode, NULL, NULL);
 }
 
-/* The output product of a masked tile (mode 2): lane vector v takes keys k < kend[v] only. */
-static void mk_bounded(int64_t K, int64_t N, const float *A, const float *B, int64_t bk, float *C, const float *cs,
-                       const int64_t *kend) {
-  mk_impl(K, N, A, B, 1, bk, C, cs, 2, kend);
+/* The scores of a clean tile (mode 3): C as mk's mode 0, and mx[lane] = the max of it and of the
+ * lane's new scores. */
+static void mk_scores_max(int64_t K, int64_t N, const float *A, const float *B, int64_t bn, float *C, float *mx) {
+  mk_impl(K, N, A, B, bn, 1, C, mx, 3, NULL, NULL);
+}
+
+/* The products of a masked tile whose k loop runs over the tile's rows (the weights times V or
+ * dO, dS times K or Q): mode 2 or 1, lane vector v taking k < kend[v] only or k >= kbeg[v] only
+ * (one of the two given). */
+static void mk_bounded(int64_t K, int64_t N, const float *A, const float *B, int64_t bk, float *C, float *cs,
+                       int mode, const int64_t *kend, const int64_t *kbeg) {
+  if (mode == 2) mk_impl(K, N, A, B, 1, bk, C, cs, 2, kend, NULL);
+  if (mode == 1 && kend) mk_impl(K, N, A, B, 1, bk, C, NULL, 1, kend, NULL);
+  if (mode == 1 && kbeg) mk_impl(K, N, A, B, 1, bk, C, NULL, 1, NULL, kbeg);
 }
 
 #define FLASH_NV (TW / FLASH_VL) /* lane vectors per tile */
+#define FLASH_MAXNB (KT / FLASH_NR + 1) /* blocks of FLASH_NR rows in a tile */
 
-/* The scores of a masked tile (mode 0; rows are keys j0 + n, lanes queries): a block of key rows
- * from n0 on skips the lane vectors whose queries see no key from j0 + n0 on (hi[v]: the end of
- * the keys vector v's queries see). mask_tile then sets every skipped entry to -inf, as it does
- * every key past a query's range, so under a causal mask the diagonal tile costs about 5/8. */
-static void mk_scores_masked(int64_t K, int64_t N, const float *A, const float *B, int64_t bn, float *C, int64_t j0,
-                             const int64_t *hi) {
+/* mk_block of mode 0 on lane vectors [qlo, qhi) only (qlo >= qhi: the block is stored as 0). */
+static inline __attribute__((always_inline)) void mk_block_range(int qlo, int qhi, int64_t K, int64_t n0,
+                                                                 int64_t l0, const float *A, const float *B,
+                                                                 int64_t bn, float *C) {
+#define FLASH_MKR(lo, hi)                                                                      \
+  case (lo) * 8 + (hi):                                                                        \
+    mk_block(FLASH_NR, lo, hi, K, n0, l0, A, B, bn, 1, C, NULL, 0, NULL, NULL);                \
+    return;
+  switch (qlo < qhi ? qlo * 8 + qhi : 0) {
+    FLASH_MKR(0, 1)
+    FLASH_MKR(0, 2)
+    FLASH_MKR(1, 2)
+#if FLASH_QV > 2
+    FLASH_MKR(0, 3)
+    FLASH_MKR(1, 3)
+    FLASH_MKR(2, 3)
+    FLASH_MKR(0, 4)
+    FLASH_MKR(1, 4)
+    FLASH_MKR(2, 4)
+    FLASH_MKR(3, 4)
+#endif
+    default: mk_block(FLASH_NR, 0, FLASH_QV, 0, n0, l0, A, B, bn, 1, C, NULL, 0, NULL, NULL); /* zeros */
+  }
+#undef FLASH_MKR
+}
+
+/* The scores (or dP) of a masked tile (mode 0): the block of FLASH_NR rows from FLASH_NR * i on
+ * computes only the lane vectors [vlo[i], vhi[i]) (tile-wide vector indices) and stores the
+ * others as 0; rows past the last whole block are computed whole. The vectors left out are ones
+ * no lane of which sees a key (or query) of the block, so mask_tile sets them to -inf, as it
+ * does every entry out of range, and under a causal mask the diagonal tile costs about 5/8. */
+static void mk_masked(int64_t K, int64_t N, const float *A, const float *B, int64_t bn, float *C, const int *vlo,
+                      const int *vhi) {
   for (int64_t l0 = 0; l0 < TW; l0 += FLASH_VL * FLASH_QV) {
-    const int64_t *h = hi + l0 / FLASH_VL;
+    const int v0 = (int)(l0 / FLASH_VL);
     int64_t n0 = 0;
     for (; n0 + FLASH_NR <= N; n0 += FLASH_NR) {
-      int qlo = 0;
-      while (qlo < FLASH_QV && h[qlo] <= j0 + n0) qlo++;
-      switch (qlo) {
-        case 0: mk_block(FLASH_NR, 0, K, n0, l0, A, B, bn, 1, C, NULL, 0, NULL); break;
-#if FLASH_QV > 1
-        case 1: mk_block(FLASH_NR, 1, K, n0, l0, A, B, bn, 1, C, NULL, 0, NULL); break;
-#endif
-#if FLASH_QV > 2
-        case 2: mk_block(FLASH_NR, 2, K, n0, l0, A, B, bn, 1, C, NULL, 0, NULL); break;
-#endif
-#if FLASH_QV > 3
-        case 3: mk_block(FLASH_NR, 3, K, n0, l0, A, B, bn, 1, C, NULL, 0, NULL); break;
-#endif
-        default: break; /* no query of this block sees these keys */
-      }
+      int i = (int)(n0 / FLASH_NR), lo = vlo[i] - v0, hi = vhi[i] - v0;
+      mk_block_range(lo < 0 ? 0 : lo, hi > FLASH_QV ? FLASH_QV : hi, K, n0, l0, A, B, bn, C);
     }
-    for (; n0 < N; n0++) mk_block(1, 0, K, n0, l0, A, B, bn, 1, C, NULL, 0, NULL);
+    for (; n0 < N; n0++) mk_block(1, 0, FLASH_QV, K, n0, l0, A, B, bn, 1, C, NULL, 0, NULL, NULL);
   }
 }
 
@@ -152,6 +200,43 @@ static inline float exp2_f(float x) {
   yb &= (uint32_t)0 - (uint32_t)(xb <= 0xC2FC0000u || xb > 0xFF800000u); /* -126 > x >= -inf: 0 */
   memcpy(&y, &yb, 4);
   return y;
+}
+
+/* 2^x on a whole vector for x <= 0, -inf or NaN (the forward's softmax: written with vectors so
+ * the running max and row sums stay in registers; the auto-vectorised loops kept them in
+ * memory). x below -127 is raised to it, whose scale bits are those of +0: the result is exact 0
+ * there and for -inf, with no mask of its own, and a NaN fails the test and stays NaN. 2^f on
+ * f = x - round(x) in [-0.5, 0.5] is a degree-5 interpolant at the Chebyshev nodes: relative
+ * error below 2.5e-7 in float, one FMA fewer than exp_poly's degree-7 e^r and no multiply by
+ * ln 2. */
+static inline flash_vf exp2_v(flash_vf x) {
+  flash_vi low = x < -127.0f;
+  x = (flash_vf)((low & (flash_vi)((flash_vf){0} - 127.0f)) | (~low & (flash_vi)x));
+  flash_vf kf = x + 12583039.0f;
+  flash_vf f = x - (kf - 12583039.0f);
+  flash_vf p = f * 1.339086336e-3f + 9.676031918e-3f;
+  p = p * f + 5.550357114e-2f;
+  p = p * f + 2.402210749e-1f;
+  p = p * f + 6.931471880e-1f;
+  p = p * f + 1.000000075f;
+  return p * (flash_vf)((flash_vu)kf << 23);
+}
+
+/* log2 of a vector of positive normal floats: the exponent, and 2 atanh(t) / ln 2 to the t^7
+ * term for the mantissa m in [sqrt(1/2), sqrt(2)), t = (m - 1) / (m + 1) (|t| < 0.172, so the
+ * first term left out is below 5e-8). For the forward's log-sum-exp, 64 rows at a time. */
+static inline flash_vf log2_v(flash_vf x) {
+  flash_vi xb = (flash_vi)x;
+  flash_vi e = (xb >> 23) - 127;
+  flash_vf m = (flash_vf)((xb & 0x007FFFFF) | 0x3F800000);
+  flash_vi big = m > 1.41421356f;
+  m = (flash_vf)((big & (flash_vi)(m * 0.5f)) | (~big & (flash_vi)m));
+  e -= big; /* big is -1 where m was halved */
+  flash_vf t = (m - 1.0f) / (m + 1.0f), t2 = t * t;
+  flash_vf p = t2 * 0.4121985831f + 0.5770780164f;
+  p = p * t2 + 0.9617966939f;
+  p = p * t2 + 2.885390082f;
+  return __builtin_convertvector(e, flash_vf) + p * t;
 }
 
 /* ---- masks ---------------------------------------------------------------- */
@@ -216,8 +301,18 @@ static inline int keep_mask_at(const attn_attention_job *J, int64_t b, int64_t i
  * The range tests are branch-free selects (they vectorise); the keep-mask is read afterwards. */
 static void mask_tile(const attn_attention_job *J, int64_t b, float *T, int64_t rows, int lanes_q, int64_t q0,
                       int64_t k0, const int64_t *qa, const int64_t *qb, const int64_t *qe, float fill2) {
+  int64_t alo = 0, bhi = INT64_MAX; /* lanes_q: rows (keys) in [alo, bhi) that every lane sees unfilled */
+  if (lanes_q)
+    for (int64_t l = 0; l < TW; l++) {
+      alo = qa[l] > alo ? qa[l] : alo;
+      bhi = qb[l] < bhi ? qb[l] : bhi;
+      bhi = qe[l] < bhi ? qe[l] : bhi;
+    }
   for (int64_t n = 0; n < rows; n++) {
     float *x = T + n * TW;
+    if (!J->mask && (lanes_q ? k0 + n >= alo && k0 + n < bhi
+                             : qa[n] <= k0 && k0 + TW <= qb[n] && k0 + TW <= qe[n]))
+      continue; /* nothing to mask in this row (the clean part of a tile the diagonal cuts) */
     if (lanes_q) {
       const int64_t j = k0 + n;
       for (int64_t l = 0; l < TW; l++) {
@@ -240,42 +335,150 @@ static void mask_tile(const attn_attention_job *J, int64_t b, float *T, int64_t 
   }
 }
 
-/* hi[v] = the end of the keys some query of lane vector v sees (the max of qb over its lanes). */
-static inline void lane_ends(const int64_t *qb, int64_t *hi) {
+/* The lane vectors each block of FLASH_NR rows of a masked tile computes (mk_masked), as the range
+ * from the first to the last vector one of whose lanes sees one of the block's rows: lanes are
+ * queries with visible keys [qa, qb) and rows keys j0 + n (forward, dq), nrows rows. */
+static void vis_query_lanes(const int64_t *qa, const int64_t *qb, int64_t j0, int64_t nrows, int *vlo, int *vhi) {
+  int64_t lo[FLASH_NV], hi[FLASH_NV];
+  for (int v = 0; v < FLASH_NV; v++) {
+    lo[v] = INT64_MAX;
+    hi[v] = INT64_MIN;
+    for (int l = v * FLASH_VL; l < (v + 1) * FLASH_VL; l++)
+      if (qa[l] < qb[l]) {
+        lo[v] = qa[l] < lo[v] ? qa[l] : lo[v];
+        hi[v] = qb[l] > hi[v] ? qb[l] : hi[v];
+      }
+  }
+  for (int i = 0; i * FLASH_NR < nrows; i++) {
+    int64_t bl = j0 + i * FLASH_NR, bh = bl + FLASH_NR;
+    vlo[i] = FLASH_NV;
+    vhi[i] = 0;
+    for (int v = 0; v < FLASH_NV; v++)
+      if (lo[v] < bh && hi[v] > bl) {
+        vlo[i] = v < vlo[i] ? v : vlo[i];
+        vhi[i] = v + 1;
+      }
+  }
+}
+
+/* The same for lanes that are keys k0 + l and rows that are queries seeing keys [qa[n], qb[n])
+ * (dk, dv), and kbeg[v]: the first row from which on vector v has a lane some row sees
+ * (non-decreasing, as mk_bounded wants: the least over v and the vectors after it). */
+static void vis_key_lanes(const int64_t *qa, const int64_t *qb, int64_t k0, int64_t nrows, int *vlo, int *vhi,
+                          int64_t *kbeg) {
+  for (int v = 0; v < FLASH_NV; v++) {
+    kbeg[v] = nrows;
+    for (int64_t n = 0; n < nrows; n++)
+      if (qa[n] < qb[n] && qa[n] < k0 + (v + 1) * FLASH_VL && qb[n] > k0 + v * FLASH_VL) {
+        kbeg[v] = n;
+        break;
+      }
+  }
+  for (int v = FLASH_NV - 2; v >= 0; v--) kbeg[v] = kbeg[v + 1] < kbeg[v] ? kbeg[v + 1] : kbeg[v];
+  for (int i = 0; i * FLASH_NR < nrows; i++) {
+    int64_t bl = INT64_MAX, bh = INT64_MIN;
+    for (int64_t n = i * FLASH_NR; n < (i + 1) * FLASH_NR && n < nrows; n++)
+      if (qa[n] < qb[n]) {
+        bl = qa[n] < bl ? qa[n] : bl;
+        bh = qb[n] > bh ? qb[n] : bh;
+      }
+    vlo[i] = FLASH_NV;
+    vhi[i] = 0;
+    for (int v = 0; v < FLASH_NV; v++)
+      if (k0 + v * FLASH_VL < bh && k0 + (v + 1) * FLASH_VL > bl) {
+        vlo[i] = v < vlo[i] ? v : vlo[i];
+        vhi[i] = v + 1;
+      }
+  }
+}
+
+/* kend[v] for the products over the rows (keys j0 + n) of a masked tile whose lanes are queries:
+ * the keys past the end of every range in vector v have weight 0 there (non-decreasing: a later
+ * bound only adds zero terms). */
+static void lane_kend(const int64_t *qb, int64_t j0, int64_t nb, int64_t *kend) {
+  int64_t run = 0;
   for (int v = 0; v < FLASH_NV; v++) {
     int64_t h = 0;
     for (int l = 0; l < FLASH_VL; l++) h = qb[v * FLASH_VL + l] > h ? qb[v * FLASH_VL + l] : h;
-    hi[v] = h;
+    int64_t e = h - j0 < 0 ? 0 : h - j0 > nb ? nb : h - j0;
+    kend[v] = run = e > run ? e : run;
   }
 }
 
 /* Scores of query block (b, i0) (r queries, packed scaled in Qt) against keys [j0, j0 + nb) into
  * S (one row per key, queries in lanes), masked; the tile's class is returned (TILE_SKIP: S is
- * not written). level: each row's running max or log-sum-exp, for classify. */
+ * not written). level: each row's running max or log-sum-exp, for classify. mx (NULL: none)
+ * takes in the scores of a clean tile as a lane-wise running max. */
 static inline int query_tile(const attn_flash_job *F, int64_t b, int64_t i0, int64_t r, int64_t j0, int64_t nb,
                              const int64_t *qa, const int64_t *qb, const int64_t *qe, const float *level,
-                             const float *Qt, float *S) {
+                             const float *Qt, float *S, float *mx) {
   const attn_attention_job *J = F->J;
   int cls = classify(J, r, j0, j0 + nb, qa, qb, qe, level, F->fill2);
   if (cls == TILE_SKIP) return cls;
   if (cls == TILE_MASKED) {
-    int64_t hi[FLASH_NV];
-    lane_ends(qb, hi);
-    mk_scores_masked(J->d, nb, Qt, F->k.p + b * F->k.sb + j0 * F->k.sr, F->k.sr, S, j0, hi);
+    int vlo[FLASH_MAXNB], vhi[FLASH_MAXNB];
+    vis_query_lanes(qa, qb, j0, nb, vlo, vhi);
+    mk_masked(J->d, nb, Qt, F->k.p + b * F->k.sb + j0 * F->k.sr, F->k.sr, S, vlo, vhi);
     mask_tile(J, b, S, nb, 1, i0, j0, qa, qb, qe, F->fill2);
+  } else if (mx) {
+    mk_scores_max(J->d, nb, Qt, F->k.p + b * F->k.sb + j0 * F->k.sr, F->k.sr, S, mx);
   } else {
     mk(J->d, nb, Qt, F->k.p + b * F->k.sb + j0 * F->k.sr, F->k.sr, 1, S, NULL, 0);
   }
   return cls;
 }
 
+/* ---- transposes ------------------------------------------------------------ */
+
+/* x[i][p] -> x[p][i] for a block of FLASH_VL vectors: at each stage h (FLASH_VL / 2 down to 1)
+ * rows i and i + h swap their off-diagonal h x h sub-blocks, one two-source shuffle per row.
+ * Queries sit in lanes inside the tiles but in rows outside, so every packed operand and every
+ * output row crosses one; element by element that was ~4% of a causal forward. */
+#if FLASH_VL == 16
+#define FLASH_LANES(M, h)                                                                                     \
+  M(h, 0), M(h, 1), M(h, 2), M(h, 3), M(h, 4), M(h, 5), M(h, 6), M(h, 7), M(h, 8), M(h, 9), M(h, 10), M(h, 11), \
+      M(h, 12), M(h, 13), M(h, 14), M(h, 15)
+#elif FLASH_VL == 8
+#define FLASH_LANES(M, h) M(h, 0), M(h, 1), M(h, 2), M(h, 3), M(h, 4), M(h, 5), M(h, 6), M(h, 7)
+#elif FLASH_VL == 4
+#define FLASH_LANES(M, h) M(h, 0), M(h, 1), M(h, 2), M(h, 3)
+#endif
+#define FLASH_TLO(h, p) (((p) & (h)) ? FLASH_VL + (p) - (h) : (p))
+#define FLASH_THI(h, p) (((p) & (h)) ? FLASH_VL + (p) : (p) + (h))
+#define FLASH_TSTAGE(h)                                                    \
+  for (int i = 0; i < FLASH_VL; i++)                                       \
+    if (!(i & (h))) {                                                      \
+      flash_vf a = x[i], b = x[i + (h)];                                   \
+      x[i] = __builtin_shufflevector(a, b, FLASH_LANES(FLASH_TLO, h));     \
+      x[i + (h)] = __builtin_shufflevector(a, b, FLASH_LANES(FLASH_THI, h)); \
+    }
+
+static inline void vtranspose(flash_vf *x) {
+#if FLASH_VL >= 16
+  FLASH_TSTAGE(8)
+#endif
+#if FLASH_VL >= 8
+  FLASH_TSTAGE(4)
+#endif
+  FLASH_TSTAGE(2)
+  FLASH_TSTAGE(1)
+}
+
 /* ---- forward ---------------------------------------------------------------- */
 
-/* dst[c][o] = scale * src[o][c] (rows o < 64, zero past `rows`), a column at a time so the stores
- * are contiguous (a row at a time stored each element to its own line: 17% of the forward's own
- * time at N 1024, now 6%). */
+/* dst[c][o] = scale * src[o][c] (rows o < 64, zero past `rows`): whole FLASH_VL x FLASH_VL blocks
+ * through vtranspose, the columns past the last whole block one at a time. */
 static void pack_t(float *dst, const float *src, int64_t sr, int64_t rows, int64_t width, float scale) {
-  for (int64_t c = 0; c < width; c++) {
+  const int64_t wv = width - width % FLASH_VL; /* rows in turn: each is read from start to end */
+  for (int64_t o0 = 0; o0 < TW; o0 += FLASH_VL)
+    for (int64_t c0 = 0; c0 < wv; c0 += FLASH_VL) {
+      flash_vf x[FLASH_VL];
+      for (int i = 0; i < FLASH_VL; i++)
+        x[i] = o0 + i < rows ? vload(src + (o0 + i) * sr + c0) * scale : (flash_vf){0};
+      vtranspose(x);
+      for (int i = 0; i < FLASH_VL; i++) vstore(dst + (c0 + i) * TW + o0, x[i]);
+    }
+  for (int64_t c = wv; c < width; c++) {
     float *dp = dst + c * TW;
     for (int64_t o = 0; o < rows; o++) dp[o] = src[o * sr + c] * scale;
     for (int64_t o = rows; o < TW; o++) dp[o] = 0.0f;
@@ -292,6 +495,53 @@ static inline int finite_f32(const float *x, int64_t n) {
     bad |= (u & 0x7f800000u) == 0x7f800000u;
   }
   return !bad;
+}
+
+/* The online softmax of a score tile S (nb rows of TW lanes, base 2): the running max m and sum
+ * l of every lane take the tile in, S becomes its weights relative to the new max, and al the
+ * factor the output so far is to be rescaled by. A lane whose max is still -inf uses 0 in its
+ * place, so its weights stay 0 and the factor is 0. tmax (NULL: none) is the new max when the
+ * score product already formed it. */
+static void online_softmax(float *S, int64_t nb, float *m, float *l, float *al, const float *tmax) {
+  flash_vf mx[FLASH_NV], mu[FLASH_NV], sum[FLASH_NV];
+  for (int v = 0; v < FLASH_NV; v++) mx[v] = vload((tmax ? tmax : m) + v * FLASH_VL);
+  if (!tmax)
+    for (int64_t n = 0; n < nb; n++)
+      for (int v = 0; v < FLASH_NV; v++) mx[v] = vmax(vload(S + n * TW + v * FLASH_VL), mx[v]);
+  for (int v = 0; v < FLASH_NV; v++) {
+    flash_vi none = mx[v] == -INFINITY;
+    mu[v] = (flash_vf)(~none & (flash_vi)mx[v]);
+    vstore(al + v * FLASH_VL, exp2_v(vload(m + v * FLASH_VL) - mu[v]));
+    vstore(m + v * FLASH_VL, mx[v]);
+    sum[v] = (flash_vf){0};
+  }
+  for (int64_t n = 0; n < nb; n++)
+    for (int v = 0; v < FLASH_NV; v++) {
+      flash_vf p = exp2_v(vload(S + n * TW + v * FLASH_VL) - mu[v]);
+      vstore(S + n * TW + v * FLASH_VL, p);
+      sum[v] += p;
+    }
+  for (int v = 0; v < FLASH_NV; v++)
+    vstore(l + v * FLASH_VL, vload(l + v * FLASH_VL) * vload(al + v * FLASH_VL) + sum[v]);
+}
+
+/* out[o][c] = Ot[c][o] * inv[o] for rows o < r of width dv (contiguous rows): whole blocks through
+ * vtranspose, the rest one at a time. */
+static void write_rows(float *out, const float *Ot, int64_t r, int64_t dv, const float *inv) {
+  int64_t o0 = 0;
+  for (; o0 + FLASH_VL <= r; o0 += FLASH_VL) {
+    int64_t c0 = 0;
+    for (; c0 + FLASH_VL <= dv; c0 += FLASH_VL) {
+      flash_vf x[FLASH_VL];
+      for (int i = 0; i < FLASH_VL; i++) x[i] = vload(Ot + (c0 + i) * TW + o0);
+      vtranspose(x);
+      for (int i = 0; i < FLASH_VL; i++) vstore(out + (o0 + i) * dv + c0, x[i] * inv[o0 + i]);
+    }
+    for (int64_t o = o0; o < o0 + FLASH_VL; o++)
+      for (int64_t c = c0; c < dv; c++) out[o * dv + c] = Ot[c * TW + o] * inv[o];
+  }
+  for (int64_t o = o0; o < r; o++)
+    for (int64_t c = 0; c < dv; c++) out[o * dv + c] = Ot[c * TW + o] * inv[o];
 }
 
 /* Output, log-sum-exp and (when wanted) weights of queries [i0, i0 + 64) of head b. Returns 0,
@@ -315,37 +565,17 @@ int FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i0
   const float *V = F->v.p + b * F->v.sb;
   for (int64_t j0 = jlo; j0 < jhi; j0 += KT) {
     int64_t nb = jhi - j0 < KT ? jhi - j0 : KT;
-    int cls = query_tile(F, b, i0, r, j0, nb, qa, qb, qe, m, Qt, S);
+    memcpy(mu, m, sizeof(float) * TW);
+    int cls = query_tile(F, b, i0, r, j0, nb, qa, qb, qe, m, Qt, S, mu);
     if (cls == TILE_SKIP) continue;
-    /* online softmax: new running max, rescale factor of what came before, exp2 and row sums */
-    for (int64_t o = 0; o < TW; o++) mu[o] = m[o];
-    for (int64_t n = 0; n < nb; n++)
-      for (int64_t o = 0; o < TW; o++) mu[o] = S[n * TW + o] > mu[o] ? S[n * TW + o] : mu[o];
-    for (int64_t o = 0; o < TW; o++) {
-      float mnew = mu[o];
-      mu[o] = mnew == -INFINITY ? 0.0f : mnew;
-      al[o] = exp2_f(m[o] - mu[o]);
-      m[o] = mnew;
-      sum[o] = 0;
-    }
-    for (int64_t n = 0; n < nb; n++)
-      for (int64_t o = 0; o < TW; o++) {
-        float p = exp2_f(S[n * TW + o] - mu[o]);
-        S[n * TW + o] = p;
-        sum[o] += p;
-      }
-    for (int64_t o = 0; o < TW; o++) l[o] = l[o] * al[o] + sum[o];
+    online_softmax(S, nb, m, l, al, cls == TILE_CLEAN ? mu : NULL);
     if (J->dropout)
       for (int64_t n = 0; n < nb; n++)
         for (int64_t o = 0; o < r; o++) S[n * TW + o] *= (float)attn_attention_keep(J, b, i0 + o, j0 + n);
     if (cls == TILE_MASKED) { /* keys past a lane vector's range have weight 0 there: stop early */
-      int64_t hi[FLASH_NV], kend[FLASH_NV], run = 0;
-      lane_ends(qb, hi);
-      for (int v = 0; v < FLASH_NV; v++) {
-        int64_t e = hi[v] - j0 < 0 ? 0 : hi[v] - j0 > nb ? nb : hi[v] - j0;
-        kend[v] = run = e > run ? e : run; /* non-decreasing: a later bound only adds zero terms */
-      }
-      mk_bounded(nb, dv, S, V + j0 * F->v.sr, F->v.sr, Ot, al, kend);
+      int64_t kend[FLASH_NV];
+      lane_kend(qb, j0, nb, kend);
+      mk_bounded(nb, dv, S, V + j0 * F->v.sr, F->v.sr, Ot, al, 2, kend, NULL);
     } else {
       mk(nb, dv, S, V + j0 * F->v.sr, 1, F->v.sr, Ot, al, 2);
     }
@@ -356,18 +586,17 @@ int FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i0
    * before it is scaled by 1 / sum <= 1), is left to the reference path. */
   for (int64_t c = 0; c < dv; c++)
     if (!finite_f32(Ot + c * TW, r)) return 0;
+  for (int v = 0; v < FLASH_NV; v++) vstore(al + v * FLASH_VL, log2_v(vload(l + v * FLASH_VL))); /* used where l > 0 */
   for (int64_t o = 0; o < r; o++) {
     if (!(l[o] > 0)) {
       attn_attention_rowmask rm;
       attn_attention_row_mask(J, b, i0 + o, &rm);
       if (attn_sdpa_row_has_key(J, &rm)) return 0;
     }
-    float inv = l[o] > 0 ? 1.0f / l[o] : 0.0f;
-    float *orow = F->out + ((b * Nq + i0 + o) * dv);
-    for (int64_t c = 0; c < dv; c++) orow[c] = Ot[c * TW + o] * inv;
-    if (F->lse)
-      F->lse[b * Nq + i0 + o] = l[o] > 0 ? ((double)m[o] + log2((double)l[o])) * 0.6931471805599453 : INFINITY;
+    sum[o] = l[o] > 0 ? 1.0f / l[o] : 0.0f;
+    if (F->lse) F->lse[b * Nq + i0 + o] = l[o] > 0 ? ((double)m[o] + (double)al[o]) * 0.6931471805599453 : INFINITY;
   }
+  write_rows(F->out + b * Nq * dv + i0 * dv, Ot, r, dv, sum);
   if (!F->weights) return 1;
   /* weights: the scores once more, normalised with the final max and sum */
   for (int64_t o = 0; o < r; o++) memset(F->weights + (b * Nq + i0 + o) * Nk, 0, sizeof(float) * (size_t)Nk);
@@ -377,7 +606,7 @@ int FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i0
   }
   for (int64_t j0 = jlo; j0 < jhi; j0 += KT) {
     int64_t nb = jhi - j0 < KT ? jhi - j0 : KT;
-    int cls = query_tile(F, b, i0, r, j0, nb, qa, qb, qe, m, Qt, S);
+    int cls = query_tile(F, b, i0, r, j0, nb, qa, qb, qe, m, Qt, S, NULL);
     if (cls == TILE_SKIP) continue;
     for (int64_t n = 0; n < nb; n++)
       for (int64_t o = 0; o < TW; o++) S[n * TW + o] = exp2_f(S[n * TW + o] - mu[o]) * sum[o];
@@ -413,9 +642,15 @@ int FLASH_FN(attn_flash_backward_q_)(const attn_flash_job *F, int64_t b, int64_t
   const float *K = F->k.p + b * F->k.sb, *V = F->v.p + b * F->v.sb;
   for (int64_t j0 = jlo; j0 < jhi; j0 += TW) {
     int64_t nb = jhi - j0 < TW ? jhi - j0 : TW;
-    int cls = query_tile(F, b, i0, r, j0, nb, qa, qb, qe, lse2, Qt, S);
+    int cls = query_tile(F, b, i0, r, j0, nb, qa, qb, qe, lse2, Qt, S, NULL);
     if (cls == TILE_SKIP) continue;
-    mk(dv, nb, dOt, V + j0 * F->v.sr, F->v.sr, 1, dP, NULL, 0);
+    if (cls == TILE_MASKED) { /* the lane vectors the scores left out are 0 in dP too */
+      int vlo[FLASH_MAXNB], vhi[FLASH_MAXNB];
+      vis_query_lanes(qa, qb, j0, nb, vlo, vhi);
+      mk_masked(dv, nb, dOt, V + j0 * F->v.sr, F->v.sr, dP, vlo, vhi);
+    } else {
+      mk(dv, nb, dOt, V + j0 * F->v.sr, F->v.sr, 1, dP, NULL, 0);
+    }
     if (J->dropout)
       for (int64_t n = 0; n < nb; n++)
         for (int64_t o = 0; o < r; o++) dP[n * TW + o] *= (float)attn_attention_keep(J, b, i0 + o, j0 + n);
@@ -428,7 +663,13 @@ int FLASH_FN(attn_flash_backward_q_)(const attn_flash_job *F, int64_t b, int64_t
       for (int64_t n = 0; n < nb; n++)
         for (int64_t o = 0; o < TW; o++)
           if (j0 + n >= qe[o]) dP[n * TW + o] = 0.0f;
-    mk(nb, d, dP, K + j0 * F->k.sr, 1, F->k.sr, dQt, NULL, 1);
+    if (cls == TILE_MASKED) {
+      int64_t kend[FLASH_NV];
+      lane_kend(qb, j0, nb, kend);
+      mk_bounded(nb, d, dP, K + j0 * F->k.sr, F->k.sr, dQt, NULL, 1, kend, NULL);
+    } else {
+      mk(nb, d, dP, K + j0 * F->k.sr, 1, F->k.sr, dQt, NULL, 1);
+    }
   }
   float sc = (float)J->scale;
   int ok = 1;
@@ -463,9 +704,19 @@ int FLASH_FN(attn_flash_backward_k_)(const attn_flash_job *F, int64_t b, int64_t
     for (int64_t o = 0; o < TW; o++) lse2[o] = o < nr ? F->lse2[b * Nq + i0 + o] : INFINITY;
     int cls = classify(J, nr, j0, j1, qa, qb, qe, lse2, F->fill2);
     if (cls == TILE_SKIP) continue;
-    mk(d, nr, Kt, Q + i0 * F->q.sr, F->q.sr, 1, S, NULL, 0);
-    if (cls == TILE_MASKED) mask_tile(J, b, S, nr, 0, i0, j0, qa, qb, qe, F->fill2);
-    mk(dv, nr, Vt, dO + i0 * F->dout.sr, F->dout.sr, 1, dP, NULL, 0);
+    /* masked (the causal diagonal): each block of query rows computes the lane vectors of keys
+     * some of its rows see, and the products over the rows start each vector at its first row */
+    int vlo[FLASH_MAXNB], vhi[FLASH_MAXNB];
+    int64_t kbeg[FLASH_NV];
+    if (cls == TILE_MASKED) {
+      vis_key_lanes(qa, qb, j0, nr, vlo, vhi, kbeg);
+      mk_masked(d, nr, Kt, Q + i0 * F->q.sr, F->q.sr, S, vlo, vhi);
+      mask_tile(J, b, S, nr, 0, i0, j0, qa, qb, qe, F->fill2);
+      mk_masked(dv, nr, Vt, dO + i0 * F->dout.sr, F->dout.sr, dP, vlo, vhi);
+    } else {
+      mk(d, nr, Kt, Q + i0 * F->q.sr, F->q.sr, 1, S, NULL, 0);
+      mk(dv, nr, Vt, dO + i0 * F->dout.sr, F->dout.sr, 1, dP, NULL, 0);
+    }
     for (int64_t n = 0; n < nr; n++) {
       const float L2 = lse2[n], Dn = F->D[b * Nq + i0 + n];
       float *s = S + n * TW, *g = dP + n * TW;
@@ -492,8 +743,13 @@ int FLASH_FN(attn_flash_backward_k_)(const attn_flash_job *F, int64_t b, int64_t
             s[o] = F->fillp[b * Nq + i0 + n] * (J->dropout ? (float)attn_attention_keep(J, b, i0 + n, j) : 1.0f);
         }
     }
-    mk(nr, dv, S, dO + i0 * F->dout.sr, 1, F->dout.sr, dVt, NULL, 1);
-    mk(nr, d, dP, Q + i0 * F->q.sr, 1, F->q.sr, dKt, NULL, 1);
+    if (cls == TILE_MASKED) {
+      mk_bounded(nr, dv, S, dO + i0 * F->dout.sr, F->dout.sr, dVt, NULL, 1, NULL, kbeg);
+      mk_bounded(nr, d, dP, Q + i0 * F->q.sr, F->q.sr, dKt, NULL, 1, NULL, kbeg);
+    } else {
+      mk(nr, dv, S, dO + i0 * F->dout.sr, 1, F->dout.sr, dVt, NULL, 1);
+      mk(nr, d, dP, Q + i0 * F->q.sr, 1, F->q.sr, dKt, NULL, 1);
+    }
   }
   float sc = (float)J->scale;
   int ok = 1;

@@ -1,17 +1,21 @@
 /* The small float32 product (attn_vmath_gemm_small_f32), written once: each src/cpu/gemm_<isa>.c
  * defines GEMM_SUFFIX and its register block (GEMM_VW floats per vector, GEMM_MR rows by GEMM_NV
- * vectors of accumulators) and includes this file, compiled with that ISA's flags (see the
- * Makefile); src/attn_vmath.c picks one path at run time.
+ * vectors of accumulators), optionally GEMM_LOADN / GEMM_STOREN (the ISA's masked load and store
+ * of the first n lanes, which touch no memory past them), and includes this file, compiled with
+ * that ISA's flags (see the Makefile); src/attn_vmath.c picks one path at run time.
  *
  * C = alpha op(A) op(B) + beta C is built one panel of NR = GEMM_NV * GEMM_VW columns at a time,
  * and within a panel one tile of GEMM_MR rows at a time: the tile's accumulators stay in
  * registers over the whole K loop, each step loads GEMM_NV vectors of B and broadcasts GEMM_MR
  * entries of A. A is read where it is (either layout: a transposed A only changes the strides).
- * B is read where it is too when it is not transposed and the panel is whole; otherwise (B
- * transposed, or the last, narrower panel) the panel is copied once into pack, K rows of its
- * width rounded up to GEMM_VW with zero columns past N. Every entry of C is the same sequence of
- * multiply-adds in k order whatever tile or panel it falls in, so a row's bits do not depend on
- * M or on where a caller cuts the rows. */
+ * A B that is not transposed is read where it is too, the last vector of a narrower panel by a
+ * masked load (zeros past N), so the edge panels of N 8, 96 or 200 cost no copy. A transposed B
+ * is copied once per panel into pack, K rows of its width rounded up to GEMM_VW with zero
+ * columns past N, by GEMM_VW x GEMM_VW blocks transposed in registers (zero rows and masked loads
+ * at the edges, so a tiny head's 10 x 8 block is one such block). Edge columns of C are written
+ * by masked stores. Every entry of C is the same sequence of multiply-adds in k order whatever
+ * tile or panel it falls in, so a row's bits do not depend on M or on where a caller cuts the
+ * rows. */
 #include <stdint.h>
 #include <string.h>
 
@@ -28,6 +32,31 @@
 
 typedef float gemm_vf __attribute__((vector_size(GEMM_VW * 4)));
 typedef int32_t gemm_vi __attribute__((vector_size(GEMM_VW * 4)));
+
+/* The first n (0..GEMM_VW) floats at p into a vector with zeros past them, and back: the ISA's
+ * masked load and store when it has them, else an n-float copy through the stack. */
+GEMM_INLINE gemm_vf gemm_loadn(const float *p, int64_t n) {
+#ifdef GEMM_LOADN
+  return GEMM_LOADN(p, n);
+#else
+  gemm_vf v = {0}; /* lane by lane: a staging array let GCC move its halves through MMX registers,
+                     * whose unreset state then broke the x87 code of OpenBLAS's dnrm2 */
+  for (int i = 0; i < GEMM_VW; i++)
+    if (i < n) v[i] = p[i];
+  return v;
+#endif
+}
+
+GEMM_INLINE void gemm_storen(float *p, gemm_vf v, int64_t n) {
+#ifdef GEMM_STOREN
+  GEMM_STOREN(p, v, n);
+#else
+  float t[GEMM_VW];
+  memcpy(t, &v, sizeof t);
+  for (int i = 0; i < GEMM_VW; i++) /* a fixed trip count: the bound checker sees i < GEMM_VW */
+    if (i < n) p[i] = t[i];
+#endif
+}
 
 /* A GEMM_VW x GEMM_VW block transposed in registers, for packing a transposed B a vector at a time
  * instead of an entry at a time: stage s swaps bit s of the row and lane numbers, i.e. the
@@ -67,39 +96,44 @@ GEMM_INLINE void gemm_transpose(gemm_vf r[GEMM_VW]) {
   GEMM_STAGE(r, 1)
 }
 
-/* p[k * pw + j] = B[(n0 + j) * ldb + k] for j < w, zero for w <= j < pw: a panel of a transposed B,
- * GEMM_VW x GEMM_VW blocks through gemm_transpose, the edges entry by entry. */
+/* p[k * pw + j] = B[(n0 + j) * ldb + k] for j < w, zero for w <= j < pw (pw: w rounded up to
+ * GEMM_VW): a panel of a transposed B, one GEMM_VW x GEMM_VW block at a time through
+ * gemm_transpose; rows past w enter as zero vectors and a last block of K by masked loads. */
 static void gemm_pack_t(const float *B, int64_t ldb, int64_t n0, int64_t w, int64_t K, float *p, int64_t pw) {
-  int64_t j0 = 0;
-  for (; j0 + GEMM_VW <= w; j0 += GEMM_VW) {
+  for (int64_t j0 = 0; j0 < pw; j0 += GEMM_VW) {
     const float *src = B + (n0 + j0) * ldb;
-    int64_t k0 = 0;
-    for (; k0 + GEMM_VW <= K; k0 += GEMM_VW) {
+    const int64_t rows = w - j0 < GEMM_VW ? w - j0 : GEMM_VW;
+    for (int64_t k0 = 0; k0 < K; k0 += GEMM_VW) {
+      const int64_t kn = K - k0 < GEMM_VW ? K - k0 : GEMM_VW;
       gemm_vf r[GEMM_VW];
-      for (int i = 0; i < GEMM_VW; i++) memcpy(&r[i], src + i * ldb + k0, sizeof r[i]);
+      for (int i = 0; i < GEMM_VW; i++) /* no branch: a row past w is a load of no lanes */
+        r[i] = gemm_loadn(src + (i < rows ? i : 0) * ldb + k0, i < rows ? kn : 0);
       gemm_transpose(r);
-      for (int i = 0; i < GEMM_VW; i++) memcpy(p + (k0 + i) * pw + j0, &r[i], sizeof r[i]);
+      for (int i = 0; i < GEMM_VW; i++)
+        if (i < kn) memcpy(p + (k0 + i) * pw + j0, &r[i], sizeof r[i]);
     }
-    for (; k0 < K; k0++)
-      for (int i = 0; i < GEMM_VW; i++) p[k0 * pw + j0 + i] = src[i * ldb + k0];
-  }
-  for (int64_t k = 0; k < K; k++) {
-    for (int64_t j = j0; j < w; j++) p[k * pw + j] = B[(n0 + j) * ldb + k];
-    for (int64_t j = w; j < pw; j++) p[k * pw + j] = 0;
   }
 }
 
 /* One tile: rows r < mr of C (c, ldc) by nv vectors of columns, of which the first w exist.
- * A's entry (r, k) is a[r * ars + k * aks]; B's row k of the panel starts at b + k * bks.
- * mr and nv are constants at every call, so the accumulators are registers. */
-GEMM_INLINE void gemm_tile(const int mr, const int nv, int64_t K, const float *a, int64_t ars, int64_t aks,
-                           const float *b, int64_t bks, float *c, int64_t ldc, int64_t w, float alpha, float beta) {
+ * A's entry (r, k) is a[r * ars + k * aks]; B's row k of the panel starts at b + k * bks, and
+ * when part is set its last vector holds only w - (nv - 1) GEMM_VW columns (a masked load).
+ * mr, nv and part are constants at every call, so the accumulators are registers. */
+GEMM_INLINE void gemm_tile(const int mr, const int nv, const int part, int64_t K, const float *a, int64_t ars,
+                           int64_t aks, const float *b, int64_t bks, float *c, int64_t ldc, int64_t w, float alpha,
+                           float beta) {
+  const int64_t tail = w - (nv - 1) * GEMM_VW;
   gemm_vf acc[GEMM_MR][GEMM_NV];
   for (int r = 0; r < mr; r++)
     for (int v = 0; v < nv; v++) acc[r][v] = (gemm_vf){0};
   for (int64_t k = 0; k < K; k++) {
     gemm_vf bv[GEMM_NV];
-    for (int v = 0; v < nv; v++) memcpy(&bv[v], b + k * bks + v * GEMM_VW, sizeof bv[v]);
+    for (int v = 0; v < nv; v++) {
+      if (part && v == nv - 1)
+        bv[v] = gemm_loadn(b + k * bks + v * GEMM_VW, tail);
+      else
+        memcpy(&bv[v], b + k * bks + v * GEMM_VW, sizeof bv[v]);
+    }
     for (int r = 0; r < mr; r++) {
       const float x = a[r * ars + k * aks];
       for (int v = 0; v < nv; v++) acc[r][v] += x * bv[v];
@@ -109,7 +143,7 @@ GEMM_INLINE void gemm_tile(const int mr, const int nv, int64_t K, const float *a
     for (int v = 0; v < nv; v++) {
       float *cr = c + r * ldc + v * GEMM_VW;
       const int64_t cols = w - v * GEMM_VW;
-      gemm_vf y = alpha * acc[r][v];
+      gemm_vf y = alpha == 1 ? acc[r][v] : alpha * acc[r][v]; /* the same bits, one multiply less */
       if (cols >= GEMM_VW) {
         if (beta != 0) { /* C is not read when beta is 0, as in BLAS */
           gemm_vf old;
@@ -118,26 +152,24 @@ GEMM_INLINE void gemm_tile(const int mr, const int nv, int64_t K, const float *a
         }
         memcpy(cr, &y, sizeof y);
       } else {
-        float out[GEMM_VW];
-        memcpy(out, &y, sizeof out);
-        for (int t = 0; t < GEMM_VW; t++) /* a fixed trip count: the bound checker sees t < GEMM_VW */
-          if (t < cols) cr[t] = beta != 0 ? beta * cr[t] + out[t] : out[t];
+        if (beta != 0) y = beta * gemm_loadn(cr, cols) + y;
+        gemm_storen(cr, y, cols);
       }
     }
 }
 
 /* The tiles of one panel down all M rows, the last one shorter when GEMM_MR does not divide M
  * (a switch, so that every height is its own constant-sized block). */
-GEMM_INLINE void gemm_panel(const int nv, int64_t M, int64_t K, const float *A, int64_t ars, int64_t aks,
+GEMM_INLINE void gemm_panel(const int nv, const int part, int64_t M, int64_t K, const float *A, int64_t ars, int64_t aks,
                             const float *b, int64_t bks, float *C, int64_t ldc, int64_t w, float alpha, float beta) {
   int64_t m0 = 0;
   for (; m0 + GEMM_MR <= M; m0 += GEMM_MR)
-    gemm_tile(GEMM_MR, nv, K, A + m0 * ars, ars, aks, b, bks, C + m0 * ldc, ldc, w, alpha, beta);
+    gemm_tile(GEMM_MR, nv, part, K, A + m0 * ars, ars, aks, b, bks, C + m0 * ldc, ldc, w, alpha, beta);
   const float *a = A + m0 * ars;
   float *c = C + m0 * ldc;
 #define GEMM_REST(n)                                                      \
   case n:                                                                 \
-    gemm_tile(n < GEMM_MR ? n : 1, nv, K, a, ars, aks, b, bks, c, ldc, w, alpha, beta); \
+    gemm_tile(n < GEMM_MR ? n : 1, nv, part, K, a, ars, aks, b, bks, c, ldc, w, alpha, beta); \
     break;
   switch (M - m0) {
     GEMM_REST(1)
@@ -175,26 +207,32 @@ void GEMM_FN(attn_vmath_gemm_small_f32_)(int ta, int tb, int64_t M, int64_t N, i
     const int nv = (int)((w + GEMM_VW - 1) / GEMM_VW);
     const float *b = B + n0;
     int64_t bks = ldb;
-    if (tb || w < GEMM_NR) { /* copy the panel into pack: K rows of nv vectors */
+    int part = w % GEMM_VW != 0;
+    if (tb) { /* copy the panel into pack: K rows of nv vectors, zeros past w */
       bks = nv * GEMM_VW;
-      if (tb)
-        gemm_pack_t(B, ldb, n0, w, K, pack, bks);
-      else
-        for (int64_t k = 0; k < K; k++) /* one loop with a select, not memcpy: GCC inlined that as
-                                            * rep movsq, whose start-up cost more than these rows */
-          for (int64_t j = 0; j < bks; j++) pack[k * bks + j] = j < w ? B[k * ldb + n0 + j] : 0.0f;
+      gemm_pack_t(B, ldb, n0, w, K, pack, bks);
       b = pack;
+      part = 0;
     }
     float *c = C + n0;
-    if (nv == GEMM_NV)
-      gemm_panel(GEMM_NV, M, K, A, ars, aks, b, bks, c, ldc, w, alpha, beta);
+#define GEMM_PANEL(n)                                                                   \
+  if (part)                                                                             \
+    gemm_panel(n, 1, M, K, A, ars, aks, b, bks, c, ldc, w, alpha, beta);                \
+  else                                                                                  \
+    gemm_panel(n, 0, M, K, A, ars, aks, b, bks, c, ldc, w, alpha, beta);
+    if (nv == GEMM_NV) {
+      GEMM_PANEL(GEMM_NV)
+    }
 #if GEMM_NV > 1
-    else if (nv == 1)
-      gemm_panel(1, M, K, A, ars, aks, b, bks, c, ldc, w, alpha, beta);
+    else if (nv == 1) {
+      GEMM_PANEL(1)
+    }
 #endif
 #if GEMM_NV > 2
-    else if (nv == 2)
-      gemm_panel(2, M, K, A, ars, aks, b, bks, c, ldc, w, alpha, beta);
+    else if (nv == 2) {
+      GEMM_PANEL(2)
+    }
 #endif
+#undef GEMM_PANEL
   }
 }

@@ -23,6 +23,7 @@ local M = {}
 
 local shape_str = core.shape_str -- "[2x3]" from a tensor or a table of sizes
 local is_tensor = attn.is_tensor
+local fits_last = core.fits_last
 
 -- Options given either as a table or positionally, in the order of `names`.
 local function read_options(who, names, first, ...)
@@ -124,18 +125,29 @@ function AdditiveAttention:init(...)
   self.dropout = Dropout(o.dropout or 0)
 end
 
+-- The per-call glue of the fused path reads the module's fields from `_attrs` directly (what
+-- Module.__index reads first; each `self.x` is otherwise a call of it) and checks the operands
+-- with one C call each (core.fits_last): at the book's size the glue was a third of the call.
 function AdditiveAttention:forward(queries, keys, values, valid_lens)
-  local Wq, Wk = self.W_q, self.W_k -- (each field read of a module is a call of its __index)
+  local attrs = rawget(self, "_attrs")
+  local fused = attrs.fused
+  if fused == nil then fused = getmetatable(self).fused end
+  local Wq, Wk, wv = attrs.W_q, attrs.W_k, attrs.w_v
+  local q_attrs, k_attrs = rawget(Wq, "_attrs"), rawget(Wk, "_attrs")
   -- (values that are no tensor take the composed path, whose checks name them)
-  if self.fused ~= false and fits(queries, Wq) and fits(keys, Wk) and is_tensor(values) then
-    local o = kernel_options("projected_additive_attention", self, self.keep_weights, nil, valid_lens, queries)
-    local out, weights = attention._projected_additive_attention(queries, keys, values, Wq.weight, Wk.weight,
-      self.w_v.weight, o)
-    keep_weights(self, weights)
+  if fused ~= false and fits_last(queries, 3, q_attrs.in_features) and fits_last(keys, 3, k_attrs.in_features)
+      and is_tensor(values) then
+    local keep = attrs.keep_weights
+    local dropout = attrs.dropout
+    local o = attention._layer_options("projected_additive_attention", nil, valid_lens_tensor(valid_lens, queries),
+      dropout.p, dropout.training, not self.training or keep == true)
+    local out, weights = attention._projected_additive_attention(queries, keys, values, q_attrs.weight,
+      k_attrs.weight, rawget(wv, "_attrs").weight, o)
+    attrs.attention_weights = detach(weights)
     return out
   end
   -- the composition the fused node equals (the reference the specs compare it against)
-  return self:attend_projected(queries, self.W_k(keys), values, valid_lens)
+  return self:attend_projected(queries, Wk(keys), values, valid_lens)
 end
 
 --- The keys projected by W_k, (B, Nk, num_hiddens). A decoder that attends
@@ -144,13 +156,16 @@ end
 -- projection node instead of one per step.
 function AdditiveAttention:project_keys(keys) return self.W_k(keys) end
 
---- forward with keys already projected by `project_keys`.
-function AdditiveAttention:attend_projected(queries, projected_keys, values, valid_lens)
+--- forward with keys already projected by `project_keys`. `seed` (an integer,
+-- optional) picks the dropout stream of the weights instead of drawing one (the
+-- fused Bahdanau decoder's reference path replays its streams with it).
+function AdditiveAttention:attend_projected(queries, projected_keys, values, valid_lens, seed)
   local qh = self.W_q(queries)
   -- w_v.weight is (1, num_hiddens) as in PyTorch; the functional form takes the (h) vector
   local w_v = self.w_v.weight:reshape({ self.w_v.in_features })
-  local out, weights = attention._additive_attention(qh, projected_keys, values, w_v,
-    kernel_options("additive_attention", self, self.keep_weights, nil, valid_lens, qh))
+  local kopts = kernel_options("additive_attention", self, self.keep_weights, nil, valid_lens, qh)
+  kopts.seed = seed
+  local out, weights = attention._additive_attention(qh, projected_keys, values, w_v, kopts)
   keep_weights(self, weights)
   return out
 end

@@ -206,15 +206,19 @@ function GRU:forward(X, h0)
   end
   if T == 0 then error("GRU: input " .. shape_str(s) .. " has no time steps", 2) end
   local p = self.training and self.dropout or 0
-  if self.fused and p < 1 then
-    local params = {}
-    for k = 0, self.num_layers - 1 do
-      params[4 * k + 1], params[4 * k + 2] = self["weight_ih_l" .. k], self["weight_hh_l" .. k]
-      params[4 * k + 3], params[4 * k + 4] = self["bias_ih_l" .. k] or false, self["bias_hh_l" .. k] or false
-    end
-    return M.gru(X, h0, params, p)
-  end
+  if self.fused and p < 1 then return M.gru(X, h0, self:flat_parameters(), p) end
   return self:composed_forward(X, h0)
+end
+
+--- The parameters as the fused kernels take them (`M.gru`): a flat list of 4
+-- entries per layer, {weight_ih, weight_hh, bias_ih, bias_hh}, false for no bias.
+function GRU:flat_parameters()
+  local params = {}
+  for k = 0, self.num_layers - 1 do
+    params[4 * k + 1], params[4 * k + 2] = self["weight_ih_l" .. k], self["weight_hh_l" .. k]
+    params[4 * k + 3], params[4 * k + 4] = self["bias_ih_l" .. k] or false, self["bias_hh_l" .. k] or false
+  end
+  return params
 end
 
 --- The reference path: the same model composed from tensor ops (one node per

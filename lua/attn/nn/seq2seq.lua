@@ -27,13 +27,16 @@ local linear = require "attn.nn.linear"
 local check = require "attn.check"
 local gru = require "attn.nn.gru"
 local attention = require "attn.nn.attention"
+local autograd = require "attn.autograd"
 
 local Module = module.Module
 local Linear, Embedding = linear.Linear, linear.Embedding
 
 local M = {}
 
-local shape_str = attn.core.shape_str
+local core = attn.core
+local record = autograd.record
+local shape_str = core.shape_str
 
 local function check_ids(who, X)
   if not attn.is_tensor(X) or X:dim() ~= 2 then
@@ -176,7 +179,7 @@ end
 -- ---------------------------------------------------------------- Seq2SeqAttentionDecoder
 
 --- `nn.Seq2SeqAttentionDecoder(vocab_size, embed_size, num_hiddens, num_layers
--- [, dropout [, {scoring = "additive"|"dot"}]])`: the Bahdanau decoder
+-- [, dropout [, {scoring = "additive"|"dot", fused = true}]])`: the Bahdanau decoder
 -- (`scoring = "dot"` swaps in scaled dot-product attention, the book's exercise). At each step the query is the previous
 -- step's last-layer hidden state (B, 1, h); additive attention over the encoder
 -- outputs, masked by the source valid lengths, gives a context (B, 1, h) that is
@@ -184,8 +187,14 @@ end
 -- GRU's input; a dense layer maps the outputs to the vocabulary.
 -- init_state({output, state}, enc_valid_lens) -> {enc_outputs (B, T, h), state,
 -- enc_valid_lens}. forward(X (B, T), state) -> (B, T, vocab_size), state. After a
--- call, `attention_weights` is the list of the steps' weights, each (B, 1, Nk)
--- (materialised in eval mode; see attn.nn.attention).
+-- call, `attention_weights` is the list of the steps' weights, each (B, 1, Nk).
+--
+-- With additive scoring the whole step loop (the keys' projection, then per
+-- step attention, cat and every GRU layer) is one C call and one autograd node
+-- (`M.attention_decoder`, over src/attn_decoder.h), its backward one C call
+-- too. `fused = false` (or dot scoring, or lengths that are not one per sample)
+-- runs the step-by-step composition instead, the reference the specs compare
+-- the fused node against (`composed_forward`).
 -- @type Seq2SeqAttentionDecoder
 local Seq2SeqAttentionDecoder = AttentionDecoder:extend("Seq2SeqAttentionDecoder")
 M.Seq2SeqAttentionDecoder = Seq2SeqAttentionDecoder
@@ -193,7 +202,7 @@ M.Seq2SeqAttentionDecoder = Seq2SeqAttentionDecoder
 function Seq2SeqAttentionDecoder:init(vocab_size, embed_size, num_hiddens, num_layers, dropout, opts)
   local who = "Seq2SeqAttentionDecoder"
   local v, e, h, l, p = sizes(who, vocab_size, embed_size, num_hiddens, num_layers, dropout)
-  opts = check.options(who, opts, { scoring = true }, 4)
+  opts = check.options(who, opts, { scoring = true, fused = true }, 4)
   local scoring = opts.scoring or "additive"
   if scoring == "additive" then
     self.attention = attention.AdditiveAttention(h, h, h, p)
@@ -203,6 +212,7 @@ function Seq2SeqAttentionDecoder:init(vocab_size, embed_size, num_hiddens, num_l
   else
     error(string.format("%s: scoring must be 'additive' or 'dot', got %s", who, tostring(scoring)), 3)
   end
+  self.fused = opts.fused ~= false
   self.embedding = Embedding(v, e)
   self.rnn = gru.GRU(e + h, h, l, p)
   self.dense = Linear(h, v)
@@ -213,7 +223,83 @@ function Seq2SeqAttentionDecoder.init_state(_, enc_outputs, enc_valid_lens)
   return { outputs:permute(2, 1, 3), hidden_state, enc_valid_lens }
 end
 
+--- The Bahdanau decoder's step loop as one autograd node (src/attn_decoder.h).
+-- W_k (ha, dv) projects the keys once; values (B, Nk, dv) are the keys and the
+-- values; valid_lens nil or (B); emb (T, B, e) the steps' embeddings; h0 (L, B,
+-- H); W_q (ha, H); w_v (1, ha) or (ha); params the GRU's
+-- (`GRU:flat_parameters`, layer 0 taking dv + e inputs); p_attention, p_rnn the
+-- dropout of the weights and between the GRU layers (0 when not training); seed
+-- fixes every dropout stream (drawn when nil). Returns the outputs (B, T, H),
+-- the final state (L, B, H) and the attention weights (B, T, Nk) before dropout
+-- (not part of the graph).
+-- @usage local out, hn, w = seq2seq.attention_decoder(Wk, V, lens, emb, h0, Wq, wv, params, 0, 0)
+function M.attention_decoder(W_k, values, valid_lens, emb, h0, W_q, w_v, params, p_attention, p_rnn, seed)
+  local c = core.contiguous
+  local v, e, h = c(values), c(emb), c(h0)
+  local out, hn, weights, saved
+  out, hn, weights, saved, seed = core.decoder_forward(W_k, v, valid_lens, e, h, W_q, w_v, params, p_attention,
+    p_rnn, seed)
+  local inputs = { W_k, values, emb, h0, W_q, w_v }
+  for i = 1, #params do inputs[i + 6] = params[i] end
+  record("attention_decoder", { out, hn }, inputs, function(gout, ghn)
+    local dWk, dv, de, dh, dWq, dwv, grads = core.decoder_backward(W_k, v, valid_lens, e, h, W_q, w_v, params,
+      p_attention, p_rnn, seed, saved, gout and c(gout), ghn and c(ghn))
+    return dWk, dv, de, dh, dWq, dwv, table.unpack(grads, 1, #params)
+  end)
+  return out, hn, weights
+end
+
+-- Lengths given as a Lua table become a tensor of the dtype of `like`, as the attention layer
+-- makes them.
+local function lens_tensor(lens, like)
+  if type(lens) == "table" and not attn.is_tensor(lens) then return attn.tensor(lens, like:dtype()) end
+  return lens
+end
+
+-- The source lengths for the fused node (nil or a (B) tensor) when it can run this call, else
+-- false: additive scoring, the fused GRU, tensors of the expected ranks, lengths one per sample.
+local function fused_lens(self, state)
+  local scorer, rnn, enc_outputs, hidden_state = self.attention, self.rnn, state[1], state[2]
+  if not (self.fused and rnn.fused and attn.is_tensor(enc_outputs) and attn.is_tensor(hidden_state)
+      and enc_outputs:dim() == 3 and hidden_state:dim() == 3 and getmetatable(scorer) == attention.AdditiveAttention
+      and scorer.fused ~= false and not (rnn.training and rnn.dropout >= 1)) then
+    return false
+  end
+  local lens = lens_tensor(state[3], enc_outputs)
+  if lens == nil or attn.is_tensor(lens) and lens:dim() == 1 and lens:size(1) == enc_outputs:size(1) then
+    return lens
+  end
+  return false
+end
+
 function Seq2SeqAttentionDecoder:forward(X, state)
+  check_ids("Seq2SeqAttentionDecoder", X)
+  local lens = fused_lens(self, state)
+  if lens == false then return self:composed_forward(X, state) end
+  return self:fused_forward(X, state, nil, lens)
+end
+
+--- The fused path of forward (see the class comment), for the calls forward
+-- sends to it. `seed` (optional) fixes the dropout streams (drawn when nil).
+function Seq2SeqAttentionDecoder:fused_forward(X, state, seed, lens)
+  local scorer, rnn = self.attention, self.rnn
+  local enc_outputs, hidden_state = state[1], state[2]
+  if lens == nil then lens = lens_tensor(state[3], enc_outputs) end
+  local drop = scorer.dropout
+  local out, hn, weights = M.attention_decoder(scorer.W_k.weight, enc_outputs, lens,
+    self.embedding(X:t()), hidden_state, scorer.W_q.weight, scorer.w_v.weight, rnn:flat_parameters(),
+    drop.training and drop.p or 0, rnn.training and rnn.dropout or 0, seed)
+  local steps = {}
+  for t = 1, weights:size(2) do steps[t] = weights:narrow(2, t, 1) end
+  self.attention_weights = steps
+  return self.dense(out), { enc_outputs, hn, state[3] }
+end
+
+--- The reference path: the same decoder composed step by step (attention, cat,
+-- the GRU over one step). With a seed, step t (1-based) drops what the fused
+-- node with that seed drops: the attention weights with stream seed + (t-1) L
+-- + L - 1, the GRU (its composed form) with stream seed + (t-1) L.
+function Seq2SeqAttentionDecoder:composed_forward(X, state, seed)
   check_ids("Seq2SeqAttentionDecoder", X)
   local enc_outputs, hidden_state, enc_valid_lens = state[1], state[2], state[3]
   -- the steps' embeddings as one node (the book's `for x in X`), not a narrow
@@ -222,18 +308,24 @@ function Seq2SeqAttentionDecoder:forward(X, state)
   local T = #steps
   local outputs, weights = {}, {}
   -- Additive scoring projects the keys (the same at every step) once, not once per step as the book
-  local scorer = self.attention
+  local scorer, rnn = self.attention, self.rnn
+  local L = rnn.num_layers
   local keys = scorer.project_keys and scorer:project_keys(enc_outputs)
   -- the query is the last layer's state (B, 1, h); after the first step that is the
   -- GRU's output (the same numbers), one view of it instead of a select and an unsqueeze
   local query = hidden_state:select(1, hidden_state:size(1)):unsqueeze(2)
   for t = 1, T do
-    local context = keys and scorer:attend_projected(query, keys, enc_outputs, enc_valid_lens)
+    local base = seed and seed + (t - 1) * L
+    local context = keys and scorer:attend_projected(query, keys, enc_outputs, enc_valid_lens, base and base + L - 1)
       or scorer(query, enc_outputs, enc_outputs, enc_valid_lens)
     -- the book's cat of context and embedding, built time-major: (1, B, h + embed)
     local x = attn.cat({ context:transpose(1, 2), steps[t] }, 3)
     local out
-    out, hidden_state = self.rnn(x, hidden_state)
+    if base then
+      out, hidden_state = rnn:composed_forward(x, hidden_state, base)
+    else
+      out, hidden_state = rnn(x, hidden_state)
+    end
     query = out:transpose(1, 2)
     outputs[t] = query
     weights[t] = scorer.attention_weights
