@@ -32,6 +32,9 @@
 
 #define KL ATTN_SDPA_SMALL_KEYS /* key lanes */
 #define NV (ATTN_SDPA_TINY_WIDTH / KL) /* vectors of the widest row */
+/* Rows a kernel works on side by side: each row is one long chain of dependent steps (products,
+ * max, exp, sum, weighted sum), and independent chains keep the vector units busy. */
+#define SR 2
 
 #if defined(__GNUC__)
 #define SMALL_INLINE static inline __attribute__((always_inline))
@@ -218,32 +221,31 @@ int SMALL_FN(attn_sdpa_small_forward_)(const attn_attention_job *J, int64_t b, i
   if (J->out) small_pack(&J->v, b, Nk, dv, NULL, h.vr);
   const float scale = (float)J->scale;
   small_vf chk = {0};
-  /* two rows at a time: each row is one long chain of dependent steps (products, max, exp,
-   * sum, weighted sum), and two independent chains keep the multiply-add units busy */
-  for (int64_t i = i0; i < i0 + r; i += 2) {
-    int64_t row[2] = {i, i + 1 < i0 + r ? i + 1 : i}; /* an odd last row is computed twice, kept once */
-    attn_attention_rowmask m[2];
-    small_vf s[2], p[2], kf[2], o[2][NV];
+  for (int64_t i = i0; i < i0 + r; i += SR) {
+    int64_t row[SR]; /* past the end: the last row again, whose values are written twice */
+    for (int u = 0; u < SR; u++) row[u] = i + u < i0 + r ? i + u : i0 + r - 1;
+    attn_attention_rowmask m[SR];
+    small_vf s[SR], p[SR], kf[SR], o[SR][NV];
     int ok = 1;
-    for (int u = 0; u < 2; u++) {
+    for (int u = 0; u < SR; u++) {
       attn_attention_row_mask(J, b, row[u], &m[u]);
       small_lanes(small_rowp(&J->q, b, row[u]), J->q.sc, h.kt, d, scale, &s[u]);
     }
-    for (int u = 0; u < 2; u++) ok &= small_softmax(&m[u], &s[u], &p[u]);
+    for (int u = 0; u < SR; u++) ok &= small_softmax(&m[u], &s[u], &p[u]);
     if (!ok) return 0;
-    for (int u = 0; u < 2; u++) {
+    for (int u = 0; u < SR; u++) {
       if (J->weights) {
         float *w = (float *)J->weights + (b * J->Nq + row[u]) * Nk;
         for (int64_t j = 0; j < Nk; j++) w[j] = p[u][j];
       }
     }
     if (!J->out) continue;
-    for (int u = 0; u < 2; u++) {
+    for (int u = 0; u < SR; u++) {
       small_keep(J, small_base(J, b, row[u]), &kf[u]);
       p[u] *= kf[u];
     }
-    for (int u = 0; u < 2; u++) small_combine(&p[u], h.vr, Nk, h.ndv, o[u]);
-    for (int u = 0; u < 2; u++) {
+    for (int u = 0; u < SR; u++) small_combine(&p[u], h.vr, Nk, h.ndv, o[u]);
+    for (int u = 0; u < SR; u++) {
       float *out = (float *)J->out + (b * J->Nq + row[u]) * dv;
       const float *os = (const float *)o[u];
       for (int64_t c = 0; c < dv; c++) out[c] = os[c];
@@ -268,24 +270,25 @@ int SMALL_FN(attn_sdpa_small_backward_)(const attn_attention_job *J, int64_t b, 
   for (int64_t c = 0; c < dv; c++) avt[c] = small_zero;
   const float scale = (float)J->scale;
   small_vf chk = {0};
-  for (int64_t i = i0; i < i1; i += 2) { /* two rows at a time, as forward */
-    int64_t row[2] = {i, i + 1 < i1 ? i + 1 : i};
-    const int n = row[1] != row[0] ? 2 : 1; /* an odd last row is computed twice, used once */
-    attn_attention_rowmask m[2];
-    const float *q[2], *g[2];
-    small_vf s[2], p[2], dp[2], kf[2], ds[2];
+  for (int64_t i = i0; i < i1; i += SR) { /* SR rows side by side, as forward */
+    int64_t row[SR];
+    for (int u = 0; u < SR; u++) row[u] = i + u < i1 ? i + u : i1 - 1;
+    const int n = i1 - i < SR ? (int)(i1 - i) : SR; /* the rows past them repeat the last, unused */
+    attn_attention_rowmask m[SR];
+    const float *q[SR], *g[SR];
+    small_vf s[SR], p[SR], dp[SR], kf[SR], ds[SR];
     const int64_t sq = J->q.sc, sg = J->dout.sc;
     int ok = 1;
-    for (int u = 0; u < 2; u++) {
+    for (int u = 0; u < SR; u++) {
       attn_attention_row_mask(J, b, row[u], &m[u]);
       q[u] = small_rowp(&J->q, b, row[u]);
       g[u] = small_rowp(&J->dout, b, row[u]);
       small_lanes(q[u], sq, h.kt, d, scale, &s[u]);
       small_lanes(g[u], sg, h.vt, dv, 1.0f, &dp[u]); /* dL/d(dropped weights) */
     }
-    for (int u = 0; u < 2; u++) ok &= small_softmax(&m[u], &s[u], &p[u]);
+    for (int u = 0; u < SR; u++) ok &= small_softmax(&m[u], &s[u], &p[u]);
     if (!ok) return 0;
-    for (int u = 0; u < 2; u++) {
+    for (int u = 0; u < SR; u++) {
       small_keep(J, small_base(J, b, row[u]), &kf[u]);
       dp[u] *= kf[u]; /* dL/dweights */
       small_vf pdp = p[u] * dp[u];
@@ -330,3 +333,4 @@ int SMALL_FN(attn_sdpa_small_backward_)(const attn_attention_job *J, int64_t b, 
 
 #undef KL
 #undef NV
+#undef SR
