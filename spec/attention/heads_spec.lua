@@ -55,6 +55,30 @@ describe("split_heads and merge_heads", function()
     end
   end)
 
+  it("move rows of 16, 32 and 64 bytes (the fixed-size row copies) to the same layout", function()
+    for _, dtype in ipairs({ "float32", "float64" }) do
+      for _, dh in ipairs({ 4, 8, 16 }) do
+        local B, N, H = 3, 5, 4
+        local X = attn.randn({ B, N, H * dh }, dtype)
+        local Y = attn.split_heads(X, H)
+        for b = 1, B do
+          for h = 1, H do
+            helper.assert_close(Y:select(1, (b - 1) * H + h), X:select(1, b):narrow(2, (h - 1) * dh + 1, dh),
+              { atol = 0 })
+          end
+        end
+        local Z = attn.randn({ B * H, N, dh }, dtype)
+        local M = attn.merge_heads(Z, H)
+        for b = 1, B do
+          for h = 1, H do
+            helper.assert_close(M:select(1, b):narrow(2, (h - 1) * dh + 1, dh), Z:select(1, (b - 1) * H + h),
+              { atol = 0 })
+          end
+        end
+      end
+    end
+  end)
+
   it("are differentiable", function()
     helper.gradcheck(function(x) return attn.merge_heads(attn.split_heads(x, 3):pow(2), 3) end,
       { helper.param({ 2, 4, 6 }) })
