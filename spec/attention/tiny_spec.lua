@@ -71,6 +71,7 @@ describe("tiny-head dot-product attention", function()
     { "short rows: 17 keys, past one vector", { 2, 5, 17, 8, 8 }, { valid_lens = { 17, 9 } } },
     { "short rows: one key, width 1", { 4, 3, 1, 1, 1 }, {} },
     { "short rows: widths 64 and 37", { 2, 4, 10, 64, 37 }, { dropout = 0.2, seed = 4 } },
+    { "short rows: widths 16 (one vector per row)", { 2, 6, 10, 16, 16 }, { valid_lens = { 3, 10 } } },
     { "short rows: causal 2-D lengths with dropout (the decoder's self-attention)", { 4, 10, 10, 8, 8 },
       { causal = true, dropout = 0.2, seed = 7, valid_lens = { { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 },
         { 1, 1, 1, 1, 1, 1, 1, 1, 1, 1 }, { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }, { 10, 9, 8, 7, 6, 5, 4, 3, 2, 1 } } } },

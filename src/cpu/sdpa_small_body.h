@@ -208,6 +208,19 @@ SMALL_INLINE void small_combine(const small_vf *a, small_vf (*rows)[NV], int64_t
   for (int64_t t = 0; t < nv; t++) o[t] = acc[0][t] + acc[1][t];
 }
 
+/* dst[0, n) = the first n floats of the vectors v: rows of 8 or 16 floats (the book's heads) as
+ * one fixed-size move, where a copy loop becomes a memcpy call per row. */
+SMALL_INLINE void small_store(float *dst, const small_vf *v, int64_t n) {
+  if (n == KL / 2) {
+    memcpy(dst, v, sizeof(float) * (KL / 2));
+  } else if (n == KL) {
+    memcpy(dst, v, sizeof(small_vf));
+  } else {
+    const float *f = (const float *)v;
+    for (int64_t c = 0; c < n; c++) dst[c] = f[c];
+  }
+}
+
 static inline uint64_t small_base(const attn_attention_job *J, int64_t b, int64_t i) {
   return ((uint64_t)b * (uint64_t)J->Nq + (uint64_t)i) * (uint64_t)J->Nk;
 }
@@ -236,7 +249,7 @@ int SMALL_FN(attn_sdpa_small_forward_)(const attn_attention_job *J, int64_t b, i
     for (int u = 0; u < SR; u++) {
       if (J->weights) {
         float *w = (float *)J->weights + (b * J->Nq + row[u]) * Nk;
-        for (int64_t j = 0; j < Nk; j++) w[j] = p[u][j];
+        small_store(w, &p[u], Nk);
       }
     }
     if (!J->out) continue;
@@ -246,9 +259,7 @@ int SMALL_FN(attn_sdpa_small_forward_)(const attn_attention_job *J, int64_t b, i
     }
     for (int u = 0; u < SR; u++) small_combine(&p[u], h.vr, Nk, h.ndv, o[u]);
     for (int u = 0; u < SR; u++) {
-      float *out = (float *)J->out + (b * J->Nq + row[u]) * dv;
-      const float *os = (const float *)o[u];
-      for (int64_t c = 0; c < dv; c++) out[c] = os[c];
+      small_store((float *)J->out + (b * J->Nq + row[u]) * dv, o[u], dv);
       for (int64_t t = 0; t < h.ndv; t++) chk += o[u][t] * 0;
     }
   }
@@ -302,9 +313,7 @@ int SMALL_FN(attn_sdpa_small_backward_)(const attn_attention_job *J, int64_t b, 
       for (int u = 0; u < n; u++) {
         small_vf o[NV];
         small_combine(&ds[u], h.kr, Nk, h.nd, o);
-        float *gq = (float *)J->gq + (b * J->Nq + row[u]) * d;
-        const float *os = (const float *)o;
-        for (int64_t c = 0; c < d; c++) gq[c] = os[c];
+        small_store((float *)J->gq + (b * J->Nq + row[u]) * d, o, d);
         for (int64_t t = 0; t < h.nd; t++) chk += o[t] * 0;
       }
     for (int u = 0; u < n; u++) {
