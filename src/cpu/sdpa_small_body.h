@@ -68,18 +68,25 @@ typedef struct {
   int64_t nd, ndv;                   /* vectors per row of K and of V */
 } small_head;
 
-/* Rows [0, n) of operand m of head b, w wide: into cols (w lane vectors) and/or rows (n x NV). */
+/* Rows [0, n) of operand m of head b, w wide: into cols (w lane vectors) and/or rows (n x NV).
+ * A unit-stride row of 8 or 16 floats (the book's heads) is one fixed-size move, where a copy
+ * loop became a memcpy call per row. */
 static void small_pack(const attn_attention_mat *m, int64_t b, int64_t n, int64_t w, small_vf *cols,
                        small_vf (*rows)[NV]) {
+  const int64_t sc = m->sc;
   for (int64_t c = 0; cols && c < w; c++) cols[c] = small_zero;
-  for (int64_t j = 0; rows && j < n; j++)
-    for (int64_t t = 0; t < (w + KL - 1) / KL; t++) rows[j][t] = small_zero; /* the vectors read */
   for (int64_t j = 0; j < n; j++) {
     const float *x = attn_attention_at(m, sizeof(float), b, j, 0);
-    float *r = rows ? (float *)rows[j] : NULL;
-    for (int64_t c = 0; c < w; c++) {
-      if (cols) cols[c][j] = x[c * m->sc];
-      if (r) r[c] = x[c * m->sc];
+    for (int64_t c = 0; cols && c < w; c++) cols[c][j] = x[c * sc];
+    if (!rows) continue;
+    for (int64_t t = 0; t < (w + KL - 1) / KL; t++) rows[j][t] = small_zero; /* the vectors read */
+    if (sc == 1 && w == KL / 2) {
+      memcpy(rows[j], x, sizeof(float) * (KL / 2));
+    } else if (sc == 1 && w == KL) {
+      memcpy(rows[j], x, sizeof(small_vf));
+    } else {
+      float *r = (float *)rows[j];
+      for (int64_t c = 0; c < w; c++) r[c] = x[c * sc];
     }
   }
 }
