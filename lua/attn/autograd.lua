@@ -57,14 +57,12 @@ autograd.needs_grad = needs_grad
 
 -- Write versions of the storages a node's backward may read (its inputs and
 -- outputs): an in-place write between forward and backward would make the
--- gradient silently wrong, so backward checks them (see check_versions).
+-- gradient silently wrong, so backward checks them (see run_nodes).
 -- Versions only ever grow, so their sum is unchanged exactly when every one
 -- of them is: a node keeps one number (vsum, set by graph_link), not a table.
-local function check_versions(node)
-  if graph_versions(node.inputs, node.out or node.outputs) ~= node.vsum then
-    error(string.format("backward: a tensor used by '%s' was modified in place after the forward pass, so its "
-      .. "gradient would be wrong; modify a clone instead", node.name), 0)
-  end
+local function version_error(node)
+  error(string.format("backward: a tensor used by '%s' was modified in place after the forward pass, so its "
+    .. "gradient would be wrong; modify a clone instead", node.name), 0)
 end
 
 --- True when an op on these operands (up to three; non-tensors ignored) must
@@ -161,22 +159,19 @@ local function accumulate(tbl, key, g, owned)
   end
 end
 
--- Sends gradient g of `input` (an output of `child`) to child's pending
--- gradients: the tensor itself for a one-output node, a table by output
--- position otherwise. Repeated contributions are summed in arrival order.
-local function send(node_grads, child, input, g, owned)
-  if child.outputs then
-    local slot = node_grads[child]
-    if not slot then
-      slot = {}
-      node_grads[child] = slot
-    end
-    local k = input._oi
-    local prev = slot[k]
-    slot[k] = prev == nil and g or add(prev, g)
-  else
-    accumulate(node_grads, child, g, owned)
+-- Sends gradient g of `input` (one of the outputs of `child`, a node with
+-- several) to child's pending gradients, a table by output position.
+-- Repeated contributions are summed in arrival order. (A one-output node's
+-- pending gradient is the tensor itself: see accumulate.)
+local function send_output(node_grads, child, input, g)
+  local slot = node_grads[child]
+  if not slot then
+    slot = {}
+    node_grads[child] = slot
   end
+  local k = input._oi
+  local prev = slot[k]
+  slot[k] = prev == nil and g or add(prev, g)
 end
 
 -- Runs the nodes in reverse topological order, sending each input's gradient
@@ -191,18 +186,20 @@ local function run_nodes(order, node_grads, leaf_grads, leaf_order, retain, owne
     local nin = #inputs
     -- a node no gradient reached (e.g. the condition of a where) contributes nothing
     if gs then
-      check_versions(node)
+      local outputs = node.outputs
+      if graph_versions(inputs, outputs or node.out) ~= node.vsum then version_error(node) end
       failing = node
-      local g1, g2, g3, more
+      -- up to six input gradients come back in locals (a linear node has 3, the fused layers 6-7)
+      local g1, g2, g3, g4, g5, g6, more
       local backward = node.backward
-      if node.outputs then
-        if nin <= 3 then
-          g1, g2, g3 = backward(table.unpack(gs, 1, #node.outputs))
+      if outputs then
+        if nin <= 6 then
+          g1, g2, g3, g4, g5, g6 = backward(table.unpack(gs, 1, #outputs))
         else
-          more = table.pack(backward(table.unpack(gs, 1, #node.outputs)))
+          more = table.pack(backward(table.unpack(gs, 1, #outputs)))
         end
-      elseif nin <= 3 then
-        g1, g2, g3 = backward(gs)
+      elseif nin <= 6 then
+        g1, g2, g3, g4, g5, g6 = backward(gs)
       else
         more = table.pack(backward(gs))
       end
@@ -215,8 +212,14 @@ local function run_nodes(order, node_grads, leaf_grads, leaf_order, retain, owne
           g = g1
         elseif i == 2 then
           g = g2
-        else
+        elseif i == 3 then
           g = g3
+        elseif i == 4 then
+          g = g4
+        elseif i == 5 then
+          g = g5
+        else
+          g = g6
         end
         local input = inputs[i]
         -- the node that made input, true for a leaf that requires grad, or false
@@ -224,11 +227,13 @@ local function run_nodes(order, node_grads, leaf_grads, leaf_order, retain, owne
         if g ~= nil then target, same = graph_target(input, g) end
         if target then
           if not same then check_grad_shape(node, i, input, g) end
-          if target ~= true then
-            send(node_grads, target, input, g, owned)
-          else
+          if target == true then
             if leaf_grads[input] == nil then leaf_order[#leaf_order + 1] = input end
             accumulate(leaf_grads, input, g, owned)
+          elseif target.outputs then
+            send_output(node_grads, target, input, g)
+          else
+            accumulate(node_grads, target, g, owned)
           end
         end
       end
@@ -311,8 +316,10 @@ function autograd.backward(root, grad, opts)
   end
 
   local node_grads, owned, leaf_grads, leaf_order = w.node_grads, w.owned, w.leaf_grads, w.leaf_order
-  if root_fn then
-    send(node_grads, root_fn, root, grad, owned)
+  if root_fn and root_fn.outputs then
+    send_output(node_grads, root_fn, root, grad)
+  elseif root_fn then
+    accumulate(node_grads, root_fn, grad, owned)
   else
     leaf_grads[root] = grad
     leaf_order[1] = root

@@ -69,7 +69,8 @@ describe("fused Bahdanau decoder", function()
         it("equals the composition: outputs, state, weights and every gradient (" .. name .. ")", function()
           local lens = attn.tensor({ NK, 1, 4 }) -- full, 1 and in between
           local a, b = build(L, dtype, training, lens)
-          -- the composition keeps the weights in training only when asked
+          -- both keep the weights in training only when asked
+          a[2].attention.keep_weights = true
           b[2].attention.keep_weights = true
           local out, hn, weights, grads = step(a, fused)
           local out2, hn2, weights2, grads2 = step(b, composed)
@@ -134,10 +135,21 @@ describe("fused Bahdanau decoder", function()
     helper.gradcheck(fn, { W_k, values, emb, h0, W_q, w_v, table.unpack(params) })
   end)
 
+  it("keeps the weights in training only when asked, as the attention layer does", function()
+    local a = build(2, "float32", true, { NK, 1, 4 })
+    local enc, dec, X, Y = table.unpack(a, 1, 4)
+    dec(Y, dec:init_state(table.pack(enc(X)), nil))
+    assert.are.same({}, dec.attention_weights)
+    dec.attention.keep_weights = true
+    dec(Y, dec:init_state(table.pack(enc(X)), nil))
+    assert.are.equal(T, #dec.attention_weights)
+  end)
+
   it("gives the same bits on 1 and 2 threads", function()
     local function run(n)
       attn.set_num_threads(n)
       local a = build(2, "float32", true, { NK, 1, 4 })
+      a[2].attention.keep_weights = true
       local out, hn, weights, grads = step(a, fused)
       attn.set_num_threads(2)
       return out, hn, weights, grads
@@ -185,5 +197,19 @@ describe("fused Bahdanau decoder", function()
     fails("attention_decoder: embeddings [2147483648x2x6], values [2x3x5] and state [1x2x7] are too large",
       W_k, values, nil, attn.zeros({ 1, 2, 6 }):expand({ 1 << 31, 2, 6 }), h0, W_q, w_v, params, 0, 0)
     assert.is_false((pcall(core.decoder_forward, W_k, values, nil, emb, h0, W_q, w_v, "params", 0, 0)))
+    -- backward: a saved tensor or gradient that does not fit the operands
+    local _, _, _, saved = core.decoder_forward(W_k, values, nil, emb, h0, W_q, w_v, params, 0, 0)
+    local function back_fails(pattern, ...)
+      local ok, err = pcall(core.decoder_backward, W_k, values, nil, emb, h0, W_q, w_v, params, 0, 0, 1, ...)
+      assert.is_false(ok)
+      assert.matches(pattern, err, 1, true)
+    end
+    back_fails("attention_decoder backward: saved is [7], expected [" .. saved:numel() .. "]", attn.zeros({ 7 }))
+    back_fails("attention_decoder backward: output gradient is [4x2x7], expected [2x4x7]", saved,
+      attn.zeros({ 4, 2, 7 }))
+    back_fails("attention_decoder backward: final state gradient is [2x2x7], expected [1x2x7]", saved, nil,
+      attn.zeros({ 2, 2, 7 }))
+    assert.are.same({ 4, 5 }, (core.decoder_backward(W_k, values, nil, emb, h0, W_q, w_v, params, 0, 0, 1, saved,
+      attn.ones({ 2, 4, 7 }))):shape())
   end)
 end)

@@ -202,7 +202,7 @@ static inline float exp2_f(float x) {
   return y;
 }
 
-/* 2^x on a whole vector for x <= 0, -inf or NaN (the forward's softmax: written with vectors so
+/* 2^x on a whole vector for x <= 0, -inf or NaN (the softmax weights, forward and backward: vectors so
  * the running max and row sums stay in registers; the auto-vectorised loops kept them in
  * memory). x below -127 is raised to it, whose scale bits are those of +0: the result is exact 0
  * there and for -inf, with no mask of its own, and a NaN fails the test and stays NaN. 2^f on
@@ -454,6 +454,7 @@ static inline int query_tile(const attn_flash_job *F, int64_t b, int64_t i0, int
     }
 
 static inline void vtranspose(flash_vf *x) {
+#if defined(__clang__) || __GNUC__ >= 12 /* __builtin_shufflevector */
 #if FLASH_VL >= 16
   FLASH_TSTAGE(8)
 #endif
@@ -462,6 +463,12 @@ static inline void vtranspose(flash_vf *x) {
 #endif
   FLASH_TSTAGE(2)
   FLASH_TSTAGE(1)
+#else
+  float t[FLASH_VL][FLASH_VL];
+  memcpy(t, x, sizeof t);
+  for (int i = 0; i < FLASH_VL; i++)
+    for (int p = 0; p < FLASH_VL; p++) x[i][p] = t[p][i];
+#endif
 }
 
 /* ---- forward ---------------------------------------------------------------- */
@@ -654,10 +661,11 @@ int FLASH_FN(attn_flash_backward_q_)(const attn_flash_job *F, int64_t b, int64_t
     if (J->dropout)
       for (int64_t n = 0; n < nb; n++)
         for (int64_t o = 0; o < r; o++) dP[n * TW + o] *= (float)attn_attention_keep(J, b, i0 + o, j0 + n);
-    for (int64_t n = 0; n < nb; n++)
-      for (int64_t o = 0; o < TW; o++) {
-        float p = exp2_f(S[n * TW + o] - lse2[o]);
-        dP[n * TW + o] = p * (dP[n * TW + o] - D[o]);
+    for (int64_t n = 0; n < nb; n++) /* dS = P (dP - D), P = exp2(S - lse2) <= 1 */
+      for (int v = 0; v < FLASH_NV; v++) {
+        float *g = dP + n * TW + v * FLASH_VL;
+        flash_vf p = exp2_v(vload(S + n * TW + v * FLASH_VL) - vload(lse2 + v * FLASH_VL));
+        vstore(g, p * (vload(g) - vload(D + v * FLASH_VL)));
       }
     if (cls == TILE_MASKED)
       for (int64_t n = 0; n < nb; n++)
@@ -728,10 +736,10 @@ int FLASH_FN(attn_flash_backward_k_)(const attn_flash_job *F, int64_t b, int64_t
         }
         for (int64_t o = nk; o < TW; o++) s[o] = g[o] = 0;
       } else {
-        for (int64_t o = 0; o < TW; o++) {
-          float p = exp2_f(s[o] - L2);
-          g[o] = p * (g[o] - Dn);
-          s[o] = p;
+        for (int v = 0; v < FLASH_NV; v++) {
+          flash_vf p = exp2_v(vload(s + v * FLASH_VL) - L2);
+          vstore(g + v * FLASH_VL, p * (vload(g + v * FLASH_VL) - Dn));
+          vstore(s + v * FLASH_VL, p);
         }
       }
       if (cls == TILE_MASKED) /* filled keys: no score gradient; their weight comes from fillp (exact) */

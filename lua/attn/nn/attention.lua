@@ -62,17 +62,29 @@ end
 -- checks of a module assignment (which cost more than a small attention call).
 local function keep_weights(m, w) rawget(m, "_attrs").attention_weights = detach(w) end
 
--- True when x is a 3-D tensor whose last dim is the in_features of `lin`; anything else goes
--- through the composed path, whose Linear children raise their own errors.
+-- The forwards below read their module's fields as `m.k` would (Module.__index: the attribute
+-- table `a = rawget(m, "_attrs")`, then the class) without a call of __index per field: at the
+-- book's sizes the glue around a fused call cost a third of it.
+local function field(a, m, k)
+  local v = a[k]
+  if v == nil then return getmetatable(m)[k] end
+  return v
+end
+
+-- True when x is a 3-D tensor whose last dim is the in_features of the Linear child with
+-- attributes `lin` (one C call); anything else goes through the composed path, whose Linear
+-- children raise their own errors.
 local function fits(x, lin)
-  return is_tensor(x) and core.dim(x) == 3 and core.size(x, 3) == lin.in_features
+  local n = lin.in_features
+  return math.type(n) == "integer" and fits_last(x, 3, n)
 end
 
 -- The kernel options of one layer call (attn.attention._layer_options): the caller's opts, the
 -- lengths as a tensor of the queries' dtype, the dropout of the layer's Dropout child, and the
--- weights when `m` (the module computing them) is in eval mode or `keep` is set (pitfall 9).
-local function kernel_options(fn, m, keep, opts, valid_lens, queries)
-  local dropout = m.dropout
+-- weights when `m` (the module computing them, attributes `a`) is in eval mode or `keep` is set
+-- (pitfall 9).
+local function kernel_options(fn, m, a, keep, opts, valid_lens, queries)
+  local dropout = a.dropout
   return attention._layer_options(fn, opts, valid_lens_tensor(valid_lens, queries), dropout.p, dropout.training,
     not m.training or keep == true)
 end
@@ -96,9 +108,11 @@ function DotProductAttention:forward(queries, keys, values, valid_lens, opts)
   if opts ~= nil and type(opts) ~= "table" then
     error("DotProductAttention: opts must be a table, got a " .. type(opts), 2)
   end
-  local o = kernel_options("dot_product_attention", self, self.keep_weights, opts, valid_lens, queries)
+  local a = rawget(self, "_attrs")
+  local o = kernel_options("dot_product_attention", self, a, field(a, self, "keep_weights"), opts, valid_lens,
+    queries)
   local out, weights = attention._dot_product_attention(queries, keys, values, o)
-  keep_weights(self, weights)
+  a.attention_weights = detach(weights)
   return out
 end
 
@@ -125,25 +139,17 @@ function AdditiveAttention:init(...)
   self.dropout = Dropout(o.dropout or 0)
 end
 
--- The per-call glue of the fused path reads the module's fields from `_attrs` directly (what
--- Module.__index reads first; each `self.x` is otherwise a call of it) and checks the operands
--- with one C call each (core.fits_last): at the book's size the glue was a third of the call.
 function AdditiveAttention:forward(queries, keys, values, valid_lens)
-  local attrs = rawget(self, "_attrs")
-  local fused = attrs.fused
-  if fused == nil then fused = getmetatable(self).fused end
-  local Wq, Wk, wv = attrs.W_q, attrs.W_k, attrs.w_v
-  local q_attrs, k_attrs = rawget(Wq, "_attrs"), rawget(Wk, "_attrs")
+  local a = rawget(self, "_attrs")
+  local Wq, Wk = a.W_q, a.W_k
+  local qa, ka = rawget(Wq, "_attrs"), rawget(Wk, "_attrs")
   -- (values that are no tensor take the composed path, whose checks name them)
-  if fused ~= false and fits_last(queries, 3, q_attrs.in_features) and fits_last(keys, 3, k_attrs.in_features)
-      and is_tensor(values) then
-    local keep = attrs.keep_weights
-    local dropout = attrs.dropout
-    local o = attention._layer_options("projected_additive_attention", nil, valid_lens_tensor(valid_lens, queries),
-      dropout.p, dropout.training, not self.training or keep == true)
-    local out, weights = attention._projected_additive_attention(queries, keys, values, q_attrs.weight,
-      k_attrs.weight, rawget(wv, "_attrs").weight, o)
-    attrs.attention_weights = detach(weights)
+  if field(a, self, "fused") ~= false and fits(queries, qa) and fits(keys, ka) and is_tensor(values) then
+    local o = kernel_options("projected_additive_attention", self, a, field(a, self, "keep_weights"), nil,
+      valid_lens, queries)
+    local out, weights = attention._projected_additive_attention(queries, keys, values, qa.weight, ka.weight,
+      rawget(a.w_v, "_attrs").weight, o)
+    a.attention_weights = detach(weights)
     return out
   end
   -- the composition the fused node equals (the reference the specs compare it against)
@@ -163,7 +169,8 @@ function AdditiveAttention:attend_projected(queries, projected_keys, values, val
   local qh = self.W_q(queries)
   -- w_v.weight is (1, num_hiddens) as in PyTorch; the functional form takes the (h) vector
   local w_v = self.w_v.weight:reshape({ self.w_v.in_features })
-  local kopts = kernel_options("additive_attention", self, self.keep_weights, nil, valid_lens, qh)
+  local a = rawget(self, "_attrs")
+  local kopts = kernel_options("additive_attention", self, a, field(a, self, "keep_weights"), nil, valid_lens, qh)
   kopts.seed = seed
   local out, weights = attention._additive_attention(qh, projected_keys, values, w_v, kopts)
   keep_weights(self, weights)
@@ -281,12 +288,17 @@ function MultiHeadAttention:forward(queries, keys, values, valid_lens, opts)
   if opts ~= nil and opts.mask ~= nil then
     opts = per_head_mask(opts, heads, is_tensor(queries) and core.dtype(queries) or nil)
   end
-  local Wq, Wk, Wv, Wo = self.W_q, self.W_k, self.W_v, self.W_o
-  if self.fused ~= false and fits(queries, Wq) and fits(keys, Wk) and fits(values, Wv) then
+  local a = rawget(self, "_attrs")
+  local Wq, Wk, Wv, Wo = a.W_q, a.W_k, a.W_v, a.W_o
+  local qa, ka, va = rawget(Wq, "_attrs"), rawget(Wk, "_attrs"), rawget(Wv, "_attrs")
+  if field(a, self, "fused") ~= false and fits(queries, qa) and fits(keys, ka) and fits(values, va) then
     -- the weights as the composition asks its child for them: the layer's keep_weights rules
-    local o = kernel_options("multi_head_attention", self.attention, self.keep_weights, opts, valid_lens, queries)
-    local wq, wk, wv, wo = Wq.weight, Wk.weight, Wv.weight, Wo.weight
-    local bq, bk, bv, bo = Wq.bias, Wk.bias, Wv.bias, Wo.bias
+    local child = a.attention
+    local o = kernel_options("multi_head_attention", child, rawget(child, "_attrs"), field(a, self, "keep_weights"),
+      opts, valid_lens, queries)
+    local oa = rawget(Wo, "_attrs")
+    local wq, wk, wv, wo = qa.weight, ka.weight, va.weight, oa.weight
+    local bq, bk, bv, bo = qa.bias, ka.bias, va.bias, oa.bias
     local params, operands
     if self.training then -- every step changes the weights: nothing to keep between calls
       params = { W_q = wq, W_k = wk, W_v = wv, W_o = wo, b_q = bq, b_k = bk, b_v = bv, b_o = bo }

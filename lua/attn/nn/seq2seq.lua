@@ -187,7 +187,8 @@ end
 -- GRU's input; a dense layer maps the outputs to the vocabulary.
 -- init_state({output, state}, enc_valid_lens) -> {enc_outputs (B, T, h), state,
 -- enc_valid_lens}. forward(X (B, T), state) -> (B, T, vocab_size), state. After a
--- call, `attention_weights` is the list of the steps' weights, each (B, 1, Nk).
+-- call, `attention_weights` is the list of the steps' weights, each (B, 1, Nk)
+-- (materialised in eval mode or with `attention.keep_weights`; see attn.nn.attention).
 --
 -- With additive scoring the whole step loop (the keys' projection, then per
 -- step attention, cat and every GRU layer) is one C call and one autograd node
@@ -289,8 +290,12 @@ function Seq2SeqAttentionDecoder:fused_forward(X, state, seed, lens)
   local out, hn, weights = M.attention_decoder(scorer.W_k.weight, enc_outputs, lens,
     self.embedding(X:t()), hidden_state, scorer.W_q.weight, scorer.w_v.weight, rnn:flat_parameters(),
     drop.training and drop.p or 0, rnn.training and rnn.dropout or 0, seed)
+  -- the steps' weights as views, kept when the attention layer would keep them (eval mode or
+  -- keep_weights): in training the composition has none either
   local steps = {}
-  for t = 1, weights:size(2) do steps[t] = weights:narrow(2, t, 1) end
+  if not scorer.training or scorer.keep_weights == true then
+    for t = 1, weights:size(2) do steps[t] = weights:narrow(2, t, 1) end
+  end
   self.attention_weights = steps
   return self.dense(out), { enc_outputs, hn, state[3] }
 end
