@@ -536,12 +536,23 @@ static const attn_iter_fn copy_fns[3][3] = {
 DEFINE_COPY_ROW(copy_row32, uint32_t)
 DEFINE_COPY_ROW(copy_row64, uint64_t)
 
+/* run unit-stride rows of `bytes` each, rstride bytes apart, into out; returns the end of out.
+ * Inlined with a constant size, each row is a fixed-size move: the head layouts' rows of 8 or
+ * 16 floats, where the element loop paid its setup and tail per row (split_heads of
+ * (64, 10, 32): 7.1 -> 2.1 us, merge_heads 7.9 -> 2.4 us). */
+static inline char *copy_fixed_rows(char *out, const char *row, int64_t run, int64_t rstride,
+                                    const size_t bytes) {
+  for (int64_t i = 0; i < run; i++, row += rstride, out += bytes) memcpy(out, row, bytes);
+  return out;
+}
+
 /* A same-dtype copy of a strided, non-contiguous src (same shape) into a
  * contiguous dst, for short inner rows (a permuted head layout has rows of a
  * head's 8 columns): loops over the last two dims with an odometer over the
  * others, where the general iterator pays an indirect call and a pointer
- * recomputation per row; unit-stride rows are a vectorised loop (split_heads'
- * (64, 4, 10, 8) copy: 9.5 -> 5.5 us). A contiguous src is left to the
+ * recomputation per row; unit-stride rows are a vectorised loop, or fixed-size
+ * moves for rows of 32 and 64 bytes (copy_fixed_rows; split_heads' (64, 4, 10,
+ * 8) copy: 9.5 -> 5.5 -> 2.1 us). A contiguous src is left to the
  * iterator, which copies it as one run (it was copied row by row here: 9.3 ->
  * 1.4 us for 80 KB). Returns 0 when the case does not apply. */
 static int copy_rows_into_contiguous(attn_tensor *dst, const attn_tensor *src) {
@@ -563,12 +574,17 @@ static int copy_rows_into_contiguous(attn_tensor *dst, const attn_tensor *src) {
   char *out = attn_tensor_data(dst);
   for (int64_t r = 0; r < runs; r++) {
     const char *row = at;
-    for (int64_t i = 0; i < run; i++, row += rstride, out += row_bytes) {
-      if (es == 4)
-        copy_row32(out, row, inner, istride);
-      else
-        copy_row64(out, row, inner, istride);
-    }
+    if (istride == 1 && row_bytes == 32)
+      out = copy_fixed_rows(out, row, run, rstride, 32);
+    else if (istride == 1 && row_bytes == 64)
+      out = copy_fixed_rows(out, row, run, rstride, 64);
+    else
+      for (int64_t i = 0; i < run; i++, row += rstride, out += row_bytes) {
+        if (es == 4)
+          copy_row32(out, row, inner, istride);
+        else
+          copy_row64(out, row, inner, istride);
+      }
     for (int d = nd - 3; d >= 0; d--) { /* next run: odometer over the outer dims */
       if (++index[d] < src->shape[d]) {
         at += src->stride[d] * (int64_t)es;

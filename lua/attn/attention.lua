@@ -223,12 +223,23 @@ local function saved_parts(saved, shapes)
 end
 
 -- Gradients of a projection y = x W^T + b (the fused layers' forwards run in C) from dy
--- (rows, out): dx in x's shape, dW, db (nil without a bias).
-local function project_backward(dy, x, W, b)
+-- (rows, out): dx as rows (rows, in; `shaped` gives it x's shape), dW, db (nil without a bias).
+-- With `into` (rows, in), x's
+-- gradient from another projection of the same x, dy W is added into it in place (one product
+-- with beta = 1 instead of a new tensor and an autograd sum) and dx comes back nil.
+local function project_backward(dy, x, W, b, into)
   local x2 = core.reshape(x, -1, core.size(W, 2))
-  local dx = core.reshape(core.matmul(dy, W), core.shape(x))
+  local dx
+  if into then
+    core.gemm_(into, dy, W, 1, 1)
+  else
+    dx = core.matmul(dy, W)
+  end
   return dx, core.matmul(core.transpose(dy, 1, 2), x2), b and core.sum(dy, 1) or nil
 end
+
+-- dx (nil passes through) in the shape of x.
+local function shaped(dx, x) return dx and core.reshape(dx, core.shape(x)) end
 
 --- Additive attention with its projections as one autograd node: d2l's `AdditiveAttention`
 -- forward, `additive_attention(queries W_q^T, keys W_k^T, values, w_v, opts)`, without the four
@@ -270,7 +281,7 @@ function M._projected_additive_attention(queries, keys, values, W_q, W_k, w_v, k
     local dqh, dkh, dwv = core.additive_scores_backward(qh, kh, core.reshape(w_v, h), ds)
     local dq, dWq = project_backward(core.reshape(dqh, -1, h), queries, W_q)
     local dk, dWk = project_backward(core.reshape(dkh, -1, h), keys, W_k)
-    return dq, dk, dv, dWq, dWk, core.reshape(dwv, core.shape(w_v))
+    return shaped(dq, queries), shaped(dk, keys), dv, dWq, dWk, core.reshape(dwv, core.shape(w_v))
   end)
   return out, weights
 end
@@ -422,13 +433,17 @@ function M._multi_head_attention(queries, keys, values, num_heads, params, kopts
     for k, v in pairs(kopts) do hopts[k] = v end
     hopts.valid_lens = M.repeat_interleave(kopts.valid_lens, num_heads)
     local dqh, dkh, dvh = core.sdpa_backward(qh, kh, vh, hopts, dctx, g_w, weights, nil, ctx, lse)
-    local function heads_back(dheads, x, W, b)
-      return project_backward(core.reshape(core.merge_heads(dheads, num_heads), -1, h), x, W, b)
+    local function heads_back(dheads, x, W, b, into)
+      return project_backward(core.reshape(core.merge_heads(dheads, num_heads), -1, h), x, W, b, into)
     end
+    -- an input given twice or three times (self-attention: queries = keys = values; keys =
+    -- values) gets its gradients summed here, in the first one's tensor; the repeats return nil
     local dq, dWq, dbq = heads_back(dqh, queries, Wq, bq)
-    local dk, dWk, dbk = heads_back(dkh, keys, Wk, bk)
-    local dv, dWv, dbv = heads_back(dvh, values, Wv, bv)
-    return dq, dk, dv, dWq, dWk, dWv, dWo, dbq, dbk, dbv, dbo
+    local dk_into = rawequal(keys, queries) and dq or nil
+    local dk, dWk, dbk = heads_back(dkh, keys, Wk, bk, dk_into)
+    local dv_into = rawequal(values, queries) and dq or rawequal(values, keys) and (dk or dk_into) or nil
+    local dv, dWv, dbv = heads_back(dvh, values, Wv, bv, dv_into)
+    return shaped(dq, queries), shaped(dk, keys), shaped(dv, values), dWq, dWk, dWv, dWo, dbq, dbk, dbv, dbo
   end)
   return out, weights
 end

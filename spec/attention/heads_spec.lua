@@ -17,17 +17,23 @@ local function weights(D, dtype)
     v = attn.randn({ D, D }, dtype) * 0.1, o = attn.randn({ D, D }, dtype) * 0.1 }
 end
 
+-- Head h of sample b is row (b-1)*H + h of the head layout Y and columns (h-1)*dh+1 .. h*dh of
+-- sample b in the merged layout X: checked head by head, exactly.
+local function assert_heads(X, Y, H, dh)
+  for b = 1, X:size(1) do
+    for h = 1, H do
+      helper.assert_close(Y:select(1, (b - 1) * H + h), X:select(1, b):narrow(2, (h - 1) * dh + 1, dh), { atol = 0 })
+    end
+  end
+end
+
 describe("split_heads and merge_heads", function()
   it("use d2l's batch-major layout: row b*H + h holds head h of sample b", function()
     local B, N, H, dh = 2, 3, 4, 5
     local X = attn.arange(0, B * N * H * dh, 1, "float64"):reshape(B, N, H * dh)
     local Y = attn.split_heads(X, H)
     assert.same({ B * H, N, dh }, Y:shape())
-    for b = 1, B do
-      for h = 1, H do
-        helper.assert_close(Y:select(1, (b - 1) * H + h), X:select(1, b):narrow(2, (h - 1) * dh + 1, dh), { atol = 0 })
-      end
-    end
+    assert_heads(X, Y, H, dh)
     helper.assert_close(attn.merge_heads(Y, H), X, { atol = 0 })
   end)
 
@@ -38,19 +44,20 @@ describe("split_heads and merge_heads", function()
       local X = attn.randn({ B, H * dh, N }, dtype):transpose(2, 3)
       local Y = attn.split_heads(X, H)
       assert.is_true(Y:is_contiguous())
-      for b = 1, B do
-        for h = 1, H do
-          helper.assert_close(Y:select(1, (b - 1) * H + h), X:select(1, b):narrow(2, (h - 1) * dh + 1, dh),
-            { atol = 0 })
-        end
-      end
+      assert_heads(X, Y, H, dh)
       local Z = attn.randn({ B * H, dh, N }, dtype):transpose(2, 3)
-      local M = attn.merge_heads(Z, H)
-      for b = 1, B do
-        for h = 1, H do
-          helper.assert_close(M:select(1, b):narrow(2, (h - 1) * dh + 1, dh), Z:select(1, (b - 1) * H + h),
-            { atol = 0 })
-        end
+      assert_heads(attn.merge_heads(Z, H), Z, H, dh)
+    end
+  end)
+
+  it("move rows of 16, 32 and 64 bytes (the fixed-size row copies) to the same layout", function()
+    for _, dtype in ipairs({ "float32", "float64" }) do
+      for _, dh in ipairs({ 4, 8, 16 }) do
+        local B, N, H = 3, 5, 4
+        local X = attn.randn({ B, N, H * dh }, dtype)
+        assert_heads(X, attn.split_heads(X, H), H, dh)
+        local Z = attn.randn({ B * H, N, dh }, dtype)
+        assert_heads(attn.merge_heads(Z, H), Z, H, dh)
       end
     end
   end)

@@ -119,6 +119,17 @@ describe("nn.MultiHeadAttention fused node", function()
       return { X, X, X }
     end
     assert_same_paths(m, make, { valid_lens = { 2, 3 } }, TOL.float64)
+    -- keys = values with other queries (the decoder's encoder-decoder attention), and queries = keys
+    local make_kv = function()
+      local X = attn.randn({ 2, 3, 4 }, "float64"):requires_grad_()
+      return { attn.randn({ 2, 5, 4 }, "float64"):requires_grad_(), X, X }
+    end
+    assert_same_paths(m, make_kv, { valid_lens = { 2, 3 } }, TOL.float64)
+    local make_qk = function()
+      local X = attn.randn({ 2, 3, 4 }, "float64"):requires_grad_()
+      return { X, X, attn.randn({ 2, 3, 4 }, "float64"):requires_grad_() }
+    end
+    assert_same_paths(m, make_qk, {}, TOL.float64)
   end)
 
   it("reads its cached transposed weights only while they are current (steps, load_state_dict, in place, to)",

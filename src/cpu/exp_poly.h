@@ -10,15 +10,14 @@
 #include <stdint.h>
 #include <string.h>
 
+/* e^r to degree 7 in Horner form, for a float r or a GCC vector of floats (the short-row
+ * attention kernels evaluate it on whole vectors). */
+#define ATTN_CPU_EXP_POLY(r)                                                                          \
+  ((((((((1.0f / 5040) * (r) + 1.0f / 720) * (r) + 1.0f / 120) * (r) + 1.0f / 24) * (r) + 1.0f / 6) * \
+        (r) + 0.5f) * (r) + 1.0f) * (r) + 1.0f)
+
 static inline float attn_cpu_exp_poly_scale(float r, uint32_t kb) {
-  float p = 1.0f / 5040;
-  p = p * r + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  float p = ATTN_CPU_EXP_POLY(r);
   uint32_t sb = kb << 23;
   float s;
   memcpy(&s, &sb, 4);

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "../attn_attention_internal.h"
+#include "exp_poly.h"
 
 #define SMALL_CAT2(a, b) a##b
 #define SMALL_CAT(a, b) SMALL_CAT2(a, b)
@@ -31,6 +32,9 @@
 
 #define KL ATTN_SDPA_SMALL_KEYS /* key lanes */
 #define NV (ATTN_SDPA_TINY_WIDTH / KL) /* vectors of the widest row */
+/* Rows a kernel works on side by side: each row is one long chain of dependent steps (products,
+ * max, exp, sum, weighted sum), and independent chains keep the vector units busy. */
+#define SR 2
 
 #if defined(__GNUC__)
 #define SMALL_INLINE static inline __attribute__((always_inline))
@@ -64,18 +68,25 @@ typedef struct {
   int64_t nd, ndv;                   /* vectors per row of K and of V */
 } small_head;
 
-/* Rows [0, n) of operand m of head b, w wide: into cols (w lane vectors) and/or rows (n x NV). */
+/* Rows [0, n) of operand m of head b, w wide: into cols (w lane vectors) and/or rows (n x NV).
+ * A unit-stride row of 8 or 16 floats (the book's heads) is one fixed-size move, where a copy
+ * loop became a memcpy call per row. */
 static void small_pack(const attn_attention_mat *m, int64_t b, int64_t n, int64_t w, small_vf *cols,
                        small_vf (*rows)[NV]) {
+  const int64_t sc = m->sc;
   for (int64_t c = 0; cols && c < w; c++) cols[c] = small_zero;
-  for (int64_t j = 0; rows && j < n; j++)
-    for (int64_t t = 0; t < (w + KL - 1) / KL; t++) rows[j][t] = small_zero; /* the vectors read */
   for (int64_t j = 0; j < n; j++) {
     const float *x = attn_attention_at(m, sizeof(float), b, j, 0);
-    float *r = rows ? (float *)rows[j] : NULL;
-    for (int64_t c = 0; c < w; c++) {
-      if (cols) cols[c][j] = x[c * m->sc];
-      if (r) r[c] = x[c * m->sc];
+    for (int64_t c = 0; cols && c < w; c++) cols[c][j] = x[c * sc];
+    if (!rows) continue;
+    for (int64_t t = 0; t < (w + KL - 1) / KL; t++) rows[j][t] = small_zero; /* the vectors read */
+    if (sc == 1 && w == KL / 2) {
+      memcpy(rows[j], x, sizeof(float) * (KL / 2));
+    } else if (sc == 1 && w == KL) {
+      memcpy(rows[j], x, sizeof(small_vf));
+    } else {
+      float *r = (float *)rows[j];
+      for (int64_t c = 0; c < w; c++) r[c] = x[c * sc];
     }
   }
 }
@@ -126,13 +137,7 @@ SMALL_INLINE void small_exp_neg(const small_vf *xp, small_vf *y) {
   small_vf n = kf - 12583039.0f;
   small_vf r = x - n * 0.693145751953125f;
   r = r - n * 1.428606765330187045e-06f;
-  small_vf p = r * (1.0f / 5040) + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  small_vf p = ATTN_CPU_EXP_POLY(r);
   small_vf s = (small_vf)((small_vu)kf << 23);
   small_vu xb = (small_vu)x;
   small_vi keep = (xb <= 0xC2AE0000u) | (xb > 0xFF800000u);
@@ -210,6 +215,19 @@ SMALL_INLINE void small_combine(const small_vf *a, small_vf (*rows)[NV], int64_t
   for (int64_t t = 0; t < nv; t++) o[t] = acc[0][t] + acc[1][t];
 }
 
+/* dst[0, n) = the first n floats of the vectors v: rows of 8 or 16 floats (the book's heads) as
+ * one fixed-size move, where a copy loop becomes a memcpy call per row. */
+SMALL_INLINE void small_store(float *dst, const small_vf *v, int64_t n) {
+  if (n == KL / 2) {
+    memcpy(dst, v, sizeof(float) * (KL / 2));
+  } else if (n == KL) {
+    memcpy(dst, v, sizeof(small_vf));
+  } else {
+    const float *f = (const float *)v;
+    for (int64_t c = 0; c < n; c++) dst[c] = f[c];
+  }
+}
+
 static inline uint64_t small_base(const attn_attention_job *J, int64_t b, int64_t i) {
   return ((uint64_t)b * (uint64_t)J->Nq + (uint64_t)i) * (uint64_t)J->Nk;
 }
@@ -223,35 +241,32 @@ int SMALL_FN(attn_sdpa_small_forward_)(const attn_attention_job *J, int64_t b, i
   if (J->out) small_pack(&J->v, b, Nk, dv, NULL, h.vr);
   const float scale = (float)J->scale;
   small_vf chk = {0};
-  /* two rows at a time: each row is one long chain of dependent steps (products, max, exp,
-   * sum, weighted sum), and two independent chains keep the multiply-add units busy */
-  for (int64_t i = i0; i < i0 + r; i += 2) {
-    int64_t row[2] = {i, i + 1 < i0 + r ? i + 1 : i}; /* an odd last row is computed twice, kept once */
-    attn_attention_rowmask m[2];
-    small_vf s[2], p[2], kf[2], o[2][NV];
+  for (int64_t i = i0; i < i0 + r; i += SR) {
+    int64_t row[SR]; /* past the end: the last row again, whose values are written twice */
+    for (int u = 0; u < SR; u++) row[u] = i + u < i0 + r ? i + u : i0 + r - 1;
+    attn_attention_rowmask m[SR];
+    small_vf s[SR], p[SR], kf[SR], o[SR][NV];
     int ok = 1;
-    for (int u = 0; u < 2; u++) {
+    for (int u = 0; u < SR; u++) {
       attn_attention_row_mask(J, b, row[u], &m[u]);
       small_lanes(small_rowp(&J->q, b, row[u]), J->q.sc, h.kt, d, scale, &s[u]);
     }
-    for (int u = 0; u < 2; u++) ok &= small_softmax(&m[u], &s[u], &p[u]);
+    for (int u = 0; u < SR; u++) ok &= small_softmax(&m[u], &s[u], &p[u]);
     if (!ok) return 0;
-    for (int u = 0; u < 2; u++) {
+    for (int u = 0; u < SR; u++) {
       if (J->weights) {
         float *w = (float *)J->weights + (b * J->Nq + row[u]) * Nk;
-        for (int64_t j = 0; j < Nk; j++) w[j] = p[u][j];
+        small_store(w, &p[u], Nk);
       }
     }
     if (!J->out) continue;
-    for (int u = 0; u < 2; u++) {
+    for (int u = 0; u < SR; u++) {
       small_keep(J, small_base(J, b, row[u]), &kf[u]);
       p[u] *= kf[u];
     }
-    for (int u = 0; u < 2; u++) small_combine(&p[u], h.vr, Nk, h.ndv, o[u]);
-    for (int u = 0; u < 2; u++) {
-      float *out = (float *)J->out + (b * J->Nq + row[u]) * dv;
-      const float *os = (const float *)o[u];
-      for (int64_t c = 0; c < dv; c++) out[c] = os[c];
+    for (int u = 0; u < SR; u++) small_combine(&p[u], h.vr, Nk, h.ndv, o[u]);
+    for (int u = 0; u < SR; u++) {
+      small_store((float *)J->out + (b * J->Nq + row[u]) * dv, o[u], dv);
       for (int64_t t = 0; t < h.ndv; t++) chk += o[u][t] * 0;
     }
   }
@@ -273,24 +288,25 @@ int SMALL_FN(attn_sdpa_small_backward_)(const attn_attention_job *J, int64_t b, 
   for (int64_t c = 0; c < dv; c++) avt[c] = small_zero;
   const float scale = (float)J->scale;
   small_vf chk = {0};
-  for (int64_t i = i0; i < i1; i += 2) { /* two rows at a time, as forward */
-    int64_t row[2] = {i, i + 1 < i1 ? i + 1 : i};
-    const int n = row[1] != row[0] ? 2 : 1; /* an odd last row is computed twice, used once */
-    attn_attention_rowmask m[2];
-    const float *q[2], *g[2];
-    small_vf s[2], p[2], dp[2], kf[2], ds[2];
+  for (int64_t i = i0; i < i1; i += SR) { /* SR rows side by side, as forward */
+    int64_t row[SR];
+    for (int u = 0; u < SR; u++) row[u] = i + u < i1 ? i + u : i1 - 1;
+    const int n = i1 - i < SR ? (int)(i1 - i) : SR; /* the rows past them repeat the last, unused */
+    attn_attention_rowmask m[SR];
+    const float *q[SR], *g[SR];
+    small_vf s[SR], p[SR], dp[SR], kf[SR], ds[SR];
     const int64_t sq = J->q.sc, sg = J->dout.sc;
     int ok = 1;
-    for (int u = 0; u < 2; u++) {
+    for (int u = 0; u < SR; u++) {
       attn_attention_row_mask(J, b, row[u], &m[u]);
       q[u] = small_rowp(&J->q, b, row[u]);
       g[u] = small_rowp(&J->dout, b, row[u]);
       small_lanes(q[u], sq, h.kt, d, scale, &s[u]);
       small_lanes(g[u], sg, h.vt, dv, 1.0f, &dp[u]); /* dL/d(dropped weights) */
     }
-    for (int u = 0; u < 2; u++) ok &= small_softmax(&m[u], &s[u], &p[u]);
+    for (int u = 0; u < SR; u++) ok &= small_softmax(&m[u], &s[u], &p[u]);
     if (!ok) return 0;
-    for (int u = 0; u < 2; u++) {
+    for (int u = 0; u < SR; u++) {
       small_keep(J, small_base(J, b, row[u]), &kf[u]);
       dp[u] *= kf[u]; /* dL/dweights */
       small_vf pdp = p[u] * dp[u];
@@ -304,9 +320,7 @@ int SMALL_FN(attn_sdpa_small_backward_)(const attn_attention_job *J, int64_t b, 
       for (int u = 0; u < n; u++) {
         small_vf o[NV];
         small_combine(&ds[u], h.kr, Nk, h.nd, o);
-        float *gq = (float *)J->gq + (b * J->Nq + row[u]) * d;
-        const float *os = (const float *)o;
-        for (int64_t c = 0; c < d; c++) gq[c] = os[c];
+        small_store((float *)J->gq + (b * J->Nq + row[u]) * d, o, d);
         for (int64_t t = 0; t < h.nd; t++) chk += o[t] * 0;
       }
     for (int u = 0; u < n; u++) {
@@ -335,3 +349,4 @@ int SMALL_FN(attn_sdpa_small_backward_)(const attn_attention_job *J, int64_t b, 
 
 #undef KL
 #undef NV
+#undef SR
