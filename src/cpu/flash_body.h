@@ -18,6 +18,7 @@
 
 #include "../attn_attention_internal.h"
 
+#include "cpu_inline.h"
 #include "exp_poly.h"
 
 #define FLASH_CAT2(a, b) a##b
@@ -52,10 +53,10 @@ static inline flash_vf vmax(flash_vf a, flash_vf b) {
  * after inlining); in mode 0 the vectors outside [QLO, QHI) are stored as 0. Bounds on the k loop
  * per lane vector (the terms outside are known to be 0), at most one of: kend (non-decreasing:
  * vector q takes k < kend[q] only) or kbeg (non-decreasing: vector q takes k >= kbeg[q] only). */
-static inline __attribute__((always_inline)) void mk_block(const int NB, const int QLO, const int QHI, int64_t K,
-                                                           int64_t n0, int64_t l0, const float *A, const float *B,
-                                                           int64_t bn, int64_t bk, float *C, float *cs, int mode,
-                                                           const int64_t *kend, const int64_t *kbeg) {
+ATTN_CPU_INLINE void mk_block(const int NB, const int QLO, const int QHI, int64_t K,
+                              int64_t n0, int64_t l0, const float *A, const float *B,
+                              int64_t bn, int64_t bk, float *C, float *cs, int mode,
+                              const int64_t *kend, const int64_t *kbeg) {
   flash_vf acc[FLASH_NR][FLASH_QV];
   for (int r = 0; r < NB; r++)
     for (int q = QLO; q < QHI; q++) acc[r][q] = (flash_vf){0};
@@ -102,9 +103,9 @@ static inline __attribute__((always_inline)) void mk_block(const int NB, const i
  * (a pass of its own over the tile was bound by the latency of its max chain). kend and kbeg as
  * in mk_block, one entry per lane vector of the tile (NULL: none; constants after inlining, so
  * the plain product keeps its one k loop). */
-static inline __attribute__((always_inline)) void mk_impl(int64_t K, int64_t N, const float *A, const float *B,
-                                                          int64_t bn, int64_t bk, float *C, float *cs, int mode,
-                                                          const int64_t *kend, const int64_t *kbeg) {
+ATTN_CPU_INLINE void mk_impl(int64_t K, int64_t N, const float *A, const float *B,
+                             int64_t bn, int64_t bk, float *C, float *cs, int mode,
+                             const int64_t *kend, const int64_t *kbeg) {
   for (int64_t l0 = 0; l0 < TW; l0 += FLASH_VL * FLASH_QV) {
     const int64_t *ke = kend ? kend + l0 / FLASH_VL : NULL, *kb = kbeg ? kbeg + l0 / FLASH_VL : NULL;
     int64_t n0 = 0;
@@ -145,9 +146,9 @@ static void mk_bounded(int64_t K, int64_t N, const float *A, const float *B, int
 #define FLASH_MAXNB (KT / FLASH_NR + 1) /* blocks of FLASH_NR rows in a tile */
 
 /* mk_block of mode 0 on lane vectors [qlo, qhi) only (qlo >= qhi: the block is stored as 0). */
-static inline __attribute__((always_inline)) void mk_block_range(int qlo, int qhi, int64_t K, int64_t n0,
-                                                                 int64_t l0, const float *A, const float *B,
-                                                                 int64_t bn, float *C) {
+ATTN_CPU_INLINE void mk_block_range(int qlo, int qhi, int64_t K, int64_t n0,
+                                    int64_t l0, const float *A, const float *B,
+                                    int64_t bn, float *C) {
 #define FLASH_MKR(lo, hi)                                                                      \
   case (lo) * 8 + (hi):                                                                        \
     mk_block(FLASH_NR, lo, hi, K, n0, l0, A, B, bn, 1, C, NULL, 0, NULL, NULL);                \

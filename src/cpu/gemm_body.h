@@ -24,11 +24,7 @@
 #define GEMM_FN(name) GEMM_CAT(name, GEMM_SUFFIX)
 #define GEMM_NR (GEMM_NV * GEMM_VW)
 
-#if defined(__GNUC__)
-#define GEMM_INLINE static inline __attribute__((always_inline))
-#else
-#define GEMM_INLINE static inline
-#endif
+#include "cpu_inline.h"
 
 typedef float gemm_vf __attribute__((vector_size(GEMM_VW * 4)));
 typedef int32_t gemm_vi __attribute__((vector_size(GEMM_VW * 4)));
@@ -36,7 +32,7 @@ typedef int32_t gemm_vi __attribute__((vector_size(GEMM_VW * 4)));
 /* The first n (0..GEMM_VW) floats at p into a vector with zeros past them, and back: the ISA's
  * masked load and store when it has them, else lane by lane. (The clamp costs nothing in a loop,
  * where n is invariant, and shows the bound checker that no shift count is negative.) */
-GEMM_INLINE gemm_vf gemm_loadn(const float *p, int64_t n) {
+ATTN_CPU_INLINE gemm_vf gemm_loadn(const float *p, int64_t n) {
 #ifdef GEMM_LOADN
   const unsigned u = n > 0 ? (unsigned)n : 0u;
   return GEMM_LOADN(p, u);
@@ -49,7 +45,7 @@ GEMM_INLINE gemm_vf gemm_loadn(const float *p, int64_t n) {
 #endif
 }
 
-GEMM_INLINE void gemm_storen(float *p, gemm_vf v, int64_t n) {
+ATTN_CPU_INLINE void gemm_storen(float *p, gemm_vf v, int64_t n) {
 #ifdef GEMM_STOREN
   const unsigned u = n > 0 ? (unsigned)n : 0u;
   GEMM_STOREN(p, v, u);
@@ -88,7 +84,7 @@ GEMM_INLINE void gemm_storen(float *p, gemm_vf v, int64_t n) {
       r[i] = lo;                                                         \
     }
 
-GEMM_INLINE void gemm_transpose(gemm_vf r[GEMM_VW]) {
+ATTN_CPU_INLINE void gemm_transpose(gemm_vf r[GEMM_VW]) {
 #if GEMM_VW > 8
   GEMM_STAGE(r, 8)
 #endif
@@ -122,9 +118,9 @@ static void gemm_pack_t(const float *B, int64_t ldb, int64_t n0, int64_t w, int6
  * A's entry (r, k) is a[r * ars + k * aks]; B's row k of the panel starts at b + k * bks, and
  * when part is set its last vector holds only w - (nv - 1) GEMM_VW columns (a masked load).
  * mr, nv and part are constants at every call, so the accumulators are registers. */
-GEMM_INLINE void gemm_tile(const int mr, const int nv, const int part, int64_t K, const float *a, int64_t ars,
-                           int64_t aks, const float *b, int64_t bks, float *c, int64_t ldc, int64_t w, float alpha,
-                           float beta) {
+ATTN_CPU_INLINE void gemm_tile(const int mr, const int nv, const int part, int64_t K, const float *a, int64_t ars,
+                               int64_t aks, const float *b, int64_t bks, float *c, int64_t ldc, int64_t w, float alpha,
+                               float beta) {
   const int64_t tail = w - (nv - 1) * GEMM_VW;
   gemm_vf acc[GEMM_MR][GEMM_NV];
   for (int r = 0; r < mr; r++)
@@ -188,8 +184,8 @@ GEMM_INLINE void gemm_tile(const int mr, const int nv, const int part, int64_t K
 
 /* The tiles of one panel down all M rows, the last one shorter when GEMM_MR does not divide M
  * (a switch, so that every height is its own constant-sized block). */
-GEMM_INLINE void gemm_panel(const int nv, const int part, int64_t M, int64_t K, const float *A, int64_t ars, int64_t aks,
-                            const float *b, int64_t bks, float *C, int64_t ldc, int64_t w, float alpha, float beta) {
+ATTN_CPU_INLINE void gemm_panel(const int nv, const int part, int64_t M, int64_t K, const float *A, int64_t ars, int64_t aks,
+                                const float *b, int64_t bks, float *C, int64_t ldc, int64_t w, float alpha, float beta) {
   int64_t m0 = 0;
   for (; m0 + GEMM_MR <= M; m0 += GEMM_MR)
     gemm_tile(GEMM_MR, nv, part, K, A + m0 * ars, ars, aks, b, bks, C + m0 * ldc, ldc, w, alpha, beta);

@@ -36,11 +36,7 @@
  * max, exp, sum, weighted sum), and independent chains keep the vector units busy. */
 #define SR 2
 
-#if defined(__GNUC__)
-#define SMALL_INLINE static inline __attribute__((always_inline))
-#else
-#define SMALL_INLINE static inline
-#endif
+#include "cpu_inline.h"
 
 typedef float small_vf __attribute__((vector_size(KL * 4)));
 typedef int32_t small_vi __attribute__((vector_size(KL * 4)));
@@ -92,14 +88,14 @@ static void small_pack(const attn_attention_mat *m, int64_t b, int64_t n, int64_
 }
 
 /* Row r of operand m of head b. */
-SMALL_INLINE const float *small_rowp(const attn_attention_mat *m, int64_t b, int64_t r) {
+ATTN_CPU_INLINE const float *small_rowp(const attn_attention_mat *m, int64_t b, int64_t r) {
   return attn_attention_at(m, sizeof(float), b, r, 0);
 }
 
 /* *s = scale * (x . lane j of t) for every lane j; x a row of w values at stride sx (read one by
  * one as broadcasts, never gathered into a vector: a vector load right after scalar stores
  * stalls on the store forwarding). */
-SMALL_INLINE void small_lanes(const float *x, int64_t sx, const small_vf *t, int64_t w, float scale, small_vf *s) {
+ATTN_CPU_INLINE void small_lanes(const float *x, int64_t sx, const small_vf *t, int64_t w, float scale, small_vf *s) {
   small_vf acc[2] = {{0}, {0}}; /* two chains of multiply-adds: half the latency */
   int64_t c = 0;
   for (; c + 2 <= w; c += 2) {
@@ -110,7 +106,7 @@ SMALL_INLINE void small_lanes(const float *x, int64_t sx, const small_vf *t, int
   *s = (acc[0] + acc[1]) * scale;
 }
 
-SMALL_INLINE float small_max(const small_vf *x) {
+ATTN_CPU_INLINE float small_max(const small_vf *x) {
   small_vf v = *x, w;
   small_vi m;
   w = SMALL_HALVES(v, 8), m = w > v, v = SMALL_SEL(m, w, v);
@@ -121,7 +117,7 @@ SMALL_INLINE float small_max(const small_vf *x) {
   return v[1] > v[0] ? v[1] : v[0];
 }
 
-SMALL_INLINE float small_sum(const small_vf *x) {
+ATTN_CPU_INLINE float small_sum(const small_vf *x) {
   small_vf v = *x;
   v += SMALL_HALVES(v, 8);
   v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -131,7 +127,7 @@ SMALL_INLINE float small_sum(const small_vf *x) {
 
 /* e^x for x <= 0 lane by lane: exp_poly.h's attn_cpu_exp_neg_f written on vectors (the same
  * steps, so the weights match the row kernels': exact 0 for -inf and below -87, NaN stays). */
-SMALL_INLINE void small_exp_neg(const small_vf *xp, small_vf *y) {
+ATTN_CPU_INLINE void small_exp_neg(const small_vf *xp, small_vf *y) {
   const small_vf x = *xp;
   small_vf kf = x * 1.44269504088896341f + 12583039.0f;
   small_vf n = kf - 12583039.0f;
@@ -148,7 +144,7 @@ SMALL_INLINE void small_exp_neg(const small_vf *xp, small_vf *y) {
  * scores on [a, e), the d2l fill on [e, b), exactly 0 elsewhere and past Nk; a row with no key
  * is all 0. Returns 0 when the row has no finite softmax (a NaN or inf among the scores it reads,
  * or only -inf): the blocked path decides those rows. */
-SMALL_INLINE int small_softmax(const attn_attention_rowmask *m, const small_vf *s, small_vf *p) {
+ATTN_CPU_INLINE int small_softmax(const attn_attention_rowmask *m, const small_vf *s, small_vf *p) {
   const int32_t a = (int32_t)m->a, e = (int32_t)m->e, b = (int32_t)m->b;
   const small_vf fill = small_zero + (float)ATTN_MASKED_SOFTMAX_FILL, none = small_zero - INFINITY;
   small_vf x = SMALL_SEL(small_lane < e, *s, fill);
@@ -167,7 +163,7 @@ SMALL_INLINE int small_softmax(const attn_attention_rowmask *m, const small_vf *
 /* *kf: the dropout factors of the row whose stream index starts at base (0 dropped, 1/(1-p)
  * kept), or 1 without dropout. The mask is attn_dropout_drops (attn_rng_hash's splitmix64
  * finaliser) on 64-bit lanes, 16 entries at once. */
-SMALL_INLINE void small_keep(const attn_attention_job *J, uint64_t base, small_vf *kf) {
+ATTN_CPU_INLINE void small_keep(const attn_attention_job *J, uint64_t base, small_vf *kf) {
   if (!J->dropout) {
     *kf = small_zero + 1.0f;
     return;
@@ -188,7 +184,7 @@ SMALL_INLINE void small_keep(const attn_attention_job *J, uint64_t base, small_v
 
 /* o[0, nv) = sum over j < n of a[j] * rows[j][0, nv), in two chains of multiply-adds (a read as
  * floats: one broadcast per row). */
-SMALL_INLINE void small_combine(const small_vf *a, small_vf (*rows)[NV], int64_t n, int64_t nv, small_vf *o) {
+ATTN_CPU_INLINE void small_combine(const small_vf *a, small_vf (*rows)[NV], int64_t n, int64_t nv, small_vf *o) {
   float w[KL];
   memcpy(w, a, sizeof w);
   if (nv == 1) { /* rows of up to 16 (the book's heads): the sums stay in registers */
@@ -217,7 +213,7 @@ SMALL_INLINE void small_combine(const small_vf *a, small_vf (*rows)[NV], int64_t
 
 /* dst[0, n) = the first n floats of the vectors v: rows of 8 or 16 floats (the book's heads) as
  * one fixed-size move, where a copy loop becomes a memcpy call per row. */
-SMALL_INLINE void small_store(float *dst, const small_vf *v, int64_t n) {
+ATTN_CPU_INLINE void small_store(float *dst, const small_vf *v, int64_t n) {
   if (n == KL / 2) {
     memcpy(dst, v, sizeof(float) * (KL / 2));
   } else if (n == KL) {

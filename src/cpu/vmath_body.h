@@ -24,30 +24,26 @@
 #define VMATH_FN(name) VMATH_CAT(name, VMATH_SUFFIX)
 
 /* The loops vectorise only when the element functions are inlined into them. */
-#if defined(__GNUC__)
-#define VM_INLINE static inline __attribute__((always_inline))
-#else
-#define VM_INLINE static inline
-#endif
+#include "cpu_inline.h"
 
-VM_INLINE uint64_t vm_bits(double x) {
+ATTN_CPU_INLINE uint64_t vm_bits(double x) {
   uint64_t b;
   memcpy(&b, &x, 8);
   return b;
 }
-VM_INLINE double vm_double(uint64_t b) {
+ATTN_CPU_INLINE double vm_double(uint64_t b) {
   double x;
   memcpy(&x, &b, 8);
   return x;
 }
 
-VM_INLINE float vm_bits_float(uint32_t b) {
+ATTN_CPU_INLINE float vm_bits_float(uint32_t b) {
   float x;
   memcpy(&x, &b, 4);
   return x;
 }
 
-VM_INLINE float vm_clampf(float x, float lo, float hi) {
+ATTN_CPU_INLINE float vm_clampf(float x, float lo, float hi) {
   x = x < lo ? lo : x; /* NaN compares false and stays NaN */
   return x > hi ? hi : x;
 }
@@ -58,7 +54,7 @@ VM_INLINE float vm_clampf(float x, float lo, float hi) {
  * degree-7 series, and 2^n applied as two factors 2^(n/2) so that n from -150 to 128 needs no
  * denormal or infinite scale: the one rounding into a denormal or +inf happens at the last multiply.
  * NaN propagates through the arithmetic. */
-VM_INLINE float vm_expf(float x) {
+ATTN_CPU_INLINE float vm_expf(float x) {
   x = vm_clampf(x, -104.0f, 89.0f);
   float kf = x * 1.44269504088896341f + 12582912.0f; /* 1.5 * 2^23: round(x / ln2) in the low bits */
   uint32_t kb;
@@ -74,7 +70,7 @@ VM_INLINE float vm_expf(float x) {
 
 /* exp(x) in double for the sigmoid: x in [-745, 709] (callers clamp), x = n ln2 + r with
  * |r| <= ln2/2, e^r by its Taylor series to degree 7, times 2^n built in the exponent bits. */
-VM_INLINE double vm_exp_core(double x) {
+ATTN_CPU_INLINE double vm_exp_core(double x) {
   const double shifter = 6755399441055744.0; /* 1.5 * 2^52: adding it rounds to an integer */
   double kd = x * 1.4426950408889634 + shifter;
   double n = kd - shifter;
@@ -92,7 +88,7 @@ VM_INLINE double vm_exp_core(double x) {
   return p * vm_double((k + 1023) << 52);
 }
 
-VM_INLINE double vm_clamp(double x, double lo, double hi) {
+ATTN_CPU_INLINE double vm_clamp(double x, double lo, double hi) {
   x = x < lo ? lo : x; /* NaN compares false and stays NaN */
   return x > hi ? hi : x;
 }
@@ -101,7 +97,7 @@ VM_INLINE double vm_clamp(double x, double lo, double hi) {
  * division, 2 ulps) moved the fused decoder's float32 gradients on aarch64 past the 1e-5 its spec
  * allows against the composed path. Exact 0 below -110 (e^-110 is under half the smallest
  * denormal) and 1 above 40 (e^-40 is under half an ulp of 1). */
-VM_INLINE float vm_sigmoidf(float x) {
+ATTN_CPU_INLINE float vm_sigmoidf(float x) {
   double e = vm_exp_core(-vm_clamp(x, -110.0, 40.0));
   return (float)(1.0 / (1.0 + e));
 }
@@ -111,7 +107,7 @@ VM_INLINE float vm_sigmoidf(float x) {
  * rounds to 1 from 9.01). Below 0.55 an odd polynomial x + x^3 P(x^2), P fitted by weighted least
  * squares on [0, 0.55] (approximation error under 0.05 ulp); it keeps tiny and denormal inputs
  * exact. The sign goes on last with copysignf, so -0 stays -0 and NaN stays NaN. */
-VM_INLINE float vm_tanhf(float x) {
+ATTN_CPU_INLINE float vm_tanhf(float x) {
   float a = fabsf(x);
   float e = vm_expf(2 * (a > 10 ? 10 : a));
   float t = 1 - 2 / (e + 1);
@@ -128,7 +124,7 @@ VM_INLINE float vm_tanhf(float x) {
 /* log(x): a float is a normal double, so x = m 2^e with m in [sqrt(1/2), sqrt(2))
  * from the bits, and log m = 2 atanh(s), s = (m - 1) / (m + 1), |s| < 0.172,
  * whose odd series to s^11 is exact to double rounding of a float. */
-VM_INLINE float vm_logf(float x) {
+ATTN_CPU_INLINE float vm_logf(float x) {
   double d = x;
   uint64_t b = vm_bits(d);
   double m1 = vm_double((b & 0x000FFFFFFFFFFFFFull) | (1023ull << 52)); /* mantissa in [1, 2) */
