@@ -89,6 +89,13 @@ attn_dtype attn_l_optdtype(lua_State *L, int arg, attn_dtype def);
 int64_t attn_l_checkindices(lua_State *L, int arg, int64_t **out, const char *fn);
 /* Marks an in-place write to t's storage (see attn_storage.version). */
 static inline void attn_l_bump_version(attn_tensor *t) { t->storage->version++; }
+
+/* Whether a and b have the same dims and sizes (autograd's per-node checks). */
+static inline int attn_l_same_shape(const attn_tensor *a, const attn_tensor *b) {
+  int same = a->ndim == b->ndim;
+  for (int d = 0; same && d < a->ndim; d++) same = a->shape[d] == b->shape[d];
+  return same;
+}
 /* The per-state random generator. */
 attn_rng *attn_l_rng(lua_State *L);
 

@@ -697,9 +697,7 @@ static int l_isa_supported(lua_State *L) {
  * tables made, for autograd's per-node checks). */
 static int l_same_shape(lua_State *L) {
   const attn_tensor *a = attn_l_check(L, 1), *b = attn_l_check(L, 2);
-  int same = a->ndim == b->ndim;
-  for (int d = 0; same && d < a->ndim; d++) same = a->shape[d] == b->shape[d];
-  lua_pushboolean(L, same);
+  lua_pushboolean(L, attn_l_same_shape(a, b));
   return 1;
 }
 

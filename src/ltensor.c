@@ -696,9 +696,7 @@ static int l_graph_target(lua_State *L) {
     lua_pushboolean(L, 1);
   }
   const attn_tensor *x = attn_l_check(L, 1), *g = attn_l_test(L, 2);
-  int same = g && g->ndim == x->ndim;
-  for (int d = 0; same && d < x->ndim; d++) same = g->shape[d] == x->shape[d];
-  lua_pushboolean(L, same);
+  lua_pushboolean(L, g && attn_l_same_shape(g, x));
   return 2;
 }
 
@@ -713,9 +711,7 @@ static int l_graph_root(lua_State *L) {
     lua_pushboolean(L, requires_grad_at(L, 1));
   }
   const attn_tensor *r = attn_l_test(L, 1), *g = attn_l_test(L, 2);
-  int fits = r && g && g->dtype == r->dtype && g->ndim == r->ndim;
-  for (int d = 0; fits && d < r->ndim; d++) fits = g->shape[d] == r->shape[d];
-  lua_pushboolean(L, fits);
+  lua_pushboolean(L, r && g && g->dtype == r->dtype && attn_l_same_shape(g, r));
   return 2;
 }
 

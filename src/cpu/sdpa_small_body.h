@@ -162,7 +162,9 @@ ATTN_CPU_INLINE int small_softmax(const attn_attention_rowmask *m, const small_v
 
 /* *kf: the dropout factors of the row whose stream index starts at base (0 dropped, 1/(1-p)
  * kept), or 1 without dropout. The mask is attn_dropout_drops (attn_rng_hash's splitmix64
- * finaliser) on 64-bit lanes, 16 entries at once. */
+ * finaliser) on 64-bit lanes, 16 entries at once: written on vectors because the scalar
+ * call in a lane loop does not vectorise here (the short-row forward with dropout took 1.45x
+ * as long); a spec compares the masks with the reference path's. */
 ATTN_CPU_INLINE void small_keep(const attn_attention_job *J, uint64_t base, small_vf *kf) {
   if (!J->dropout) {
     *kf = small_zero + 1.0f;
