@@ -232,16 +232,69 @@ attn_status attn_sgd_steps(int64_t n, attn_tensor *const *p, const attn_tensor *
 DEFINE_SUMSQ(f32, float)
 DEFINE_SUMSQ(f64, double)
 
-attn_status attn_grads_norm(int64_t n, const attn_tensor *const *grads, double *norm) {
+/* Per dtype: the largest |x| (NaN when any entry is NaN) and the sum of
+ * |x|^p in double, for the norms other than 2. */
+#define DEFINE_PNORM(S, T)                                                             \
+  static double absmax_##S(const T *x, int64_t n, double m) {                          \
+    for (int64_t i = 0; i < n; i++) {                                                  \
+      double a = fabs((double)x[i]);                                                   \
+      if (a > m || a != a) m = a;                                                      \
+      if (m != m) break;                                                               \
+    }                                                                                  \
+    return m;                                                                          \
+  }                                                                                    \
+  static double sumpow_##S(const T *x, int64_t n, double p) {                          \
+    double s = 0;                                                                      \
+    for (int64_t i = 0; i < n; i++) s += p == 1 ? fabs((double)x[i]) : pow(fabs((double)x[i]), p); \
+    return s;                                                                          \
+  }
+DEFINE_PNORM(f32, float)
+DEFINE_PNORM(f64, double)
+
+static attn_status check_grads(const char *op, int64_t n, const attn_tensor *const *grads) {
+  for (int64_t i = 0; i < n; i++) {
+    const attn_tensor *g = grads[i];
+    attn_status st = attn_check_float(op, g);
+    if (st != ATTN_OK) return st;
+    if (!attn_tensor_is_contiguous(g))
+      return attn_error(ATTN_ERR_ARG, "%s: tensor %lld %s is not contiguous", op, (long long)i + 1,
+                        attn_tensor_shape_str(g));
+  }
+  return ATTN_OK;
+}
+
+attn_status attn_grads_norm_p(int64_t n, const attn_tensor *const *grads, double p, double *norm) {
+  if (p == 2) return attn_grads_norm(n, grads, norm);
+  if (!(p > 0)) return attn_error(ATTN_ERR_ARG, "grads_norm_p: norm_type must be > 0, got %g", p);
+  attn_status st = check_grads("grads_norm_p", n, grads);
+  if (st != ATTN_OK) return st;
   double total = 0;
   for (int64_t i = 0; i < n; i++) {
     const attn_tensor *g = grads[i];
-    attn_status st = attn_check_float("grads_norm", g);
-    if (st != ATTN_OK) return st;
-    if (!attn_tensor_is_contiguous(g))
-      return attn_error(ATTN_ERR_ARG, "grads_norm: tensor %lld %s is not contiguous", (long long)i + 1,
-                        attn_tensor_shape_str(g));
+    int64_t k = attn_tensor_numel(g);
+    int f32 = g->dtype == ATTN_F32;
+    if (isinf(p))
+      total = f32 ? absmax_f32(attn_tensor_data(g), k, total) : absmax_f64(attn_tensor_data(g), k, total);
+    else
+      total += f32 ? sumpow_f32(attn_tensor_data(g), k, p) : sumpow_f64(attn_tensor_data(g), k, p);
   }
+  *norm = isinf(p) ? total : p == 1 ? total : pow(total, 1 / p);
+  return ATTN_OK;
+}
+
+attn_status attn_grads_clamp_(int64_t n, attn_tensor *const *grads, double lo, double hi) {
+  for (int64_t i = 0; i < n; i++) {
+    attn_status st = attn_binary_scalar(ATTN_MAXIMUM, grads[i], lo, 0, grads[i]);
+    if (st == ATTN_OK) st = attn_binary_scalar(ATTN_MINIMUM, grads[i], hi, 0, grads[i]);
+    if (st != ATTN_OK) return st;
+  }
+  return ATTN_OK;
+}
+
+attn_status attn_grads_norm(int64_t n, const attn_tensor *const *grads, double *norm) {
+  double total = 0;
+  attn_status st = check_grads("grads_norm", n, grads);
+  if (st != ATTN_OK) return st;
   for (int64_t i = 0; i < n; i++) {
     const attn_tensor *g = grads[i];
     int64_t k = attn_tensor_numel(g);

@@ -61,6 +61,15 @@ attn_status attn_sgd_steps(int64_t n, attn_tensor *const *p, const attn_tensor *
  * strides), squares summed in double, in *norm. */
 attn_status attn_grads_norm(int64_t n, const attn_tensor *const *grads, double *norm);
 
+/* The p-norm of n tensors taken together, (sum |x|^p)^(1/p) with the sum in
+ * double (p > 0; p = 2 is attn_grads_norm; p = INFINITY is max |x|, NaN when
+ * any entry is NaN), in *norm. Same operands as attn_grads_norm. */
+attn_status attn_grads_norm_p(int64_t n, const attn_tensor *const *grads, double p, double *norm);
+
+/* Every one of n tensors clamped in place to [lo, hi] (rounded to its dtype;
+ * NaN entries stay NaN), any strides. */
+attn_status attn_grads_clamp_(int64_t n, attn_tensor *const *grads, double lo, double hi);
+
 /* Every one of n tensors multiplied in place by scale (rounded to its dtype). */
 attn_status attn_grads_scale_(int64_t n, attn_tensor *const *grads, double scale);
 

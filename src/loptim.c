@@ -49,12 +49,15 @@ static attn_tensor **check_list(lua_State *L, int arg, int64_t *n) {
   return list;
 }
 
-/* grads_norm(list) -> the L2 norm of the tensors taken together (contiguous) */
+/* grads_norm(list[, p]) -> the p-norm (default 2; math.huge: max |x|) of the
+ * tensors taken together (contiguous) */
 static int l_grads_norm(lua_State *L) {
+  double p = lua_isnoneornil(L, 2) ? 2 : attn_l_checknumber(L, 2, "p");
+  lua_settop(L, 1);
   int64_t n;
   attn_tensor **list = check_list(L, 1, &n);
   double norm;
-  ATTN_L_TRY(L, attn_grads_norm(n, (const attn_tensor *const *)list, &norm));
+  ATTN_L_TRY(L, attn_grads_norm_p(n, (const attn_tensor *const *)list, p, &norm));
   lua_pushnumber(L, norm);
   return 1;
 }
@@ -65,6 +68,17 @@ static int l_grads_scale_(lua_State *L) {
   int64_t n;
   attn_tensor **list = check_list(L, 1, &n);
   ATTN_L_TRY(L, attn_grads_scale_(n, list, scale));
+  for (int64_t i = 0; i < n; i++) attn_l_bump_version(list[i]);
+  return 0;
+}
+
+/* grads_clamp_(list, lo, hi): every tensor clamped in place to [lo, hi] */
+static int l_grads_clamp_(lua_State *L) {
+  double lo = attn_l_checknumber(L, 2, "lo"), hi = attn_l_checknumber(L, 3, "hi");
+  lua_settop(L, 1);
+  int64_t n;
+  attn_tensor **list = check_list(L, 1, &n);
+  ATTN_L_TRY(L, attn_grads_clamp_(n, list, lo, hi));
   for (int64_t i = 0; i < n; i++) attn_l_bump_version(list[i]);
   return 0;
 }
@@ -209,6 +223,7 @@ static const luaL_Reg optim_functions[] = {
     {"sgd_step", l_sgd_step},
     {"grads_norm", l_grads_norm},
     {"grads_scale_", l_grads_scale_},
+    {"grads_clamp_", l_grads_clamp_},
     {NULL, NULL},
 };
 

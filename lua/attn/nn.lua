@@ -10,7 +10,7 @@
 -- DotProductAttention, MultiHeadAttention, PositionalEncoding,
 -- LearnedPositionalEncoding, CrossEntropyLoss, MaskedSoftmaxCELoss.
 -- Functions: nn.init.* (xavier_uniform_, uniform_, normal_, zeros_, ...),
--- nn.clip_grad_norm_ (alias nn.clip_grad_norm), nn.masked_token_mean, nn.cross_entropy, nn.dropout,
+-- nn.clip_grad_norm_ (alias nn.clip_grad_norm), nn.clip_grad_value_, nn.masked_token_mean, nn.cross_entropy, nn.dropout,
 -- nn.class / nn.is_module.
 --
 -- Construct a layer by calling its class (`nn.Linear(3, 4)`), run it by calling
@@ -35,6 +35,7 @@ local nn = {
   init = require "attn.nn.init",
   clip_grad_norm_ = clip.clip_grad_norm_,
   clip_grad_norm = clip.clip_grad_norm_, -- the name before PyTorch's in-place underscore
+  clip_grad_value_ = clip.clip_grad_value_,
   dropout = linear.dropout,
 }
 
