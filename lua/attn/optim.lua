@@ -692,4 +692,9 @@ end
 
 optim.Optimizer = Optimizer
 
+--- The learning-rate schedulers (`attn.lr_scheduler`): StepLR, MultiStepLR,
+-- ExponentialLR, LambdaLR, CosineAnnealingLR, LinearLR, SequentialLR, NoamLR.
+-- @field lr_scheduler
+optim.lr_scheduler = require "attn.lr_scheduler"
+
 return optim
