@@ -8,9 +8,10 @@
 -- (PositionWiseFFN, AddNorm, TransformerEncoderBlock, TransformerEncoder,
 -- TransformerDecoderBlock, TransformerDecoder; attn.nn.transformer), AdditiveAttention,
 -- DotProductAttention, MultiHeadAttention, PositionalEncoding,
--- LearnedPositionalEncoding, CrossEntropyLoss, MaskedSoftmaxCELoss.
+-- LearnedPositionalEncoding, CrossEntropyLoss, NLLLoss, MaskedSoftmaxCELoss.
 -- Functions: nn.init.* (xavier_uniform_, uniform_, normal_, zeros_, ...),
--- nn.clip_grad_norm_ (alias nn.clip_grad_norm), nn.clip_grad_value_, nn.masked_token_mean, nn.cross_entropy, nn.dropout,
+-- nn.clip_grad_norm_ (alias nn.clip_grad_norm), nn.clip_grad_value_, nn.masked_token_mean, nn.cross_entropy,
+-- nn.cross_entropy_loss, nn.dropout,
 -- nn.class / nn.is_module.
 --
 -- Construct a layer by calling its class (`nn.Linear(3, 4)`), run it by calling
@@ -54,6 +55,8 @@ nn.GRU = gru.GRU
 nn.cross_entropy = loss.cross_entropy
 nn.masked_token_mean = loss.masked_token_mean
 nn.CrossEntropyLoss = loss.CrossEntropyLoss
+nn.NLLLoss = loss.NLLLoss
+nn.cross_entropy_loss = loss.cross_entropy_loss
 nn.MaskedSoftmaxCELoss = loss.MaskedSoftmaxCELoss
 for _, name in ipairs { "AdditiveAttention", "DotProductAttention", "MultiHeadAttention", "PositionalEncoding",
   "LearnedPositionalEncoding" } do

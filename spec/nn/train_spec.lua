@@ -94,7 +94,7 @@ describe("training", function()
     local vocab, T, B = 8, 6, 32
     local m = Reverser(vocab, 32, 4)
     local opt = attn.optim.Adam{ params = m:parameters(), lr = 0.01 }
-    local criterion = nn.CrossEntropyLoss()
+    local criterion = nn.CrossEntropyLoss { class_dim = -1 } -- logits (B, T, V), labels (B, T)
     local steps, t0 = 300, os.clock()
     local last
     for _ = 1, steps do
@@ -163,7 +163,7 @@ describe("training", function()
     local vocab, T, B = 8, 5, 8
     local m = Reverser(vocab, 16, 2)
     local opt = attn.optim.Adam{ params = m:parameters(), lr = 0.01 }
-    local criterion = nn.CrossEntropyLoss()
+    local criterion = nn.CrossEntropyLoss { class_dim = -1 } -- logits (B, T, V), labels (B, T)
     local live100, rss100
     local t0 = os.clock()
     for step = 1, 1000 do
