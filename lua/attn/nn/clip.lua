@@ -23,7 +23,7 @@ local function check_args(params, max_norm, norm_type, error_if_nonfinite)
   end
   if norm_type == nil then norm_type = 2 end
   if norm_type == "inf" then norm_type = INF end
-  if type(norm_type) ~= "number" or not (norm_type > 0) then
+  if type(norm_type) ~= "number" or norm_type ~= norm_type or norm_type <= 0 then
     error("clip_grad_norm_: norm_type must be a number > 0 or math.huge (inf), got " .. tostring(norm_type), 3)
   end
   if error_if_nonfinite ~= nil and type(error_if_nonfinite) ~= "boolean" then
@@ -144,7 +144,7 @@ local function check_value_args(params, clip_value)
   if type(params) ~= "table" or attn.is_tensor(params) then
     error("clip_grad_value_: params must be a list of tensors or a module", 3)
   end
-  if type(clip_value) ~= "number" or not (clip_value >= 0) then
+  if type(clip_value) ~= "number" or clip_value ~= clip_value or clip_value < 0 then
     error("clip_grad_value_: clip_value must be a non-negative number, got " .. tostring(clip_value), 3)
   end
   return params
