@@ -1,5 +1,5 @@
 local attn = require "attn"
-local data = require "attn.data"
+local data = require "attn.d2l.data"
 local helper = require "helper"
 
 local SAMPLE = "data/fra-eng-sample.txt"

@@ -4,7 +4,7 @@
 local attn = require "attn"
 local helper = require "helper"
 local fx = require "nn.seq2seq_fixtures"
-local s2s = require "attn.seq2seq"
+local s2s = require "attn.d2l.train"
 local nn = attn.nn
 
 local function shape(t) return t:shape() end

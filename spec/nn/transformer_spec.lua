@@ -3,7 +3,7 @@
 -- causal forward, and a short training run.
 local attn = require "attn"
 local fx = require "nn.seq2seq_fixtures"
-local s2s = require "attn.seq2seq"
+local s2s = require "attn.d2l.train"
 local nn = attn.nn
 require "helper" -- assert.close
 

@@ -7,9 +7,9 @@
 -- unknown option or a value of the wrong type stops the script with a message
 -- and the usage. `ATTN_SMOKE=1` in the environment sets `opts.smoke`, which the
 -- scripts use to shrink their work (CI's `make examples`).
--- @module attn.cli
+-- @module attn.d2l.cli
 -- @usage
--- local cli = require "attn.cli"
+-- local cli = require "attn.d2l.cli"
 -- local opts = cli.parse(arg, {
 --   name = "bahdanau", description = "Bahdanau attention on English-French",
 --   options = {

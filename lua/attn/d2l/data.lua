@@ -20,7 +20,7 @@
 -- Malformed lines (no tab, more than one tab, an empty side, invalid UTF-8)
 -- are skipped and listed in a report with their line numbers; they still count
 -- as lines for `num_examples`, as in the book's loop.
--- @module attn.data
+-- @module attn.d2l.data
 local attn = require "attn"
 local check = require "attn.check"
 
@@ -523,13 +523,13 @@ local function module_dir()
 end
 
 --- Path of the shipped corpus sample (the first 1,000 lines of fra.txt), found
--- relative to this module's file: `data/` two folders up in a checkout, or
--- `attn/data/` next to it after `make install`.
+-- relative to this module's file (lua/attn/d2l/): `data/` three folders up in a
+-- checkout, or `attn/data/` one up after `make install`.
 -- @treturn string path, or nil and a message when it is missing
 function data.sample_path()
   local dir = module_dir()
   local tried = {}
-  for i, rel in ipairs { "../../data/fra-eng-sample.txt", "data/fra-eng-sample.txt" } do
+  for i, rel in ipairs { "../../../data/fra-eng-sample.txt", "../data/fra-eng-sample.txt" } do
     local path = dir .. rel
     local f = io.open(path, "rb")
     if f then
@@ -538,7 +538,7 @@ function data.sample_path()
     end
     tried[i] = path
   end
-  return nil, "attn.data: the shipped sample fra-eng-sample.txt is missing (looked for " ..
+  return nil, "attn.d2l.data: the shipped sample fra-eng-sample.txt is missing (looked for " ..
     table.concat(tried, " and ") .. "); pass {path = '.../fra.txt'}"
 end
 

@@ -1,9 +1,9 @@
 --- Evaluation metrics for sequence models: the book's BLEU, and token accuracy
 -- and perplexity over a padded batch of logits.
--- @module attn.metrics
+-- @module attn.d2l.metrics
 local attn = require "attn"
 local loss = require "attn.nn.loss"
-local data = require "attn.data"
+local data = require "attn.d2l.data"
 
 local metrics = {}
 

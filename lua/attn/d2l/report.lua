@@ -4,9 +4,9 @@
 -- SVG figures, and writes one HTML file with no external references (styles
 -- inline, figures as inline SVG), so it can be mailed or archived as it is.
 -- Text is escaped; SVG is embedded as given (it comes from `attn.plot`).
--- @module attn.report
+-- @module attn.d2l.report
 -- @usage
--- local report = require "attn.report"
+-- local report = require "attn.d2l.report"
 -- local r = report.new("Bahdanau attention")
 -- r:paragraph("Trained 250 epochs on 601 pairs.")
 -- r:table({"source", "translation", "BLEU"}, {{"go .", "va !", "1.000"}})

@@ -13,17 +13,17 @@
 -- divides by num_steps, pads included: the number it prints ("loss 0.020") is
 -- the true per-token cross-entropy divided by num_steps. The history and the
 -- progress line carry both: `loss` (the book's scale) and `token_loss`.
--- @module attn.seq2seq
+-- @module attn.d2l.train
 -- @usage
--- local s2s = require "attn.seq2seq"
--- local data_iter, src_vocab, tgt_vocab = assert(require("attn.data").load_fra_eng(64, 10, {seed = 1}))
+-- local s2s = require "attn.d2l.train"
+-- local data_iter, src_vocab, tgt_vocab = assert(require("attn.d2l.data").load_fra_eng(64, 10, {seed = 1}))
 -- local history = s2s.train_seq2seq(net, data_iter, {lr = 0.005, epochs = 250, tgt_vocab = tgt_vocab})
 -- local fr, weights = s2s.predict_seq2seq(net, "go .", src_vocab, tgt_vocab, 10, {save_attention_weights = true})
 local attn = require "attn"
 local nn = require "attn.nn"
 local progress = require "attn.progress"
 local check = require "attn.check"
-local data = require "attn.data" -- data.lower: Python's Unicode lowercasing, as the book's .lower()
+local data = require "attn.d2l.data" -- data.lower: Python's Unicode lowercasing, as the book's .lower()
 
 local M = {}
 

@@ -7,14 +7,14 @@
 -- is printed, and the pictures and `report.html` go to the output folder.
 -- The checkpoint is safetensors with the data settings in its metadata, so
 -- `--load FILE` rebuilds the same vocabularies and translates without training.
--- @module attn.translation
+-- @module attn.d2l.translation
 local attn = require "attn"
-local cli = require "attn.cli"
-local data = require "attn.data"
-local metrics = require "attn.metrics"
+local cli = require "attn.d2l.cli"
+local data = require "attn.d2l.data"
+local metrics = require "attn.d2l.metrics"
 local plot = require "attn.plot"
-local report = require "attn.report"
-local seq2seq = require "attn.seq2seq"
+local report = require "attn.d2l.report"
+local seq2seq = require "attn.d2l.train"
 
 local translation = {}
 
@@ -24,7 +24,7 @@ translation.ENGLISH = { "go .", "i lost .", "he's calm .", "i'm home ." }
 translation.FRENCH = { "va !", "j'ai perdu .", "il est calme .", "je suis chez moi ." }
 
 --- The options every translation script takes, besides the seed, out and data
--- options every script has (attn.cli).
+-- options every script has (attn.d2l.cli).
 -- @tparam integer epochs the book's number of epochs for this model
 -- @treturn table option list for `cli.parse`
 function translation.options(epochs)
