@@ -1,5 +1,5 @@
 -- LayerNorm cost: the C kernel node (linear.layer_norm) against the node
--- composed from core ops (linear.layer_norm_reference), forward+backward at
+-- composed from core ops (linear.layer_norm_composed), forward+backward at
 -- the Transformer's book size (batch 64 x 10 steps x 32 hidden), and a whole
 -- Transformer training step (d2l 11.7 settings) with either path. One thread,
 -- CPU time (os.clock), best of five alternating rounds: the machine is shared.
@@ -11,7 +11,7 @@ local nn = attn.nn
 attn.set_num_threads(1)
 attn.manual_seed(0)
 
-local kernel, reference = linear.layer_norm, linear.layer_norm_reference
+local kernel, reference = linear.layer_norm, linear.layer_norm_composed
 local paths = { { "kernel", kernel }, { "composed", reference } }
 
 -- Best CPU time per call of fn under each path, the paths taking turns
