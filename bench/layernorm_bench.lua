@@ -11,8 +11,8 @@ local nn = attn.nn
 attn.set_num_threads(1)
 attn.manual_seed(0)
 
-local kernel, reference = linear.layer_norm, linear.layer_norm_composed
-local paths = { { "kernel", kernel }, { "composed", reference } }
+local kernel, composed = linear.layer_norm, linear.layer_norm_composed
+local paths = { { "kernel", kernel }, { "composed", composed } }
 
 -- Best CPU time per call of fn under each path, the paths taking turns
 -- round by round so a load change on the machine hits both alike.

@@ -74,13 +74,13 @@ end
 -- of the children its fused path replaces.
 -- @tparam Module m
 -- @treturn boolean
-local function allowed(m)
+function M.allowed(m)
   if not enabled then return false end
   local v = rawget(m, "_attrs").fused
   if v == nil then v = getmetatable(m).fused end
   return v ~= false
 end
-M.allowed = allowed
+local allowed = M.allowed
 
 --- Runs module `m` on `...` by the rule (see the module comment): `m:fused_forward(...)` or
 -- `m:composed_forward(...)`, returning what it returns.
