@@ -80,7 +80,6 @@ function M.allowed(m)
   if v == nil then v = getmetatable(m).fused end
   return v ~= false
 end
-local allowed = M.allowed
 
 --- Runs module `m` on `...` by the rule (see the module comment): `m:fused_forward(...)` or
 -- `m:composed_forward(...)`, returning what it returns.
@@ -88,7 +87,9 @@ local allowed = M.allowed
 -- @param ... forward's arguments
 function M.forward(m, ...)
   local cls = getmetatable(m)
-  if allowed(m) and cls.can_fuse(m, ...) then
+  local v = rawget(m, "_attrs").fused -- (allowed, inline: the book's calls are short)
+  if v == nil then v = cls.fused end
+  if enabled and v ~= false and cls.can_fuse(m, ...) then
     if trace ~= nil then trace(m, "fused") end
     return cls.fused_forward(m, ...)
   end

@@ -244,9 +244,11 @@ end
 -- switch and the `fused` field still choose.
 function LayerNorm.can_fuse() return true end
 
---- The fused path: the C kernel node (`layer_norm`).
+local layer_norm_node -- the kernel node, below
+
+--- The fused path: the C kernel node (`layer_norm`; the dispatcher has chosen).
 function LayerNorm:fused_forward(x)
-  return M.layer_norm(x, self.normalized_numel, self.weight, self.bias, self.eps)
+  return layer_norm_node(x, self.normalized_numel, self.weight, self.bias, self.eps)
 end
 
 --- The composed path: the same node from tensor ops (`layer_norm_composed`).
@@ -277,6 +279,10 @@ end
 -- @usage local y = linear.layer_norm(x, 8, w, b, 1e-5)
 function M.layer_norm(x, n, weight, bias, eps)
   if not fused.choose("layer_norm") then return M.layer_norm_composed(x, n, weight, bias, eps) end
+  return layer_norm_node(x, n, weight, bias, eps)
+end
+
+layer_norm_node = function(x, n, weight, bias, eps)
   local xc = core.contiguous(x)
   local w, b = weight and core.contiguous(weight), bias and core.contiguous(bias)
   local y, mean, rstd = core.layer_norm_forward(xc, n, w, b, eps)
