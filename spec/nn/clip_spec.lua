@@ -1,4 +1,4 @@
--- clip_grad_norm_'s two C passes against its composed reference and a norm
+-- clip_grad_norm_'s two C passes against its composed path and a norm
 -- summed here in plain Lua numbers.
 local attn = require "attn"
 local helper = require "helper"
@@ -38,13 +38,13 @@ end
 
 describe("nn.clip_grad_norm_ (fused)", function()
   for _, scale in ipairs { 0.01, 1, 1e20 } do
-    it("gives the reference's norm and scaled grads, grads of scale " .. scale, function()
+    it("gives the composed path's norm and scaled grads, grads of scale " .. scale, function()
       local ps = make_params(scale)
       assert.is_false(ps[3].grad:is_contiguous())
       local qs = clone_grads(ps)
       local expected = lua_norm(ps)
       local n1 = clip.clip_grad_norm_(ps, 1)
-      local n2 = clip.clip_grad_norm_reference(qs, 1)
+      local n2 = clip.clip_grad_norm_composed(qs, 1)
       assert.is_true(math.abs(n1 - expected) <= 1e-12 * expected, n1 .. " vs " .. expected)
       assert.is_true(math.abs(n1 - n2) <= 1e-12 * n2)
       for i = 1, 3 do

@@ -2,6 +2,7 @@
 -- @module attn.nn.clip
 local attn = require "attn"
 local module = require "attn.nn.module"
+local fused = require "attn.nn.fused"
 
 local core = attn.core
 
@@ -25,7 +26,8 @@ end
 -- scaled in place by max_norm / norm. `nn.clip_grad_norm` is the same function
 -- (the name before the in-place underscore). Two passes in C: one sums the
 -- squares of every gradient in double (`core.grads_norm`), one scales them
--- (`core.grads_scale_`), without a temporary per gradient.
+-- (`core.grads_scale_`), without a temporary per gradient. With fused paths
+-- off (`attn.nn.set_fused(false)`) it is `clip_grad_norm_composed`.
 -- @param params a list of tensors, or a module (its parameters)
 -- @tparam number max_norm the largest allowed norm (>= 0)
 -- @treturn number the norm before clipping
@@ -33,6 +35,7 @@ end
 -- @usage loss:backward(); nn.clip_grad_norm_(model, 1); opt:step()
 function M.clip_grad_norm_(params, max_norm)
   params = check_args(params, max_norm)
+  if not fused.choose("clip_grad_norm_") then return M.clip_grad_norm_composed(params, max_norm) end
   -- the norm reads contiguous grads (a strided one is copied); the scaling
   -- writes the grads themselves, any strides
   local grads, dense, copies = {}, {}, {}
@@ -54,13 +57,13 @@ function M.clip_grad_norm_(params, max_norm)
   return norm
 end
 
---- The composed reference of `clip_grad_norm_` (the specs compare against
--- it): each gradient converted to float64, squared and summed by tensor ops,
--- then each scaled by its own `mul_`. Same arguments and result.
+--- The composed path of `clip_grad_norm_` (the specs compare the C passes
+-- against it): each gradient converted to float64, squared and summed by
+-- tensor ops, then each scaled by its own `mul_`. Same arguments and result.
 -- @param params a list of tensors, or a module (its parameters)
 -- @tparam number max_norm the largest allowed norm (>= 0)
 -- @treturn number the norm before clipping
-function M.clip_grad_norm_reference(params, max_norm)
+function M.clip_grad_norm_composed(params, max_norm)
   params = check_args(params, max_norm)
   local total = 0
   for _, p in ipairs(params) do
@@ -85,5 +88,10 @@ function M.clip_grad_norm_reference(params, max_norm)
   end
   return norm
 end
+
+--- Deprecated alias of `clip_grad_norm_composed` (the old name), kept for one
+-- release: "reference" now names only the C kernels' plain reference path.
+-- @see clip_grad_norm_composed
+M.clip_grad_norm_reference = M.clip_grad_norm_composed
 
 return M

@@ -21,6 +21,7 @@ local check = require "attn.check"
 local Module = module.Module
 local core = require "attn.core"
 local autograd = require "attn.autograd"
+local fused = require "attn.nn.fused"
 
 local M = {}
 
@@ -61,24 +62,28 @@ end
 -- node (see `attn_loss.h`): the ids are checked in the core (range 1..C,
 -- integrality of float ids), each row's max and log-sum are kept for
 -- backward, which is (softmax(logits) - onehot(label)) * g in one pass.
+-- With fused paths off (`attn.nn.set_fused(false)`) it is `cross_entropy_composed`.
 -- @tparam Tensor logits (..., C), float32 or float64
 -- @param labels (...) 1-based class ids: a tensor (int64, or float holding integers) or a table
 -- @tparam[opt] string who the name errors give (default "cross_entropy")
 -- @treturn Tensor (...) per-element losses
 function M.cross_entropy(logits, labels, who)
   who = who or "cross_entropy"
+  if not fused.choose("cross_entropy") then return M.cross_entropy_composed(logits, labels, who) end
   check_logits(who, logits)
   return (softmax_ce(who, logits, labels))
 end
 
---- The composed reference of `cross_entropy` (the specs compare against it):
--- log_softmax, gather, squeeze and neg, each its own autograd node.
+--- The composed path of `cross_entropy` (the specs compare the fused node
+-- against it): log_softmax, gather, squeeze and neg, each its own autograd node.
 -- @tparam Tensor logits (..., C)
 -- @param labels (...) 1-based class ids
+-- @tparam[opt] string who the name errors give (default "cross_entropy")
 -- @treturn Tensor (...)
-function M.cross_entropy_reference(logits, labels)
-  check_logits("cross_entropy", logits)
-  labels = as_labels("cross_entropy", labels)
+function M.cross_entropy_composed(logits, labels, who)
+  who = who or "cross_entropy"
+  check_logits(who, logits)
+  labels = as_labels(who, labels)
   local d = logits:dim()
   local index = core.unsqueeze(labels, d)
   return -(logits:log_softmax(d):gather(d, index):squeeze(d))
@@ -130,29 +135,46 @@ local function check_pred(who, pred)
   end
 end
 
--- Per-token losses (B, T) masked by valid length, the count of valid tokens, and T.
+-- Per-token losses (B, T) masked by valid length, the count of valid tokens, and T. With
+-- fused paths off, the composed path (`masked_ce_composed`).
 local function masked_ce(who, pred, label, valid_len)
+  if not fused.choose("masked_ce") then
+    local l, mask = M.masked_ce_composed(pred, label, valid_len, who)
+    return l, math.tointeger(core.sum(mask):item()), pred:size(2)
+  end
   check_pred(who, pred)
   local B, T = pred:size(1), pred:size(2)
   local l, count = softmax_ce(who, pred, label, lengths(who, B, valid_len, pred:dtype()), T)
   return l, count, T
 end
 
---- The composed reference of the masked per-token loss (the specs compare
--- against it): `cross_entropy_reference` times a 0/1 mask (B, T) of the
--- positions t <= valid_len[b], built by arange and a comparison.
+--- The composed path of the masked per-token loss (the specs compare the
+-- fused node against it): `cross_entropy_composed` times a 0/1 mask (B, T) of
+-- the positions t <= valid_len[b], built by arange and a comparison.
 -- @tparam Tensor pred (B, T, V)
 -- @param label (B, T) 1-based ids
 -- @param valid_len (B) lengths
+-- @tparam[opt] string who the name errors give (default "masked_ce_composed")
 -- @treturn Tensor (B, T) masked per-token losses
 -- @treturn Tensor (B, T) the mask
-function M.masked_ce_reference(pred, label, valid_len)
-  check_pred("masked_ce_reference", pred)
+function M.masked_ce_composed(pred, label, valid_len, who)
+  who = who or "masked_ce_composed"
+  check_pred(who, pred)
   local B, T = pred:size(1), pred:size(2)
-  local lens = lengths("masked_ce_reference", B, valid_len, pred:dtype()):reshape({ B, 1 }):to(pred:dtype())
+  local lens = lengths(who, B, valid_len, pred:dtype()):reshape({ B, 1 }):to(pred:dtype())
   local mask = attn.core.le(attn.arange(1, T + 1, pred:dtype()):reshape({ 1, T }), lens)
-  return M.cross_entropy_reference(pred, label) * mask, mask
+  return M.cross_entropy_composed(pred, label, who) * mask, mask
 end
+
+--- Deprecated alias of `cross_entropy_composed` (the old name), kept for one
+-- release: "reference" now names only the C kernels' plain reference path.
+-- @see cross_entropy_composed
+M.cross_entropy_reference = M.cross_entropy_composed
+
+--- Deprecated alias of `masked_ce_composed` (the old name), kept for one
+-- release: "reference" now names only the C kernels' plain reference path.
+-- @see masked_ce_composed
+M.masked_ce_reference = M.masked_ce_composed
 
 --- `nn.MaskedSoftmaxCELoss()`: loss(pred (B, T, V), label (B, T), valid_len (B))
 -- -> (B), d2l's per-sequence loss: the cross-entropies of the first valid_len[b]
