@@ -197,18 +197,8 @@ describe("nn.GRU", function()
     assert.error_matches(function() nn.GRU{ input_size = 3, num_hidden = 4 } end, "unknown option 'num_hidden'")
   end)
 
-  it("trains a step quickly enough for the book's seq2seq sizes", function()
-    local emb, rnn = nn.Embedding(200, 32), nn.GRU(32, 32, 2)
-    local ids = attn.ones({ 10, 64 })
-    local t0 = os.clock()
-    for _ = 1, 5 do
-      local out, state = rnn(emb(ids))
-      local loss = out:sum() + state:sum()
-      loss:backward()
-    end
-    local per_step = (os.clock() - t0) / 5
-    assert.is_true(per_step < 0.5 * helper.slowdown, string.format("%.3f s per step", per_step))
-  end)
+  -- The time of a step at the book's seq2seq sizes is bench/bench.lua's train_gru row, with
+  -- the 0.5 s this spec once asserted as its budget.
 
   -- Outputs, final state and every gradient of one call of m under the given
   -- output gradients.

@@ -116,7 +116,8 @@ describe("nn.Embedding", function()
     local w = m.weight
     local mean = w:mean():item()
     local std = math.sqrt(((w - mean):square()):mean():item())
-    assert.is_true(math.abs(mean) < 0.03, "mean " .. mean)
+    -- 10,000 draws: the mean's standard error is 0.01, the std's 0.007; 4.5 and 4.2 of them
+    assert.is_true(math.abs(mean) < 0.045, "mean " .. mean)
     assert.is_true(math.abs(std - 1) < 0.03, "std " .. std)
   end)
 
