@@ -12,7 +12,8 @@
 -- Functions: nn.init.* (xavier_uniform_, uniform_, normal_, zeros_, ...),
 -- nn.clip_grad_norm_ (alias nn.clip_grad_norm), nn.clip_grad_value_, nn.masked_token_mean, nn.cross_entropy,
 -- nn.cross_entropy_loss, nn.dropout,
--- nn.class / nn.is_module.
+-- nn.class / nn.is_module, nn.set_fused / nn.fused_enabled (one switch for every fused
+-- path; attn.nn.fused).
 --
 -- Construct a layer by calling its class (`nn.Linear(3, 4)`), run it by calling
 -- the instance (`layer(x)`). Sequential children are named "0", "1", ... like
@@ -28,6 +29,7 @@ local containers = require "attn.nn.containers"
 local layers = require "attn.nn.layers"
 local seq2seq = require "attn.nn.seq2seq"
 local transformer = require "attn.nn.transformer"
+local fused = require "attn.nn.fused"
 
 local nn = {
   Module = module.Module,
@@ -38,6 +40,9 @@ local nn = {
   clip_grad_norm = clip.clip_grad_norm_, -- the name before PyTorch's in-place underscore
   clip_grad_value_ = clip.clip_grad_value_,
   dropout = linear.dropout,
+  fused = fused,
+  set_fused = fused.set_fused,
+  fused_enabled = fused.enabled,
 }
 
 for _, name in ipairs { "Linear", "Embedding", "Dropout", "LayerNorm", "ReLU", "Sequential" } do nn[name] = linear[name] end

@@ -15,9 +15,10 @@
 -- with one call each), and each parameter's update is one pass that does
 -- element by element the very float operations of the composed tensor-op
 -- path, in the same order and dtype, so both give the same bits;
--- `{fused = false}` (PyTorch's option name) selects the composed path, which
--- the specs keep as the reference. A fused update allocates nothing; a
--- parameter, grad or buffer that is not contiguous takes the composed path.
+-- `{fused = false}` (PyTorch's option name) or `attn.nn.set_fused(false)`
+-- (every fused path off) selects the composed path, which the specs compare
+-- the fused one against. A fused update allocates nothing; a parameter, grad
+-- or buffer that is not contiguous takes the composed path.
 --
 -- Hyper-parameters are plain fields (`opt.lr`, `opt.momentum`, `opt.betas`,
 -- ...) read at every step, so a learning-rate schedule may assign `opt.lr`.
@@ -33,6 +34,7 @@
 local core = require "attn.core"
 local autograd = require "attn.autograd"
 local check = require "attn.check"
+local fused_paths = require "attn.nn.fused"
 
 local optim = {}
 
@@ -176,11 +178,12 @@ function Optimizer:step()
   if msg then error(msg, 2) end
   -- the fused call checks every grad in C before it changes anything; only
   -- when it refuses does check_grads run, for the message naming params[i]
-  if not self.fused then check_grads(self) end
+  local use_fused = fused_paths.choose(self, self.fused)
+  if not use_fused then check_grads(self) end
   autograd.no_grad(function()
     -- fused: the parameters with grads gathered for one C call; a step
     -- count moves once the call has taken its parameter
-    local batch = self.fused and self:_lists() or nil
+    local batch = use_fused and self:_lists() or nil
     for i, p in ipairs(self.params) do
       local g = p.grad
       if g ~= nil then
@@ -331,7 +334,7 @@ local sgd_options = { params = true, lr = true, momentum = true, dampening = tru
 -- @tparam[opt] table opts `params` (list of tensors), `lr` (required, >= 0), `momentum` (0),
 --   `dampening` (0), `weight_decay` (0), `nesterov` (false; needs momentum > 0 and dampening 0),
 --   `maximize` (false: ascend the objective instead),
---   `fused` (true: one C pass per parameter; false: the composed reference path)
+--   `fused` (true: one C pass per parameter; false: the composed path)
 -- @treturn SGD
 -- @raise on a missing or invalid argument, naming the optimizer and the argument
 function optim.SGD(params_or_opts, opts)
@@ -500,7 +503,7 @@ end
 -- @param params_or_opts the list of parameter tensors, or the options table with `params` in it
 -- @tparam[opt] table opts `params` (list of tensors), `lr` (1e-3), `betas` ({0.9, 0.999}, each in [0, 1)),
 --   `eps` (1e-8), `weight_decay` (0), `amsgrad` (false), `maximize` (false: ascend the objective),
---   `fused` (true: one C pass per parameter; false: the composed reference path)
+--   `fused` (true: one C pass per parameter; false: the composed path)
 -- @treturn Adam
 -- @raise on an invalid argument, naming the optimizer and the argument
 function optim.Adam(params_or_opts, opts)

@@ -1,4 +1,4 @@
--- clip_grad_norm_'s two C passes against its composed reference and a norm
+-- clip_grad_norm_'s two C passes against its composed path and a norm
 -- summed here in plain Lua numbers.
 local attn = require "attn"
 local helper = require "helper"
@@ -38,13 +38,13 @@ end
 
 describe("nn.clip_grad_norm_ (fused)", function()
   for _, scale in ipairs { 0.01, 1, 1e20 } do
-    it("gives the reference's norm and scaled grads, grads of scale " .. scale, function()
+    it("gives the composed path's norm and scaled grads, grads of scale " .. scale, function()
       local ps = make_params(scale)
       assert.is_false(ps[3].grad:is_contiguous())
       local qs = clone_grads(ps)
       local expected = lua_norm(ps)
       local n1 = clip.clip_grad_norm_(ps, 1)
-      local n2 = clip.clip_grad_norm_reference(qs, 1)
+      local n2 = clip.clip_grad_norm_composed(qs, 1)
       assert.is_true(math.abs(n1 - expected) <= 1e-12 * expected, n1 .. " vs " .. expected)
       assert.is_true(math.abs(n1 - n2) <= 1e-12 * n2)
       for i = 1, 3 do
@@ -114,7 +114,7 @@ describe("nn.clip_grad_norm_ against PyTorch's formula", function()
         local qs = clone_grads(ps)
         local expected = lua_pnorm(ps, p)
         local n1 = clip.clip_grad_norm_(ps, max_norm, p)
-        local n2 = clip.clip_grad_norm_reference(qs, max_norm, p)
+        local n2 = clip.clip_grad_norm_composed(qs, max_norm, p)
         assert.is_true(math.abs(n1 - expected) <= 1e-12 * expected, n1 .. " vs " .. expected)
         assert.is_true(math.abs(n2 - expected) <= 1e-12 * expected, n2 .. " vs " .. expected)
         local coef = max_norm / (expected + 1e-6)
@@ -164,7 +164,7 @@ end)
 
 describe("nn.clip_grad_value_", function()
   for _, dtype in ipairs { "float32", "float64" } do
-    it("clamps every grad entry to [-v, v] in place (" .. dtype .. "), as the reference", function()
+    it("clamps every grad entry to [-v, v] in place (" .. dtype .. "), as the composed path", function()
       attn.manual_seed(5)
       local ps = { attn.zeros({ 4, 5 }, dtype), attn.zeros({ 6 }, dtype), attn.zeros({ 2 }, dtype) }
       ps[1].grad = attn.randn({ 4, 5 }, dtype) * 2
@@ -172,7 +172,7 @@ describe("nn.clip_grad_value_", function()
       local qs = clone_grads(ps)
       local before = grads_table(ps)
       assert.is_nil(attn.nn.clip_grad_value_(ps, 0.75))
-      clip.clip_grad_value_reference(qs, 0.75)
+      clip.clip_grad_value_composed(qs, 0.75)
       local after = grads_table(ps)
       for i = 1, 2 do
         for j, x in ipairs(before[i]) do

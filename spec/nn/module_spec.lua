@@ -358,6 +358,30 @@ describe("nn.Module", function()
       -- the depth bookkeeping recovered
       assert.same({ 2, 5 }, Top()(attn.ones({ 2, 5 })):shape())
     end)
+
+    it("count call depth per coroutine: one abandoned mid-forward leaves later errors plain messages", function()
+      local Yielding = nn.Module:extend("Yielding")
+      function Yielding.forward(_, x) coroutine.yield("parked"); return x end
+      local Wrap = nn.Module:extend("Wrap")
+      function Wrap:init() self.inner = Yielding() end
+      function Wrap:forward(x) return self.inner(x) end
+      local co = coroutine.create(function() return Wrap()(1) end)
+      assert.same({ true, "parked" }, { coroutine.resume(co) })
+      assert.equal("suspended", coroutine.status(co)) -- abandoned inside two forwards
+      local o = Outer()
+      local ok, err = pcall(o, attn.ones({ 2, 5 }))
+      assert.is_false(ok)
+      assert.equal("string", type(err))
+      assert.matches("^in Outer%.block%.inner%.0 %(Linear%): Linear: input %[2x5%] has last dim 5", err)
+      err = select(2, pcall(o.block.head, attn.ones({ 2, 5 })))
+      assert.equal("string", type(err))
+      assert.matches("^Linear: input %[2x5%]", err)
+      -- another coroutine counts from zero too, and nested errors inside it keep their path
+      local ok2, err2 = coroutine.resume(coroutine.create(function() return o(attn.ones({ 2, 5 })) end))
+      assert.is_false(ok2)
+      assert.equal("string", type(err2))
+      assert.matches("^in Outer%.block%.inner%.0 %(Linear%): Linear: input %[2x5%]", err2)
+    end)
   end)
 end)
 

@@ -3,6 +3,7 @@
 -- @module attn.nn.clip
 local attn = require "attn"
 local module = require "attn.nn.module"
+local fused = require "attn.nn.fused"
 
 local core = attn.core
 
@@ -56,7 +57,8 @@ end
 -- `nn.clip_grad_norm` is the same function (the name before the in-place
 -- underscore). Two passes in C: one sums the powers of every gradient in
 -- double (`core.grads_norm`), one scales them (`core.grads_scale_`), without
--- a temporary per gradient.
+-- a temporary per gradient. With fused paths off (`attn.nn.set_fused(false)`)
+-- it is `clip_grad_norm_composed`.
 -- @param params a list of tensors, or a module (its parameters)
 -- @tparam number max_norm the largest allowed norm (>= 0)
 -- @tparam[opt=2] number norm_type p > 0, or math.huge (or "inf") for the largest |x|
@@ -66,6 +68,9 @@ end
 -- @usage loss:backward(); nn.clip_grad_norm_(model, 1); opt:step()
 function M.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite)
   params, norm_type = check_args(params, max_norm, norm_type, error_if_nonfinite)
+  if not fused.choose("clip_grad_norm_") then
+    return M.clip_grad_norm_composed(params, max_norm, norm_type, error_if_nonfinite)
+  end
   -- the norm reads contiguous grads (a strided one is copied); the scaling
   -- writes the grads themselves, any strides
   local grads, dense, copies = {}, {}, {}
@@ -88,16 +93,16 @@ function M.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite)
   return norm
 end
 
---- The composed reference of `clip_grad_norm_` (the specs compare against
--- it): each gradient converted to float64, raised to the power (or its
--- largest |x| taken) and summed by tensor ops, then each scaled by its own
+--- The composed path of `clip_grad_norm_` (the specs compare the C passes
+-- against it): each gradient converted to float64, raised to the power (or
+-- its largest |x| taken) and summed by tensor ops, then each scaled by its own
 -- `mul_`. Same arguments and result.
 -- @param params a list of tensors, or a module (its parameters)
 -- @tparam number max_norm the largest allowed norm (>= 0)
 -- @tparam[opt=2] number norm_type p > 0, or math.huge
 -- @tparam[opt=false] boolean error_if_nonfinite
 -- @treturn number the norm before clipping
-function M.clip_grad_norm_reference(params, max_norm, norm_type, error_if_nonfinite)
+function M.clip_grad_norm_composed(params, max_norm, norm_type, error_if_nonfinite)
   params, norm_type = check_args(params, max_norm, norm_type, error_if_nonfinite)
   local total = 0
   for _, p in ipairs(params) do
@@ -153,13 +158,15 @@ end
 --- Clamps every gradient entry in place to [-clip_value, clip_value], as
 -- PyTorch's `torch.nn.utils.clip_grad_value_` (parameters without `.grad` are
 -- skipped; NaN entries stay NaN). One C call over all gradients
--- (`core.grads_clamp_`), any strides.
+-- (`core.grads_clamp_`), any strides. With fused paths off
+-- (`attn.nn.set_fused(false)`) it is `clip_grad_value_composed`.
 -- @param params a list of tensors, or a module (its parameters)
 -- @tparam number clip_value the largest allowed |entry| (>= 0)
 -- @raise when params is not a list or a module, or clip_value is negative
 -- @usage loss:backward(); nn.clip_grad_value_(model, 0.5); opt:step()
 function M.clip_grad_value_(params, clip_value)
   params = check_value_args(params, clip_value)
+  if not fused.choose("clip_grad_value_") then return M.clip_grad_value_composed(params, clip_value) end
   local grads = {}
   for _, p in ipairs(params) do
     if p.grad ~= nil then grads[#grads + 1] = p.grad end
@@ -167,11 +174,11 @@ function M.clip_grad_value_(params, clip_value)
   core.grads_clamp_(grads, -clip_value, clip_value)
 end
 
---- The composed reference of `clip_grad_value_`: `maximum`, `minimum` and
--- `copy_` per gradient. Same arguments.
+--- The composed path of `clip_grad_value_` (the specs compare the C pass
+-- against it): `maximum`, `minimum` and `copy_` per gradient. Same arguments.
 -- @param params a list of tensors, or a module (its parameters)
 -- @tparam number clip_value the largest allowed |entry| (>= 0)
-function M.clip_grad_value_reference(params, clip_value)
+function M.clip_grad_value_composed(params, clip_value)
   params = check_value_args(params, clip_value)
   for _, p in ipairs(params) do
     local g = p.grad
@@ -184,5 +191,10 @@ function M.clip_grad_value_reference(params, clip_value)
     end
   end
 end
+
+--- Deprecated alias of `clip_grad_norm_composed` (the old name), kept for one
+-- release: "reference" now names only the C kernels' plain reference path.
+-- @see clip_grad_norm_composed
+M.clip_grad_norm_reference = M.clip_grad_norm_composed
 
 return M

@@ -21,6 +21,7 @@ local check = require "attn.check"
 local Module = module.Module
 local core = require "attn.core"
 local autograd = require "attn.autograd"
+local fused = require "attn.nn.fused"
 
 local M = {}
 
@@ -61,24 +62,28 @@ end
 -- node (see `attn_loss.h`): the ids are checked in the core (range 1..C,
 -- integrality of float ids), each row's max and log-sum are kept for
 -- backward, which is (softmax(logits) - onehot(label)) * g in one pass.
+-- With fused paths off (`attn.nn.set_fused(false)`) it is `cross_entropy_composed`.
 -- @tparam Tensor logits (..., C), float32 or float64
 -- @param labels (...) 1-based class ids: a tensor (int64, or float holding integers) or a table
 -- @tparam[opt] string who the name errors give (default "cross_entropy")
 -- @treturn Tensor (...) per-element losses
 function M.cross_entropy(logits, labels, who)
   who = who or "cross_entropy"
+  if not fused.choose("cross_entropy") then return M.cross_entropy_composed(logits, labels, who) end
   check_logits(who, logits)
   return (softmax_ce(who, logits, labels))
 end
 
---- The composed reference of `cross_entropy` (the specs compare against it):
--- log_softmax, gather, squeeze and neg, each its own autograd node.
+--- The composed path of `cross_entropy` (the specs compare the fused node
+-- against it): log_softmax, gather, squeeze and neg, each its own autograd node.
 -- @tparam Tensor logits (..., C)
 -- @param labels (...) 1-based class ids
+-- @tparam[opt] string who the name errors give (default "cross_entropy")
 -- @treturn Tensor (...)
-function M.cross_entropy_reference(logits, labels)
-  check_logits("cross_entropy", logits)
-  labels = as_labels("cross_entropy", labels)
+function M.cross_entropy_composed(logits, labels, who)
+  who = who or "cross_entropy"
+  check_logits(who, logits)
+  labels = as_labels(who, labels)
   local d = logits:dim()
   local index = core.unsqueeze(labels, d)
   return -(logits:log_softmax(d):gather(d, index):squeeze(d))
@@ -117,6 +122,15 @@ local function loss_options(self, who, opts, allowed)
   end
   self.class_dim = cd or 2
   return opts
+end
+
+-- label_smoothing (0 when nil), checked to lie in [0, 1]; an error at the caller of init.
+local function smoothing(who, eps)
+  if eps == nil then return 0 end
+  if type(eps) ~= "number" or not (eps >= 0 and eps <= 1) then
+    error(string.format("%s: label_smoothing must be a number in [0, 1], got %s", who, tostring(eps)), 4)
+  end
+  return eps
 end
 
 local function same_sizes(a, b)
@@ -209,6 +223,34 @@ local function reduce(per_row, reduction, divisor, unbatched)
   return per_row:sum() / divisor
 end
 
+-- The per-row losses of class-last x (rows..., C) against ids or probabilities
+-- t, composed from tensor ops (log_softmax, gather, sum), and the mean's
+-- divisor (nil: the number of rows).
+local function composed_rows(who, x, t, probs, o)
+  local eps, d, C = o.label_smoothing or 0, x:dim(), x:size(x:dim())
+  local weight = o.weight
+  if weight and weight:dtype() ~= x:dtype() then weight = weight:to(x:dtype()) end
+  if probs then
+    if eps > 0 then t = t * (1 - eps) + eps / C end
+    local prod = x:log_softmax(d) * t
+    if weight then prod = prod * weight end
+    local per_row = -prod:sum(d)
+    return per_row, per_row:numel()
+  end
+  local ids, keep, wy = ids_and_weights(t, o.ignore_index or -100, o.weight, x:dtype())
+  core.check_ids(ids, C, who, "label")
+  local logp = x:log_softmax(d)
+  local per_row = -(logp:gather(d, core.unsqueeze(ids, d)):squeeze(d))
+  if eps ~= 0 then per_row = per_row * (1 - eps) end
+  if wy then per_row = per_row * wy end
+  if eps ~= 0 then
+    local smooth = -(weight and logp * weight or logp):sum(d) / C
+    if keep then smooth = smooth * keep end
+    per_row = per_row + smooth * eps
+  end
+  return per_row, wy and wy:sum():item()
+end
+
 --- PyTorch's cross-entropy with its options, on PyTorch's layout (or
 -- class-last with `class_dim = -1`). With p = softmax over the classes, a
 -- row i of class id y_i (1-based), class weights w (1 when not given),
@@ -224,7 +266,8 @@ end
 -- Paths: ids without label smoothing run the fused kernel (`attn_loss.h`,
 -- one forward and one backward pass over the logits), weights and
 -- ignore_index adding products over the rows only; label smoothing and
--- probability targets take the composed path (log_softmax, gather, sum).
+-- probability targets, or fused paths off (`attn.nn.set_fused(false)`), take
+-- the composed path (`cross_entropy_loss_composed`).
 -- @tparam Tensor input (N, C), (N, C, d1, ...) or (C); with class_dim -1, (..., C)
 -- @param target ids (N), (N, d1, ...) or a number (unbatched); or probabilities of the input's shape
 -- @tparam table o `weight` (tensor (C) or nil), `ignore_index`, `label_smoothing`, `reduction`, `class_dim`
@@ -233,33 +276,31 @@ end
 function M.cross_entropy_loss(input, target, o, who)
   who = who or "cross_entropy_loss"
   local x, t, probs, unbatched = class_last(who, input, target, o.class_dim or 2)
-  local eps, d, C = o.label_smoothing or 0, x:dim(), x:size(x:dim())
-  local weight = o.weight
-  if probs then
-    if eps > 0 then t = t * (1 - eps) + eps / C end
-    local logp = x:log_softmax(d)
-    local prod = logp * t
-    if weight then prod = prod * (weight:dtype() == x:dtype() and weight or weight:to(x:dtype())) end
-    local per_row = -prod:sum(d)
-    return reduce(per_row, o.reduction, per_row:numel(), unbatched)
-  end
-  local ids, keep, wy = ids_and_weights(t, o.ignore_index or -100, weight, x:dtype())
-  local per_row
-  if eps == 0 then
+  local per_row, divisor
+  if fused.choose("cross_entropy_loss", not probs and (o.label_smoothing or 0) == 0) then
+    local ids, _, wy = ids_and_weights(t, o.ignore_index or -100, o.weight, x:dtype())
     per_row = softmax_ce(who, x, ids)
     if wy then per_row = per_row * wy end
+    divisor = wy and wy:sum():item()
   else
-    core.check_ids(ids, C, who, "label")
-    local logp = x:log_softmax(d)
-    local nll = -(logp:gather(d, core.unsqueeze(ids, d)):squeeze(d))
-    local lw = weight and logp * (weight:dtype() == x:dtype() and weight or weight:to(x:dtype())) or logp
-    local smooth = -lw:sum(d) / C
-    if keep then smooth = smooth * keep end
-    per_row = nll * (1 - eps)
-    if wy then per_row = per_row * wy end
-    per_row = per_row + smooth * eps
+    per_row, divisor = composed_rows(who, x, t, probs, o)
   end
-  return reduce(per_row, o.reduction, wy and wy:sum():item(), unbatched)
+  return reduce(per_row, o.reduction, divisor, unbatched)
+end
+
+--- The composed path of `cross_entropy_loss` (the specs compare the fused
+-- kernel against it): log_softmax, gather and sums, each its own autograd
+-- node. Same arguments and result.
+-- @tparam Tensor input (N, C), (N, C, d1, ...) or (C); with class_dim -1, (..., C)
+-- @param target ids or probabilities, as `cross_entropy_loss`
+-- @tparam table o the options, as `cross_entropy_loss`
+-- @tparam[opt] string who the name errors give
+-- @treturn Tensor the reduced loss, or the per-row losses (reduction "none")
+function M.cross_entropy_loss_composed(input, target, o, who)
+  who = who or "cross_entropy_loss"
+  local x, t, probs, unbatched = class_last(who, input, target, o.class_dim or 2)
+  local per_row, divisor = composed_rows(who, x, t, probs, o)
+  return reduce(per_row, o.reduction, divisor, unbatched)
 end
 
 --- `nn.CrossEntropyLoss{weight, ignore_index = -100, label_smoothing = 0,
@@ -280,11 +321,7 @@ M.CrossEntropyLoss = CrossEntropyLoss
 function CrossEntropyLoss:init(opts)
   opts = loss_options(self, "CrossEntropyLoss", opts, { reduction = true, weight = true, ignore_index = true,
     label_smoothing = true, class_dim = true })
-  local eps = opts.label_smoothing or 0
-  if type(eps) ~= "number" or not (eps >= 0 and eps <= 1) then
-    error("CrossEntropyLoss: label_smoothing must be a number in [0, 1], got " .. tostring(eps), 3)
-  end
-  self.label_smoothing = eps
+  self.label_smoothing = smoothing("CrossEntropyLoss", opts.label_smoothing)
 end
 
 function CrossEntropyLoss:forward(input, target)
@@ -343,29 +380,46 @@ local function check_pred(who, pred)
   end
 end
 
--- Per-token losses (B, T) masked by valid length, the count of valid tokens, and T.
+-- Per-token losses (B, T) masked by valid length, the count of valid tokens, and T. With
+-- fused paths off, the composed path (`masked_ce_composed`).
 local function masked_ce(who, pred, label, valid_len)
+  if not fused.choose("masked_ce") then
+    local l, mask = M.masked_ce_composed(pred, label, valid_len, who)
+    return l, math.tointeger(core.sum(mask):item()), pred:size(2)
+  end
   check_pred(who, pred)
   local B, T = pred:size(1), pred:size(2)
   local l, count = softmax_ce(who, pred, label, lengths(who, B, valid_len, pred:dtype()), T)
   return l, count, T
 end
 
---- The composed reference of the masked per-token loss (the specs compare
--- against it): `cross_entropy_reference` times a 0/1 mask (B, T) of the
--- positions t <= valid_len[b], built by arange and a comparison.
+--- The composed path of the masked per-token loss (the specs compare the
+-- fused node against it): `cross_entropy_composed` times a 0/1 mask (B, T) of
+-- the positions t <= valid_len[b], built by arange and a comparison.
 -- @tparam Tensor pred (B, T, V)
 -- @param label (B, T) 1-based ids
 -- @param valid_len (B) lengths
+-- @tparam[opt] string who the name errors give (default "masked_ce_composed")
 -- @treturn Tensor (B, T) masked per-token losses
 -- @treturn Tensor (B, T) the mask
-function M.masked_ce_reference(pred, label, valid_len)
-  check_pred("masked_ce_reference", pred)
+function M.masked_ce_composed(pred, label, valid_len, who)
+  who = who or "masked_ce_composed"
+  check_pred(who, pred)
   local B, T = pred:size(1), pred:size(2)
-  local lens = lengths("masked_ce_reference", B, valid_len, pred:dtype()):reshape({ B, 1 }):to(pred:dtype())
+  local lens = lengths(who, B, valid_len, pred:dtype()):reshape({ B, 1 }):to(pred:dtype())
   local mask = attn.core.le(attn.arange(1, T + 1, pred:dtype()):reshape({ 1, T }), lens)
-  return M.cross_entropy_reference(pred, label) * mask, mask
+  return M.cross_entropy_composed(pred, label, who) * mask, mask
 end
+
+--- Deprecated alias of `cross_entropy_composed` (the old name), kept for one
+-- release: "reference" now names only the C kernels' plain reference path.
+-- @see cross_entropy_composed
+M.cross_entropy_reference = M.cross_entropy_composed
+
+--- Deprecated alias of `masked_ce_composed` (the old name), kept for one
+-- release: "reference" now names only the C kernels' plain reference path.
+-- @see masked_ce_composed
+M.masked_ce_reference = M.masked_ce_composed
 
 --- `nn.MaskedSoftmaxCELoss{label_smoothing = 0}`: loss(pred (B, T, V), label
 -- (B, T), valid_len (B)) -> (B), d2l's per-sequence loss: the cross-entropies
@@ -380,11 +434,7 @@ M.MaskedSoftmaxCELoss = MaskedSoftmaxCELoss
 
 function MaskedSoftmaxCELoss:init(opts)
   opts = check.options("MaskedSoftmaxCELoss", opts, { label_smoothing = true }, 4)
-  local eps = opts.label_smoothing or 0
-  if type(eps) ~= "number" or not (eps >= 0 and eps <= 1) then
-    error("MaskedSoftmaxCELoss: label_smoothing must be a number in [0, 1], got " .. tostring(eps), 3)
-  end
-  self.label_smoothing = eps
+  self.label_smoothing = smoothing("MaskedSoftmaxCELoss", opts.label_smoothing)
 end
 
 function MaskedSoftmaxCELoss:forward(pred, label, valid_len)

@@ -694,9 +694,13 @@ end
 
 -- ---------------------------------------------------------------- calling
 
--- Call depth of modules on the stack: the outermost call turns a nested error
--- into its message.
-local depth = 0
+-- Call depth of modules on the stack of each coroutine (weak keys, as grad
+-- mode in attn.autograd): the outermost call of a coroutine turns a nested
+-- error into its message. One shared counter would stay raised by a forward
+-- that yields in a coroutine never resumed, and every later top-level error
+-- would then escape as an error table.
+local depths = setmetatable({}, { __mode = "k" })
+local running = coroutine.running
 
 local ModuleError = {}
 ModuleError.__index = ModuleError
@@ -742,8 +746,9 @@ local function capture(err)
   return setmetatable({ chain = {}, msg = err, traceback = tb }, ModuleError)
 end
 
-local function finish_call(self, ok, ...)
-  depth = depth - 1
+local function finish_call(self, co, ok, ...)
+  local depth = depths[co] - 1
+  depths[co] = depth > 0 and depth or nil
   if ok then return ... end
   local err = ...
   table.insert(err.chain, 1, self)
@@ -755,8 +760,9 @@ end
 --- `m(...)` runs `m:forward(...)`, adding the module path and the traceback of
 -- the error site to errors.
 function Module.__call(self, ...)
-  depth = depth + 1
-  return finish_call(self, xpcall(self.forward, capture, self, ...))
+  local co = running()
+  depths[co] = (depths[co] or 0) + 1
+  return finish_call(self, co, xpcall(self.forward, capture, self, ...))
 end
 
 --- Subclasses implement forward.
