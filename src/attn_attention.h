@@ -278,7 +278,8 @@ typedef struct attn_mha_params {
  * and merged (B*Nq, h) (ctx with its heads merged, the input of W_o); parts in that order (the
  * ATTN_MHA_SAVED_* indices). Refuses heads not dividing h. */
 enum { ATTN_MHA_SAVED_QH, ATTN_MHA_SAVED_KH, ATTN_MHA_SAVED_VH, ATTN_MHA_SAVED_CTX, ATTN_MHA_SAVED_MERGED };
-attn_status attn_mha_saved_layout(int64_t B, int64_t Nq, int64_t Nk, int64_t h, int64_t heads, attn_saved_layout *l);
+attn_status attn_mha_saved_layout(int64_t B, int64_t Nq, int64_t Nk, int64_t h, int64_t heads,
+                                  attn_saved_layout *l);
 
 /* d2l's MultiHeadAttention forward: queries (B, Nq, q), keys (B, Nk, k), values (B, Nk, v) ->
  * out (B, Nq, h) = merge_heads(sdpa(split_heads(queries W_q^T + b_q), ...)) W_o^T + b_o, with

@@ -98,7 +98,8 @@ attn_status attn_attention_additive_layer_forward(const attn_tensor *queries, co
     return attn_error(ATTN_ERR_SHAPE, "%s: w_v %s must be (1, %lld) or (%lld)", op, attn_tensor_shape_str(w_v),
                       (long long)h, (long long)h);
   attn_saved_layout lay;
-  if ((st = attn_additive_saved_layout(B, Nq, Nk, h, &lay)) != ATTN_OK || (st = attn_saved_check(op, &lay, saved, dt)))
+  if ((st = attn_additive_saved_layout(B, Nq, Nk, h, &lay)) != ATTN_OK ||
+      (st = attn_saved_check(op, &lay, saved, dt)) != ATTN_OK)
     return st;
   attn_tensor qh = attn_saved_view(saved, &lay, ATTN_ADDITIVE_SAVED_QH);
   attn_tensor kh = attn_saved_view(saved, &lay, ATTN_ADDITIVE_SAVED_KH);
@@ -133,15 +134,16 @@ static attn_status project_heads(const attn_tensor *x, const attn_tensor *w, con
   return st;
 }
 
-attn_status attn_mha_saved_layout(int64_t B, int64_t Nq, int64_t Nk, int64_t h, int64_t heads, attn_saved_layout *l) {
+attn_status attn_mha_saved_layout(int64_t B, int64_t Nq, int64_t Nk, int64_t h, int64_t heads,
+                                  attn_saved_layout *l) {
   attn_saved_begin(l, "multi_head_attention");
   int64_t BH, BNq;
   if (heads < 1 || h < 0 || h % heads != 0)
     return attn_error(ATTN_ERR_ARG, "%s: num_hiddens %lld is not divisible by num_heads %lld", l->op, (long long)h,
                       (long long)heads);
   if (B < 0 || Nq < 0 || Nk < 0 || __builtin_mul_overflow(B, heads, &BH) || __builtin_mul_overflow(B, Nq, &BNq))
-    return attn_error(ATTN_ERR_SHAPE, "%s: %lld samples of %lld queries and %lld keys in %lld heads do not fit a saved buffer",
-                      l->op, (long long)B, (long long)Nq, (long long)Nk, (long long)heads);
+    return attn_error(ATTN_ERR_SHAPE,
+                      "%s: %lld samples of %lld queries and %lld keys in %lld heads do not fit a saved buffer", l->op, (long long)B, (long long)Nq, (long long)Nk, (long long)heads);
   int64_t dh = h / heads;
   const int64_t q[3] = {BH, Nq, dh}, k[3] = {BH, Nk, dh}, merged[2] = {BNq, h};
   attn_status st;
@@ -177,11 +179,13 @@ attn_status attn_attention_mha_forward(const attn_tensor *queries, const attn_te
     return attn_error(ATTN_ERR_ARG, "%s: num_hiddens %lld is not divisible by num_heads %lld", op, (long long)h,
                       (long long)H);
   attn_saved_layout lay;
-  if ((st = attn_mha_saved_layout(B, Nq, Nk, h, H, &lay)) != ATTN_OK || (st = attn_saved_check(op, &lay, saved, dt)) ||
-      (st = check_out(op, out, dt, B, Nq, h)) != ATTN_OK)
+  if ((st = attn_mha_saved_layout(B, Nq, Nk, h, H, &lay)) != ATTN_OK ||
+      (st = attn_saved_check(op, &lay, saved, dt)) != ATTN_OK || (st = check_out(op, out, dt, B, Nq, h)) != ATTN_OK)
     return st;
-  attn_tensor qh = attn_saved_view(saved, &lay, ATTN_MHA_SAVED_QH), kh = attn_saved_view(saved, &lay, ATTN_MHA_SAVED_KH);
-  attn_tensor vh = attn_saved_view(saved, &lay, ATTN_MHA_SAVED_VH), ctx = attn_saved_view(saved, &lay, ATTN_MHA_SAVED_CTX);
+  attn_tensor qh = attn_saved_view(saved, &lay, ATTN_MHA_SAVED_QH);
+  attn_tensor kh = attn_saved_view(saved, &lay, ATTN_MHA_SAVED_KH);
+  attn_tensor vh = attn_saved_view(saved, &lay, ATTN_MHA_SAVED_VH);
+  attn_tensor ctx = attn_saved_view(saved, &lay, ATTN_MHA_SAVED_CTX);
   attn_tensor merged = attn_saved_view(saved, &lay, ATTN_MHA_SAVED_MERGED);
   if ((st = project_heads(queries, p->w_q, p->b_q, H, &qh)) != ATTN_OK ||
       (st = project_heads(keys, p->w_k, p->b_k, H, &kh)) != ATTN_OK ||

@@ -112,13 +112,14 @@ int attn_l_in_finalizer(lua_State *L);
 void attn_l_release(lua_State *L, attn_tensor *t);
 
 /* A fused op's saved buffer (attn_saved.h): allocates one flat tensor of dt with l's entries and
- * pushes a table of contiguous views of it, one field per part (saved.qh, saved.kh, ...). Returns
- * the flat buffer for the kernel (a borrowed struct: the views keep the storage alive). Push
- * every output before taking raw pointers, as for attn_l_push_alloc. */
+ * pushes a table of contiguous views of it, one field per part (saved.qh, saved.kh, ...), and the
+ * flat tensor as saved.buffer. Returns the flat tensor for the kernel (a struct copy: the table
+ * keeps the storage alive). Push every output before taking raw pointers, as for
+ * attn_l_push_alloc. */
 attn_tensor attn_l_push_saved(lua_State *L, const attn_saved_layout *l, attn_dtype dt);
-/* The flat buffer behind the saved table at idx, for a backward: each part must be the
- * forward's view with the shape of l (the layout recomputed from the backward's operands);
- * raises naming fn, the part and both shapes otherwise. */
+/* saved.buffer of the saved table at idx, for a backward: each part must be the forward's view
+ * of it with the shape of l (the layout recomputed from the backward's operands); raises naming
+ * fn, the part and both shapes otherwise. */
 attn_tensor attn_l_check_saved(lua_State *L, int idx, const attn_saved_layout *l, attn_dtype dt, const char *fn);
 
 /* Registers fns into the table on top, each wrapped so that what may run Lua

@@ -590,7 +590,8 @@ static void test_mha_layer(void) {
   int ok = attn_tensor_init(&bq, ATTN_F64, 1, bs) == ATTN_OK && attn_tensor_init(&lens, ATTN_I64, 1, ls) == ATTN_OK;
   for (int i = 0; i < 3; i++) ok = ok && attn_tensor_init(&x[i], ATTN_F64, 3, xs[i]) == ATTN_OK;
   for (int i = 0; i < 4; i++) ok = ok && attn_tensor_init(&w[i], ATTN_F64, 2, ws[i]) == ATTN_OK;
-  ok = ok && attn_tensor_init(&out, ATTN_F64, 3, os) == ATTN_OK && attn_tensor_init(&saved, ATTN_F64, 1, &lay.numel) == ATTN_OK;
+  ok = ok && attn_tensor_init(&out, ATTN_F64, 3, os) == ATTN_OK &&
+       attn_tensor_init(&saved, ATTN_F64, 1, &lay.numel) == ATTN_OK;
   CHECK(ok, "init");
   if (!ok) return;
   for (int i = 0; i < 3; i++)
