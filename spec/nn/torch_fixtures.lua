@@ -63,22 +63,25 @@ F.transformer_cases = { "encoder_layer_post_relu", "encoder_layer_pre_gelu", "de
 local function max_diff(a, b)
   assert(attn.is_tensor(a), "missing tensor")
   assert(attn.core.same_shape(a, b), "shape " .. attn.core.shape_str(a) .. " vs " .. attn.core.shape_str(b))
-  return (a - b):abs():max():item()
+  return (a:to("float64") - b):abs():max():item()
 end
 
---- Runs case `name`; returns {output = d, grad_input = d, grad_state = d} (largest absolute
--- differences from PyTorch's) and the number of tensors compared.
-function F.run(name)
+--- Runs case `name` (in `dtype`, default float64: the fixtures are converted); returns {output =
+-- d, grad_input = d, grad_state = d} (largest absolute differences from PyTorch's), the number of
+-- tensors compared and the case's tolerance in float64.
+function F.run(name, dtype)
+  dtype = dtype or "float64"
   local case = F.cases[name]
   local t = assert(attn.load(dir .. name .. ".safetensors"))
   local state, inputs, masks = {}, {}, {}
   for k, v in pairs(t) do
     local kind, rest = k:match("^([%w_]+)%.(.+)$")
+    local float = v:dtype() ~= "int64"
     if kind == "state" then state[rest] = v end
-    if kind == "input" then inputs[rest] = v:clone():requires_grad_() end
-    if kind == "mask" then masks[rest] = v end
+    if kind == "input" then inputs[rest] = v:to(dtype):clone():requires_grad_() end
+    if kind == "mask" then masks[rest] = float and v:to(dtype) or v end
   end
-  local m = case.build():to("float64"):eval()
+  local m = case.build():to(dtype):eval()
   m:load_state_dict(state)
   local outs = table.pack(case.call(m, inputs, masks))
   local d = { output = 0, grad_input = 0, grad_state = 0 }
@@ -87,7 +90,7 @@ function F.run(name)
     local want = t["output." .. i]
     if want then
       d.output = math.max(d.output, max_diff(outs[i + 1], want))
-      local term = (outs[i + 1] * t["grad_output." .. i]):sum()
+      local term = (outs[i + 1] * t["grad_output." .. i]:to(dtype)):sum()
       loss = loss and loss + term or term
       n = n + 1
     else
