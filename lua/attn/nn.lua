@@ -72,7 +72,11 @@ for _, name in ipairs { "TransformerEncoderLayer", "TransformerDecoderLayer", "T
   "TorchTransformerDecoder", "Transformer", "deep_copy" } do
   nn[name] = torch_transformer[name]
 end
+--- The book's TransformerEncoder class (attn.nn.transformer) by a name of its own.
+-- @table D2LTransformerEncoder
 nn.D2LTransformerEncoder = transformer.TransformerEncoder
+--- The book's TransformerDecoder class (attn.nn.transformer) by a name of its own.
+-- @table D2LTransformerDecoder
 nn.D2LTransformerDecoder = transformer.TransformerDecoder
 for name, d in pairs(torch_transformer.dispatchers(transformer)) do nn[name] = d end
 

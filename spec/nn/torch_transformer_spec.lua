@@ -283,6 +283,7 @@ describe("PyTorch's Transformer classes", function()
       assert.matches("vocab_size must be a positive integer, got a module", err)
       assert.not_matches("Embedding", err)
       ok, err = pcall(function() return nn.TransformerDecoder:extend("Mine") end)
+      assert.is_false(ok)
       assert.matches("use nn.TorchTransformerDecoder or nn.D2LTransformerDecoder", err)
     end)
 

@@ -258,7 +258,7 @@ function MultiheadAttention:forward(query, key, value, opts)
   end
   opts = check.options(WHO, opts, forward_options, 4)
   local q, k, v, batched = batch_first_inputs(self, query, key, value)
-  local N, L, S, E, H = core.size(q, 1), core.size(q, 2), core.size(k, 2), self.embed_dim, self.num_heads
+  local N, L, S, H = core.size(q, 1), core.size(q, 2), core.size(k, 2), self.num_heads
   local dtype = core.dtype(q)
   local need_weights = opts.need_weights ~= false
   local kpm, am = opts.key_padding_mask, opts.attn_mask

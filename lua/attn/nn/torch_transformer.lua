@@ -115,7 +115,7 @@ end
 
 -- linear2(dropout(activation(linear1(x)))): linear1 and relu as one node (linear_relu).
 local function feed_forward(self, x)
-  local a, h = self.activation, nil
+  local a, h = self.activation
   if a == "relu" then
     h = self.linear1:forward_relu(x)
   elseif a == "gelu" then
