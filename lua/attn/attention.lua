@@ -186,6 +186,8 @@ local function attend_scores(fn, scores, V, kopts)
   end
   return out, weights
 end
+-- (attn.nn.torch_attention's composed MultiheadAttention attends over its own scores with it)
+M._attend_scores = attend_scores
 
 --- Additive (Bahdanau) attention on projected queries and keys.
 -- Composes `additive_scores` with the masked softmax (valid_lens with d2l semantics; the keep-mask
