@@ -266,7 +266,9 @@ static int l_index_select(lua_State *L) {
   int64_t shape[ATTN_MAX_DIMS];
   memcpy(shape, x->shape, sizeof shape);
   shape[dim] = it ? attn_tensor_numel(it) : (lua_istable(L, 3) ? (int64_t)lua_rawlen(L, 3) : 0);
-  ATTN_L_TRY(L, attn_tensor_check_size("index_select", "output", x->dtype, x->ndim, shape));
+  /* (an index list too long to convert at all keeps attn_l_checkindices' own message) */
+  if ((uint64_t)shape[dim] <= attn_alloc_max_request() / sizeof(int64_t))
+    ATTN_L_TRY(L, attn_tensor_check_size("index_select", "output", x->dtype, x->ndim, shape));
   int64_t n = attn_l_checkindices(L, 3, &idx, "index_select");
   shape[dim] = n;
   attn_tensor *out = attn_l_push_alloc(L, x->dtype, x->ndim, shape);
