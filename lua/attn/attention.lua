@@ -321,46 +321,6 @@ function M.merge_heads(X, num_heads)
   return record(fn, Y, { X }, function(g) return core.split_heads(g, num_heads) end)
 end
 
---- Repeats each sample's valid lengths num_heads times along the first dim, matching the
--- batch-major head layout of `split_heads` (d2l's `torch.repeat_interleave(valid_lens, H, dim=0)`).
--- @tparam ?Tensor|table valid_lens (B) or (B, Q), or nil
--- @tparam integer num_heads H
--- @treturn ?Tensor|table (B*H) or (B*H, Q), of the same kind as the input (nil for nil)
-function M.repeat_interleave(valid_lens, num_heads)
-  local fn = "repeat_interleave"
-  check_count(fn, "num_heads", num_heads)
-  if valid_lens == nil then return nil end
-  -- sized before building anything: the result has (B * num_heads) entries
-  local rows = is_tensor(valid_lens) and (core.dim(valid_lens) > 0 and core.size(valid_lens, 1) or 0)
-    or (type(valid_lens) == "table" and #valid_lens or 0)
-  if rows > 0 and num_heads > core.max_request() // 16 // rows then
-    error(string.format("%s: %d rows x num_heads = %d entries are more than memory can hold", fn, rows, num_heads), 2)
-  end
-  if is_tensor(valid_lens) then
-    if core.dim(valid_lens) < 1 or core.dim(valid_lens) > 2 then
-      error(string.format("%s: valid_lens must be 1-D (B) or 2-D (B, Q), got %s", fn, shape_str(valid_lens)), 2)
-    end
-    return core.repeat_rows(valid_lens, num_heads) -- one strided copy (src/attn_masking.c)
-  end
-  if type(valid_lens) ~= "table" then
-    error(string.format("%s: valid_lens must be a tensor or a table, got a %s", fn, type(valid_lens)), 2)
-  end
-  local out = {}
-  for b, row in ipairs(valid_lens) do
-    if type(row) ~= "number" and type(row) ~= "table" then
-      error(string.format("%s: valid_lens entry %d is a %s, not a number or a row", fn, b, type(row)), 2)
-    end
-    for _ = 1, num_heads do
-      if type(row) == "table" then
-        out[#out + 1] = table.move(row, 1, #row, 1, {})
-      else
-        out[#out + 1] = row
-      end
-    end
-  end
-  return out
-end
-
 local mha_params = { W_q = true, W_k = true, W_v = true, W_o = true, b_q = true, b_k = true, b_v = true, b_o = true }
 
 --- Multi-head attention (d2l 11.5) as one autograd node: the four projections, the head split,
@@ -417,7 +377,7 @@ function M._multi_head_attention(queries, keys, values, num_heads, params, kopts
     -- the kernel's options per head: the forward repeated the lengths in C
     local hopts = {}
     for k, v in pairs(kopts) do hopts[k] = v end
-    hopts.valid_lens = M.repeat_interleave(kopts.valid_lens, num_heads)
+    hopts.valid_lens = Tensor.repeat_interleave(kopts.valid_lens, num_heads, 1)
     -- the flash backward rebuilds the weights from lse when the flash forward ran (saved.flash)
     local dqh, dkh, dvh = core.sdpa_backward(saved.qh, saved.kh, saved.vh, hopts, dctx, g_w, weights, nil, saved.ctx,
       saved.flash and saved.lse or nil)

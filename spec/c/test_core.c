@@ -788,6 +788,44 @@ static void test_optim_and_loss(void) {
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) attn_tensor_free(all[i]);
 }
 
+/* The parity kernels (issue 19): cumsum/cumprod and cumprod's gradient through a zero, tril/triu,
+ * the exact GELU, and the size check that runs before inputs are walked. */
+static void test_parity_kernels(void) {
+  int64_t shape[2] = {2, 3};
+  attn_tensor x, y, g, d, t;
+  CHECK(attn_tensor_init(&x, ATTN_F64, 2, shape) == ATTN_OK && attn_tensor_init(&y, ATTN_F64, 2, shape) == ATTN_OK &&
+            attn_tensor_init(&g, ATTN_F64, 2, shape) == ATTN_OK && attn_tensor_init(&d, ATTN_F64, 2, shape) == ATTN_OK &&
+            attn_tensor_init(&t, ATTN_F64, 2, shape) == ATTN_OK,
+        "init");
+  double *xd = x.storage->data, *yd = y.storage->data, *dd = d.storage->data, *td = t.storage->data;
+  const double vals[6] = {2, 0, 3, 1, 2, 4};
+  for (int i = 0; i < 6; i++) xd[i] = vals[i];
+  attn_fill(&g, 1);
+  CHECK(attn_cumulative(ATTN_CUMSUM, &x, 1, &y) == ATTN_OK && yd[2] == 5 && yd[5] == 7, "cumsum rows %g %g", yd[2],
+        yd[5]);
+  CHECK(attn_cumulative(ATTN_CUMPROD, &x, 1, &y) == ATTN_OK && yd[1] == 0 && yd[5] == 8, "cumprod rows");
+  /* row {2, 0, 3}: y = {2, 0, 0}; d/dx of sum y = {1, 2 + 2 * 3, 0}; row {1, 2, 4}: {1 + 2 + 8, 1 + 4, 2} */
+  CHECK(attn_cumprod_backward(&x, &y, &g, 1, &d) == ATTN_OK, "cumprod_backward");
+  const double want[6] = {1, 8, 0, 11, 5, 2};
+  for (int i = 0; i < 6; i++) CHECK(dd[i] == want[i], "cumprod grad %d: %g vs %g", i, dd[i], want[i]);
+  CHECK(attn_cumulative(ATTN_CUMSUM, &x, 2, &y) == ATTN_ERR_ARG, "dim out of range refused");
+  CHECK(strstr(attn_last_error(), "cumsum: dim 3 out of range for 2-D tensor [2x3]") != NULL, "message: %s",
+        attn_last_error());
+  CHECK(attn_triangle(&x, 0, 0, &t) == ATTN_OK && td[1] == 0 && td[2] == 0 && td[3] == 1 && td[4] == 2, "tril");
+  CHECK(attn_triangle(&x, 1, 1, &t) == ATTN_OK && td[0] == 0 && td[1] == 0 && td[2] == 3 && td[4] == 0 && td[5] == 4,
+        "triu 1");
+  xd[0] = -1;
+  CHECK(attn_unary(ATTN_GELU, &x, &t) == ATTN_OK && fabs(td[0] - -0.15865525393145705) < 1e-16, "gelu(-1) %.17g",
+        td[0]);
+  int64_t huge[2] = {3, (int64_t)1 << 40};
+  CHECK(attn_tensor_check_size("embedding", "output", ATTN_F32, 2, huge) == ATTN_ERR_MEMORY, "huge output refused");
+  CHECK(strstr(attn_last_error(), "embedding: output float32 [3x1099511627776] needs") != NULL, "message: %s",
+        attn_last_error());
+  CHECK(attn_tensor_check_size("embedding", "output", ATTN_F32, 2, shape) == ATTN_OK, "small output accepted");
+  attn_tensor *all[] = {&x, &y, &g, &d, &t};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) attn_tensor_free(all[i]);
+}
+
 int main(void) {
   test_allocator();
   test_views_and_errors();
@@ -804,6 +842,7 @@ int main(void) {
   test_mha_layer();
   test_saved_layout();
   test_optim_and_loss();
+  test_parity_kernels();
   attn_alloc_empty_cache();
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;
