@@ -22,6 +22,7 @@
 #include "attn_parallel.h"
 #include "attn_rng.h"
 #include "attn_rnn.h"
+#include "attn_saved.h"
 #include "attn_tensor.h"
 #include "attn_vmath.h"
 

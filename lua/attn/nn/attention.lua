@@ -345,7 +345,7 @@ function MultiHeadAttention:composed_forward(queries, keys, values, valid_lens, 
   local q = attn.split_heads(self.W_q(queries), heads)
   local k = attn.split_heads(self.W_k(keys), heads)
   local v = attn.split_heads(self.W_v(values), heads)
-  if valid_lens ~= nil then valid_lens = attn.repeat_interleave(valid_lens, heads) end
+  if valid_lens ~= nil then valid_lens = attn.repeat_interleave(valid_lens, heads, 1) end
   self.attention.keep_weights = self.keep_weights
   local out = self.attention(q, k, v, valid_lens, opts)
   keep_head_weights(self, self.attention.attention_weights, heads)
@@ -359,7 +359,9 @@ function MultiHeadAttention:extra_repr() return "num_heads=" .. self.num_heads e
 --- `nn.PositionalEncoding{num_hiddens, dropout, max_len = 1000}` (or
 -- positional): X (B, T, num_hiddens) -> dropout(X + P[1..T]) with the sinusoidal
 -- table P of attn.positional_encoding. P is a plain field, not state (as in the
--- book, whose state dict for this layer is empty), kept per dtype.
+-- book, whose state dict for this layer is empty), computed in double and stored in the
+-- module's dtype: `m:to("float64")` (or a float64 input) makes the float64 table, not an
+-- upcast of the float32 one.
 -- @type PositionalEncoding
 local PositionalEncoding = Module:extend("PositionalEncoding")
 M.PositionalEncoding = PositionalEncoding
@@ -376,10 +378,17 @@ end
 
 -- T rows of the table from 0-based position `offset` (default 0) in `dtype`, (T, num_hiddens).
 function PositionalEncoding:encoding(T, dtype, offset)
-  if self.P:dtype() ~= dtype then self.P = self.P:to(dtype) end
+  if self.P:dtype() ~= dtype then self.P = attn.positional_encoding(self.max_len, self.num_hiddens, dtype) end
   local P = self.P
   if P:dim() == 3 then P = P:select(1, 1) end
   return P:narrow(1, (offset or 0) + 1, T)
+end
+
+--- to(dtype): Module.to, and the table recomputed in dtype.
+function PositionalEncoding:to(dtype)
+  Module.to(self, dtype)
+  if self.P:dtype() ~= dtype then self.P = attn.positional_encoding(self.max_len, self.num_hiddens, dtype) end
+  return self
 end
 
 local function check_positions(who, X, d, max_len, offset)

@@ -160,6 +160,10 @@ function Embedding:forward(ids)
   if type(ids) == "table" and not attn.is_tensor(ids) then ids = attn.tensor(ids, "float64") end
   check.tensor("Embedding", "ids", ids)
   local shape = ids:shape()
+  -- the output is sized before the ids are walked: a huge expanded view of ids fails at once
+  shape[#shape + 1] = self.embedding_dim
+  core.check_size("Embedding", "output", shape, self.weight:dtype())
+  shape[#shape] = nil
   core.check_ids(ids, self.num_embeddings, "Embedding", "token id", "ids " .. shape_str(shape))
   local out = self.weight:index_select(1, ids:reshape({ -1 }))
   shape[#shape + 1] = self.embedding_dim

@@ -139,6 +139,12 @@ M.TransformerEncoder = TransformerEncoder
 -- The embedding, positional encoding and blocks shared by the encoder and the
 -- decoder: blks.block0, ... made by make_block(i) for i = 0 .. num_layers - 1.
 local function embed_and_blocks(self, vocab_size, num_hiddens, dropout, num_layers, make_block)
+  -- (named here, not by Embedding: PyTorch's call, a layer module first, lands here through nn.D2L*)
+  if math.type(vocab_size) ~= "integer" or vocab_size < 1 then
+    error(string.format("%s (the book's): vocab_size must be a positive integer, got %s (PyTorch's %s(layer, " ..
+      "num_layers) is nn.Torch%s)", self:class_name(), module.is_module(vocab_size) and "a module" or
+      tostring(vocab_size), self:class_name(), self:class_name()), 5)
+  end
   self.num_hiddens, self.num_layers = num_hiddens, num_layers
   self.embedding = Embedding(vocab_size, num_hiddens)
   self.pos_encoding = attention.PositionalEncoding(num_hiddens, dropout)
