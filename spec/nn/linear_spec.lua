@@ -246,7 +246,8 @@ describe("nn.Embedding", function()
     assert.error_matches(function() nn.Embedding(5, 3, { padding = 1 }) end, "Embedding: unknown option 'padding'")
     for _, v in ipairs { 0, 6, -6, 1.5 } do
       assert.error_matches(function() nn.Embedding(5, 3, { padding_idx = v }) end,
-        "Embedding: padding_idx must be a 1%-based id in 1..5 or %-5..%-1 %(from the end%), got " .. (tostring(v):gsub("%-", "%%-")))
+        "Embedding: padding_idx must be a 1%-based id in 1..5 or %-5..%-1 %(from the end%), got "
+        .. (tostring(v):gsub("%-", "%%-")))
     end
     assert.error_matches(function() nn.Embedding(5, 3, { max_norm = 0 }) end,
       "Embedding: max_norm must be a positive number, got 0")

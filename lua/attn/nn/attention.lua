@@ -237,9 +237,9 @@ local function per_head_mask(opts, heads, queries, keys)
   if is_tensor(mask) and is_tensor(queries) and is_tensor(keys) and core.dim(queries) == 3 and core.dim(keys) == 3 then
     local B, Nq, Nk = core.size(queries, 1), core.size(queries, 2), core.size(keys, 2)
     local n, ms = core.dim(mask), core.shape(mask)
-    local fits = n >= 1 and n <= 3 and (ms[n] == Nk or ms[n] == 1)
+    local mask_fits = n >= 1 and n <= 3 and (ms[n] == Nk or ms[n] == 1)
       and (n == 1 or ms[n - 1] == Nq or ms[n - 1] == 1) and (n < 3 or ms[1] == B or ms[1] == 1)
-    if not fits then
+    if not mask_fits then
       error(string.format("MultiHeadAttention: mask %s does not fit queries %s and keys %s: expected (Nq, Nk) = %s " ..
         "or (B, Nq, Nk) = %s (sizes 1 broadcast); the layer repeats a per-sample mask for its %d heads itself",
         shape_str(ms), shape_str(queries), shape_str(keys), shape_str({ Nq, Nk }), shape_str({ B, Nq, Nk }), heads), 4)

@@ -1,9 +1,11 @@
---- `nn.GRU`: a multi-layer gated recurrent unit, time-major like `torch.nn.GRU`.
+--- `nn.GRU` and `nn.GRUCell`: PyTorch's gated recurrent unit, time-major by default like
+-- `torch.nn.GRU`.
 --
 -- Parameters (PyTorch names and layouts, gate order r, z, n), for layer k = 0, 1, ...:
 -- weight_ih_l{k} (3h, in_k), weight_hh_l{k} (3h, h), bias_ih_l{k} (3h),
--- bias_hh_l{k} (3h); in_0 = input_size, in_k = h above. Every entry starts as
--- U(-1/sqrt(h), 1/sqrt(h)). One step:
+-- bias_hh_l{k} (3h) (no biases with `bias = false`); in_0 = input_size, in_k = D h
+-- above (D = 2 when bidirectional, whose backward direction's keys end in `_reverse`).
+-- Every entry starts as U(-1/sqrt(h), 1/sqrt(h)). One step:
 --
 --     r  = sigmoid(W_ir x + b_ir + W_hr h + b_hr)
 --     z  = sigmoid(W_iz x + b_iz + W_hz h + b_hz)
@@ -15,15 +17,20 @@
 -- are one GEMM per layer, the recurrent products one GEMM per step, the gate
 -- math one vectorised pass per step, and backward is one C call too. Dropout
 -- (training mode only) acts on the outputs of every layer but the last, with a
--- mask hashed from a seed so backward rebuilds it. `nn.GRU{..., fused = false}`
--- (or `attn.nn.set_fused(false)`, or dropout 1 in training) composes the same
--- model from tensor ops (one node per step) instead (`composed_forward`; the
--- choice is attn.nn.fused's rule).
+-- mask hashed from a seed so backward rebuilds it. A bidirectional GRU runs the
+-- same kernel per layer and direction (the backward direction over the reversed
+-- sequence), since a layer takes both directions' outputs of the one below.
+-- `nn.GRU(..., {fused = false})` (or `attn.nn.set_fused(false)`, or dropout 1 in
+-- training) composes the same model from tensor ops (one node per step) instead
+-- (`composed_forward`; the choice is attn.nn.fused's rule). nn.RNN (attn.nn.rnn)
+-- shares the layout, options and composed path.
 -- @module attn.nn.gru
 -- @usage
 -- local rnn = nn.GRU{input_size = 8, num_hiddens = 16, num_layers = 2}
 -- local outputs, state = rnn(X)        -- X (T, B, 8) -> (T, B, 16), (2, B, 16)
 -- local outputs2, state2 = rnn(X, state)
+-- local bi = nn.GRU(8, 16, 2, { bidirectional = true, batch_first = true })
+-- local o, h_n = bi(Y)                 -- Y (B, T, 8) -> (B, T, 32), (4, B, 16)
 local attn = require "attn"
 local autograd = require "attn.autograd"
 local module = require "attn.nn.module"

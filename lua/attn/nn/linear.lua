@@ -170,7 +170,7 @@ function Embedding:init(num_embeddings, embedding_dim, opts)
   end
   for _, k in ipairs { "max_norm", "norm_type" } do
     local v = opts[k]
-    if v ~= nil and (type(v) ~= "number" or not (v > 0)) then
+    if v ~= nil and (type(v) ~= "number" or v ~= v or v <= 0) then -- (NaN too)
       error(string.format("Embedding: %s must be a positive number, got %s", k, tostring(v)), 3)
     end
   end
