@@ -30,6 +30,20 @@ local GZIP_MAGIC = "\31\139"
 
 local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
+-- Up to n bytes of the open file f, read in chunks: Lua's f:read(n) allocates n
+-- bytes first, and n comes from a file header (a corrupt one may claim terabytes).
+local CHUNK = 1 << 24
+local function read_upto(f, n)
+  local parts = {}
+  while n > 0 do
+    local s = f:read(math.min(n, CHUNK))
+    if not s then break end
+    parts[#parts + 1] = s
+    n = n - #s
+  end
+  return table.concat(parts)
+end
+
 -- A byte source over the file at path: read(n) -> up to n bytes, close() ->
 -- true or nil, message. A gzip file (by its magic bytes) is read through
 -- `gzip -dc`, whose failure (corrupt or truncated gzip data) close() reports.
@@ -39,17 +53,14 @@ local function open_bytes(path)
   local magic = f:read(2)
   if magic ~= GZIP_MAGIC then
     f:seek("set", 0)
-    return {
-      read = function(n) return n == 0 and "" or f:read(n) or "" end,
-      close = function() f:close() return true end,
-    }
+    return { read = function(n) return read_upto(f, n) end, close = function() f:close() return true end }
   end
   f:close()
   local p = io.popen("gzip -dc -- " .. shell_quote(path) .. " 2>/dev/null", "r")
   if not p then return nil, path .. ": cannot start gzip -dc" end
   return {
     gzip = true,
-    read = function(n) return n == 0 and "" or p:read(n) or "" end,
+    read = function(n) return read_upto(p, n) end,
     close = function()
       local ok, how, code = p:close()
       if ok then return true end
@@ -87,7 +98,7 @@ local function parse_idx(src, limit)
   shape[ndim + 1] = nil -- (unpack's next position)
   local limited = limit and limit < shape[1]
   if limited then shape[1] = limit end
-  local bytes = enc[2] -- counted in floats first: 8 sizes of 2^32 overflow an integer
+  local bytes = enc[2] + 0.0 -- counted in floats first: 8 sizes of 2^32 overflow an integer
   for d = 1, ndim do
     if shape[d] >= 2 ^ 31 then return nil, string.format("size %d is %d (wrong dims?)", d, shape[d]) end
     bytes = bytes * shape[d]
