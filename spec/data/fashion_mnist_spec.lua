@@ -1,6 +1,5 @@
 -- attn.data.fashion_mnist: on hand-built files always, and on Debian's
 -- dataset-fashion-mnist when it is installed (skipped with a message if not).
-local attn = require "attn"
 local data = require "attn.data"
 local helper = require "helper"
 
