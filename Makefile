@@ -79,7 +79,7 @@ MPI_SRC     = src/mpi/lmpi.c
 MPI_MODULE ?= lua/attn/mpi.so
 # mpirun for the MPI specs and bench on one machine: more ranks than cores, and root allowed
 # (CI runs as root); shared-memory single copy off, which containers often forbid.
-MPIRUN ?= OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none \
+MPIRUN ?= env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none \
           mpirun --oversubscribe
 
 LUA_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="lua/?.so;;" OPENBLAS_NUM_THREADS=1
