@@ -177,6 +177,10 @@ test-mpi: deps-mpi ## attn.distributed's specs under mpirun -np 1, 2, 4 ("N pass
 	@$(MAKE) --no-print-directory all $(MPI_MODULE)
 	@$(LUA_ENV) ATTN_MPIRUN="$(MPIRUN)" $(BUSTED) -o TAP --pattern=_mpi $(BUSTED_ARGS) spec/mpi | tools/tap-summary
 
+bench-mpi: deps-mpi ## allreduce MB/s and the Transformer step, 1 process x 2 threads vs 2 x 1 (bench/mpi_bench.lua)
+	@$(MAKE) --no-print-directory all $(MPI_MODULE)
+	@$(LUA_ENV) MPIRUN="$(MPIRUN)" $(LUA) bench/mpi_bench.lua
+
 # The whole suite with the module under AddressSanitizer + UBSan; any report fails.
 # busted puts its --cpath (.busted: lua/?.so) ahead of LUA_CPATH, so the sanitized
 # module's folder is given as --cpath; spec/core/sanitizer_spec.lua checks which
@@ -320,12 +324,14 @@ install: all ## install into PREFIX (or LUADIR/LIBDIR), honouring DESTDIR
 	install -d $(DESTDIR)$(LUA_CMODULE_DIR)/attn $(DESTDIR)$(LUA_LMOD_DIR)/attn
 	install -m 755 $(MODULE) $(DESTDIR)$(LUA_CMODULE_DIR)/attn/core.so
 	install -m 755 $(CAIRO_MODULE) $(DESTDIR)$(LUA_CMODULE_DIR)/attn/cairo.so
+	[ ! -f $(MPI_MODULE) ] || install -m 755 $(MPI_MODULE) $(DESTDIR)$(LUA_CMODULE_DIR)/attn/mpi.so
 	cd lua && find attn -name '*.lua' -exec install -D -m 644 {} $(DESTDIR)$(LUA_LMOD_DIR)/{} \;
 	install -D -m 644 data/fra-eng-sample.txt $(DESTDIR)$(LUA_LMOD_DIR)/attn/data/fra-eng-sample.txt
 
 # Removes what install put there (the same variables), then the folders left empty.
 uninstall: ## remove what make install installed (same PREFIX/LUADIR/LIBDIR/DESTDIR)
-	rm -f $(DESTDIR)$(LUA_CMODULE_DIR)/attn/core.so $(DESTDIR)$(LUA_CMODULE_DIR)/attn/cairo.so
+	rm -f $(DESTDIR)$(LUA_CMODULE_DIR)/attn/core.so $(DESTDIR)$(LUA_CMODULE_DIR)/attn/cairo.so \
+	  $(DESTDIR)$(LUA_CMODULE_DIR)/attn/mpi.so
 	cd lua && find attn -name '*.lua' -exec rm -f $(DESTDIR)$(LUA_LMOD_DIR)/{} \;
 	rm -f $(DESTDIR)$(LUA_LMOD_DIR)/attn/data/fra-eng-sample.txt
 	for d in $(DESTDIR)$(LUA_LMOD_DIR)/attn $(DESTDIR)$(LUA_CMODULE_DIR)/attn; do \
