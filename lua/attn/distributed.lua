@@ -234,7 +234,7 @@ end
 -- @tparam integer n
 -- @treturn integer first
 -- @treturn integer last
-function DataParallel:shard(n) return distributed.shard(n) end
+function DataParallel.shard(_, n) return distributed.shard(n) end
 
 -- Buckets of parameters: per dtype, in parameter order, each up to bucket_bytes.
 local function make_buckets(params, bytes)

@@ -62,7 +62,10 @@ static MPI_Datatype mpi_type(attn_dtype d) {
 
 static attn_tensor *check_tensor(lua_State *L, int idx, const char *fn) {
   attn_tensor *t = luaL_testudata(L, idx, TENSOR_MT);
-  if (!t) luaL_error(L, "%s: argument %d must be a tensor, got %s", fn, idx, luaL_typename(L, idx));
+  if (!t) {
+    luaL_error(L, "%s: argument %d must be a tensor, got %s", fn, idx, luaL_typename(L, idx));
+    return NULL; /* not reached: luaL_error does not return */
+  }
   if (!t->storage) luaL_error(L, "%s: use of freed tensor", fn);
   if (t->dtype != ATTN_F32 && t->dtype != ATTN_F64 && t->dtype != ATTN_I64) luaL_error(L, "%s: unknown dtype", fn);
   int64_t expect = 1;
