@@ -142,7 +142,7 @@ function CausalSelfAttention:forward(x, state)
   local q = attn.split_heads(self.wq(x), H)
   local k = attn.split_heads(self.wk(x), Hkv)
   local v = attn.split_heads(self.wv(x), Hkv)
-  local keep = rawget(self, "keep_weights") == true
+  local keep = self.keep_weights == true
   local o = { dropout = self.attn_dropout, training = self.training, need_weights = keep }
   local out, w
   if state.positions == nil then
