@@ -102,11 +102,13 @@ describe("nn.DecoderOnlyTransformer", function()
     assert.truthy(tostring(err):find("cache overflow: sample 1 needs 9 positions, more than max_len 8 (no window)",
       1, true), err)
     ok, err = pcall(m.generate, m, prompts, { max_new_tokens = 3, cache = false })
+    assert.is_false(ok)
     assert.truthy(tostring(err):find("more than max_len 8", 1, true), err)
     assert.has_error(function()
       nn.DecoderOnlyTransformer { vocab_size = 5, d_model = 12, num_heads = 4, num_kv_heads = 3, num_layers = 1 }
     end, "CausalSelfAttention: num_kv_heads 3 does not divide num_heads 4")
     ok, err = pcall(m.generate, m, { { 1, 12 } }, {})
+    assert.is_false(ok)
     assert.truthy(tostring(err):find("sample 1 token 2 is 12, not an id in 1..11", 1, true), err)
   end)
 end)

@@ -136,7 +136,7 @@ end
 -- `k`, `v` (or nil: no cache).
 function CausalSelfAttention:forward(x, state)
   state = state or {}
-  local H, Hkv, dh = self.num_heads, self.num_kv_heads, self.head_dim
+  local H, Hkv = self.num_heads, self.num_kv_heads
   local B, N = x:size(1), x:size(2)
   local group = H // Hkv
   local q = attn.split_heads(self.wq(x), H)
@@ -245,7 +245,7 @@ function M.filter_logits(logits, opts)
   opts = check.options("filter_logits", opts, { temperature = true, top_k = true, top_p = true })
   local V = #logits
   local t = opts.temperature or 1
-  if type(t) ~= "number" or not (t > 0) then
+  if type(t) ~= "number" or t ~= t or t <= 0 then
     error(string.format("filter_logits: temperature must be > 0, got %s", tostring(opts.temperature)), 2)
   end
   local out = {}
