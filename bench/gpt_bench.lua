@@ -2,8 +2,8 @@
 -- with and without the key/value cache, at 256 and 1024 new tokens (examples/gpt.lua's default
 -- model: d_model 64, 4 query heads, 2 key/value heads, 2 layers), beside PyTorch running the
 -- same model with a hand-written cache (bench/torch_gpt_bench.py). One generation per row,
--- process CPU time, one thread. bench/bench.lua includes these rows (or ROWS=gpt runs only
--- them); `lua5.4 bench/gpt_bench.lua` prints them alone.
+-- process CPU time, one thread. bench/bench.lua includes these rows (not with ROWS=book);
+-- `lua5.4 bench/gpt_bench.lua` runs and prints only them (QUICK=1: 256 tokens only).
 local attn = require "attn"
 local core = attn.core
 
