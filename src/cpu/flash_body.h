@@ -16,10 +16,10 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../attn_attention_internal.h"
+#include "attention/attn_attention_internal.h"
 
-#include "cpu_inline.h"
-#include "exp_poly.h"
+#include "cpu/cpu_inline.h"
+#include "cpu/exp_poly.h"
 
 #define FLASH_CAT2(a, b) a##b
 #define FLASH_CAT(a, b) FLASH_CAT2(a, b)

@@ -3,7 +3,7 @@
 #ifndef ATTN_FLASH_CPU_H
 #define ATTN_FLASH_CPU_H
 
-#include "../attn_attention_internal.h"
+#include "attention/attn_attention_internal.h"
 
 extern const attn_flash_kernels attn_flash_kernels_generic;
 #if defined(__x86_64__)

@@ -24,7 +24,7 @@
 #define GEMM_FN(name) GEMM_CAT(name, GEMM_SUFFIX)
 #define GEMM_NR (GEMM_NV * GEMM_VW)
 
-#include "cpu_inline.h"
+#include "cpu/cpu_inline.h"
 
 typedef float gemm_vf __attribute__((vector_size(GEMM_VW * 4)));
 typedef int32_t gemm_vi __attribute__((vector_size(GEMM_VW * 4)));

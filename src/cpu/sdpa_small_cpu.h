@@ -3,7 +3,7 @@
 #ifndef ATTN_SDPA_SMALL_CPU_H
 #define ATTN_SDPA_SMALL_CPU_H
 
-#include "../attn_attention_internal.h"
+#include "attention/attn_attention_internal.h"
 
 #define ATTN_SDPA_SMALL_DECLARE(isa)                                                                  \
   int attn_sdpa_small_forward_##isa(const attn_attention_job *J, int64_t b, int64_t i0, int64_t r);   \

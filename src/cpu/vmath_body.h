@@ -16,15 +16,15 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../attn_dropout.h" /* the rule: attn_dropout_drops, inline */
-#include "exp_poly.h"
+#include "core/attn_dropout.h" /* the rule: attn_dropout_drops, inline */
+#include "cpu/exp_poly.h"
 
 #define VMATH_CAT2(a, b) a##b
 #define VMATH_CAT(a, b) VMATH_CAT2(a, b)
 #define VMATH_FN(name) VMATH_CAT(name, VMATH_SUFFIX)
 
 /* The loops vectorise only when the element functions are inlined into them. */
-#include "cpu_inline.h"
+#include "cpu/cpu_inline.h"
 
 ATTN_CPU_INLINE uint64_t vm_bits(double x) {
   uint64_t b;

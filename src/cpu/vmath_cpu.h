@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#include "../attn_dropout.h"
+#include "core/attn_dropout.h"
 
 #define ATTN_VMATH_DECLARE(isa)                                                   \
   void attn_vmath_exp_f32_##isa(const float *x, float *y, int64_t n);             \
