@@ -194,6 +194,10 @@ attn_status attn_unalias(const attn_tensor *w, const attn_tensor *r, attn_tensor
 }
 
 void *attn_tensor_data(const attn_tensor *t) {
+  /* An empty view's offset may lie anywhere, even near 2^63 (the last row of a [2^63-1 x 0]
+   * tensor): no element is read through it, so its pointer is the storage's and the offset is
+   * never scaled to bytes (signed overflow, and a pointer past the allocation). */
+  if (attn_tensor_numel(t) == 0) return t->storage->data;
   return (char *)t->storage->data + t->offset * (int64_t)attn_dtype_size(t->dtype);
 }
 

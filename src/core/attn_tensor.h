@@ -90,7 +90,7 @@ int attn_tensor_aliases(const attn_tensor *w, const attn_tensor *r);
  * aliases w, a contiguous copy made in *tmp (*tmp is left released
  * otherwise; release it after the kernel in both cases). */
 attn_status attn_unalias(const attn_tensor *w, const attn_tensor *r, attn_tensor *tmp, const attn_tensor **use);
-/* Address of element 0 of the view. */
+/* Address of element 0 of the view; for an empty view, the start of its storage. */
 void *attn_tensor_data(const attn_tensor *t);
 /* Shape as "[2x3]" (see attn_shape_str). */
 const char *attn_tensor_shape_str(const attn_tensor *t);
