@@ -18,7 +18,7 @@
 /* A tensor's user values: a table of its Lua-side fields (grad, _rg for a leaf, a user's own;
  * made by the first assignment), the autograd node that made it (t.grad_fn) and its position
  * among that node's outputs when there are several (t._oi). The autograd fields are slots rather
- * than table entries, so recording an op makes no table per output (src/ltensor.c). */
+ * than table entries, so recording an op makes no table per output (src/bind/lgraph.c). */
 #define ATTN_L_UV_FIELDS 1
 #define ATTN_L_UV_GRAD_FN 2
 #define ATTN_L_UV_OUTPUT 3
@@ -118,6 +118,7 @@ void attn_l_setfuncs(lua_State *L, const luaL_Reg *fns);
 
 /* Registration of each binding file's functions into the table on top. */
 void attn_l_open_tensor(lua_State *L);
+void attn_l_open_graph(lua_State *L);
 void attn_l_open_math(lua_State *L);
 void attn_l_open_linalg(lua_State *L);
 void attn_l_open_attention(lua_State *L);

@@ -787,6 +787,7 @@ int luaopen_attn_core(lua_State *L) {
 
   attn_l_setfuncs(L, core_functions);
   attn_l_open_tensor(L);
+  attn_l_open_graph(L);
   attn_l_open_math(L);
   attn_l_open_linalg(L);
   attn_l_open_attention(L);
