@@ -45,7 +45,9 @@ endif
 # which the vectoriser needs; the kernels never rely on floating-point traps.
 CPU_OPT   = -O3 -fno-trapping-math
 LIBFLAG  ?= -shared
-ALL_CFLAGS = $(WARN) $(CFLAGS) -fPIC -Isrc $(LUA_CFLAGS) $(BLAS_FLAGS)
+# -fvisibility=hidden: core.so exports its luaopen_* (ATTN_EXPORT, src/bind/lbind.h) and nothing
+# else. Only the binding (src/bind/) sees Lua's headers: LUA_CFLAGS go to its objects alone.
+ALL_CFLAGS = $(WARN) $(CFLAGS) -fPIC -fvisibility=hidden -Isrc $(BLAS_FLAGS)
 LDLIBS    = $(BLAS_LIBS) -lpthread -lm
 
 DEBIAN_PACKAGES = lua5.4 liblua5.4-dev libopenblas-dev liblapacke-dev lua-busted lua-check \
@@ -104,6 +106,8 @@ $(OBJ_DIR)/%.o: src/%.c $(HEADERS)
 # The optimizer loops vectorise only without errno around sqrt (src/nn/attn_optim.c).
 $(OBJ_DIR)/nn/attn_optim.o: ALL_CFLAGS += -fno-math-errno
 
+$(OBJ_DIR)/bind/%.o: ALL_CFLAGS += $(LUA_CFLAGS)
+
 # src/cpu/<name>_<isa>.c: compiled with CPU_FLAGS_<isa> (the last word of the file name).
 cpu_isa_flags = $(CPU_FLAGS_$(lastword $(subst _, ,$1)))
 
@@ -119,15 +123,17 @@ $(CAIRO_MODULE): $(CAIRO_SRC)
 	@mkdir -p $(dir $@)
 	@echo "cc $<"; $(CC) $(WARN) $(CFLAGS) -fPIC $(LUA_CFLAGS) $(CAIRO_FLAGS) $(LIBFLAG) $< -o $@ $(CAIRO_LIBS)
 
+ASAN_CFLAGS = $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
+	  -fPIC -fvisibility=hidden -Isrc $(BLAS_FLAGS)
 build/asan/%.o: src/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
-	@echo "cc (asan) $<"; $(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
-	  -DATTN_SANITIZED_BUILD -fPIC -Isrc $(LUA_CFLAGS) $(BLAS_FLAGS) -c $< -o $@
+	@echo "cc (asan) $<"; $(CC) $(ASAN_CFLAGS) -DATTN_SANITIZED_BUILD -c $< -o $@
+
+build/asan/bind/%.o: ASAN_CFLAGS += $(LUA_CFLAGS)
 
 build/asan/cpu/%.o: src/cpu/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
-	@echo "cc (asan) $<"; $(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
-	  $(call cpu_isa_flags,$*) -fPIC -Isrc $(LUA_CFLAGS) $(BLAS_FLAGS) -c $< -o $@
+	@echo "cc (asan) $<"; $(CC) $(ASAN_CFLAGS) $(call cpu_isa_flags,$*) -c $< -o $@
 
 $(ASAN_MODULE): $(ASAN_OBJ)
 	@mkdir -p $(dir $@)
@@ -164,7 +170,7 @@ FUZZ_OBJ   = $(SRC:src/%.c=build/fuzz/%.o)
 build/fuzz/%.o: src/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	@echo "cc (libfuzzer) $<"; $(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link $(call cpu_isa_flags,$*) \
-	  $(LUA_CFLAGS) $(BLAS_FLAGS) -c $< -o $@
+	  $(if $(filter bind/%,$*),$(LUA_CFLAGS)) $(BLAS_FLAGS) -c $< -o $@
 
 build/fuzz/fuzz_files: tools/fuzz_files.c $(FUZZ_OBJ)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer $(LUA_CFLAGS) tools/fuzz_files.c $(FUZZ_OBJ) -o $@ \

@@ -13,6 +13,14 @@
 
 #include "attn.h"
 
+/* The module is built with -fvisibility=hidden: its luaopen_* entry points are the only symbols
+ * core.so exports (spec/packaging/exports_spec.lua checks it). */
+#if defined(__GNUC__)
+#define ATTN_EXPORT __attribute__((visibility("default")))
+#else
+#define ATTN_EXPORT
+#endif
+
 #define ATTN_TENSOR_MT "attn.Tensor"
 
 /* A tensor's user values: a table of its Lua-side fields (grad, _rg for a leaf, a user's own;

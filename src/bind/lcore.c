@@ -732,7 +732,7 @@ static const luaL_Reg core_functions[] = {
     {NULL, NULL},
 };
 
-int luaopen_attn_core(lua_State *L) {
+ATTN_EXPORT int luaopen_attn_core(lua_State *L) {
   lua_rawgetp(L, LUA_REGISTRYINDEX, &state_key);
   if (lua_isnil(L, -1)) {
     binding_state *s = lua_newuserdatauv(L, sizeof(binding_state), 0);
