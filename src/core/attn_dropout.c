@@ -41,6 +41,14 @@ static void run_chunk(void *ctx, int64_t begin, int64_t end) {
                      end - begin, (uint64_t)begin);
 }
 
+void attn_dropout_flat(attn_dtype dt, const void *x, void *y, int64_t n, uint64_t seed, double p) {
+  attn_dropout_rule r = attn_dropout_rule_make(p, seed);
+  if (dt == ATTN_F32)
+    attn_dropout_f32(&r, x, y, n, 0);
+  else
+    attn_dropout_f64(&r, x, y, n, 0);
+}
+
 attn_status attn_dropout(const char *op, const attn_tensor *x, double p, uint64_t seed, attn_tensor *out) {
   attn_status st = attn_check_float(op, x);
   if (st != ATTN_OK) return st;

@@ -35,6 +35,9 @@ static inline int attn_dropout_drops(const attn_dropout_rule *r, uint64_t index)
  * double), for i in [0, n); y may be x. */
 void attn_dropout_f32(const attn_dropout_rule *r, const float *x, float *y, int64_t n, uint64_t base);
 void attn_dropout_f64(const attn_dropout_rule *r, const double *x, double *y, int64_t n, uint64_t base);
+/* y (n) = dropout of the contiguous buffer x (n; dt float32 or float64) with probability p and
+ * stream seed, entries indexed from 0; y may be x. */
+void attn_dropout_flat(attn_dtype dt, const void *x, void *y, int64_t n, uint64_t seed, double p);
 
 /* out = dropout of x (float, any strided view; entries indexed in row-major
  * order) with probability p in [0, 1] and stream seed; out contiguous, of

@@ -83,6 +83,13 @@ attn_status attn_scatter_add(attn_tensor *out, int dim, const attn_tensor *index
 float attn_row_max_f32(const float *x, int64_t n);
 double attn_row_max_f64(const double *x, int64_t n);
 
+/* Raw contiguous buffers (dt float32 or float64), for kernels that keep their operands in one
+ * workspace. out (cols) = the column sums of m (rows, cols), in row order (a bias gradient;
+ * float32 on the attn_vmath path of this CPU). */
+void attn_colsum_rows(attn_dtype dt, const void *m, int64_t rows, int64_t cols, void *out);
+/* Every row of m (rows, cols; es bytes an entry) set to v (cols), or zeros when v is NULL. */
+void attn_fill_rows(void *m, int64_t rows, int64_t cols, size_t es, const void *v);
+
 /* Ids to indices: checks that every value of src (any dtype) is an integer in
  * base..base+limit-1 (limit < 0: no upper bound) and, when out is not NULL
  * (int64, src's shape, contiguous), writes value - base into it. Errors read

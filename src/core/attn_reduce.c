@@ -360,3 +360,24 @@ attn_status attn_sort(const attn_tensor *x, int dim, int descending, attn_tensor
   attn_free(pairs, cap);
   return ATTN_OK;
 }
+
+void attn_colsum_rows(attn_dtype dt, const void *m, int64_t rows, int64_t cols, void *out) {
+  if (dt == ATTN_F32) {
+    attn_vmath_colsum_f32(m, rows, cols, out);
+    return;
+  }
+  const double *md = m;
+  double *o = out;
+  for (int64_t c = 0; c < cols; c++) o[c] = 0;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) o[c] += md[r * cols + c];
+}
+
+void attn_fill_rows(void *m, int64_t rows, int64_t cols, size_t es, const void *v) {
+  size_t row = (size_t)cols * es;
+  for (int64_t r = 0; r < rows; r++)
+    if (v)
+      memcpy((char *)m + (size_t)r * row, v, row);
+    else
+      memset((char *)m + (size_t)r * row, 0, row);
+}

@@ -8,7 +8,9 @@
 #include <string.h>
 
 #include "attention/attn_attention.h"
+#include "core/attn_dropout.h"
 #include "core/attn_gemm.h"
+#include "core/attn_ops.h"
 #include "nn/attn_rnn.h"
 
 /* C = op(A) op(B) + beta C, row-major, on the engine's product (attn_gemm.h). */
@@ -237,7 +239,7 @@ attn_status attn_decoder_forward(const attn_decoder_args *a, attn_tensor *out, a
        ha);
   attn_tensor kh = view3(saved, lay.kh, B, Nk, ha);
   char *wih0t = at(&ws, w_wt); /* (dv + e, 3H): the context's rows, then the embedding's */
-  attn_gru_fill_rows(at(&ws, w_gi), T * B, 3 * H, es, a->b_ih[0] ? attn_tensor_data(a->b_ih[0]) : NULL);
+  attn_fill_rows(at(&ws, w_gi), T * B, 3 * H, es, a->b_ih[0] ? attn_tensor_data(a->b_ih[0]) : NULL);
   gemm(dt, 0, 0, T * B, 3 * H, e, attn_tensor_data(a->emb), e, wih0t + (size_t)(dv * 3 * H) * es, 3 * H, 1,
        at(&ws, w_gi), 3 * H);
 
@@ -264,16 +266,16 @@ attn_status attn_decoder_forward(const attn_decoder_args *a, attn_tensor *out, a
       char *h_prev = at(saved, p.hs + tb * H), *h_new = at(saved, p.hs + (tb + B) * H);
       if (k > 0) {
         /* (the step's rows of gi are free again once layer 0 has used them) */
-        attn_gru_fill_rows(gi, B, 3 * H, es, a->b_ih[k] ? attn_tensor_data(a->b_ih[k]) : NULL);
+        attn_fill_rows(gi, B, 3 * H, es, a->b_ih[k] ? attn_tensor_data(a->b_ih[k]) : NULL);
         gemm(dt, 0, 0, B, 3 * H, H, input, H, wt, 3 * H, 1, gi, 3 * H);
       }
-      attn_gru_fill_rows(gh, B, 3 * H, es, a->b_hh[k] ? attn_tensor_data(a->b_hh[k]) : NULL);
+      attn_fill_rows(gh, B, 3 * H, es, a->b_hh[k] ? attn_tensor_data(a->b_hh[k]) : NULL);
       gemm(dt, 0, 0, B, 3 * H, H, h_prev, H, wt + (size_t)((k ? H : in0) * 3 * H) * es, 3 * H, 1, gh, 3 * H);
       attn_gru_gates_forward(dt, B, H, gi, gh, h_prev, h_new, at(saved, p.rz + 2 * tb * H), at(saved, p.n + tb * H),
                              at(saved, p.ghn + tb * H));
       input = h_new;
       if (k < L - 1 && a->rnn_dropout > 0) {
-        attn_gru_dropout(dt, h_new, at(&ws, w_drop), B * H, rnn_stream(a, t, k), a->rnn_dropout);
+        attn_dropout_flat(dt, h_new, at(&ws, w_drop), B * H, rnn_stream(a, t, k), a->rnn_dropout);
         input = at(&ws, w_drop);
       }
     }
@@ -375,7 +377,7 @@ attn_status attn_decoder_backward(const attn_decoder_args *a, const attn_tensor 
             memcpy(at(&ws, w_gy + b * H), at(dout, (b * T + t) * H), (size_t)H * es);
         dy = at(&ws, w_gy);
       } else if (a->rnn_dropout > 0) {
-        attn_gru_dropout(dt, dx, dx, B * H, rnn_stream(a, t, k), a->rnn_dropout);
+        attn_dropout_flat(dt, dx, dx, B * H, rnn_stream(a, t, k), a->rnn_dropout);
       }
       attn_gru_gates_backward(dt, B, H, dh, dy, at(saved, p.hs + tb * H), at(saved, p.rz + 2 * tb * H),
                               at(saved, p.n + tb * H), at(saved, p.ghn + tb * H), dgi, dgh);
@@ -422,8 +424,8 @@ attn_status attn_decoder_backward(const attn_decoder_args *a, const attn_tensor 
       const char *dgi = at(&ws, w_dgi + k * TB * 3 * H), *dgh = at(&ws, w_dgh + k * TB * 3 * H);
       if (g->w_hh && g->w_hh[k])
         gemm(dt, 1, 0, 3 * H, H, TB, dgh, 3 * H, at(saved, p.hs), H, 0, attn_tensor_data(g->w_hh[k]), H);
-      if (g->b_ih && g->b_ih[k] && a->b_ih[k]) attn_gru_colsum(dt, dgi, TB, 3 * H, attn_tensor_data(g->b_ih[k]));
-      if (g->b_hh && g->b_hh[k] && a->b_hh[k]) attn_gru_colsum(dt, dgh, TB, 3 * H, attn_tensor_data(g->b_hh[k]));
+      if (g->b_ih && g->b_ih[k] && a->b_ih[k]) attn_colsum_rows(dt, dgi, TB, 3 * H, attn_tensor_data(g->b_ih[k]));
+      if (g->b_hh && g->b_hh[k] && a->b_hh[k]) attn_colsum_rows(dt, dgh, TB, 3 * H, attn_tensor_data(g->b_hh[k]));
       if (!g->w_ih || !g->w_ih[k]) continue;
       if (k == 0) { /* layer 0's input is cat(context, embedding): two column blocks */
         char *dw = attn_tensor_data(g->w_ih[0]);
@@ -434,7 +436,7 @@ attn_status attn_decoder_backward(const attn_decoder_args *a, const attn_tensor 
       const char *input = at(saved, planes(&lay, &d, k - 1).hs + B * H); /* the layer below's new states */
       if (a->rnn_dropout > 0) {
         for (int64_t t = 0; t < T; t++)
-          attn_gru_dropout(dt, input + (size_t)(t * B * H) * es, at(&ws, w_in + t * B * H), B * H,
+          attn_dropout_flat(dt, input + (size_t)(t * B * H) * es, at(&ws, w_in + t * B * H), B * H,
                            rnn_stream(a, t, k - 1), a->rnn_dropout);
         input = at(&ws, w_in);
       }

@@ -8,6 +8,7 @@
 #include "core/attn_alloc.h"
 #include "core/attn_dropout.h"
 #include "core/attn_gemm.h"
+#include "core/attn_ops.h"
 #include "core/attn_vmath.h"
 
 /* C = op(A) op(B) + beta C, row-major: the engine's small-product kernel or BLAS (attn_gemm.h). */
@@ -64,35 +65,6 @@ void attn_gru_gates_backward(attn_dtype dt, int64_t B, int64_t H, void *dh, cons
     attn_vmath_gru_bwd_f32(B, H, dh, dy, hp, rz, n, ghn, dgi, dgh);
   else
     gates_bwd_f64(B, H, dh, dy, hp, rz, n, ghn, dgi, dgh);
-}
-
-void attn_gru_colsum(attn_dtype dt, const void *m, int64_t rows, int64_t cols, void *out) {
-  if (dt == ATTN_F32) {
-    attn_vmath_colsum_f32(m, rows, cols, out);
-    return;
-  }
-  const double *md = m;
-  double *o = out;
-  for (int64_t c = 0; c < cols; c++) o[c] = 0;
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < cols; c++) o[c] += md[r * cols + c];
-}
-
-void attn_gru_fill_rows(void *m, int64_t rows, int64_t cols, size_t es, const void *v) {
-  size_t row = (size_t)cols * es;
-  for (int64_t r = 0; r < rows; r++)
-    if (v)
-      memcpy((char *)m + (size_t)r * row, v, row);
-    else
-      memset((char *)m + (size_t)r * row, 0, row);
-}
-
-void attn_gru_dropout(attn_dtype dt, const void *x, void *y, int64_t n, uint64_t seed, double p) {
-  attn_dropout_rule r = attn_dropout_rule_make(p, seed);
-  if (dt == ATTN_F32)
-    attn_dropout_f32(&r, x, y, n, 0);
-  else
-    attn_dropout_f64(&r, x, y, n, 0);
 }
 
 int64_t attn_gru_saved_numel(int64_t T, int64_t B, int64_t H, int layers) {
@@ -207,7 +179,7 @@ attn_status attn_gru_forward(const attn_tensor *x, const attn_tensor *h0, int la
     const void *bi = b_ih[k] ? attn_tensor_data(b_ih[k]) : NULL;
     const void *bh = b_hh[k] ? attn_tensor_data(b_hh[k]) : NULL;
     /* all steps' input projections in one GEMM, on top of the bias rows */
-    attn_gru_fill_rows(gi, TB, 3 * H, es, bi);
+    attn_fill_rows(gi, TB, 3 * H, es, bi);
     gemm(dt, 0, 1, TB, 3 * H, in_k, input, in_k, attn_tensor_data(w_ih[k]), in_k, 1, gi, 3 * H);
     if (h0)
       memcpy(s.hs, (const char *)attn_tensor_data(h0) + (size_t)(k * B * H) * es, (size_t)(B * H) * es);
@@ -215,7 +187,7 @@ attn_status attn_gru_forward(const attn_tensor *x, const attn_tensor *h0, int la
       memset(s.hs, 0, (size_t)(B * H) * es);
     for (int64_t t = 0; t < T; t++) {
       size_t bh_off = (size_t)(t * B * H) * es;
-      attn_gru_fill_rows(gh, B, 3 * H, es, bh);
+      attn_fill_rows(gh, B, 3 * H, es, bh);
       gemm(dt, 0, 1, B, 3 * H, H, s.hs + bh_off, H, attn_tensor_data(w_hh[k]), H, 1, gh, 3 * H);
       char *git = gi + (size_t)(t * B * 3 * H) * es;
       attn_gru_gates_forward(dt, B, H, git, gh, s.hs + bh_off, s.hs + bh_off + (size_t)(B * H) * es,
@@ -227,7 +199,7 @@ attn_status attn_gru_forward(const attn_tensor *x, const attn_tensor *h0, int la
     if (k == layers - 1) {
       memcpy(attn_tensor_data(out), states, (size_t)(TB * H) * es);
     } else if (drop) {
-      attn_gru_dropout(dt, states, dropped, TB * H, seed + (uint64_t)k, dropout_p);
+      attn_dropout_flat(dt, states, dropped, TB * H, seed + (uint64_t)k, dropout_p);
       input = dropped;
     } else {
       input = states;
@@ -306,7 +278,7 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
     for (int which = 0; which < 2; which++) {
       attn_tensor *db = which ? db_hh[k] : db_ih[k];
       const char *g = which ? dgh : dgi;
-      if (db) attn_gru_colsum(dt, g, TB, 3 * H, attn_tensor_data(db));
+      if (db) attn_colsum_rows(dt, g, TB, 3 * H, attn_tensor_data(db));
     }
     int64_t in_k = k ? H : NI;
     const char *input = attn_tensor_data(x);
@@ -314,7 +286,7 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
       saved_layer below = layer_block(saved, k - 1, T, B, H);
       input = below.hs + n_dh; /* the layer below's h_1 .. h_T */
       if (drop) {
-        attn_gru_dropout(dt, input, layer_in, TB * H, seed + (uint64_t)(k - 1), dropout_p);
+        attn_dropout_flat(dt, input, layer_in, TB * H, seed + (uint64_t)(k - 1), dropout_p);
         input = layer_in;
       }
     }
@@ -322,7 +294,7 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
     /* the input's gradient: dx for the first layer, else the layer below's output gradient */
     void *din = k ? (void *)dy : attn_tensor_data(dx);
     gemm(dt, 0, 0, TB, in_k, 3 * H, dgi, 3 * H, attn_tensor_data(w_ih[k]), in_k, 0, din, in_k);
-    if (k > 0 && drop) attn_gru_dropout(dt, dy, dy, TB * H, seed + (uint64_t)(k - 1), dropout_p);
+    if (k > 0 && drop) attn_dropout_flat(dt, dy, dy, TB * H, seed + (uint64_t)(k - 1), dropout_p);
   }
   char *bufs[5] = {dy, dgi, dgh, dh, layer_in};
   for (int i = 0; i < 5; i++)

@@ -61,12 +61,5 @@ void attn_gru_gates_forward(attn_dtype dt, int64_t B, int64_t H, const void *gi,
  * caller adds dgh W_hh). */
 void attn_gru_gates_backward(attn_dtype dt, int64_t B, int64_t H, void *dh, const void *dy, const void *hp,
                              const void *rz, const void *n, const void *ghn, void *dgi, void *dgh);
-/* out (cols) = the column sums of m (rows, cols), in row order (a bias gradient). */
-void attn_gru_colsum(attn_dtype dt, const void *m, int64_t rows, int64_t cols, void *out);
-/* Every row of m (rows, cols; es bytes an entry) set to v (cols), or zeros when v is NULL. */
-void attn_gru_fill_rows(void *m, int64_t rows, int64_t cols, size_t es, const void *v);
-/* y (n) = the engine's dropout (attn_dropout.h) of x (n) with probability p, stream seed,
- * entries indexed from 0; y may be x. */
-void attn_gru_dropout(attn_dtype dt, const void *x, void *y, int64_t n, uint64_t seed, double p);
 
 #endif
