@@ -23,7 +23,7 @@ CAIRO_LIBS        ?= $(shell $(PKG_CONFIG) --libs cairo 2>/dev/null)
 CC       ?= gcc
 # The baseline build runs on any CPU of its architecture: the vectorised row
 # math in src/cpu/ is compiled once per instruction set with its own flags and
-# chosen at run time (src/core/attn_vmath.c), so no -march=native is needed.
+# chosen at run time (src/cpu/cpu_dispatch.c), so no -march=native is needed.
 # -fvect-cost-model=dynamic: GCC's -O2 model only vectorises loops that need
 # no runtime checks, which leaves the elementwise kernels scalar.
 OPT      ?= -O2 -fvect-cost-model=dynamic

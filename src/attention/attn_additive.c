@@ -2,7 +2,7 @@
  * pair, forward and backward, without the (B, Nq, Nk, h) tensor the book builds. float64 is the
  * plain reference (libm tanh, double sums); float32 goes through the vectorised tanh over blocks
  * of pairs, one tanh per pair in the backward. The masking, softmax and weighted sum that follow
- * are attention over given scores (src/attn_attention.c). */
+ * are attention over given scores (src/attention/attn_attention.c). */
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>

@@ -1,9 +1,9 @@
-/* Attention kernels: the setup every call shares (src/attn_attention_internal.h). It validates
+/* Attention kernels: the setup every call shares (src/attention/attn_attention_internal.h). It validates
  * the operands, options, keep-mask and lengths, and builds one attn_attention_job (BLAS-readable
  * operand views, per-row lengths, the expanded keep-mask, the dropout stream) for the drivers:
- * the blocked reference path (src/attn_sdpa_reference.c, row kernels in src/attn_sdpa_rows.c)
- * and the flash kernels (src/attn_sdpa_flash.c). Dot-product attention's entry points are in
- * src/attn_sdpa.c; this file also holds attention over given scores (additive attention, d2l's
+ * the blocked reference path (src/attention/attn_sdpa_reference.c, row kernels in src/attention/attn_sdpa_rows.c)
+ * and the flash kernels (src/attention/attn_sdpa_flash.c). Dot-product attention's entry points are in
+ * src/attention/attn_sdpa.c; this file also holds attention over given scores (additive attention, d2l's
  * masked_softmax). */
 #include "attention/attn_attention_internal.h"
 

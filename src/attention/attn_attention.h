@@ -54,7 +54,7 @@
  * same mask, and results do not depend on the thread count.
  *
  * Speed: float32 dot-product attention runs the flash kernels
- * (src/attn_sdpa_flash.c, src/cpu/flash_*.c): per block of 64 queries
+ * (src/attention/attn_sdpa_flash.c, src/cpu/flash_*.c): per block of 64 queries
  * the scores of 64 keys at a time are made by a register-blocked
  * micro-kernel (AVX-512, AVX2+FMA or portable C, chosen at run time), masked
  * inside the tile, folded into a running max and sum (online softmax) and

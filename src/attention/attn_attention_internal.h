@@ -29,7 +29,7 @@ static inline const void *attn_attention_at(const attn_attention_mat *m, size_t 
 }
 
 
-/* One call of the kernels (src/attn_sdpa_reference.c runs it, src/attn_attention.c sets it up). */
+/* One call of the kernels (src/attention/attn_sdpa_reference.c runs it, src/attention/attn_attention.c sets it up). */
 typedef struct attn_attention_job {
   attn_dtype dt;
   size_t es;
@@ -103,7 +103,7 @@ static inline int attn_attention_unmasked(const attn_attention_job *J, const att
   return j >= m->a && j < m->e && attn_attention_kept(J, m->mrow, j);
 }
 
-/* ---- row kernels (src/attn_sdpa_rows.c): rows of J->Nk entries of J->dt ---- */
+/* ---- row kernels (src/attention/attn_sdpa_rows.c): rows of J->Nk entries of J->dt ---- */
 
 /* Softmax of row x in place: the scaled scores are valid on [m->a, m->e); [e, b) get the d2l
  * fill, removed keys weight 0, and a row with no finite softmax goes to attn_sdpa_bad_row. */
@@ -150,7 +150,7 @@ int attn_sdpa_block_finite(const attn_attention_job *J, const attn_attention_mat
 /* 1 when x[0:n] (J->dt, contiguous) is finite. */
 int attn_sdpa_row_finite(const attn_attention_job *J, const void *x, int64_t n);
 
-/* ---- short rows (float32; src/cpu/sdpa_small_*.c, chosen in src/attn_sdpa_reference.c) ---- */
+/* ---- short rows (float32; src/cpu/sdpa_small_*.c, chosen in src/cpu/cpu_dispatch.c) ---- */
 
 /* Keys per row of the short-row kernels: a row's keys fill the lanes of one 16-float vector. The
  * blocked driver hands them its items when J->tiny, float32 dot products, Nk <= this, no
@@ -160,7 +160,7 @@ int attn_sdpa_row_finite(const attn_attention_job *J, const void *x, int64_t n);
  * blocked path when a result comes out not finite (src/cpu/sdpa_small_body.h). */
 #define ATTN_SDPA_SMALL_KEYS 16
 
-/* ---- call setup (src/attn_attention.c), shared by every entry point ---- */
+/* ---- call setup (src/attention/attn_attention.c), shared by every entry point ---- */
 
 /* The operand shapes error messages name, formatted on first use: most calls never fail, and
  * formatting three shapes costs as much as a book-sized kernel. */
@@ -207,7 +207,7 @@ attn_status attn_attention_run_forward(attn_attention_job *J, const char *op);
 /* Backward, writing the gradient outputs that are not NULL. */
 attn_status attn_attention_run_backward(attn_attention_job *J, const char *op);
 
-/* ---- flash kernels (float32; src/attn_sdpa_flash.c, src/cpu/flash_*.c) ---- */
+/* ---- flash kernels (float32; src/attention/attn_sdpa_flash.c, src/cpu/flash_*.c) ---- */
 
 /* Lanes per tile: a tile holds 64 queries (or keys) side by side in vector
  * lanes, times up to ATTN_FLASH_TILE keys (or queries) in rows. */
@@ -244,7 +244,7 @@ static inline size_t attn_flash_workspace(int64_t d, int64_t dv) {
  * return 0 for, so the call then runs on the reference path, which owns every rule for
  * non-finite values ("Softmax rows" in attn_attention.h). */
 typedef int (*attn_flash_item_fn)(const attn_flash_job *F, int64_t b, int64_t i0, float *ws);
-typedef struct {
+typedef struct attn_flash_kernels {
   const char *name;
   attn_flash_item_fn forward, backward_q, backward_k;
   double (*fma_loop)(int64_t iters); /* the FMA peak probe: fma_flops per iteration */

@@ -1,6 +1,6 @@
 /* Scaled dot-product attention: the entry points. A call is set up as every attention call is
- * (src/attn_attention.c), then runs the flash kernels (float32, at least one 64 x 64 tile:
- * src/attn_sdpa_flash.c) or the blocked reference path (src/attn_sdpa_reference.c), which also
+ * (src/attention/attn_attention.c), then runs the flash kernels (float32, at least one 64 x 64 tile:
+ * src/attention/attn_sdpa_flash.c) or the blocked reference path (src/attention/attn_sdpa_reference.c), which also
  * reruns a flash call whose results came out not finite. */
 #include "attention/attn_attention_internal.h"
 

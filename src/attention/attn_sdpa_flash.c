@@ -10,31 +10,27 @@
  * when causal masking makes later query blocks dearer. */
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 #include "core/attn_alloc.h"
 #include "attention/attn_attention_internal.h"
 #include "core/attn_parallel.h"
-#include "core/attn_vmath.h"
-#include "cpu/flash_cpu.h"
+#include "cpu/cpu_dispatch.h"
 
 #define TW ATTN_FLASH_TILE
 
-/* The instruction-set path is attn_vmath's (one switch for all vectorised kernels: ATTN_ISA,
+/* The instruction set is the engine's one switch (cpu/cpu_dispatch.h: ATTN_ISA,
  * attn_vmath_set_isa) unless the caller names one. */
 attn_status attn_attention_flash_kernels(int kernel, const char *op, const attn_flash_kernels **ks) {
   const char *name = kernel == ATTN_KERNEL_FLASH_GENERIC  ? "generic"
                      : kernel == ATTN_KERNEL_FLASH_AVX2   ? "avx2"
                      : kernel == ATTN_KERNEL_FLASH_AVX512 ? "avx512"
-                                                          : attn_vmath_isa();
-  if (!attn_vmath_isa_supported(name))
-    return attn_error(ATTN_ERR_ARG, "%s: kernel flash_%s needs an instruction set this CPU or build lacks", op, name);
-  *ks = &attn_flash_kernels_generic;
-#if defined(__x86_64__)
-  if (strcmp(name, "avx2") == 0) *ks = &attn_flash_kernels_avx2;
-  if (strcmp(name, "avx512") == 0) *ks = &attn_flash_kernels_avx512;
-#endif
+                                                          : NULL;
+  const attn_cpu_kernels *set = name ? attn_cpu_find(name) : attn_cpu();
+  if (!set || !attn_cpu_supported(set))
+    return attn_error(ATTN_ERR_ARG, "%s: kernel flash_%s needs an instruction set this CPU or build lacks", op,
+                      name ? name : set->name);
+  *ks = set->flash;
   return ATTN_OK;
 }
 

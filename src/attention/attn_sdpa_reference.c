@@ -1,6 +1,6 @@
 /* The blocked reference path of dot-product attention, which is also the kernel of attention over
  * given scores: for each (batch, block of query rows) the scores come from one gemm (or a copy of
- * the given scores), the softmax runs row by row in a BLK x Nk workspace (src/attn_sdpa_rows.c),
+ * the given scores), the softmax runs row by row in a BLK x Nk workspace (src/attention/attn_sdpa_rows.c),
  * and the weighted sum is a second gemm; the backward recomputes or reads the weights per block. */
 #include <cblas.h>
 #include <string.h>
@@ -9,35 +9,21 @@
 #include "attention/attn_attention_internal.h"
 #include "core/attn_parallel.h"
 #include "core/attn_vmath.h"
-#include "cpu/sdpa_small_cpu.h"
+#include "cpu/cpu_dispatch.h"
 
 #define BLK ATTN_SDPA_BLOCK
 
 /* ------------------------------------------------------------ short rows */
 
-typedef struct {
-  int (*forward)(const attn_attention_job *J, int64_t b, int64_t i0, int64_t r);
-  int (*backward)(const attn_attention_job *J, int64_t b, int64_t i0, int64_t i1, float *acc_k, float *acc_v);
-} small_kernels;
-
-#define SMALL_SET(isa) {attn_sdpa_small_forward_##isa, attn_sdpa_small_backward_##isa}
-
-/* The short-row kernels for J in the instruction set attn_vmath runs, or NULL where they do not
- * apply (attn_attention_internal.h): such an item runs there first and here only when a result
- * came out not finite. */
-static const small_kernels *small_path(const attn_attention_job *J, int backward) {
-  static const small_kernels generic = SMALL_SET(generic);
+/* The instruction set's kernel set (cpu/cpu_dispatch.h) when its short-row kernels apply to J,
+ * else NULL (attn_attention_internal.h): such an item runs there first and here only when a
+ * result came out not finite. */
+static const attn_cpu_kernels *small_path(const attn_attention_job *J, int backward) {
   if (!J->tiny || J->dt != ATTN_F32 || !J->dot || J->Nk < 1 || J->Nk > ATTN_SDPA_SMALL_KEYS ||
       J->d > ATTN_SDPA_TINY_WIDTH || J->dv > ATTN_SDPA_TINY_WIDTH || J->mask || J->has_wst || J->has_dw || J->gs ||
       (backward && !J->has_dout))
     return NULL;
-#if defined(__x86_64__)
-  static const small_kernels avx2 = SMALL_SET(avx2), avx512 = SMALL_SET(avx512);
-  const char *isa = attn_vmath_isa();
-  if (strcmp(isa, "avx512") == 0) return &avx512;
-  if (strcmp(isa, "avx2") == 0) return &avx2;
-#endif
-  return &generic;
+  return attn_cpu();
 }
 
 /* The tiny-head products in float64 (J->tiny), written like attn_vmath_gemm_small_f32 (the float32
@@ -161,11 +147,11 @@ static void forward_task(void *ctx, int64_t begin, int64_t end) {
   int64_t *rn0 = (int64_t *)(ws + (size_t)(BLK * (Nk > 0 ? Nk : 1)) * es), *rn1 = rn0 + BLK;
   void *pack = rn1 + BLK;
   attn_attention_rowmask rm[BLK];
-  const small_kernels *small = small_path(J, 0);
+  const attn_cpu_kernels *small = small_path(J, 0);
   for (int64_t item = begin; item < end; item++) {
     int64_t b = item / J->nblk, i0 = (item % J->nblk) * BLK;
     int64_t r = J->Nq - i0 < BLK ? J->Nq - i0 : BLK, n0, n1;
-    if (small && small->forward(J, b, i0, r)) continue;
+    if (small && small->sdpa_small_forward(J, b, i0, r)) continue;
     block_probs(J, pack, b, i0, r, ws, rm, rn0, rn1, &n0, &n1);
     if (J->weights) memcpy(J->weights + (size_t)((b * J->Nq + i0) * Nk) * es, ws, (size_t)(r * Nk) * es);
     if (!J->out) continue;
@@ -204,7 +190,7 @@ static void backward_task(void *ctx, int64_t begin, int64_t end) {
   int64_t *rn0 = (int64_t *)(dP + BLK * row_bytes), *rn1 = rn0 + BLK;
   void *pack = rn1 + BLK;
   attn_attention_rowmask rm[BLK];
-  const small_kernels *small = small_path(J, 1);
+  const attn_cpu_kernels *small = small_path(J, 1);
   for (int64_t item = begin; item < end; item++) {
     int64_t b = item / G, g = item % G;
     int64_t blk0 = g * J->nblk / G, blk1 = (g + 1) * J->nblk / G;
@@ -214,7 +200,7 @@ static void backward_task(void *ctx, int64_t begin, int64_t end) {
     if (J->gv && J->has_v)
       acc_v = G == 1 ? J->gv + (size_t)(b * Nk * dv) * es : J->partial_v + (size_t)((b * G + g) * Nk * dv) * es;
     /* the short-row kernels write the accumulators whole; the blocked path adds to zeros */
-    if (small && small->backward(J, b, blk0 * BLK, blk1 * BLK < Nq ? blk1 * BLK : Nq, (float *)acc_k, (float *)acc_v))
+    if (small && small->sdpa_small_backward(J, b, blk0 * BLK, blk1 * BLK < Nq ? blk1 * BLK : Nq, (float *)acc_k, (float *)acc_v))
       continue;
     if (acc_k) memset(acc_k, 0, (size_t)(Nk * d) * es);
     if (acc_v) memset(acc_v, 0, (size_t)(Nk * dv) * es);

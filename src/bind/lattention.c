@@ -1,6 +1,6 @@
 /* Binding: the attention kernels (raw, no autograd; lua/attn/attention.lua
  * wraps them). Shapes and masking semantics are documented in
- * src/attn_attention.h. Options arrive as a table:
+ * src/attention/attn_attention.h. Options arrive as a table:
  *   valid_lens (tensor or table, 1-D (B) or 2-D (B, Nq)), mask (keep-mask
  *   tensor or nested table), causal (boolean), window (integer >= 0), scale
  *   (number), dropout (probability; > 0 turns it on), training (boolean,

@@ -1,4 +1,4 @@
-/* Binding of src/attn_io.h: raw bytes <-> tensors and atomic file writes,
+/* Binding of src/core/attn_io.h: raw bytes <-> tensors and atomic file writes,
  * the C half of the checkpoint formats in lua/attn/io.lua (safetensors and
  * NumPy .npy). Bad argument types raise; I/O failures return nil, msg. */
 #include <string.h>

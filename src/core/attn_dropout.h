@@ -17,7 +17,7 @@
 #include "core/attn_rng.h"
 #include "core/attn_tensor.h"
 
-typedef struct {
+typedef struct attn_dropout_rule {
   uint64_t seed;
   uint64_t threshold; /* p * 2^53: an entry is dropped when its 53-bit draw is below */
   double scale;       /* 1 / (1 - p) for a kept entry; 0 when p = 1 */

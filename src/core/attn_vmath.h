@@ -3,10 +3,12 @@
  *
  * Each function exists in several instruction-set paths (src/cpu/): a
  * portable C one, and on x86-64 AVX2+FMA and AVX-512 ones, compiled from the
- * same source with their own flags. The best path the CPU supports is chosen
- * at the first call (cpuid through __builtin_cpu_supports); the environment
- * variable ATTN_ISA (generic, avx2, avx512) or attn_vmath_set_isa overrides
- * it, for tests and comparisons. Paths agree within a few ulps (FMA
+ * same source with their own flags, and gathered in one table
+ * (src/cpu/cpu_dispatch.h) with the small products, the short-row and the
+ * flash attention kernels. The best path the CPU supports is chosen at the
+ * first call (cpuid through __builtin_cpu_supports); the environment variable
+ * ATTN_ISA (generic, avx2, avx512) or attn_vmath_set_isa overrides it, for
+ * every vectorised kernel at once, for tests and comparisons. Paths agree within a few ulps (FMA
  * contraction differs); one path always gives the same bits. */
 #ifndef ATTN_VMATH_H
 #define ATTN_VMATH_H

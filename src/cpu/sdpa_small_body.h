@@ -1,6 +1,6 @@
 /* The short-row kernels of dot-product attention (float32), written once: each
  * src/cpu/sdpa_small_<isa>.c defines SMALL_SUFFIX and includes this file, compiled with
- * that ISA's flags (see the Makefile); src/attn_sdpa_reference.c picks one set at run time
+ * that ISA's flags (see the Makefile); src/cpu/cpu_dispatch.c picks one set at run time
  * and runs them where attn_attention_internal.h says (rows of at most ATTN_SDPA_SMALL_KEYS
  * keys: the Transformer's heads of 10).
  *

@@ -1,7 +1,7 @@
 /* The row math of attn_vmath, written once in plain C that the compiler
  * vectorises; each src/cpu/vmath_<isa>.c includes it with its own VMATH_SUFFIX
  * and is compiled with that ISA's flags (see the Makefile), so one binary
- * carries every path and attn_vmath.c picks one at run time.
+ * carries every path and src/cpu/cpu_dispatch.c picks one at run time.
  *
  * float32 exp and tanh evaluate in float lanes (twice as many per vector as
  * double, no double division); the worst errors against libm over all 2^32
