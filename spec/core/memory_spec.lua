@@ -74,7 +74,7 @@ describe("memory", function()
   end)
 
   it("gives the Lua state's cached blocks back when the state closes (valgrind: nothing lost)", function()
-    -- the binding caches the blocks Lua frees (src/lcore.c, cached_alloc); closing the state must
+    -- the binding caches the blocks Lua frees (src/bind/lcore.c, cached_alloc); closing the state must
     -- return every one to the allocator it wrapped. Not under the sanitizers (no cache there, and
     -- valgrind cannot run an ASan build) or an emulated interpreter.
     if helper.sanitized or os.getenv("ATTN_LUA") or not os.execute("command -v valgrind > /dev/null") then
