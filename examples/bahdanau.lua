@@ -8,7 +8,7 @@
 --   lua5.4 examples/bahdanau.lua --scoring dot --beam 3
 local attn = require "attn"
 local plot = require "attn.plot"
-local translation = require "attn.translation"
+local translation = require "attn.d2l.translation"
 local nn = attn.nn
 
 local embed_size, num_hiddens, num_layers, dropout = 32, 32, 2, 0.1
@@ -25,7 +25,7 @@ translation.main {
   model_options = function(opts) return { scoring = opts.scoring } end,
   build = function(src_vocab, tgt_vocab, opts)
     if opts.scoring ~= "additive" and opts.scoring ~= "dot" then
-      require("attn.cli").fail("bahdanau: --scoring must be additive or dot, got " .. opts.scoring)
+      require("attn.d2l.cli").fail("bahdanau: --scoring must be additive or dot, got " .. opts.scoring)
     end
     local encoder = nn.Seq2SeqEncoder(#src_vocab, embed_size, num_hiddens, num_layers, dropout)
     local decoder = nn.Seq2SeqAttentionDecoder(#tgt_vocab, embed_size, num_hiddens, num_layers, dropout,

@@ -5,9 +5,9 @@
 -- O(k n d^2). Each layer's cost model is fitted by one constant (least squares
 -- over all lengths), and the measured growth exponent is reported.
 local attn = require "attn"
-local cli = require "attn.cli"
+local cli = require "attn.d2l.cli"
 local plot = require "attn.plot"
-local report = require "attn.report"
+local report = require "attn.d2l.report"
 local nn = attn.nn
 
 local opts = cli.start(arg, {

@@ -3,9 +3,9 @@
 -- check that self-attention without positional encoding is permutation
 -- equivariant (and that adding the encoding breaks it), and per-head heatmaps.
 local attn = require "attn"
-local cli = require "attn.cli"
+local cli = require "attn.d2l.cli"
 local plot = require "attn.plot"
-local report = require "attn.report"
+local report = require "attn.d2l.report"
 local nn = attn.nn
 
 local opts = cli.start(arg, {

@@ -75,7 +75,7 @@ print("attention weights, Gaussian kernel (query rows, sorted training keys as c
 print(plot.terminal_heatmap(shown[1], { row_labels = row_labels, cell_width = 1, vmin = 0 }))
 print("attention weights, learned kernel (sharper: a smaller neighbourhood per query):")
 print(plot.terminal_heatmap(shown[2], { row_labels = row_labels, cell_width = 1, vmin = 0 }))
-assert(require("attn.cli").mkdir("out/pooling"))
+assert(require("attn.d2l.cli").mkdir("out/pooling"))
 local png = assert(plot.heatmaps(attn.stack({ w0, w1 }):unsqueeze(1), { path = "out/pooling/attention.png",
   xlabel = "Sorted training inputs", ylabel = "Testing inputs", titles = { "Gaussian kernel", "Learned width" } }))
 print("wrote " .. png)

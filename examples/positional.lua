@@ -4,9 +4,9 @@
 -- position i that does not depend on i: fitted with attn.linalg.lstsq and
 -- compared with the closed-form rotation, in float64.
 local attn = require "attn"
-local cli = require "attn.cli"
+local cli = require "attn.d2l.cli"
 local plot = require "attn.plot"
-local report = require "attn.report"
+local report = require "attn.d2l.report"
 
 local opts = cli.start(arg, {
   name = "positional",

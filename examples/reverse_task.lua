@@ -38,7 +38,7 @@ end
 
 local model = Reverser()
 print(model)
-local loss_fn = nn.CrossEntropyLoss()
+local loss_fn = nn.CrossEntropyLoss { class_dim = -1 } -- class-last: logits (B, T, V), labels (B, T)
 local opt = attn.optim.Adam{ params = model:parameters(), lr = 0.01 }
 local progress = attn.progress.new{ total = steps, label = "reverse", unit = "step" }
 for step = 1, steps do

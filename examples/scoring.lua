@@ -4,9 +4,9 @@
 -- keys (the book's first exercise: they no longer agree); and a bilinear score
 -- q^T W k for queries and keys of different widths (the second exercise).
 local attn = require "attn"
-local cli = require "attn.cli"
+local cli = require "attn.d2l.cli"
 local plot = require "attn.plot"
-local report = require "attn.report"
+local report = require "attn.d2l.report"
 local nn = attn.nn
 
 local opts = cli.start(arg, {

@@ -4,7 +4,7 @@
 --   lua5.4 examples/seq2seq.lua
 --   lua5.4 examples/seq2seq.lua --fixed_context   (d2l 1.0's fix of pitfall 6)
 local attn = require "attn"
-local translation = require "attn.translation"
+local translation = require "attn.d2l.translation"
 local nn = attn.nn
 
 translation.main {

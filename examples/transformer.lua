@@ -7,7 +7,7 @@
 --   lua5.4 examples/transformer.lua --positions absolute
 local attn = require "attn"
 local plot = require "attn.plot"
-local translation = require "attn.translation"
+local translation = require "attn.d2l.translation"
 local nn = attn.nn
 
 local num_hiddens, num_layers, dropout = 32, 2, 0.1

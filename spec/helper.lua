@@ -236,12 +236,6 @@ end
 
 helper.sanitized = os.getenv("ATTN_SANITIZED") == "1"
 
---- How many times slower than the plain native build this run is; specs that
--- bound a time multiply the bound by it. 4 under the sanitizers, and
--- ATTN_SPEC_SLOWDOWN when the whole suite is emulated (`make check-aarch64`
--- runs it under qemu-user), where the bounds then only catch a hang.
-helper.slowdown = tonumber(os.getenv("ATTN_SPEC_SLOWDOWN")) or (helper.sanitized and 4 or 1)
-
 --- The shell command that runs the Lua file `script` in a child interpreter
 -- with the module this suite loaded (the sanitized one under `make test-asan`).
 -- The interpreter is ATTN_LUA when set (the command that starts one; `make

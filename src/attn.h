@@ -22,6 +22,7 @@
 #include "core/attn_parallel.h"
 #include "core/attn_rng.h"
 #include "nn/attn_rnn.h"
+#include "core/attn_saved.h"
 #include "core/attn_tensor.h"
 #include "core/attn_vmath.h"
 

@@ -1,7 +1,7 @@
 -- Lists every public name of attn that has no LDoc entry and fails if any.
 -- Public names are found at run time: the attn table (lazy sub-modules
--- loaded), the tensor methods, and every module file lua/attn/*.lua that is
--- not internal; tables in them that are namespaces (nn.init) are walked too.
+-- loaded), the tensor methods, and every module file lua/attn/*.lua and
+-- lua/attn/d2l/*.lua that is not internal; tables in them that are namespaces (nn.init) are walked too.
 -- Documented names come from LDoc itself (tools/doc_names.lua as a filter).
 -- A name is documented when a doc module of its path (or below it) has an
 -- item of that name; a name whose value is the same function as a
@@ -68,15 +68,20 @@ local function walk(path, t)
   end
 end
 
-for _, key in ipairs { "nn", "optim", "linalg", "progress" } do local _ = attn[key] end
+for _, key in ipairs { "nn", "optim", "linalg", "progress", "d2l" } do local _ = attn[key] end
 walk("attn.Tensor", attn.core.methods)
 walk("attn.io", require "attn.io")
 walk("attn.attention", require "attn.attention")
-for file in io.popen("ls lua/attn/*.lua"):lines() do
-  local name = file:match("([%w_]+)%.lua$")
-  if not INTERNAL[name] and name ~= "init" then
-    local ok, m = pcall(require, "attn." .. name)
-    if ok and type(m) == "table" then walk("attn." .. name, m) end
+-- The book's kit first, under its own names: the deprecated aliases in
+-- lua/attn/ (attn.data is attn.d2l.data) are then tables already walked.
+for _, dir in ipairs { "d2l", "" } do
+  local prefix = dir == "" and "attn." or "attn." .. dir .. "."
+  for file in io.popen("ls lua/attn/" .. dir .. "/*.lua"):lines() do
+    local name = file:match("([%w_]+)%.lua$")
+    if not INTERNAL[name] and name ~= "init" then
+      local ok, m = pcall(require, prefix .. name)
+      if ok and type(m) == "table" then walk(prefix .. name, m) end
+    end
   end
 end
 seen_tables[attn.core.methods] = true

@@ -6,9 +6,12 @@
 --   or one blocked for 10 s; the report names the seed and the call that was
 --   running. A call's time is the CPU time of the fuzzing process (all its
 --   threads), so a machine busy with other work does not fail a call: Lua
---   code is stopped by a debug hook in the child, a call stuck in C is killed
---   by the watchdog (the driver reads the child's CPU time from /proc), and a
---   call that waits without using the CPU is killed after 10 s of wall time.
+--   code is stopped by a debug hook in the child after 2 s, a call stuck in C
+--   is killed by the watchdog after 3 s (the driver reads the child's CPU time
+--   from /proc; the second more lets the hook always stop a Lua loop first,
+--   whatever the time the child then takes to exit), and a call that waits
+--   (uses under a tenth of the wall time in CPU) is killed after 10 s of wall
+--   time.
 -- Child: lua5.4 tools/fuzz.lua --child seed seconds heartbeat_file, started with
 --   the driver's own interpreter, or the command in ATTN_LUA (make check-aarch64).
 --
@@ -21,8 +24,10 @@
 -- freed tensors, mixed dtypes, tables whose __index frees tensors, and
 -- finalizers that free tensors while calls run.
 
-local CALL_LIMIT = 2.0 -- CPU seconds a call may take (the hook in the child, the watchdog for C)
+local CALL_LIMIT = 2.0 -- CPU seconds a call may take (the hook in the child)
+local C_LIMIT = CALL_LIMIT + 1 -- CPU seconds of a call stuck in C (the watchdog)
 local BLOCKED_LIMIT = 10 -- wall seconds a call may wait without progress (a deadlock, a sleep)
+local WAITING = 0.1 -- a call using less CPU than this share of the wall time is waiting
 local POLL = 0.1 -- seconds between the watchdog's looks at the heartbeat
 
 local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
@@ -81,9 +86,10 @@ local function driver(seconds, seed)
     elseif n then
       still = still + 1
     end
-    if n and cpu and cpu_at_progress and cpu - cpu_at_progress >= CALL_LIMIT then
-      verdict = string.format("call %s ran %g s of CPU time without returning", n, CALL_LIMIT)
-    elseif still * POLL >= BLOCKED_LIMIT then
+    local used = n and cpu and cpu_at_progress and cpu - cpu_at_progress
+    if used and used >= C_LIMIT then
+      verdict = string.format("call %s ran %g s of CPU time without returning", n, C_LIMIT)
+    elseif still * POLL >= BLOCKED_LIMIT and (used or 0) < WAITING * still * POLL then
       verdict = string.format("call %s made no progress for %d s", n, BLOCKED_LIMIT)
     end
     if verdict then
@@ -284,9 +290,10 @@ local function child(seed, seconds, hb_path)
     if clock() > deadline then error("fuzz: call ran longer than the limit") end
   end, "", 10000)
 
-  -- ATTN_FUZZ_PLANT=c|blocked|lua|crash makes call 100 one the fuzzer must
+  -- ATTN_FUZZ_PLANT=c|blocked|lua|crash makes call 1 one the fuzzer must
   -- catch (a call busy in C, one blocked, a Lua loop, a crash): how
-  -- spec/tools/fuzz_spec.lua checks the checker.
+  -- spec/tools/fuzz_spec.lua checks the checker. The first call, so no fuzzed
+  -- call before it can use up a limit on a slow (emulated, sanitized) machine.
   local planted = ({
     c = function() return ("a"):rep(5000):find(".-.-.-b") end, -- backtracking: minutes inside one C call
     blocked = function() os.execute("sleep 30") end,
@@ -302,7 +309,7 @@ local function child(seed, seconds, hb_path)
     n_calls = n_calls + 1
     local f, name, nargs
     local k = R(10)
-    if planted and n_calls == 100 then
+    if planted and n_calls == 1 then
       f, name, nargs = planted, "planted:" .. os.getenv("ATTN_FUZZ_PLANT"), 0
     elseif k <= 5 then
       local m = methods[R(#methods)]

@@ -1,6 +1,6 @@
 /* libFuzzer harness for the file readers (`make fuzz-files`). The first byte
  * of an input picks the reader: attn.load (safetensors), attn.load_npy or
- * attn.data.read_fra_eng (the corpus reader); the rest is the file. The C
+ * attn.d2l.data.read_fra_eng (the corpus reader); the rest is the file. The C
  * module is linked in (coverage-instrumented) and preloaded as attn.core.
  * A reader may return nil, message; a raise from load or load_npy is a
  * finding (format problems must not raise), and so is any sanitizer report. */
@@ -32,7 +32,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   snprintf(path, sizeof path, "/tmp/attn-fuzz-files.%ld", (long)getpid());
   if (luaL_dostring(L, "local attn = require 'attn'\n"
                        "attn.core.set_max_request(64 << 20)\n"
-                       "return { attn.load, attn.load_npy, require('attn.data').read_fra_eng }") != LUA_OK) {
+                       "return { attn.load, attn.load_npy, require('attn.d2l.data').read_fra_eng }") != LUA_OK) {
     fprintf(stderr, "fuzz_files: %s\n", lua_tostring(L, -1));
     exit(1);
   }

@@ -186,6 +186,8 @@ local function attend_scores(fn, scores, V, kopts)
   end
   return out, weights
 end
+-- (attn.nn.torch_attention's composed MultiheadAttention attends over its own scores with it)
+M._attend_scores = attend_scores
 
 --- Additive (Bahdanau) attention on projected queries and keys.
 -- Composes `additive_scores` with the masked softmax (valid_lens with d2l semantics; the keep-mask
@@ -207,19 +209,6 @@ function M._additive_attention(Qh, Kh, V, w_v, kopts)
   check_tensor(fn, "values", V, nil, "(B, Nk, dv)")
   local scores = M.additive_scores(Qh, Kh, w_v)
   return attend_scores(fn, scores, V, kopts)
-end
-
--- Views of a fused forward's `saved` tensor (src/bind/lattention.c): its parts, one after the other,
--- in these shapes.
-local function saved_parts(saved, shapes)
-  local parts, at = {}, 0
-  for i, shape in ipairs(shapes) do
-    local n = 1
-    for _, d in ipairs(shape) do n = n * d end
-    parts[i] = core.view(core.narrow(saved, 1, at + 1, n), shape)
-    at = at + n
-  end
-  return table.unpack(parts)
 end
 
 -- Gradients of a projection y = x W^T + b (the fused layers' forwards run in C) from dy
@@ -274,11 +263,11 @@ function M._projected_additive_attention(queries, keys, values, W_q, W_k, w_v, k
   kopts.seed = seed
   record(fn, recorded(out, weights, kopts), { queries, keys, values, W_q, W_k, w_v }, function(g_out, g_w)
     if g_out == nil and g_w == nil then return nil end
-    local B, Nq, Nk, h = core.size(queries, 1), core.size(queries, 2), core.size(keys, 2), core.size(W_q, 1)
-    local qh, kh, scores = saved_parts(saved, { { B, Nq, h }, { B, Nk, h }, { B, Nq, Nk } })
-    local ds, dv = core.scores_attention_backward(scores, values, kopts, g_out, g_w, weights, { scores = true,
+    core.additive_layer_saved(saved, queries, keys, W_q) -- the parts' shapes, from the C layout
+    local h = core.size(W_q, 1)
+    local ds, dv = core.scores_attention_backward(saved.scores, values, kopts, g_out, g_w, weights, { scores = true,
       v = rg(values) })
-    local dqh, dkh, dwv = core.additive_scores_backward(qh, kh, core.reshape(w_v, h), ds)
+    local dqh, dkh, dwv = core.additive_scores_backward(saved.qh, saved.kh, core.reshape(w_v, h), ds)
     local dq, dWq = project_backward(core.reshape(dqh, -1, h), queries, W_q)
     local dk, dWk = project_backward(core.reshape(dkh, -1, h), keys, W_k)
     return shaped(dq, queries), shaped(dk, keys), dv, dWq, dWk, core.reshape(dwv, core.shape(w_v))
@@ -332,46 +321,6 @@ function M.merge_heads(X, num_heads)
   return record(fn, Y, { X }, function(g) return core.split_heads(g, num_heads) end)
 end
 
---- Repeats each sample's valid lengths num_heads times along the first dim, matching the
--- batch-major head layout of `split_heads` (d2l's `torch.repeat_interleave(valid_lens, H, dim=0)`).
--- @tparam ?Tensor|table valid_lens (B) or (B, Q), or nil
--- @tparam integer num_heads H
--- @treturn ?Tensor|table (B*H) or (B*H, Q), of the same kind as the input (nil for nil)
-function M.repeat_interleave(valid_lens, num_heads)
-  local fn = "repeat_interleave"
-  check_count(fn, "num_heads", num_heads)
-  if valid_lens == nil then return nil end
-  -- sized before building anything: the result has (B * num_heads) entries
-  local rows = is_tensor(valid_lens) and (core.dim(valid_lens) > 0 and core.size(valid_lens, 1) or 0)
-    or (type(valid_lens) == "table" and #valid_lens or 0)
-  if rows > 0 and num_heads > core.max_request() // 16 // rows then
-    error(string.format("%s: %d rows x num_heads = %d entries are more than memory can hold", fn, rows, num_heads), 2)
-  end
-  if is_tensor(valid_lens) then
-    if core.dim(valid_lens) < 1 or core.dim(valid_lens) > 2 then
-      error(string.format("%s: valid_lens must be 1-D (B) or 2-D (B, Q), got %s", fn, shape_str(valid_lens)), 2)
-    end
-    return core.repeat_rows(valid_lens, num_heads) -- one strided copy (src/attention/attn_masking.c)
-  end
-  if type(valid_lens) ~= "table" then
-    error(string.format("%s: valid_lens must be a tensor or a table, got a %s", fn, type(valid_lens)), 2)
-  end
-  local out = {}
-  for b, row in ipairs(valid_lens) do
-    if type(row) ~= "number" and type(row) ~= "table" then
-      error(string.format("%s: valid_lens entry %d is a %s, not a number or a row", fn, b, type(row)), 2)
-    end
-    for _ = 1, num_heads do
-      if type(row) == "table" then
-        out[#out + 1] = table.move(row, 1, #row, 1, {})
-      else
-        out[#out + 1] = row
-      end
-    end
-  end
-  return out
-end
-
 local mha_params = { W_q = true, W_k = true, W_v = true, W_o = true, b_q = true, b_k = true, b_v = true, b_o = true }
 
 --- Multi-head attention (d2l 11.5) as one autograd node: the four projections, the head split,
@@ -408,8 +357,7 @@ function M._multi_head_attention(queries, keys, values, num_heads, params, kopts
   local fn = "multi_head_attention"
   local Wq, Wk, Wv, Wo = params.W_q, params.W_k, params.W_v, params.W_o
   local bq, bk, bv, bo = params.b_q, params.b_k, params.b_v, params.b_o
-  local out, weights, seed, lse, saved = core.mha_forward(queries, keys, values, num_heads, operands or params,
-    kopts)
+  local out, weights, seed, saved = core.mha_forward(queries, keys, values, num_heads, operands or params, kopts)
   kopts.seed = seed
   -- (record returns at once when nothing requires grad: the closure is all that was built)
   -- without biases the node has the seven tensor inputs only (the gradients past them are nil)
@@ -418,21 +366,21 @@ function M._multi_head_attention(queries, keys, values, num_heads, params, kopts
     or { queries, keys, values, Wq, Wk, Wv, Wo }
   record(fn, recorded(out, weights, kopts), inputs, function(g_out, g_w)
     if g_out == nil and g_w == nil then return nil end
-    local B, Nq, Nk, h = core.size(queries, 1), core.size(queries, 2), core.size(keys, 2), core.size(Wq, 1)
-    local BH, dh = B * num_heads, h // num_heads
-    local qh, kh, vh, ctx, merged = saved_parts(saved, { { BH, Nq, dh }, { BH, Nk, dh }, { BH, Nk, dh },
-      { BH, Nq, dh }, { B * Nq, h } })
+    core.mha_saved(saved, queries, keys, num_heads, Wq) -- the parts' shapes, from the C layout
+    local h = core.size(Wq, 1)
     local dWo, dbo, dctx
     if g_out ~= nil then
       local g2 = core.reshape(g_out, -1, h)
-      dWo, dbo = core.matmul(core.transpose(g2, 1, 2), merged), bo and core.sum(g2, 1) or nil
-      dctx = core.split_heads(core.reshape(core.matmul(g2, Wo), B, Nq, h), num_heads)
+      dWo, dbo = core.matmul(core.transpose(g2, 1, 2), saved.merged), bo and core.sum(g2, 1) or nil
+      dctx = core.split_heads(core.reshape(core.matmul(g2, Wo), core.shape(g_out)), num_heads)
     end
     -- the kernel's options per head: the forward repeated the lengths in C
     local hopts = {}
     for k, v in pairs(kopts) do hopts[k] = v end
-    hopts.valid_lens = M.repeat_interleave(kopts.valid_lens, num_heads)
-    local dqh, dkh, dvh = core.sdpa_backward(qh, kh, vh, hopts, dctx, g_w, weights, nil, ctx, lse)
+    hopts.valid_lens = Tensor.repeat_interleave(kopts.valid_lens, num_heads, 1)
+    -- the flash backward rebuilds the weights from lse when the flash forward ran (saved.flash)
+    local dqh, dkh, dvh = core.sdpa_backward(saved.qh, saved.kh, saved.vh, hopts, dctx, g_w, weights, nil, saved.ctx,
+      saved.flash and saved.lse or nil)
     local function heads_back(dheads, x, W, b, into)
       return project_backward(core.reshape(core.merge_heads(dheads, num_heads), -1, h), x, W, b, into)
     end

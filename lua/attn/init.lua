@@ -1,8 +1,8 @@
 --- attn: tensors, attention kernels, autograd and layers for Lua 5.4.
 -- This facade gathers the pieces: creation functions with dtype/options
 -- handling, the differentiable tensor methods (attn.tensor module), operator
--- metamethods, and lazily loaded sub-modules (linalg, nn, optim, io, the
--- attention functions).
+-- metamethods, and lazily loaded sub-modules (linalg, nn, optim, progress, the
+-- book's kit attn.d2l, and the functions of attn.io and attn.attention).
 local core = require "attn.core"
 local autograd = require "attn.autograd"
 local Tensor = require "attn.tensor"
@@ -420,12 +420,24 @@ attn.gradcheck = autograd.gradcheck
 
 -- ---------------------------------------------------------------- sub-modules
 
--- Loaded on first use: attn.linalg, attn.nn, attn.optim, attn.progress,
--- attn.seq2seq, and the functions of attn.io and attn.attention appear as
--- attn.save, attn.masked_softmax, ...
+-- Loaded on first use, and only these keys load anything: `attn.<unknown>`
+-- is nil and requires nothing (so a typo never loads a module as a side
+-- effect). attn.seq2seq is the deprecated name of attn.d2l.train (kept for one
+-- release, see CHANGELOG).
 local submodules = { linalg = "attn.linalg", nn = "attn.nn", optim = "attn.optim", progress = "attn.progress",
-  seq2seq = "attn.seq2seq" }
-local function_modules = { "attn.io", "attn.attention" }
+  d2l = "attn.d2l", seq2seq = "attn.d2l.train" }
+-- The functions of these modules appear as attn.save, attn.masked_softmax, ...
+-- (spec/core/facade_spec.lua checks the lists against the modules).
+local function_modules = {
+  ["attn.io"] = { "save", "load", "save_npy", "load_npy" },
+  ["attn.attention"] = { "sequence_mask", "masked_softmax", "dot_product_attention", "additive_scores",
+    "bilinear_scores", "additive_attention", "projected_additive_attention", "split_heads", "merge_heads",
+    "multi_head_attention", "positional_encoding" },
+}
+local module_of = {}
+for modname, names in pairs(function_modules) do
+  for _, name in ipairs(names) do module_of[name] = modname end
+end
 
 setmetatable(attn, {
   __index = function(t, key)
@@ -435,16 +447,12 @@ setmetatable(attn, {
       rawset(t, key, m)
       return m
     end
-    for _, name in ipairs(function_modules) do
-      local ok, m = pcall(require, name)
-      if ok and type(m) == "table" and m[key] ~= nil then
-        rawset(t, key, m[key])
-        return m[key]
-      elseif not ok and not tostring(m):find("module '" .. name .. "' not found", 1, true) then
-        error(m, 2)
-      end
-    end
-    return nil
+    modname = module_of[key]
+    if modname == nil then return nil end
+    local f = require(modname)[key]
+    if f == nil then error(string.format("attn.%s: %s has no function %s", key, modname, key), 2) end
+    rawset(t, key, f)
+    return f
   end,
 })
 

@@ -72,4 +72,40 @@ linalg.inv = core.linalg_inv
 -- @treturn Tensor 0-d tensor (use `:item()` for the number)
 linalg.det = core.linalg_det
 
+--- PyTorch's `linalg.vector_norm(x, ord, dim, keepdim)`: the vector ord-norm over dim (all
+-- entries when nil), as `Tensor.norm` (ord 2 default, 1, math.huge, -math.huge, 0, any p).
+-- Differentiable (unlike the factorizations above); 0 gradient at a zero norm.
+-- @function vector_norm
+-- @tparam Tensor x float
+-- @tparam[opt=2] number ord
+-- @tparam[opt] integer|{integer,...} dim
+-- @tparam[opt=false] boolean keepdim
+-- @treturn Tensor
+-- @usage attn.linalg.vector_norm(x, 1, -1)
+function linalg.vector_norm(x, ord, dim, keepdim) return require("attn.tensor").norm(x, ord, dim, keepdim) end
+
+--- PyTorch's `linalg.norm(x, ord, dim, keepdim)` for vector norms: with dim nil and ord nil
+-- (or "fro") the 2-norm of all entries (the Frobenius norm of a matrix); with an integer dim
+-- (or a 1-D x) the vector ord-norm, as `vector_norm`. Matrix ords (a number over two dims, or
+-- "nuc") are refused.
+-- @function norm
+-- @tparam Tensor x float
+-- @param[opt] ord number or "fro"
+-- @tparam[opt] integer|{integer,...} dim
+-- @tparam[opt=false] boolean keepdim
+-- @treturn Tensor
+-- @raise "linalg.norm: matrix norms (ord 1 over 2 dims) are not supported; use linalg.vector_norm"
+-- @usage attn.linalg.norm(attn.tensor({3, 4})) --> 5
+function linalg.norm(x, ord, dim, keepdim)
+  local two_dims = (dim == nil and core.dim(x) == 2) or (type(dim) == "table" and #dim == 2)
+  if (ord ~= nil and ord ~= "fro" and two_dims) or ord == "nuc" then
+    error(string.format("linalg.norm: matrix norms (ord %s over 2 dims) are not supported; use linalg.vector_norm",
+      tostring(ord)), 2)
+  end
+  if ord == "fro" and not two_dims and dim ~= nil then
+    error("linalg.norm: ord 'fro' needs 2 dims (or dim nil)", 2)
+  end
+  return require("attn.tensor").norm(x, ord, dim, keepdim)
+end
+
 return linalg

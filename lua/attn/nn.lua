@@ -8,10 +8,17 @@
 -- (PositionWiseFFN, AddNorm, TransformerEncoderBlock, TransformerEncoder,
 -- TransformerDecoderBlock, TransformerDecoder; attn.nn.transformer), AdditiveAttention,
 -- DotProductAttention, MultiHeadAttention, PositionalEncoding,
--- LearnedPositionalEncoding, CrossEntropyLoss, MaskedSoftmaxCELoss.
+-- LearnedPositionalEncoding, CrossEntropyLoss, NLLLoss, MaskedSoftmaxCELoss; PyTorch's MultiheadAttention
+-- (attn.nn.torch_attention), TransformerEncoderLayer, TransformerDecoderLayer, Transformer and
+-- TorchTransformerEncoder / TorchTransformerDecoder (attn.nn.torch_transformer).
+-- `nn.TransformerEncoder` and `nn.TransformerDecoder` build PyTorch's class when the first argument
+-- is a layer module and the book's when it is the vocabulary size; `nn.D2LTransformerEncoder` and
+-- `nn.D2LTransformerDecoder` name the book's classes.
 -- Functions: nn.init.* (xavier_uniform_, uniform_, normal_, zeros_, ...),
--- nn.clip_grad_norm_ (alias nn.clip_grad_norm), nn.masked_token_mean, nn.cross_entropy, nn.dropout,
--- nn.class / nn.is_module.
+-- nn.clip_grad_norm_ (alias nn.clip_grad_norm), nn.clip_grad_value_, nn.masked_token_mean, nn.cross_entropy,
+-- nn.cross_entropy_loss, nn.dropout,
+-- nn.class / nn.is_module, nn.deep_copy, nn.set_fused / nn.fused_enabled (one switch for every
+-- fused path; attn.nn.fused).
 --
 -- Construct a layer by calling its class (`nn.Linear(3, 4)`), run it by calling
 -- the instance (`layer(x)`). Sequential children are named "0", "1", ... like
@@ -27,6 +34,9 @@ local containers = require "attn.nn.containers"
 local layers = require "attn.nn.layers"
 local seq2seq = require "attn.nn.seq2seq"
 local transformer = require "attn.nn.transformer"
+local fused = require "attn.nn.fused"
+local torch_attention = require "attn.nn.torch_attention"
+local torch_transformer = require "attn.nn.torch_transformer"
 
 local nn = {
   Module = module.Module,
@@ -35,7 +45,11 @@ local nn = {
   init = require "attn.nn.init",
   clip_grad_norm_ = clip.clip_grad_norm_,
   clip_grad_norm = clip.clip_grad_norm_, -- the name before PyTorch's in-place underscore
+  clip_grad_value_ = clip.clip_grad_value_,
   dropout = linear.dropout,
+  fused = fused,
+  set_fused = fused.set_fused,
+  fused_enabled = fused.enabled,
 }
 
 for _, name in ipairs { "Linear", "Embedding", "Dropout", "LayerNorm", "ReLU", "Sequential" } do nn[name] = linear[name] end
@@ -53,10 +67,26 @@ nn.GRU = gru.GRU
 nn.cross_entropy = loss.cross_entropy
 nn.masked_token_mean = loss.masked_token_mean
 nn.CrossEntropyLoss = loss.CrossEntropyLoss
+nn.NLLLoss = loss.NLLLoss
+nn.cross_entropy_loss = loss.cross_entropy_loss
 nn.MaskedSoftmaxCELoss = loss.MaskedSoftmaxCELoss
 for _, name in ipairs { "AdditiveAttention", "DotProductAttention", "MultiHeadAttention", "PositionalEncoding",
   "LearnedPositionalEncoding" } do
   nn[name] = attention[name]
 end
+nn.MultiheadAttention = torch_attention.MultiheadAttention
+-- PyTorch's Transformer classes; nn.TransformerEncoder / nn.TransformerDecoder pick PyTorch's or the
+-- book's class by their first argument (attn.nn.torch_transformer)
+for _, name in ipairs { "TransformerEncoderLayer", "TransformerDecoderLayer", "TorchTransformerEncoder",
+  "TorchTransformerDecoder", "Transformer", "deep_copy" } do
+  nn[name] = torch_transformer[name]
+end
+--- The book's TransformerEncoder class (attn.nn.transformer) by a name of its own.
+-- @table D2LTransformerEncoder
+nn.D2LTransformerEncoder = transformer.TransformerEncoder
+--- The book's TransformerDecoder class (attn.nn.transformer) by a name of its own.
+-- @table D2LTransformerDecoder
+nn.D2LTransformerDecoder = transformer.TransformerDecoder
+for name, d in pairs(torch_transformer.dispatchers(transformer)) do nn[name] = d end
 
 return nn

@@ -15,9 +15,10 @@
 -- with one call each), and each parameter's update is one pass that does
 -- element by element the very float operations of the composed tensor-op
 -- path, in the same order and dtype, so both give the same bits;
--- `{fused = false}` (PyTorch's option name) selects the composed path, which
--- the specs keep as the reference. A fused update allocates nothing; a
--- parameter, grad or buffer that is not contiguous takes the composed path.
+-- `{fused = false}` (PyTorch's option name) or `attn.nn.set_fused(false)`
+-- (every fused path off) selects the composed path, which the specs compare
+-- the fused one against. A fused update allocates nothing; a parameter, grad
+-- or buffer that is not contiguous takes the composed path.
 --
 -- Hyper-parameters are plain fields (`opt.lr`, `opt.momentum`, `opt.betas`,
 -- ...) read at every step, so a learning-rate schedule may assign `opt.lr`.
@@ -33,6 +34,7 @@
 local core = require "attn.core"
 local autograd = require "attn.autograd"
 local check = require "attn.check"
+local fused_paths = require "attn.nn.fused"
 
 local optim = {}
 
@@ -128,8 +130,10 @@ end
 -- Empties the lists after a step: they must not keep the grads alive.
 local function empty(b)
   local p, g, st, step, m, v, buf, first = b.p, b.g, b.st, b.step, b.m, b.v, b.buf, b.first
+  local vmax = b.vmax
   for k = 1, b.n do
     p[k], g[k], st[k], step[k], m[k], v[k], buf[k], first[k] = nil, nil, nil, nil, nil, nil, nil, nil
+    vmax[k] = nil
   end
   b.n = 0
 end
@@ -140,7 +144,7 @@ end
 function Optimizer:_lists()
   local b = self._batch
   if b == nil then
-    b = { n = 0, p = {}, g = {}, st = {}, step = {}, m = {}, v = {}, buf = {}, first = {} }
+    b = { n = 0, p = {}, g = {}, st = {}, step = {}, m = {}, v = {}, buf = {}, first = {}, vmax = {} }
     self._batch = b
   end
   if b.n ~= 0 then empty(b) end -- a step that raised while gathering
@@ -174,11 +178,12 @@ function Optimizer:step()
   if msg then error(msg, 2) end
   -- the fused call checks every grad in C before it changes anything; only
   -- when it refuses does check_grads run, for the message naming params[i]
-  if not self.fused then check_grads(self) end
+  local use_fused = fused_paths.choose(self, self.fused)
+  if not use_fused then check_grads(self) end
   autograd.no_grad(function()
     -- fused: the parameters with grads gathered for one C call; a step
     -- count moves once the call has taken its parameter
-    local batch = self.fused and self:_lists() or nil
+    local batch = use_fused and self:_lists() or nil
     for i, p in ipairs(self.params) do
       local g = p.grad
       if g ~= nil then
@@ -313,10 +318,12 @@ local SGD = setmetatable({}, { __index = Optimizer })
 SGD.__index = SGD
 
 local sgd_options = { params = true, lr = true, momentum = true, dampening = true, weight_decay = true,
-  nesterov = true, fused = true }
+  nesterov = true, maximize = true, fused = true }
 
---- Stochastic gradient descent, as torch.optim.SGD:
+--- Stochastic gradient descent, as torch.optim.SGD (PyTorch >= 1.13, whose
+-- `maximize` negates the gradient before the weight decay):
 --
+--     grad = -grad                                      (maximize)
 --     g = grad + weight_decay * p
 --     buf = g (first step), else buf = momentum * buf + (1 - dampening) * g
 --     g = nesterov and g + momentum * buf or buf        (when momentum ~= 0)
@@ -326,7 +333,8 @@ local sgd_options = { params = true, lr = true, momentum = true, dampening = tru
 -- @param params_or_opts the list of parameter tensors, or the options table with `params` in it
 -- @tparam[opt] table opts `params` (list of tensors), `lr` (required, >= 0), `momentum` (0),
 --   `dampening` (0), `weight_decay` (0), `nesterov` (false; needs momentum > 0 and dampening 0),
---   `fused` (true: one C pass per parameter; false: the composed reference path)
+--   `maximize` (false: ascend the objective instead),
+--   `fused` (true: one C pass per parameter; false: the composed path)
 -- @treturn SGD
 -- @raise on a missing or invalid argument, naming the optimizer and the argument
 function optim.SGD(params_or_opts, opts)
@@ -336,13 +344,15 @@ function optim.SGD(params_or_opts, opts)
   if msg then error(msg, 2) end
   if opts.lr == nil then error("SGD: lr is required", 2) end
   local self
-  self, msg = new_optimizer(SGD, "SGD", opts, { "lr", "momentum", "dampening", "weight_decay", "nesterov" })
+  self, msg = new_optimizer(SGD, "SGD", opts, { "lr", "momentum", "dampening", "weight_decay", "nesterov",
+    "maximize" })
   if not self then error(msg, 2) end
   self.lr = opts.lr
   self.momentum = opts.momentum or 0
   self.dampening = opts.dampening or 0
   self.weight_decay = opts.weight_decay or 0
   if opts.nesterov == nil then self.nesterov = false else self.nesterov = opts.nesterov end
+  if opts.maximize == nil then self.maximize = false else self.maximize = opts.maximize end
   msg = self:_hyper_error()
   if msg then error(msg, 2) end
   return self
@@ -353,8 +363,8 @@ function SGD:_hyper_error()
     local msg = nonneg_error("SGD", k, self[k])
     if msg then return msg end
   end
-  if type(self.nesterov) ~= "boolean" then
-    return string.format("SGD: nesterov must be a boolean, got a %s", type(self.nesterov))
+  for _, k in ipairs { "nesterov", "maximize" } do
+    if type(self[k]) ~= "boolean" then return string.format("SGD: %s must be a boolean, got a %s", k, type(self[k])) end
   end
   if self.nesterov and (self.momentum <= 0 or self.dampening ~= 0) then
     return string.format("SGD: nesterov requires momentum > 0 and dampening = 0 (got momentum %s, dampening %s)",
@@ -381,7 +391,7 @@ end
 function SGD:_fused_steps(b)
   local mom = self.momentum ~= 0
   return core.sgd_steps(b.p, b.g, mom and b.buf or nil, mom and b.first or nil, self.lr, self.momentum, self.dampening,
-    self.weight_decay, self.nesterov)
+    self.weight_decay, self.nesterov, self.maximize)
 end
 
 -- A parameter the kernel left (an operand not contiguous): the composed path,
@@ -396,12 +406,14 @@ end
 function SGD:_update(p, g, st)
   local lr, mom, wd = self.lr, self.momentum, self.weight_decay
   local d -- d_p, a temporary we own
+  local neg = self.maximize and core.neg(g) or nil
   if wd ~= 0 then
     d = core.mul(p, wd)
-    d:add_(g)
+    d:add_(neg or g)
   else
-    d = core.clone(g)
+    d = neg or core.clone(g)
   end
+  if neg and neg ~= d then free(neg) end
   if mom ~= 0 then
     local buf = st.momentum_buffer
     if buf == nil then
@@ -434,7 +446,8 @@ end
 local Adam = setmetatable({}, { __index = Optimizer })
 Adam.__index = Adam
 
-local adam_options = { params = true, lr = true, betas = true, eps = true, weight_decay = true, fused = true }
+local adam_options = { params = true, lr = true, betas = true, eps = true, weight_decay = true, amsgrad = true,
+  maximize = true, fused = true }
 
 local function new_adam(name, params_or_opts, opts, default_wd)
   local msg
@@ -442,7 +455,7 @@ local function new_adam(name, params_or_opts, opts, default_wd)
   msg = msg or options_error(name, opts, adam_options) or params_error(name, opts.params)
   if msg then return nil, msg end
   local self
-  self, msg = new_optimizer(Adam, name, opts, { "lr", "betas", "eps", "weight_decay" })
+  self, msg = new_optimizer(Adam, name, opts, { "lr", "betas", "eps", "weight_decay", "amsgrad", "maximize" })
   if not self then return nil, msg end
   self.decoupled = name == "AdamW"
   self.lr = opts.lr == nil and 1e-3 or opts.lr
@@ -450,6 +463,8 @@ local function new_adam(name, params_or_opts, opts, default_wd)
   self.betas = type(betas) == "table" and { betas[1], betas[2] } or betas
   self.eps = opts.eps == nil and 1e-8 or opts.eps
   self.weight_decay = opts.weight_decay == nil and default_wd or opts.weight_decay
+  if opts.amsgrad == nil then self.amsgrad = false else self.amsgrad = opts.amsgrad end
+  if opts.maximize == nil then self.maximize = false else self.maximize = opts.maximize end
   msg = self:_hyper_error()
   if msg then return nil, msg end
   return self
@@ -460,6 +475,9 @@ function Adam:_hyper_error()
   for _, k in ipairs { "lr", "eps", "weight_decay" } do
     local msg = nonneg_error(name, k, self[k])
     if msg then return msg end
+  end
+  for _, k in ipairs { "amsgrad", "maximize" } do
+    if type(self[k]) ~= "boolean" then return string.format("%s: %s must be a boolean, got a %s", name, k, type(self[k])) end
   end
   if type(self.betas) ~= "table" then
     return string.format("%s: betas must be a table {beta1, beta2}, got a %s", name, type(self.betas))
@@ -472,18 +490,20 @@ function Adam:_hyper_error()
   end
 end
 
---- Adam, as torch.optim.Adam (amsgrad off). At step t:
+--- Adam, as torch.optim.Adam. At step t:
 --
---     g = grad + weight_decay * p                      (L2, added to the gradient)
+--     g = -grad if maximize, else grad
+--     g = g + weight_decay * p                         (L2, added to the gradient)
 --     m = beta1 * m + (1 - beta1) * g
 --     v = beta2 * v + (1 - beta2) * g^2
+--     vmax = max(vmax, v), and v below reads vmax      (amsgrad; state `max_exp_avg_sq`)
 --     p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 -- Call it as PyTorch does, `Adam(params, {lr = 0.005})`, or with one table,
 -- `Adam{params = params, lr = 0.005}`.
 -- @param params_or_opts the list of parameter tensors, or the options table with `params` in it
 -- @tparam[opt] table opts `params` (list of tensors), `lr` (1e-3), `betas` ({0.9, 0.999}, each in [0, 1)),
---   `eps` (1e-8), `weight_decay` (0), `fused` (true: one C pass per parameter; false: the composed
---   reference path)
+--   `eps` (1e-8), `weight_decay` (0), `amsgrad` (false), `maximize` (false: ascend the objective),
+--   `fused` (true: one C pass per parameter; false: the composed path)
 -- @treturn Adam
 -- @raise on an invalid argument, naming the optimizer and the argument
 function optim.Adam(params_or_opts, opts)
@@ -505,43 +525,50 @@ function optim.AdamW(params_or_opts, opts)
   return self
 end
 
--- The moment buffers of a parameter (new zero ones before its first step).
-local function moments(p, st)
-  local m, v = st.exp_avg, st.exp_avg_sq
+-- The moment buffers of a parameter (new zero ones before its first step),
+-- and amsgrad's running maximum of v (nil without amsgrad; zeros when amsgrad
+-- was switched on after earlier steps, as at a first step).
+local function moments(p, st, amsgrad)
+  local m, v, vmax = st.exp_avg, st.exp_avg_sq, nil
   if m == nil then
     m = core.full(core.shape(p), 0, core.dtype(p))
     v = core.full(core.shape(p), 0, core.dtype(p))
   end
-  return m, v
+  if amsgrad then vmax = st.max_exp_avg_sq or core.full(core.shape(p), 0, core.dtype(p)) end
+  return m, v, vmax
 end
 
-function Adam._gather(_, b, k, p, st)
-  b.m[k], b.v[k] = moments(p, st)
+function Adam:_gather(b, k, p, st)
+  b.m[k], b.v[k], b.vmax[k] = moments(p, st, self.amsgrad)
 end
 
-function Adam._keep(_, b, k)
+function Adam:_keep(b, k)
   local st = b.st[k]
   st.step, st.exp_avg, st.exp_avg_sq = b.step[k], b.m[k], b.v[k]
+  if self.amsgrad then st.max_exp_avg_sq = b.vmax[k] end
 end
 
 function Adam:_fused_steps(b)
   return core.adam_steps(b.p, b.g, b.m, b.v, b.step, self.lr, self.betas[1], self.betas[2], self.eps,
-    self.weight_decay, self.decoupled)
+    self.weight_decay, self.decoupled, self.maximize, self.amsgrad and b.vmax or nil)
 end
 
 function Adam:_update_left(b, k) self:_update(b.p[k], b.g[k], b.st[k]) end
 
 function Adam:_update(p, g, st)
-  local m, v = moments(p, st)
+  local m, v, vmax = moments(p, st, self.amsgrad)
   st.exp_avg, st.exp_avg_sq = m, v
-  self:_update_composed(p, g, m, v, st.step)
+  if vmax then st.max_exp_avg_sq = vmax end
+  self:_update_composed(p, g, m, v, st.step, vmax)
 end
 
 -- The reference path: whole-tensor ops, as torch.optim.Adam writes them.
-function Adam:_update_composed(p, g, m, v, t)
+function Adam:_update_composed(p, g, m, v, t, vmax)
   local lr, eps, wd = self.lr, self.eps, self.weight_decay
   local beta1, beta2 = self.betas[1], self.betas[2]
 
+  local neg = self.maximize and core.neg(g) or nil
+  if neg then g = neg end
   local grad, own_grad = g, false
   if wd ~= 0 then
     if self.decoupled then
@@ -556,8 +583,14 @@ function Adam:_update_composed(p, g, m, v, t)
   work:copy_(grad):mul_(grad):mul_(1 - beta2)
   v:mul_(beta2):add_(work)
   if own_grad then free(grad) end
+  if neg then free(neg) end
 
-  local denom = core.sqrt(v)
+  if vmax then
+    local mx = core.maximum(vmax, v)
+    vmax:copy_(mx)
+    free(mx)
+  end
+  local denom = core.sqrt(vmax or v)
   denom:div_(math.sqrt(1 - beta2 ^ t)):add_(eps)
   work:copy_(m):div_(denom):mul_(lr / (1 - beta1 ^ t))
   p:sub_(work)
@@ -661,5 +694,10 @@ function optim.unflatten_state(tensors, metadata)
 end
 
 optim.Optimizer = Optimizer
+
+--- The learning-rate schedulers (`attn.lr_scheduler`): StepLR, MultiStepLR,
+-- ExponentialLR, LambdaLR, CosineAnnealingLR, LinearLR, SequentialLR, NoamLR.
+-- @field lr_scheduler
+optim.lr_scheduler = require "attn.lr_scheduler"
 
 return optim

@@ -627,4 +627,540 @@ function Tensor.bmm(a, b)
   return Tensor.matmul(a, b)
 end
 
+-- ---------------------------------------------------------------- PyTorch parity: more ops
+-- erf, gelu, cumsum/cumprod, tril/triu, scatter_add, var/std, norm, repeat_interleave and einsum,
+-- with PyTorch's names and semantics. Loops over elements are C kernels (src/attn_reduce.c,
+-- attn_index.c, attn_elementwise.c); the rest is composed from recorded ops.
+
+local fmt = string.format
+
+--- The error function, libm's `erf` (double precision; float32 evaluated in double).
+-- Differentiable: d/dx erf(x) = 2 / sqrt(pi) exp(-x^2).
+-- @function erf
+-- @tparam Tensor x float
+-- @treturn Tensor x's shape
+-- @usage attn.erf(attn.tensor({0.5}, "float64")):item() --> 0.5204998778130465
+Tensor.erf = unary("erf", function(g, x)
+  return core.mul(g, core.mul(core.exp(core.neg(core.square(x))), 2 / math.sqrt(math.pi)))
+end)
+
+--- The exact GELU, x Phi(x) = x erfc(-x / sqrt 2) / 2 (PyTorch's `gelu` with approximate
+-- "none"), from libm's erfc: exact to double rounding, also for large negative x where
+-- 1 + erf(x / sqrt 2) would cancel. Gradient Phi(x) + x phi(x) in one kernel.
+-- @function gelu
+-- @tparam Tensor x float
+-- @treturn Tensor x's shape
+-- @usage local y = attn.gelu(x)
+Tensor.gelu = unary("gelu", function(g, x) return core.gelu_backward(g, x) end)
+
+--- Cumulative sum along a dim (PyTorch's `cumsum`), accumulated in double (int64: exact).
+-- The gradient is the cumulative sum of the incoming gradient from the end.
+-- @tparam Tensor x
+-- @tparam integer dim 1-based, negative from the end
+-- @treturn Tensor x's shape and dtype
+-- @raise "cumsum: argument 2 (dim) ..." for a dim out of range
+-- @usage attn.tensor({1, 2, 3}):cumsum(1) --> {1, 3, 6}
+function Tensor.cumsum(x, dim)
+  local out = core.cumsum(x, dim)
+  if not wants(x) then return out end
+  return record_wanted("cumsum", out, { x }, function(g) return core.cumsum(g, dim, true) end)
+end
+
+--- Cumulative product along a dim (PyTorch's `cumprod`), accumulated in double. The gradient
+-- is exact where x holds zeros (it never divides by them), as PyTorch's.
+-- @tparam Tensor x
+-- @tparam integer dim
+-- @treturn Tensor x's shape and dtype
+-- @usage attn.tensor({1, 2, 3}):cumprod(1) --> {1, 2, 6}
+function Tensor.cumprod(x, dim)
+  local out = core.cumprod(x, dim)
+  if not wants(x) then return out end
+  return record_wanted("cumprod", out, { x }, function(g) return core.cumprod_backward(x, out, g, dim) end)
+end
+
+local function triangle(name)
+  local f = core[name]
+  return function(x, diagonal)
+    local out = f(x, diagonal)
+    if not wants(x) then return out end
+    return record_wanted(name, out, { x }, function(g) return f(g, diagonal) end)
+  end
+end
+--- The lower triangle of the last two dims (PyTorch's `tril`): entry (i, j) is kept when
+-- j - i <= diagonal, else 0. Differentiable (the gradient is the same triangle of g).
+-- @function tril
+-- @tparam Tensor x at least 2-D
+-- @tparam[opt=0] integer diagonal 0 the main diagonal, > 0 above it, < 0 below
+-- @treturn Tensor x's shape and dtype
+-- @usage local causal = attn.ones(4, 4):tril()
+Tensor.tril = triangle("tril")
+--- The upper triangle of the last two dims (PyTorch's `triu`): entry (i, j) is kept when
+-- j - i >= diagonal.
+-- @function triu
+-- @tparam Tensor x at least 2-D
+-- @tparam[opt=0] integer diagonal
+-- @treturn Tensor x's shape and dtype
+-- @usage local future = attn.ones(4, 4):triu(1)
+Tensor.triu = triangle("triu")
+
+--- Out-of-place scatter-add (PyTorch's `scatter_add`): a copy of x with
+-- `out[i][index[i][j]] += src[i][j]` along dim (1-D shown; any rank). index holds 1-based
+-- positions and has src's shape, no larger than x outside dim. Differentiable in x (the
+-- gradient passes unchanged) and src (the gradient gathered at index).
+-- @tparam Tensor x
+-- @tparam integer dim
+-- @tparam Tensor index 1-based positions, src's shape
+-- @tparam Tensor src x's dtype
+-- @treturn Tensor x's shape
+-- @raise on an index out of range, or shapes that do not fit (naming them)
+-- @usage attn.zeros(3):scatter_add(1, attn.tensor({1, 1, 3}, "int64"), attn.ones(3)) --> {2, 0, 1}
+function Tensor.scatter_add(x, dim, index, src)
+  local out = core.scatter_add_(core.clone(x), dim, index, src)
+  if not wants(x, src) then return out end
+  return record_wanted("scatter_add", out, { x, src }, function(g)
+    return x._rg and g or nil, src._rg and core.gather(g, dim, index) or nil
+  end)
+end
+
+-- dims (nil for all, an integer or a table of integers, negative from the end) as sorted
+-- 1-based dims of x, checked.
+local function reduce_dims(fn, x, dim)
+  local nd, list, seen = core.dim(x), {}, {}
+  if dim == nil then
+    for d = 1, nd do list[d] = d end
+    return list
+  end
+  for _, d in ipairs(type(dim) == "table" and dim or { dim }) do
+    if math.type(d) ~= "integer" or d == 0 or d < -nd or d > nd then
+      error(fmt("%s: dim %s out of range for %d-D tensor %s", fn, tostring(d), nd, core.shape_str(x)), 3)
+    end
+    if d < 0 then d = d + nd + 1 end
+    if seen[d] then error(fmt("%s: dim %d given twice", fn, d), 3) end
+    seen[d] = true
+    list[#list + 1] = d
+  end
+  table.sort(list)
+  return list
+end
+
+-- x's shape reduced over dims: with keepdim they stay as 1, else they go.
+local function reduced_shape(x, dims, keepdim)
+  local shape, drop = core.shape(x), {}
+  for _, d in ipairs(dims) do drop[d] = true end
+  local out = {}
+  for d, n in ipairs(shape) do
+    if not drop[d] then out[#out + 1] = n elseif keepdim then out[#out + 1] = 1 end
+  end
+  return out
+end
+
+-- The number of entries a reduction over dims combines.
+local function reduced_count(x, dims)
+  local n = 1
+  for _, d in ipairs(dims) do n = n * core.size(x, d) end
+  return n
+end
+
+-- var/std options: a boolean (unbiased) or {unbiased =, correction =, keepdim =}.
+local function variance_options(fn, opts)
+  if opts == nil then return 1, false end
+  if type(opts) == "boolean" then return opts and 1 or 0, false end
+  if type(opts) ~= "table" then
+    error(fmt("%s: options must be a boolean (unbiased) or a table {unbiased, correction, keepdim}, got a %s", fn,
+      type(opts)), 3)
+  end
+  for k in pairs(opts) do
+    if k ~= "unbiased" and k ~= "correction" and k ~= "keepdim" then
+      error(fmt("%s: unknown option '%s' (expected unbiased, correction or keepdim)", fn, tostring(k)), 3)
+    end
+  end
+  if opts.unbiased ~= nil and opts.correction ~= nil then
+    error(fmt("%s: give unbiased or correction, not both", fn), 3)
+  end
+  local correction = opts.correction or (opts.unbiased == false and 0 or 1)
+  if type(correction) ~= "number" then error(fmt("%s: correction must be a number, got %s", fn, type(correction)), 3) end
+  return correction, opts.keepdim == true
+end
+
+local function variance(fn, x, dim, opts)
+  local correction, keepdim = variance_options(fn, opts)
+  local dims = reduce_dims(fn, x, dim)
+  local n = reduced_count(x, dims)
+  local s = x
+  for _, d in ipairs(dims) do s = Tensor.sum(s, d, true) end
+  local dev = Tensor.sub(x, Tensor.div(s, n))
+  local ss = Tensor.mul(dev, dev)
+  for _, d in ipairs(dims) do ss = Tensor.sum(ss, d, true) end
+  -- PyTorch divides by max(0, N - correction): 0 entries or too few give inf or NaN
+  local v = Tensor.div(ss, math.max(0, n - correction))
+  return Tensor.reshape(v, reduced_shape(x, dims, keepdim))
+end
+
+--- Variance over dim (all entries when nil), PyTorch's `var`: sum (x - mean)^2 / (N - correction),
+-- correction 1 (unbiased) by default.
+-- @tparam Tensor x float
+-- @tparam[opt] integer|{integer,...} dim one dim or several; nil for all
+-- @param[opt] opts `true`/`false` (unbiased) or `{unbiased =, correction =, keepdim =}`
+-- @treturn Tensor
+-- @raise on a dim out of range or an unknown option
+-- @usage attn.tensor({1, 2, 3, 4}):var() --> 1.6667 (unbiased)
+function Tensor.var(x, dim, opts) return variance("var", x, dim, opts) end
+
+--- Standard deviation, sqrt of `var` (same arguments and defaults: unbiased).
+-- @tparam Tensor x float
+-- @tparam[opt] integer|{integer,...} dim
+-- @param[opt] opts `true`/`false` (unbiased) or `{unbiased =, correction =, keepdim =}`
+-- @treturn Tensor
+-- @usage x:std(2, {keepdim = true})
+function Tensor.std(x, dim, opts) return Tensor.sqrt(variance("std", x, dim, opts)) end
+
+-- reduce(t, dims) with core's keepdim reductions, one dim after another.
+local function reduce_keep(f, t, dims)
+  for _, d in ipairs(dims) do
+    local r = f(t, d, true) -- max/min return values and indices: the values
+    t = r
+  end
+  return t
+end
+
+local function vector_norm(fn, x, p, dim, keepdim)
+  if p == nil or p == "fro" then p = 2 end
+  if type(p) ~= "number" or p ~= p then
+    error(fmt("%s: p must be a number (2, 1, math.huge, -math.huge, 0, any p) or 'fro', got %s", fn, tostring(p)), 3)
+  end
+  if core.dtype(x) == "int64" then error(fmt("%s: x must be float32 or float64, got int64", fn), 3) end
+  local dims = reduce_dims(fn, x, dim)
+  local a = core.abs(x)
+  local nk -- the norm with the reduced dims kept as 1
+  if p == math.huge then
+    nk = reduce_keep(core.max, a, dims)
+  elseif p == -math.huge then
+    nk = reduce_keep(core.min, a, dims)
+  elseif p == 0 then
+    nk = reduce_keep(core.sum, core.ne(a, 0), dims)
+  elseif p == 1 then
+    nk = reduce_keep(core.sum, a, dims)
+  elseif p == 2 then
+    nk = core.sqrt(reduce_keep(core.sum, core.square(a), dims))
+  else
+    nk = core.pow(reduce_keep(core.sum, core.pow(a, p), dims), 1 / p)
+  end
+  local out = core.reshape(nk, reduced_shape(x, dims, keepdim))
+  if not wants(x) then return out end
+  return record_wanted(fn, out, { x }, function(g)
+    local gk = core.reshape(g, core.shape(nk))
+    if p == 0 then return core.full(core.shape(x), 0, core.dtype(x)) end
+    if p == 1 then return core.mul(core.sign(x), gk) end
+    local zero = core.eq(nk, 0) -- PyTorch's subgradient at a zero norm: 0
+    if p == math.huge or p == -math.huge then
+      -- shared evenly among the entries that reach the extreme, as PyTorch
+      local hit = core.eq(a, nk)
+      local count = reduce_keep(core.sum, hit, dims)
+      return core.mul(core.mul(core.sign(x), hit), core.div(gk, count))
+    end
+    local scale
+    if p == 2 then
+      scale = core.div(gk, core.where(zero, 1, nk))
+      return core.where(zero, 0, core.mul(x, scale))
+    end
+    -- g sign(x) |x|^(p-1) / norm^(p-1); 0 where x = 0 (p < 1 would give inf there) or the norm is 0
+    scale = core.div(gk, core.pow(core.where(zero, 1, nk), p - 1))
+    local d = core.mul(core.mul(core.sign(x), core.pow(core.where(core.eq(a, 0), 1, a), p - 1)), scale)
+    return core.where(core.eq(a, 0), 0, core.where(zero, 0, d))
+  end)
+end
+
+--- The vector p-norm over dim (all entries when nil), PyTorch's `norm` / `linalg.vector_norm`:
+-- (sum |x|^p)^(1/p); p = math.huge is max |x|, -math.huge min |x|, 0 the count of nonzero
+-- entries. Differentiable; at a zero norm the gradient is 0 (PyTorch's subgradient), and for
+-- p = +-inf it is shared evenly among the entries that reach the extreme.
+-- @tparam Tensor x float
+-- @tparam[opt=2] number|string p a number or "fro" (= 2)
+-- @tparam[opt] integer|{integer,...} dim
+-- @tparam[opt=false] boolean keepdim
+-- @treturn Tensor
+-- @raise on a p that is not a number, a dim out of range or an int64 x
+-- @usage attn.tensor({3, 4}):norm() --> 5
+function Tensor.norm(x, p, dim, keepdim) return vector_norm("norm", x, p, dim, keepdim) end
+
+-- d2l's valid_lens as a Lua table (numbers or rows), each entry repeated n times.
+local function repeat_table(fn, lens, n)
+  if n > 0 and #lens > 0 and n > core.max_request() // 16 // #lens then
+    error(fmt("%s: %d rows x %d repeats are more than memory can hold", fn, #lens, n), 3)
+  end
+  local out = {}
+  for b, row in ipairs(lens) do
+    if type(row) ~= "number" and type(row) ~= "table" then
+      error(fmt("%s: entry %d is a %s, not a number or a row", fn, b, type(row)), 3)
+    end
+    for _ = 1, n do out[#out + 1] = type(row) == "table" and table.move(row, 1, #row, 1, {}) or row end
+  end
+  return out
+end
+
+--- PyTorch's `repeat_interleave`: each entry of x along dim repeated. repeats is an integer
+-- (every entry that many times) or per-entry counts (a 1-D tensor or a table of integers
+-- >= 0, one per entry of dim, or one for all). With dim nil, x is flattened first. Works for
+-- every dtype and is differentiable (the gradient sums the repeats back). As d2l uses it, a
+-- Lua table x (valid lengths or rows of them) is repeated along its first level and returned
+-- as a table, and nil gives nil.
+-- @tparam ?Tensor|table x
+-- @tparam integer|Tensor|table repeats
+-- @tparam[opt] integer dim 1-based, negative from the end; nil flattens
+-- @treturn ?Tensor|table
+-- @raise on negative or non-integer repeats, counts that do not match the dim, or an output
+-- larger than memory can hold
+-- @usage attn.repeat_interleave(valid_lens, num_heads, 1) -- (B) -> (B * num_heads)
+function Tensor.repeat_interleave(x, repeats, dim)
+  local fn = "repeat_interleave"
+  if x == nil then return nil end
+  local counts = is_tensor(repeats) and core.totable(core.reshape(repeats, -1)) or repeats
+  if type(counts) == "table" then
+    local ints = {}
+    for i, c in ipairs(counts) do
+      ints[i] = math.tointeger(c)
+      if not ints[i] or ints[i] < 0 then
+        error(fmt("%s: repeats entry %d is %s, not an integer >= 0", fn, i, tostring(c)), 2)
+      end
+    end
+    counts = ints
+  elseif math.type(counts) ~= "integer" or counts < 0 then
+    error(fmt("%s: repeats must be an integer >= 0, a 1-D tensor or a table of them, got %s", fn, tostring(repeats)), 2)
+  end
+  if not is_tensor(x) then
+    if type(x) ~= "table" then error(fmt("%s: x must be a tensor or a table, got a %s", fn, type(x)), 2) end
+    if type(counts) ~= "number" or (dim ~= nil and dim ~= 1) then
+      error(fmt("%s: a table x takes one integer repeat count along dim 1", fn), 2)
+    end
+    return repeat_table(fn, x, counts)
+  end
+  if dim == nil then
+    x, dim = Tensor.reshape(x, { core.numel(x) }), 1
+  elseif core.dim(x) == 0 then
+    x = Tensor.reshape(x, { 1 })
+  end
+  local nd = core.dim(x)
+  if math.type(dim) ~= "integer" or dim == 0 or dim < -nd or dim > nd then
+    error(fmt("%s: dim %s out of range for %d-D tensor %s", fn, tostring(dim), nd, core.shape_str(x)), 2)
+  end
+  if dim < 0 then dim = dim + nd + 1 end
+  local shape, size = core.shape(x), core.size(x, dim)
+  if type(counts) == "table" and #counts == 1 then counts = counts[1] end
+  if type(counts) == "number" then
+    if counts > 0 and size > math.maxinteger // counts then
+      error(fmt("%s: %s repeated %d times along dim %d is more than memory can hold", fn, core.shape_str(x), counts,
+        dim), 2)
+    end
+    shape[dim] = size * counts
+    core.check_size(fn, "output", shape, core.dtype(x))
+    -- (.., s, ..) -> (.., s, 1, ..) -> (.., s, r, ..) -> (.., s r, ..): one strided copy
+    local wide = core.shape(x)
+    table.insert(wide, dim + 1, counts)
+    return Tensor.reshape(Tensor.expand(Tensor.unsqueeze(x, dim + 1), wide), shape)
+  end
+  if #counts ~= size then
+    error(fmt("%s: %d repeat counts for dim %d of size %d (%s)", fn, #counts, dim, size, core.shape_str(x)), 2)
+  end
+  local total = 0
+  for _, c in ipairs(counts) do total = total + c end
+  shape[dim] = total
+  core.check_size(fn, "output", shape, core.dtype(x))
+  local index = {}
+  for i, c in ipairs(counts) do
+    for _ = 1, c do index[#index + 1] = i end
+  end
+  return Tensor.index_select(x, dim, index)
+end
+
+-- ---------------------------------------------------------------- einsum
+
+-- One operand's labels made distinct: a label repeated in its term ("ii") keeps the diagonal
+-- (x times an identity mask, summed over the second occurrence), as PyTorch.
+local function einsum_diagonals(fn, x, labels, k)
+  local i = 1
+  while i <= #labels do
+    local j = i + 1
+    while j <= #labels and labels[j] ~= labels[i] do j = j + 1 end
+    if j <= #labels then
+      local n = core.size(x, i)
+      if core.size(x, j) ~= n then
+        error(fmt("%s: label '%s' of operand %d has sizes %d and %d (%s)", fn, labels[i], k, n, core.size(x, j),
+          core.shape_str(x)), 4)
+      end
+      local mshape = {}
+      for d = 1, #labels do mshape[d] = (d == i or d == j) and n or 1 end
+      local eye = core.reshape(core.eye(n, n, core.dtype(x)), mshape)
+      x = Tensor.sum(Tensor.mul(x, eye), j)
+      table.remove(labels, j)
+    else
+      i = i + 1
+    end
+  end
+  return x
+end
+
+-- Sums x over the labels that are in none of `keep` (a set), dropping them from labels.
+local function einsum_sum_out(x, labels, keep)
+  for d = #labels, 1, -1 do
+    if not keep[labels[d]] then
+      x = Tensor.sum(x, d)
+      table.remove(labels, d)
+    end
+  end
+  return x
+end
+
+-- x permuted so that its labels come in `order` (every label of x, once).
+local function einsum_permute(x, labels, order)
+  local at, perm, same = {}, {}, true
+  for d, l in ipairs(labels) do at[l] = d end
+  for i, l in ipairs(order) do
+    perm[i] = at[l]
+    if perm[i] ~= i then same = false end
+  end
+  if same then return x end
+  return Tensor.permute(x, perm)
+end
+
+local function product(sizes, list)
+  local n = 1
+  for _, l in ipairs(list) do n = n * sizes[l] end
+  return n
+end
+
+--- PyTorch's `einsum(equation, a [, b])` for one or two operands: "ij,jk->ik", "bij,bjk->bik",
+-- "bhqd,bhkd->bhqk", "i,i->", "i,j->ij", traces and diagonals ("ii->", "ii->i"), sums
+-- ("ij->j") and transposes ("ij->ji"); without "->" the output is the labels that appear
+-- once, in alphabetical order. A label of size 1 in one operand broadcasts against the other.
+-- Two operands go through one batched matmul (permute and reshape to (batch, m, k) @
+-- (batch, k, n)); differentiable through those recorded ops. Labels are letters; "..." is not
+-- supported. The operands may also be given as one table `einsum(eq, {a, b})`.
+-- @tparam string equation
+-- @tparam Tensor a
+-- @tparam[opt] Tensor b
+-- @treturn Tensor
+-- @raise on a malformed equation, a term whose length differs from its operand's dims, a
+-- label whose sizes differ, or more than two operands
+-- @usage local scores = attn.einsum("bhqd,bhkd->bhqk", q, k)
+function Tensor.einsum(equation, ...)
+  local fn = "einsum"
+  local ops = table.pack(...)
+  if ops.n == 1 and type(ops[1]) == "table" and not is_tensor(ops[1]) then ops = table.pack(table.unpack(ops[1])) end
+  if type(equation) ~= "string" then error(fmt("%s: equation must be a string, got a %s", fn, type(equation)), 2) end
+  local eq = equation:gsub("%s", "")
+  if eq:find("...", 1, true) then error(fmt("%s: '...' is not supported (%s)", fn, equation), 2) end
+  local lhs, rhs = eq:match("^([^%-]*)%->(.*)$")
+  if not lhs then
+    if eq:find("-", 1, true) or eq:find(">", 1, true) then error(fmt("%s: malformed equation '%s'", fn, equation), 2) end
+    lhs = eq
+  end
+  local terms = {}
+  for t in (lhs .. ","):gmatch("([^,]*),") do terms[#terms + 1] = t end
+  if #terms ~= ops.n then
+    error(fmt("%s: the equation '%s' names %d operands, got %d", fn, equation, #terms, ops.n), 2)
+  end
+  if ops.n < 1 or ops.n > 2 then error(fmt("%s: one or two operands are supported, got %d", fn, ops.n), 2) end
+  local labels, count, sizes = {}, {}, {}
+  for k, t in ipairs(terms) do
+    local x = ops[k]
+    if not is_tensor(x) then error(fmt("%s: operand %d is a %s, not a tensor", fn, k, type(x)), 2) end
+    if not t:match("^%a*$") then error(fmt("%s: term '%s' must be letters (%s)", fn, t, equation), 2) end
+    if #t ~= core.dim(x) then
+      error(fmt("%s: term '%s' names %d dims, operand %d is %s", fn, t, #t, k, core.shape_str(x)), 2)
+    end
+    labels[k] = {}
+    for d = 1, #t do
+      local l = t:sub(d, d)
+      labels[k][d] = l
+      count[l] = (count[l] or 0) + 1
+      local n = core.size(x, d)
+      if sizes[l] == nil or sizes[l] == 1 then
+        sizes[l] = n
+      elseif n ~= 1 and n ~= sizes[l] then
+        error(fmt("%s: label '%s' has sizes %d and %d (%s with %s)", fn, l, sizes[l], n, equation,
+          ops.n == 2 and core.shape_str(ops[1]) .. " and " .. core.shape_str(ops[2]) or core.shape_str(x)), 2)
+      end
+    end
+  end
+  if ops.n == 2 and core.dtype(ops[1]) ~= core.dtype(ops[2]) then
+    error(fmt("%s: dtypes differ: %s %s vs %s %s", fn, core.dtype(ops[1]), core.shape_str(ops[1]), core.dtype(ops[2]),
+      core.shape_str(ops[2])), 2)
+  end
+  local out = {}
+  if rhs then
+    if not rhs:match("^%a*$") then error(fmt("%s: output '%s' must be letters (%s)", fn, rhs, equation), 2) end
+    for d = 1, #rhs do
+      local l = rhs:sub(d, d)
+      if not count[l] then error(fmt("%s: output label '%s' is in no operand (%s)", fn, l, equation), 2) end
+      for e = 1, d - 1 do
+        if out[e] == l then error(fmt("%s: output label '%s' appears twice (%s)", fn, l, equation), 2) end
+      end
+      out[d] = l
+    end
+  else
+    for l, c in pairs(count) do
+      if c == 1 then out[#out + 1] = l end
+    end
+    table.sort(out)
+  end
+  local in_out = {}
+  for _, l in ipairs(out) do in_out[l] = true end
+  local xs = {}
+  for k = 1, ops.n do xs[k] = einsum_diagonals(fn, ops[k], labels[k], k) end
+  if ops.n == 1 then
+    local x = einsum_sum_out(xs[1], labels[1], in_out)
+    return einsum_permute(x, labels[1], out)
+  end
+  -- labels of one operand only and not in the output are summed first; the rest are batch
+  -- (both, kept), contracted (both, not kept) or free (one operand, kept)
+  local a, b = xs[1], xs[2]
+  local la, lb = labels[1], labels[2]
+  local has_a, has_b = {}, {}
+  for _, l in ipairs(la) do has_a[l] = true end
+  for _, l in ipairs(lb) do has_b[l] = true end
+  local keep_a, keep_b = {}, {}
+  for l in pairs(has_a) do keep_a[l] = in_out[l] or has_b[l] end
+  for l in pairs(has_b) do keep_b[l] = in_out[l] or has_a[l] end
+  a, b = einsum_sum_out(a, la, keep_a), einsum_sum_out(b, lb, keep_b)
+  local batch, contract, free_a, free_b = {}, {}, {}, {}
+  for _, l in ipairs(out) do
+    if has_a[l] and has_b[l] then
+      batch[#batch + 1] = l
+    elseif has_a[l] then
+      free_a[#free_a + 1] = l
+    else
+      free_b[#free_b + 1] = l
+    end
+  end
+  for _, l in ipairs(la) do
+    if has_b[l] and not in_out[l] then contract[#contract + 1] = l end
+  end
+  -- a label of size 1 in one operand broadcasts: expand it to the other's size
+  local function widen(x, ls)
+    local shape, grow = core.shape(x), false
+    for d, l in ipairs(ls) do
+      if shape[d] ~= sizes[l] then shape[d], grow = sizes[l], true end
+    end
+    return grow and Tensor.expand(x, shape) or x
+  end
+  a, b = widen(a, la), widen(b, lb)
+  local order_a, order_b = {}, {}
+  for _, l in ipairs(batch) do order_a[#order_a + 1], order_b[#order_b + 1] = l, l end
+  for _, l in ipairs(free_a) do order_a[#order_a + 1] = l end
+  for _, l in ipairs(contract) do order_a[#order_a + 1], order_b[#order_b + 1] = l, l end
+  for _, l in ipairs(free_b) do order_b[#order_b + 1] = l end
+  local B, M, K, N = product(sizes, batch), product(sizes, free_a), product(sizes, contract), product(sizes, free_b)
+  a = Tensor.reshape(einsum_permute(a, la, order_a), { B, M, K })
+  b = Tensor.reshape(einsum_permute(b, lb, order_b), { B, K, N })
+  local prod = Tensor.matmul(a, b) -- (B, M, N)
+  local got, shape = {}, {}
+  for _, group in ipairs { batch, free_a, free_b } do
+    for _, l in ipairs(group) do
+      got[#got + 1] = l
+      shape[#shape + 1] = sizes[l]
+    end
+  end
+  return einsum_permute(Tensor.reshape(prod, shape), got, out)
+end
+
 return Tensor

@@ -84,11 +84,11 @@ describe("split_heads and merge_heads", function()
 end)
 
 describe("repeat_interleave", function()
-  it("repeats each sample's lengths for its heads (tables and tensors, 1-D and 2-D)", function()
+  it("repeats each sample's lengths for its heads (tables and tensors, 1-D and 2-D along dim 1)", function()
     assert.same({ 3, 3, 3, 2, 2, 2 }, attn.repeat_interleave({ 3, 2 }, 3))
     assert.same({ { 1, 3 }, { 1, 3 }, { 2, 4 }, { 2, 4 } }, attn.repeat_interleave({ { 1, 3 }, { 2, 4 } }, 2))
     helper.assert_close(attn.repeat_interleave(attn.tensor({ 3, 2 }), 2), { 3, 3, 2, 2 }, { atol = 0 })
-    helper.assert_close(attn.repeat_interleave(attn.tensor({ { 1, 3 }, { 2, 4 } }), 2),
+    helper.assert_close(attn.repeat_interleave(attn.tensor({ { 1, 3 }, { 2, 4 } }), 2, 1),
       { { 1, 3 }, { 1, 3 }, { 2, 4 }, { 2, 4 } }, { atol = 0 })
     assert.is_nil(attn.repeat_interleave(nil, 4))
     assert.is_false(pcall(attn.repeat_interleave, { 1, 2 }, 1.5))
@@ -103,7 +103,7 @@ describe("repeat_interleave", function()
   it("reads strided lengths (one copy in C): a transposed (B, Q) table", function()
     local lens = attn.tensor({ { 1, 2 }, { 3, 4 }, { 5, 6 } }, "int64"):t() -- (2, 3), not contiguous
     assert.same({ { 1, 3, 5 }, { 1, 3, 5 }, { 1, 3, 5 }, { 2, 4, 6 }, { 2, 4, 6 }, { 2, 4, 6 } },
-      attn.repeat_interleave(lens, 3):totable())
+      attn.repeat_interleave(lens, 3, 1):totable())
   end)
 end)
 

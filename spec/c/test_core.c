@@ -450,7 +450,9 @@ static double gru_by_hand(const double *wi, const double *wh, const double *bi, 
 static void test_gru(void) {
   const double wi[3] = {0.5, -0.3, 0.8}, wh[3] = {0.2, 0.7, -0.4}, bi[3] = {0.1, -0.2, 0.3}, bh[3] = {-0.1, 0.05, 0.2};
   const double xv = 0.9, hv = -0.6;
-  int64_t s3[3] = {1, 1, 1}, s2[2] = {3, 1}, s1 = 3, sn = attn_gru_saved_numel(1, 1, 1, 1);
+  attn_saved_layout lay;
+  CHECK(attn_gru_saved_layout(1, 1, 1, 1, &lay) == ATTN_OK, "gru layout");
+  int64_t s3[3] = {1, 1, 1}, s2[2] = {3, 1}, s1 = 3, sn = lay.numel;
   attn_tensor x, h0, w_ih, w_hh, b_ih, b_hh, out, hn, saved, dx, dh0, dwi, dwh, dbi, dbh, g;
   attn_tensor_init(&x, ATTN_F64, 3, s3);
   attn_tensor_init(&h0, ATTN_F64, 3, s3);
@@ -547,18 +549,18 @@ static void test_attention_checks(void) {
   attn_attention_opts_init(&o);
   o.dropout = 1.5;
   o.training = 0; /* evaluation: no dropout, but the probability is still checked */
-  CHECK(attn_sdpa_forward(&q, &q, &q, &o, &out, NULL, NULL) == ATTN_ERR_ARG, "dropout 1.5 refused");
+  CHECK(attn_sdpa_forward(&q, &q, &q, &o, &out, NULL, NULL, NULL) == ATTN_ERR_ARG, "dropout 1.5 refused");
   CHECK(strstr(attn_last_error(), "dot_product_attention: dropout must be a probability in [0, 1], got 1.5") != NULL,
         "message: %s", attn_last_error());
   attn_attention_opts_init(&o);
   o.kernel = 42;
-  CHECK(attn_sdpa_forward(&q, &q, &q, &o, &out, NULL, NULL) == ATTN_ERR_ARG, "kernel 42 refused: %s",
+  CHECK(attn_sdpa_forward(&q, &q, &q, &o, &out, NULL, NULL, NULL) == ATTN_ERR_ARG, "kernel 42 refused: %s",
         attn_last_error());
   attn_attention_opts_init(&o);
   o.mask = &mask; /* (1, 1, 1, 1, Nk): NumPy broadcasting drops the leading ones */
   o.dropout = 0.5;
   o.training = 0;
-  CHECK(attn_sdpa_forward(&q, &q, &q, &o, &out, NULL, NULL) == ATTN_OK, "5-D keep-mask: %s", attn_last_error());
+  CHECK(attn_sdpa_forward(&q, &q, &q, &o, &out, NULL, NULL, NULL) == ATTN_OK, "5-D keep-mask: %s", attn_last_error());
   /* key 1 is removed for every query, and evaluation mode applies no dropout: output row 0 is the
    * softmax-weighted mean of values 0 and 2 */
   const double *x = q.storage->data, *y = out.storage->data;
@@ -581,15 +583,15 @@ static double fill_value(int64_t i, int salt) { return sin(0.7 * (double)i + sal
 static void test_mha_layer(void) {
   enum { B = 2, Nq = 3, Nk = 4, Dq = 5, Dk = 3, Dv = 4, h = 6, H = 3, dh = h / H };
   int64_t xs[3][3] = {{B, Nq, Dq}, {B, Nk, Dk}, {B, Nk, Dv}}, ws[4][2] = {{h, Dq}, {h, Dk}, {h, Dv}, {h, h}};
-  int64_t bs[1] = {h}, ls[1] = {B}, os[3] = {B, Nq, h}, hq[3] = {B * H, Nq, dh}, hk[3] = {B * H, Nk, dh};
-  int64_t ms[2] = {B * Nq, h};
-  attn_tensor x[3], w[4], bq, lens, out, qh, kh, vh, ctx, merged;
+  int64_t bs[1] = {h}, ls[1] = {B}, os[3] = {B, Nq, h};
+  attn_saved_layout lay;
+  CHECK(attn_mha_saved_layout(B, Nq, Nk, h, H, &lay) == ATTN_OK, "mha layout: %s", attn_last_error());
+  attn_tensor x[3], w[4], bq, lens, out, saved;
   int ok = attn_tensor_init(&bq, ATTN_F64, 1, bs) == ATTN_OK && attn_tensor_init(&lens, ATTN_I64, 1, ls) == ATTN_OK;
   for (int i = 0; i < 3; i++) ok = ok && attn_tensor_init(&x[i], ATTN_F64, 3, xs[i]) == ATTN_OK;
   for (int i = 0; i < 4; i++) ok = ok && attn_tensor_init(&w[i], ATTN_F64, 2, ws[i]) == ATTN_OK;
-  ok = ok && attn_tensor_init(&out, ATTN_F64, 3, os) == ATTN_OK && attn_tensor_init(&qh, ATTN_F64, 3, hq) == ATTN_OK &&
-       attn_tensor_init(&kh, ATTN_F64, 3, hk) == ATTN_OK && attn_tensor_init(&vh, ATTN_F64, 3, hk) == ATTN_OK &&
-       attn_tensor_init(&ctx, ATTN_F64, 3, hq) == ATTN_OK && attn_tensor_init(&merged, ATTN_F64, 2, ms) == ATTN_OK;
+  ok = ok && attn_tensor_init(&out, ATTN_F64, 3, os) == ATTN_OK &&
+       attn_tensor_init(&saved, ATTN_F64, 1, &lay.numel) == ATTN_OK;
   CHECK(ok, "init");
   if (!ok) return;
   for (int i = 0; i < 3; i++)
@@ -600,11 +602,10 @@ static void test_mha_layer(void) {
   int64_t len[B] = {4, 2};
   for (int b = 0; b < B; b++) ((int64_t *)lens.storage->data)[b] = len[b];
   attn_mha_params p = {&w[0], &w[1], &w[2], &w[3], &bq, NULL, NULL, NULL, H};
-  attn_mha_saved sv = {&qh, &kh, &vh, &ctx, &merged};
   attn_attention_opts o;
   attn_attention_opts_init(&o);
   o.valid_lens = &lens;
-  CHECK(attn_attention_mha_forward(&x[0], &x[1], &x[2], &p, &o, &out, NULL, NULL, &sv) == ATTN_OK, "mha: %s",
+  CHECK(attn_attention_mha_forward(&x[0], &x[1], &x[2], &p, &o, &out, NULL, NULL, &saved, NULL) == ATTN_OK, "mha: %s",
         attn_last_error());
   /* the same by loops */
   const double *X[3] = {x[0].storage->data, x[1].storage->data, x[2].storage->data};
@@ -652,14 +653,68 @@ static void test_mha_layer(void) {
   CHECK(attn_tensor_init(&bad, ATTN_I64, 1, bad_shape) == ATTN_OK, "init");
   for (int b = 0; b < 3; b++) ((int64_t *)bad.storage->data)[b] = 1;
   o.valid_lens = &bad;
-  CHECK(attn_attention_mha_forward(&x[0], &x[1], &x[2], &p, &o, &out, NULL, NULL, &sv) == ATTN_ERR_SHAPE &&
+  CHECK(attn_attention_mha_forward(&x[0], &x[1], &x[2], &p, &o, &out, NULL, NULL, &saved, NULL) == ATTN_ERR_SHAPE &&
             strstr(attn_last_error(), "valid_lens [3] does not fit queries [2x3x5]") != NULL,
         "message: %s", attn_last_error());
   attn_tensor_free(&bad);
   for (int i = 0; i < 3; i++) attn_tensor_free(&x[i]);
   for (int i = 0; i < 4; i++) attn_tensor_free(&w[i]);
-  attn_tensor *rest[] = {&bq, &lens, &out, &qh, &kh, &vh, &ctx, &merged};
+  attn_tensor *rest[] = {&bq, &lens, &out, &saved};
   for (size_t i = 0; i < sizeof rest / sizeof *rest; i++) attn_tensor_free(rest[i]);
+}
+
+/* A saved-buffer layout (attn_saved.h): the decoder's parts in order with their shapes, offsets
+ * and sizes, a view of one part, and the refusals (overflow, a wrong buffer, heads not dividing). */
+static void test_saved_layout(void) {
+  attn_decoder_dims d = {.T = 3, .B = 2, .Nk = 4, .ha = 5, .dv = 6, .e = 7, .H = 8, .layers = 2};
+  attn_saved_layout l;
+  CHECK(attn_decoder_saved_layout(&d, &l) == ATTN_OK, "decoder layout: %s", attn_last_error());
+  /* by hand: kh 2*4*5, qh 3*2*5, scores and weights 3*2*4, ctx 3*2*6, hs 2*4*2*8, rz 2*3*2*16, n and ghn 2*3*2*8 */
+  const char *names[9] = {"kh", "qh", "scores", "weights", "ctx", "hs", "rz", "n", "ghn"};
+  const int64_t sizes[9] = {40, 30, 24, 24, 36, 128, 192, 96, 96};
+  int64_t at = 0;
+  CHECK(l.nparts == 9, "9 parts, got %d", l.nparts);
+  for (int i = 0; i < 9 && i < l.nparts; i++) {
+    CHECK(strcmp(l.part[i].name, names[i]) == 0 && l.part[i].offset == at && l.part[i].numel == sizes[i],
+          "part %d: %s at %lld of %lld, expected %s at %lld of %lld", i, l.part[i].name, (long long)l.part[i].offset,
+          (long long)l.part[i].numel, names[i], (long long)at, (long long)sizes[i]);
+    at += sizes[i];
+  }
+  CHECK(l.numel == 666 && at == 666, "total %lld, expected 666", (long long)l.numel);
+  const attn_saved_part *rz = &l.part[attn_saved_find(&l, "rz")];
+  CHECK(rz->ndim == 4 && rz->shape[0] == 2 && rz->shape[1] == 3 && rz->shape[2] == 2 && rz->shape[3] == 16,
+        "rz is (L, T, B, 2H)");
+  CHECK(attn_saved_find(&l, "lse") == -1, "no part lse");
+  attn_tensor buf, small;
+  int64_t n = l.numel, seven = 7;
+  CHECK(attn_tensor_init(&buf, ATTN_F32, 1, &n) == ATTN_OK && attn_tensor_init(&small, ATTN_F32, 1, &seven) == ATTN_OK,
+        "init");
+  CHECK(attn_saved_check("decoder", &l, &buf, ATTN_F32) == ATTN_OK, "the right buffer passes");
+  attn_tensor v = attn_saved_view(&buf, &l, ATTN_DECODER_SAVED_CTX);
+  CHECK(v.ndim == 3 && v.shape[2] == 6 && v.stride[0] == 12 && v.offset == 118 && attn_tensor_is_contiguous(&v),
+        "ctx is a contiguous (3, 2, 6) view at 118");
+  CHECK((char *)attn_saved_data(&buf, &l, ATTN_DECODER_SAVED_HS, 1) == (char *)attn_tensor_data(&buf) + 155 * 4,
+        "entry 1 of hs");
+  CHECK(attn_saved_check("decoder backward", &l, &small, ATTN_F32) == ATTN_ERR_SHAPE &&
+            strcmp(attn_last_error(), "decoder backward: saved is [7], expected [666]") == 0,
+        "message: %s", attn_last_error());
+  CHECK(attn_saved_check("decoder", &l, &buf, ATTN_F64) == ATTN_ERR_DTYPE, "a float32 buffer for float64 is refused");
+  attn_tensor_free(&buf);
+  attn_tensor_free(&small);
+  /* sizes: one part past int64 and a sum past the limit are refused, naming the part; an empty dim is no overflow */
+  CHECK(attn_mha_saved_layout((int64_t)1 << 40, (int64_t)1 << 20, 1, 1 << 10, 1, &l) == ATTN_ERR_SHAPE &&
+            strstr(attn_last_error(), "multi_head_attention: saved part qh [1099511627776x1048576x1024]") != NULL,
+        "message: %s", attn_last_error());
+  CHECK(attn_additive_saved_layout(1, (int64_t)1 << 30, (int64_t)1 << 30, 1, &l) == ATTN_ERR_SHAPE &&
+            strstr(attn_last_error(), "saved part scores [1x1073741824x1073741824] makes the saved buffer too large") !=
+                NULL,
+        "message: %s", attn_last_error());
+  CHECK(attn_additive_saved_layout(0, (int64_t)1 << 62, (int64_t)1 << 62, 1 << 20, &l) == ATTN_OK && l.numel == 0,
+        "an empty batch saves nothing");
+  CHECK(attn_mha_saved_layout(2, 3, 4, 6, 4, &l) == ATTN_ERR_ARG &&
+            strcmp(attn_last_error(), "multi_head_attention: num_hiddens 6 is not divisible by num_heads 4") == 0,
+        "message: %s", attn_last_error());
+  CHECK(attn_gru_saved_layout(-1, 2, 3, 1, &l) == ATTN_ERR_SHAPE, "a negative step count is refused");
 }
 
 /* Fused optimizer updates, gradient norms and the cross-entropy kernels
@@ -733,6 +788,44 @@ static void test_optim_and_loss(void) {
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) attn_tensor_free(all[i]);
 }
 
+/* The parity kernels (issue 19): cumsum/cumprod and cumprod's gradient through a zero, tril/triu,
+ * the exact GELU, and the size check that runs before inputs are walked. */
+static void test_parity_kernels(void) {
+  int64_t shape[2] = {2, 3};
+  attn_tensor x, y, g, d, t;
+  CHECK(attn_tensor_init(&x, ATTN_F64, 2, shape) == ATTN_OK && attn_tensor_init(&y, ATTN_F64, 2, shape) == ATTN_OK &&
+            attn_tensor_init(&g, ATTN_F64, 2, shape) == ATTN_OK && attn_tensor_init(&d, ATTN_F64, 2, shape) == ATTN_OK &&
+            attn_tensor_init(&t, ATTN_F64, 2, shape) == ATTN_OK,
+        "init");
+  double *xd = x.storage->data, *yd = y.storage->data, *dd = d.storage->data, *td = t.storage->data;
+  const double vals[6] = {2, 0, 3, 1, 2, 4};
+  for (int i = 0; i < 6; i++) xd[i] = vals[i];
+  attn_fill(&g, 1);
+  CHECK(attn_cumulative(ATTN_CUMSUM, &x, 1, &y) == ATTN_OK && yd[2] == 5 && yd[5] == 7, "cumsum rows %g %g", yd[2],
+        yd[5]);
+  CHECK(attn_cumulative(ATTN_CUMPROD, &x, 1, &y) == ATTN_OK && yd[1] == 0 && yd[5] == 8, "cumprod rows");
+  /* row {2, 0, 3}: y = {2, 0, 0}; d/dx of sum y = {1, 2 + 2 * 3, 0}; row {1, 2, 4}: {1 + 2 + 8, 1 + 4, 2} */
+  CHECK(attn_cumprod_backward(&x, &y, &g, 1, &d) == ATTN_OK, "cumprod_backward");
+  const double want[6] = {1, 8, 0, 11, 5, 2};
+  for (int i = 0; i < 6; i++) CHECK(dd[i] == want[i], "cumprod grad %d: %g vs %g", i, dd[i], want[i]);
+  CHECK(attn_cumulative(ATTN_CUMSUM, &x, 2, &y) == ATTN_ERR_ARG, "dim out of range refused");
+  CHECK(strstr(attn_last_error(), "cumsum: dim 3 out of range for 2-D tensor [2x3]") != NULL, "message: %s",
+        attn_last_error());
+  CHECK(attn_triangle(&x, 0, 0, &t) == ATTN_OK && td[1] == 0 && td[2] == 0 && td[3] == 1 && td[4] == 2, "tril");
+  CHECK(attn_triangle(&x, 1, 1, &t) == ATTN_OK && td[0] == 0 && td[1] == 0 && td[2] == 3 && td[4] == 0 && td[5] == 4,
+        "triu 1");
+  xd[0] = -1;
+  CHECK(attn_unary(ATTN_GELU, &x, &t) == ATTN_OK && fabs(td[0] - -0.15865525393145705) < 1e-16, "gelu(-1) %.17g",
+        td[0]);
+  int64_t huge[2] = {3, (int64_t)1 << 40};
+  CHECK(attn_tensor_check_size("embedding", "output", ATTN_F32, 2, huge) == ATTN_ERR_MEMORY, "huge output refused");
+  CHECK(strstr(attn_last_error(), "embedding: output float32 [3x1099511627776] needs") != NULL, "message: %s",
+        attn_last_error());
+  CHECK(attn_tensor_check_size("embedding", "output", ATTN_F32, 2, shape) == ATTN_OK, "small output accepted");
+  attn_tensor *all[] = {&x, &y, &g, &d, &t};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) attn_tensor_free(all[i]);
+}
+
 int main(void) {
   test_allocator();
   test_views_and_errors();
@@ -747,7 +840,9 @@ int main(void) {
   test_vmath();
   test_attention_checks();
   test_mha_layer();
+  test_saved_layout();
   test_optim_and_loss();
+  test_parity_kernels();
   attn_alloc_empty_cache();
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;

@@ -2,7 +2,6 @@
 -- and the FMA peak measurement.
 local attn = require "attn"
 local core = attn.core
-local helper = require "helper"
 
 describe("bench probes", function()
   it("peak_memory counts the most bytes live at once since the last reset", function()
@@ -36,8 +35,8 @@ describe("bench probes", function()
   it("fma_peak measures the active instruction-set path", function()
     local flops, isa = core.fma_peak()
     assert.are.equal(core.isa(), isa)
-    -- at least one FMA per cycle of a 4-wide vector at 0.5 GHz: any machine this runs on (that
-    -- much slower when emulated), except under the sanitizers' instrumented, unoptimised build
-    assert.is_true(flops > (helper.sanitized and 0 or 4e9 / helper.slowdown), "peak " .. flops)
+    -- a rate (flop/s), finite and positive; how fast is the bench's "peak" row, which also
+    -- reports it against the 4 GFLOP/s floor this spec once asserted
+    assert.is_true(flops > 0 and flops < math.huge, "peak " .. flops)
   end)
 end)

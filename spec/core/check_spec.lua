@@ -1,6 +1,6 @@
 local attn = require "attn"
 local check = require "attn.check"
-local data = require "attn.data"
+local data = require "attn.d2l.data"
 
 -- The one option-table checker and the shared argument checks: their messages,
 -- and that every caller's error points at the user's line.

@@ -5,28 +5,40 @@ local helper = require "helper"
 describe("memory", function()
   it("stays bounded over 20,000 temporary 1 MB tensors", function()
     collectgarbage()
+    collectgarbage()
     local live0 = attn.memory()
     local rss0 = helper.rss_bytes()
-    local peak_live, peak_rss = 0, 0
+    attn.core.peak_memory(true) -- the allocator's exact peak of live bytes from here
+    local peak_rss = rss0
     local side = 512 -- 512 x 512 float32 = 1 MiB
     for i = 1, 20000 do
       local t = attn.empty({ side, side })
       t:fill_(i)
-      if i % 500 == 0 then
-        local live = attn.memory()
-        if live > peak_live then peak_live = live end
-        local rss = helper.rss_bytes()
-        if rss > peak_rss then peak_rss = rss end
-      end
+      if i % 100 == 0 then peak_rss = math.max(peak_rss, helper.rss_bytes()) end
     end
+    local live_growth = (attn.core.peak_memory() - live0) / 2 ^ 20
     collectgarbage()
-    local live_growth = (peak_live - live0) / 2 ^ 20
     local rss_growth = (peak_rss - rss0) / 2 ^ 20
-    print(string.format("\n    memory spec: 20000 x 1 MiB tensors: peak live growth %.0f MiB, peak RSS growth %.0f MiB",
-      live_growth, rss_growth))
-    -- without GC pressure this loop would hold ~20 GB; the collector keeps it to a few hundred MiB at most
-    assert.is_true(live_growth < 512, "live tensor memory grew by " .. live_growth .. " MiB")
-    assert.is_true(rss_growth < 1024, "RSS grew by " .. rss_growth .. " MiB")
+    print(string.format("\n    memory spec: 20000 x 1 MiB tensors: peak live growth %.1f MiB, peak RSS growth %.1f MiB"
+      .. " (%.1f MiB live before)", live_growth, rss_growth, live0 / 2 ^ 20))
+    -- Without GC pressure this loop would hold ~20 GB. The pacing (src/lcore.c, settle) starts a
+    -- full collection once the garbage passes the live tensors' bytes, 8 MiB at least, and steps
+    -- the collector per MiB allocated before that; so at most max(live, 8 MiB) of garbage, plus the
+    -- tensor being made. Measured: 3.0 MiB alone and in `make test`, 5.0 MiB after spec/attention,
+    -- nn and core (a larger Lua heap there, so the steps finish fewer cycles). The bound is that
+    -- contract with 3 MiB to spare: 12 MiB from a small heap. A collector paced by the Lua heap
+    -- alone (which sees about a hundred bytes per tensor) or a leak of one tensor in a thousand
+    -- fails it.
+    local bound = math.max(live0 / 2 ^ 20, 8) + 4
+    assert.is_true(live_growth < bound, string.format("live tensor memory grew by %.1f MiB (bound %.1f)", live_growth,
+      bound))
+    -- RSS: the live bound and the allocator's cache (at most twice the peak live bytes).
+    -- Measured 3.9 MiB alone, 0 after other specs had filled the cache. Not under the
+    -- sanitizers (ASan's quarantine keeps freed blocks resident) or an emulated interpreter
+    -- (qemu-user's RSS is the emulator's).
+    if not helper.sanitized and not os.getenv("ATTN_LUA") then
+      assert.is_true(rss_growth < 2 * bound, string.format("RSS grew by %.1f MiB (bound %.1f)", rss_growth, 2 * bound))
+    end
     assert.is_true(attn.memory() - live0 < 2 ^ 20 * 4)
   end)
 
@@ -133,8 +145,12 @@ describe("memory", function()
       print(string.format("\n    memory spec: RSS growth of a training loop (fused %s) with 0/40/100 MiB of Lua data: "
         .. "%.1f/%.1f/%.1f MiB", fused, g[1], g[2], g[3]))
       local lo, hi = math.min(g[1], g[2], g[3]), math.max(g[1], g[2], g[3])
-      assert.is_true(hi - lo < 6, "growths differ by " .. (hi - lo) .. " MiB")
-      assert.is_true(hi < 48, "a loop with ~3 MiB of live tensors grew by " .. hi .. " MiB")
+      -- measured over 3 runs each (x86-64): growths 15.5-17.1 MiB, at most 1.6 MiB apart; bounds
+      -- 1.5x the largest growth and 2.5x the largest difference. Under qemu-user the RSS is the
+      -- emulator's, which also holds translated code: not measured there, so the old 48 MiB.
+      local cap = os.getenv("ATTN_LUA") and 48 or 26
+      assert.is_true(hi - lo < 4, "growths differ by " .. (hi - lo) .. " MiB")
+      assert.is_true(hi < cap, "a loop with ~3 MiB of live tensors grew by " .. hi .. " MiB")
     end)
   end
 end)

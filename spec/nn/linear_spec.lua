@@ -116,7 +116,8 @@ describe("nn.Embedding", function()
     local w = m.weight
     local mean = w:mean():item()
     local std = math.sqrt(((w - mean):square()):mean():item())
-    assert.is_true(math.abs(mean) < 0.03, "mean " .. mean)
+    -- 10,000 draws: the mean's standard error is 0.01, the std's 0.007; 4.5 and 4.2 of them
+    assert.is_true(math.abs(mean) < 0.045, "mean " .. mean)
     assert.is_true(math.abs(std - 1) < 0.03, "std " .. std)
   end)
 
@@ -453,7 +454,7 @@ describe("layer_norm kernel", function()
           local b = affine and attn.randn(c.ns, dtype) or nil
           local g = attn.randn(c.x, dtype)
           local k = { run(linear.layer_norm, x, w, b, n, g) }
-          local r = { run(linear.layer_norm_reference, x, w, b, n, g) }
+          local r = { run(linear.layer_norm_composed, x, w, b, n, g) }
           assert.same(c.x, k[1]:shape())
           for i = 1, affine and 4 or 2 do
             assert.equal(dtype, k[i]:dtype())
@@ -471,7 +472,7 @@ describe("layer_norm kernel", function()
     local b = attn.randn({ 6 }, "float64")
     local g = attn.randn({ 4, 6 }, "float64")
     local k = { run(linear.layer_norm, x, nil, b, 6, g) }
-    local r = { run(linear.layer_norm_reference, x, nil, b, 6, g) }
+    local r = { run(linear.layer_norm_composed, x, nil, b, 6, g) }
     for i = 1, 2 do assert.close(k[i], r[i], { rtol = 1e-12, atol = 1e-12 }) end
     assert.close(k[4], r[4], { rtol = 1e-12, atol = 1e-12 })
   end)

@@ -1,7 +1,8 @@
 -- The fused softmax cross-entropy (one C kernel each way, one node) against
--- the composed reference (log_softmax, gather, squeeze, neg and a mask
--- product, each its own node): values and gradients, finite differences,
--- every reduction, id checks and the padding rule.
+-- the composed path (log_softmax, gather, squeeze, neg and a mask product,
+-- each its own node) beyond spec/nn/fused_paths_spec.lua's rows: length
+-- dtypes, rows past their length, finite differences, every reduction,
+-- strided logits, id checks and the padding rule.
 local attn = require "attn"
 local helper = require "helper"
 local loss = require "attn.nn.loss"
@@ -32,19 +33,7 @@ end
 describe("fused softmax cross-entropy", function()
   for _, dtype in ipairs { "float32", "float64" } do
     for _, id_dtype in ipairs { "int64", "float64" } do
-      it("gives the composed path's values and gradients, " .. dtype .. " logits, " .. id_dtype .. " ids", function()
-        attn.manual_seed(5)
-        local x = attn.randn({ 4, 6, 11 }, dtype) * 3
-        local y = ids(4, 6, 11, id_dtype)
-        local w = attn.rand({ 4, 6 }, dtype)
-        local v1, g1 = value_and_grad(function(l) return nn.cross_entropy(l, y) end, x, w)
-        local v2, g2 = value_and_grad(function(l) return loss.cross_entropy_reference(l, y) end, x, w)
-        assert.close(v1, v2, TOL[dtype])
-        assert.close(g1, g2, TOL[dtype])
-        assert.is_true(v1:min():item() > 0)
-      end)
-
-      it("masks by valid length as the reference does, " .. dtype .. " logits, " .. id_dtype .. " lengths", function()
+      it("masks by valid length as the composed path does, " .. dtype .. " logits, " .. id_dtype .. " lengths", function()
         attn.manual_seed(6)
         local x = attn.randn({ 5, 4, 9 }, dtype) * 2
         local y = ids(5, 4, 9, "int64")
@@ -53,13 +42,13 @@ describe("fused softmax cross-entropy", function()
         local w = attn.rand({ 5, 4 }, dtype)
         local v1, g1 = value_and_grad(function(l) return select(1, loss.masked_token_mean(l, y, lens)) end, x)
         local v2, g2 = value_and_grad(function(l)
-          local masked, mask = loss.masked_ce_reference(l, y, lens)
+          local masked, mask = loss.masked_ce_composed(l, y, lens)
           return masked:sum() / mask:sum():item()
         end, x)
         assert.close(v1, v2, TOL[dtype])
         assert.close(g1, g2, TOL[dtype])
         local per_seq1, pg1 = value_and_grad(function(l) return nn.MaskedSoftmaxCELoss()(l, y, lens) end, x, w:mean(2))
-        local per_seq2, pg2 = value_and_grad(function(l) return loss.masked_ce_reference(l, y, lens):mean(2) end, x,
+        local per_seq2, pg2 = value_and_grad(function(l) return loss.masked_ce_composed(l, y, lens):mean(2) end, x,
           w:mean(2))
         assert.close(per_seq1, per_seq2, TOL[dtype])
         assert.close(pg1, pg2, TOL[dtype])
@@ -102,10 +91,10 @@ describe("fused softmax cross-entropy", function()
       { helper.param({ 2, 3, 4 }) })
   end)
 
-  it("gives every CrossEntropyLoss reduction the reference's value", function()
+  it("gives every CrossEntropyLoss reduction the composed path's value", function()
     attn.manual_seed(8)
     local x, y = attn.randn({ 6, 5 }, "float64"), attn.tensor({ 1, 5, 2, 2, 4, 3 }, "int64")
-    local ref = loss.cross_entropy_reference(x, y)
+    local ref = loss.cross_entropy_composed(x, y)
     local tol = TOL.float64
     assert.close(nn.CrossEntropyLoss { reduction = "none" }(x, y), ref, tol)
     assert.close(nn.CrossEntropyLoss { reduction = "sum" }(x, y), ref:sum(), tol)
@@ -117,7 +106,7 @@ describe("fused softmax cross-entropy", function()
     local base = attn.randn({ 7, 3 }, "float64")
     local y = { 1, 7, 2 }
     local v1, g1 = value_and_grad(function(l) return nn.cross_entropy(l:transpose(1, 2), y) end, base)
-    local v2, g2 = value_and_grad(function(l) return loss.cross_entropy_reference(l:transpose(1, 2), y) end, base)
+    local v2, g2 = value_and_grad(function(l) return loss.cross_entropy_composed(l:transpose(1, 2), y) end, base)
     assert.close(v1, v2, TOL.float64)
     assert.close(g1, g2, TOL.float64)
   end)
@@ -127,17 +116,17 @@ describe("fused softmax cross-entropy", function()
     local base = attn.randn({ 4, 3, 6 }, "float64") -- (T, B, V), read as (B, T, V)
     local y, lens = ids(3, 4, 6, "int64"), { 4, 2, 3 }
     local fn = function(l) return nn.MaskedSoftmaxCELoss()(l:transpose(1, 2), y, lens) end
-    local ref = function(l) return loss.masked_ce_reference(l:transpose(1, 2), y, lens):mean(2) end
+    local ref = function(l) return loss.masked_ce_composed(l:transpose(1, 2), y, lens):mean(2) end
     local v1, g1 = value_and_grad(fn, base, attn.tensor({ 1, 2, 3 }, "float64"))
     local v2, g2 = value_and_grad(ref, base, attn.tensor({ 1, 2, 3 }, "float64"))
     assert.close(v1, v2, TOL.float64)
     assert.close(g1, g2, TOL.float64)
   end)
 
-  it("propagates a NaN in a padded row through the mask product, as the reference does", function()
+  it("propagates a NaN in a padded row through the mask product, as the composed path does", function()
     local x = attn.zeros({ 1, 2, 3 })
     x[{ 1, 2, 1 }] = 0 / 0
-    local l = loss.masked_ce_reference(x, { { 1, 1 } }, { 1 })
+    local l = loss.masked_ce_composed(x, { { 1, 1 } }, { 1 })
     local fused = nn.MaskedSoftmaxCELoss()(x, { { 1, 1 } }, { 1 })
     assert.is_true(l[1][2] ~= l[1][2])
     assert.is_true(fused[1] ~= fused[1])

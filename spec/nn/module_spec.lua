@@ -85,6 +85,46 @@ describe("nn.Module", function()
       assert.equal(2, #b:children())
     end)
 
+    it("named_parameters, named_buffers and named_modules loop as PyTorch's (for name, x in ...) and stay lists",
+      function()
+      local b = Block(2)
+      local function loop(list)
+        local names, values = {}, {}
+        for name, v in list do
+          names[#names + 1], values[#values + 1] = name, v
+        end
+        return names, values
+      end
+      for _, kind in ipairs { "named_parameters", "named_buffers", "named_modules" } do
+        local list = b[kind](b)
+        -- the list: #, ipairs and [i][1] as before
+        local by_ipairs, count = {}, 0
+        for i, e in ipairs(list) do
+          by_ipairs[i] = e[1]
+          count = count + 1
+        end
+        assert.equal(count, #list)
+        assert.equal(by_ipairs[1], list[1][1])
+        -- the generic for over the call gives the same names and values, in order
+        local names, values = loop(b[kind](b))
+        assert.same(by_ipairs, names)
+        for i, e in ipairs(list) do assert.equal(e[2], values[i]) end
+        -- a second loop over the same list starts again at the front; a break leaves nothing behind
+        for name in list do if name ~= nil then break end end
+        assert.same(by_ipairs, (loop(list)))
+      end
+      assert.same({ "scale", "inner.0.weight", "inner.0.bias", "inner.1.weight", "inner.1.bias", "head.weight",
+        "head.bias" }, (loop(b:named_parameters())))
+      assert.same({ "steps" }, (loop(b:named_buffers())))
+      assert.same({ "", "inner", "inner.0", "inner.1", "head" }, (loop(b:named_modules())))
+      -- nested loops over one list are independent
+      local list, pairs_seen = b:named_parameters(), 0
+      for _ in list do
+        for _ in list do pairs_seen = pairs_seen + 1 end
+      end
+      assert.equal(49, pairs_seen)
+    end)
+
     it("named_modules lists self first, depth first, each module once; apply visits children first", function()
       local lin = nn.Linear(2, 2)
       assert.equal(1, #nn.Sequential(lin, lin):children()) -- tied: listed once, as PyTorch
@@ -317,6 +357,30 @@ describe("nn.Module", function()
       assert.matches("module_spec.lua:%d+ in function <spec/nn/module_spec.lua:%d+>", err)
       -- the depth bookkeeping recovered
       assert.same({ 2, 5 }, Top()(attn.ones({ 2, 5 })):shape())
+    end)
+
+    it("count call depth per coroutine: one abandoned mid-forward leaves later errors plain messages", function()
+      local Yielding = nn.Module:extend("Yielding")
+      function Yielding.forward(_, x) coroutine.yield("parked"); return x end
+      local Wrap = nn.Module:extend("Wrap")
+      function Wrap:init() self.inner = Yielding() end
+      function Wrap:forward(x) return self.inner(x) end
+      local co = coroutine.create(function() return Wrap()(1) end)
+      assert.same({ true, "parked" }, { coroutine.resume(co) })
+      assert.equal("suspended", coroutine.status(co)) -- abandoned inside two forwards
+      local o = Outer()
+      local ok, err = pcall(o, attn.ones({ 2, 5 }))
+      assert.is_false(ok)
+      assert.equal("string", type(err))
+      assert.matches("^in Outer%.block%.inner%.0 %(Linear%): Linear: input %[2x5%] has last dim 5", err)
+      err = select(2, pcall(o.block.head, attn.ones({ 2, 5 })))
+      assert.equal("string", type(err))
+      assert.matches("^Linear: input %[2x5%]", err)
+      -- another coroutine counts from zero too, and nested errors inside it keep their path
+      local ok2, err2 = coroutine.resume(coroutine.create(function() return o(attn.ones({ 2, 5 })) end))
+      assert.is_false(ok2)
+      assert.equal("string", type(err2))
+      assert.matches("^in Outer%.block%.inner%.0 %(Linear%): Linear: input %[2x5%]", err2)
     end)
   end)
 end)

@@ -50,6 +50,11 @@ local cases = {
   { "SGD", { lr = 0.1, momentum = 0.9 } },
   { "SGD", { lr = 0.1, momentum = 0.9, dampening = 0.3, weight_decay = 0.01 } },
   { "SGD", { lr = 0.05, momentum = 0.8, nesterov = true, weight_decay = 0.02 } },
+  { "Adam", { lr = 1e-2, amsgrad = true } },
+  { "Adam", { lr = 3e-2, maximize = true, weight_decay = 0.1 } },
+  { "AdamW", { lr = 5e-2, amsgrad = true, maximize = true, weight_decay = 0.3 } },
+  { "SGD", { lr = 0.1, maximize = true } },
+  { "SGD", { lr = 0.1, momentum = 0.9, dampening = 0.3, weight_decay = 0.01, maximize = true } },
 }
 
 describe("fused optimizer steps", function()

@@ -97,6 +97,138 @@ local function steps(opt, p, grads)
   end
 end
 
+-- PyTorch's torch.optim.Adam/AdamW step (_single_tensor_adam, PyTorch >= 1.13), per element:
+--     grad = -grad if maximize
+--     AdamW: param = param * (1 - lr * weight_decay);  Adam: grad = grad + weight_decay * param
+--     exp_avg = beta1 * exp_avg + (1 - beta1) * grad
+--     exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad^2
+--     bias_correction1 = 1 - beta1^t;  bias_correction2 = 1 - beta2^t
+--     amsgrad: max_exp_avg_sq = max(max_exp_avg_sq, exp_avg_sq)
+--              denom = sqrt(max_exp_avg_sq) / sqrt(bias_correction2) + eps
+--     else:    denom = sqrt(exp_avg_sq) / sqrt(bias_correction2) + eps
+--     param = param - (lr / bias_correction1) * exp_avg / denom
+local function adam_pytorch(x0, grads, h, decoupled)
+  local x, m, v, vmax, history = copy(x0), {}, {}, {}, {}
+  local lr, eps, wd = h.lr or 1e-3, h.eps or 1e-8, h.weight_decay or (decoupled and 1e-2 or 0)
+  local b1, b2 = (h.betas or {})[1] or 0.9, (h.betas or {})[2] or 0.999
+  for t, g in ipairs(grads) do
+    for i = 1, #x do
+      local gi = h.maximize and -g[i] or g[i]
+      if decoupled then x[i] = x[i] * (1 - lr * wd) else gi = gi + wd * x[i] end
+      m[i] = b1 * (m[i] or 0) + (1 - b1) * gi
+      v[i] = b2 * (v[i] or 0) + (1 - b2) * gi * gi
+      local bc1, bc2 = 1 - b1 ^ t, 1 - b2 ^ t
+      local denom
+      if h.amsgrad then
+        vmax[i] = math.max(vmax[i] or 0, v[i])
+        denom = math.sqrt(vmax[i]) / math.sqrt(bc2) + eps
+      else
+        denom = math.sqrt(v[i]) / math.sqrt(bc2) + eps
+      end
+      x[i] = x[i] - (lr / bc1) * m[i] / denom
+    end
+    history[t] = copy(x)
+  end
+  return history, vmax
+end
+
+-- PyTorch's SGD (_single_tensor_sgd, >= 1.13): d = -grad if maximize, then as sgd_reference.
+local function sgd_pytorch(x0, grads, h)
+  if not h.maximize then return sgd_reference(x0, grads, h) end
+  local neg = {}
+  for s, g in ipairs(grads) do
+    neg[s] = {}
+    for i, gi in ipairs(g) do neg[s][i] = -gi end
+  end
+  return sgd_reference(x0, neg, h)
+end
+
+-- Gradients whose second moments shrink (large, then small), so amsgrad's maximum matters.
+local SHRINKING = {
+  { 2.0, -3.0, 1.5 },
+  { 0.1, 0.05, -0.2 },
+  { 0.01, -0.02, 0.03 },
+  { -0.05, 0.01, 0.02 },
+}
+
+local function run_on(make, grads, dtype)
+  local p = attn.tensor(X0, { dtype = dtype, requires_grad = true })
+  local opt = make { p }
+  local history = {}
+  for step, g in ipairs(grads) do
+    p.grad = attn.tensor(g, dtype)
+    opt:step()
+    history[step] = p:totable()
+  end
+  return history, p, opt
+end
+
+describe("optim amsgrad and maximize against PyTorch's algorithm", function()
+  local adam_cases = {
+    { "Adam amsgrad", { lr = 0.1, amsgrad = true, betas = { 0.9, 0.5 } } },
+    { "Adam amsgrad, L2", { lr = 0.05, amsgrad = true, weight_decay = 0.1, betas = { 0.8, 0.9 } } },
+    { "Adam maximize", { lr = 0.1, maximize = true, weight_decay = 0.1 } },
+    { "Adam amsgrad maximize", { lr = 0.1, amsgrad = true, maximize = true, eps = 1e-3, betas = { 0.9, 0.6 } } },
+    { "AdamW amsgrad maximize", { lr = 0.1, amsgrad = true, maximize = true, weight_decay = 0.2, betas = { 0.9, 0.5 } },
+      true },
+  }
+  for _, dtype in ipairs { "float64", "float32" } do
+    local tol = dtype == "float64" and { atol = 1e-12, rtol = 1e-12 } or { atol = 1e-5, rtol = 1e-5 }
+    for _, fused in ipairs { true, false } do
+      for _, case in ipairs(adam_cases) do
+        local name, h, decoupled = case[1], case[2], case[3]
+        it(string.format("%s, %s, fused = %s", name, dtype, tostring(fused)), function()
+          local kind = decoupled and "AdamW" or "Adam"
+          local actual, _, opt = run_on(function(ps)
+            return attn.optim[kind](ps, helper.with(h, { fused = fused }))
+          end, SHRINKING, dtype)
+          local expected, vmax = adam_pytorch(X0, SHRINKING, h, decoupled)
+          assert_history(actual, expected, tol)
+          if h.amsgrad then
+            assert.is_true(helper.compare(opt.state[1].max_exp_avg_sq, vmax, tol))
+          else
+            assert.is_nil(opt.state[1].max_exp_avg_sq)
+          end
+        end)
+      end
+      for _, h in ipairs { { lr = 0.1, maximize = true }, { lr = 0.1, maximize = true, weight_decay = 0.1, momentum = 0.9 },
+        { lr = 0.05, maximize = true, momentum = 0.8, nesterov = true, weight_decay = 0.02 } } do
+        it(string.format("SGD %s, %s, fused = %s", require("cjson").encode(h), dtype, tostring(fused)), function()
+          local actual = run_on(function(ps) return attn.optim.SGD(ps, helper.with(h, { fused = fused })) end,
+            SHRINKING, dtype)
+          assert_history(actual, sgd_pytorch(X0, SHRINKING, h), tol)
+        end)
+      end
+    end
+  end
+
+  it("amsgrad changes the steps once the second moment shrinks (the case is not vacuous)", function()
+    local with = adam_pytorch(X0, SHRINKING, { lr = 0.1, amsgrad = true, betas = { 0.9, 0.5 } })
+    local without = adam_pytorch(X0, SHRINKING, { lr = 0.1, betas = { 0.9, 0.5 } })
+    assert.are.same(with[1], without[1])
+    assert.is_true(math.abs(with[4][1] - without[4][1]) > 1e-3)
+  end)
+
+  it("maximize ascends: f = sum(x^2) grows", function()
+    local p = attn.tensor({ 1.0, -2.0 }, { dtype = "float64", requires_grad = true })
+    local opt = attn.optim.Adam({ p }, { lr = 0.1, maximize = true })
+    local before = (p * p):sum():item()
+    for _ = 1, 5 do
+      opt:zero_grad()
+      ;(p * p):sum():backward()
+      opt:step()
+    end
+    assert.is_true((p * p):sum():item() > before)
+  end)
+
+  it("refuses amsgrad or maximize that are not booleans", function()
+    local p = attn.zeros({ 2 })
+    assert.error_matches(function() attn.optim.Adam({ p }, { amsgrad = 1 }) end, "Adam: amsgrad must be a boolean")
+    assert.error_matches(function() attn.optim.SGD({ p }, { lr = 1, maximize = "yes" }) end,
+      "SGD: maximize must be a boolean")
+  end)
+end)
+
 -- ---------------------------------------------------------------- SGD
 
 describe("optim.SGD", function()
@@ -268,6 +400,12 @@ end)
 describe("optimizers", function()
   local makers = {
     SGD = function(params) return attn.optim.SGD { params = params, lr = 0.1, momentum = 0.9, weight_decay = 0.01 } end,
+    ["SGD maximize"] = function(params)
+      return attn.optim.SGD { params = params, lr = 0.1, momentum = 0.9, weight_decay = 0.01, maximize = true }
+    end,
+    ["Adam amsgrad maximize"] = function(params)
+      return attn.optim.Adam { params = params, lr = 0.1, weight_decay = 0.01, amsgrad = true, maximize = true }
+    end,
     Adam = function(params) return attn.optim.Adam { params = params, lr = 0.1, weight_decay = 0.01 } end,
     AdamW = function(params) return attn.optim.AdamW { params = params, lr = 0.1 } end,
   }
@@ -377,11 +515,12 @@ describe("optimizers", function()
         opt:step()
         local s = opt:state_dict()
         local other = make { attn.tensor({ 1.0, 2.0, 3.0 }, { requires_grad = true }) }
-        assert.error_matches(function() other:load_state_dict(s) end, name .. "%.load_state_dict: .*%[2%].*%[3%]")
+        local oname = name:match("^%S+") -- "SGD maximize" is an SGD
+        assert.error_matches(function() other:load_state_dict(s) end, oname .. "%.load_state_dict: .*%[2%].*%[3%]")
         local two = make { attn.tensor { 1.0, 2.0 }, attn.tensor { 3.0 } }
         assert.error_matches(function() two:load_state_dict(s) end, "state has 1 params, optimizer has 2")
-        local kind = name == "SGD" and attn.optim.Adam { params = { p } } or attn.optim.SGD { params = { p }, lr = 1 }
-        assert.error_matches(function() kind:load_state_dict(s) end, "state is for optimizer '" .. name .. "'")
+        local kind = oname == "SGD" and attn.optim.Adam { params = { p } } or attn.optim.SGD { params = { p }, lr = 1 }
+        assert.error_matches(function() kind:load_state_dict(s) end, "state is for optimizer '" .. oname .. "'")
         assert.error_matches(function() opt:load_state_dict(42) end, "expected a table, got a number")
       end)
 
@@ -404,7 +543,7 @@ describe("optimizers", function()
         a.grad = attn.tensor { 1.0, 1.0 }
         b.grad = attn.tensor { 1.0, 1.0, 1.0 }
         assert.error_matches(function() opt:step() end,
-          name .. "%.step: params%[2%] is float32 %[2%] but its grad is float32 %[3%]")
+          name:match("^%S+") .. "%.step: params%[2%] is float32 %[2%] but its grad is float32 %[3%]")
         assert.are.same({ 1.0, 2.0 }, a:totable())
       end)
     end)
@@ -446,7 +585,7 @@ describe("optimizer argument validation", function()
     { function() attn.optim.AdamW { params = { p }, weight_decay = -0.01 } end, "AdamW: weight_decay must be >= 0" },
     { function() attn.optim.AdamW { params = { p }, betas = { 0.9, 1 } } end,
       "AdamW: betas%[2%] must be a number in %[0, 1%)" },
-    { function() attn.optim.AdamW { params = { p }, amsgrad = true } end, "AdamW: unknown option 'amsgrad'" },
+    { function() attn.optim.AdamW { params = { p }, amsgrads = true } end, "AdamW: unknown option 'amsgrads'" },
   }
   for i, case in ipairs(cases) do
     it("case " .. i .. ": " .. case[2]:gsub("%%", ""), function()

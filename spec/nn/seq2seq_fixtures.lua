@@ -1,4 +1,4 @@
--- A tiny synthetic translation task with the data contract of attn.seq2seq
+-- A tiny synthetic translation task with the data contract of attn.d2l.train
 -- (a vocabulary object and a data iterator), independent of the data module.
 local attn = require "attn"
 

@@ -4,7 +4,7 @@
 local attn = require "attn"
 local helper = require "helper"
 local fx = require "nn.seq2seq_fixtures"
-local s2s = require "attn.seq2seq"
+local s2s = require "attn.d2l.train"
 local nn = attn.nn
 
 local function shape(t) return t:shape() end
@@ -186,14 +186,18 @@ describe("nn seq2seq models", function()
     { "Bahdanau", function(vocab_size) return nn.Seq2SeqAttentionDecoder(vocab_size, 16, 16, 2, 0.1) end },
     { "seq2seq", function(vocab_size) return nn.Seq2SeqDecoder(vocab_size, 16, 16, 2, 0.1) end },
   } do
-    it(case[1] .. ": the loss falls in a short run of train_seq2seq", function()
-      local data_iter, src_vocab, tgt_vocab = fx.task(48, 16, 6)
-      local net = nn.EncoderDecoder(nn.Seq2SeqEncoder(#src_vocab, 16, 16, 2, 0.1), case[2](#tgt_vocab))
-      local history = s2s.train_seq2seq(net, data_iter, { lr = 0.01, epochs = 12, tgt_vocab = tgt_vocab,
-        progress = false })
-      assert.equal(12, #history)
-      assert.is_true(history[12].loss < 0.5 * history[1].loss,
-        string.format("loss %.4f -> %.4f", history[1].loss, history[12].loss))
+    it(case[1] .. ": the loss falls in a short run of train_seq2seq, from any of three seeds", function()
+      -- last/first epoch's loss over seeds 1-20: Bahdanau 0.22-0.33, seq2seq 0.21-0.38
+      for seed = 1, 3 do
+        attn.manual_seed(seed)
+        local data_iter, src_vocab, tgt_vocab = fx.task(48, 16, 6)
+        local net = nn.EncoderDecoder(nn.Seq2SeqEncoder(#src_vocab, 16, 16, 2, 0.1), case[2](#tgt_vocab))
+        local history = s2s.train_seq2seq(net, data_iter, { lr = 0.01, epochs = 12, tgt_vocab = tgt_vocab,
+          progress = false })
+        assert.equal(12, #history)
+        assert.is_true(history[12].loss < 0.5 * history[1].loss,
+          string.format("seed %d: loss %.4f -> %.4f", seed, history[1].loss, history[12].loss))
+      end
     end)
   end
 end)

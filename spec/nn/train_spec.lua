@@ -87,74 +87,91 @@ end
 
 -- ---------------------------------------------------------------- specs
 
-describe("training", function()
-  it("a multi-head self-attention model learns to reverse sequences (Adam)", function()
-    attn.manual_seed(0)
-    math.randomseed(1)
-    local vocab, T, B = 8, 6, 32
-    local m = Reverser(vocab, 32, 4)
-    local opt = attn.optim.Adam{ params = m:parameters(), lr = 0.01 }
-    local criterion = nn.CrossEntropyLoss()
-    local steps, t0 = 300, os.clock()
-    local last
-    for _ = 1, steps do
-      local x, y = reverse_batch(B, T, vocab)
-      opt:zero_grad()
-      local loss = criterion(m(x), y)
-      loss:backward()
-      opt:step()
-      last = loss:item()
+-- Each model trains from three seeds (the generator and the data): the asserts hold for every
+-- one, with thresholds measured over 20 seeds, so no seed's luck decides them.
+local SEEDS = { 1, 2, 3 }
+
+-- Trains the reverser from `seed`: held-out cross-entropy and token accuracy.
+local function train_reverser(seed)
+  attn.manual_seed(seed)
+  math.randomseed(seed)
+  local vocab, T, B = 8, 6, 32
+  local m = Reverser(vocab, 32, 4)
+  local opt = attn.optim.Adam{ params = m:parameters(), lr = 0.01 }
+  local criterion = nn.CrossEntropyLoss { class_dim = -1 } -- logits (B, T, V), labels (B, T)
+  local last
+  for _ = 1, 300 do
+    local x, y = reverse_batch(B, T, vocab)
+    opt:zero_grad()
+    local loss = criterion(m(x), y)
+    loss:backward()
+    opt:step()
+    last = loss:item()
+  end
+  m:eval()
+  local x, y = reverse_batch(256, T, vocab) -- held out
+  local logits = attn.no_grad(m, x)
+  return criterion(logits, y):item(), accuracy(logits, y), last
+end
+
+-- Trains the copier from `seed`: held-out token-mean CE, the book's number, token accuracy.
+local function train_copier(seed)
+  attn.manual_seed(seed)
+  math.randomseed(seed)
+  local vocab, T, B = 10, 6, 32
+  local m = Seq2Seq(vocab, 16, 32)
+  -- d2l's train_seq2seq init: Xavier-uniform on every Linear and GRU weight matrix
+  for _, p in ipairs(m:named_parameters()) do -- in order, so the draws are reproducible
+    if p[1]:find("weight") and not p[1]:find("embedding") then nn.init.xavier_uniform_(p[2]) end
+  end
+  local opt = attn.optim.Adam{ params = m:parameters(), lr = 0.01 }
+  local criterion = nn.MaskedSoftmaxCELoss()
+  for step = 1, 400 do
+    if step == 301 then opt.lr = 0.002 end -- a short cool-down
+    local src, sl, di, lab, ll = copy_batch(B, T, vocab)
+    opt:zero_grad()
+    criterion(m(src, sl, di), lab, ll):sum():backward()
+    nn.clip_grad_norm_(m, 1)
+    opt:step()
+  end
+  m:eval()
+  local src, sl, di, lab, ll = copy_batch(128, T, vocab)
+  local pred = attn.no_grad(m, src, sl, di)
+  local mean, book = nn.masked_token_mean(pred, lab, ll)
+  -- accuracy over the valid target positions only
+  local hits, total = 0, 0
+  local argmax = pred:argmax(-1):totable()
+  for b = 1, 128 do
+    for t = 1, ll[b] do
+      total = total + 1
+      if argmax[b][t] == lab[b][t] then hits = hits + 1 end
     end
-    local seconds = os.clock() - t0
-    m:eval()
-    local x, y = reverse_batch(256, T, vocab) -- held out
-    local logits = attn.no_grad(m, x)
-    local loss, acc = criterion(logits, y):item(), accuracy(logits, y)
-    log("reverse: %d steps in %.2f s, last train loss %.2e, held-out loss %.2e, token accuracy %.4f", steps,
-      seconds, last, loss, acc)
-    assert.equal(1, acc)
-    assert.is_true(loss < 0.05, "held-out loss " .. loss)
-    assert.is_true(seconds < 20 * helper.slowdown, "took " .. seconds .. " s")
+  end
+  return mean:item(), book:item(), hits / total
+end
+
+describe("training", function()
+  it("a multi-head self-attention model learns to reverse sequences (Adam), from any of three seeds", function()
+    for _, seed in ipairs(SEEDS) do
+      local loss, acc, last = train_reverser(seed)
+      log("reverse, seed %d: 300 steps, last train loss %.2e, held-out loss %.2e, token accuracy %.4f", seed, last,
+        loss, acc)
+      -- seeds 1-20: accuracy 1 (of 1,536 tokens) every time, held-out loss 4.0e-5 to 1.8e-4
+      assert.is_true(acc >= 0.99, string.format("seed %d: token accuracy %.4f", seed, acc))
+      assert.is_true(loss < 0.01, string.format("seed %d: held-out loss %.2e", seed, loss))
+    end
   end)
 
-  it("a Bahdanau-style GRU encoder-decoder learns to copy (MaskedSoftmaxCELoss, clipping, Xavier init)", function()
-    attn.manual_seed(0)
-    math.randomseed(3)
-    local vocab, T, B = 10, 6, 32
-    local m = Seq2Seq(vocab, 16, 32)
-    -- d2l's train_seq2seq init: Xavier-uniform on every Linear and GRU weight matrix
-    for _, p in ipairs(m:named_parameters()) do -- in order, so the draws are reproducible
-      if p[1]:find("weight") and not p[1]:find("embedding") then nn.init.xavier_uniform_(p[2]) end
+  it("a Bahdanau-style GRU encoder-decoder learns to copy (MaskedSoftmaxCELoss, clipping, Xavier init), from any of"
+    .. " three seeds", function()
+    for _, seed in ipairs(SEEDS) do
+      local mean, book, acc = train_copier(seed)
+      log("copy (seq2seq + additive attention), seed %d: 400 steps, held-out token-mean CE %.2e (book's number %.2e),"
+        .. " token accuracy %.4f", seed, mean, book, acc)
+      -- seeds 1-20: accuracy 1 (of ~580 target tokens) every time, token-mean CE 1.6e-4 to 4.1e-4
+      assert.is_true(acc >= 0.99, string.format("seed %d: token accuracy %.4f", seed, acc))
+      assert.is_true(mean < 0.01, string.format("seed %d: held-out token-mean CE %.2e", seed, mean))
     end
-    local opt = attn.optim.Adam{ params = m:parameters(), lr = 0.01 }
-    local criterion = nn.MaskedSoftmaxCELoss()
-    local steps, t0 = 400, os.clock()
-    for step = 1, steps do
-      if step == 301 then opt.lr = 0.002 end -- a short cool-down
-      local src, sl, di, lab, ll = copy_batch(B, T, vocab)
-      opt:zero_grad()
-      criterion(m(src, sl, di), lab, ll):sum():backward()
-      nn.clip_grad_norm_(m, 1)
-      opt:step()
-    end
-    local seconds = os.clock() - t0
-    m:eval()
-    local src, sl, di, lab, ll = copy_batch(128, T, vocab)
-    local pred = attn.no_grad(m, src, sl, di)
-    local mean, book = nn.masked_token_mean(pred, lab, ll)
-    -- accuracy over the valid target positions only
-    local hits, total = 0, 0
-    local argmax = pred:argmax(-1):totable()
-    for b = 1, 128 do
-      for t = 1, ll[b] do
-        total = total + 1
-        if argmax[b][t] == lab[b][t] then hits = hits + 1 end
-      end
-    end
-    log("copy (seq2seq + additive attention): %d steps in %.2f s, held-out token-mean CE %.2e (book's number %.2e),"
-      .. " token accuracy %.4f", steps, seconds, mean:item(), book:item(), hits / total)
-    assert.equal(total, hits)
-    assert.is_true(mean:item() < 0.05, "held-out token-mean CE " .. mean:item())
   end)
 
   it("keeps memory flat over 1,000 training steps", function()
@@ -163,7 +180,7 @@ describe("training", function()
     local vocab, T, B = 8, 5, 8
     local m = Reverser(vocab, 16, 2)
     local opt = attn.optim.Adam{ params = m:parameters(), lr = 0.01 }
-    local criterion = nn.CrossEntropyLoss()
+    local criterion = nn.CrossEntropyLoss { class_dim = -1 } -- logits (B, T, V), labels (B, T)
     local live100, rss100
     local t0 = os.clock()
     for step = 1, 1000 do
@@ -186,6 +203,7 @@ describe("training", function()
       live100, live1000, rss100 / 2 ^ 20, rss1000 / 2 ^ 20, os.clock() - t0)
     assert.is_true(live1000 <= live100 + 4096, string.format("live bytes grew: %d -> %d", live100, live1000))
     -- AddressSanitizer quarantines freed memory, so the process RSS says nothing there
+    -- (measured from seeds 1-6 in a fresh process: 0 to 3.0 MiB, the most for the first runs)
     if not helper.sanitized then
       assert.is_true(rss1000 - rss100 < 8 * 2 ^ 20, string.format("RSS grew by %d bytes", rss1000 - rss100))
     end

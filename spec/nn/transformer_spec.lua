@@ -3,7 +3,7 @@
 -- causal forward, and a short training run.
 local attn = require "attn"
 local fx = require "nn.seq2seq_fixtures"
-local s2s = require "attn.seq2seq"
+local s2s = require "attn.d2l.train"
 local nn = attn.nn
 require "helper" -- assert.close
 
@@ -153,12 +153,17 @@ describe("nn Transformer", function()
     assert.is_true((bsteps[3] - steps[3]):abs():max():item() > 1e-3)
   end)
 
-  it("the loss falls in a short run of train_seq2seq", function()
-    local data_iter, src_vocab, tgt_vocab = fx.task(48, 16, 6)
-    local net = transformer(#src_vocab, #tgt_vocab, 0.1)
-    local history = s2s.train_seq2seq(net, data_iter, { lr = 0.01, epochs = 12, tgt_vocab = tgt_vocab,
-      progress = false })
-    assert.is_true(history[12].loss < 0.5 * history[1].loss,
-      string.format("loss %.4f -> %.4f", history[1].loss, history[12].loss))
+  it("the loss falls in a short run of train_seq2seq, from any of three seeds", function()
+    -- last/first epoch's loss over seeds 1-20: 0.41-0.54 (seed 12, once this spec's only seed,
+    -- is the lowest; seeds 1, 3, 8 and 10 of the first ten missed the old bound of 0.5)
+    for seed = 1, 3 do
+      attn.manual_seed(seed)
+      local data_iter, src_vocab, tgt_vocab = fx.task(48, 16, 6)
+      local net = transformer(#src_vocab, #tgt_vocab, 0.1)
+      local history = s2s.train_seq2seq(net, data_iter, { lr = 0.01, epochs = 12, tgt_vocab = tgt_vocab,
+        progress = false })
+      assert.is_true(history[12].loss < 0.65 * history[1].loss,
+        string.format("seed %d: loss %.4f -> %.4f", seed, history[1].loss, history[12].loss))
+    end
   end)
 end)

@@ -244,15 +244,8 @@ describe("attn.plot.heatmaps", function()
     end
   end)
 
-  it("draws a (2, 4, 10, 10) figure well under a second", function()
-    local w = attn.rand({ 2, 4, 10, 10 }):softmax(-1)
-    local titles = { "Head 1", "Head 2", "Head 3", "Head 4" }
-    local t0 = os.clock()
-    plot.heatmaps(w, { path = dir .. "/t.png", titles = titles, xlabel = "Keys", ylabel = "Queries" })
-    plot.heatmaps(w, { path = dir .. "/t.svg", titles = titles, xlabel = "Keys", ylabel = "Queries" })
-    local elapsed = os.clock() - t0
-    assert.is_true(elapsed < 0.5 * helper.slowdown, string.format("PNG + SVG took %.3f s", elapsed))
-  end)
+  -- How long a (2, 4, 10, 10) figure takes as PNG + SVG is bench/bench.lua's plot_heatmaps row,
+  -- with the 0.5 s this spec once asserted as its budget; the specs above draw both formats.
 end)
 
 describe("attn.plot.lines", function()

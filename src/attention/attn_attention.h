@@ -82,6 +82,7 @@
 #ifndef ATTN_ATTENTION_H
 #define ATTN_ATTENTION_H
 
+#include "core/attn_saved.h"
 #include "core/attn_tensor.h"
 
 /* Query rows per block of the dot-product attention kernels. */
@@ -148,10 +149,12 @@ static inline int attn_sdpa_flash_size(int64_t Nq, int64_t Nk, int kernel) {
  * times v. lse (B, Nq) float64, contiguous, or NULL: receives each row's
  * log-sum-exp of the scaled, masked scores (+inf for a row with no key) when
  * the flash kernel ran, NaN when the reference path ran; the backward pass
- * uses it to rebuild the weights. */
+ * uses it to rebuild the weights. *flash (when flash is not NULL) receives
+ * which path ran: 1 the flash kernel (lse holds the row statistics), 0 the
+ * reference or tiny path (lse is NaN; give the backward no lse). */
 attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                               const attn_attention_opts *opts, attn_tensor *out, attn_tensor *weights,
-                              attn_tensor *lse);
+                              attn_tensor *lse, int *flash);
 
 /* Gradients of attn_sdpa_forward. dout (B, Nq, dv) and dweights (B, Nq, Nk)
  * are the gradients of the two outputs (either may be NULL: unused output).
@@ -244,17 +247,23 @@ attn_status attn_attention_repeat_rows(const attn_tensor *x, int64_t n, attn_ten
 
 /* ---- the attention layers in one call ------------------------------------- */
 
+/* The buffer additive attention saves for its backward (attn_saved.h), for B samples, Nq
+ * queries, Nk keys and h hidden units: qh (B, Nq, h) = queries W_q^T, kh (B, Nk, h) = keys
+ * W_k^T, scores (B, Nq, Nk); parts in that order (the ATTN_ADDITIVE_SAVED_* indices). */
+enum { ATTN_ADDITIVE_SAVED_QH, ATTN_ADDITIVE_SAVED_KH, ATTN_ADDITIVE_SAVED_SCORES };
+attn_status attn_additive_saved_layout(int64_t B, int64_t Nq, int64_t Nk, int64_t h, attn_saved_layout *l);
+
 /* d2l's AdditiveAttention forward: qh = queries W_q^T (B, Nq, h), kh = keys W_k^T (B, Nk, h),
  * scores = attn_attention_additive_scores_forward(qh, kh, w_v) (B, Nq, Nk), then
  * attn_attention_scores_forward(scores, values, opts, out, weights). queries (B, Nq, q),
  * keys (B, Nk, k), values (B, Nk, dv), w_q (h, q), w_k (h, k), w_v (1, h) or (h). qh, kh and
- * scores are contiguous outputs the backward needs; weights may be NULL. */
+ * scores go to saved (1-D, contiguous, attn_additive_saved_layout's size) for the backward;
+ * weights may be NULL. */
 attn_status attn_attention_additive_layer_forward(const attn_tensor *queries, const attn_tensor *keys,
                                                   const attn_tensor *values, const attn_tensor *w_q,
                                                   const attn_tensor *w_k, const attn_tensor *w_v,
                                                   const attn_attention_opts *opts, attn_tensor *out,
-                                                  attn_tensor *weights, attn_tensor *qh, attn_tensor *kh,
-                                                  attn_tensor *scores);
+                                                  attn_tensor *weights, attn_tensor *saved);
 
 /* Parameters of d2l's MultiHeadAttention, as nn.Linear holds them. */
 typedef struct attn_mha_params {
@@ -263,22 +272,25 @@ typedef struct attn_mha_params {
   int64_t heads;                            /* H, divides h; head width dh = h / H */
 } attn_mha_params;
 
-/* What the multi-head backward needs, written by the forward (contiguous, allocated by the caller). */
-typedef struct attn_mha_saved {
-  attn_tensor *qh, *kh, *vh; /* (B*H, Nq, dh), (B*H, Nk, dh), (B*H, Nk, dh): the projections split into heads */
-  attn_tensor *ctx;          /* (B*H, Nq, dh): attention per head */
-  attn_tensor *merged;       /* (B*Nq, h): ctx with its heads merged, the input of W_o */
-} attn_mha_saved;
+/* The buffer multi-head attention saves for its backward (attn_saved.h), for B samples, Nq
+ * queries, Nk keys, h hidden units in `heads` heads of dh = h / heads: qh (B*H, Nq, dh), kh and
+ * vh (B*H, Nk, dh) (the projections split into heads), ctx (B*H, Nq, dh) (attention per head)
+ * and merged (B*Nq, h) (ctx with its heads merged, the input of W_o); parts in that order (the
+ * ATTN_MHA_SAVED_* indices). Refuses heads not dividing h. */
+enum { ATTN_MHA_SAVED_QH, ATTN_MHA_SAVED_KH, ATTN_MHA_SAVED_VH, ATTN_MHA_SAVED_CTX, ATTN_MHA_SAVED_MERGED };
+attn_status attn_mha_saved_layout(int64_t B, int64_t Nq, int64_t Nk, int64_t h, int64_t heads,
+                                  attn_saved_layout *l);
 
 /* d2l's MultiHeadAttention forward: queries (B, Nq, q), keys (B, Nk, k), values (B, Nk, v) ->
  * out (B, Nq, h) = merge_heads(sdpa(split_heads(queries W_q^T + b_q), ...)) W_o^T + b_o, with
  * the heads batch-major (row b*H + j is head j of sample b). opts are per sample: valid_lens
  * (B) or (B, Nq) are repeated for the heads here; a mask must broadcast to (B*H, Nq, Nk).
- * weights (B*H, Nq, Nk) and lse (B*H, Nq) are as for attn_sdpa_forward and may be NULL. */
+ * weights (B*H, Nq, Nk), lse (B*H, Nq) and flash are as for attn_sdpa_forward and may be NULL.
+ * saved (1-D, contiguous, attn_mha_saved_layout's size) receives what the backward needs. */
 attn_status attn_attention_mha_forward(const attn_tensor *queries, const attn_tensor *keys,
                                        const attn_tensor *values, const attn_mha_params *p,
                                        const attn_attention_opts *opts, attn_tensor *out, attn_tensor *weights,
-                                       attn_tensor *lse, const attn_mha_saved *s);
+                                       attn_tensor *lse, attn_tensor *saved, int *flash);
 
 /* ---- positional encoding ------------------------------------------------- */
 

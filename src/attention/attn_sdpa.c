@@ -103,8 +103,9 @@ static attn_status check_lse(const char *op, const attn_tensor *lse, int64_t B, 
 
 attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                               const attn_attention_opts *o, attn_tensor *out, attn_tensor *weights,
-                              attn_tensor *lse) {
+                              attn_tensor *lse, int *flash) {
   const char *op = "dot_product_attention";
+  if (flash) *flash = 0;
   attn_attention_job J;
   attn_attention_mem mem;
   attn_attention_ctx ctx;
@@ -132,6 +133,7 @@ attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k, const 
         double *l = lse ? attn_tensor_data(lse) : NULL;
         for (int64_t i = 0; l && i < J.B * J.Nq; i++) l[i] = NAN;
       }
+      if (flash) *flash = st == ATTN_OK && done;
     }
   }
   attn_attention_mem_free(&mem);

@@ -12,7 +12,6 @@
  * is not negative, as C's window < 0 means "off"); shapes, ranges and
  * dtypes are the core's to check (attn_attention.c), and option-table keys
  * are Lua's (lua/attn/attention.lua). */
-#include <math.h>
 #include <string.h>
 
 #include "attention/attn_attention.h"
@@ -216,11 +215,12 @@ static int l_sdpa_forward(lua_State *L) {
   attn_tensor *w = need_weights ? attn_l_push_alloc(L, q->dtype, 3, ws) : (lua_pushnil(L), NULL);
   int flash = q->dtype == ATTN_F32 && attn_sdpa_flash_size(ws[1], ws[2], o.kernel);
   attn_tensor *lse = flash ? attn_l_push_alloc(L, ATTN_F64, 2, ws) : NULL;
-  ATTN_L_TRY(L, attn_sdpa_forward(q, k, v, &o, out, w, lse));
+  int flash_ran;
+  ATTN_L_TRY(L, attn_sdpa_forward(q, k, v, &o, out, w, lse, &flash_ran));
   lua_pushvalue(L, out_idx);
   lua_pushvalue(L, out_idx + 1);
   push_seed(L, &o);
-  if (lse && ws[0] * ws[1] > 0 && !isnan(((const double *)attn_tensor_data(lse))[0]))
+  if (flash_ran)
     lua_pushvalue(L, out_idx + 2);
   else
     lua_pushnil(L);
@@ -477,20 +477,6 @@ static attn_tensor *push_out(lua_State *L, attn_dtype dt, int ok, int ndim, int6
   return attn_l_push_alloc(L, dt, ndim, shape);
 }
 
-/* Borrowed contiguous 3-D views of the flat tensor `saved`, one after the other (a fused layer's
- * intermediates for its backward: one allocation and one userdata). */
-static void saved_views(const attn_tensor *saved, int n, const int64_t (*dims)[3], attn_tensor *parts) {
-  int64_t at = saved->offset;
-  for (int i = 0; i < n; i++) {
-    parts[i] = *saved;
-    parts[i].offset = at;
-    parts[i].ndim = 3;
-    for (int d = 0; d < 3; d++) parts[i].shape[d] = dims[i][d];
-    attn_contiguous_strides(3, parts[i].shape, parts[i].stride);
-    at += dims[i][0] * dims[i][1] * dims[i][2];
-  }
-}
-
 /***
  * d2l's AdditiveAttention forward in one call (see attn_attention_additive_layer_forward).
  * @function additive_layer_forward
@@ -504,8 +490,8 @@ static void saved_views(const attn_tensor *saved, int n, const int64_t (*dims)[3
  * @treturn Tensor out (B, Nq, dv)
  * @treturn ?Tensor weights (B, Nq, Nk), nil when need_weights is false
  * @treturn ?integer the dropout seed
- * @treturn Tensor saved: qh (B, Nq, h), kh (B, Nk, h) and scores (B, Nq, Nk), flattened one after
- *   the other, for the backward
+ * @treturn table saved, for the backward: views qh (B, Nq, h), kh (B, Nk, h) and scores
+ *   (B, Nq, Nk) of one buffer (attn_additive_saved_layout)
  */
 static int l_additive_layer_forward(lua_State *L) {
   luaL_checkstack(L, 16, "projected_additive_attention");
@@ -520,14 +506,34 @@ static int l_additive_layer_forward(lua_State *L) {
   attn_tensor *out = push_out(L, q->dtype, ok, 3, B, Nq, ok ? v->shape[2] : 0);
   attn_tensor *w = need_weights ? push_out(L, q->dtype, ok, 3, B, Nq, Nk) : (lua_pushnil(L), NULL);
   push_seed(L, &o);
-  /* what the backward needs, one after the other in one tensor: qh, kh, scores */
-  attn_tensor *saved = push_out(L, q->dtype, ok, 1, B * Nq * h + B * Nk * h + B * Nq * Nk, 0, 0);
-  const int64_t dims[3][3] = {{B, Nq, h}, {B, Nk, h}, {B, Nq, Nk}};
-  attn_tensor parts[3];
-  saved_views(saved, 3, dims, parts);
-  ATTN_L_TRY(L, attn_attention_additive_layer_forward(q, k, v, wq, wk, wv, &o, out, w, &parts[0], &parts[1],
-                                                      &parts[2]));
+  attn_saved_layout lay;
+  ATTN_L_TRY(L, attn_additive_saved_layout(B, Nq, Nk, h, &lay));
+  attn_tensor saved = attn_l_push_saved(L, &lay, q->dtype);
+  ATTN_L_TRY(L, attn_attention_additive_layer_forward(q, k, v, wq, wk, wv, &o, out, w, &saved));
   return lua_gettop(L) - top;
+}
+
+/***
+ * Checks the saved table of additive_layer_forward before its backward reads saved.qh,
+ * saved.kh and saved.scores: each part must have the shape the layout gives for these operands.
+ * @function additive_layer_saved
+ * @tparam table saved additive_layer_forward's fourth result
+ * @tparam Tensor queries (B, Nq, q)
+ * @tparam Tensor keys (B, Nk, k)
+ * @tparam Tensor w_q (h, q)
+ * @treturn table saved
+ */
+static int l_additive_layer_saved(lua_State *L) {
+  const char *fn = "projected_additive_attention backward";
+  attn_tensor *q = attn_l_check(L, 2), *k = attn_l_check(L, 3), *wq = attn_l_check(L, 4);
+  if (q->ndim != 3 || k->ndim != 3 || wq->ndim != 2)
+    return attn_l_error(L, "%s: queries %s, keys %s and W_q %s must be (B, Nq, q), (B, Nk, k) and (h, q)", fn,
+                        attn_tensor_shape_str(q), attn_tensor_shape_str(k), attn_tensor_shape_str(wq));
+  attn_saved_layout lay;
+  ATTN_L_TRY(L, attn_additive_saved_layout(q->shape[0], q->shape[1], k->shape[1], wq->shape[0], &lay));
+  attn_l_check_saved(L, 1, &lay, q->dtype, fn);
+  lua_settop(L, 1);
+  return 1;
 }
 
 /***
@@ -542,9 +548,9 @@ static int l_additive_layer_forward(lua_State *L) {
  * @treturn Tensor out (B, Nq, h)
  * @treturn ?Tensor weights (B*H, Nq, Nk), nil when need_weights is false
  * @treturn ?integer the dropout seed
- * @treturn ?Tensor lse (B*H, Nq) for the flash backward (nil when the reference path ran)
- * @treturn Tensor saved: qh (B*H, Nq, dh), kh and vh (B*H, Nk, dh), ctx (B*H, Nq, dh) and merged
- *   (B*Nq, h), flattened one after the other, for the backward
+ * @treturn table saved, for the backward: views qh (B*H, Nq, dh), kh and vh (B*H, Nk, dh), ctx
+ *   (B*H, Nq, dh) and merged (B*Nq, h) of one buffer (attn_mha_saved_layout); flash, whether the
+ *   flash kernel ran; lse (B*H, Nq), its row statistics for the flash backward (only when it ran)
  */
 static int l_mha_forward(lua_State *L) {
   const char *fn = "multi_head_attention";
@@ -563,27 +569,54 @@ static int l_mha_forward(lua_State *L) {
   int64_t H = p.heads;
   int ok = q->ndim == 3 && k->ndim == 3 && p.w_q->ndim == 2 && H >= 1 && p.w_q->shape[0] % H == 0;
   int64_t B = ok ? q->shape[0] : 0, Nq = ok ? q->shape[1] : 0, Nk = ok ? k->shape[1] : 0;
-  int64_t h = ok ? p.w_q->shape[0] : 0, dh = ok ? h / H : 0;
+  int64_t h = ok ? p.w_q->shape[0] : 0;
   int top = lua_gettop(L);
   attn_tensor *out = push_out(L, q->dtype, ok, 3, B, Nq, h);
   attn_tensor *w = need_weights ? push_out(L, q->dtype, ok, 3, B * H, Nq, Nk) : (lua_pushnil(L), NULL);
   push_seed(L, &o);
   int flash = q->dtype == ATTN_F32 && attn_sdpa_flash_size(Nq, Nk, o.kernel);
-  attn_tensor *lse = flash ? push_out(L, ATTN_F64, ok, 2, B * H, Nq, 0) : (lua_pushnil(L), NULL);
-  /* what the backward needs, one after the other in one tensor (one allocation, one userdata) */
-  int64_t nq = B * H * Nq * dh, nk = B * H * Nk * dh;
-  attn_tensor *saved = push_out(L, q->dtype, ok, 1, 2 * nq + 2 * nk + B * Nq * h, 0, 0);
-  const int64_t dims[5][3] = {{B * H, Nq, dh}, {B * H, Nk, dh}, {B * H, Nk, dh}, {B * H, Nq, dh}, {B * Nq, h, 1}};
-  attn_tensor parts[5];
-  saved_views(saved, 5, dims, parts);
-  parts[4].ndim = 2; /* merged (B*Nq, h) */
-  attn_mha_saved s = {&parts[0], &parts[1], &parts[2], &parts[3], &parts[4]};
-  ATTN_L_TRY(L, attn_attention_mha_forward(q, k, v, &p, &o, out, w, lse, &s));
-  if (lse && !(B * H * Nq > 0 && !isnan(((const double *)attn_tensor_data(lse))[0]))) { /* the reference path ran */
-    lua_pushnil(L);
-    lua_replace(L, top + 4);
+  attn_tensor *lse = flash ? push_out(L, ATTN_F64, ok, 2, B * H, Nq, 0) : NULL;
+  int lse_idx = lua_gettop(L);
+  attn_saved_layout lay;
+  ATTN_L_TRY(L, attn_mha_saved_layout(B, Nq, Nk, h, ok ? H : 1, &lay));
+  attn_tensor saved = attn_l_push_saved(L, &lay, q->dtype);
+  int flash_ran;
+  ATTN_L_TRY(L, attn_attention_mha_forward(q, k, v, &p, &o, out, w, lse, &saved, &flash_ran));
+  /* which path ran, said explicitly; the lse rides along only when the flash backward can use it */
+  lua_pushboolean(L, flash_ran);
+  lua_setfield(L, -2, "flash");
+  if (flash_ran) {
+    lua_pushvalue(L, lse_idx);
+    lua_setfield(L, -2, "lse");
   }
+  if (lse) lua_remove(L, lse_idx);
   return lua_gettop(L) - top;
+}
+
+/***
+ * Checks the saved table of mha_forward before its backward reads its parts (qh, kh, vh, ctx,
+ * merged): each must have the shape the layout gives for these operands.
+ * @function mha_saved
+ * @tparam table saved mha_forward's fourth result
+ * @tparam Tensor queries (B, Nq, q)
+ * @tparam Tensor keys (B, Nk, k)
+ * @tparam integer num_heads H
+ * @tparam Tensor w_q (h, q)
+ * @treturn table saved
+ */
+static int l_mha_saved(lua_State *L) {
+  const char *fn = "multi_head_attention backward";
+  attn_tensor *q = attn_l_check(L, 2), *k = attn_l_check(L, 3);
+  lua_Integer heads = attn_l_checkinteger(L, 4, "num_heads");
+  attn_tensor *wq = attn_l_check(L, 5);
+  if (q->ndim != 3 || k->ndim != 3 || wq->ndim != 2)
+    return attn_l_error(L, "%s: queries %s, keys %s and W_q %s must be (B, Nq, q), (B, Nk, k) and (h, q)", fn,
+                        attn_tensor_shape_str(q), attn_tensor_shape_str(k), attn_tensor_shape_str(wq));
+  attn_saved_layout lay;
+  ATTN_L_TRY(L, attn_mha_saved_layout(q->shape[0], q->shape[1], k->shape[1], wq->shape[0], (int64_t)heads, &lay));
+  attn_l_check_saved(L, 1, &lay, q->dtype, fn);
+  lua_settop(L, 1);
+  return 1;
 }
 
 /***
@@ -642,7 +675,9 @@ static const luaL_Reg attention_functions[] = {
     {"split_heads", l_split_heads},
     {"merge_heads", l_merge_heads},
     {"additive_layer_forward", l_additive_layer_forward},
+    {"additive_layer_saved", l_additive_layer_saved},
     {"mha_forward", l_mha_forward},
+    {"mha_saved", l_mha_saved},
     {"repeat_rows", l_repeat_rows},
     {NULL, NULL},
 };

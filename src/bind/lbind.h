@@ -119,6 +119,17 @@ int attn_l_in_finalizer(lua_State *L);
  * binding made goes through here. */
 void attn_l_release(lua_State *L, attn_tensor *t);
 
+/* A fused op's saved buffer (attn_saved.h): allocates one flat tensor of dt with l's entries and
+ * pushes a table of contiguous views of it, one field per part (saved.qh, saved.kh, ...), and the
+ * flat tensor as saved.buffer. Returns the flat tensor for the kernel (a struct copy: the table
+ * keeps the storage alive). Push every output before taking raw pointers, as for
+ * attn_l_push_alloc. */
+attn_tensor attn_l_push_saved(lua_State *L, const attn_saved_layout *l, attn_dtype dt);
+/* saved.buffer of the saved table at idx, for a backward: each part must be the forward's view
+ * of it with the shape of l (the layout recomputed from the backward's operands); raises naming
+ * fn, the part and both shapes otherwise. */
+attn_tensor attn_l_check_saved(lua_State *L, int idx, const attn_saved_layout *l, attn_dtype dt, const char *fn);
+
 /* Registers fns into the table on top, each wrapped so that what may run Lua
  * code (GC steps paid for tensor bytes, frees requested by finalizers) runs
  * only after the function has returned and its results are on the stack. */

@@ -75,6 +75,7 @@ BINARY_FN(gt, ATTN_GT)
 BINARY_FN(ge, ATTN_GE)
 BINARY_FN(tanh_backward, ATTN_TANH_GRAD)
 BINARY_FN(sigmoid_backward, ATTN_SIGMOID_GRAD)
+BINARY_FN(gelu_backward, ATTN_GELU_GRAD)
 BINARY_INPLACE_FN(add, ATTN_ADD)
 BINARY_INPLACE_FN(sub, ATTN_SUB)
 BINARY_INPLACE_FN(mul, ATTN_MUL)
@@ -102,6 +103,8 @@ UNARY_FN(square, ATTN_SQUARE)
 UNARY_FN(reciprocal, ATTN_RECIPROCAL)
 UNARY_FN(sin, ATTN_SIN)
 UNARY_FN(cos, ATTN_COS)
+UNARY_FN(erf, ATTN_ERF)
+UNARY_FN(gelu, ATTN_GELU)
 
 /* where(cond, a, b): a and b tensors or numbers (at least one tensor among all three). */
 static int l_where(lua_State *L) {
@@ -258,9 +261,15 @@ static int l_index_select(lua_State *L) {
   attn_tensor *x = attn_l_check(L, 1);
   int dim = attn_l_checkdim(L, 2, x->ndim, 0, "index_select");
   int64_t *idx;
-  int64_t n = attn_l_checkindices(L, 3, &idx, "index_select");
+  /* the output is sized before the indices are read: a huge expanded index fails at once */
+  attn_tensor *it = attn_l_test(L, 3);
   int64_t shape[ATTN_MAX_DIMS];
   memcpy(shape, x->shape, sizeof shape);
+  shape[dim] = it ? attn_tensor_numel(it) : (lua_istable(L, 3) ? (int64_t)lua_rawlen(L, 3) : 0);
+  /* (an index list too long to convert at all keeps attn_l_checkindices' own message) */
+  if ((uint64_t)shape[dim] <= attn_alloc_max_request() / sizeof(int64_t))
+    ATTN_L_TRY(L, attn_tensor_check_size("index_select", "output", x->dtype, x->ndim, shape));
+  int64_t n = attn_l_checkindices(L, 3, &idx, "index_select");
   shape[dim] = n;
   attn_tensor *out = attn_l_push_alloc(L, x->dtype, x->ndim, shape);
   ATTN_L_TRY(L, attn_index_select(x, dim, idx, n, out));
@@ -339,6 +348,52 @@ static int l_check_ids(lua_State *L) {
   return 1;
 }
 
+/* check_size(fn, what, shape, dtype): raises (naming fn, what and the bytes) when a tensor of
+ * that shape and dtype is larger than the allocator may hand out; for callers that walk their
+ * inputs before making their output (attn_tensor_check_size). Returns nothing. */
+static int l_check_size(lua_State *L) {
+  const char *fn = attn_l_checklstring(L, 1, "fn", NULL), *what = attn_l_checklstring(L, 2, "what", NULL);
+  int64_t shape[ATTN_MAX_DIMS];
+  attn_l_checktable(L, 3, "shape");
+  lua_settop(L, 4);
+  int nd = attn_l_checkshape(L, 3, shape, fn);
+  attn_dtype dt = attn_l_optdtype(L, 4, ATTN_F32);
+  ATTN_L_TRY(L, attn_tensor_check_size(fn, what, dt, nd, shape));
+  return 0;
+}
+
+/* cumsum(x, dim [, reverse]), cumprod(x, dim): fresh tensors of x's shape (attn_cumulative). */
+static int scan(lua_State *L, attn_scan_op op, const char *fn) {
+  attn_tensor *x = attn_l_check(L, 1);
+  int dim = attn_l_checkdim(L, 2, x->ndim, 0, fn);
+  if (op == ATTN_CUMSUM && lua_toboolean(L, 3)) op = ATTN_CUMSUM_REVERSE;
+  attn_tensor *out = attn_l_push_like(L, x);
+  ATTN_L_TRY(L, attn_cumulative(op, x, dim, out));
+  return 1;
+}
+static int l_cumsum(lua_State *L) { return scan(L, ATTN_CUMSUM, "cumsum"); }
+static int l_cumprod(lua_State *L) { return scan(L, ATTN_CUMPROD, "cumprod"); }
+
+/* cumprod_backward(x, y, g, dim): the gradient of y = cumprod(x, dim), zeros in x included. */
+static int l_cumprod_backward(lua_State *L) {
+  attn_tensor *x = attn_l_check(L, 1), *y = attn_l_check(L, 2), *g = attn_l_check(L, 3);
+  int dim = attn_l_checkdim(L, 4, x->ndim, 0, "cumprod_backward");
+  attn_tensor *out = attn_l_push_like(L, x);
+  ATTN_L_TRY(L, attn_cumprod_backward(x, y, g, dim, out));
+  return 1;
+}
+
+/* tril(x [, k]), triu(x [, k]): the lower / upper triangle of the last two dims (attn_triangle). */
+static int triangle(lua_State *L, int upper) {
+  attn_tensor *x = attn_l_check(L, 1);
+  lua_Integer k = attn_l_optinteger(L, 2, "diagonal", 0);
+  attn_tensor *out = attn_l_push_like(L, x);
+  ATTN_L_TRY(L, attn_triangle(x, (int64_t)k, upper, out));
+  return 1;
+}
+static int l_tril(lua_State *L) { return triangle(L, 0); }
+static int l_triu(lua_State *L) { return triangle(L, 1); }
+
 /* dropout(x, p [, seed]) -> out, seed: the engine's dropout (attn_dropout.h).
  * Without a seed one is drawn from the generator; backward passes it again
  * to rebuild the same mask. */
@@ -354,6 +409,7 @@ static int l_dropout(lua_State *L) {
 
 static const luaL_Reg math_functions[] = {
     {"tanh_backward", l_tanh_backward}, {"sigmoid_backward", l_sigmoid_backward},
+    {"gelu_backward", l_gelu_backward}, {"erf", l_erf}, {"gelu", l_gelu},
     {"check_ids", l_check_ids}, {"sort", l_sort},
     {"add", l_add},         {"sub", l_sub},         {"mul", l_mul},
     {"div", l_div},         {"pow", l_pow},         {"maximum", l_maximum},
@@ -374,6 +430,8 @@ static const luaL_Reg math_functions[] = {
     {"index_select", l_index_select},
     {"index_add_", l_index_add_}, {"gather", l_gather}, {"scatter_add_", l_scatter_add_},
     {"dropout", l_dropout},
+    {"check_size", l_check_size}, {"cumsum", l_cumsum}, {"cumprod", l_cumprod},
+    {"cumprod_backward", l_cumprod_backward}, {"tril", l_tril}, {"triu", l_triu},
     {NULL, NULL},
 };
 

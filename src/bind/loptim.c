@@ -4,29 +4,32 @@
 #include "bind/lbind.h"
 
 /* adam_step(p, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay,
- * decoupled, step): updates p, exp_avg and exp_avg_sq in place; returns p. */
+ * decoupled, step[, maximize, max_exp_avg_sq|nil]): updates p, exp_avg and
+ * exp_avg_sq (and max_exp_avg_sq: amsgrad) in place; returns p. */
 static int l_adam_step(lua_State *L) {
   attn_tensor *p = attn_l_check(L, 1), *g = attn_l_check(L, 2), *m = attn_l_check(L, 3), *v = attn_l_check(L, 4);
   attn_adam_options o = {attn_l_checknumber(L, 5, "lr"), attn_l_checknumber(L, 6, "beta1"),
                          attn_l_checknumber(L, 7, "beta2"), attn_l_checknumber(L, 8, "eps"),
                          attn_l_checknumber(L, 9, "weight_decay"), lua_toboolean(L, 10),
-                         (int64_t)attn_l_checkinteger(L, 11, "step")};
-  ATTN_L_TRY(L, attn_adam_step(p, g, m, v, &o));
+                         (int64_t)attn_l_checkinteger(L, 11, "step"), lua_toboolean(L, 12)};
+  attn_tensor *vmax = lua_isnoneornil(L, 13) ? NULL : attn_l_check(L, 13);
+  ATTN_L_TRY(L, attn_adam_step(p, g, m, v, vmax, &o));
   attn_l_bump_version(p);
   attn_l_bump_version(m);
   attn_l_bump_version(v);
+  if (vmax) attn_l_bump_version(vmax);
   lua_settop(L, 1);
   return 1;
 }
 
 /* sgd_step(p, grad, buf|nil, lr, momentum, dampening, weight_decay, nesterov,
- * first): updates p (and buf) in place; returns p. */
+ * first[, maximize]): updates p (and buf) in place; returns p. */
 static int l_sgd_step(lua_State *L) {
   attn_tensor *p = attn_l_check(L, 1), *g = attn_l_check(L, 2);
   attn_tensor *buf = lua_isnil(L, 3) ? NULL : attn_l_check(L, 3);
   attn_sgd_options o = {attn_l_checknumber(L, 4, "lr"), attn_l_checknumber(L, 5, "momentum"),
                         attn_l_checknumber(L, 6, "dampening"), attn_l_checknumber(L, 7, "weight_decay"),
-                        lua_toboolean(L, 8), lua_toboolean(L, 9)};
+                        lua_toboolean(L, 8), lua_toboolean(L, 9), lua_toboolean(L, 10)};
   ATTN_L_TRY(L, attn_sgd_step(p, g, buf, &o));
   attn_l_bump_version(p);
   if (buf) attn_l_bump_version(buf);
@@ -49,12 +52,15 @@ static attn_tensor **check_list(lua_State *L, int arg, int64_t *n) {
   return list;
 }
 
-/* grads_norm(list) -> the L2 norm of the tensors taken together (contiguous) */
+/* grads_norm(list[, p]) -> the p-norm (default 2; math.huge: max |x|) of the
+ * tensors taken together (contiguous) */
 static int l_grads_norm(lua_State *L) {
+  double p = lua_isnoneornil(L, 2) ? 2 : attn_l_checknumber(L, 2, "p");
+  lua_settop(L, 1);
   int64_t n;
   attn_tensor **list = check_list(L, 1, &n);
   double norm;
-  ATTN_L_TRY(L, attn_grads_norm(n, (const attn_tensor *const *)list, &norm));
+  ATTN_L_TRY(L, attn_grads_norm_p(n, (const attn_tensor *const *)list, p, &norm));
   lua_pushnumber(L, norm);
   return 1;
 }
@@ -65,6 +71,17 @@ static int l_grads_scale_(lua_State *L) {
   int64_t n;
   attn_tensor **list = check_list(L, 1, &n);
   ATTN_L_TRY(L, attn_grads_scale_(n, list, scale));
+  for (int64_t i = 0; i < n; i++) attn_l_bump_version(list[i]);
+  return 0;
+}
+
+/* grads_clamp_(list, lo, hi): every tensor clamped in place to [lo, hi] */
+static int l_grads_clamp_(lua_State *L) {
+  double lo = attn_l_checknumber(L, 2, "lo"), hi = attn_l_checknumber(L, 3, "hi");
+  lua_settop(L, 1);
+  int64_t n;
+  attn_tensor **list = check_list(L, 1, &n);
+  ATTN_L_TRY(L, attn_grads_clamp_(n, list, lo, hi));
   for (int64_t i = 0; i < n; i++) attn_l_bump_version(list[i]);
   return 0;
 }
@@ -85,9 +102,9 @@ typedef struct {
 static void read_step_lists(lua_State *L, int count, const char *const *names, step_lists *s) {
   attn_l_checktable(L, 1, "params");
   int64_t n = (int64_t)lua_rawlen(L, 1);
-  int present[4] = {0, 0, 0, 0};
+  int present[5] = {0, 0, 0, 0, 0};
   for (int j = 0; j < count; j++) {
-    if (j >= 2 && lua_isnil(L, j + 1)) continue; /* sgd_steps without momentum buffers */
+    if (j >= 2 && lua_isnil(L, j + 1)) continue; /* sgd_steps without momentum buffers, adam without amsgrad */
     attn_l_checktable(L, j + 1, names[j]);
     if ((int64_t)lua_rawlen(L, j + 1) != n)
       attn_l_error(L, "%s: %s has %d entries, params %d", attn_l_fname(L), names[j], (int)lua_rawlen(L, j + 1), (int)n);
@@ -100,7 +117,7 @@ static void read_step_lists(lua_State *L, int count, const char *const *names, s
   s->left = s->position + per;
   s->n = n, s->fused = 0, s->nleft = 0;
   for (int64_t i = 0; i < n; i++) {
-    attn_tensor *row[4] = {NULL, NULL, NULL, NULL};
+    attn_tensor *row[5] = {NULL, NULL, NULL, NULL, NULL};
     int contiguous = 1;
     for (int j = 0; j < count; j++) {
       if (!present[j]) continue;
@@ -131,16 +148,20 @@ static int push_left(lua_State *L, const step_lists *s) {
 }
 
 /* adam_steps(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2,
- * eps, weight_decay, decoupled): one Adam update per position (steps[i] its
- * step count), every parameter checked before any changes. Entries with an
- * operand that is not contiguous are left to the caller: returns nil, or
- * the list of their positions. */
+ * eps, weight_decay, decoupled[, maximize, max_exp_avg_sqs|nil]): one Adam
+ * update per position (steps[i] its step count; amsgrad when the list of
+ * max_exp_avg_sqs is given), every parameter checked before any changes.
+ * Entries with an operand that is not contiguous are left to the caller:
+ * returns nil, or the list of their positions. */
 static int l_adam_steps(lua_State *L) {
   attn_adam_options o = {attn_l_checknumber(L, 6, "lr"), attn_l_checknumber(L, 7, "beta1"),
                          attn_l_checknumber(L, 8, "beta2"), attn_l_checknumber(L, 9, "eps"),
-                         attn_l_checknumber(L, 10, "weight_decay"), lua_toboolean(L, 11), 0};
+                         attn_l_checknumber(L, 10, "weight_decay"), lua_toboolean(L, 11), 0, lua_toboolean(L, 12)};
   attn_l_checktable(L, 5, "steps");
-  lua_settop(L, 5);
+  int has_max = !lua_isnoneornil(L, 13);
+  lua_settop(L, 13);
+  lua_copy(L, 13, 6); /* the max list becomes list 5, after steps (read below from 5) */
+  lua_settop(L, 6);
   int64_t n = (int64_t)lua_rawlen(L, 1);
   if ((int64_t)lua_rawlen(L, 5) != n) attn_l_error(L, "adam_steps: steps has %d entries, params %d",
                                                    (int)lua_rawlen(L, 5), (int)n);
@@ -152,28 +173,30 @@ static int l_adam_steps(lua_State *L) {
     if (!isint) attn_l_error(L, "adam_steps: steps[%d] must be an integer", (int)i + 1);
     lua_pop(L, 1);
   }
-  static const char *const names[] = {"params", "grads", "exp_avgs", "exp_avg_sqs"};
+  lua_copy(L, 6, 5); /* steps read: the max list (or nil) takes its place as list 5 */
+  static const char *const names[] = {"params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"};
   step_lists s;
-  read_step_lists(L, 4, names, &s);
+  read_step_lists(L, 5, names, &s);
   for (int64_t k = 0; k < s.fused; k++) steps[k] = steps[s.position[k] - 1]; /* packed like the tensors */
-  ATTN_L_TRY(L, attn_adam_steps(s.fused, s.t, (const attn_tensor *const *)s.t + n, s.t + 2 * n, s.t + 3 * n, steps,
-                                &o));
+  ATTN_L_TRY(L, attn_adam_steps(s.fused, s.t, (const attn_tensor *const *)s.t + n, s.t + 2 * n, s.t + 3 * n,
+                                has_max ? s.t + 4 * n : NULL, steps, &o));
   for (int64_t k = 0; k < s.fused; k++) {
     attn_l_bump_version(s.t[k]);
     attn_l_bump_version(s.t[2 * n + k]);
     attn_l_bump_version(s.t[3 * n + k]);
+    if (has_max) attn_l_bump_version(s.t[4 * n + k]);
   }
   return push_left(L, &s);
 }
 
 /* sgd_steps(params, grads, bufs|nil, firsts|nil, lr, momentum, dampening,
- * weight_decay, nesterov): one SGD update per position; bufs nil when
+ * weight_decay, nesterov[, maximize]): one SGD update per position; bufs nil when
  * momentum is 0; firsts[i] true when bufs[i] holds nothing yet (nil: none). Returns as
  * adam_steps. */
 static int l_sgd_steps(lua_State *L) {
   attn_sgd_options o = {attn_l_checknumber(L, 5, "lr"), attn_l_checknumber(L, 6, "momentum"),
                         attn_l_checknumber(L, 7, "dampening"), attn_l_checknumber(L, 8, "weight_decay"),
-                        lua_toboolean(L, 9), 0};
+                        lua_toboolean(L, 9), 0, lua_toboolean(L, 10)};
   int has_first = !lua_isnil(L, 4);
   if (has_first) attn_l_checktable(L, 4, "firsts");
   lua_settop(L, 4);
@@ -209,6 +232,7 @@ static const luaL_Reg optim_functions[] = {
     {"sgd_step", l_sgd_step},
     {"grads_norm", l_grads_norm},
     {"grads_scale_", l_grads_scale_},
+    {"grads_clamp_", l_grads_clamp_},
     {NULL, NULL},
 };
 

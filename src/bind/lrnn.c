@@ -55,7 +55,8 @@ static void push_param_grads(lua_State *L, int layers, const attn_tensor **w_ih,
     }
 }
 
-/* gru_forward(x, h0|nil, params, dropout, seed|nil) -> out, hn, saved, seed */
+/* gru_forward(x, h0|nil, params, dropout, seed|nil) -> out, hn, saved (table of the parts of
+ * attn_gru_saved_layout: hs, rz, n, ghn), seed */
 static int l_gru_forward(lua_State *L) {
   const char *fn = "gru";
   const attn_tensor *w_ih[MAX_LAYERS], *w_hh[MAX_LAYERS], *b_ih[MAX_LAYERS], *b_hh[MAX_LAYERS];
@@ -70,11 +71,12 @@ static int l_gru_forward(lua_State *L) {
                         attn_tensor_shape_str(x), attn_tensor_shape_str(w_hh[0]));
   int64_t T = x->shape[0], B = x->shape[1], H = w_hh[0]->shape[1];
   int64_t out_shape[3] = {T, B, H}, hn_shape[3] = {layers, B, H};
-  int64_t saved_n = attn_gru_saved_numel(T, B, H, layers);
+  attn_saved_layout lay;
+  ATTN_L_TRY(L, attn_gru_saved_layout(T, B, H, layers, &lay));
   attn_tensor *out = attn_l_push_alloc(L, x->dtype, 3, out_shape);
   attn_tensor *hn = attn_l_push_alloc(L, x->dtype, 3, hn_shape);
-  attn_tensor *saved = attn_l_push_alloc(L, x->dtype, 1, &saved_n);
-  ATTN_L_TRY(L, attn_gru_forward(x, h0, layers, w_ih, w_hh, b_ih, b_hh, p, seed, out, hn, saved));
+  attn_tensor saved = attn_l_push_saved(L, &lay, x->dtype);
+  ATTN_L_TRY(L, attn_gru_forward(x, h0, layers, w_ih, w_hh, b_ih, b_hh, p, seed, out, hn, &saved));
   lua_pushinteger(L, (lua_Integer)seed);
   return 4;
 }
@@ -90,7 +92,12 @@ static int l_gru_backward(lua_State *L) {
   int layers = read_params(L, 3, w_ih, w_hh, b_ih, b_hh, fn);
   double p = check_dropout(L, 4, fn);
   uint64_t seed = (uint64_t)attn_l_checkinteger(L, 5, "seed");
-  attn_tensor *saved = attn_l_check(L, 6);
+  if (x->ndim != 3 || w_hh[0]->ndim != 2)
+    return attn_l_error(L, "%s: input %s must be (T, B, input_size) and weight_hh_l0 %s (3h, h)", fn,
+                        attn_tensor_shape_str(x), attn_tensor_shape_str(w_hh[0]));
+  attn_saved_layout lay;
+  ATTN_L_TRY(L, attn_gru_saved_layout(x->shape[0], x->shape[1], w_hh[0]->shape[1], layers, &lay));
+  attn_tensor saved = attn_l_check_saved(L, 6, &lay, x->dtype, fn);
   attn_tensor *dout = lua_isnoneornil(L, 7) ? NULL : attn_l_check(L, 7);
   attn_tensor *dhn = lua_isnoneornil(L, 8) ? NULL : attn_l_check(L, 8);
   lua_settop(L, 8);
@@ -101,7 +108,7 @@ static int l_gru_backward(lua_State *L) {
   else
     lua_pushnil(L);
   push_param_grads(L, layers, w_ih, w_hh, b_ih, b_hh, dw_ih, dw_hh, db_ih, db_hh);
-  ATTN_L_TRY(L, attn_gru_backward(x, h0, layers, w_ih, w_hh, p, seed, saved, dout, dhn, dx, dh0, dw_ih, dw_hh,
+  ATTN_L_TRY(L, attn_gru_backward(x, h0, layers, w_ih, w_hh, p, seed, &saved, dout, dhn, dx, dh0, dw_ih, dw_hh,
                                   db_ih, db_hh));
   return 3;
 }
@@ -128,7 +135,8 @@ static void read_decoder(lua_State *L, attn_decoder_args *a, const attn_tensor *
 }
 
 /* decoder_forward(W_k, values, valid_lens|nil, emb, h0, W_q, w_v, params, p_attention, p_rnn,
- * seed|nil) -> out (B, T, H), hn (L, B, H), weights (B, T, Nk), saved, seed */
+ * seed|nil) -> out (B, T, H), hn (L, B, H), weights (B, T, Nk), saved (table of the parts of
+ * attn_decoder_saved_layout), seed */
 static int l_decoder_forward(lua_State *L) {
   const char *fn = "attention_decoder";
   const attn_tensor *w_ih[MAX_LAYERS], *w_hh[MAX_LAYERS], *b_ih[MAX_LAYERS], *b_hh[MAX_LAYERS];
@@ -138,13 +146,14 @@ static int l_decoder_forward(lua_State *L) {
   lua_settop(L, 11);
   ATTN_L_TRY(L, attn_decoder_check(fn, &a, &d)); /* shapes first: the outputs' sizes come from them */
   int64_t out_shape[3] = {d.B, d.T, d.H}, hn_shape[3] = {d.layers, d.B, d.H}, w_shape[3] = {d.B, d.T, d.Nk};
-  int64_t saved_n = attn_decoder_saved_numel(&d);
+  attn_saved_layout lay;
+  ATTN_L_TRY(L, attn_decoder_saved_layout(&d, &lay));
   attn_dtype dt = a.emb->dtype;
   attn_tensor *out = attn_l_push_alloc(L, dt, 3, out_shape);
   attn_tensor *hn = attn_l_push_alloc(L, dt, 3, hn_shape);
   attn_tensor *weights = attn_l_push_alloc(L, dt, 3, w_shape);
-  attn_tensor *saved = attn_l_push_alloc(L, dt, 1, &saved_n);
-  ATTN_L_TRY(L, attn_decoder_forward(&a, out, hn, weights, saved));
+  attn_tensor saved = attn_l_push_saved(L, &lay, dt);
+  ATTN_L_TRY(L, attn_decoder_forward(&a, out, hn, weights, &saved));
   lua_pushinteger(L, (lua_Integer)a.seed);
   return 5;
 }
@@ -160,11 +169,13 @@ static int l_decoder_backward(lua_State *L) {
   attn_decoder_dims d;
   read_decoder(L, &a, w_ih, w_hh, b_ih, b_hh, fn);
   a.seed = (uint64_t)attn_l_checkinteger(L, 11, "seed");
-  attn_tensor *saved = attn_l_check(L, 12);
   attn_tensor *dout = lua_isnoneornil(L, 13) ? NULL : attn_l_check(L, 13);
   attn_tensor *dhn = lua_isnoneornil(L, 14) ? NULL : attn_l_check(L, 14);
   lua_settop(L, 14);
   ATTN_L_TRY(L, attn_decoder_check(fn, &a, &d));
+  attn_saved_layout lay;
+  ATTN_L_TRY(L, attn_decoder_saved_layout(&d, &lay));
+  attn_tensor saved = attn_l_check_saved(L, 12, &lay, a.emb->dtype, fn);
   attn_decoder_grads g = {.w_ih = dw_ih, .w_hh = dw_hh, .b_ih = db_ih, .b_hh = db_hh};
   g.w_k = attn_l_push_like(L, a.w_k);
   g.values = attn_l_push_like(L, a.values);
@@ -173,7 +184,7 @@ static int l_decoder_backward(lua_State *L) {
   g.w_q = attn_l_push_like(L, a.w_q);
   g.w_v = attn_l_push_like(L, a.w_v);
   push_param_grads(L, a.layers, w_ih, w_hh, b_ih, b_hh, dw_ih, dw_hh, db_ih, db_hh);
-  ATTN_L_TRY(L, attn_decoder_backward(&a, saved, dout, dhn, &g));
+  ATTN_L_TRY(L, attn_decoder_backward(&a, &saved, dout, dhn, &g));
   return 7;
 }
 

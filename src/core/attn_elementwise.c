@@ -8,11 +8,21 @@
 #include "core/attn_ops.h"
 #include "core/attn_vmath.h"
 
+/* GELU and its derivative in double (libm's erfc: no cancellation for negative x, where 1 + erf
+ * would lose every digit): Phi(x) = erfc(-x / sqrt 2) / 2, phi(x) = exp(-x^2 / 2) / sqrt(2 pi). */
+#define ATTN_SQRT1_2 0.70710678118654752440
+#define ATTN_INV_SQRT_2PI 0.39894228040143267794
+static inline double gelu_d(double x) { return 0.5 * x * erfc(-x * ATTN_SQRT1_2); }
+static inline double gelu_grad_d(double x) {
+  return 0.5 * erfc(-x * ATTN_SQRT1_2) + x * exp(-0.5 * x * x) * ATTN_INV_SQRT_2PI;
+}
+
 static const char *binary_names[ATTN_BINARY_COUNT] = {"add", "sub", "mul", "div", "pow", "maximum",
                                                        "minimum", "eq", "ne", "lt", "le", "gt", "ge",
-                                                       "tanh_backward", "sigmoid_backward"};
+                                                       "tanh_backward", "sigmoid_backward", "gelu_backward"};
 static const char *unary_names[ATTN_UNARY_COUNT] = {"neg", "exp", "log", "sqrt", "tanh", "sigmoid", "relu",
-                                                     "abs", "sign", "square", "reciprocal", "sin", "cos"};
+                                                     "abs", "sign", "square", "reciprocal", "sin", "cos",
+                                                     "erf", "gelu"};
 
 const char *attn_binary_name(attn_binary_op op) { return binary_names[op]; }
 const char *attn_unary_name(attn_unary_op op) { return unary_names[op]; }
@@ -75,6 +85,7 @@ const char *attn_unary_name(attn_unary_op op) { return unary_names[op]; }
     case ATTN_GE: BINARY_LOOP(T, (T)(x >= y)); break;                                   \
     case ATTN_TANH_GRAD: BINARY_LOOP(T, x * (1 - y * y)); break;                        \
     case ATTN_SIGMOID_GRAD: BINARY_LOOP(T, x * (y * (1 - y))); break;                   \
+    case ATTN_GELU_GRAD: BINARY_LOOP(T, (T)((double)x * gelu_grad_d((double)y))); break; \
     default: break;                                                                     \
     }                                                                                   \
   }
@@ -107,7 +118,7 @@ static void binary_i64(int64_t n, char **p, const int64_t *st, void *ctx) {
 
 /* The int64 subset of the binary ops; the rest go through attn_check_float. */
 static attn_status check_binary_dtype(attn_binary_op op, const attn_tensor *t) {
-  if (op == ATTN_DIV || op == ATTN_POW) return attn_check_float(binary_names[op], t);
+  if (op == ATTN_DIV || op == ATTN_POW || op >= ATTN_TANH_GRAD) return attn_check_float(binary_names[op], t);
   return ATTN_OK;
 }
 
@@ -270,6 +281,8 @@ attn_status attn_binary_scalar(attn_binary_op op, const attn_tensor *a, double s
     case ATTN_RECIPROCAL: UNARY_LOOP(T, one / x); break;                                \
     case ATTN_SIN: UNARY_LOOP(T, sin(x)); break;                                        \
     case ATTN_COS: UNARY_LOOP(T, cos(x)); break;                                        \
+    case ATTN_ERF: UNARY_LOOP(T, (T)erf((double)x)); break;                             \
+    case ATTN_GELU: UNARY_LOOP(T, (T)gelu_d((double)x)); break;                         \
     default: break;                                                                     \
     }                                                                                   \
   }

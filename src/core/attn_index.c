@@ -223,3 +223,34 @@ attn_status attn_eye(attn_tensor *out) {
   }
   return ATTN_OK;
 }
+
+attn_status attn_triangle(const attn_tensor *x, int64_t k, int upper, attn_tensor *out) {
+  const char *op = upper ? "triu" : "tril";
+  if (x->ndim < 2)
+    return attn_error(ATTN_ERR_SHAPE, "%s: input %s must have at least 2 dims", op, attn_tensor_shape_str(x));
+  int same = out->ndim == x->ndim && out->dtype == x->dtype;
+  for (int d = 0; same && d < x->ndim; d++) same = out->shape[d] == x->shape[d];
+  if (!same)
+    return attn_error(ATTN_ERR_SHAPE, "%s: output %s %s must have the input's shape and dtype %s %s", op,
+                      attn_dtype_name(out->dtype), attn_tensor_shape_str(out), attn_dtype_name(x->dtype),
+                      attn_tensor_shape_str(x));
+  attn_status st = attn_copy(out, x);
+  int64_t R = x->shape[x->ndim - 2], C = x->shape[x->ndim - 1];
+  if (st != ATTN_OK || R == 0 || C == 0) return st;
+  /* k past the matrix keeps (or clears) everything; clamped, i + k cannot overflow */
+  if (k > C) k = C;
+  if (k < -R) k = -R;
+  int rdim = x->ndim - 2, cdim = x->ndim - 1;
+  for (int64_t i = 0; i < R && st == ATTN_OK; i++) {
+    /* the columns to clear in row i: [i + k + 1, C) for tril, [0, i + k) for triu */
+    int64_t lo = upper ? 0 : i + k + 1, hi = upper ? i + k : C;
+    if (lo < 0) lo = 0;
+    if (hi > C) hi = C;
+    if (hi <= lo) continue;
+    attn_tensor row = *out;
+    attn_view_select(&row, rdim, i);
+    attn_view_narrow(&row, cdim - 1, lo, hi - lo);
+    st = attn_fill(&row, 0);
+  }
+  return st;
+}

@@ -20,12 +20,17 @@ typedef enum {
   /* gradients through an activation from its output y, with x the incoming
    * gradient: x (1 - y^2) for tanh, x y (1 - y) for sigmoid (one pass, no temporaries) */
   ATTN_TANH_GRAD, ATTN_SIGMOID_GRAD,
+  /* x gelu'(y) with y the activation's input: x (Phi(y) + y phi(y)), Phi, phi the standard normal
+   * CDF and density (libm's erfc, so exact to double rounding) */
+  ATTN_GELU_GRAD,
   ATTN_BINARY_COUNT
 } attn_binary_op;
 
 typedef enum {
   ATTN_NEG, ATTN_EXP, ATTN_LOG, ATTN_SQRT, ATTN_TANH, ATTN_SIGMOID, ATTN_RELU, ATTN_ABS,
   ATTN_SIGN, ATTN_SQUARE, ATTN_RECIPROCAL, ATTN_SIN, ATTN_COS,
+  /* libm's erf, and the exact GELU x Phi(x) = x erfc(-x / sqrt 2) / 2 (float32 evaluated in double) */
+  ATTN_ERF, ATTN_GELU,
   ATTN_UNARY_COUNT
 } attn_unary_op;
 
@@ -61,6 +66,16 @@ attn_status attn_reduce(attn_reduce_op op, const attn_tensor *x, int dim, attn_t
  * (int64, x's shape) the 0-based source positions. Equal keys keep their
  * order; NaN sorts above every number (last ascending, first descending). */
 attn_status attn_sort(const attn_tensor *x, int dim, int descending, attn_tensor *values, attn_tensor *indices);
+/* Cumulative sum or product along dim (PyTorch's cumsum/cumprod): out[.., k, ..] = x[.., 0, ..] op
+ * ... op x[.., k, ..], accumulated in double (int64: exact, wrapping; both ops); CUMSUM_REVERSE
+ * sums from the end (cumsum's gradient). out has x's shape and dtype and does not alias x. */
+typedef enum { ATTN_CUMSUM, ATTN_CUMPROD, ATTN_CUMSUM_REVERSE, ATTN_CUMPROD_GRAD } attn_scan_op;
+attn_status attn_cumulative(attn_scan_op op, const attn_tensor *x, int dim, attn_tensor *out);
+/* Gradient of y = cumprod(x, dim) for the incoming gradient g (float; x, y, g and out of one shape
+ * and dtype, out fresh): out_k = sum_{j >= k} g_j prod_{i <= j, i != k} x_i, exact where x holds
+ * zeros (no division by them). */
+attn_status attn_cumprod_backward(const attn_tensor *x, const attn_tensor *y, const attn_tensor *g, int dim,
+                                  attn_tensor *out);
 /* Softmax / log-softmax over dim, numerically stable; out has x's shape (float only). */
 attn_status attn_softmax(const attn_tensor *x, int dim, int log, attn_tensor *out);
 
@@ -89,6 +104,11 @@ double attn_row_max_f64(const double *x, int64_t n);
 void attn_colsum_rows(attn_dtype dt, const void *m, int64_t rows, int64_t cols, void *out);
 /* Every row of m (rows, cols; es bytes an entry) set to v (cols), or zeros when v is NULL. */
 void attn_fill_rows(void *m, int64_t rows, int64_t cols, size_t es, const void *v);
+
+/* out = x with the entries off a triangle of the last two dims (R, C) set to 0: tril keeps
+ * column j of row i when j - i <= k, triu (upper nonzero) when j - i >= k (PyTorch's diagonal
+ * argument, 0-based rows and columns). x has >= 2 dims; out has x's shape and dtype (any dtype). */
+attn_status attn_triangle(const attn_tensor *x, int64_t k, int upper, attn_tensor *out);
 
 /* Ids to indices: checks that every value of src (any dtype) is an integer in
  * base..base+limit-1 (limit < 0: no upper bound) and, when out is not NULL

@@ -381,3 +381,135 @@ void attn_fill_rows(void *m, int64_t rows, int64_t cols, size_t es, const void *
     else
       memset((char *)m + (size_t)r * row, 0, row);
 }
+
+/* ---- cumulative sums and products along a dim ---------------------------- */
+
+typedef struct {
+  attn_scan_op op;
+  attn_dtype dtype;
+  int64_t len;
+  int64_t s[4]; /* byte strides along the dim: out, x, y (cumprod's output), g */
+} scan_ctx;
+
+/* One row of cumprod's gradient: grad_k = sum_{j >= k} g_j prod_{i <= j, i != k} x_i, without
+ * dividing by a zero x_k. Before the first zero z it is (sum_{j >= k} g_j y_j) / x_k (the terms
+ * past z vanish); at z the products skip x_z: y_{z-1} (1 before the row) times the running
+ * product of the entries after z; after z every product holds x_z = 0. */
+static void cumprod_grad_row(const scan_ctx *c, char *o, const char *x, const char *y, const char *g) {
+  attn_dtype dt = c->dtype;
+  int64_t n = c->len, z = n;
+  for (int64_t k = 0; k < n; k++)
+    if (load(x + k * c->s[1], dt) == 0) {
+      z = k;
+      break;
+    }
+  double acc = 0;
+  for (int64_t k = z - 1; k >= 0; k--) {
+    acc += load(g + k * c->s[3], dt) * load(y + k * c->s[2], dt);
+    store(o + k * c->s[0], dt, acc / load(x + k * c->s[1], dt));
+  }
+  if (z == n) return;
+  double run = z > 0 ? load(y + (z - 1) * c->s[2], dt) : 1.0;
+  acc = run * load(g + z * c->s[3], dt);
+  for (int64_t j = z + 1; j < n; j++) {
+    run *= load(x + j * c->s[1], dt);
+    acc += run * load(g + j * c->s[3], dt);
+    store(o + j * c->s[0], dt, 0.0);
+  }
+  store(o + z * c->s[0], dt, acc);
+}
+
+static void scan_rows(int64_t n, char **p, const int64_t *st, void *arg) {
+  const scan_ctx *c = arg;
+  for (int64_t i = 0; i < n; i++) {
+    char *o = p[0] + i * st[0];
+    const char *x = p[1] + i * st[1];
+    if (c->op == ATTN_CUMPROD_GRAD) {
+      cumprod_grad_row(c, o, x, p[2] + i * st[2], p[3] + i * st[3]);
+      continue;
+    }
+    int reverse = c->op == ATTN_CUMSUM_REVERSE;
+    if (c->dtype == ATTN_I64) { /* exact, wrapping like the elementwise add and mul */
+      uint64_t acc = c->op == ATTN_CUMPROD ? 1 : 0;
+      for (int64_t j = 0; j < c->len; j++) {
+        int64_t k = reverse ? c->len - 1 - j : j;
+        uint64_t v = (uint64_t)*(const int64_t *)(x + k * c->s[1]);
+        acc = c->op == ATTN_CUMPROD ? acc * v : acc + v;
+        *(int64_t *)(o + k * c->s[0]) = (int64_t)acc;
+      }
+      continue;
+    }
+    double acc = c->op == ATTN_CUMPROD ? 1.0 : 0.0;
+    for (int64_t j = 0; j < c->len; j++) {
+      int64_t k = reverse ? c->len - 1 - j : j;
+      double v = load(x + k * c->s[1], c->dtype);
+      acc = c->op == ATTN_CUMPROD ? acc * v : acc + v;
+      store(o + k * c->s[0], c->dtype, acc);
+    }
+  }
+}
+
+static attn_status scan_check(const char *name, const attn_tensor *x, int dim, const attn_tensor *t,
+                              const char *what) {
+  if (dim < 0 || dim >= x->ndim)
+    return attn_error(ATTN_ERR_ARG, "%s: dim %d out of range for %d-D tensor %s", name, dim + 1, x->ndim,
+                      attn_tensor_shape_str(x));
+  int same = t->ndim == x->ndim && t->dtype == x->dtype;
+  for (int d = 0; same && d < x->ndim; d++) same = t->shape[d] == x->shape[d];
+  if (!same)
+    return attn_error(ATTN_ERR_SHAPE, "%s: %s %s %s must have the input's shape and dtype %s %s", name, what,
+                      attn_dtype_name(t->dtype), attn_tensor_shape_str(t), attn_dtype_name(x->dtype),
+                      attn_tensor_shape_str(x));
+  return ATTN_OK;
+}
+
+static attn_status scan_run(attn_scan_op op, const attn_tensor *x, const attn_tensor *y, const attn_tensor *g,
+                            int dim, attn_tensor *out) {
+  int64_t es = (int64_t)attn_dtype_size(x->dtype);
+  scan_ctx c = {op, x->dtype, x->shape[dim], {out->stride[dim] * es, x->stride[dim] * es, 0, 0}};
+  if (x->shape[dim] == 0) return ATTN_OK;
+  attn_tensor ov = *out, xv = *x, yv, gv;
+  attn_view_select(&ov, dim, 0);
+  attn_view_select(&xv, dim, 0);
+  attn_iter it;
+  attn_iter_begin(&it, ov.ndim, ov.shape);
+  attn_iter_add(&it, &ov);
+  attn_iter_add(&it, &xv);
+  if (y) {
+    yv = *y;
+    gv = *g;
+    c.s[2] = y->stride[dim] * es;
+    c.s[3] = g->stride[dim] * es;
+    attn_view_select(&yv, dim, 0);
+    attn_view_select(&gv, dim, 0);
+    attn_iter_add(&it, &yv);
+    attn_iter_add(&it, &gv);
+  }
+  attn_iter_run_cost(&it, scan_rows, &c, c.len);
+  return ATTN_OK;
+}
+
+attn_status attn_cumulative(attn_scan_op op, const attn_tensor *x, int dim, attn_tensor *out) {
+  static const char *names[] = {"cumsum", "cumprod", "cumsum_reverse", "cumprod_backward"};
+  const char *name = op <= ATTN_CUMPROD_GRAD ? names[op] : "cumulative";
+  if (op == ATTN_CUMPROD_GRAD)
+    return attn_error(ATTN_ERR_ARG, "%s: use attn_cumprod_backward for the gradient", name);
+  attn_status st = scan_check(name, x, dim, out, "output");
+  if (st == ATTN_OK && (attn_tensor_overlaps_itself(out) || attn_tensor_aliases(out, x)))
+    st = attn_error(ATTN_ERR_ARG, "%s: output %s must be a fresh tensor (not an expanded view or the input)", name,
+                    attn_tensor_shape_str(out));
+  return st == ATTN_OK ? scan_run(op, x, NULL, NULL, dim, out) : st;
+}
+
+attn_status attn_cumprod_backward(const attn_tensor *x, const attn_tensor *y, const attn_tensor *g, int dim,
+                                  attn_tensor *out) {
+  const char *name = "cumprod_backward";
+  attn_status st = attn_check_float(name, x);
+  if (st == ATTN_OK) st = scan_check(name, x, dim, y, "output y");
+  if (st == ATTN_OK) st = scan_check(name, x, dim, g, "gradient");
+  if (st == ATTN_OK) st = scan_check(name, x, dim, out, "result");
+  if (st == ATTN_OK && (attn_tensor_overlaps_itself(out) || attn_tensor_aliases(out, x) ||
+                        attn_tensor_aliases(out, y) || attn_tensor_aliases(out, g)))
+    st = attn_error(ATTN_ERR_ARG, "%s: result %s must be a fresh tensor", name, attn_tensor_shape_str(out));
+  return st == ATTN_OK ? scan_run(ATTN_CUMPROD_GRAD, x, y, g, dim, out) : st;
+}

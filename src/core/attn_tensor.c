@@ -68,6 +68,22 @@ void attn_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
 
 static void set_contiguous_strides(attn_tensor *t) { attn_contiguous_strides(t->ndim, t->shape, t->stride); }
 
+attn_status attn_tensor_check_size(const char *op, const char *what, attn_dtype dtype, int ndim,
+                                   const int64_t *shape) {
+  double bytes = (double)attn_dtype_size(dtype); /* a double: the product of the sizes may pass 2^64 */
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] < 0)
+      return attn_error(ATTN_ERR_SHAPE, "%s: negative size %lld in %s shape %s", op, (long long)shape[d], what,
+                        attn_shape_str(ndim, shape));
+    bytes *= (double)shape[d];
+  }
+  double limit = (double)attn_alloc_max_request();
+  if (bytes > limit)
+    return attn_error(ATTN_ERR_MEMORY, "%s: %s %s %s needs %.3g bytes, more than memory can hold (limit %.3g)", op,
+                      what, attn_dtype_name(dtype), attn_shape_str(ndim, shape), bytes, limit);
+  return ATTN_OK;
+}
+
 attn_status attn_tensor_init(attn_tensor *t, attn_dtype dtype, int ndim, const int64_t *shape) {
   t->storage = NULL;
   if (ndim < 0 || ndim > ATTN_MAX_DIMS)

@@ -64,6 +64,12 @@ attn_status attn_scalar_to(const char *op, attn_dtype dtype, double v, void *buf
  * Fails on negative sizes, more than ATTN_MAX_DIMS dims, overflow, or when
  * memory cannot be had. On failure *t is left released (storage NULL). */
 attn_status attn_tensor_init(attn_tensor *t, attn_dtype dtype, int ndim, const int64_t *shape);
+/* Whether a tensor of this dtype and shape could be allocated (the allocator's request limit,
+ * attn_alloc_max_request): checked before a call walks its inputs (validating ids, converting
+ * indices), so an output too large fails at once. The error reads "op: <what> float32 [3x...]
+ * needs 2.6e+13 bytes, more than memory can hold (limit ...)". */
+attn_status attn_tensor_check_size(const char *op, const char *what, attn_dtype dtype, int ndim,
+                                   const int64_t *shape);
 /* Same, filled with zeros. */
 attn_status attn_tensor_init_zeros(attn_tensor *t, attn_dtype dtype, int ndim, const int64_t *shape);
 /* New contiguous tensor with the shape and dtype of src (contents uninitialised). */

@@ -47,41 +47,49 @@ static void add_into(attn_dtype dt, void *y, const void *x, int64_t n) {
 
 /* ---------------------------------------------------------------- layout of `saved` */
 
+attn_status attn_decoder_saved_layout(const attn_decoder_dims *d, attn_saved_layout *l) {
+  attn_saved_begin(l, "attention_decoder");
+  int64_t T1, H2;
+  if (d->layers < 1 || __builtin_add_overflow(d->T, 1, &T1) || __builtin_mul_overflow(d->H, 2, &H2))
+    return attn_error(ATTN_ERR_SHAPE, "%s: %d layers over %lld steps and %lld hidden units do not fit a saved buffer",
+                      l->op, d->layers, (long long)d->T, (long long)d->H);
+  const int64_t L = d->layers, T = d->T, B = d->B;
+  const int64_t kh[3] = {B, d->Nk, d->ha}, qh[3] = {T, B, d->ha}, scores[3] = {T, B, d->Nk}, ctx[3] = {T, B, d->dv};
+  const int64_t hs[4] = {L, T1, B, d->H}, rz[4] = {L, T, B, H2}, n[4] = {L, T, B, d->H};
+  attn_status st;
+  if ((st = attn_saved_add(l, "kh", 3, kh)) != ATTN_OK || (st = attn_saved_add(l, "qh", 3, qh)) != ATTN_OK ||
+      (st = attn_saved_add(l, "scores", 3, scores)) != ATTN_OK ||
+      (st = attn_saved_add(l, "weights", 3, scores)) != ATTN_OK || (st = attn_saved_add(l, "ctx", 3, ctx)) != ATTN_OK ||
+      (st = attn_saved_add(l, "hs", 4, hs)) != ATTN_OK || (st = attn_saved_add(l, "rz", 4, rz)) != ATTN_OK ||
+      (st = attn_saved_add(l, "n", 4, n)) != ATTN_OK)
+    return st;
+  return attn_saved_add(l, "ghn", 4, n);
+}
+
+/* The parts' offsets in `saved` (attn_decoder_saved_layout). */
 typedef struct {
-  int64_t kh, qh, scores, weights, ctx, layers, layer; /* offsets, and the entries of one layer */
+  int64_t kh, qh, scores, weights, ctx, hs, rz, n, ghn;
 } layout;
 
-static layout layout_of(const attn_decoder_dims *d) {
-  int64_t TB = d->T * d->B;
-  layout l;
-  l.kh = 0;
-  l.qh = d->B * d->Nk * d->ha;
-  l.scores = l.qh + TB * d->ha;
-  l.weights = l.scores + TB * d->Nk;
-  l.ctx = l.weights + TB * d->Nk;
-  l.layers = l.ctx + TB * d->dv;
-  l.layer = (d->T + 1) * d->B * d->H + 4 * TB * d->H;
+static layout layout_of(const attn_saved_layout *s) {
+  layout l = {s->part[ATTN_DECODER_SAVED_KH].offset,      s->part[ATTN_DECODER_SAVED_QH].offset,
+              s->part[ATTN_DECODER_SAVED_SCORES].offset,  s->part[ATTN_DECODER_SAVED_WEIGHTS].offset,
+              s->part[ATTN_DECODER_SAVED_CTX].offset,     s->part[ATTN_DECODER_SAVED_HS].offset,
+              s->part[ATTN_DECODER_SAVED_RZ].offset,      s->part[ATTN_DECODER_SAVED_N].offset,
+              s->part[ATTN_DECODER_SAVED_GHN].offset};
   return l;
 }
 
-/* One layer's planes in `saved`: states hs (T+1, B, H), sigmoids rz (T, B, 2H), candidates n and
+/* Layer k's planes in `saved`: states hs (T+1, B, H), sigmoids rz (T, B, 2H), candidates n and
  * recurrent n projections ghn (T, B, H); offsets. */
 typedef struct {
   int64_t hs, rz, n, ghn;
 } layer_planes;
 
 static layer_planes planes(const layout *l, const attn_decoder_dims *d, int k) {
-  layer_planes p;
-  p.hs = l->layers + k * l->layer;
-  p.rz = p.hs + (d->T + 1) * d->B * d->H;
-  p.n = p.rz + 2 * d->T * d->B * d->H;
-  p.ghn = p.n + d->T * d->B * d->H;
+  int64_t TBH = d->T * d->B * d->H;
+  layer_planes p = {l->hs + k * (TBH + d->B * d->H), l->rz + k * 2 * TBH, l->n + k * TBH, l->ghn + k * TBH};
   return p;
-}
-
-int64_t attn_decoder_saved_numel(const attn_decoder_dims *d) {
-  layout l = layout_of(d);
-  return l.layers + d->layers * l.layer;
 }
 
 /* dst (cols, rows) contiguous = the transpose of w (rows, cols), a weight taken as op(B) = w^T
@@ -186,14 +194,8 @@ attn_status attn_decoder_check(const char *op, const attn_decoder_args *a, attn_
     return attn_error(ATTN_ERR_ARG, "%s: attention dropout %g must be in [0, 1]", op, a->attention_dropout);
   if (!(a->rnn_dropout >= 0 && a->rnn_dropout < 1))
     return attn_error(ATTN_ERR_ARG, "%s: GRU dropout %g must be in [0, 1)", op, a->rnn_dropout);
-  /* the saved entries, counted in double first: each term is below 2^62 by the bounds above
-   * only when the layer count is small, so the sum is checked before it is formed */
-  double saved = (double)d->B * d->Nk * d->ha + (double)d->T * d->B * (d->ha + 2.0 * d->Nk + d->dv) +
-                 (double)a->layers * ((d->T + 1.0) * d->B * d->H + 4.0 * d->T * d->B * d->H);
-  if (saved >= 0x1p62)
-    return attn_error(ATTN_ERR_SHAPE, "%s: %d layers over embeddings %s need %.3g saved entries, too many", op,
-                      a->layers, attn_tensor_shape_str(a->emb), saved);
-  return ATTN_OK;
+  attn_saved_layout lay; /* refuses a saved buffer past the size limit */
+  return attn_decoder_saved_layout(d, &lay);
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -207,14 +209,15 @@ attn_status attn_decoder_forward(const attn_decoder_args *a, attn_tensor *out, a
   attn_dtype dt = a->emb->dtype;
   int64_t T = d.T, B = d.B, Nk = d.Nk, ha = d.ha, dv = d.dv, e = d.e, H = d.H, in0 = dv + e;
   int L = a->layers;
+  attn_saved_layout sl;
   if ((st = check_operand(op, "output", -1, out, dt, 3, B, T, H)) != ATTN_OK ||
       (st = check_operand(op, "final state", -1, hn, dt, 3, L, B, H)) != ATTN_OK ||
       (st = check_operand(op, "weights", -1, weights, dt, 3, B, T, Nk)) != ATTN_OK ||
-      (st = check_operand(op, "saved", -1, saved, dt, 1, attn_decoder_saved_numel(&d), 0, 0)) != ATTN_OK)
+      (st = attn_decoder_saved_layout(&d, &sl)) != ATTN_OK || (st = attn_saved_check(op, &sl, saved, dt)) != ATTN_OK)
     return st;
 
   size_t es = attn_dtype_size(dt);
-  layout lay = layout_of(&d);
+  layout lay = layout_of(&sl);
   /* workspace: every step's input projections gi (T, B, 3H) (the embeddings' part and the bias
    * for layer 0 up front, in one product), gh (B, 3H), a dropped state (B, H), and the weights
    * transposed: W_q^T (H, ha), then per layer W_ih^T (in_k, 3H) and W_hh^T (H, 3H) */
@@ -313,7 +316,8 @@ attn_status attn_decoder_backward(const attn_decoder_args *a, const attn_tensor 
   attn_dtype dt = a->emb->dtype;
   int64_t T = d.T, B = d.B, Nk = d.Nk, ha = d.ha, dv = d.dv, e = d.e, H = d.H, in0 = dv + e, TB = T * B;
   int L = a->layers;
-  if ((st = check_operand(op, "saved", -1, saved, dt, 1, attn_decoder_saved_numel(&d), 0, 0)) != ATTN_OK ||
+  attn_saved_layout sl;
+  if ((st = attn_decoder_saved_layout(&d, &sl)) != ATTN_OK || (st = attn_saved_check(op, &sl, saved, dt)) != ATTN_OK ||
       (dout && (st = check_operand(op, "output gradient", -1, dout, dt, 3, B, T, H)) != ATTN_OK) ||
       (dhn && (st = check_operand(op, "final state gradient", -1, dhn, dt, 3, L, B, H)) != ATTN_OK) ||
       (st = check_grad(op, "W_k gradient", -1, g->w_k, a->w_k)) != ATTN_OK ||
@@ -331,7 +335,7 @@ attn_status attn_decoder_backward(const attn_decoder_args *a, const attn_tensor 
       return st;
 
   size_t es = attn_dtype_size(dt);
-  layout lay = layout_of(&d);
+  layout lay = layout_of(&sl);
   /* workspace: the layers' state gradients dh (L, B, H), the top output's gradient gy (B, H), a
    * layer input's gradient dx (B, H), the context's dctx (B, dv), dscores (B, Nk), one step's
    * dkh (B, Nk, ha), dvalues (B, Nk, dv) and dw_v (ha), every step's dqh (T, B, ha), the gate

@@ -26,6 +26,7 @@
 #ifndef ATTN_DECODER_H
 #define ATTN_DECODER_H
 
+#include "core/attn_saved.h"
 #include "core/attn_tensor.h"
 
 typedef struct attn_decoder_args {
@@ -50,16 +51,29 @@ typedef struct attn_decoder_dims {
 } attn_decoder_dims;
 
 /* Checks every operand of a (shapes, dtypes, contiguity, probabilities) and fills d; errors name
- * op and the shapes. Also checks that the saved tensor's size fits an int64. */
+ * op and the shapes. Also checks that the saved buffer's layout (attn_decoder_saved_layout) fits. */
 attn_status attn_decoder_check(const char *op, const attn_decoder_args *a, attn_decoder_dims *d);
 
-/* Entries of the `saved` tensor forward fills and backward reads: kh (B, Nk, ha); per step qh (B, ha), scores
- * and weights (B, Nk), the context (B, dv); per layer the states (T+1, B, H) and gate
- * planes (T, B, 4H). */
-int64_t attn_decoder_saved_numel(const attn_decoder_dims *d);
+/* The buffer forward fills and backward reads (attn_saved.h): kh (B, Nk, ha) the projected
+ * keys; per step qh (T, B, ha), scores and weights (T, B, Nk) (before dropout), the context ctx
+ * (T, B, dv); per layer the states hs (L, T+1, B, H) and the GRU's gate planes rz (L, T, B, 2H),
+ * n and ghn (L, T, B, H) (attn_rnn.h); parts in that order (the ATTN_DECODER_SAVED_* indices).
+ * Refuses sizes past ATTN_SAVED_MAX_NUMEL entries. */
+enum {
+  ATTN_DECODER_SAVED_KH,
+  ATTN_DECODER_SAVED_QH,
+  ATTN_DECODER_SAVED_SCORES,
+  ATTN_DECODER_SAVED_WEIGHTS,
+  ATTN_DECODER_SAVED_CTX,
+  ATTN_DECODER_SAVED_HS,
+  ATTN_DECODER_SAVED_RZ,
+  ATTN_DECODER_SAVED_N,
+  ATTN_DECODER_SAVED_GHN
+};
+attn_status attn_decoder_saved_layout(const attn_decoder_dims *d, attn_saved_layout *l);
 
 /* Writes out (B, T, H) (the top layer's states, batch-major), hn (L, B, H), weights (B, T, Nk)
- * (the attention weights before dropout) and saved (1-D, attn_decoder_saved_numel entries). */
+ * (the attention weights before dropout) and saved (1-D, contiguous, attn_decoder_saved_layout's size). */
 attn_status attn_decoder_forward(const attn_decoder_args *a, attn_tensor *out, attn_tensor *hn, attn_tensor *weights,
                                  attn_tensor *saved);
 

@@ -4,7 +4,8 @@
  * cost more than their arithmetic; here they run back to back on the same core functions
  * (attn_matmul, the head moves, attn_sdpa_forward, the additive scores), so the numbers are
  * those of the composition and every kernel improvement reaches both. The intermediates the
- * backward needs are written to caller-provided tensors. */
+ * backward needs go to one caller-provided buffer, in the layout of attn_additive_saved_layout
+ * and attn_mha_saved_layout (core/attn_saved.h). */
 #include "attention/attn_attention.h"
 #include "core/attn_ops.h"
 
@@ -58,25 +59,32 @@ static attn_status check_projection(const char *op, const char *xname, const att
   return attn_check_float(op, x);
 }
 
-static attn_status check_saved(const char *op, const char *name, const attn_tensor *t, attn_dtype dt, int64_t a,
-                               int64_t b, int64_t c) {
-  int ndim = c < 0 ? 2 : 3;
-  if (t->dtype != dt || t->ndim != ndim || t->shape[0] != a || t->shape[1] != b || (ndim == 3 && t->shape[2] != c) ||
+/* out must be a contiguous (a, b, c) tensor of dtype dt. */
+static attn_status check_out(const char *op, const attn_tensor *t, attn_dtype dt, int64_t a, int64_t b, int64_t c) {
+  const int64_t want[3] = {a, b, c};
+  if (t->dtype != dt || t->ndim != 3 || t->shape[0] != a || t->shape[1] != b || t->shape[2] != c ||
       !attn_tensor_is_contiguous(t))
-    return attn_error(ATTN_ERR_SHAPE, "%s: %s %s must be a contiguous %s tensor of %lld x %lld%s", op, name,
-                      attn_tensor_shape_str(t), attn_dtype_name(dt), (long long)a, (long long)b,
-                      ndim == 3 ? " x (head width)" : "");
+    return attn_error(ATTN_ERR_SHAPE, "%s: out %s must be a contiguous %s tensor of shape %s", op,
+                      attn_tensor_shape_str(t), attn_dtype_name(dt), attn_shape_str(3, want));
   return ATTN_OK;
 }
 
 /* ------------------------------------------------------------ additive attention */
 
+attn_status attn_additive_saved_layout(int64_t B, int64_t Nq, int64_t Nk, int64_t h, attn_saved_layout *l) {
+  attn_saved_begin(l, "projected_additive_attention");
+  const int64_t qh[3] = {B, Nq, h}, kh[3] = {B, Nk, h}, scores[3] = {B, Nq, Nk};
+  attn_status st;
+  if ((st = attn_saved_add(l, "qh", 3, qh)) != ATTN_OK || (st = attn_saved_add(l, "kh", 3, kh)) != ATTN_OK)
+    return st;
+  return attn_saved_add(l, "scores", 3, scores);
+}
+
 attn_status attn_attention_additive_layer_forward(const attn_tensor *queries, const attn_tensor *keys,
                                                   const attn_tensor *values, const attn_tensor *w_q,
                                                   const attn_tensor *w_k, const attn_tensor *w_v,
                                                   const attn_attention_opts *opts, attn_tensor *out,
-                                                  attn_tensor *weights, attn_tensor *qh, attn_tensor *kh,
-                                                  attn_tensor *scores) {
+                                                  attn_tensor *weights, attn_tensor *saved) {
   const char *op = "projected_additive_attention";
   attn_dtype dt = queries->dtype;
   attn_status st = check_projection(op, "queries", queries, "W_q", w_q, NULL, NULL, -1, -1, dt);
@@ -89,17 +97,22 @@ attn_status attn_attention_additive_layer_forward(const attn_tensor *queries, co
   if (!((w_v->ndim == 1 && w_v->shape[0] == h) || (w_v->ndim == 2 && w_v->shape[0] == 1 && w_v->shape[1] == h)))
     return attn_error(ATTN_ERR_SHAPE, "%s: w_v %s must be (1, %lld) or (%lld)", op, attn_tensor_shape_str(w_v),
                       (long long)h, (long long)h);
-  if ((st = check_saved(op, "qh", qh, dt, B, Nq, h)) != ATTN_OK || (st = check_saved(op, "kh", kh, dt, B, Nk, h)))
+  attn_saved_layout lay;
+  if ((st = attn_additive_saved_layout(B, Nq, Nk, h, &lay)) != ATTN_OK ||
+      (st = attn_saved_check(op, &lay, saved, dt)) != ATTN_OK)
     return st;
-  attn_tensor q2 = view2(qh, B * Nq, h, h, 1), k2 = view2(kh, B * Nk, h, h, 1);
+  attn_tensor qh = attn_saved_view(saved, &lay, ATTN_ADDITIVE_SAVED_QH);
+  attn_tensor kh = attn_saved_view(saved, &lay, ATTN_ADDITIVE_SAVED_KH);
+  attn_tensor scores = attn_saved_view(saved, &lay, ATTN_ADDITIVE_SAVED_SCORES);
+  attn_tensor q2 = view2(&qh, B * Nq, h, h, 1), k2 = view2(&kh, B * Nk, h, h, 1);
   attn_tensor wv = *w_v;
   wv.ndim = 1;
   wv.shape[0] = h;
   wv.stride[0] = w_v->stride[w_v->ndim - 1];
   if ((st = project(queries, w_q, NULL, &q2)) != ATTN_OK || (st = project(keys, w_k, NULL, &k2)) != ATTN_OK)
     return st;
-  if ((st = attn_attention_additive_scores_forward(qh, kh, &wv, scores)) != ATTN_OK) return st;
-  return attn_attention_scores_forward(op, scores, values, opts, out, weights);
+  if ((st = attn_attention_additive_scores_forward(&qh, &kh, &wv, &scores)) != ATTN_OK) return st;
+  return attn_attention_scores_forward(op, &scores, values, opts, out, weights);
 }
 
 /* ------------------------------------------------------------ multi-head attention */
@@ -121,10 +134,29 @@ static attn_status project_heads(const attn_tensor *x, const attn_tensor *w, con
   return st;
 }
 
+attn_status attn_mha_saved_layout(int64_t B, int64_t Nq, int64_t Nk, int64_t h, int64_t heads,
+                                  attn_saved_layout *l) {
+  attn_saved_begin(l, "multi_head_attention");
+  int64_t BH, BNq;
+  if (heads < 1 || h < 0 || h % heads != 0)
+    return attn_error(ATTN_ERR_ARG, "%s: num_hiddens %lld is not divisible by num_heads %lld", l->op, (long long)h,
+                      (long long)heads);
+  if (B < 0 || Nq < 0 || Nk < 0 || __builtin_mul_overflow(B, heads, &BH) || __builtin_mul_overflow(B, Nq, &BNq))
+    return attn_error(ATTN_ERR_SHAPE,
+                      "%s: %lld samples of %lld queries and %lld keys in %lld heads do not fit a saved buffer", l->op, (long long)B, (long long)Nq, (long long)Nk, (long long)heads);
+  int64_t dh = h / heads;
+  const int64_t q[3] = {BH, Nq, dh}, k[3] = {BH, Nk, dh}, merged[2] = {BNq, h};
+  attn_status st;
+  if ((st = attn_saved_add(l, "qh", 3, q)) != ATTN_OK || (st = attn_saved_add(l, "kh", 3, k)) != ATTN_OK ||
+      (st = attn_saved_add(l, "vh", 3, k)) != ATTN_OK || (st = attn_saved_add(l, "ctx", 3, q)) != ATTN_OK)
+    return st;
+  return attn_saved_add(l, "merged", 2, merged);
+}
+
 attn_status attn_attention_mha_forward(const attn_tensor *queries, const attn_tensor *keys,
                                        const attn_tensor *values, const attn_mha_params *p,
                                        const attn_attention_opts *opts, attn_tensor *out, attn_tensor *weights,
-                                       attn_tensor *lse, const attn_mha_saved *s) {
+                                       attn_tensor *lse, attn_tensor *saved, int *flash) {
   const char *op = "multi_head_attention";
   attn_dtype dt = queries->dtype;
   attn_status st = check_projection(op, "queries", queries, "W_q", p->w_q, "b_q", p->b_q, -1, -1, dt);
@@ -146,17 +178,18 @@ attn_status attn_attention_mha_forward(const attn_tensor *queries, const attn_te
   if (H < 1 || h % H != 0)
     return attn_error(ATTN_ERR_ARG, "%s: num_hiddens %lld is not divisible by num_heads %lld", op, (long long)h,
                       (long long)H);
-  int64_t dh = h / H;
-  if ((st = check_saved(op, "qh", s->qh, dt, B * H, Nq, dh)) != ATTN_OK ||
-      (st = check_saved(op, "kh", s->kh, dt, B * H, Nk, dh)) != ATTN_OK ||
-      (st = check_saved(op, "vh", s->vh, dt, B * H, Nk, dh)) != ATTN_OK ||
-      (st = check_saved(op, "ctx", s->ctx, dt, B * H, Nq, dh)) != ATTN_OK ||
-      (st = check_saved(op, "merged", s->merged, dt, B * Nq, h, -1)) != ATTN_OK ||
-      (st = check_saved(op, "out", out, dt, B, Nq, h)) != ATTN_OK)
+  attn_saved_layout lay;
+  if ((st = attn_mha_saved_layout(B, Nq, Nk, h, H, &lay)) != ATTN_OK ||
+      (st = attn_saved_check(op, &lay, saved, dt)) != ATTN_OK || (st = check_out(op, out, dt, B, Nq, h)) != ATTN_OK)
     return st;
-  if ((st = project_heads(queries, p->w_q, p->b_q, H, s->qh)) != ATTN_OK ||
-      (st = project_heads(keys, p->w_k, p->b_k, H, s->kh)) != ATTN_OK ||
-      (st = project_heads(values, p->w_v, p->b_v, H, s->vh)) != ATTN_OK)
+  attn_tensor qh = attn_saved_view(saved, &lay, ATTN_MHA_SAVED_QH);
+  attn_tensor kh = attn_saved_view(saved, &lay, ATTN_MHA_SAVED_KH);
+  attn_tensor vh = attn_saved_view(saved, &lay, ATTN_MHA_SAVED_VH);
+  attn_tensor ctx = attn_saved_view(saved, &lay, ATTN_MHA_SAVED_CTX);
+  attn_tensor merged = attn_saved_view(saved, &lay, ATTN_MHA_SAVED_MERGED);
+  if ((st = project_heads(queries, p->w_q, p->b_q, H, &qh)) != ATTN_OK ||
+      (st = project_heads(keys, p->w_k, p->b_k, H, &kh)) != ATTN_OK ||
+      (st = project_heads(values, p->w_v, p->b_v, H, &vh)) != ATTN_OK)
     return st;
   /* the caller's lengths are per sample: each sample's heads share them */
   attn_attention_opts o = *opts;
@@ -172,12 +205,12 @@ attn_status attn_attention_mha_forward(const attn_tensor *queries, const attn_te
     st = attn_attention_repeat_rows(vl, H, &lens);
     o.valid_lens = &lens;
   }
-  if (st == ATTN_OK) st = attn_sdpa_forward(s->qh, s->kh, s->vh, &o, s->ctx, weights, lse);
+  if (st == ATTN_OK) st = attn_sdpa_forward(&qh, &kh, &vh, &o, &ctx, weights, lse, flash);
   attn_tensor_free(&lens);
   if (st != ATTN_OK) return st;
-  attn_tensor m3 = view3(s->merged, B, Nq, h), out2 = view2(out, B * Nq, h, h, 1);
+  attn_tensor m3 = view3(&merged, B, Nq, h), out2 = view2(out, B * Nq, h, h, 1);
   attn_tensor wot = view2(wo, h, h, wo->stride[1], wo->stride[0]);
-  if ((st = attn_attention_merge_heads(s->ctx, H, &m3)) != ATTN_OK || (st = attn_matmul(s->merged, &wot, &out2)))
+  if ((st = attn_attention_merge_heads(&ctx, H, &m3)) != ATTN_OK || (st = attn_matmul(&merged, &wot, &out2)))
     return st;
   return bo ? attn_binary(ATTN_ADD, &out2, bo, &out2) : ATTN_OK;
 }

@@ -57,19 +57,21 @@ typedef struct {
   const void *g;
   double wd, decay, b1, omb1, b2, omb2, bc2, eps, step_size;
   int l2;
+  int maximize;
+  void *vmax; /* amsgrad's running maximum of v, or NULL */
 } adam_job;
 
 /* One statement per composed op, each rounded to T as the tensor op rounds. */
 #define DEFINE_ADAM(S, T)                                                              \
   VECTORISE static void adam_##S(void *ctx, int64_t i0, int64_t i1) {                            \
     const adam_job *J = ctx;                                                           \
-    T *p = J->p, *m = J->m, *v = J->v;                                                 \
+    T *p = J->p, *m = J->m, *v = J->v, *vmax = J->vmax;                                \
     const T *g = J->g;                                                                 \
     const T wd = (T)J->wd, decay = (T)J->decay, b1 = (T)J->b1, omb1 = (T)J->omb1;      \
     const T b2 = (T)J->b2, omb2 = (T)J->omb2, bc2 = (T)J->bc2, eps = (T)J->eps;        \
     const T step_size = (T)J->step_size;                                               \
     for (int64_t i = i0; i < i1; i++) {                                                \
-      T pi = p[i], gi = g[i];                                                          \
+      T pi = p[i], gi = J->maximize ? -g[i] : g[i];                                    \
       if (J->decay != 1) pi = pi * decay;                                              \
       if (J->l2) {                                                                     \
         T d = pi * wd;                                                                 \
@@ -81,7 +83,13 @@ typedef struct {
       w = gi * gi;                                                                     \
       w = w * omb2;                                                                    \
       vi = vi + w;                                                                     \
-      T denom = SQRT_##S(vi);                                                          \
+      T vd = vi;                                                                       \
+      if (vmax) {                                                                      \
+        T mx = vmax[i];                                                                \
+        vd = (mx > vi || mx != mx) ? mx : vi;                                          \
+        vmax[i] = vd;                                                                  \
+      }                                                                                \
+      T denom = SQRT_##S(vd);                                                          \
       denom = denom / bc2;                                                             \
       denom = denom + eps;                                                             \
       w = mi / denom;                                                                  \
@@ -113,9 +121,9 @@ static attn_status at_parameter(attn_status st, int64_t i) {
 }
 
 static attn_status adam_check(const char *op, attn_tensor *p, const attn_tensor *grad, attn_tensor *exp_avg,
-                              attn_tensor *exp_avg_sq, int64_t step) {
-  const attn_tensor *ops[4] = {p, grad, exp_avg, exp_avg_sq};
-  attn_status st = check_operands(op, 4, ops, 1 | 4 | 8);
+                              attn_tensor *exp_avg_sq, attn_tensor *vmax, int64_t step) {
+  const attn_tensor *ops[5] = {p, grad, exp_avg, exp_avg_sq, vmax};
+  attn_status st = check_operands(op, vmax ? 5 : 4, ops, 1 | 4 | 8 | 16);
   if (st != ATTN_OK) return st;
   if (step < 1) return attn_error(ATTN_ERR_ARG, "%s: step must be >= 1, got %lld", op, (long long)step);
   return ATTN_OK;
@@ -123,33 +131,36 @@ static attn_status adam_check(const char *op, attn_tensor *p, const attn_tensor 
 
 /* One checked update at step t. */
 static void adam_run(attn_tensor *p, const attn_tensor *grad, attn_tensor *exp_avg, attn_tensor *exp_avg_sq,
-                     const attn_adam_options *o, int64_t step) {
+                     attn_tensor *vmax, const attn_adam_options *o, int64_t step) {
   double t = (double)step;
   adam_job J = {attn_tensor_data(p), attn_tensor_data(exp_avg), attn_tensor_data(exp_avg_sq),
                 attn_tensor_data(grad), o->weight_decay,
                 o->decoupled && o->weight_decay != 0 ? 1 - o->lr * o->weight_decay : 1,
                 o->beta1, 1 - o->beta1, o->beta2, 1 - o->beta2, sqrt(1 - lua_pow(o->beta2, t)), o->eps,
-                o->lr / (1 - lua_pow(o->beta1, t)), !o->decoupled && o->weight_decay != 0};
+                o->lr / (1 - lua_pow(o->beta1, t)), !o->decoupled && o->weight_decay != 0, o->maximize,
+                vmax ? attn_tensor_data(vmax) : NULL};
   attn_parallel_for(attn_tensor_numel(p), GRAIN_ELEMENTS, p->dtype == ATTN_F32 ? adam_f32 : adam_f64, &J);
 }
 
 attn_status attn_adam_step(attn_tensor *p, const attn_tensor *grad, attn_tensor *exp_avg, attn_tensor *exp_avg_sq,
-                           const attn_adam_options *o) {
-  attn_status st = adam_check("adam_step", p, grad, exp_avg, exp_avg_sq, o->step);
+                           attn_tensor *max_exp_avg_sq, const attn_adam_options *o) {
+  attn_status st = adam_check("adam_step", p, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, o->step);
   if (st != ATTN_OK) return st;
-  adam_run(p, grad, exp_avg, exp_avg_sq, o, o->step);
+  adam_run(p, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, o, o->step);
   return ATTN_OK;
 }
 
 attn_status attn_adam_steps(int64_t n, attn_tensor *const *p, const attn_tensor *const *grad,
-                            attn_tensor *const *exp_avg, attn_tensor *const *exp_avg_sq, const int64_t *step,
-                            const attn_adam_options *o) {
+                            attn_tensor *const *exp_avg, attn_tensor *const *exp_avg_sq,
+                            attn_tensor *const *max_exp_avg_sq, const int64_t *step, const attn_adam_options *o) {
   for (int64_t i = 0; i < n; i++) {
-    attn_status st = adam_check("adam_steps", p[i], grad[i], exp_avg[i], exp_avg_sq[i], step[i]);
+    attn_tensor *vmax = max_exp_avg_sq ? max_exp_avg_sq[i] : NULL;
+    attn_status st = adam_check("adam_steps", p[i], grad[i], exp_avg[i], exp_avg_sq[i], vmax, step[i]);
     if (st == ATTN_OK) st = same_shape("adam_steps", p[i], grad[i]);
     if (st != ATTN_OK) return at_parameter(st, i);
   }
-  for (int64_t i = 0; i < n; i++) adam_run(p[i], grad[i], exp_avg[i], exp_avg_sq[i], o, step[i]);
+  for (int64_t i = 0; i < n; i++)
+    adam_run(p[i], grad[i], exp_avg[i], exp_avg_sq[i], max_exp_avg_sq ? max_exp_avg_sq[i] : NULL, o, step[i]);
   return ATTN_OK;
 }
 
@@ -157,7 +168,7 @@ typedef struct {
   void *p, *buf;
   const void *g;
   double lr, mom, omd, wd;
-  int nesterov, first;
+  int nesterov, first, maximize;
 } sgd_job;
 
 #define DEFINE_SGD(S, T)                                                               \
@@ -167,10 +178,11 @@ typedef struct {
     const T *g = J->g;                                                                 \
     const T lr = (T)J->lr, mom = (T)J->mom, omd = (T)J->omd, wd = (T)J->wd;            \
     for (int64_t i = i0; i < i1; i++) {                                                \
-      T d = g[i];                                                                      \
+      T gi = J->maximize ? -g[i] : g[i];                                               \
+      T d = gi;                                                                        \
       if (J->wd != 0) {                                                                \
         d = p[i] * wd;                                                                 \
-        d = d + g[i];                                                                  \
+        d = d + gi;                                                                    \
       }                                                                                \
       if (buf) {                                                                       \
         T b = d;                                                                       \
@@ -195,7 +207,7 @@ static attn_status sgd_check(const char *op, attn_tensor *p, const attn_tensor *
 
 static void sgd_run(attn_tensor *p, const attn_tensor *grad, attn_tensor *buf, const attn_sgd_options *o, int first) {
   sgd_job J = {attn_tensor_data(p), buf ? attn_tensor_data(buf) : NULL, attn_tensor_data(grad), o->lr, o->momentum,
-               1 - o->dampening, o->weight_decay, o->nesterov, first};
+               1 - o->dampening, o->weight_decay, o->nesterov, first, o->maximize};
   attn_parallel_for(attn_tensor_numel(p), GRAIN_ELEMENTS, p->dtype == ATTN_F32 ? sgd_f32 : sgd_f64, &J);
 }
 
@@ -232,16 +244,69 @@ attn_status attn_sgd_steps(int64_t n, attn_tensor *const *p, const attn_tensor *
 DEFINE_SUMSQ(f32, float)
 DEFINE_SUMSQ(f64, double)
 
-attn_status attn_grads_norm(int64_t n, const attn_tensor *const *grads, double *norm) {
+/* Per dtype: the largest |x| (NaN when any entry is NaN) and the sum of
+ * |x|^p in double, for the norms other than 2. */
+#define DEFINE_PNORM(S, T)                                                             \
+  static double absmax_##S(const T *x, int64_t n, double m) {                          \
+    for (int64_t i = 0; i < n; i++) {                                                  \
+      double a = fabs((double)x[i]);                                                   \
+      if (a > m || a != a) m = a;                                                      \
+      if (m != m) break;                                                               \
+    }                                                                                  \
+    return m;                                                                          \
+  }                                                                                    \
+  static double sumpow_##S(const T *x, int64_t n, double p) {                          \
+    double s = 0;                                                                      \
+    for (int64_t i = 0; i < n; i++) s += p == 1 ? fabs((double)x[i]) : pow(fabs((double)x[i]), p); \
+    return s;                                                                          \
+  }
+DEFINE_PNORM(f32, float)
+DEFINE_PNORM(f64, double)
+
+static attn_status check_grads(const char *op, int64_t n, const attn_tensor *const *grads) {
+  for (int64_t i = 0; i < n; i++) {
+    const attn_tensor *g = grads[i];
+    attn_status st = attn_check_float(op, g);
+    if (st != ATTN_OK) return st;
+    if (!attn_tensor_is_contiguous(g))
+      return attn_error(ATTN_ERR_ARG, "%s: tensor %lld %s is not contiguous", op, (long long)i + 1,
+                        attn_tensor_shape_str(g));
+  }
+  return ATTN_OK;
+}
+
+attn_status attn_grads_norm_p(int64_t n, const attn_tensor *const *grads, double p, double *norm) {
+  if (p == 2) return attn_grads_norm(n, grads, norm);
+  if (!(p > 0)) return attn_error(ATTN_ERR_ARG, "grads_norm_p: norm_type must be > 0, got %g", p);
+  attn_status st = check_grads("grads_norm_p", n, grads);
+  if (st != ATTN_OK) return st;
   double total = 0;
   for (int64_t i = 0; i < n; i++) {
     const attn_tensor *g = grads[i];
-    attn_status st = attn_check_float("grads_norm", g);
-    if (st != ATTN_OK) return st;
-    if (!attn_tensor_is_contiguous(g))
-      return attn_error(ATTN_ERR_ARG, "grads_norm: tensor %lld %s is not contiguous", (long long)i + 1,
-                        attn_tensor_shape_str(g));
+    int64_t k = attn_tensor_numel(g);
+    int f32 = g->dtype == ATTN_F32;
+    if (isinf(p))
+      total = f32 ? absmax_f32(attn_tensor_data(g), k, total) : absmax_f64(attn_tensor_data(g), k, total);
+    else
+      total += f32 ? sumpow_f32(attn_tensor_data(g), k, p) : sumpow_f64(attn_tensor_data(g), k, p);
   }
+  *norm = isinf(p) ? total : p == 1 ? total : pow(total, 1 / p);
+  return ATTN_OK;
+}
+
+attn_status attn_grads_clamp_(int64_t n, attn_tensor *const *grads, double lo, double hi) {
+  for (int64_t i = 0; i < n; i++) {
+    attn_status st = attn_binary_scalar(ATTN_MAXIMUM, grads[i], lo, 0, grads[i]);
+    if (st == ATTN_OK) st = attn_binary_scalar(ATTN_MINIMUM, grads[i], hi, 0, grads[i]);
+    if (st != ATTN_OK) return st;
+  }
+  return ATTN_OK;
+}
+
+attn_status attn_grads_norm(int64_t n, const attn_tensor *const *grads, double *norm) {
+  double total = 0;
+  attn_status st = check_grads("grads_norm", n, grads);
+  if (st != ATTN_OK) return st;
   for (int64_t i = 0; i < n; i++) {
     const attn_tensor *g = grads[i];
     int64_t k = attn_tensor_numel(g);

@@ -67,23 +67,33 @@ void attn_gru_gates_backward(attn_dtype dt, int64_t B, int64_t H, void *dh, cons
     gates_bwd_f64(B, H, dh, dy, hp, rz, n, ghn, dgi, dgh);
 }
 
-int64_t attn_gru_saved_numel(int64_t T, int64_t B, int64_t H, int layers) {
-  return (int64_t)layers * ((T + 1) * B * H + 4 * T * B * H);
+attn_status attn_gru_saved_layout(int64_t T, int64_t B, int64_t H, int layers, attn_saved_layout *l) {
+  attn_saved_begin(l, "gru");
+  int64_t T1, H2;
+  if (T < 0 || B < 0 || H < 0 || layers < 1 || __builtin_add_overflow(T, 1, &T1) || __builtin_mul_overflow(H, 2, &H2))
+    return attn_error(ATTN_ERR_SHAPE, "gru: %d layers over %lld steps of %lld samples and %lld hidden units do not "
+                      "fit a saved buffer", layers, (long long)T, (long long)B, (long long)H);
+  const int64_t hs[4] = {layers, T1, B, H}, rz[4] = {layers, T, B, H2}, n[4] = {layers, T, B, H};
+  attn_status st;
+  if ((st = attn_saved_add(l, "hs", 4, hs)) != ATTN_OK || (st = attn_saved_add(l, "rz", 4, rz)) != ATTN_OK ||
+      (st = attn_saved_add(l, "n", 4, n)) != ATTN_OK)
+    return st;
+  return attn_saved_add(l, "ghn", 4, n);
 }
 
-/* Pointers into one layer's block of `saved`. */
+/* Pointers into layer k's planes of `saved`. */
 typedef struct {
   char *hs, *rz, *n, *ghn;
 } saved_layer;
 
-static saved_layer layer_block(const attn_tensor *saved, int k, int64_t T, int64_t B, int64_t H) {
-  size_t es = attn_dtype_size(saved->dtype);
-  char *base = (char *)attn_tensor_data(saved) + (size_t)(attn_gru_saved_numel(T, B, H, k)) * es;
-  saved_layer s;
-  s.hs = base;
-  s.rz = s.hs + (size_t)((T + 1) * B * H) * es;
-  s.n = s.rz + (size_t)(2 * T * B * H) * es;
-  s.ghn = s.n + (size_t)(T * B * H) * es;
+/* The start of layer k's block of part i (every part's first dim is the layer). */
+static char *layer_part(const attn_tensor *saved, const attn_saved_layout *l, int i, int k) {
+  return attn_saved_data(saved, l, i, k * (l->part[i].numel / l->part[i].shape[0]));
+}
+
+static saved_layer layer_block(const attn_tensor *saved, const attn_saved_layout *l, int k) {
+  saved_layer s = {layer_part(saved, l, ATTN_GRU_SAVED_HS, k), layer_part(saved, l, ATTN_GRU_SAVED_RZ, k),
+                   layer_part(saved, l, ATTN_GRU_SAVED_N, k), layer_part(saved, l, ATTN_GRU_SAVED_GHN, k)};
   return s;
 }
 
@@ -153,8 +163,9 @@ attn_status attn_gru_forward(const attn_tensor *x, const attn_tensor *h0, int la
   }
   if (st == ATTN_OK) st = check_operand(op, "output", layers - 1, out, x->dtype, 3, T, B, H);
   if (st == ATTN_OK) st = check_operand(op, "final state", 0, hn, x->dtype, 3, layers, B, H);
-  if (st == ATTN_OK)
-    st = check_operand(op, "saved", 0, saved, x->dtype, 1, attn_gru_saved_numel(T, B, H, layers), 0, 0);
+  attn_saved_layout lay;
+  if (st == ATTN_OK && (st = attn_gru_saved_layout(T, B, H, layers, &lay)) == ATTN_OK)
+    st = attn_saved_check(op, &lay, saved, x->dtype);
   if (st != ATTN_OK) return st;
 
   attn_dtype dt = x->dtype;
@@ -175,7 +186,7 @@ attn_status attn_gru_forward(const attn_tensor *x, const attn_tensor *h0, int la
   const char *input = attn_tensor_data(x);
   int64_t in_k = NI;
   for (int k = 0; k < layers; k++) {
-    saved_layer s = layer_block(saved, k, T, B, H);
+    saved_layer s = layer_block(saved, &lay, k);
     const void *bi = b_ih[k] ? attn_tensor_data(b_ih[k]) : NULL;
     const void *bh = b_hh[k] ? attn_tensor_data(b_hh[k]) : NULL;
     /* all steps' input projections in one GEMM, on top of the bias rows */
@@ -222,8 +233,9 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
   const char *op = "gru backward";
   int64_t T, B, NI, H;
   attn_status st = check_common(op, x, h0, layers, w_ih, w_hh, dropout_p, &T, &B, &NI, &H);
-  if (st == ATTN_OK)
-    st = check_operand(op, "saved", 0, saved, x->dtype, 1, attn_gru_saved_numel(T, B, H, layers), 0, 0);
+  attn_saved_layout lay;
+  if (st == ATTN_OK && (st = attn_gru_saved_layout(T, B, H, layers, &lay)) == ATTN_OK)
+    st = attn_saved_check(op, &lay, saved, x->dtype);
   if (st == ATTN_OK && dout) st = check_operand(op, "output gradient", layers - 1, dout, x->dtype, 3, T, B, H);
   if (st == ATTN_OK && dhn) st = check_operand(op, "final state gradient", 0, dhn, x->dtype, 3, layers, B, H);
   if (st == ATTN_OK) st = check_operand(op, "input gradient", 0, dx, x->dtype, 3, T, B, NI);
@@ -257,7 +269,7 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
    * above leaves in dy */
   if (!dout) memset(dy, 0, n_dy);
   for (int k = layers - 1; k >= 0; k--) {
-    saved_layer s = layer_block(saved, k, T, B, H);
+    saved_layer s = layer_block(saved, &lay, k);
     const char *gy = dout && k == layers - 1 ? (const char *)attn_tensor_data(dout) : dy;
     if (dhn)
       memcpy(dh, (const char *)attn_tensor_data(dhn) + (size_t)k * n_dh, n_dh);
@@ -283,7 +295,7 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
     int64_t in_k = k ? H : NI;
     const char *input = attn_tensor_data(x);
     if (k > 0) {
-      saved_layer below = layer_block(saved, k - 1, T, B, H);
+      saved_layer below = layer_block(saved, &lay, k - 1);
       input = below.hs + n_dh; /* the layer below's h_1 .. h_T */
       if (drop) {
         attn_dropout_flat(dt, input, layer_in, TB * H, seed + (uint64_t)(k - 1), dropout_p);

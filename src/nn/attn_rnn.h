@@ -21,17 +21,20 @@
 #ifndef ATTN_RNN_H
 #define ATTN_RNN_H
 
+#include "core/attn_saved.h"
 #include "core/attn_tensor.h"
 
-/* Number of elements of the `saved` tensor that forward fills and backward
- * reads: per layer the states h_0..h_T (T+1, B, H) and the gates r, z
- * (T, B, 2H), n (T, B, H) and W_hn h + b_hn (T, B, H). */
-int64_t attn_gru_saved_numel(int64_t T, int64_t B, int64_t H, int layers);
+/* The buffer forward fills and backward reads (attn_saved.h), for T steps of B samples, H
+ * hidden units and L layers: hs (L, T+1, B, H) every layer's states h_0..h_T, rz (L, T, B, 2H)
+ * the gates r, z, n (L, T, B, H) the candidates and ghn (L, T, B, H) W_hn h + b_hn; parts in
+ * that order (the ATTN_GRU_SAVED_* indices). */
+enum { ATTN_GRU_SAVED_HS, ATTN_GRU_SAVED_RZ, ATTN_GRU_SAVED_N, ATTN_GRU_SAVED_GHN };
+attn_status attn_gru_saved_layout(int64_t T, int64_t B, int64_t H, int layers, attn_saved_layout *l);
 
 /* x (T, B, I); h0 (L, B, H) or NULL for zeros; w_ih, w_hh, b_ih, b_hh arrays
  * of L tensors (bias entries may be NULL); dropout p in [0, 1).
  * Writes out (T, B, H) (the last layer's states), hn (L, B, H) (every layer's
- * last state) and saved (1-D, attn_gru_saved_numel entries). */
+ * last state) and saved (1-D, contiguous, attn_gru_saved_layout's size). */
 attn_status attn_gru_forward(const attn_tensor *x, const attn_tensor *h0, int layers, const attn_tensor *const *w_ih,
                              const attn_tensor *const *w_hh, const attn_tensor *const *b_ih,
                              const attn_tensor *const *b_hh, double dropout, uint64_t seed, attn_tensor *out,

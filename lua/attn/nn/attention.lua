@@ -15,6 +15,7 @@ local linear = require "attn.nn.linear"
 local check = require "attn.check"
 local attention = require "attn.attention"
 local core = require "attn.core"
+local fused = require "attn.nn.fused"
 
 local Module = module.Module
 local Linear, Dropout, Embedding = linear.Linear, linear.Dropout, linear.Embedding
@@ -72,8 +73,8 @@ local function field(a, m, k)
 end
 
 -- True when x is a 3-D tensor whose last dim is the in_features of the Linear child with
--- attributes `lin` (one C call); anything else goes through the composed path, whose Linear
--- children raise their own errors.
+-- attributes `lin` (one C call); anything else (a child without in_features too) goes through
+-- the composed path, whose children raise their own errors.
 local function fits(x, lin)
   local n = lin.in_features
   return math.type(n) == "integer" and fits_last(x, 3, n)
@@ -139,21 +140,34 @@ function AdditiveAttention:init(...)
   self.dropout = Dropout(o.dropout or 0)
 end
 
-function AdditiveAttention:forward(queries, keys, values, valid_lens)
+-- forward is the dispatcher itself (attn.nn.fused): one call less on a short path.
+AdditiveAttention.forward = fused.forward
+
+--- Whether the fused node can run this call (attn.nn.fused): queries and keys 3-D with the
+-- last dims of the Linear children W_q, W_k, neither with a bias (the kernel has none),
+-- values a tensor. Anything else takes the composed path, whose checks name the problem.
+function AdditiveAttention:can_fuse(queries, keys, values)
   local a = rawget(self, "_attrs")
-  local Wq, Wk = a.W_q, a.W_k
-  local qa, ka = rawget(Wq, "_attrs"), rawget(Wk, "_attrs")
-  -- (values that are no tensor take the composed path, whose checks name them)
-  if field(a, self, "fused") ~= false and fits(queries, qa) and fits(keys, ka) and is_tensor(values) then
-    local o = kernel_options("projected_additive_attention", self, a, field(a, self, "keep_weights"), nil,
-      valid_lens, queries)
-    local out, weights = attention._projected_additive_attention(queries, keys, values, qa.weight, ka.weight,
-      rawget(a.w_v, "_attrs").weight, o)
-    a.attention_weights = detach(weights)
-    return out
-  end
-  -- the composition the fused node equals (the reference the specs compare it against)
-  return self:attend_projected(queries, Wk(keys), values, valid_lens)
+  local qa, ka = rawget(a.W_q, "_attrs"), rawget(a.W_k, "_attrs")
+  return fits(queries, qa) and fits(keys, ka) and is_tensor(values) and qa.bias == nil and ka.bias == nil
+end
+
+--- The fused path: projections, scores, masked softmax, dropout and the weighted sum as one
+-- node (`attn.projected_additive_attention`).
+function AdditiveAttention:fused_forward(queries, keys, values, valid_lens)
+  local a = rawget(self, "_attrs")
+  local o = kernel_options("projected_additive_attention", self, a, field(a, self, "keep_weights"), nil,
+    valid_lens, queries)
+  local out, weights = attention._projected_additive_attention(queries, keys, values, rawget(a.W_q, "_attrs").weight,
+    rawget(a.W_k, "_attrs").weight, rawget(a.w_v, "_attrs").weight, o)
+  a.attention_weights = detach(weights)
+  return out
+end
+
+--- The composed path: the children W_k, W_q, w_v and the functional additive attention,
+-- the same numbers as the fused node.
+function AdditiveAttention:composed_forward(queries, keys, values, valid_lens)
+  return self:attend_projected(queries, self.W_k(keys), values, valid_lens)
 end
 
 --- The keys projected by W_k, (B, Nk, num_hiddens). A decoder that attends
@@ -164,7 +178,7 @@ function AdditiveAttention:project_keys(keys) return self.W_k(keys) end
 
 --- forward with keys already projected by `project_keys`. `seed` (an integer,
 -- optional) picks the dropout stream of the weights instead of drawing one (the
--- fused Bahdanau decoder's reference path replays its streams with it).
+-- fused Bahdanau decoder's composed path replays its streams with it).
 function AdditiveAttention:attend_projected(queries, projected_keys, values, valid_lens, seed)
   local qh = self.W_q(queries)
   -- w_v.weight is (1, num_hiddens) as in PyTorch; the functional form takes the (h) vector
@@ -284,40 +298,58 @@ end
 function MultiHeadAttention:forward(queries, keys, values, valid_lens, opts)
   valid_lens = valid_lens_tensor(valid_lens, queries)
   check_lens(valid_lens, queries)
-  local heads = self.num_heads
   if opts ~= nil and opts.mask ~= nil then
-    opts = per_head_mask(opts, heads, is_tensor(queries) and core.dtype(queries) or nil)
+    opts = per_head_mask(opts, self.num_heads, is_tensor(queries) and core.dtype(queries) or nil)
   end
+  return fused.forward(self, queries, keys, values, valid_lens, opts)
+end
+
+--- Whether the fused node can run this call (attn.nn.fused): queries, keys and values 3-D
+-- with the last dims of the Linear children W_q, W_k, W_v. Anything else takes the
+-- composed path, whose checks name the problem.
+function MultiHeadAttention:can_fuse(queries, keys, values)
   local a = rawget(self, "_attrs")
-  local Wq, Wk, Wv, Wo = a.W_q, a.W_k, a.W_v, a.W_o
-  local qa, ka, va = rawget(Wq, "_attrs"), rawget(Wk, "_attrs"), rawget(Wv, "_attrs")
-  if field(a, self, "fused") ~= false and fits(queries, qa) and fits(keys, ka) and fits(values, va) then
-    -- the weights as the composition asks its child for them: the layer's keep_weights rules
-    local child = a.attention
-    local o = kernel_options("multi_head_attention", child, rawget(child, "_attrs"), field(a, self, "keep_weights"),
-      opts, valid_lens, queries)
-    local oa = rawget(Wo, "_attrs")
-    local wq, wk, wv, wo = qa.weight, ka.weight, va.weight, oa.weight
-    local bq, bk, bv, bo = qa.bias, ka.bias, va.bias, oa.bias
-    local params, operands
-    if self.training then -- every step changes the weights: nothing to keep between calls
-      params = { W_q = wq, W_k = wk, W_v = wv, W_o = wo, b_q = bq, b_k = bk, b_v = bv, b_o = bo }
-    else
-      params, operands = eval_parameters(self, wq, wk, wv, wo, bq, bk, bv, bo)
-    end
-    local out, w = attention._multi_head_attention(queries, keys, values, heads, params, o, operands)
-    keep_head_weights(self, w, heads)
-    return out
+  return fits(queries, rawget(a.W_q, "_attrs")) and fits(keys, rawget(a.W_k, "_attrs"))
+    and fits(values, rawget(a.W_v, "_attrs"))
+end
+
+--- The fused path: the four projections, the heads' attention and the merge as one node
+-- (`attn.multi_head_attention`). Takes what forward prepared: lengths as a tensor, a mask
+-- repeated per head.
+function MultiHeadAttention:fused_forward(queries, keys, values, valid_lens, opts)
+  local a = rawget(self, "_attrs")
+  local heads = self.num_heads
+  local qa, ka, va, oa = rawget(a.W_q, "_attrs"), rawget(a.W_k, "_attrs"), rawget(a.W_v, "_attrs"),
+    rawget(a.W_o, "_attrs")
+  -- the weights as the composition asks its child for them: the layer's keep_weights rules
+  local child = a.attention
+  local o = kernel_options("multi_head_attention", child, rawget(child, "_attrs"), field(a, self, "keep_weights"),
+    opts, valid_lens, queries)
+  local wq, wk, wv, wo = qa.weight, ka.weight, va.weight, oa.weight
+  local bq, bk, bv, bo = qa.bias, ka.bias, va.bias, oa.bias
+  local params, operands
+  if self.training then -- every step changes the weights: nothing to keep between calls
+    params = { W_q = wq, W_k = wk, W_v = wv, W_o = wo, b_q = bq, b_k = bk, b_v = bv, b_o = bo }
+  else
+    params, operands = eval_parameters(self, wq, wk, wv, wo, bq, bk, bv, bo)
   end
-  -- the composition the fused node equals (the reference the specs compare it against)
-  local q = attn.split_heads(Wq(queries), heads)
-  local k = attn.split_heads(Wk(keys), heads)
-  local v = attn.split_heads(Wv(values), heads)
-  if valid_lens ~= nil then valid_lens = attn.repeat_interleave(valid_lens, heads) end
+  local out, w = attention._multi_head_attention(queries, keys, values, heads, params, o, operands)
+  keep_head_weights(self, w, heads)
+  return out
+end
+
+--- The composed path: the children's projections, `split_heads`, the DotProductAttention
+-- child and `merge_heads`, the same numbers as the fused node. Takes what forward prepared.
+function MultiHeadAttention:composed_forward(queries, keys, values, valid_lens, opts)
+  local heads = self.num_heads
+  local q = attn.split_heads(self.W_q(queries), heads)
+  local k = attn.split_heads(self.W_k(keys), heads)
+  local v = attn.split_heads(self.W_v(values), heads)
+  if valid_lens ~= nil then valid_lens = attn.repeat_interleave(valid_lens, heads, 1) end
   self.attention.keep_weights = self.keep_weights
   local out = self.attention(q, k, v, valid_lens, opts)
   keep_head_weights(self, self.attention.attention_weights, heads)
-  return Wo(attn.merge_heads(out, heads))
+  return self.W_o(attn.merge_heads(out, heads))
 end
 
 function MultiHeadAttention:extra_repr() return "num_heads=" .. self.num_heads end
@@ -327,7 +359,9 @@ function MultiHeadAttention:extra_repr() return "num_heads=" .. self.num_heads e
 --- `nn.PositionalEncoding{num_hiddens, dropout, max_len = 1000}` (or
 -- positional): X (B, T, num_hiddens) -> dropout(X + P[1..T]) with the sinusoidal
 -- table P of attn.positional_encoding. P is a plain field, not state (as in the
--- book, whose state dict for this layer is empty), kept per dtype.
+-- book, whose state dict for this layer is empty), computed in double and stored in the
+-- module's dtype: `m:to("float64")` (or a float64 input) makes the float64 table, not an
+-- upcast of the float32 one.
 -- @type PositionalEncoding
 local PositionalEncoding = Module:extend("PositionalEncoding")
 M.PositionalEncoding = PositionalEncoding
@@ -344,10 +378,17 @@ end
 
 -- T rows of the table from 0-based position `offset` (default 0) in `dtype`, (T, num_hiddens).
 function PositionalEncoding:encoding(T, dtype, offset)
-  if self.P:dtype() ~= dtype then self.P = self.P:to(dtype) end
+  if self.P:dtype() ~= dtype then self.P = attn.positional_encoding(self.max_len, self.num_hiddens, dtype) end
   local P = self.P
   if P:dim() == 3 then P = P:select(1, 1) end
   return P:narrow(1, (offset or 0) + 1, T)
+end
+
+--- to(dtype): Module.to, and the table recomputed in dtype.
+function PositionalEncoding:to(dtype)
+  Module.to(self, dtype)
+  if self.P:dtype() ~= dtype then self.P = attn.positional_encoding(self.max_len, self.num_hiddens, dtype) end
+  return self
 end
 
 local function check_positions(who, X, d, max_len, offset)

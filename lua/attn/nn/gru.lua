@@ -16,8 +16,9 @@
 -- math one vectorised pass per step, and backward is one C call too. Dropout
 -- (training mode only) acts on the outputs of every layer but the last, with a
 -- mask hashed from a seed so backward rebuilds it. `nn.GRU{..., fused = false}`
--- composes the same model from tensor ops (one node per step) instead: that
--- path is the reference the specs compare the fused one against.
+-- (or `attn.nn.set_fused(false)`, or dropout 1 in training) composes the same
+-- model from tensor ops (one node per step) instead (`composed_forward`; the
+-- choice is attn.nn.fused's rule).
 -- @module attn.nn.gru
 -- @usage
 -- local rnn = nn.GRU{input_size = 8, num_hiddens = 16, num_layers = 2}
@@ -29,6 +30,7 @@ local module = require "attn.nn.module"
 local init = require "attn.nn.init"
 local linear = require "attn.nn.linear"
 local check = require "attn.check"
+local fused = require "attn.nn.fused"
 
 local core = attn.core
 local record = autograd.record
@@ -69,7 +71,7 @@ end
 M.unbind = unbind
 
 
---- One GRU step of the composed (reference) path as a single autograd node.
+--- One GRU step of the composed path as a single autograd node.
 -- gi (B, 3h): input projection W_ih x + b_ih; h (B, h); w_hh (3h, h); b_hh (3h).
 -- Returns h' (B, h).
 local function composed_cell(gi, h, w_hh, b_hh)
@@ -205,9 +207,19 @@ function GRU:forward(X, h0)
     end
   end
   if T == 0 then error("GRU: input " .. shape_str(s) .. " has no time steps", 2) end
-  local p = self.training and self.dropout or 0
-  if self.fused and p < 1 then return M.gru(X, h0, self:flat_parameters(), p) end
-  return self:composed_forward(X, h0)
+  return fused.forward(self, X, h0)
+end
+
+--- Whether the fused path can run (attn.nn.fused): always, but for dropout 1
+-- in training, which the kernel refuses. X and h0 are forward's, checked.
+function GRU:can_fuse()
+  return not (self.training and self.dropout >= 1)
+end
+
+--- The fused path: the whole forward as one node (`M.gru`), without the
+-- shape checks of forward. `seed` (optional) fixes the dropout mask.
+function GRU:fused_forward(X, h0, seed)
+  return M.gru(X, h0, self:flat_parameters(), self.training and self.dropout or 0, seed)
 end
 
 --- The parameters as the fused kernels take them (`M.gru`): a flat list of 4
@@ -221,7 +233,7 @@ function GRU:flat_parameters()
   return params
 end
 
---- The reference path: the same model composed from tensor ops (one node per
+--- The composed path: the same model composed from tensor ops (one node per
 -- step), without the shape checks of forward. With a seed, the dropout
 -- between layers drops what the fused path (`M.gru` with that seed) drops.
 function GRU:composed_forward(X, h0, seed)

@@ -21,25 +21,13 @@ function Identity.forward(_, x) return x end
 
 -- ---------------------------------------------------------------- GELU
 
--- Coefficients of Abramowitz & Stegun 7.1.26: erf(z) = 1 - poly(t) exp(-z^2),
--- t = 1 / (1 + p z), z >= 0, absolute error below 1.5e-7 (under float32's
--- resolution of Phi), built from differentiable tensor operations.
-local AS_P = 0.3275911
-local AS_A = { 0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429 }
-
--- The standard normal CDF Phi(x) elementwise.
-local function normal_cdf(x)
-  local z = x:abs() * (1 / math.sqrt(2))
-  local t = (z * AS_P + 1):reciprocal()
-  local poly = t * AS_A[5]
-  for i = 4, 1, -1 do poly = (poly + AS_A[i]) * t end
-  local tail = poly * (-(z:square())):exp() * 0.5 -- P(N > |x|)
-  return attn.where(attn.core.ge(x, 0), 1 - tail, tail)
-end
+-- The standard normal CDF Phi(x) = (1 + erf(x / sqrt 2)) / 2 elementwise (libm's erf, exact to
+-- double rounding; differentiable).
+local function normal_cdf(x) return (attn.erf(x * (1 / math.sqrt(2))) + 1) * 0.5 end
 M.normal_cdf = normal_cdf
 
 --- `nn.GELU([{approximate = "none"|"tanh"}])`: x * Phi(x), Phi the standard
--- normal CDF (PyTorch's default, exact to float32 precision); "tanh" is the
+-- normal CDF (PyTorch's default; libm's erfc, exact to double rounding in float64); "tanh" is the
 -- approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 -- @type GELU
 local GELU = Module:extend("GELU")
@@ -60,7 +48,7 @@ function GELU:forward(x)
     local inner = (x + x:pow(3) * 0.044715) * math.sqrt(2 / math.pi)
     return x * (inner:tanh() + 1) * 0.5
   end
-  return x * normal_cdf(x)
+  return attn.gelu(x)
 end
 
 function GELU:extra_repr() return string.format("approximate='%s'", self.approximate) end

@@ -6,6 +6,7 @@ local module = require "attn.nn.module"
 local init = require "attn.nn.init"
 local autograd = require "attn.autograd"
 local check = require "attn.check"
+local fused = require "attn.nn.fused"
 
 local Module = module.Module
 local core = attn.core
@@ -97,8 +98,10 @@ end
 -- PositionWiseFFN: the same numbers as `linear` then `relu`, forward and
 -- backward (the gradient passes where the output is positive, which is where
 -- the affine map is), one node and no saved pre-activation instead of two.
+-- With fused paths off (`attn.nn.set_fused(false)`) it is those two nodes.
 -- @usage local h = linear.linear_relu(x, m.weight, m.bias)
 function M.linear_relu(x, weight, bias)
+  if not fused.choose("linear_relu") then return M.linear(x, weight, bias):relu() end
   local z, x2, n, fout = affine_forward(x, weight, bias)
   local y = core.relu(z)
   return autograd.record("linear_relu", y, { x, weight, bias or false }, function(g)
@@ -157,6 +160,10 @@ function Embedding:forward(ids)
   if type(ids) == "table" and not attn.is_tensor(ids) then ids = attn.tensor(ids, "float64") end
   check.tensor("Embedding", "ids", ids)
   local shape = ids:shape()
+  -- the output is sized before the ids are walked: a huge expanded view of ids fails at once
+  shape[#shape + 1] = self.embedding_dim
+  core.check_size("Embedding", "output", shape, self.weight:dtype())
+  shape[#shape] = nil
   core.check_ids(ids, self.num_embeddings, "Embedding", "token id", "ids " .. shape_str(shape))
   local out = self.weight:index_select(1, ids:reshape({ -1 }))
   shape[#shape + 1] = self.embedding_dim
@@ -234,7 +241,23 @@ end
 
 function LayerNorm:forward(x)
   check_norm_input(self, x)
-  return M.layer_norm(x, self.normalized_numel, self.weight, self.bias, self.eps)
+  return fused.forward(self, x)
+end
+
+--- Whether the kernel node can run (attn.nn.fused): always (forward checked x); the
+-- switch and the `fused` field still choose.
+function LayerNorm.can_fuse() return true end
+
+local layer_norm_node -- the kernel node, below
+
+--- The fused path: the C kernel node (`layer_norm`; the dispatcher has chosen).
+function LayerNorm:fused_forward(x)
+  return layer_norm_node(x, self.normalized_numel, self.weight, self.bias, self.eps)
+end
+
+--- The composed path: the same node from tensor ops (`layer_norm_composed`).
+function LayerNorm:composed_forward(x)
+  return M.layer_norm_composed(x, self.normalized_numel, self.weight, self.bias, self.eps)
 end
 
 --- self(dropout(y, p, training) + x) as one node (`add_layer_norm`): the
@@ -255,9 +278,15 @@ end
 -- entries become (x - mean) / sqrt(var + eps) (biased variance), then times
 -- weight plus bias when given (both of n entries, any shape). Forward saves
 -- the per-row mean and 1/std (float64); backward is one pass over the rows
--- for dx and one over the columns for the weight and bias gradients.
+-- for dx and one over the columns for the weight and bias gradients. With
+-- fused paths off (`attn.nn.set_fused(false)`) it is `layer_norm_composed`.
 -- @usage local y = linear.layer_norm(x, 8, w, b, 1e-5)
 function M.layer_norm(x, n, weight, bias, eps)
+  if not fused.choose("layer_norm") then return M.layer_norm_composed(x, n, weight, bias, eps) end
+  return layer_norm_node(x, n, weight, bias, eps)
+end
+
+layer_norm_node = function(x, n, weight, bias, eps)
   local xc = core.contiguous(x)
   local w, b = weight and core.contiguous(weight), bias and core.contiguous(bias)
   local y, mean, rstd = core.layer_norm_forward(xc, n, w, b, eps)
@@ -272,9 +301,13 @@ end
 -- the same numbers as the three nodes dropout (as `M.dropout(y, p, training,
 -- seed)`, drawing the same seed), add and `layer_norm`, forward and backward,
 -- without their intermediate gradients. x and y broadcast as in add; the
--- rest as `layer_norm`.
+-- rest as `layer_norm`. With fused paths off (`attn.nn.set_fused(false)`) it
+-- is those three nodes (`layer_norm` composed too).
 -- @usage local z = linear.add_layer_norm(x, y, 0.1, true, 32, ln.weight, ln.bias, 1e-5)
 function M.add_layer_norm(x, y, p, training, n, weight, bias, eps, seed)
+  if not fused.choose("add_layer_norm") then
+    return M.layer_norm_composed(M.dropout(y, p, training, seed) + x, n, weight, bias, eps)
+  end
   local drop = training and p ~= 0
   local d = y
   if drop then d, seed = core.dropout(y, p, seed) end
@@ -289,11 +322,11 @@ function M.add_layer_norm(x, y, p, training, n, weight, bias, eps, seed)
   end)
 end
 
---- The same node composed from core ops, the reference the kernel is
--- checked against. Backward, with xhat the normalised row and d = g * weight:
--- dx = (d - mean(d) - xhat mean(d xhat)) / std.
--- @usage local y = linear.layer_norm_reference(x, 8, w, b, 1e-5)
-function M.layer_norm_reference(x, n, weight, bias, eps)
+--- The same node composed from core ops (`layer_norm`'s composed path, which
+-- the specs check the kernel against). Backward, with xhat the normalised row
+-- and d = g * weight: dx = (d - mean(d) - xhat mean(d xhat)) / std.
+-- @usage local y = linear.layer_norm_composed(x, 8, w, b, 1e-5)
+function M.layer_norm_composed(x, n, weight, bias, eps)
   local s = core.shape(x)
   local x2 = core.reshape(x, -1, n)
   local xc = core.sub(x2, core.mean(x2, 2, true))
@@ -311,6 +344,11 @@ function M.layer_norm_reference(x, n, weight, bias, eps)
       bias and core.reshape(core.sum(g2, 1), core.shape(bias)) or nil
   end)
 end
+
+--- Deprecated alias of `layer_norm_composed` (the old name), kept for one
+-- release: "reference" now names only the C kernels' plain reference path.
+-- @see layer_norm_composed
+M.layer_norm_reference = M.layer_norm_composed
 
 function LayerNorm:extra_repr()
   local ns = self.normalized_shape

@@ -382,11 +382,41 @@ local function walk(self, prefix, visit, path)
   path[self] = nil
 end
 
+-- The lists of {name, value} pairs that named_parameters, named_buffers and
+-- named_modules return are also their own iterators: Lua's generic for calls
+-- a callable explist value as f(nil, control) with control the previous name,
+-- so `for name, p in m:named_parameters() do` reads as PyTorch's loop while
+-- `ipairs(list)`, `#list` and `list[i][1]` keep working. The name -> position
+-- map is built when a loop starts (control nil), so it follows edits made to
+-- the list before the loop; names in one list are unique (dotted paths).
+local named_list_mt = {}
+local named_positions = setmetatable({}, { __mode = "k" })
+
+function named_list_mt.__call(list, _, name)
+  local i = 1
+  if name == nil then
+    local pos = {}
+    for k, e in ipairs(list) do pos[e[1]] = k end
+    named_positions[list] = pos
+  else
+    i = (named_positions[list] or {})[name]
+    if i == nil then error("named list: the loop's name '" .. tostring(name) .. "' is not in the list", 2) end
+    i = i + 1
+  end
+  local e = list[i]
+  if e == nil then return nil end
+  return e[1], e[2]
+end
+
+local function named_list(out) return setmetatable(out, named_list_mt) end
+
 --- Every module of the tree with its dotted name (self first, named ""), depth
--- first, each module once (PyTorch's named_modules).
+-- first, each module once (PyTorch's named_modules). The list is its own
+-- iterator: `for name, m in net:named_modules() do ... end`.
 -- @treturn table list of {name, module}
+-- @usage for name, m in net:named_modules() do print(name, m:class_name()) end
 function Module:named_modules()
-  local out, seen = {}, {}
+  local out, seen = named_list({}), {}
   walk(self, "", function(prefix, m)
     if not seen[m] then
       seen[m] = true
@@ -414,9 +444,10 @@ function Module:apply(fn)
   return self
 end
 
--- Ordered {name, tensor} pairs of one kind ("_param_names" or "_buffer_names").
+-- Ordered {name, tensor} pairs of one kind ("_param_names" or "_buffer_names"),
+-- a list that is its own iterator (named_list).
 local function named_entries(self, registry, dedupe)
-  local out, seen = {}, {}
+  local out, seen = named_list({}), {}
   walk(self, "", function(prefix, m)
     for _, n in ipairs(m[registry]) do
       local t = get(m, n)
@@ -486,9 +517,11 @@ function Module:parameters()
 end
 
 --- The parameters with their dotted names ("W_q.weight", "0.bias"), in
--- `parameters()` order.
+-- `parameters()` order. The list is its own iterator, so both loops work:
+-- `for name, p in net:named_parameters() do` (PyTorch's) and
+-- `for _, e in ipairs(net:named_parameters()) do` (e = {name, tensor}).
 -- @treturn table list of {name, tensor}
--- @usage for _, p in ipairs(net:named_parameters()) do print(p[1], p[2]:shape()) end
+-- @usage for name, p in net:named_parameters() do print(name, p:shape()) end
 function Module:named_parameters() return named_entries(self, "_param_names", true) end
 
 --- The dotted parameter names, in `parameters()` order.
@@ -498,7 +531,8 @@ function Module:parameter_names()
   return names
 end
 
---- The buffers with their dotted names, in registration order.
+--- The buffers with their dotted names, in registration order; the list is
+-- its own iterator: `for name, b in net:named_buffers() do ... end`.
 -- @treturn table list of {name, tensor}
 function Module:named_buffers() return named_entries(self, "_buffer_names", true) end
 
@@ -660,9 +694,13 @@ end
 
 -- ---------------------------------------------------------------- calling
 
--- Call depth of modules on the stack: the outermost call turns a nested error
--- into its message.
-local depth = 0
+-- Call depth of modules on the stack of each coroutine (weak keys, as grad
+-- mode in attn.autograd): the outermost call of a coroutine turns a nested
+-- error into its message. One shared counter would stay raised by a forward
+-- that yields in a coroutine never resumed, and every later top-level error
+-- would then escape as an error table.
+local depths = setmetatable({}, { __mode = "k" })
+local running = coroutine.running
 
 local ModuleError = {}
 ModuleError.__index = ModuleError
@@ -708,8 +746,9 @@ local function capture(err)
   return setmetatable({ chain = {}, msg = err, traceback = tb }, ModuleError)
 end
 
-local function finish_call(self, ok, ...)
-  depth = depth - 1
+local function finish_call(self, co, ok, ...)
+  local depth = depths[co] - 1
+  depths[co] = depth > 0 and depth or nil
   if ok then return ... end
   local err = ...
   table.insert(err.chain, 1, self)
@@ -721,8 +760,9 @@ end
 --- `m(...)` runs `m:forward(...)`, adding the module path and the traceback of
 -- the error site to errors.
 function Module.__call(self, ...)
-  depth = depth + 1
-  return finish_call(self, xpcall(self.forward, capture, self, ...))
+  local co = running()
+  depths[co] = (depths[co] or 0) + 1
+  return finish_call(self, co, xpcall(self.forward, capture, self, ...))
 end
 
 --- Subclasses implement forward.

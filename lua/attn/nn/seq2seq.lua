@@ -28,6 +28,7 @@ local check = require "attn.check"
 local gru = require "attn.nn.gru"
 local attention = require "attn.nn.attention"
 local autograd = require "attn.autograd"
+local fused = require "attn.nn.fused"
 
 local Module = module.Module
 local Linear, Embedding = linear.Linear, linear.Embedding
@@ -193,9 +194,10 @@ end
 -- With additive scoring the whole step loop (the keys' projection, then per
 -- step attention, cat and every GRU layer) is one C call and one autograd node
 -- (`M.attention_decoder`, over src/nn/attn_decoder.h), its backward one C call
--- too. `fused = false` (or dot scoring, or lengths that are not one per sample)
--- runs the step-by-step composition instead, the reference the specs compare
--- the fused node against (`composed_forward`).
+-- too. `fused = false` (or `attn.nn.set_fused(false)`, dot scoring, a GRU or
+-- attention layer that may not fuse, or lengths that are not one per sample)
+-- runs the step-by-step composition instead (`composed_forward`; the choice is
+-- attn.nn.fused's rule, `can_fuse` the test).
 -- @type Seq2SeqAttentionDecoder
 local Seq2SeqAttentionDecoder = AttentionDecoder:extend("Seq2SeqAttentionDecoder")
 M.Seq2SeqAttentionDecoder = Seq2SeqAttentionDecoder
@@ -257,31 +259,27 @@ local function lens_tensor(lens, like)
   return lens
 end
 
--- The source lengths for the fused node (nil or a (B) tensor) when it can run this call, else
--- false: additive scoring, the fused GRU, tensors of the expected ranks, lengths one per sample.
-local function fused_lens(self, state)
+--- Whether the fused node can run this call (attn.nn.fused): additive scoring and a GRU that
+-- may fuse (their own `fused` fields, the GRU's training dropout below 1), tensors of the
+-- expected ranks, source lengths nil or one per sample.
+function Seq2SeqAttentionDecoder:can_fuse(_, state)
   local scorer, rnn, enc_outputs, hidden_state = self.attention, self.rnn, state[1], state[2]
-  if not (self.fused and rnn.fused and attn.is_tensor(enc_outputs) and attn.is_tensor(hidden_state)
-      and enc_outputs:dim() == 3 and hidden_state:dim() == 3 and getmetatable(scorer) == attention.AdditiveAttention
-      and scorer.fused ~= false and not (rnn.training and rnn.dropout >= 1)) then
+  if not (attn.is_tensor(enc_outputs) and attn.is_tensor(hidden_state) and enc_outputs:dim() == 3
+      and hidden_state:dim() == 3 and getmetatable(scorer) == attention.AdditiveAttention and fused.allowed(scorer)
+      and getmetatable(rnn) == gru.GRU and fused.allowed(rnn) and rnn:can_fuse()) then
     return false
   end
   local lens = lens_tensor(state[3], enc_outputs)
-  if lens == nil or attn.is_tensor(lens) and lens:dim() == 1 and lens:size(1) == enc_outputs:size(1) then
-    return lens
-  end
-  return false
+  return lens == nil or attn.is_tensor(lens) and lens:dim() == 1 and lens:size(1) == enc_outputs:size(1)
 end
 
 function Seq2SeqAttentionDecoder:forward(X, state)
   check_ids("Seq2SeqAttentionDecoder", X)
-  local lens = fused_lens(self, state)
-  if lens == false then return self:composed_forward(X, state) end
-  return self:fused_forward(X, state, nil, lens)
+  return fused.forward(self, X, state)
 end
 
---- The fused path of forward (see the class comment), for the calls forward
--- sends to it. `seed` (optional) fixes the dropout streams (drawn when nil).
+--- The fused path of forward (see the class comment), for the calls `can_fuse`
+-- admits. `seed` (optional) fixes the dropout streams (drawn when nil).
 function Seq2SeqAttentionDecoder:fused_forward(X, state, seed, lens)
   local scorer, rnn = self.attention, self.rnn
   local enc_outputs, hidden_state = state[1], state[2]
@@ -300,7 +298,7 @@ function Seq2SeqAttentionDecoder:fused_forward(X, state, seed, lens)
   return self.dense(out), { enc_outputs, hn, state[3] }
 end
 
---- The reference path: the same decoder composed step by step (attention, cat,
+--- The composed path: the same decoder composed step by step (attention, cat,
 -- the GRU over one step). With a seed, step t (1-based) drops what the fused
 -- node with that seed drops: the attention weights with stream seed + (t-1) L
 -- + L - 1, the GRU (its composed form) with stream seed + (t-1) L.

@@ -26,6 +26,7 @@ local check = require "attn.check"
 local attention = require "attn.nn.attention"
 local containers = require "attn.nn.containers"
 local seq2seq = require "attn.nn.seq2seq"
+local fused = require "attn.nn.fused"
 
 local Module = module.Module
 local Linear, ReLU, Dropout, LayerNorm, Embedding = linear.Linear, linear.ReLU, linear.Dropout, linear.LayerNorm,
@@ -48,12 +49,21 @@ function PositionWiseFFN:init(ffn_num_input, ffn_num_hiddens, ffn_num_outputs)
   self.dense2 = Linear(ffn_num_hiddens, ffn_num_outputs)
 end
 
-function PositionWiseFFN:forward(X)
-  local dense1, relu = self.dense1, self.relu
-  -- the stock layers as one node for dense1 and relu (linear_relu); replaced ones as they are
-  if getmetatable(dense1) == Linear and getmetatable(relu) == ReLU then return self.dense2(dense1:forward_relu(X)) end
-  return self.dense2(relu(dense1(X)))
+-- forward is the dispatcher itself (attn.nn.fused): one call less on a short path.
+PositionWiseFFN.forward = fused.forward
+
+--- Whether dense1 and relu can run as one node (attn.nn.fused): both are the stock layers
+-- (a replaced one is not eligible).
+function PositionWiseFFN:can_fuse()
+  local a = rawget(self, "_attrs")
+  return getmetatable(a.dense1) == Linear and getmetatable(a.relu) == ReLU
 end
+
+--- The fused path: dense1 and relu as one node (`linear_relu`), then dense2.
+function PositionWiseFFN:fused_forward(X) return self.dense2(self.dense1:forward_relu(X)) end
+
+--- The composed path: dense2(relu(dense1(X))), each child as it is.
+function PositionWiseFFN:composed_forward(X) return self.dense2(self.relu(self.dense1(X))) end
 
 -- ---------------------------------------------------------------- AddNorm
 
@@ -68,15 +78,28 @@ function AddNorm:init(normalized_shape, dropout)
   self.ln = LayerNorm(normalized_shape)
 end
 
-function AddNorm:forward(X, Y)
-  local dropout, ln = self.dropout, self.ln
-  -- the stock layers as one node (add_layer_norm), the same numbers as the three; replaced ones as they are
-  if getmetatable(dropout) == Dropout and getmetatable(ln) == LayerNorm and attn.is_tensor(X) and attn.is_tensor(Y)
-    and X:dim() > 0 and attn.core.same_shape(X, Y) then
-    return ln:forward_add(X, Y, dropout.p, dropout.training)
-  end
-  return ln(dropout(Y) + X)
+-- forward is the dispatcher itself (attn.nn.fused): one call less on a short path.
+AddNorm.forward = fused.forward
+
+--- Whether dropout, the residual add and ln can run as one node (attn.nn.fused): the stock
+-- Dropout and LayerNorm children (a replaced one is not eligible), X and Y tensors of one
+-- shape.
+function AddNorm:can_fuse(X, Y)
+  local a = rawget(self, "_attrs")
+  return getmetatable(a.dropout) == Dropout and getmetatable(a.ln) == LayerNorm and attn.is_tensor(X)
+    and attn.is_tensor(Y) and X:dim() > 0 and attn.core.same_shape(X, Y)
 end
+
+--- The fused path: ln(dropout(Y) + X) as one node (`add_layer_norm`), the same numbers as
+-- the three.
+function AddNorm:fused_forward(X, Y)
+  local a = rawget(self, "_attrs")
+  local dropout = a.dropout -- (p is an attribute, training a raw field of every module)
+  return a.ln:forward_add(X, Y, rawget(dropout, "_attrs").p, rawget(dropout, "training"))
+end
+
+--- The composed path: ln(dropout(Y) + X), each child as it is.
+function AddNorm:composed_forward(X, Y) return self.ln(self.dropout(Y) + X) end
 
 -- ---------------------------------------------------------------- encoder
 
@@ -116,6 +139,12 @@ M.TransformerEncoder = TransformerEncoder
 -- The embedding, positional encoding and blocks shared by the encoder and the
 -- decoder: blks.block0, ... made by make_block(i) for i = 0 .. num_layers - 1.
 local function embed_and_blocks(self, vocab_size, num_hiddens, dropout, num_layers, make_block)
+  -- (named here, not by Embedding: PyTorch's call, a layer module first, lands here through nn.D2L*)
+  if math.type(vocab_size) ~= "integer" or vocab_size < 1 then
+    error(string.format("%s (the book's): vocab_size must be a positive integer, got %s (PyTorch's %s(layer, " ..
+      "num_layers) is nn.Torch%s)", self:class_name(), module.is_module(vocab_size) and "a module" or
+      tostring(vocab_size), self:class_name(), self:class_name()), 5)
+  end
   self.num_hiddens, self.num_layers = num_hiddens, num_layers
   self.embedding = Embedding(vocab_size, num_hiddens)
   self.pos_encoding = attention.PositionalEncoding(num_hiddens, dropout)

@@ -1,4 +1,4 @@
-local cli = require "attn.cli"
+local cli = require "attn.d2l.cli"
 local helper = require "helper"
 
 -- Runs cli.parse with exit/print captured: returns opts or {exit = code, text = printed}.
@@ -23,7 +23,7 @@ local SPEC = {
   },
 }
 
-describe("attn.cli", function()
+describe("attn.d2l.cli", function()
   it("gives the defaults, the common options and out/<name>", function()
     local o = run({}, SPEC)
     assert.are.same({ 250, 0.005, "additive", false, 0, "out/toy" },
@@ -68,7 +68,7 @@ describe("attn.cli", function()
     local function script(body)
       local name = os.tmpname()
       local f = assert(io.open(name, "w"))
-      f:write('local cli = require "attn.cli"\n', body)
+      f:write('local cli = require "attn.d2l.cli"\n', body)
       f:close()
       local p = io.popen(helper.lua_command(name) .. ' 2>&1; echo "status $?"')
       local text = p:read("a")

@@ -1,5 +1,5 @@
 local attn = require "attn"
-local metrics = require "attn.metrics"
+local metrics = require "attn.d2l.metrics"
 
 local function round3(x) return math.floor(x * 1000 + 0.5) / 1000 end
 
@@ -91,7 +91,7 @@ describe("metrics.accuracy and metrics.perplexity", function()
     assert.are.equal(total, count)
     assert.is_true(math.abs(sum - nll) < 1e-9 * nll)
     assert.is_true(math.abs(ppl - math.exp(nll / total)) < 1e-9 * ppl)
-    -- Integer id tensors (what attn.data yields) give the same numbers.
+    -- Integer id tensors (what attn.d2l.data yields) give the same numbers.
     local ids, lens64 = attn.tensor(labels, "int64"), attn.tensor(lens, "int64")
     assert.are.same({ acc, c, n }, { metrics.accuracy(logits, ids, lens64) })
     assert.are.same({ ppl, sum, count }, { metrics.perplexity(logits, ids, lens64) })

@@ -1,9 +1,9 @@
--- attn.seq2seq: train_seq2seq's bookkeeping, init and progress line;
+-- attn.d2l.train: train_seq2seq's bookkeeping, init and progress line;
 -- predict_seq2seq's stopping rule and source length; beam search at width 1
 -- equal to greedy decoding.
 local attn = require "attn"
 local fx = require "nn.seq2seq_fixtures"
-local s2s = require "attn.seq2seq"
+local s2s = require "attn.d2l.train"
 local nn = attn.nn
 require "helper" -- assert.close
 
@@ -25,7 +25,7 @@ local function buffer()
   return b
 end
 
-describe("attn.seq2seq", function()
+describe("attn.d2l.train", function()
   before_each(function() attn.manual_seed(4) end)
 
   it("train_seq2seq reports the book's loss and the per-token loss, and shows them with tokens/sec and eta",

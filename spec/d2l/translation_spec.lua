@@ -1,11 +1,11 @@
 -- The translation experiment end to end on the shipped sample, kept short:
 -- a tiny model, two epochs; then --load reproduces the same translations.
 local attn = require "attn"
-local translation = require "attn.translation"
-local metrics = require "attn.metrics"
+local translation = require "attn.d2l.translation"
+local metrics = require "attn.d2l.metrics"
 local nn = attn.nn
 
-local cli = require "attn.cli"
+local cli = require "attn.d2l.cli"
 
 local function build(src_vocab, tgt_vocab, opts)
   return nn.EncoderDecoder(nn.Seq2SeqEncoder(#src_vocab, 8, 8, 1, 0),
@@ -30,7 +30,7 @@ local function run(argv)
   return res, printed
 end
 
-describe("attn.translation", function()
+describe("attn.d2l.translation", function()
   local dir = os.tmpname()
   os.remove(dir)
   teardown(function() os.execute("rm -rf '" .. dir .. "'") end)

@@ -1,6 +1,6 @@
-local report = require "attn.report"
+local report = require "attn.d2l.report"
 
-describe("attn.report", function()
+describe("attn.d2l.report", function()
   it("escapes text in every element", function()
     assert.are.equal("&lt;eos&gt; &amp; j&#39;ai &quot;x&quot;", report.escape([[<eos> & j'ai "x"]]))
     local r = report.new("a <b> title")
@@ -38,7 +38,7 @@ describe("attn.report", function()
   end)
 end)
 
-describe("attn.report plot", function()
+describe("attn.d2l.report plot", function()
   it("calls the plot function once for the PNG and once for SVG, options intact", function()
     local calls = {}
     local function fake_plot(x, opts)

@@ -1,0 +1,195 @@
+-- The saved-for-backward contract of the fused ops (src/attn_saved.h): each forward hands back a
+-- table of named views of one buffer, with the shapes its C layout function documents; the
+-- parts hold what the names say (checked against naive loops and the forward's own outputs);
+-- a backward given a part of another shape raises naming the part and both shapes.
+local attn = require "attn"
+local helper = require "helper"
+local core = attn.core
+
+-- Entry (indices 1-based) of a tensor as a Lua number.
+local function at(t, ...) return t[{ ... }] end
+
+-- The shapes of the table's parts (its tensor fields but the flat buffer and flash's lse), by
+-- name; each part is a view of saved.buffer.
+local function shapes(saved)
+  local out, n = {}, 0
+  for k, v in pairs(saved) do
+    if attn.is_tensor(v) and k ~= "buffer" and k ~= "lse" then
+      out[k], n = v:shape(), n + v:numel()
+    end
+  end
+  assert.are.equal(saved.buffer:numel(), n) -- the parts tile the buffer
+  return out
+end
+
+-- A shallow copy of saved with part `name` replaced.
+local function with_part(saved, name, t)
+  local copy = {}
+  for k, v in pairs(saved) do copy[k] = v end
+  copy[name] = t
+  return copy
+end
+
+-- tanh in double (Lua 5.4's math has none without the compatibility build)
+local function tanh(x)
+  local e = math.exp(-2 * math.abs(x))
+  local t = (1 - e) / (1 + e)
+  return x < 0 and -t or t
+end
+
+local function raises(pattern, fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert.is_false(ok)
+  assert.matches(pattern, tostring(err), 1, true)
+end
+
+describe("saved buffers of the fused ops", function()
+  it("additive attention: qh, kh, scores with the documented shapes and values", function()
+    local B, Nq, Nk, q, k, dv, h = 2, 3, 4, 5, 6, 3, 7
+    local Q, K, V = attn.randn({ B, Nq, q }, "float64"), attn.randn({ B, Nk, k }, "float64"),
+        attn.randn({ B, Nk, dv }, "float64")
+    local Wq, Wk, wv = attn.randn({ h, q }, "float64"), attn.randn({ h, k }, "float64"), attn.randn({ 1, h }, "float64")
+    local _, _, _, saved = core.additive_layer_forward(Q, K, V, Wq, Wk, wv, {})
+    assert.are.same({ qh = { B, Nq, h }, kh = { B, Nk, h }, scores = { B, Nq, Nk } }, shapes(saved))
+    -- by loops: qh = Q Wq^T, scores = w_v . tanh(qh_i + kh_j)
+    for b = 1, B do
+      for i = 1, Nq do
+        for c = 1, h do
+          local s = 0
+          for d = 1, q do s = s + at(Q, b, i, d) * at(Wq, c, d) end
+          assert.is_true(math.abs(at(saved.qh, b, i, c) - s) < 1e-12)
+        end
+        for j = 1, Nk do
+          local s = 0
+          for c = 1, h do s = s + at(wv, 1, c) * tanh(at(saved.qh, b, i, c) + at(saved.kh, b, j, c)) end
+          assert.is_true(math.abs(at(saved.scores, b, i, j) - s) < 1e-12)
+        end
+      end
+    end
+    assert.are.equal(saved, core.additive_layer_saved(saved, Q, K, Wq))
+    raises("projected_additive_attention backward: saved part kh is [2x4x6], expected [2x4x7] from the operands",
+      core.additive_layer_saved, with_part(saved, "kh", attn.zeros({ B, Nk, 6 }, "float64")), Q, K, Wq)
+    raises("projected_additive_attention backward: saved part kh is [2x4x7], expected [2x5x7]",
+      core.additive_layer_saved, saved, Q, attn.zeros({ B, 5, k }, "float64"), Wq)
+    raises("projected_additive_attention backward: saved part qh is not the forward's", core.additive_layer_saved,
+      with_part(saved, "qh", saved.qh:clone()), Q, K, Wq)
+    raises("projected_additive_attention backward: saved must be the forward's table of parts, got a userdata",
+      core.additive_layer_saved, saved.qh, Q, K, Wq)
+  end)
+
+  it("multi-head attention: qh, kh, vh, ctx, merged, and which path ran", function()
+    local B, Nq, Nk, q, k, v, h, H = 2, 3, 4, 5, 6, 3, 8, 2
+    local dh = h // H
+    local Q, K, V = attn.randn({ B, Nq, q }, "float64"), attn.randn({ B, Nk, k }, "float64"),
+        attn.randn({ B, Nk, v }, "float64")
+    local p = { W_q = attn.randn({ h, q }, "float64"), W_k = attn.randn({ h, k }, "float64"),
+      W_v = attn.randn({ h, v }, "float64"), W_o = attn.randn({ h, h }, "float64"), b_q = attn.randn({ h }, "float64") }
+    local _, _, _, saved = core.mha_forward(Q, K, V, H, p, {})
+    assert.are.same({ qh = { B * H, Nq, dh }, kh = { B * H, Nk, dh }, vh = { B * H, Nk, dh }, ctx = { B * H, Nq, dh },
+      merged = { B * Nq, h } }, shapes(saved))
+    assert.is_false(saved.flash) -- float64: the reference path, and no lse
+    assert.is_nil(saved.lse)
+    -- qh row b*H + j holds head j of sample b: (Q W_q^T + b_q) columns j*dh+1 .. (j+1)*dh; merged
+    -- is ctx's heads side by side
+    for b = 1, B do
+      for j = 1, H do
+        for i = 1, Nq do
+          for c = 1, dh do
+            local s = at(p.b_q, (j - 1) * dh + c)
+            for d = 1, q do s = s + at(Q, b, i, d) * at(p.W_q, (j - 1) * dh + c, d) end
+            assert.is_true(math.abs(at(saved.qh, (b - 1) * H + j, i, c) - s) < 1e-12)
+            assert.are.equal(at(saved.ctx, (b - 1) * H + j, i, c), at(saved.merged, (b - 1) * Nq + i, (j - 1) * dh + c))
+          end
+        end
+      end
+    end
+    assert.are.equal(saved, core.mha_saved(saved, Q, K, H, p.W_q))
+    raises("multi_head_attention backward: saved part vh is [4x4x2], expected [4x4x4] from the operands",
+      core.mha_saved, with_part(saved, "vh", attn.zeros({ B * H, Nk, 2 }, "float64")), Q, K, H, p.W_q)
+    raises("multi_head_attention backward: saved part qh is [4x3x4], expected [8x3x2]", core.mha_saved, saved, Q, K,
+      4, p.W_q)
+    -- float32 over one flash tile: the flash kernel ran, and its row statistics ride along
+    local Q32, K32 = attn.randn({ 1, 64, 8 }), attn.randn({ 1, 64, 8 })
+    local p32 = { W_q = attn.randn({ 8, 8 }), W_k = attn.randn({ 8, 8 }), W_v = attn.randn({ 8, 8 }),
+      W_o = attn.randn({ 8, 8 }) }
+    local _, _, _, s32 = core.mha_forward(Q32, K32, K32, 2, p32, {})
+    assert.is_true(s32.flash)
+    assert.are.same({ 2, 64 }, s32.lse:shape())
+    local _, _, _, sref = core.mha_forward(Q32, K32, K32, 2, p32, { kernel = "reference" })
+    assert.is_false(sref.flash)
+    assert.is_nil(sref.lse)
+  end)
+
+  it("GRU: hs, rz, n, ghn per layer with the documented shapes and states", function()
+    local T, B, I, H, L = 4, 3, 5, 6, 2
+    local x, h0 = attn.randn({ T, B, I }, "float64"), attn.randn({ L, B, H }, "float64")
+    local params = {}
+    for l = 1, L do
+      params[#params + 1] = attn.randn({ 3 * H, l == 1 and I or H }, "float64")
+      params[#params + 1] = attn.randn({ 3 * H, H }, "float64")
+      params[#params + 1] = attn.randn({ 3 * H }, "float64")
+      params[#params + 1] = false
+    end
+    local out, hn, saved, seed = core.gru_forward(x, h0, params, 0)
+    assert.are.same({ hs = { L, T + 1, B, H }, rz = { L, T, B, 2 * H }, n = { L, T, B, H }, ghn = { L, T, B, H } },
+      shapes(saved))
+    -- hs[k] runs from h0[k] to hn[k]; the top layer's states are the output; r, z are sigmoids
+    for l = 1, L do
+      helper.assert_identical(saved.hs[l][1], h0[l])
+      helper.assert_identical(saved.hs[l][T + 1], hn[l])
+    end
+    for t = 1, T do helper.assert_identical(saved.hs[L][t + 1], out[t]) end
+    assert.is_true(saved.rz:min():item() > 0 and saved.rz:max():item() < 1)
+    local dout = attn.ones({ T, B, H }, "float64")
+    local dx = core.gru_backward(x, h0, params, 0, seed, saved, dout)
+    assert.are.same({ T, B, I }, dx:shape())
+    raises("gru backward: saved part rz is [2x4x3x6], expected [2x4x3x12] from the operands", core.gru_backward, x,
+      h0, params, 0, seed, with_part(saved, "rz", attn.zeros({ L, T, B, H }, "float64")), dout)
+    raises("gru backward: saved part hs is [2x5x3x6], expected [2x4x3x6]", core.gru_backward, x:narrow(1, 1, 3), h0,
+      params, 0, seed, saved)
+    raises("gru backward: saved part ghn must be a tensor, got a nil", core.gru_backward, x, h0, params, 0, seed,
+      with_part(saved, "ghn", nil), dout)
+  end)
+
+  it("Bahdanau decoder: the attention's and the GRU's parts with the documented shapes", function()
+    local B, Nk, dv, e, H, ha, T, L = 2, 5, 4, 3, 6, 7, 4, 2
+    local W_k, values, emb = attn.randn({ ha, dv }, "float64"), attn.randn({ B, Nk, dv }, "float64"),
+        attn.randn({ T, B, e }, "float64")
+    local h0, W_q, w_v = attn.randn({ L, B, H }, "float64"), attn.randn({ ha, H }, "float64"),
+        attn.randn({ 1, ha }, "float64")
+    local params = {}
+    for l = 1, L do
+      params[#params + 1] = attn.randn({ 3 * H, l == 1 and dv + e or H }, "float64")
+      params[#params + 1] = attn.randn({ 3 * H, H }, "float64")
+      params[#params + 1] = false
+      params[#params + 1] = attn.randn({ 3 * H }, "float64")
+    end
+    local out, hn, weights, saved, seed = core.decoder_forward(W_k, values, nil, emb, h0, W_q, w_v, params, 0, 0)
+    assert.are.same({ kh = { B, Nk, ha }, qh = { T, B, ha }, scores = { T, B, Nk }, weights = { T, B, Nk },
+      ctx = { T, B, dv }, hs = { L, T + 1, B, H }, rz = { L, T, B, 2 * H }, n = { L, T, B, H }, ghn = { L, T, B, H } },
+      shapes(saved))
+    for b = 1, B do
+      for t = 1, T do
+        helper.assert_identical(saved.weights[t][b], weights[b][t]) -- time-major here, batch-major out
+        helper.assert_identical(saved.hs[L][t + 1][b], out[b][t])
+      end
+    end
+    for l = 1, L do helper.assert_identical(saved.hs[l][T + 1], hn[l]) end
+    -- kh = values W_k^T, by loops
+    for c = 1, ha do
+      local s = 0
+      for d = 1, dv do s = s + at(values, 2, 3, d) * at(W_k, c, d) end
+      assert.is_true(math.abs(at(saved.kh, 2, 3, c) - s) < 1e-12)
+    end
+    local function back(s, ...)
+      return core.decoder_backward(W_k, values, nil, emb, h0, W_q, w_v, params, 0, 0, seed, s, ...)
+    end
+    assert.are.same({ ha, dv }, (back(saved, attn.ones({ B, T, H }, "float64"))):shape())
+    raises("attention_decoder backward: saved part ctx is [4x2x3], expected [4x2x4] from the operands", back,
+      with_part(saved, "ctx", attn.zeros({ T, B, 3 }, "float64")))
+    raises("attention_decoder backward: saved part kh is not the forward's", back,
+      with_part(saved, "kh", saved.kh:clone()))
+    raises("attention_decoder backward: saved part qh is not the forward's", back,
+      with_part(saved, "qh", saved.qh:to("float32")))
+  end)
+end)

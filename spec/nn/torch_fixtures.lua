@@ -1,0 +1,112 @@
+-- PyTorch parity fixtures (spec/fixtures/torch/*.safetensors, written by tools/torch_fixtures.py
+-- with PyTorch 1.13 in float64, eval mode, dropout 0): the module options of each case, mirrored
+-- from the script's CASES, and a runner that loads a case into attn's module, runs the forward
+-- and backward and returns the largest differences from PyTorch's outputs and gradients.
+local attn = require "attn"
+local nn = attn.nn
+
+local F = {}
+
+local dir = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") .. "/../fixtures/torch/"
+
+local function mha_call(opts, self_attention)
+  return function(m, i, masks)
+    local o = {}
+    for k, v in pairs(opts or {}) do o[k] = v end
+    for k, v in pairs(masks) do o[k] = v end
+    if self_attention then return m(i.query, i.query, i.query, o) end
+    return m(i.query, i.key, i.value, o)
+  end
+end
+
+local function encoder_call(m, i, masks) return m(i.src, masks) end
+local function decoder_call(m, i, masks) return m(i.tgt, i.memory, masks) end
+
+-- name -> {build = module constructor, call = forward(m, inputs, masks), tol = max difference}
+F.cases = {
+  mha_plain = { build = function() return nn.MultiheadAttention(8, 2) end, call = mha_call() },
+  mha_bool_masks = { build = function() return nn.MultiheadAttention(8, 2) end, call = mha_call() },
+  mha_float_masks = { build = function() return nn.MultiheadAttention(8, 2) end,
+    call = mha_call({ average_attn_weights = false }) },
+  mha_float_padding = { build = function() return nn.MultiheadAttention(8, 2) end, call = mha_call() },
+  mha_kvdim_batch_first = { build = function() return nn.MultiheadAttention(6, 3, { kdim = 5, vdim = 3,
+    batch_first = true }) end, call = mha_call({ average_attn_weights = false }) },
+  mha_self_causal = { build = function() return nn.MultiheadAttention(8, 4) end, call = mha_call(nil, true) },
+  mha_unbatched_no_bias = { build = function() return nn.MultiheadAttention(4, 2, { bias = false }) end,
+    call = mha_call() },
+  mha_no_weights_float_bias = { build = function() return nn.MultiheadAttention(4, 1) end,
+    call = mha_call({ need_weights = false }) },
+  encoder_layer_post_relu = { build = function() return nn.TransformerEncoderLayer(8, 2, { dim_feedforward = 16,
+    dropout = 0 }) end, call = encoder_call },
+  -- nn.GELU's erf is a 1.5e-7 approximation today (issue 19, defect 1; 1.3e-6 off in a parameter's
+  -- gradient here): this case is held to 1e-5 until the exact erf lands, then to 1e-10 like the others
+  encoder_layer_pre_gelu = { build = function() return nn.TransformerEncoderLayer(8, 2, { dim_feedforward = 12,
+    activation = "gelu", norm_first = true, batch_first = true, dropout = 0 }) end, call = encoder_call,
+    tol = 1e-5 },
+  decoder_layer_post = { build = function() return nn.TransformerDecoderLayer(8, 2, { dim_feedforward = 16,
+    dropout = 0 }) end, call = decoder_call },
+  decoder_layer_pre_batch_first = { build = function() return nn.TransformerDecoderLayer(4, 2, {
+    dim_feedforward = 8, norm_first = true, layer_norm_eps = 1e-3, batch_first = true, dropout = 0 }) end,
+    call = decoder_call },
+  transformer = { build = function() return nn.Transformer({ d_model = 4, nhead = 2, num_encoder_layers = 2,
+    num_decoder_layers = 2, dim_feedforward = 8, dropout = 0 }) end,
+    call = function(m, i, masks) return m(i.src, i.tgt, masks) end },
+  encoder_stack = { build = function() return nn.TransformerEncoder(nn.TransformerEncoderLayer(4, 2, {
+    dim_feedforward = 8, dropout = 0 }), 2, { norm = nn.LayerNorm(4) }) end, call = encoder_call },
+}
+
+F.mha_cases = { "mha_plain", "mha_bool_masks", "mha_float_masks", "mha_float_padding", "mha_kvdim_batch_first", "mha_self_causal",
+  "mha_unbatched_no_bias", "mha_no_weights_float_bias" }
+F.transformer_cases = { "encoder_layer_post_relu", "encoder_layer_pre_gelu", "decoder_layer_post",
+  "decoder_layer_pre_batch_first", "transformer", "encoder_stack" }
+
+local function max_diff(a, b)
+  assert(attn.is_tensor(a), "missing tensor")
+  assert(attn.core.same_shape(a, b), "shape " .. attn.core.shape_str(a) .. " vs " .. attn.core.shape_str(b))
+  return (a:to("float64") - b):abs():max():item()
+end
+
+--- Runs case `name` (in `dtype`, default float64: the fixtures are converted); returns {output =
+-- d, grad_input = d, grad_state = d} (largest absolute differences from PyTorch's), the number of
+-- tensors compared and the case's tolerance in float64.
+function F.run(name, dtype)
+  dtype = dtype or "float64"
+  local case = F.cases[name]
+  local t = assert(attn.load(dir .. name .. ".safetensors"))
+  local state, inputs, masks = {}, {}, {}
+  for k, v in pairs(t) do
+    local kind, rest = k:match("^([%w_]+)%.(.+)$")
+    local float = v:dtype() ~= "int64"
+    if kind == "state" then state[rest] = v end
+    if kind == "input" then inputs[rest] = v:to(dtype):clone():requires_grad_() end
+    if kind == "mask" then masks[rest] = float and v:to(dtype) or v end
+  end
+  local m = case.build():to(dtype):eval()
+  m:load_state_dict(state)
+  local outs = table.pack(case.call(m, inputs, masks))
+  local d = { output = 0, grad_input = 0, grad_state = 0 }
+  local loss, n = nil, 0
+  for i = 0, 1 do
+    local want = t["output." .. i]
+    if want then
+      d.output = math.max(d.output, max_diff(outs[i + 1], want))
+      local term = (outs[i + 1] * t["grad_output." .. i]:to(dtype)):sum()
+      loss = loss and loss + term or term
+      n = n + 1
+    else
+      assert(outs[i + 1] == nil, name .. ": attn returned an output PyTorch did not")
+    end
+  end
+  loss:backward()
+  for k, x in pairs(inputs) do
+    d.grad_input = math.max(d.grad_input, max_diff(x.grad, t["grad.input." .. k]))
+    n = n + 1
+  end
+  for _, e in ipairs(m:named_parameters()) do
+    d.grad_state = math.max(d.grad_state, max_diff(e[2].grad, t["grad.state." .. e[1]]))
+    n = n + 1
+  end
+  return d, n, case.tol or 1e-10
+end
+
+return F
