@@ -21,7 +21,7 @@ describe("memory", function()
     local rss_growth = (peak_rss - rss0) / 2 ^ 20
     print(string.format("\n    memory spec: 20000 x 1 MiB tensors: peak live growth %.1f MiB, peak RSS growth %.1f MiB"
       .. " (%.1f MiB live before)", live_growth, rss_growth, live0 / 2 ^ 20))
-    -- Without GC pressure this loop would hold ~20 GB. The pacing (src/lcore.c, settle) starts a
+    -- Without GC pressure this loop would hold ~20 GB. The pacing (src/bind/lcore.c, settle) starts a
     -- full collection once the garbage passes the live tensors' bytes, 8 MiB at least, and steps
     -- the collector per MiB allocated before that; so at most max(live, 8 MiB) of garbage, plus the
     -- tensor being made. Measured: 3.0 MiB alone and in `make test`, 5.0 MiB after spec/attention,

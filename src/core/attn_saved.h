@@ -14,7 +14,7 @@
 #ifndef ATTN_SAVED_H
 #define ATTN_SAVED_H
 
-#include "attn_tensor.h"
+#include "core/attn_tensor.h"
 
 #define ATTN_SAVED_MAX_PARTS 10
 #define ATTN_SAVED_MAX_DIMS 4

@@ -1,5 +1,5 @@
 /* Binding: a fused op's saved buffer (attn_saved.h) as a Lua table of named views, and back. */
-#include "lbind.h"
+#include "bind/lbind.h"
 
 attn_tensor attn_l_push_saved(lua_State *L, const attn_saved_layout *l, attn_dtype dt) {
   luaL_checkstack(L, 4, l->op);

@@ -1,5 +1,5 @@
 /* attn_saved: see attn_saved.h. */
-#include "attn_saved.h"
+#include "core/attn_saved.h"
 
 #include <string.h>
 
