@@ -5,12 +5,13 @@
 -- per layer and head for the last sentence.
 --   lua5.4 examples/transformer.lua            (200 epochs, as the book)
 --   lua5.4 examples/transformer.lua --positions absolute
+--   mpirun -np 2 lua5.4 examples/transformer.lua --distributed   (data parallel, docs/DISTRIBUTED.md)
 local attn = require "attn"
 local plot = require "attn.plot"
 local translation = require "attn.d2l.translation"
 local nn = attn.nn
 
-local num_hiddens, num_layers, dropout = 32, 2, 0.1
+local num_hiddens, num_layers = 32, 2 -- dropout: --dropout (the book's 0.1)
 local ffn_num_input, ffn_num_hiddens, num_heads = 32, 64, 4
 local key_size, query_size, value_size = 32, 32, 32
 local norm_shape = { 32 }
@@ -50,9 +51,9 @@ translation.main {
     "absolute" } },
   build = function(src_vocab, tgt_vocab, opts)
     local encoder = nn.TransformerEncoder(#src_vocab, key_size, query_size, value_size, num_hiddens, norm_shape,
-      ffn_num_input, ffn_num_hiddens, num_heads, num_layers, dropout)
+      ffn_num_input, ffn_num_hiddens, num_heads, num_layers, opts.dropout)
     local decoder = nn.TransformerDecoder(#tgt_vocab, key_size, query_size, value_size, num_hiddens, norm_shape,
-      ffn_num_input, ffn_num_hiddens, num_heads, num_layers, dropout, { positions = opts.positions })
+      ffn_num_input, ffn_num_hiddens, num_heads, num_layers, opts.dropout, { positions = opts.positions })
     return nn.EncoderDecoder(encoder, decoder)
   end,
   figures = function(net, rows, r, opts)

@@ -37,6 +37,9 @@ function translation.options(epochs)
     { "beam", "integer", 1, "beam width for the translations (1 = greedy, as the book)" },
     { "load", "string", nil, "translate with this checkpoint instead of training" },
     { "quiet", "boolean", false, "no progress line" },
+    { "dropout", "number", 0.1, "dropout probability of the model (the book's 0.1; 0 for runs that must match)" },
+    { "distributed", "boolean", false, "train data-parallel over MPI: run under mpirun -np N (needs attn.mpi: make " ..
+      "mpi); rank 1 prints and writes the outputs" },
   }
 end
 
@@ -66,14 +69,18 @@ function translation.evaluate(net, src_vocab, tgt_vocab, num_steps, beam)
   return rows
 end
 
---- Runs one experiment end to end.
+local run -- the body of translation.run, after the options
+
+--- Runs one experiment end to end. With `--distributed` (under `mpirun -np N`), every
+-- process trains its share of each batch (attn.distributed.DataParallel through
+-- train_seq2seq's `data_parallel`); rank 1 alone prints, saves and translates.
 -- @tparam table spec `name`, `title`, `description`, `epochs` (the book's), `book` (a line with the
 --   book's printed results), `build(src_vocab, tgt_vocab, opts) -> net`, and optionally
 --   `extra_options` (for cli.parse), `model_options(opts)` (a table of the options that shape the
 --   weights, saved in the checkpoint and checked by --load), `figures(net, rows, r, opts,
 --   src_vocab, tgt_vocab)` to add attention pictures, and `argv` (default the script's `arg`)
 -- @raise a `cli.fail` failure for a file that cannot be read or a checkpoint that does not fit
--- @treturn table `{opts =, net =, history =, rows =}`
+-- @treturn table `{opts =, net =, history =, rows =}` (no rows on ranks other than 1)
 function translation.run(spec)
   local options = translation.options(spec.epochs)
   for _, o in ipairs(spec.extra_options or {}) do options[#options + 1] = o end
@@ -81,10 +88,25 @@ function translation.run(spec)
   if opts.smoke then
     opts.epochs = math.min(opts.epochs, 2)
   end
+  if not opts.distributed then return run(spec, opts, nil) end
+  -- Every rank runs the same script with the same seed; an error on one rank (a cli.fail
+  -- included) aborts them all instead of leaving the others waiting in a collective.
+  local found, dist = pcall(require, "attn.distributed")
+  if not found then cli.fail(spec.name .. ": --distributed: " .. tostring(dist)) end
+  dist.init()
+  local res = dist.run(run, spec, opts, dist)
+  dist.finalize()
+  return res
+end
+
+run = function(spec, opts, dist)
+  local root = not dist or dist.is_root()
+  -- only rank 1 prints and writes files
+  local say = root and print or function() end
   local data_iter, src_vocab, tgt_vocab = data.load_fra_eng(opts.batch_size, opts.num_steps,
     { num_examples = opts.num_examples, path = opts.data, seed = opts.seed })
   if not data_iter then cli.fail(spec.name .. ": " .. src_vocab) end
-  print(string.format("%s: %d sentence pairs from %s; vocabularies %d (English) and %d (French)", spec.name,
+  say(string.format("%s: %d sentence pairs from %s; vocabularies %d (English) and %d (French)", spec.name,
     data_iter.num_examples, opts.data or "the shipped sample (data/fra-eng-sample.txt)", #src_vocab, #tgt_vocab))
   local net = spec.build(src_vocab, tgt_vocab, opts)
   local r = report.new(spec.title)
@@ -114,19 +136,22 @@ function translation.run(spec)
     end
     local loaded, err = pcall(net.load_state_dict, net, state)
     if not loaded then cli.fail(string.format("%s: %s does not fit this model: %s", spec.name, opts.load, tostring(err))) end
-    print("loaded " .. opts.load)
+    say("loaded " .. opts.load)
     r:paragraph("Weights loaded from " .. opts.load .. " (no training).")
   else
     local losses = {}
     history = seq2seq.train_seq2seq(net, data_iter, {
       lr = opts.lr, epochs = opts.epochs, tgt_vocab = tgt_vocab,
-      progress = not opts.quiet and { label = spec.name } or false,
+      progress = root and not opts.quiet and { label = spec.name } or false,
       on_epoch = function(_, rec) losses[#losses + 1] = rec.loss end,
+      data_parallel = dist and dist.DataParallel(net, { broadcast = false }) or nil,
     })
+    if not root then return { opts = opts, net = net, history = history } end
     local last = history[#history]
     local line = string.format("loss %.3f (the book's scale: per-token cross-entropy / num_steps), per-token " ..
-      "cross-entropy %.3f, %.1f tokens/sec on this CPU (%d thread%s), seed %d", last.loss, last.token_loss,
-      last.tokens_per_sec or 0, attn.get_num_threads(), attn.get_num_threads() == 1 and "" or "s", opts.seed)
+      "cross-entropy %.3f, %.1f tokens/sec on this CPU (%d thread%s%s), seed %d", last.loss, last.token_loss,
+      last.tokens_per_sec or 0, attn.get_num_threads(), attn.get_num_threads() == 1 and "" or "s",
+      dist and string.format(" x %d processes", dist.world_size()) or "", opts.seed)
     print(line)
     r:heading("Training")
     r:pre(line .. "\nbook: " .. spec.book)
@@ -139,6 +164,7 @@ function translation.run(spec)
     print("saved " .. checkpoint)
   end
 
+  if not root then return { opts = opts, net = net, history = history } end
   local rows = translation.evaluate(net, src_vocab, tgt_vocab, opts.num_steps, opts.beam)
   local table_rows, lines = {}, {}
   for i, row in ipairs(rows) do
