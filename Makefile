@@ -26,7 +26,7 @@ MPI_LIBS          ?= $(shell $(PKG_CONFIG) --libs ompi 2>/dev/null)
 CC       ?= gcc
 # The baseline build runs on any CPU of its architecture: the vectorised row
 # math in src/cpu/ is compiled once per instruction set with its own flags and
-# chosen at run time (src/attn_vmath.c), so no -march=native is needed.
+# chosen at run time (src/cpu/cpu_dispatch.c), so no -march=native is needed.
 # -fvect-cost-model=dynamic: GCC's -O2 model only vectorises loops that need
 # no runtime checks, which leaves the elementwise kernels scalar.
 OPT      ?= -O2 -fvect-cost-model=dynamic
@@ -48,7 +48,9 @@ endif
 # which the vectoriser needs; the kernels never rely on floating-point traps.
 CPU_OPT   = -O3 -fno-trapping-math
 LIBFLAG  ?= -shared
-ALL_CFLAGS = $(WARN) $(CFLAGS) -fPIC $(LUA_CFLAGS) $(BLAS_FLAGS)
+# -fvisibility=hidden: core.so exports its luaopen_* (ATTN_EXPORT, src/bind/lbind.h) and nothing
+# else. Only the binding (src/bind/) sees Lua's headers: LUA_CFLAGS go to its objects alone.
+ALL_CFLAGS = $(WARN) $(CFLAGS) -fPIC -fvisibility=hidden -Isrc $(BLAS_FLAGS)
 LDLIBS    = $(BLAS_LIBS) -lpthread -lm
 
 DEBIAN_PACKAGES = lua5.4 liblua5.4-dev libopenblas-dev liblapacke-dev lua-busted lua-check \
@@ -64,8 +66,11 @@ IMAGE_PACKAGES  = dataset-fashion-mnist
 # Only the MPI targets (make mpi, test-mpi, bench-mpi) need these: make deps-mpi.
 MPI_PACKAGES    = openmpi-bin libopenmpi-dev
 
-SRC       = $(wildcard src/*.c) $(wildcard src/cpu/*.c)
-HEADERS   = $(wildcard src/*.h src/cpu/*.h)
+# The layers, each in its folder: bind (the Lua binding) -> nn (layer kernels) -> attention
+# (attention kernels) -> core (tensors and their ops) -> cpu (the per-ISA kernels).
+LAYERS    = core attention nn bind cpu
+SRC       = $(foreach d,$(LAYERS),$(wildcard src/$(d)/*.c))
+HEADERS   = $(wildcard src/*.h) $(foreach d,$(LAYERS),$(wildcard src/$(d)/*.h))
 # OBJ_DIR and MODULE are variables so a cross build (check-aarch64) keeps its own.
 OBJ_DIR  ?= build/obj
 OBJ       = $(SRC:src/%.c=$(OBJ_DIR)/%.o)
@@ -127,8 +132,10 @@ $(OBJ_DIR)/%.o: src/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	@echo "cc $<"; $(CC) $(ALL_CFLAGS) -c $< -o $@
 
-# The optimizer loops vectorise only without errno around sqrt (src/attn_optim.c).
-$(OBJ_DIR)/attn_optim.o: ALL_CFLAGS += -fno-math-errno
+# The optimizer loops vectorise only without errno around sqrt (src/nn/attn_optim.c).
+$(OBJ_DIR)/nn/attn_optim.o: ALL_CFLAGS += -fno-math-errno
+
+$(OBJ_DIR)/bind/%.o: ALL_CFLAGS += $(LUA_CFLAGS)
 
 # src/cpu/<name>_<isa>.c: compiled with CPU_FLAGS_<isa> (the last word of the file name).
 cpu_isa_flags = $(CPU_FLAGS_$(lastword $(subst _, ,$1)))
@@ -145,19 +152,21 @@ $(CAIRO_MODULE): $(CAIRO_SRC)
 	@mkdir -p $(dir $@)
 	@echo "cc $<"; $(CC) $(WARN) $(CFLAGS) -fPIC $(LUA_CFLAGS) $(CAIRO_FLAGS) $(LIBFLAG) $< -o $@ $(CAIRO_LIBS)
 
-$(MPI_MODULE): $(MPI_SRC) src/attn_tensor.h src/attn_error.h
+$(MPI_MODULE): $(MPI_SRC) src/core/attn_tensor.h src/core/attn_error.h
 	@mkdir -p $(dir $@)
-	@echo "cc $<"; $(CC) $(WARN) $(CFLAGS) -fPIC $(LUA_CFLAGS) $(MPI_FLAGS) $(LIBFLAG) $< -o $@ $(MPI_LIBS) -ldl
+	@echo "cc $<"; $(CC) $(WARN) $(CFLAGS) -fPIC -Isrc $(LUA_CFLAGS) $(MPI_FLAGS) $(LIBFLAG) $< -o $@ $(MPI_LIBS) -ldl
 
+ASAN_CFLAGS = $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
+	  -fPIC -fvisibility=hidden -Isrc $(BLAS_FLAGS)
 build/asan/%.o: src/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
-	@echo "cc (asan) $<"; $(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
-	  -DATTN_SANITIZED_BUILD -fPIC $(LUA_CFLAGS) $(BLAS_FLAGS) -c $< -o $@
+	@echo "cc (asan) $<"; $(CC) $(ASAN_CFLAGS) -DATTN_SANITIZED_BUILD -c $< -o $@
+
+build/asan/bind/%.o: ASAN_CFLAGS += $(LUA_CFLAGS)
 
 build/asan/cpu/%.o: src/cpu/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
-	@echo "cc (asan) $<"; $(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
-	  $(call cpu_isa_flags,$*) -fPIC $(LUA_CFLAGS) $(BLAS_FLAGS) -c $< -o $@
+	@echo "cc (asan) $<"; $(CC) $(ASAN_CFLAGS) $(call cpu_isa_flags,$*) -c $< -o $@
 
 $(ASAN_MODULE): $(ASAN_OBJ)
 	@mkdir -p $(dir $@)
@@ -199,12 +208,12 @@ test-asan: deps ## every spec with the module under AddressSanitizer and UBSan
 # linked in, coverage-instrumented, under ASan+UBSan, for FUZZ_FILES_SECONDS.
 FUZZ_CC            ?= clang
 FUZZ_FILES_SECONDS ?= 60
-FUZZ_FLAGS = -std=c11 -D_POSIX_C_SOURCE=200809L -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined
+FUZZ_FLAGS = -std=c11 -D_POSIX_C_SOURCE=200809L -Isrc -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined
 FUZZ_OBJ   = $(SRC:src/%.c=build/fuzz/%.o)
 build/fuzz/%.o: src/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	@echo "cc (libfuzzer) $<"; $(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link $(call cpu_isa_flags,$*) \
-	  $(LUA_CFLAGS) $(BLAS_FLAGS) -c $< -o $@
+	  $(if $(filter bind/%,$*),$(LUA_CFLAGS)) $(BLAS_FLAGS) -c $< -o $@
 
 build/fuzz/fuzz_files: tools/fuzz_files.c $(FUZZ_OBJ)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer $(LUA_CFLAGS) tools/fuzz_files.c $(FUZZ_OBJ) -o $@ \
@@ -263,7 +272,7 @@ check-aarch64: ## cross-build for aarch64, run the specs under qemu-user (QUICK=
 
 # The C core's own unit tests (no Lua), under ASan+UBSan and then valgrind memcheck.
 # (A second make evaluates the pkg-config flags after deps has installed pkgconf.)
-CORE_SRC = $(filter src/attn_%.c,$(SRC))
+CORE_SRC = $(filter-out src/bind/% src/cpu/%,$(SRC))
 CPU_SRC  = $(wildcard src/cpu/*.c)
 check-c: deps ## the C core's unit tests under ASan and valgrind
 	@$(MAKE) --no-print-directory check-c-run

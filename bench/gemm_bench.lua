@@ -4,7 +4,7 @@
 -- is the book's training shapes (the products of Linear layers, the GRU and its gradients, the
 -- attention's tiny heads, as they reach the kernel), with their calls per training step and the
 -- total per step they weigh in each model; the second a sweep of cubes and tall products that places the size
--- threshold (ATTN_GEMM_SMALL_MAX in src/attn_gemm.h). "path" is the one matmul takes.
+-- threshold (ATTN_GEMM_SMALL_MAX in src/core/attn_gemm.h). "path" is the one matmul takes.
 -- Run: LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="lua/?.so;;" lua5.4 bench/gemm_bench.lua [isa]
 local attn = require "attn"
 local core = attn.core

@@ -2,7 +2,7 @@
 --
 -- The facade copies these into `attn`: `attn.masked_softmax`, `attn.dot_product_attention`, ...
 -- Shapes are batch-first: B samples (for multi-head attention B*heads, batch-major), Nq queries,
--- Nk keys/values, d query/key width, dv value width. Kernels are in C (src/attn_attention.h);
+-- Nk keys/values, d query/key width, dv value width. Kernels are in C (src/attention/attn_attention.h);
 -- every tensor input gets a gradient through attn.autograd.
 --
 -- **Two masking conventions** (never an unlabeled boolean mask):
@@ -22,7 +22,7 @@
 --   does not reach the output or the gradients.
 -- * Every other row is the ordinary softmax of its kept scores: all -inf (or a NaN) gives NaN,
 --   as `attn.softmax` does, and a NaN value of an unmasked key reaches the output even when its
---   weight underflows to 0. Only masked keys are ever left out (src/attn_attention.h).
+--   weight underflows to 0. Only masked keys are ever left out (src/attention/attn_attention.h).
 --
 -- When both are given, the keep-masks remove keys first and valid_lens fills among the rest.
 -- Dropout acts on the weights (before they multiply the values) only when `training = true`;
@@ -49,7 +49,7 @@ local attention_options = {
 
 -- The options table for the C kernels. Only the keys are checked here (a Lua concern); the
 -- binding converts the values (types) and the C core checks shapes, ranges and dtypes
--- (src/lattention.c, src/attn_attention.c), so a C caller gets the same checks.
+-- (src/bind/lattention.c, src/attention/attn_attention.c), so a C caller gets the same checks.
 local function kernel_options(fn, opts)
   opts = check.options(fn, opts, attention_options, 4)
   local training = opts.training -- dropout acts only when training (the binding checks the type)
@@ -302,7 +302,7 @@ function M.split_heads(X, num_heads)
   local fn = "split_heads"
   check_tensor(fn, "X", X, 3, "(B, N, H*dh)")
   check_count(fn, "num_heads", num_heads)
-  local Y = core.split_heads(X, num_heads) -- one strided copy (src/attn_heads.c; it checks the width)
+  local Y = core.split_heads(X, num_heads) -- one strided copy (src/attention/attn_heads.c; it checks the width)
   if not wants(X) then return Y end
   -- one node: the gradient is the inverse move
   return record(fn, Y, { X }, function(g) return core.merge_heads(g, num_heads) end)

@@ -41,7 +41,7 @@ autograd.is_tensor = is_tensor
 
 local function requires(t) return getmetatable(t) == TENSOR_MT and t._rg == true end
 local same_shape = core.same_shape
--- The per-node bookkeeping in C (src/ltensor.c), one call each instead of a
+-- The per-node bookkeeping in C (src/bind/lgraph.c), one call each instead of a
 -- metatable test, a field read through __index and a version read per tensor.
 local graph_requires, graph_requires_in = core.graph_requires, core.graph_requires_in
 local graph_target, graph_versions, graph_link = core.graph_target, core.graph_versions, core.graph_link

@@ -629,7 +629,7 @@ end
 
 -- ---------------------------------------------------------------- PyTorch parity: more ops
 -- erf, gelu, cumsum/cumprod, tril/triu, scatter_add, var/std, norm, repeat_interleave and einsum,
--- with PyTorch's names and semantics. Loops over elements are C kernels (src/attn_reduce.c,
+-- with PyTorch's names and semantics. Loops over elements are C kernels (src/core/attn_reduce.c,
 -- attn_index.c, attn_elementwise.c); the rest is composed from recorded ops.
 
 local fmt = string.format

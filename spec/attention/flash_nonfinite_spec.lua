@@ -1,7 +1,7 @@
 -- The flash kernels never scan their operands for inf or NaN: they run on whatever they are
 -- given, and a block whose results come out not finite sends the whole call to the reference
--- path (src/attn_attention_internal.h, attn_flash_item_fn). These cases check that this keeps
--- the "Softmax rows" rule (src/attn_attention.h) exactly: for each flash kernel, each mask kind
+-- path (src/attention/attn_attention_internal.h, attn_flash_item_fn). These cases check that this keeps
+-- the "Softmax rows" rule (src/attention/attn_attention.h) exactly: for each flash kernel, each mask kind
 -- and each place an inf or NaN can sit (queries, keys, values, the output's gradient; in entries
 -- that are masked for every query, for some, or for none), the forward's output and weights and
 -- the backward's gradients hold NaN, +inf and -inf where the reference's do, and the same values

@@ -1,4 +1,4 @@
--- What a softmax row means in every attention kernel (src/attn_attention.h, "Softmax rows"):
+-- What a softmax row means in every attention kernel (src/attention/attn_attention.h, "Softmax rows"):
 -- masked keys are the only ones a kernel may leave out; a row with no key left is zero; any
 -- other row is the ordinary softmax, so a row whose kept scores are all -inf (or hold NaN) is NaN
 -- as `softmax` gives, and a NaN in a value whose weight underflows to 0 still reaches the output.

@@ -729,14 +729,14 @@ static void test_optim_and_loss(void) {
   double *pd = attn_tensor_data(&p), *gd = attn_tensor_data(&g), p0[3] = {1, -2, 0.5}, g0[3] = {0.5, -3, 2};
   memcpy(pd, p0, sizeof p0);
   memcpy(gd, g0, sizeof g0);
-  attn_adam_options o = {0.1, 0.9, 0.999, 1e-8, 0, 0, 1};
-  CHECK(attn_adam_step(&p, &g, &m, &v, &o) == ATTN_OK, "adam_step: %s", attn_last_error());
+  attn_adam_options o = {0.1, 0.9, 0.999, 1e-8, 0, 0, 1, 0};
+  CHECK(attn_adam_step(&p, &g, &m, &v, NULL, &o) == ATTN_OK, "adam_step: %s", attn_last_error());
   for (int i = 0; i < 3; i++) { /* step 1: m/(1-b1) = g, sqrt(v/(1-b2)) = |g|: p moves by lr * sign(g) */
     double expect = p0[i] - 0.1 * g0[i] / (fabs(g0[i]) + 1e-8);
     CHECK(fabs(pd[i] - expect) < 1e-12, "adam entry %d: %.17g vs %.17g", i, pd[i], expect);
   }
-  CHECK(attn_adam_step(&p, &g, &m, &p, &o) == ATTN_ERR_ARG, "aliasing buffers refused");
-  attn_sgd_options so = {0.5, 0, 0, 0.1, 0, 0};
+  CHECK(attn_adam_step(&p, &g, &m, &p, NULL, &o) == ATTN_ERR_ARG, "aliasing buffers refused");
+  attn_sgd_options so = {0.5, 0, 0, 0.1, 0, 0, 0};
   memcpy(pd, p0, sizeof p0);
   CHECK(attn_sgd_step(&p, &g, NULL, &so) == ATTN_OK, "sgd_step: %s", attn_last_error());
   for (int i = 0; i < 3; i++) {

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attn_vmath.h"
+#include "core/attn_vmath.h"
 
 enum { CHUNK = 1 << 16, NF = 4 };
 static const char *names[NF] = {"exp", "tanh", "sigmoid", "log"};

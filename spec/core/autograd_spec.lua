@@ -192,7 +192,7 @@ describe("autograd", function()
 
   it("keeps a result's node, position and flag apart from its own fields", function()
     -- grad_fn and _oi live in the tensor's user value slots, a leaf's flag and user fields in its
-    -- fields table (src/lbind.h): each must read back what was set, whatever the other holds
+    -- fields table (src/bind/lbind.h): each must read back what was set, whatever the other holds
     local autograd = require "attn.autograd"
     local x = attn.tensor({ 1, 2 }, { dtype = "float64", requires_grad = true })
     local y = x * 3

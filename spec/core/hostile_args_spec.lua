@@ -150,4 +150,19 @@ describe("hostile arguments", function()
     assert.error_matches(function() huge:totable() end, "more than memory allows")
     assert.error_matches(function() attn.zeros({ 1 << 40, 0 }):totable() end, "more than memory allows")
   end)
+
+  it("an empty view far into its storage is usable: its data pointer is not built from the offset", function()
+    -- make fuzz under UBSan: maximum([2^63-1 x 0], its last row) multiplied the row's offset,
+    -- 2^63 - 2, by the element size (signed overflow) when the operands were set up
+    local maxint = math.maxinteger
+    for _, dtype in ipairs({ "float32", "float64", "int64" }) do
+      local x = attn.zeros({ maxint, 0 }, dtype)
+      local row = x:select(1, maxint)
+      assert.are.equal(maxint - 1, row:storage_offset()) -- the view keeps its offset
+      assert.are.same({ maxint, 0 }, x:maximum(row):shape())
+      assert.are.same({ maxint, 0 }, (row + x):shape())
+      assert.are.same({ 0 }, row:clone():shape())
+      assert.are.same({ 0, 0 }, x:narrow(1, maxint, 0):contiguous():shape())
+    end
+  end)
 end)

@@ -21,7 +21,7 @@ describe("memory", function()
     local rss_growth = (peak_rss - rss0) / 2 ^ 20
     print(string.format("\n    memory spec: 20000 x 1 MiB tensors: peak live growth %.1f MiB, peak RSS growth %.1f MiB"
       .. " (%.1f MiB live before)", live_growth, rss_growth, live0 / 2 ^ 20))
-    -- Without GC pressure this loop would hold ~20 GB. The pacing (src/lcore.c, settle) starts a
+    -- Without GC pressure this loop would hold ~20 GB. The pacing (src/bind/lcore.c, settle) starts a
     -- full collection once the garbage passes the live tensors' bytes, 8 MiB at least, and steps
     -- the collector per MiB allocated before that; so at most max(live, 8 MiB) of garbage, plus the
     -- tensor being made. Measured: 3.0 MiB alone and in `make test`, 5.0 MiB after spec/attention,
@@ -86,7 +86,7 @@ describe("memory", function()
   end)
 
   it("gives the Lua state's cached blocks back when the state closes (valgrind: nothing lost)", function()
-    -- the binding caches the blocks Lua frees (src/lcore.c, cached_alloc); closing the state must
+    -- the binding caches the blocks Lua frees (src/bind/lcore.c, cached_alloc); closing the state must
     -- return every one to the allocator it wrapped. Not under the sanitizers (no cache there, and
     -- valgrind cannot run an ASan build) or an emulated interpreter.
     if helper.sanitized or os.getenv("ATTN_LUA") or not os.execute("command -v valgrind > /dev/null") then

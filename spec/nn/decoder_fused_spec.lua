@@ -1,5 +1,5 @@
 -- The fused Bahdanau decoder (one C call and one autograd node over the step loop,
--- src/attn_decoder.h) against its composed path, the step-by-step composition
+-- src/nn/attn_decoder.h) against its composed path, the step-by-step composition
 -- (Seq2SeqAttentionDecoder:composed_forward: the additive attention layer, cat and the
 -- composed GRU cell ops), with the same dropout seed; plus finite differences on the node,
 -- thread independence and hostile arguments. (Which path forward takes, and the two

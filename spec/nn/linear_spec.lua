@@ -297,7 +297,7 @@ describe("nn.Dropout", function()
   end)
 end)
 
-describe("nn.dropout: the engine's one dropout (src/attn_dropout.h)", function()
+describe("nn.dropout: the engine's one dropout (src/core/attn_dropout.h)", function()
   local core = attn.core
 
   -- The rule, written again from its definition in Lua's 64-bit integers:

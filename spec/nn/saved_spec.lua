@@ -1,4 +1,4 @@
--- The saved-for-backward contract of the fused ops (src/attn_saved.h): each forward hands back a
+-- The saved-for-backward contract of the fused ops (src/core/attn_saved.h): each forward hands back a
 -- table of named views of one buffer, with the shapes its C layout function documents; the
 -- parts hold what the names say (checked against naive loops and the forward's own outputs);
 -- a backward given a part of another shape raises naming the part and both shapes.

@@ -1,5 +1,5 @@
 /* Flash attention kernels for AVX2 + FMA (8-float vectors, 2 x 6 register block: 12 accumulators). */
-#include "flash_cpu.h"
+#include "cpu/flash_cpu.h"
 
 #if defined(__x86_64__)
 #define FLASH_SUFFIX avx2
@@ -7,5 +7,5 @@
 #define FLASH_VL 8
 #define FLASH_QV 2
 #define FLASH_NR 6
-#include "flash_body.h"
+#include "cpu/flash_body.h"
 #endif

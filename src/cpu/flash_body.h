@@ -1,7 +1,7 @@
 /* The flash attention kernels (float32), written once: each src/cpu/flash_<isa>.c
  * defines FLASH_SUFFIX and the register block (FLASH_VL floats per vector,
  * FLASH_QV vectors by FLASH_NR broadcasts) and includes this file, compiled
- * with that ISA's flags (see the Makefile); src/attn_sdpa_flash.c picks
+ * with that ISA's flags (see the Makefile); src/cpu/cpu_dispatch.c picks
  * one set at run time.
  *
  * Layout: a tile keeps 64 queries (forward, dq) or 64 keys (dk, dv) in vector
@@ -16,10 +16,10 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../attn_attention_internal.h"
+#include "attention/attn_attention_internal.h"
 
-#include "cpu_inline.h"
-#include "exp_poly.h"
+#include "cpu/cpu_inline.h"
+#include "cpu/exp_poly.h"
 
 #define FLASH_CAT2(a, b) a##b
 #define FLASH_CAT(a, b) FLASH_CAT2(a, b)

@@ -2,7 +2,7 @@
  * defines GEMM_SUFFIX and its register block (GEMM_VW floats per vector, GEMM_MR rows by GEMM_NV
  * vectors of accumulators), optionally GEMM_LOADN / GEMM_STOREN (the ISA's masked load and store
  * of the first n lanes, which touch no memory past them), and includes this file, compiled with
- * that ISA's flags (see the Makefile); src/attn_vmath.c picks one path at run time.
+ * that ISA's flags (see the Makefile); src/cpu/cpu_dispatch.c picks one path at run time.
  *
  * C = alpha op(A) op(B) + beta C is built one panel of NR = GEMM_NV * GEMM_VW columns at a time,
  * and within a panel one tile of GEMM_MR rows at a time: the tile's accumulators stay in
@@ -24,7 +24,7 @@
 #define GEMM_FN(name) GEMM_CAT(name, GEMM_SUFFIX)
 #define GEMM_NR (GEMM_NV * GEMM_VW)
 
-#include "cpu_inline.h"
+#include "cpu/cpu_inline.h"
 
 typedef float gemm_vf __attribute__((vector_size(GEMM_VW * 4)));
 typedef int32_t gemm_vi __attribute__((vector_size(GEMM_VW * 4)));

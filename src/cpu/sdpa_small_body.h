@@ -1,6 +1,6 @@
 /* The short-row kernels of dot-product attention (float32), written once: each
  * src/cpu/sdpa_small_<isa>.c defines SMALL_SUFFIX and includes this file, compiled with
- * that ISA's flags (see the Makefile); src/attn_sdpa_reference.c picks one set at run time
+ * that ISA's flags (see the Makefile); src/cpu/cpu_dispatch.c picks one set at run time
  * and runs them where attn_attention_internal.h says (rows of at most ATTN_SDPA_SMALL_KEYS
  * keys: the Transformer's heads of 10).
  *
@@ -23,8 +23,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../attn_attention_internal.h"
-#include "exp_poly.h"
+#include "attention/attn_attention_internal.h"
+#include "cpu/exp_poly.h"
 
 #define SMALL_CAT2(a, b) a##b
 #define SMALL_CAT(a, b) SMALL_CAT2(a, b)
@@ -36,7 +36,7 @@
  * max, exp, sum, weighted sum), and independent chains keep the vector units busy. */
 #define SR 2
 
-#include "cpu_inline.h"
+#include "cpu/cpu_inline.h"
 
 typedef float small_vf __attribute__((vector_size(KL * 4)));
 typedef int32_t small_vi __attribute__((vector_size(KL * 4)));

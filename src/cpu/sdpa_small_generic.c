@@ -1,5 +1,5 @@
 /* Short-row attention kernels, portable C (flags in the Makefile). */
-#include "sdpa_small_cpu.h"
+#include "cpu/sdpa_small_cpu.h"
 
 #define SMALL_SUFFIX generic
-#include "sdpa_small_body.h"
+#include "cpu/sdpa_small_body.h"

@@ -1,8 +1,8 @@
 /* attn_vmath's row kernels for the avx512 path, compiled with its own flags
  * (see CPU_FLAGS_avx512 in the Makefile); only on x86-64. */
 #if defined(__x86_64__)
-#include "vmath_cpu.h"
+#include "cpu/vmath_cpu.h"
 
 #define VMATH_SUFFIX avx512
-#include "vmath_body.h"
+#include "cpu/vmath_body.h"
 #endif

@@ -1,7 +1,7 @@
 /* The row math of attn_vmath, written once in plain C that the compiler
  * vectorises; each src/cpu/vmath_<isa>.c includes it with its own VMATH_SUFFIX
  * and is compiled with that ISA's flags (see the Makefile), so one binary
- * carries every path and attn_vmath.c picks one at run time.
+ * carries every path and src/cpu/cpu_dispatch.c picks one at run time.
  *
  * float32 exp and tanh evaluate in float lanes (twice as many per vector as
  * double, no double division); the worst errors against libm over all 2^32
@@ -16,15 +16,15 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../attn_dropout.h" /* the rule: attn_dropout_drops, inline */
-#include "exp_poly.h"
+#include "core/attn_dropout.h" /* the rule: attn_dropout_drops, inline */
+#include "cpu/exp_poly.h"
 
 #define VMATH_CAT2(a, b) a##b
 #define VMATH_CAT(a, b) VMATH_CAT2(a, b)
 #define VMATH_FN(name) VMATH_CAT(name, VMATH_SUFFIX)
 
 /* The loops vectorise only when the element functions are inlined into them. */
-#include "cpu_inline.h"
+#include "cpu/cpu_inline.h"
 
 ATTN_CPU_INLINE uint64_t vm_bits(double x) {
   uint64_t b;

@@ -1,5 +1,5 @@
 /* attn_vmath's row kernels for the generic path (flags in the Makefile). */
-#include "vmath_cpu.h"
+#include "cpu/vmath_cpu.h"
 
 #define VMATH_SUFFIX generic
-#include "vmath_body.h"
+#include "cpu/vmath_body.h"

@@ -3,7 +3,7 @@
  *
  * Tensors are read through the core's public header only: a Lua tensor is a
  * full userdata with the metatable "attn.Tensor" holding an attn_tensor by
- * value (src/lbind.h), so the struct gives dtype, shape, strides and the
+ * value (src/bind/lbind.h), so the struct gives dtype, shape, strides and the
  * storage pointer without calling into core.so. The raw data pointer is taken
  * right before the MPI call and no Lua code runs until the call has returned.
  *
@@ -20,7 +20,7 @@
 #include <lauxlib.h>
 #include <lua.h>
 
-#include "../attn_tensor.h"
+#include "core/attn_tensor.h"
 
 #define TENSOR_MT "attn.Tensor"
 /* Header of a tensor compared across ranks: dtype, ndim, shape. */

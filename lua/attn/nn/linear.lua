@@ -19,7 +19,7 @@ local shape_str = core.shape_str -- "[2x3]" from a tensor or a table of sizes
 
 --- Inverted dropout: in training, zeroes each entry with probability p and
 -- scales the rest by 1/(1-p); identity when not training or p = 0.
--- The mask is the engine's one dropout mechanism (src/attn_dropout.h), as in
+-- The mask is the engine's one dropout mechanism (src/core/attn_dropout.h), as in
 -- the attention kernels and the fused GRU: a hash of a seed drawn from the
 -- generator (so `attn.manual_seed` fixes it) and of each entry's row-major
 -- index, rebuilt from the seed in backward, the same on every thread count.

@@ -193,7 +193,7 @@ end
 --
 -- With additive scoring the whole step loop (the keys' projection, then per
 -- step attention, cat and every GRU layer) is one C call and one autograd node
--- (`M.attention_decoder`, over src/attn_decoder.h), its backward one C call
+-- (`M.attention_decoder`, over src/nn/attn_decoder.h), its backward one C call
 -- too. `fused = false` (or `attn.nn.set_fused(false)`, dot scoring, a GRU or
 -- attention layer that may not fuse, or lengths that are not one per sample)
 -- runs the step-by-step composition instead (`composed_forward`; the choice is
@@ -226,7 +226,7 @@ function Seq2SeqAttentionDecoder.init_state(_, enc_outputs, enc_valid_lens)
   return { outputs:permute(2, 1, 3), hidden_state, enc_valid_lens }
 end
 
---- The Bahdanau decoder's step loop as one autograd node (src/attn_decoder.h).
+--- The Bahdanau decoder's step loop as one autograd node (src/nn/attn_decoder.h).
 -- W_k (ha, dv) projects the keys once; values (B, Nk, dv) are the keys and the
 -- values; valid_lens nil or (B); emb (T, B, e) the steps' embeddings; h0 (L, B,
 -- H); W_q (ha, H); w_v (1, ha) or (ha); params the GRU's

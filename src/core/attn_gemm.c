@@ -1,0 +1,112 @@
+/* The choice between the engine's small-product kernel and OpenBLAS: see attn_gemm.h. */
+#include "core/attn_gemm.h"
+
+#include <cblas.h>
+
+#include "core/attn_alloc.h"
+#include "core/attn_vmath.h"
+
+/* The kernel's workspace on the stack: 64 KiB, a panel of 32 columns for K up to 512. */
+#define STACK_PACK 16384
+
+/* Floats the small kernel packs for this shape (see attn_vmath.h): only a transposed B. */
+static int64_t pack_floats(int tb, int64_t N, int64_t K) {
+  if (!tb) return 0;
+  return ATTN_VMATH_GEMM_PACK(N < ATTN_VMATH_GEMM_PANEL ? N : ATTN_VMATH_GEMM_PANEL, K);
+}
+
+int attn_gemm_is_small(int tb, int64_t M, int64_t N, int64_t K) {
+  return (double)M * (double)N * (double)K <= (double)attn_vmath_gemm_small_max() && pack_floats(tb, N, K) <= STACK_PACK;
+}
+
+static void blas(attn_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
+                 int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc) {
+  CBLAS_TRANSPOSE a = ta ? CblasTrans : CblasNoTrans, b = tb ? CblasTrans : CblasNoTrans;
+  if (dt == ATTN_F32)
+    cblas_sgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, (float)alpha, A, (int)lda, B, (int)ldb, (float)beta, C,
+                (int)ldc);
+  else
+    cblas_dgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+}
+
+/* The small path with its workspace on the stack, or from the allocator past STACK_PACK (only
+ * when forced: attn_gemm_is_small keeps AUTO within the stack). 0 when that fails. */
+static int small(int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const float *A, int64_t lda,
+                 const float *B, int64_t ldb, double beta, float *C, int64_t ldc) {
+  float stack[STACK_PACK], *pack = stack;
+  size_t cap = 0;
+  int64_t need = pack_floats(tb, N, K);
+  if (need > STACK_PACK && !(pack = attn_alloc((size_t)need * sizeof *pack, &cap))) return 0;
+  attn_vmath_gemm_small_f32(ta, tb, M, N, K, (float)alpha, A, lda, B, ldb, (float)beta, C, ldc, pack);
+  if (pack != stack) attn_free(pack, cap);
+  return 1;
+}
+
+void attn_gemm(attn_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
+               int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc) {
+  if (dt == ATTN_F32 && attn_gemm_is_small(tb, M, N, K) &&
+      small(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+    return;
+  blas(dt, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+int attn_gemm_layout(const attn_tensor *t, int *trans, int64_t *ld) {
+  int64_t rows = t->shape[t->ndim - 2], cols = t->shape[t->ndim - 1];
+  int64_t rs = t->stride[t->ndim - 2], cs = t->stride[t->ndim - 1];
+  if ((cs == 1 || cols == 1) && rs >= (cols > 1 ? cols : 1)) {
+    *trans = 0;
+    *ld = rs;
+    return 1;
+  }
+  if ((rs == 1 || rows == 1) && cs >= (rows > 1 ? rows : 1)) {
+    *trans = 1;
+    *ld = cs;
+    return 1;
+  }
+  return 0;
+}
+
+attn_status attn_gemm_views(attn_gemm_path path, double alpha, const attn_tensor *a, const attn_tensor *b, double beta,
+                            attn_tensor *c) {
+  /* the shapes are formatted only for a message: a benchmark times tiny products through here */
+#define GEMM_SHAPES attn_tensor_shape_str(c), attn_tensor_shape_str(a), attn_tensor_shape_str(b)
+  if (a->ndim != 2 || b->ndim != 2 || c->ndim != 2 || a->shape[1] != b->shape[0] || c->shape[0] != a->shape[0] ||
+      c->shape[1] != b->shape[1])
+    return attn_error(ATTN_ERR_SHAPE, "gemm: expected c (M, N) = a (M, K) b (K, N), got %s = %s %s", GEMM_SHAPES);
+  attn_status st = attn_check_float("gemm", a);
+  if (st != ATTN_OK) return st;
+  if (b->dtype != a->dtype || c->dtype != a->dtype)
+    return attn_error(ATTN_ERR_DTYPE, "gemm: dtypes differ: %s %s = %s %s %s %s", attn_dtype_name(c->dtype),
+                      attn_tensor_shape_str(c), attn_dtype_name(a->dtype), attn_tensor_shape_str(a),
+                      attn_dtype_name(b->dtype), attn_tensor_shape_str(b));
+  if (path == ATTN_GEMM_SMALL && a->dtype != ATTN_F32)
+    return attn_error(ATTN_ERR_DTYPE, "gemm: the small path is float32 only, got %s", attn_dtype_name(a->dtype));
+  int ta, tb, tc;
+  int64_t lda, ldb, ldc, M = c->shape[0], N = c->shape[1], K = a->shape[1];
+  if (!attn_gemm_layout(a, &ta, &lda) || !attn_gemm_layout(b, &tb, &ldb) || !attn_gemm_layout(c, &tc, &ldc) ||
+      (tc && N > 1))
+    return attn_error(ATTN_ERR_SHAPE, "gemm: a %s and b %s need a unit stride in one dim, c %s in its columns",
+                      attn_tensor_shape_str(a), attn_tensor_shape_str(b), attn_tensor_shape_str(c));
+  if (c->storage == a->storage || c->storage == b->storage)
+    return attn_error(ATTN_ERR_ARG, "gemm: c %s shares storage with a or b", attn_tensor_shape_str(c));
+  if (M > 0x7fffffff || N > 0x7fffffff || K > 0x7fffffff || lda > 0x7fffffff || ldb > 0x7fffffff ||
+      ldc > 0x7fffffff)
+    return attn_error(ATTN_ERR_SHAPE, "gemm: %s = %s %s exceeds BLAS's 32-bit sizes", GEMM_SHAPES);
+#undef GEMM_SHAPES
+  if (M == 0 || N == 0) return ATTN_OK;
+  if (lda < 1) lda = 1;
+  if (ldb < 1) ldb = 1;
+  if (ldc < N) ldc = N; /* one row: its stride is never used */
+  const void *A = attn_tensor_data(a), *B = attn_tensor_data(b);
+  void *C = attn_tensor_data(c);
+  if (path == ATTN_GEMM_SMALL) {
+    if (!small(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+      return attn_error(ATTN_ERR_MEMORY, "gemm: out of memory for the small path's workspace of %s",
+                        attn_tensor_shape_str(b));
+  } else if (path == ATTN_GEMM_BLAS) {
+    blas(a->dtype, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  } else {
+    attn_gemm(a->dtype, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+  return ATTN_OK;
+}

@@ -1,0 +1,61 @@
+/* attn_saved: the layout of the buffer a fused op's forward fills for its backward.
+ *
+ * A fused op (additive and multi-head attention, the GRU, the Bahdanau decoder) keeps what its
+ * backward needs in one flat contiguous tensor: named parts, each a contiguous block of that
+ * buffer, one after the other. Each op describes its layout in ONE function computed from its
+ * operands' shapes (attn_additive_saved_layout, attn_mha_saved_layout in attn_attention.h,
+ * attn_gru_saved_layout in attn_rnn.h, attn_decoder_saved_layout in attn_decoder.h). The kernel
+ * finds its parts through it, the binding allocates the buffer and hands Lua one view per part
+ * from it, and the backward's binding checks the parts it is given against the layout
+ * recomputed from the backward's operands. So the layout is written once.
+ *
+ * Every part has the buffer's dtype (the op's). Sizes are checked: a layout whose entries would
+ * not fit ATTN_SAVED_MAX_NUMEL is refused with a message naming the op, the part and the shape. */
+#ifndef ATTN_SAVED_H
+#define ATTN_SAVED_H
+
+#include "core/attn_tensor.h"
+
+#define ATTN_SAVED_MAX_PARTS 10
+#define ATTN_SAVED_MAX_DIMS 4
+/* Most entries of one buffer: its bytes fit an int64 for every dtype. */
+#define ATTN_SAVED_MAX_NUMEL (INT64_MAX / 8)
+
+typedef struct attn_saved_part {
+  const char *name; /* a static string, the Lua field name */
+  int ndim;
+  int64_t shape[ATTN_SAVED_MAX_DIMS];
+  int64_t offset; /* entries from the buffer's start */
+  int64_t numel;
+} attn_saved_part;
+
+typedef struct attn_saved_layout {
+  const char *op; /* names the op in errors (a static string) */
+  int nparts;
+  attn_saved_part part[ATTN_SAVED_MAX_PARTS];
+  int64_t numel; /* entries of the whole buffer */
+} attn_saved_layout;
+
+/* Starts an empty layout for op. */
+void attn_saved_begin(attn_saved_layout *l, const char *op);
+
+/* Appends the part `name` of shape (ndim <= ATTN_SAVED_MAX_DIMS dims) after the others. Refuses
+ * a negative size, too many parts or dims, and a buffer past ATTN_SAVED_MAX_NUMEL entries (the
+ * message names the op, the part and its shape). */
+attn_status attn_saved_add(attn_saved_layout *l, const char *name, int ndim, const int64_t *shape);
+
+/* Index of the part called name, -1 when there is none. */
+int attn_saved_find(const attn_saved_layout *l, const char *name);
+
+/* ATTN_OK when buf is a contiguous 1-D tensor of dtype dt with l->numel entries, else an error
+ * naming op (the calling kernel, e.g. "gru backward") and both sizes. */
+attn_status attn_saved_check(const char *op, const attn_saved_layout *l, const attn_tensor *buf, attn_dtype dt);
+
+/* Part i of buf (checked with attn_saved_check) as a contiguous view of its shape: a borrowed
+ * struct copy sharing buf's storage reference, never freed. */
+attn_tensor attn_saved_view(const attn_tensor *buf, const attn_saved_layout *l, int i);
+
+/* Address of entry `at` of part i of buf (the kernels' raw access). */
+void *attn_saved_data(const attn_tensor *buf, const attn_saved_layout *l, int i, int64_t at);
+
+#endif

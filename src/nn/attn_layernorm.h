@@ -1,0 +1,43 @@
+/* attn_layernorm: layer normalisation over rows, forward and backward each in
+ * one pass, as PyTorch's LayerNorm computes it.
+ *
+ * x is read as rows of n entries (the trailing dims the caller normalises
+ * over). Row r with mean mu_r and biased variance var_r becomes
+ *
+ *     xhat = (x - mu_r) * rstd_r,   rstd_r = 1 / sqrt(var_r + eps)
+ *     y    = xhat * weight + bias   (each factor only when given)
+ *
+ * Sums are accumulated in double for both dtypes. Rows are split over the
+ * worker pool; the column sums of backward (dweight, dbias) are a second pass
+ * split over columns, each column summed over all rows in row order, so
+ * results do not depend on the thread count. Every operand must be
+ * contiguous; x, weight, bias, out, dout and the gradients share x's float
+ * dtype; mean and rstd are float64 whatever x's dtype. */
+#ifndef ATTN_LAYERNORM_H
+#define ATTN_LAYERNORM_H
+
+#include "core/attn_tensor.h"
+
+/* The number of rows of x for rows of n entries, in *rows: the shape rule
+ * of both functions below, public so a caller (the Lua binding) sizes the
+ * mean and rstd outputs by the same rule before calling forward. Fails,
+ * naming op, when x is not a contiguous float tensor or n is not >= 1 and
+ * a divisor of x's numel. */
+attn_status attn_layer_norm_rows(const char *op, const attn_tensor *x, int64_t n, int64_t *rows);
+
+/* x (rows * n entries, any shape), n >= 1 dividing x's numel; weight and
+ * bias (n entries, any shape) or NULL; eps as given (not validated: a
+ * negative one gives NaN rows as the composed ops would).
+ * Writes out (x's numel), mean and rstd (rows entries each, float64). */
+attn_status attn_layer_norm_forward(const attn_tensor *x, int64_t n, const attn_tensor *weight,
+                                    const attn_tensor *bias, double eps, attn_tensor *out, attn_tensor *mean,
+                                    attn_tensor *rstd);
+
+/* Gradients of the forward above from dout (x's numel): x, n, weight, mean
+ * and rstd as given to and filled by forward. Writes dx (x's numel, or NULL
+ * to skip), dweight and dbias (n entries each, or NULL to skip). */
+attn_status attn_layer_norm_backward(const attn_tensor *x, int64_t n, const attn_tensor *weight,
+                                     const attn_tensor *mean, const attn_tensor *rstd, const attn_tensor *dout,
+                                     attn_tensor *dx, attn_tensor *dweight, attn_tensor *dbias);
+
+#endif
