@@ -54,6 +54,20 @@ describe("attn.d2l.cli", function()
     end
   end)
 
+  it("reads a count: a positive integer or all (math.huge), and shows all as a default", function()
+    local spec = { name = "toy", options = { { "num_examples", "count", 600, "pairs" }, { "n", "count", math.huge, "n" } } }
+    assert.are.equal(600, run({}, spec).num_examples)
+    assert.are.equal(math.huge, run({}, spec).n)
+    assert.are.equal(math.huge, run({ "--num_examples", "all" }, spec).num_examples)
+    assert.are.equal(25, run({ "--num_examples=25" }, spec).num_examples)
+    for _, bad in ipairs { "0", "-3", "2.5", "most" } do
+      assert.are.equal(2, run({ "--num_examples", bad }, spec).exit, bad)
+    end
+    local r = run({ "--help" }, spec)
+    assert.truthy(r.text:find("--num_examples COUNT", 1, true))
+    assert.truthy(r.text:find("(default all)", 1, true))
+  end)
+
   it("makes nested folders and reports failures", function()
     local base = os.tmpname()
     os.remove(base)
