@@ -827,7 +827,6 @@ function data.load_corpus(batch_size, num_steps, opts)
   local lengths = {}
   local xl, yl = X_len:totable(), Y_len:totable()
   for i = 1, #xl do lengths[i] = math.max(xl[i], yl[i]) end
-  train_src, train_tgt = nil, nil
   local t3 = clock()
   log(string.format("id arrays (%d x %d) in %.1f s", X:size(1), num_steps, t3 - t2))
   local n = X:size(1)

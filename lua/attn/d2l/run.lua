@@ -191,6 +191,7 @@ end
 --- Compares two vocabularies: nil when equal, else the reason.
 -- @param saved Vocab
 -- @param built Vocab
+-- @tparam string side the vocabulary's name in the message ("English")
 -- @treturn nil|string
 function run.vocab_mismatch(saved, built, side)
   local a, b = saved.idx_to_token, built.idx_to_token

@@ -41,11 +41,8 @@ function translation.options(epochs)
   }
 end
 
---- The options of a real run (attn.d2l.run), in one table: any of them but
--- `--dropout`, `--bucket` and `--threads` (or `--num_examples all`) turns a
--- script's run into one: a held-out split, vocabularies from the training
--- pairs, length-bucketed batches, per-step progress, checkpoints.
-translation.RUN_OPTIONS = {
+-- The options of a real run, in one table (documented at translation.RUN_OPTIONS).
+local RUN_OPTIONS = {
   { "test", "integer", 0, "held-out pairs translated and scored with corpus BLEU-4 at the end" },
   { "valid", "integer", 0, "held-out pairs for the validation loss (the best checkpoint is kept)" },
   { "valid_every", "integer", 0, "optimizer steps between validations (0: at each epoch's end)" },
@@ -60,6 +57,11 @@ translation.RUN_OPTIONS = {
   { "bucket", "boolean", true, "length-bucketed batches in a real run (--bucket=false: the book's batches)" },
   { "threads", "integer", nil, "threads of the tensor operations (attn.set_num_threads; default: all cores)" },
 }
+--- The options of a real run (attn.d2l.run), in one table: any of them but
+-- `--dropout`, `--bucket` and `--threads` (or `--num_examples all`) turns a
+-- script's run into one: a held-out split, vocabularies from the training
+-- pairs, length-bucketed batches, per-step progress, checkpoints.
+translation.RUN_OPTIONS = RUN_OPTIONS
 
 local function ckpt_step(ckpt) return ckpt and ckpt.position.step or 0 end
 
