@@ -19,6 +19,9 @@ BLAS_FLAGS        ?= $(shell $(PKG_CONFIG) --cflags openblas lapacke 2>/dev/null
 BLAS_LIBS         ?= $(shell $(PKG_CONFIG) --libs openblas lapacke 2>/dev/null)
 CAIRO_FLAGS       ?= $(shell $(PKG_CONFIG) --cflags cairo 2>/dev/null)
 CAIRO_LIBS        ?= $(shell $(PKG_CONFIG) --libs cairo 2>/dev/null)
+# Open MPI, only for attn.mpi (lua/attn/mpi.so); pkg-config's name is "ompi".
+MPI_FLAGS         ?= $(shell $(PKG_CONFIG) --cflags ompi 2>/dev/null)
+MPI_LIBS          ?= $(shell $(PKG_CONFIG) --libs ompi 2>/dev/null)
 
 CC       ?= gcc
 # The baseline build runs on any CPU of its architecture: the vectorised row
@@ -56,6 +59,10 @@ DEBIAN_PACKAGES = lua5.4 liblua5.4-dev libopenblas-dev liblapacke-dev lua-busted
                   lua-ldoc \
                   lua-markdown \
                   luarocks
+# Optional data: Fashion-MNIST's idx files (attn.data.fashion_mnist, captioning).
+IMAGE_PACKAGES  = dataset-fashion-mnist
+# Only the MPI targets (make mpi, test-mpi, bench-mpi) need these: make deps-mpi.
+MPI_PACKAGES    = openmpi-bin libopenmpi-dev
 
 SRC       = $(wildcard src/*.c) $(wildcard src/cpu/*.c)
 HEADERS   = $(wildcard src/*.h src/cpu/*.h)
@@ -69,10 +76,18 @@ ASAN_MODULE = build/asan/attn/core.so
 CAIRO_SRC   = src/plot/lcairo.c
 CAIRO_MODULE ?= lua/attn/cairo.so
 ASAN_CAIRO_MODULE = build/asan/attn/cairo.so
+# attn.mpi (MPI collectives for attn.distributed) likewise: built by `make mpi`, not by `all`.
+MPI_SRC     = src/mpi/lmpi.c
+MPI_MODULE ?= lua/attn/mpi.so
+# mpirun for the MPI specs and bench on one machine: more ranks than cores, and root allowed
+# (CI runs as root); shared-memory single copy off, which containers often forbid.
+MPIRUN ?= env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none \
+          mpirun --oversubscribe
 
 LUA_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;spec/?.lua;;" LUA_CPATH="lua/?.so;;" OPENBLAS_NUM_THREADS=1
 
-.PHONY: all deps test test-exit test-asan test-leaks fuzz fuzz-files check-c check-c-run check-vmath-ulp check-install doc \
+.PHONY: all deps deps-images deps-mpi mpi test-mpi bench-mpi test test-exit test-asan test-leaks fuzz fuzz-files check-c \
+        check-c-run check-vmath-ulp check-install doc \
         doc-check demo bench lint clean install uninstall examples help check-aarch64
 
 all: $(MODULE) $(CAIRO_MODULE) ## build lua/attn/core.so and lua/attn/cairo.so
@@ -82,10 +97,11 @@ help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z0-9-]+):.*## /\1\t/' | awk -F '\t' '{ printf "  %-15s %s\n", $$1, $$2 }'
 
 # Installs whatever Debian package is missing (first command on a fresh machine).
-# NO_DEPS=1 skips it (packagers, LuaRocks, machines without apt).
-deps: ## install the missing Debian packages with apt-get (skipped with NO_DEPS=1)
-	@if [ "$(NO_DEPS)" = 1 ]; then exit 0; fi; \
-	missing=""; for p in $(DEBIAN_PACKAGES); do \
+# NO_DEPS=1 skips it (packagers, LuaRocks, machines without apt). The image
+# dataset is optional: the core builds and tests without it (its specs skip),
+# so a failure to install it is reported and not fatal.
+apt_missing = if [ "$(NO_DEPS)" = 1 ]; then exit 0; fi; \
+	missing=""; for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
@@ -93,6 +109,19 @@ deps: ## install the missing Debian packages with apt-get (skipped with NO_DEPS=
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
+deps: ## install the missing Debian packages with apt-get (skipped with NO_DEPS=1)
+	@$(call apt_missing,$(DEBIAN_PACKAGES))
+	@($(call apt_missing,$(IMAGE_PACKAGES))) || echo "make deps: optional $(IMAGE_PACKAGES) not installed (its specs skip)"
+
+deps-images: ## install the optional image dataset (Fashion-MNIST, for attn.data and the captioning example)
+	@$(call apt_missing,$(IMAGE_PACKAGES))
+
+# Open MPI for attn.distributed; the rest of attn needs none of it.
+deps-mpi: deps ## install Open MPI (openmpi-bin, libopenmpi-dev) for attn.distributed
+	@$(call apt_missing,$(MPI_PACKAGES))
+
+mpi: deps-mpi ## build lua/attn/mpi.so (attn.distributed's MPI binding; installs Open MPI first)
+	@$(MAKE) --no-print-directory all $(MPI_MODULE)
 
 $(OBJ_DIR)/%.o: src/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -115,6 +144,10 @@ $(MODULE): $(OBJ)
 $(CAIRO_MODULE): $(CAIRO_SRC)
 	@mkdir -p $(dir $@)
 	@echo "cc $<"; $(CC) $(WARN) $(CFLAGS) -fPIC $(LUA_CFLAGS) $(CAIRO_FLAGS) $(LIBFLAG) $< -o $@ $(CAIRO_LIBS)
+
+$(MPI_MODULE): $(MPI_SRC) src/attn_tensor.h src/attn_error.h
+	@mkdir -p $(dir $@)
+	@echo "cc $<"; $(CC) $(WARN) $(CFLAGS) -fPIC $(LUA_CFLAGS) $(MPI_FLAGS) $(LIBFLAG) $< -o $@ $(MPI_LIBS) -ldl
 
 build/asan/%.o: src/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -139,6 +172,16 @@ $(ASAN_CAIRO_MODULE): $(CAIRO_SRC)
 test: deps ## build and run every spec ("N passed, N failed")
 	@$(MAKE) --no-print-directory all
 	@$(LUA_ENV) $(BUSTED) -o TAP $(BUSTED_ARGS) spec | tools/tap-summary
+
+# attn.distributed under mpirun with 1, 2 and 4 processes (spec/mpi/, run by one busted that
+# starts the mpirun jobs; not part of `make test`, which needs no MPI).
+test-mpi: deps-mpi ## attn.distributed's specs under mpirun -np 1, 2, 4 ("N passed, N failed")
+	@$(MAKE) --no-print-directory all $(MPI_MODULE)
+	@$(LUA_ENV) ATTN_MPIRUN="$(MPIRUN)" $(BUSTED) -o TAP --pattern=_mpi $(BUSTED_ARGS) spec/mpi | tools/tap-summary
+
+bench-mpi: deps-mpi ## allreduce MB/s and the Transformer step, 1 process x 2 threads vs 2 x 1 (bench/mpi_bench.lua)
+	@$(MAKE) --no-print-directory all $(MPI_MODULE)
+	@$(LUA_ENV) MPIRUN="$(MPIRUN)" $(LUA) bench/mpi_bench.lua
 
 # The whole suite with the module under AddressSanitizer + UBSan; any report fails.
 # busted puts its --cpath (.busted: lua/?.so) ahead of LUA_CPATH, so the sanitized
@@ -283,12 +326,14 @@ install: all ## install into PREFIX (or LUADIR/LIBDIR), honouring DESTDIR
 	install -d $(DESTDIR)$(LUA_CMODULE_DIR)/attn $(DESTDIR)$(LUA_LMOD_DIR)/attn
 	install -m 755 $(MODULE) $(DESTDIR)$(LUA_CMODULE_DIR)/attn/core.so
 	install -m 755 $(CAIRO_MODULE) $(DESTDIR)$(LUA_CMODULE_DIR)/attn/cairo.so
+	[ ! -f $(MPI_MODULE) ] || install -m 755 $(MPI_MODULE) $(DESTDIR)$(LUA_CMODULE_DIR)/attn/mpi.so
 	cd lua && find attn -name '*.lua' -exec install -D -m 644 {} $(DESTDIR)$(LUA_LMOD_DIR)/{} \;
 	install -D -m 644 data/fra-eng-sample.txt $(DESTDIR)$(LUA_LMOD_DIR)/attn/data/fra-eng-sample.txt
 
 # Removes what install put there (the same variables), then the folders left empty.
 uninstall: ## remove what make install installed (same PREFIX/LUADIR/LIBDIR/DESTDIR)
-	rm -f $(DESTDIR)$(LUA_CMODULE_DIR)/attn/core.so $(DESTDIR)$(LUA_CMODULE_DIR)/attn/cairo.so
+	rm -f $(DESTDIR)$(LUA_CMODULE_DIR)/attn/core.so $(DESTDIR)$(LUA_CMODULE_DIR)/attn/cairo.so \
+	  $(DESTDIR)$(LUA_CMODULE_DIR)/attn/mpi.so
 	cd lua && find attn -name '*.lua' -exec rm -f $(DESTDIR)$(LUA_LMOD_DIR)/{} \;
 	rm -f $(DESTDIR)$(LUA_LMOD_DIR)/attn/data/fra-eng-sample.txt
 	for d in $(DESTDIR)$(LUA_LMOD_DIR)/attn $(DESTDIR)$(LUA_CMODULE_DIR)/attn; do \
@@ -296,4 +341,4 @@ uninstall: ## remove what make install installed (same PREFIX/LUADIR/LIBDIR/DEST
 	done
 
 clean: ## remove build outputs
-	rm -rf build $(MODULE) $(CAIRO_MODULE) out
+	rm -rf build $(MODULE) $(CAIRO_MODULE) $(MPI_MODULE) out

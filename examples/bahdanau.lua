@@ -11,7 +11,7 @@ local plot = require "attn.plot"
 local translation = require "attn.d2l.translation"
 local nn = attn.nn
 
-local embed_size, num_hiddens, num_layers = 32, 32, 2
+local embed_size, num_hiddens, num_layers = 32, 32, 2 -- dropout: --dropout (the book's 0.1)
 
 translation.main {
   name = "bahdanau",
@@ -27,8 +27,8 @@ translation.main {
     if opts.scoring ~= "additive" and opts.scoring ~= "dot" then
       require("attn.d2l.cli").fail("bahdanau: --scoring must be additive or dot, got " .. opts.scoring)
     end
-    local encoder = nn.Seq2SeqEncoder(#src_vocab, embed_size, num_hiddens, num_layers, opts.dropout or 0.1)
-    local decoder = nn.Seq2SeqAttentionDecoder(#tgt_vocab, embed_size, num_hiddens, num_layers, opts.dropout or 0.1,
+    local encoder = nn.Seq2SeqEncoder(#src_vocab, embed_size, num_hiddens, num_layers, opts.dropout)
+    local decoder = nn.Seq2SeqAttentionDecoder(#tgt_vocab, embed_size, num_hiddens, num_layers, opts.dropout,
       { scoring = opts.scoring })
     return nn.EncoderDecoder(encoder, decoder)
   end,

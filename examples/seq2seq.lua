@@ -19,8 +19,8 @@ translation.main {
     "je suis chez en suis <unk> ! 0.497",
   extra_options = { { "fixed_context", "boolean", false, "keep the encoder's context at prediction (d2l 1.0)" } },
   build = function(src_vocab, tgt_vocab, opts)
-    local encoder = nn.Seq2SeqEncoder(#src_vocab, 32, 32, 2, opts.dropout or 0.1)
-    local decoder = nn.Seq2SeqDecoder(#tgt_vocab, 32, 32, 2, opts.dropout or 0.1, { fixed_context = opts.fixed_context })
+    local encoder = nn.Seq2SeqEncoder(#src_vocab, 32, 32, 2, opts.dropout)
+    local decoder = nn.Seq2SeqDecoder(#tgt_vocab, 32, 32, 2, opts.dropout, { fixed_context = opts.fixed_context })
     return nn.EncoderDecoder(encoder, decoder)
   end,
 }

@@ -5,12 +5,13 @@
 -- per layer and head for the last sentence.
 --   lua5.4 examples/transformer.lua            (200 epochs, as the book)
 --   lua5.4 examples/transformer.lua --positions absolute
+--   mpirun -np 2 lua5.4 examples/transformer.lua --distributed   (data parallel, docs/DISTRIBUTED.md)
 local attn = require "attn"
 local plot = require "attn.plot"
 local translation = require "attn.d2l.translation"
 local nn = attn.nn
 
--- The book's sizes; --num_hiddens, --num_layers, --num_heads and --ffn_hiddens change them.
+-- The book's sizes; --num_hiddens, --num_layers, --num_heads, --ffn_hiddens and --dropout change them.
 local num_heads = 4
 
 -- Weights of one decoding step padded into a (layers, heads, steps, width) tensor.
@@ -57,7 +58,7 @@ translation.main {
   end,
   d_model = function(opts) return opts.num_hiddens end,
   build = function(src_vocab, tgt_vocab, opts)
-    local h, dropout = opts.num_hiddens, opts.dropout or 0.1
+    local h, dropout = opts.num_hiddens, opts.dropout
     num_heads = opts.num_heads
     local encoder = nn.TransformerEncoder(#src_vocab, h, h, h, h, { h }, h, opts.ffn_hiddens, num_heads,
       opts.num_layers, dropout)

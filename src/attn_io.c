@@ -41,6 +41,8 @@ static const struct {
     [ATTN_ENC_F32] = {{"float32", "f32", "F32"}, 4, ATTN_F32},   [ATTN_ENC_F64] = {{"float64", "f64", "F64"}, 8, ATTN_F64},
     [ATTN_ENC_F16] = {{"float16", "f16", "F16"}, 2, ATTN_F32},   [ATTN_ENC_BF16] = {{"bfloat16", "bf16", "BF16"}, 2, ATTN_F32},
     [ATTN_ENC_I32] = {{"int32", "i32", "I32"}, 4, ATTN_I64},     [ATTN_ENC_I64] = {{"int64", "i64", "I64"}, 8, ATTN_I64},
+    [ATTN_ENC_U8] = {{"uint8", "u1", "U8"}, 1, ATTN_F32},        [ATTN_ENC_I8] = {{"int8", "i1", "I8"}, 1, ATTN_F32},
+    [ATTN_ENC_I16] = {{"int16", "i2", "I16"}, 2, ATTN_F32},
 };
 
 int attn_encoding_parse(const char *name, attn_encoding *out) {
@@ -95,6 +97,10 @@ static void decode(void *dst, const unsigned char *src, int64_t n, attn_encoding
     memcpy(dst, src, (size_t)n * size);
     return;
   }
+  if (e == ATTN_ENC_U8) { /* images: tens of millions of bytes, kept out of the general loop */
+    for (int64_t i = 0; i < n; i++) ((float *)dst)[i] = (float)src[i];
+    return;
+  }
   for (int64_t i = 0; i < n; i++, src += size) {
     uint64_t u = load_uint(src, size, big);
     switch (e) {
@@ -123,6 +129,15 @@ static void decode(void *dst, const unsigned char *src, int64_t n, attn_encoding
     }
     case ATTN_ENC_I64:
       memcpy((int64_t *)dst + i, &u, 8);
+      break;
+    case ATTN_ENC_U8: /* (the fast path above) */
+      ((float *)dst)[i] = (float)u;
+      break;
+    case ATTN_ENC_I8: /* two's complement by arithmetic: no implementation-defined conversion */
+      ((float *)dst)[i] = (float)((int)u - (u & 0x80u ? 256 : 0));
+      break;
+    case ATTN_ENC_I16:
+      ((float *)dst)[i] = (float)((long)u - (u & 0x8000u ? 65536L : 0L));
       break;
     }
   }

@@ -21,16 +21,24 @@
 
 /* The element encodings of the files. F16 and BF16 load into float32 and
  * I32 into int64 (all exactly); the others load bit-exactly into their own
- * dtype. */
-typedef enum { ATTN_ENC_F32, ATTN_ENC_F64, ATTN_ENC_F16, ATTN_ENC_BF16, ATTN_ENC_I32, ATTN_ENC_I64 } attn_encoding;
+ * dtype. The small integers U8, I8 and I16 (image pixels and labels, as in
+ * idx files) load into float32, where every such value is exact, at half
+ * int64's size. Decoding only: tensors are saved in their own dtype. */
+typedef enum {
+  ATTN_ENC_F32, ATTN_ENC_F64, ATTN_ENC_F16, ATTN_ENC_BF16, ATTN_ENC_I32, ATTN_ENC_I64,
+  ATTN_ENC_U8, ATTN_ENC_I8, ATTN_ENC_I16
+} attn_encoding;
 
 /* "float32"/"f32"/"F32"/"float", "float64"/"f64"/"F64"/"double",
  * "float16"/"f16"/"F16", "bfloat16"/"bf16"/"BF16", "int32"/"i32"/"I32",
- * "int64"/"i64"/"I64"; returns 0, or -1 for an unknown name. */
+ * "int64"/"i64"/"I64", "uint8"/"u1"/"U8", "int8"/"i1"/"I8",
+ * "int16"/"i2"/"I16" (NumPy's byte-count codes for the small integers, whose
+ * "i8" is int64); returns 0, or -1 for an unknown name. */
 int attn_encoding_parse(const char *name, attn_encoding *out);
-/* "float32", "float64", "float16", "bfloat16", "int32" or "int64". */
+/* "float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8",
+ * "int8" or "int16". */
 const char *attn_encoding_name(attn_encoding e);
-/* Bytes per element: 4, 8, 2, 2, 4, 8. */
+/* Bytes per element: 4, 8, 2, 2, 4, 8, 1, 1, 2. */
 size_t attn_encoding_size(attn_encoding e);
 /* The dtype the encoding loads into. */
 attn_dtype attn_encoding_dtype(attn_encoding e);

@@ -41,7 +41,8 @@ static int l_tensor_to_bytes(lua_State *L) {
  * A new contiguous tensor decoded from bytes of a string.
  * Encodings: "float32"/"F32", "float64"/"F64" (bit-exact), "float16"/"F16"
  * and "bfloat16"/"BF16" (to float32, exact), "int32"/"I32" and "int64"/"I64"
- * (to int64, exact).
+ * (to int64, exact), "uint8"/"U8", "int8"/"I8" and "int16"/"I16" (to
+ * float32, exact: pixels and labels of idx files).
  * @function tensor_from_bytes
  * @tparam string str
  * @tparam integer offset 0-based byte offset of the first element
@@ -61,7 +62,7 @@ static int l_tensor_from_bytes(lua_State *L) {
   attn_encoding e;
   if (attn_encoding_parse(name, &e) != 0)
     return attn_l_error(L, "tensor_from_bytes: unknown encoding '%s' (expected float32, float64, float16, "
-                         "bfloat16, int32 or int64)", name);
+                         "bfloat16, int32, int64, uint8, int8 or int16)", name);
   int64_t shape[ATTN_MAX_DIMS];
   int ndim = attn_l_checkshape(L, 4, shape, "tensor_from_bytes");
   attn_l_check_sizes(L, ndim, shape, "tensor_from_bytes");

@@ -73,7 +73,8 @@ walk("attn.Tensor", attn.core.methods)
 walk("attn.io", require "attn.io")
 walk("attn.attention", require "attn.attention")
 -- The book's kit first, under its own names: the deprecated aliases in
--- lua/attn/ (attn.data is attn.d2l.data) are then tables already walked.
+-- lua/attn/ (attn.metrics is attn.d2l.metrics) are then tables already walked, and
+-- attn.data's copies of attn.d2l.data's functions are the same documented values.
 for _, dir in ipairs { "d2l", "" } do
   local prefix = dir == "" and "attn." or "attn." .. dir .. "."
   for file in io.popen("ls lua/attn/" .. dir .. "/*.lua"):lines() do

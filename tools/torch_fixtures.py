@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""PyTorch parity fixtures for attn's nn.MultiheadAttention and Transformer classes.
+"""PyTorch parity fixtures for attn's nn.MultiheadAttention, Transformer, GRU, GRUCell, RNN and
+Embedding classes.
 
 Run with a Python that has torch (written against PyTorch 1.13):
 
@@ -12,12 +13,14 @@ term for MultiheadAttention). It writes one safetensors file per case (written b
 little-endian bytes), with tensors named
 
     state.<key>         the module's state dict, PyTorch's keys
-    input.<name>        query / key / value, src / tgt, memory
+    input.<name>        query / key / value, src / tgt, memory; input / h0 (recurrent layers),
+                        ids (Embedding: PyTorch's 0-based ids, as int64)
     mask.<name>         masks under their forward argument names; bool masks as I64 0/1
     output.0, output.1  the forward's results (output.1: MultiheadAttention's weights)
     grad_output.0/1     the gradients fed back
     grad.input.<name>   gradients of the inputs
     grad.state.<key>    gradients of the parameters
+    after.<key>         the state after the forward (Embedding with max_norm renormalises rows)
 
 The module's options are in the spec (spec/nn/torch_fixtures.lua), mirrored from CASES below.
 No row of any mask here is fully masked (PyTorch 1.13 gives NaN there; attn gives zeros).
@@ -68,7 +71,8 @@ def padding(rows):
 def run(module, inputs, masks, call, n_out):
     """Forward, backward with random output gradients; returns the tensors to save."""
     for x in inputs.values():
-        x.requires_grad_(True)
+        if x.is_floating_point():
+            x.requires_grad_(True)
     outs = call(module, inputs, masks)
     outs = outs if isinstance(outs, tuple) else (outs,)
     outs = outs[:n_out]
@@ -86,7 +90,8 @@ def run(module, inputs, masks, call, n_out):
         saved["grad.state." + k] = p.grad
     for k, x in inputs.items():
         saved["input." + k] = x
-        saved["grad.input." + k] = x.grad
+        if x.grad is not None:
+            saved["grad.input." + k] = x.grad
     for k, m in masks.items():
         saved["mask." + k] = m
     return saved
@@ -179,6 +184,37 @@ def cases():
         masks = {"mask": torch.randn(S, S), "src_key_padding_mask": padding([[0, 1, 0, 0], [0, 0, 0, 0]])}
         return run(m, inputs, masks, lambda m, i, k: m(i["src"], **k), 1)
     yield "encoder_stack", encoder_stack
+
+    # recurrent layers: output.0 the outputs, output.1 h_n (GRUCell: output.0 = h')
+    def recurrent(m, x_shape, h_shape):
+        inputs = {"input": torch.randn(x_shape)}
+        if h_shape is not None:
+            inputs["h0"] = torch.randn(h_shape)
+        n_out = 2 if isinstance(m, torch.nn.RNNBase) else 1
+        return run(m, inputs, {}, lambda m, i, k: m(i["input"], i.get("h0")), n_out)
+    yield "gru_bidirectional_batch_first", lambda: recurrent(torch.nn.GRU(
+        3, 4, 2, batch_first=True, bidirectional=True), (N, S, 3), (4, N, 4))
+    yield "gru_no_bias", lambda: recurrent(torch.nn.GRU(3, 4, 2, bias=False), (S, N, 3), None)
+    yield "gru_unbatched", lambda: recurrent(torch.nn.GRU(3, 2, 1, bidirectional=True), (S, 3), (2, 2))
+    yield "gru_cell", lambda: recurrent(torch.nn.GRUCell(3, 4), (N, 3), (N, 4))
+    yield "rnn_relu_bidirectional", lambda: recurrent(torch.nn.RNN(
+        3, 4, 2, nonlinearity="relu", bidirectional=True), (S, N, 3), (4, N, 4))
+    yield "rnn_cell_tanh_unbatched", lambda: recurrent(torch.nn.RNNCell(3, 4), (3,), (4,))
+
+    def embedding(**opts):
+        def make():
+            m = torch.nn.Embedding(7, 3, **opts)
+            before = {k: v.clone() for k, v in m.state_dict().items()}
+            ids = torch.tensor([[0, 5, 3, 5], [6, 1, 5, 0]])
+            saved = run(m, {"ids": ids}, {}, lambda m, i, k: m(i["ids"]), 1)
+            for k, v in before.items():
+                saved["after." + k] = saved["state." + k]
+                saved["state." + k] = v
+            return saved
+        return make
+    # padding_idx 5 is attn's 6; -2 is the same row in both
+    yield "embedding_padding", embedding(padding_idx=5)
+    yield "embedding_padding_max_norm", embedding(padding_idx=-2, max_norm=1.2, norm_type=1.5)
 
 
 def main():

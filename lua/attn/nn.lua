@@ -2,7 +2,7 @@
 --
 -- Classes: Module (base; see attn.nn.module for writing your own), Linear,
 -- Embedding, Dropout, LayerNorm, ReLU, Identity, GELU, BatchNorm1d,
--- Sequential, ModuleList, ModuleDict, GRU, the book's seq2seq models
+-- Sequential, ModuleList, ModuleDict, GRU, GRUCell, RNN, RNNCell (attn.nn.rnn), the book's seq2seq models
 -- (Encoder, Decoder, AttentionDecoder, EncoderDecoder, Seq2SeqEncoder,
 -- Seq2SeqDecoder, Seq2SeqAttentionDecoder; attn.nn.seq2seq) and Transformer
 -- (PositionWiseFFN, AddNorm, TransformerEncoderBlock, TransformerEncoder,
@@ -27,6 +27,7 @@
 local module = require "attn.nn.module"
 local linear = require "attn.nn.linear"
 local gru = require "attn.nn.gru"
+local rnn = require "attn.nn.rnn"
 local attention = require "attn.nn.attention"
 local loss = require "attn.nn.loss"
 local clip = require "attn.nn.clip"
@@ -64,6 +65,9 @@ for _, name in ipairs { "PositionWiseFFN", "AddNorm", "TransformerEncoderBlock",
   nn[name] = transformer[name]
 end
 nn.GRU = gru.GRU
+nn.GRUCell = gru.GRUCell
+nn.RNN = rnn.RNN
+nn.RNNCell = rnn.RNNCell
 nn.cross_entropy = loss.cross_entropy
 nn.masked_token_mean = loss.masked_token_mean
 nn.CrossEntropyLoss = loss.CrossEntropyLoss

@@ -309,6 +309,23 @@ describe("nn.MultiHeadAttention", function()
     assert.close(by_mask, m(X, X, X, { 3, 2 }), { atol = 1e-6 })
   end)
 
+  it("names the caller's mask, queries and keys when a mask does not fit (not the per-head copy)", function()
+    local m = nn.MultiHeadAttention{ key_size = 4, query_size = 4, value_size = 4, num_hiddens = 4, num_heads = 2,
+      dropout = 0 }
+    local Q, K = attn.randn({ 3, 4, 4 }), attn.randn({ 3, 5, 4 })
+    for _, shape in ipairs { { 3, 4, 6 }, { 2, 4, 5 }, { 6, 4, 5 }, { 3, 2, 4, 5 }, { 4, 6 } } do
+      local bad = attn.ones(shape, "int64")
+      assert.error_matches(function() m(Q, K, K, nil, { mask = bad }) end,
+        "MultiHeadAttention: mask " .. attn.core.shape_str(bad):gsub("[%[%]]", "%%%0") .. " does not fit queries " ..
+        "%[3x4x4%] and keys %[3x5x4%]: expected %(Nq, Nk%) = %[4x5%] or %(B, Nq, Nk%) = %[3x4x5%] %(sizes 1 " ..
+        "broadcast%); the layer repeats a per%-sample mask for its 2 heads itself")
+    end
+    -- what it accepts: (Nq, Nk), (B, Nq, Nk) and shapes that broadcast to them
+    for _, shape in ipairs { { 4, 5 }, { 3, 4, 5 }, { 1, 4, 5 }, { 3, 1, 5 }, { 1, 5 }, { 5 } } do
+      assert.same({ 3, 4, 4 }, m(Q, K, K, nil, { mask = attn.ones(shape, "int64") }):shape())
+    end
+  end)
+
   it("passes gradcheck for queries, keys, values and every parameter (float64)", function()
     local m = nn.MultiHeadAttention{ key_size = 3, query_size = 4, value_size = 2, num_hiddens = 4, num_heads = 2,
       dropout = 0.5, bias = true }

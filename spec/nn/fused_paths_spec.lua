@@ -105,6 +105,39 @@ local ROWS = {
     },
   },
   {
+    name = "nn.GRU, bidirectional (the kernel per layer and direction)",
+    build = function(dtype, case)
+      return mode(nn.GRU(5, 6, case.layers or 2, { bidirectional = true, batch_first = case.batch_first,
+        bias = case.bias, dropout = case.dropout, dtype = dtype }), case)
+    end,
+    inputs = function(dtype, case)
+      local a = leaves(dtype, case.batch_first and { 3, 7, 5 } or { 7, 3, 5 }, { 2 * (case.layers or 2), 3, 6 })
+      if case.zero_h0 then a[2] = nil end
+      return a
+    end,
+    call = function(m, a) return { m(a[1], a[2]) } end,
+    cases = {
+      { "eval, 2 layers, given h0", eligible = true },
+      { "eval, 1 layer, batch_first, zero h0", layers = 1, batch_first = true, zero_h0 = true, eligible = true },
+      { "eval, 2 layers without biases", bias = false, eligible = true },
+      { "training, dropout 1", train = true, dropout = 1, eligible = false },
+    },
+  },
+  {
+    name = "nn.GRUCell",
+    build = function(dtype, case) return nn.GRUCell(5, 6, { bias = case.bias, dtype = dtype }) end,
+    inputs = function(dtype, case)
+      local a = leaves(dtype, { 3, 5 }, { 3, 6 })
+      if case.zero_h then a[2] = nil end
+      return a
+    end,
+    call = function(m, a) return { m(a[1], a[2]) } end,
+    cases = {
+      { "given h", eligible = true },
+      { "zero h, no biases", bias = false, zero_h = true, eligible = true },
+    },
+  },
+  {
     name = "nn.Seq2SeqAttentionDecoder",
     build = function(dtype, case)
       local m = nn.Seq2SeqAttentionDecoder(11, 4, 6, 2, 0, { scoring = case.scoring }):to(dtype)

@@ -190,7 +190,8 @@ describe("nn.GRU", function()
 
   it("names the shapes on bad input", function()
     local m = nn.GRU(3, 4, 2)
-    assert.error_matches(function() m(attn.ones({ 2, 3 })) end, "GRU: input %[2x3%] must be %(T, B, 3%)")
+    assert.error_matches(function() m(attn.ones({ 2, 5 })) end,
+      "GRU: input %[2x5%] must be %(T, B, 3%) or unbatched %(T, 3%) %(time%-major%)")
     assert.error_matches(function() m(attn.ones({ 2, 5, 3 }), attn.zeros({ 1, 5, 4 })) end,
       "GRU: h0 %[1x5x4%] must be %(num_layers, B, h%) = %[2x5x4%]")
     assert.error_matches(function() nn.GRU{ input_size = 3 } end, "num_hiddens must be an integer")

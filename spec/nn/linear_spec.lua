@@ -177,6 +177,85 @@ describe("nn.Embedding", function()
     assert.close(m.weight.grad, { { 1, 1 }, { 0, 0 }, { 2, 2 }, { 0, 0 } }, { atol = 0 })
     helper.gradcheck(function() return m({ { 2, 4 }, { 4, 1 } }) end, { m.weight })
   end)
+
+  -- PyTorch's padding_idx with attn's 1-based ids: the row starts as zeros, is looked up as
+  -- it is, and its gradient is zero; the other rows get sum over positions of the output
+  -- gradient, as without padding_idx.
+  it("padding_idx (1-based, or negative from the end): a zero row that receives no gradient", function()
+    for _, dtype in ipairs { "float32", "float64" } do
+      for _, c in ipairs { { 2, 2 }, { -1, 5 }, { -5, 1 } } do
+        local m = nn.Embedding(5, 3, { padding_idx = c[1], dtype = dtype })
+        assert.equal(c[2], m.padding_idx)
+        assert.close(m.weight[c[2]], { 0, 0, 0 }, { atol = 0 })
+        assert.equal(string.format("Embedding(5, 3, padding_idx=%d)", c[2]), tostring(m))
+        attn.no_grad(function() m.weight:copy_(attn.randn({ 5, 3 }, dtype)) end) -- a loaded, nonzero row
+        local ids = { { 1, c[2], 3 }, { c[2], 3, 5 } }
+        local y = m(ids)
+        local W = m.weight:totable()
+        local probe = attn.randn({ 2, 3, 3 }, dtype)
+        local want, grad = {}, {}
+        for r = 1, 5 do grad[r] = { 0, 0, 0 } end
+        local P = probe:totable()
+        for i, row in ipairs(ids) do
+          want[i] = {}
+          for j, id in ipairs(row) do
+            want[i][j] = W[id]
+            if id ~= c[2] then
+              for k = 1, 3 do grad[id][k] = grad[id][k] + P[i][j][k] end
+            end
+          end
+        end
+        assert.close(y, want, { atol = 0 })
+        m.weight.grad = nil
+        (y * probe):sum():backward()
+        assert.close(m.weight.grad, grad, { atol = 1e-6 })
+      end
+    end
+  end)
+
+  -- PyTorch's embedding_renorm_: each distinct row the ids name with ||row||_p > max_norm is
+  -- scaled in place by max_norm / (||row||_p + 1e-7) before the lookup, outside autograd.
+  it("max_norm renormalises the rows looked up, in place, with norm_type p", function()
+    for _, dtype in ipairs { "float32", "float64" } do
+      for _, p in ipairs { 2, 1, 3.5 } do
+        local m = nn.Embedding(6, 4, { max_norm = 1.5, norm_type = p, dtype = dtype })
+        attn.no_grad(function() m.weight:mul_(2) end)
+        local W = m.weight:totable()
+        local ids = { { 2, 4, 2 }, { 6, 1, 4 } }
+        local want = {}
+        for r, row in ipairs(W) do
+          local used = r ~= 3 and r ~= 5
+          local norm = 0
+          for _, v in ipairs(row) do norm = norm + math.abs(v) ^ p end
+          norm = norm ^ (1 / p)
+          want[r] = {}
+          for k, v in ipairs(row) do want[r][k] = (used and norm > 1.5) and v * (1.5 / (norm + 1e-7)) or v end
+        end
+        local y = m(ids)
+        local tol = dtype == "float32" and 1e-6 or 1e-14
+        assert.close(m.weight, want, { atol = tol })
+        assert.close(y, { { want[2], want[4], want[2] }, { want[6], want[1], want[4] } }, { atol = tol })
+        y:sum():backward() -- the renorm is outside autograd: the lookup's gradient only
+        assert.close(m.weight.grad, { { 1, 1, 1, 1 }, { 2, 2, 2, 2 }, { 0, 0, 0, 0 }, { 2, 2, 2, 2 }, { 0, 0, 0, 0 },
+          { 1, 1, 1, 1 } }, { atol = 0 })
+      end
+    end
+  end)
+
+  it("refuses options that do not exist and bad padding_idx, max_norm or norm_type", function()
+    assert.error_matches(function() nn.Embedding(5, 3, { padding = 1 }) end, "Embedding: unknown option 'padding'")
+    for _, v in ipairs { 0, 6, -6, 1.5 } do
+      assert.error_matches(function() nn.Embedding(5, 3, { padding_idx = v }) end,
+        "Embedding: padding_idx must be a 1%-based id in 1..5 or %-5..%-1 %(from the end%), got "
+        .. (tostring(v):gsub("%-", "%%-")))
+    end
+    assert.error_matches(function() nn.Embedding(5, 3, { max_norm = 0 }) end,
+      "Embedding: max_norm must be a positive number, got 0")
+    assert.error_matches(function() nn.Embedding(5, 3, { norm_type = "l2" }) end,
+      "Embedding: norm_type must be a positive number, got l2")
+    local m = nn.Embedding(5, 3, { padding_idx = 1, max_norm = 1 })
+    assert.error_matches(function() m({ 1, 6 }) end, "Embedding: token id 6 at position 2 is out of range 1..5")
+  end)
 end)
 
 describe("nn.Dropout", function()

@@ -19,6 +19,8 @@ local function mha_call(opts, self_attention)
   end
 end
 
+local function recurrent_call(m, i) return m(i.input, i.h0) end
+local function ids_call(m, i) return m(i.ids) end
 local function encoder_call(m, i, masks) return m(i.src, masks) end
 local function decoder_call(m, i, masks) return m(i.tgt, i.memory, masks) end
 
@@ -53,12 +55,26 @@ F.cases = {
     call = function(m, i, masks) return m(i.src, i.tgt, masks) end },
   encoder_stack = { build = function() return nn.TransformerEncoder(nn.TransformerEncoderLayer(4, 2, {
     dim_feedforward = 8, dropout = 0 }), 2, { norm = nn.LayerNorm(4) }) end, call = encoder_call },
+  -- recurrent layers and Embedding (PyTorch's padding_idx 5 is attn's 6; -2 names the same row in both)
+  gru_bidirectional_batch_first = { build = function() return nn.GRU(3, 4, 2, { batch_first = true,
+    bidirectional = true }) end, call = recurrent_call },
+  gru_no_bias = { build = function() return nn.GRU(3, 4, 2, { bias = false }) end, call = recurrent_call },
+  gru_unbatched = { build = function() return nn.GRU(3, 2, 1, { bidirectional = true }) end, call = recurrent_call },
+  gru_cell = { build = function() return nn.GRUCell(3, 4) end, call = recurrent_call },
+  rnn_relu_bidirectional = { build = function() return nn.RNN(3, 4, 2, { nonlinearity = "relu",
+    bidirectional = true }) end, call = recurrent_call },
+  rnn_cell_tanh_unbatched = { build = function() return nn.RNNCell(3, 4) end, call = recurrent_call },
+  embedding_padding = { build = function() return nn.Embedding(7, 3, { padding_idx = 6 }) end, call = ids_call },
+  embedding_padding_max_norm = { build = function() return nn.Embedding(7, 3, { padding_idx = -2, max_norm = 1.2,
+    norm_type = 1.5 }) end, call = ids_call },
 }
 
 F.mha_cases = { "mha_plain", "mha_bool_masks", "mha_float_masks", "mha_float_padding", "mha_kvdim_batch_first", "mha_self_causal",
   "mha_unbatched_no_bias", "mha_no_weights_float_bias" }
 F.transformer_cases = { "encoder_layer_post_relu", "encoder_layer_pre_gelu", "decoder_layer_post",
   "decoder_layer_pre_batch_first", "transformer", "encoder_stack" }
+F.recurrent_cases = { "gru_bidirectional_batch_first", "gru_no_bias", "gru_unbatched", "gru_cell",
+  "rnn_relu_bidirectional", "rnn_cell_tanh_unbatched", "embedding_padding", "embedding_padding_max_norm" }
 
 local function max_diff(a, b)
   assert(attn.is_tensor(a), "missing tensor")
@@ -78,13 +94,15 @@ function F.run(name, dtype)
     local kind, rest = k:match("^([%w_]+)%.(.+)$")
     local float = v:dtype() ~= "int64"
     if kind == "state" then state[rest] = v end
-    if kind == "input" then inputs[rest] = v:to(dtype):clone():requires_grad_() end
+    if kind == "input" then -- ids (int64) are PyTorch's 0-based ones
+      inputs[rest] = float and v:to(dtype):clone():requires_grad_() or v + 1
+    end
     if kind == "mask" then masks[rest] = float and v:to(dtype) or v end
   end
   local m = case.build():to(dtype):eval()
   m:load_state_dict(state)
   local outs = table.pack(case.call(m, inputs, masks))
-  local d = { output = 0, grad_input = 0, grad_state = 0 }
+  local d = { output = 0, grad_input = 0, grad_state = 0, after = 0 }
   local loss, n = nil, 0
   for i = 0, 1 do
     local want = t["output." .. i]
@@ -99,12 +117,20 @@ function F.run(name, dtype)
   end
   loss:backward()
   for k, x in pairs(inputs) do
-    d.grad_input = math.max(d.grad_input, max_diff(x.grad, t["grad.input." .. k]))
-    n = n + 1
+    local want = t["grad.input." .. k]
+    if want then
+      d.grad_input = math.max(d.grad_input, max_diff(x.grad, want))
+      n = n + 1
+    end
   end
   for _, e in ipairs(m:named_parameters()) do
     d.grad_state = math.max(d.grad_state, max_diff(e[2].grad, t["grad.state." .. e[1]]))
     n = n + 1
+    local after = t["after." .. e[1]]
+    if after then
+      d.after = math.max(d.after, max_diff(e[2], after))
+      n = n + 1
+    end
   end
   return d, n, case.tol or 1e-10
 end

@@ -144,18 +144,14 @@ static void check_status(lua_State *L, surface *s) {
   if (st != CAIRO_STATUS_SUCCESS) luaL_error(L, "cairo: %s", cairo_status_to_string(st));
 }
 
-/* cairo.surface(format, width, height [, path]) -> surface | nil, message */
-static int l_surface(lua_State *L) {
-  static const char *const kinds[] = {"png", "svg", "pdf", NULL};
-  int kind = luaL_checkoption(L, 1, NULL, kinds);
-  int width = check_side(L, 2, "width");
-  int height = check_side(L, 3, "height");
-  const char *path = luaL_optstring(L, 4, NULL);
-  if (kind == KIND_PNG && (double)width * height > 64.0 * 1024 * 1024)
-    return luaL_error(L, "cairo: a %dx%d image is too large (at most 64 Mpixels)", width, height);
+/* Pushes a new surface of kind (its image format for png) writing to path
+ * (or to memory), or pushes nil, message and returns NULL when path cannot
+ * be opened. */
+static surface *open_surface(lua_State *L, enum kind kind, cairo_format_t format, int width, int height,
+                             const char *path) {
   surface *s = lua_newuserdatauv(L, sizeof *s, 0);
   memset(s, 0, sizeof *s);
-  s->kind = (enum kind)kind;
+  s->kind = kind;
   s->width = width;
   s->height = height;
   luaL_setmetatable(L, SURFACE_MT);
@@ -165,11 +161,11 @@ static int l_surface(lua_State *L) {
       int e = errno;
       lua_pushnil(L);
       lua_pushfstring(L, "%s: %s", path, strerror(e));
-      return 2;
+      return NULL;
     }
   }
   switch (s->kind) {
-    case KIND_PNG: s->surface = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, width, height); break;
+    case KIND_PNG: s->surface = cairo_image_surface_create(format, width, height); break;
     case KIND_SVG: s->surface = cairo_svg_surface_create_for_stream(write_cb, s, width, height); break;
     case KIND_PDF: s->surface = cairo_pdf_surface_create_for_stream(write_cb, s, width, height); break;
   }
@@ -180,8 +176,81 @@ static int l_surface(lua_State *L) {
   }
   if (st != CAIRO_STATUS_SUCCESS) {
     release(s);
-    return luaL_error(L, "cairo.surface: %s", cairo_status_to_string(st));
+    luaL_error(L, "cairo.surface: %s", cairo_status_to_string(st));
   }
+  return s;
+}
+
+static void check_pixel_count(lua_State *L, int width, int height) {
+  if ((double)width * height > 64.0 * 1024 * 1024)
+    luaL_error(L, "cairo: a %dx%d image is too large (at most 64 Mpixels)", width, height);
+}
+
+/* cairo.surface(format, width, height [, path]) -> surface | nil, message */
+static int l_surface(lua_State *L) {
+  static const char *const kinds[] = {"png", "svg", "pdf", NULL};
+  int kind = luaL_checkoption(L, 1, NULL, kinds);
+  int width = check_side(L, 2, "width");
+  int height = check_side(L, 3, "height");
+  const char *path = luaL_optstring(L, 4, NULL);
+  if (kind == KIND_PNG) check_pixel_count(L, width, height);
+  return open_surface(L, (enum kind)kind, CAIRO_FORMAT_ARGB32, width, height, path) ? 1 : 2;
+}
+
+/* The i-th little-endian float32 of p, as the attn core writes them. */
+static float load_f32le(const unsigned char *p, size_t i) {
+  p += 4 * i;
+  uint32_t b = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+  float v;
+  memcpy(&v, &b, sizeof v);
+  return v;
+}
+
+static uint32_t to_byte(float v) { return v <= 0 ? 0 : v >= 1 ? 255 : (uint32_t)(v * 255.0f + 0.5f); }
+
+/* cairo.image(width, height, channels, pixels [, path]) -> png surface | nil,
+ * message: an image surface holding pixels, a string of channels * height *
+ * width little-endian float32 values in channel-major order (C, H, W), for
+ * channels 1 (gray), 3 (RGB) or 4 (RGBA, not premultiplied). Values are
+ * clamped to [0, 1] and rounded to 8 bits; a NaN raises (checked before path
+ * is created). Opaque images (1 or 3 channels) are RGB24 surfaces, so finish()
+ * writes an RGB PNG; 4 channels give ARGB32 and an RGBA PNG. */
+static int l_image(lua_State *L) {
+  int width = check_side(L, 1, "width");
+  int height = check_side(L, 2, "height");
+  lua_Integer channels = luaL_checkinteger(L, 3);
+  size_t len;
+  const unsigned char *px = (const unsigned char *)luaL_checklstring(L, 4, &len);
+  const char *path = luaL_optstring(L, 5, NULL);
+  if (channels != 1 && channels != 3 && channels != 4)
+    return luaL_error(L, "cairo.image: channels must be 1, 3 or 4, got %d", (int)channels);
+  check_pixel_count(L, width, height);
+  size_t plane = (size_t)width * (size_t)height, n = plane * (size_t)channels;
+  if (len != 4 * n)
+    return luaL_error(L, "cairo.image: %d x %d x %d pixels need %d bytes, got %d", (int)channels, height, width,
+                      (int)(4 * n), (int)len);
+  for (size_t i = 0; i < n; i++) {
+    float v = load_f32le(px, i);
+    if (v != v) return luaL_error(L, "cairo.image: pixel value %d is NaN", (int)(i + 1));
+  }
+  surface *s = open_surface(L, KIND_PNG, channels == 4 ? CAIRO_FORMAT_ARGB32 : CAIRO_FORMAT_RGB24, width, height, path);
+  if (!s) return 2;
+  cairo_surface_flush(s->surface);
+  unsigned char *data = cairo_image_surface_get_data(s->surface);
+  int stride = cairo_image_surface_get_stride(s->surface);
+  for (int y = 0; y < height; y++) {
+    for (int x = 0; x < width; x++) {
+      size_t at = (size_t)y * (size_t)width + (size_t)x;
+      uint32_t c[3], a = channels == 4 ? to_byte(load_f32le(px, 3 * plane + at)) : 255;
+      for (int k = 0; k < 3; k++) {
+        c[k] = to_byte(load_f32le(px, (channels == 1 ? 0 : (size_t)k) * plane + at));
+        if (a != 255) c[k] = (c[k] * a + 127) / 255; /* cairo stores premultiplied colour */
+      }
+      uint32_t word = a << 24 | c[0] << 16 | c[1] << 8 | c[2];
+      memcpy(data + (size_t)y * (size_t)stride + 4 * (size_t)x, &word, sizeof word);
+    }
+  }
+  cairo_surface_mark_dirty(s->surface);
   return 1;
 }
 
@@ -396,6 +465,38 @@ static int l_pixel(lua_State *L) {
   return 4;
 }
 
+/* s:rgba() -> string, has_alpha: the pixels of a PNG (image) surface as
+ * height * width * 4 bytes, row by row, each red, green, blue, alpha (0..255,
+ * not premultiplied); has_alpha is false for an opaque (RGB24) image, as
+ * cairo reads a PNG without an alpha channel. */
+static int l_rgba(lua_State *L) {
+  surface *s = check_surface(L, 1);
+  if (s->kind != KIND_PNG) return luaL_error(L, "cairo: rgba() needs a png surface");
+  cairo_surface_flush(s->surface);
+  const unsigned char *data = cairo_image_surface_get_data(s->surface);
+  int stride = cairo_image_surface_get_stride(s->surface);
+  cairo_format_t format = cairo_image_surface_get_format(s->surface);
+  if (!data) return luaL_error(L, "cairo: image data not available");
+  if (format != CAIRO_FORMAT_ARGB32 && format != CAIRO_FORMAT_RGB24)
+    return luaL_error(L, "cairo: rgba() reads ARGB32 and RGB24 images only");
+  size_t n = (size_t)s->width * (size_t)s->height * 4;
+  luaL_Buffer b;
+  unsigned char *out = (unsigned char *)luaL_buffinitsize(L, &b, n);
+  for (int y = 0; y < s->height; y++) {
+    for (int x = 0; x < s->width; x++) {
+      uint32_t px;
+      memcpy(&px, data + (size_t)y * (size_t)stride + 4 * (size_t)x, sizeof px);
+      unsigned a = format == CAIRO_FORMAT_RGB24 ? 255 : px >> 24, c[3] = {(px >> 16) & 255, (px >> 8) & 255, px & 255};
+      unsigned char *o = out + ((size_t)y * (size_t)s->width + (size_t)x) * 4;
+      for (int i = 0; i < 3; i++) o[i] = (unsigned char)(a ? (c[i] * 255 + a / 2) / a : 0);
+      o[3] = (unsigned char)a;
+    }
+  }
+  luaL_pushresultsize(&b, n);
+  lua_pushboolean(L, format == CAIRO_FORMAT_ARGB32);
+  return 2;
+}
+
 /* s:finish() -> true (file output) or the bytes (memory output), or nil,
  * message when writing failed. The surface is unusable afterwards. */
 static int l_finish(lua_State *L) {
@@ -451,9 +552,10 @@ static const luaL_Reg methods[] = {
     {"line_to", l_line_to}, {"close_path", l_close_path}, {"fill", l_fill},
     {"stroke", l_stroke},   {"font", l_font},           {"text", l_text},
     {"text_extents", l_text_extents}, {"font_extents", l_font_extents}, {"pixel", l_pixel},
-    {"finish", l_finish},   {NULL, NULL}};
+    {"rgba", l_rgba},       {"finish", l_finish},       {NULL, NULL}};
 
-static const luaL_Reg functions[] = {{"surface", l_surface}, {"read_png", l_read_png}, {NULL, NULL}};
+static const luaL_Reg functions[] = {
+    {"surface", l_surface}, {"image", l_image}, {"read_png", l_read_png}, {NULL, NULL}};
 
 int luaopen_attn_cairo(lua_State *L);
 

@@ -316,15 +316,23 @@ end
 --   and save a checkpoint), `out` and `name` (checkpoints go to `out/name-last.safetensors` and
 --   `out/name-best.safetensors`), `config` (settings saved and checked on resume), `resume` (a table from
 --   `load_checkpoint`), `progress` (true, false or attn.progress options), `on_step` (fn(step, loss, lr)),
---   `log` (fn(text); default print)
+--   `log` (fn(text); default print), `data_parallel` (an `attn.distributed.DataParallel` of net: rank 1's
+--   weights are broadcast after the initialisation or the resume, every rank trains on its rows of each
+--   batch and the gradients are summed over ranks before clipping, so N processes take the steps one
+--   would; the losses are totals over ranks; only rank 1 validates, writes checkpoints and logs)
 -- @treturn table `{steps = {loss per step}, epochs = {{epoch =, loss =, tokens =, seconds =, tokens_per_sec =}},
 --   best =, stopped = boolean, checkpoint = path of the last checkpoint written}`
 -- @raise on bad options or a checkpoint that does not fit the model
 function run.fit(net, corpus, opts)
   opts = check.options("fit", opts, { lr = true, epochs = true, clip = true, label_smoothing = true, accum = true,
     schedule = true, warmup = true, d_model = true, valid_every = true, save_every = true, max_steps = true,
-    out = true, name = true, config = true, resume = true, progress = true, on_step = true, log = true })
-  local log = opts.log or print
+    out = true, name = true, config = true, resume = true, progress = true, on_step = true, log = true,
+    data_parallel = true })
+  local dp = opts.data_parallel
+  if dp ~= nil and dp.module ~= net then error("fit: data_parallel must wrap net", 2) end
+  local dist = dp and require("attn.distributed")
+  local root = not dp or dist.is_root()
+  local log = root and (opts.log or print) or function() end
   local loader, tgt_vocab = corpus.train, corpus.tgt_vocab
   local accum, clip = opts.accum or 1, opts.clip or 1
   check.positive_int("fit", "accum", accum)
@@ -353,7 +361,9 @@ function run.fit(net, corpus, opts)
   else
     train.xavier_init_weights(net)
   end
+  if dp then dp:broadcast_state() end
   local function save(path, pos, state)
+    if not root then return nil end
     local ok, err = run.save_checkpoint(path, { net = net, optimizer = optimizer, scheduler = scheduler,
       src_vocab = corpus.src_vocab, tgt_vocab = tgt_vocab, loader_state = state, position = pos,
       config = opts.config, best = best })
@@ -361,7 +371,7 @@ function run.fit(net, corpus, opts)
     return path
   end
   local show
-  if opts.progress ~= false and position.step < total then
+  if root and opts.progress ~= false and position.step < total then
     local p = { total = total, label = name, unit = "step" }
     for k, v in pairs(type(opts.progress) == "table" and opts.progress or {}) do p[k] = v end
     show = progress.new(p)
@@ -369,7 +379,7 @@ function run.fit(net, corpus, opts)
   local result = { steps = {}, epochs = {}, stopped = false }
   local step = position.step
   local valid_every = opts.valid_every or 0
-  local has_valid = corpus.valid and #corpus.valid.source > 0
+  local has_valid = root and corpus.valid and #corpus.valid.source > 0
   local function validate()
     local v = run.validation_loss(net, corpus.valid, corpus.src_vocab, tgt_vocab, loader.num_steps)
     local better = best == nil or v < best
@@ -398,9 +408,22 @@ function run.fit(net, corpus, opts)
       end
       local sum = 0
       for _, bt in ipairs(batches) do
-        local l = forward_loss(net, loss, bos, bt[1], bt[2], bt[3], bt[4])
-        sum = sum + l:item()
-        ;(l * (1 / tokens)):backward()
+        local rows = bt[1]:size(1)
+        if dp then
+          -- this rank's rows; the loss is a sum over rows (over the step's tokens), so the gradients add up
+          local first, last = dp:shard(rows)
+          rows = last - first + 1
+          if rows > 0 then for i = 1, 4 do bt[i] = bt[i]:narrow(1, first, rows) end end
+        end
+        if rows > 0 then
+          local l = forward_loss(net, loss, bos, bt[1], bt[2], bt[3], bt[4])
+          sum = sum + l:item()
+          ;(l * (1 / tokens)):backward()
+        end
+      end
+      if dp then
+        dp:sync_gradients({ op = "sum" })
+        sum = dist.sum_numbers(sum)
       end
       nn.clip_grad_norm(net:parameters(), clip)
       local lr = optimizer.lr

@@ -62,14 +62,17 @@ local function total(t) return t:sum():item() end
 --   `device` ("cpu", the only one), `progress` (true: a progress line on stderr;
 --   or a table of options for attn.progress.new), `on_epoch` (fn(epoch, record),
 --   called after each epoch), `init` (true: the Xavier initialisation; false keeps
---   the weights, e.g. to continue training)
+--   the weights, e.g. to continue training), `data_parallel` (an `attn.distributed.DataParallel` of
+--   net: rank 1's initial weights are broadcast, every rank trains on its rows of each batch and
+--   the gradients are summed over ranks before clipping, so N processes take the steps one would;
+--   the history's loss and tokens are totals over ranks)
 -- @treturn table history: one record per epoch, `{epoch =, loss = book scale,
 --   token_loss = per-token cross-entropy, tokens =, seconds =, tokens_per_sec =}`
 -- @raise on missing or invalid options
 function M.train_seq2seq(net, data_iter, opts)
   opts = check.options("train_seq2seq", opts,
     { lr = true, epochs = true, tgt_vocab = true, clip = true, device = true, progress = true, on_epoch = true,
-      init = true })
+      init = true, data_parallel = true })
   if not nn.is_module(net) then error("train_seq2seq: net must be a module", 2) end
   local callable = type(data_iter) == "function" or type((getmetatable(data_iter) or {}).__call) == "function"
   if not callable then error("train_seq2seq: data_iter must be callable, returning an iterator over one epoch", 2) end
@@ -85,6 +88,9 @@ function M.train_seq2seq(net, data_iter, opts)
   local bos = opts.tgt_vocab["<bos>"]
   if bos == nil then error("train_seq2seq: tgt_vocab has no '<bos>'", 2) end
   if opts.init ~= false then M.xavier_init_weights(net) end
+  local dp = opts.data_parallel
+  if dp ~= nil and dp.module ~= net then error("train_seq2seq: data_parallel must wrap net", 2) end
+  if dp then dp:broadcast_state() end
   local optimizer = attn.optim.Adam { params = net:parameters(), lr = opts.lr }
   local loss = nn.MaskedSoftmaxCELoss()
   net:train()
@@ -101,19 +107,33 @@ function M.train_seq2seq(net, data_iter, opts)
     local loss_sum, tokens, num_steps = 0, 0, nil
     for X, X_valid_len, Y, Y_valid_len in data_iter() do
       optimizer:zero_grad()
-      local B, T = Y:size(1), Y:size(2)
-      num_steps = T
-      local dec_input = attn.full({ B, 1 }, bos, Y:dtype())
-      if T > 1 then dec_input = attn.cat({ dec_input, Y:narrow(2, 1, T - 1) }, 2) end
-      local Y_hat = net(X, dec_input, X_valid_len)
-      local l = loss(Y_hat, Y, Y_valid_len)
-      local lsum = l:sum()
-      lsum:backward()
+      num_steps = Y:size(2)
+      local rows = Y:size(1)
+      if dp then
+        -- this rank's rows; the loss is a sum over rows, so the gradients add up over ranks
+        local first, last = dp:shard(rows)
+        rows = last - first + 1
+        if rows > 0 then
+          X, X_valid_len = X:narrow(1, first, rows), X_valid_len:narrow(1, first, rows)
+          Y, Y_valid_len = Y:narrow(1, first, rows), Y_valid_len:narrow(1, first, rows)
+        end
+      end
+      if rows > 0 then
+        local T = num_steps
+        local dec_input = attn.full({ rows, 1 }, bos, Y:dtype())
+        if T > 1 then dec_input = attn.cat({ dec_input, Y:narrow(2, 1, T - 1) }, 2) end
+        local Y_hat = net(X, dec_input, X_valid_len)
+        local l = loss(Y_hat, Y, Y_valid_len)
+        local lsum = l:sum()
+        lsum:backward()
+        loss_sum = loss_sum + lsum:item()
+        tokens = tokens + total(Y_valid_len)
+      end
+      if dp then dp:sync_gradients({ op = "sum" }) end
       nn.clip_grad_norm(net:parameters(), clip)
       optimizer:step()
-      loss_sum = loss_sum + lsum:item()
-      tokens = tokens + total(Y_valid_len)
     end
+    if dp then loss_sum, tokens = require("attn.distributed").sum_numbers(loss_sum, tokens) end
     local seconds = progress.clock() - t0
     local book = tokens > 0 and loss_sum / tokens or 0
     local record = {

@@ -38,6 +38,9 @@ function translation.options(epochs)
     { "beam", "integer", 1, "beam width for the translations (1 = greedy, as the book)" },
     { "load", "string", nil, "translate with this checkpoint instead of training" },
     { "quiet", "boolean", false, "no progress line" },
+    { "dropout", "number", 0.1, "dropout probability of the model (the book's 0.1; 0 for runs that must match)" },
+    { "distributed", "boolean", false, "train data-parallel over MPI: run under mpirun -np N (needs attn.mpi: make " ..
+      "mpi); rank 1 prints and writes the outputs" },
   }
 end
 
@@ -49,7 +52,6 @@ local RUN_OPTIONS = {
   { "save_every", "integer", 0, "epochs between checkpoints (<out>/<name>-last.safetensors)" },
   { "resume", "string", nil, "continue the run saved in this checkpoint" },
   { "max_steps", "integer", 0, "stop after this many optimizer steps and save a checkpoint (0: no limit)" },
-  { "dropout", "number", nil, "dropout probability (default: the book's 0.1)" },
   { "label_smoothing", "number", 0, "label smoothing of the training loss" },
   { "accum", "integer", 1, "batches per optimizer step (gradient accumulation)" },
   { "schedule", "string", "none", "learning-rate schedule: none, noam (warmup; --lr is the factor), cosine, step" },
@@ -58,7 +60,7 @@ local RUN_OPTIONS = {
   { "threads", "integer", nil, "threads of the tensor operations (attn.set_num_threads; default: all cores)" },
 }
 --- The options of a real run (attn.d2l.run), in one table: any of them but
--- `--dropout`, `--bucket` and `--threads` (or `--num_examples all`) turns a
+-- `--bucket` and `--threads` (or `--num_examples all`) turns a
 -- script's run into one: a held-out split, vocabularies from the training
 -- pairs, length-bucketed batches, per-step progress, checkpoints.
 translation.RUN_OPTIONS = RUN_OPTIONS
@@ -76,15 +78,19 @@ local function run_config(opts, model_meta)
   local c = { data = opts.data or "sample", num_examples = tostring(opts.num_examples), seed = opts.seed,
     valid = opts.valid, test = opts.test, num_steps = opts.num_steps, batch_size = opts.batch_size,
     bucket = tostring(opts.bucket), accum = opts.accum, schedule = opts.schedule, warmup = opts.warmup,
-    label_smoothing = opts.label_smoothing, dropout = tostring(opts.dropout or "book") }
+    label_smoothing = opts.label_smoothing, dropout = tostring(opts.dropout) }
   for k, v in pairs(model_meta) do c["model." .. k] = tostring(v) end
   return c
 end
 
 -- A real run (see RUN_OPTIONS): train or resume (or --load a run checkpoint),
 -- then the book's four sentences and the held-out corpus BLEU as the last line.
-local function real_run(spec, opts, model_meta)
+-- With dist (--distributed), every rank trains its rows of each batch through
+-- fit's data_parallel; rank 1 alone prints, saves and evaluates.
+local function real_run(spec, opts, model_meta, dist)
   local name = spec.name
+  local root = not dist or dist.is_root()
+  local say = root and print or function() end
   local config = run_config(opts, model_meta)
   local ckpt
   local from = opts.resume or opts.load
@@ -97,7 +103,7 @@ local function real_run(spec, opts, model_meta)
   end
   local corpus, err = data.load_corpus(opts.batch_size, opts.num_steps, { path = opts.data,
     num_examples = opts.num_examples, seed = opts.seed, valid = opts.valid, test = opts.test, bucket = opts.bucket,
-    log = function(text) print(name .. ": " .. text) end })
+    log = function(text) say(name .. ": " .. text) end })
   if not corpus then cli.fail(name .. ": " .. err) end
   if ckpt then
     local why = run.vocab_mismatch(ckpt.src_vocab, corpus.src_vocab, "English") or
@@ -105,7 +111,7 @@ local function real_run(spec, opts, model_meta)
     if why then cli.fail(string.format("%s: refusing %s: %s", name, from, why)) end
   end
   local src_vocab, tgt_vocab = corpus.src_vocab, corpus.tgt_vocab
-  print(string.format("%s: %d training, %d validation and %d test pairs; %d batches per epoch%s", name,
+  say(string.format("%s: %d training, %d validation and %d test pairs; %d batches per epoch%s", name,
     corpus.sizes.train, corpus.sizes.valid, corpus.sizes.test, #corpus.train, opts.bucket and " (length-bucketed)" or ""))
   local net = spec.build(src_vocab, tgt_vocab, opts)
   local r = report.new(spec.title)
@@ -114,9 +120,9 @@ local function real_run(spec, opts, model_meta)
   if opts.load then
     local ok, lerr = pcall(net.load_state_dict, net, ckpt.model)
     if not ok then cli.fail(string.format("%s: %s does not fit this model: %s", name, opts.load, tostring(lerr))) end
-    print("loaded " .. opts.load)
+    say("loaded " .. opts.load)
   else
-    if ckpt then print(string.format("%s: resuming %s at epoch %d, batch %d, step %d", name, from,
+    if ckpt then say(string.format("%s: resuming %s at epoch %d, batch %d, step %d", name, from,
       ckpt.position.epoch, ckpt.position.batch, ckpt.position.step)) end
     local t0 = require("attn.progress").clock()
     local ok, result = pcall(run.fit, net, corpus, {
@@ -124,19 +130,21 @@ local function real_run(spec, opts, model_meta)
       schedule = opts.schedule, warmup = opts.warmup, d_model = spec.d_model and spec.d_model(opts) or 32,
       valid_every = opts.valid_every, save_every = opts.save_every,
       max_steps = opts.max_steps > 0 and opts.max_steps or nil, out = opts.out, name = name, config = config,
-      resume = ckpt, progress = not opts.quiet,
+      resume = ckpt, progress = root and not opts.quiet, log = say,
+      data_parallel = dist and dist.DataParallel(net, { broadcast = false }) or nil,
     })
     if not ok then
       if type(result) == "string" and result:find("does not fit", 1, true) then cli.fail(name .. ": " .. result) end
       error(result, 0)
     end
+    if not root then return { opts = opts, net = net, result = result } end
     local seconds = require("attn.progress").clock() - t0
     local tokens = 0
     for _, e in ipairs(result.epochs) do tokens = tokens + e.tokens end
     local line = string.format("%s: %d steps in %.1f s (%s), last step's per-token cross-entropy %.3f, %.0f tokens/sec " ..
-      "on %d thread%s", name, #result.steps, seconds, require("attn.progress").format_time(seconds),
+      "on %d thread%s%s", name, #result.steps, seconds, require("attn.progress").format_time(seconds),
       result.steps[#result.steps] or 0 / 0, seconds > 0 and tokens / seconds or 0, attn.get_num_threads(),
-      attn.get_num_threads() == 1 and "" or "s")
+      attn.get_num_threads() == 1 and "" or "s", dist and string.format(" x %d processes", dist.world_size()) or "")
     print(line)
     r:heading("Training")
     r:pre(line)
@@ -156,6 +164,7 @@ local function real_run(spec, opts, model_meta)
     print("saved " .. checkpoint .. (result.best and string.format(" (best validation loss %.4f in %s/%s-best.safetensors)",
       result.best, opts.out, name) or ""))
   end
+  if not root then return { opts = opts, net = net } end
   local rows = translation.evaluate(net, src_vocab, tgt_vocab, opts.num_steps, 1)
   for _, row in ipairs(rows) do print(string.format("%s => %s, bleu %.3f", row.source, row.translation, row.bleu)) end
   local bleu
@@ -207,7 +216,12 @@ function translation.evaluate(net, src_vocab, tgt_vocab, num_steps, beam)
   return rows
 end
 
---- Runs one experiment end to end.
+local experiment -- the body of translation.run, after the options
+
+--- Runs one experiment end to end. With `--distributed` (under `mpirun -np N`), every
+-- process trains its share of each batch (attn.distributed.DataParallel through
+-- train_seq2seq's or, in a real run, run.fit's `data_parallel`); rank 1 alone prints,
+-- saves and translates.
 -- @tparam table spec `name`, `title`, `description`, `epochs` (the book's), `book` (a line with the
 --   book's printed results), `build(src_vocab, tgt_vocab, opts) -> net`, and optionally
 --   `extra_options` (for cli.parse), `model_options(opts)` (a table of the options that shape the
@@ -217,7 +231,7 @@ end
 --   run (attn.d2l.run): held-out split, checkpoints, `--resume`, and with `--test N` a last line
 --   `<name>: test corpus BLEU-4 <score> on N held-out sentences (greedy)`
 -- @raise a `cli.fail` failure for a file that cannot be read or a checkpoint that does not fit
--- @treturn table `{opts =, net =, history =, rows =}`
+-- @treturn table `{opts =, net =, history =, rows =}` (no rows on ranks other than 1)
 function translation.run(spec)
   local options = translation.options(spec.epochs)
   for _, o in ipairs(translation.RUN_OPTIONS) do options[#options + 1] = o end
@@ -227,17 +241,32 @@ function translation.run(spec)
     opts.epochs = math.min(opts.epochs, 2)
   end
   if opts.threads then attn.set_num_threads(opts.threads) end
+  if not opts.distributed then return experiment(spec, opts, nil) end
+  -- Every rank runs the same script with the same seed; an error on one rank (a cli.fail
+  -- included) aborts them all instead of leaving the others waiting in a collective.
+  local found, dist = pcall(require, "attn.distributed")
+  if not found then cli.fail(spec.name .. ": --distributed: " .. tostring(dist)) end
+  dist.init()
+  local res = dist.run(experiment, spec, opts, dist)
+  dist.finalize()
+  return res
+end
+
+experiment = function(spec, opts, dist)
   local model_meta = spec.model_options and spec.model_options(opts) or {}
   local real = is_real_run(opts)
   if not real and opts.load then
     local _, saved = attn.load(opts.load)
     real = type(saved) == "table" and saved.format == run.FORMAT
   end
-  if real then return real_run(spec, opts, model_meta) end
+  if real then return real_run(spec, opts, model_meta, dist) end
+  local root = not dist or dist.is_root()
+  -- only rank 1 prints and writes files
+  local say = root and print or function() end
   local data_iter, src_vocab, tgt_vocab = data.load_fra_eng(opts.batch_size, opts.num_steps,
     { num_examples = opts.num_examples, path = opts.data, seed = opts.seed })
   if not data_iter then cli.fail(spec.name .. ": " .. src_vocab) end
-  print(string.format("%s: %d sentence pairs from %s; vocabularies %d (English) and %d (French)", spec.name,
+  say(string.format("%s: %d sentence pairs from %s; vocabularies %d (English) and %d (French)", spec.name,
     data_iter.num_examples, opts.data or "the shipped sample (data/fra-eng-sample.txt)", #src_vocab, #tgt_vocab))
   local net = spec.build(src_vocab, tgt_vocab, opts)
   local r = report.new(spec.title)
@@ -266,19 +295,22 @@ function translation.run(spec)
     end
     local loaded, err = pcall(net.load_state_dict, net, state)
     if not loaded then cli.fail(string.format("%s: %s does not fit this model: %s", spec.name, opts.load, tostring(err))) end
-    print("loaded " .. opts.load)
+    say("loaded " .. opts.load)
     r:paragraph("Weights loaded from " .. opts.load .. " (no training).")
   else
     local losses = {}
     history = seq2seq.train_seq2seq(net, data_iter, {
       lr = opts.lr, epochs = opts.epochs, tgt_vocab = tgt_vocab,
-      progress = not opts.quiet and { label = spec.name } or false,
+      progress = root and not opts.quiet and { label = spec.name } or false,
       on_epoch = function(_, rec) losses[#losses + 1] = rec.loss end,
+      data_parallel = dist and dist.DataParallel(net, { broadcast = false }) or nil,
     })
+    if not root then return { opts = opts, net = net, history = history } end
     local last = history[#history]
     local line = string.format("loss %.3f (the book's scale: per-token cross-entropy / num_steps), per-token " ..
-      "cross-entropy %.3f, %.1f tokens/sec on this CPU (%d thread%s), seed %d", last.loss, last.token_loss,
-      last.tokens_per_sec or 0, attn.get_num_threads(), attn.get_num_threads() == 1 and "" or "s", opts.seed)
+      "cross-entropy %.3f, %.1f tokens/sec on this CPU (%d thread%s%s), seed %d", last.loss, last.token_loss,
+      last.tokens_per_sec or 0, attn.get_num_threads(), attn.get_num_threads() == 1 and "" or "s",
+      dist and string.format(" x %d processes", dist.world_size()) or "", opts.seed)
     print(line)
     r:heading("Training")
     r:pre(line .. "\nbook: " .. spec.book)
@@ -291,6 +323,7 @@ function translation.run(spec)
     print("saved " .. checkpoint)
   end
 
+  if not root then return { opts = opts, net = net, history = history } end
   local rows = translation.evaluate(net, src_vocab, tgt_vocab, opts.num_steps, opts.beam)
   local table_rows, lines = {}, {}
   for i, row in ipairs(rows) do

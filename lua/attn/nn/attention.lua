@@ -227,10 +227,24 @@ end
 
 -- A keep-mask given per sample, (B, Nq, Nk), repeated for the (B*heads) rows of
 -- the head layout (sample b's heads are rows (b-1)*heads+1 .. b*heads); masks
--- that broadcast over the batch ((Nq, Nk) or (1, Nq, Nk)) are kept as they are.
-local function per_head_mask(opts, heads, dtype)
+-- that broadcast over the batch ((Nq, Nk) or (1, Nq, Nk), any size 1 broadcasting) are
+-- kept as they are. The mask is checked against the caller's queries and keys first, so
+-- a message names the shapes the caller passed, not the repeated one.
+local function per_head_mask(opts, heads, queries, keys)
   local mask = opts.mask
+  local dtype = is_tensor(queries) and core.dtype(queries) or nil
   if type(mask) == "table" and not is_tensor(mask) then mask = attn.tensor(mask, dtype) end
+  if is_tensor(mask) and is_tensor(queries) and is_tensor(keys) and core.dim(queries) == 3 and core.dim(keys) == 3 then
+    local B, Nq, Nk = core.size(queries, 1), core.size(queries, 2), core.size(keys, 2)
+    local n, ms = core.dim(mask), core.shape(mask)
+    local mask_fits = n >= 1 and n <= 3 and (ms[n] == Nk or ms[n] == 1)
+      and (n == 1 or ms[n - 1] == Nq or ms[n - 1] == 1) and (n < 3 or ms[1] == B or ms[1] == 1)
+    if not mask_fits then
+      error(string.format("MultiHeadAttention: mask %s does not fit queries %s and keys %s: expected (Nq, Nk) = %s " ..
+        "or (B, Nq, Nk) = %s (sizes 1 broadcast); the layer repeats a per-sample mask for its %d heads itself",
+        shape_str(ms), shape_str(queries), shape_str(keys), shape_str({ Nq, Nk }), shape_str({ B, Nq, Nk }), heads), 4)
+    end
+  end
   if is_tensor(mask) and mask:dim() == 3 and mask:size(1) > 1 then
     local idx = {}
     for b = 1, mask:size(1) do
@@ -299,7 +313,7 @@ function MultiHeadAttention:forward(queries, keys, values, valid_lens, opts)
   valid_lens = valid_lens_tensor(valid_lens, queries)
   check_lens(valid_lens, queries)
   if opts ~= nil and opts.mask ~= nil then
-    opts = per_head_mask(opts, self.num_heads, is_tensor(queries) and core.dtype(queries) or nil)
+    opts = per_head_mask(opts, self.num_heads, queries, keys)
   end
   return fused.forward(self, queries, keys, values, valid_lens, opts)
 end

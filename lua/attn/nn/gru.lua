@@ -1,9 +1,11 @@
---- `nn.GRU`: a multi-layer gated recurrent unit, time-major like `torch.nn.GRU`.
+--- `nn.GRU` and `nn.GRUCell`: PyTorch's gated recurrent unit, time-major by default like
+-- `torch.nn.GRU`.
 --
 -- Parameters (PyTorch names and layouts, gate order r, z, n), for layer k = 0, 1, ...:
 -- weight_ih_l{k} (3h, in_k), weight_hh_l{k} (3h, h), bias_ih_l{k} (3h),
--- bias_hh_l{k} (3h); in_0 = input_size, in_k = h above. Every entry starts as
--- U(-1/sqrt(h), 1/sqrt(h)). One step:
+-- bias_hh_l{k} (3h) (no biases with `bias = false`); in_0 = input_size, in_k = D h
+-- above (D = 2 when bidirectional, whose backward direction's keys end in `_reverse`).
+-- Every entry starts as U(-1/sqrt(h), 1/sqrt(h)). One step:
 --
 --     r  = sigmoid(W_ir x + b_ir + W_hr h + b_hr)
 --     z  = sigmoid(W_iz x + b_iz + W_hz h + b_hz)
@@ -15,15 +17,20 @@
 -- are one GEMM per layer, the recurrent products one GEMM per step, the gate
 -- math one vectorised pass per step, and backward is one C call too. Dropout
 -- (training mode only) acts on the outputs of every layer but the last, with a
--- mask hashed from a seed so backward rebuilds it. `nn.GRU{..., fused = false}`
--- (or `attn.nn.set_fused(false)`, or dropout 1 in training) composes the same
--- model from tensor ops (one node per step) instead (`composed_forward`; the
--- choice is attn.nn.fused's rule).
+-- mask hashed from a seed so backward rebuilds it. A bidirectional GRU runs the
+-- same kernel per layer and direction (the backward direction over the reversed
+-- sequence), since a layer takes both directions' outputs of the one below.
+-- `nn.GRU(..., {fused = false})` (or `attn.nn.set_fused(false)`, or dropout 1 in
+-- training) composes the same model from tensor ops (one node per step) instead
+-- (`composed_forward`; the choice is attn.nn.fused's rule). nn.RNN (attn.nn.rnn)
+-- shares the layout, options and composed path.
 -- @module attn.nn.gru
 -- @usage
 -- local rnn = nn.GRU{input_size = 8, num_hiddens = 16, num_layers = 2}
 -- local outputs, state = rnn(X)        -- X (T, B, 8) -> (T, B, 16), (2, B, 16)
 -- local outputs2, state2 = rnn(X, state)
+-- local bi = nn.GRU(8, 16, 2, { bidirectional = true, batch_first = true })
+-- local o, h_n = bi(Y)                 -- Y (B, T, 8) -> (B, T, 32), (4, B, 16)
 local attn = require "attn"
 local autograd = require "attn.autograd"
 local module = require "attn.nn.module"
@@ -125,12 +132,253 @@ function M.gru(X, h0, params, dropout, seed)
   return out, hn
 end
 
---- A GRU cell for step-by-step decoders (PyTorch's `GRUCell`): x (B, in),
--- h (B, h), weights as in nn.GRU's layer 0 (biases may be nil). Returns h'
--- (B, h). One fused node over the same C kernel as nn.GRU.
+-- ---------------------------------------------------------------- shared by the recurrent layers
+
+-- Whether tensor t has the sizes in table want.
+local function shape_equal(t, want)
+  if core.dim(t) ~= #want then return false end
+  for i = 1, #want do
+    if core.size(t, i) ~= want[i] then return false end
+  end
+  return true
+end
+
+-- The options of nn.GRU and nn.RNN, in the table form and (but for the sizes) the positional
+-- form's options table.
+local LAYER_OPTIONS = { input_size = true, num_hiddens = true, hidden_size = true, num_layers = true, dropout = true,
+  bias = true, batch_first = true, bidirectional = true, dtype = true }
+
+local function int_option(who, v, what, min)
+  if math.type(v) ~= "integer" or v < min then
+    error(string.format("%s: %s must be an integer >= %d, got %s", who, what, min, tostring(v)), 5)
+  end
+  return v
+end
+
+--- The options of a recurrent layer's constructor (nn.GRU, nn.RNN): `{input_size =,
+-- hidden_size | num_hiddens =, num_layers = 1, ...}` or positional `(input_size, hidden_size
+-- [, num_layers [, opts | dropout]])` (a number in fourth place is the book's dropout).
+-- `extra` lists the options only that class has. Checks sizes, dropout and flags; raises at
+-- the user's call (init's caller).
+-- @local
+function M.layer_options(who, a, b, c, d, extra)
+  local allowed = {}
+  for k in pairs(LAYER_OPTIONS) do allowed[k] = true end
+  for k in pairs(extra or {}) do allowed[k] = true end
+  local o = {}
+  if type(a) == "table" then
+    for k, v in pairs(check.options(who, a, allowed, 5)) do o[k] = v end
+  else
+    local opts = type(d) == "number" and { dropout = d } or d
+    for k, v in pairs(check.options(who, opts, allowed, 5)) do o[k] = v end
+    for _, k in ipairs { "input_size", "num_hiddens", "hidden_size", "num_layers" } do
+      if o[k] ~= nil then error(string.format("%s: %s is a positional argument, not an option", who, k), 4) end
+    end
+    o.input_size, o.num_hiddens, o.num_layers = a, b, c
+  end
+  o.num_hiddens = o.num_hiddens or o.hidden_size
+  int_option(who, o.input_size, "input_size", 1)
+  int_option(who, o.num_hiddens, "num_hiddens", 1)
+  o.num_layers = int_option(who, o.num_layers or 1, "num_layers", 1)
+  o.dropout = o.dropout or 0
+  if type(o.dropout) ~= "number" or o.dropout < 0 or o.dropout > 1 then
+    error(string.format("%s: dropout must be a probability in [0, 1], got %s", who, tostring(o.dropout)), 4)
+  end
+  for _, k in ipairs { "bias", "batch_first", "bidirectional", "fused" } do
+    if o[k] ~= nil and type(o[k]) ~= "boolean" then
+      error(string.format("%s: %s must be a boolean, got a %s", who, k, type(o[k])), 4)
+    end
+  end
+  return o
+end
+
+--- Sets a recurrent layer's fields from `o` (M.layer_options) and registers its parameters
+-- in PyTorch's names and order: for layer k, direction "" then "_reverse",
+-- weight_ih_l{k} (G h, in_k), weight_hh_l{k} (G h, h), bias_ih_l{k}, bias_hh_l{k} (G h), every
+-- entry U(-1/sqrt(h), 1/sqrt(h)); in_0 = input_size, in_k = D h above (D = 2 when
+-- bidirectional). G is the number of gates (3 for a GRU, 1 for a plain RNN).
+-- @local
+function M.init_layers(m, who, o, G)
+  local h, layers, in0 = o.num_hiddens, o.num_layers, o.input_size
+  local D = o.bidirectional and 2 or 1
+  m.input_size, m.hidden_size, m.num_hiddens = in0, h, h
+  m.num_layers, m.dropout, m.bias = layers, o.dropout, o.bias ~= false
+  m.batch_first, m.bidirectional = o.batch_first == true, o.bidirectional == true
+  local dtype = o.dtype or "float32"
+  -- every layer's weights, counted before any is made: a huge num_layers must fail at once
+  -- instead of allocating layer after layer
+  local per_elem = dtype == "float64" and 8 or 4
+  local bytes = D * G * h * per_elem * ((in0 + h + 2.0) + (layers - 1.0) * (D * h + h + 2.0))
+  if bytes > core.max_request() then
+    error(string.format("%s: %d layers of %d hidden units need %.3g bytes of parameters, more than can be allocated "
+      .. "(%.3g)", who, layers, h, bytes, core.max_request()), 4)
+  end
+  local bound = 1 / math.sqrt(h)
+  local function param(name, shape)
+    m:register_parameter(name, init.uniform_(attn.empty(shape, dtype), -bound, bound))
+  end
+  for k = 0, layers - 1 do
+    local in_k = k == 0 and in0 or D * h
+    for d = 1, D do
+      local sfx = k .. (d == 2 and "_reverse" or "")
+      param("weight_ih_l" .. sfx, { G * h, in_k })
+      param("weight_hh_l" .. sfx, { G * h, h })
+      if m.bias then
+        param("bias_ih_l" .. sfx, { G * h })
+        param("bias_hh_l" .. sfx, { G * h })
+      end
+    end
+  end
+end
+
+--- Checks a recurrent layer's input X and initial state h0 and brings them to the layout the
+-- paths run on: X (T, B, in) time-major and batched, h0 (D L, B, h) or nil. Accepts X (T, B,
+-- in), (B, T, in) with batch_first, or unbatched (T, in) with h0 (D L, h). Returns X, h0 and
+-- whether the caller's input was batched.
+-- @local
+function M.layer_input(m, who, X, h0)
+  local layout = m.batch_first and "(B, T, %d)" or "(T, B, %d)"
+  local I, H = m.input_size, m.hidden_size
+  if not attn.is_tensor(X) then
+    error(string.format("%s: input must be a tensor %s or (T, %d), got a %s", who, layout:format(I), I, type(X)), 3)
+  end
+  local s = X:shape()
+  if (#s ~= 3 and #s ~= 2) or s[#s] ~= I then
+    error(string.format("%s: input %s must be %s or unbatched (T, %d)%s", who, shape_str(s), layout:format(I), I,
+      m.batch_first and "" or " (time-major)"), 3)
+  end
+  local batched = #s == 3
+  local x = X
+  if not batched then
+    x = X:unsqueeze(2)
+  elseif m.batch_first then
+    x = X:transpose(1, 2)
+  end
+  local T, B = x:size(1), x:size(2)
+  local DL = (m.bidirectional and 2 or 1) * m.num_layers
+  if h0 ~= nil then
+    if not attn.is_tensor(h0) then error(string.format("%s: h0 must be a tensor, got a %s", who, type(h0)), 3) end
+    local want = batched and { DL, B, H } or { DL, H }
+    if not shape_equal(h0, want) then
+      error(string.format("%s: h0 %s must be (%snum_layers, %sh) = %s%s", who, shape_str(h0),
+        m.bidirectional and "2 * " or "", batched and "B, " or "", shape_str(want),
+        batched and "" or " for the unbatched input " .. shape_str(s)), 3)
+    end
+    if not batched then h0 = h0:unsqueeze(2) end
+  end
+  if T == 0 then error(who .. ": input " .. shape_str(s) .. " has no time steps", 3) end
+  return x, h0, batched
+end
+
+--- The outputs (T, B, D h) and final state (D L, B, h) of the paths in the caller's layout
+-- (M.layer_input): (B, T, D h) with batch_first, (T, D h) and (D L, h) for unbatched input.
+-- @local
+function M.layer_output(m, out, hn, batched)
+  if not batched then return out:select(2, 1), hn:select(2, 1) end
+  if m.batch_first then return out:transpose(1, 2), hn end
+  return out, hn
+end
+
+--- The composed multi-layer recurrence shared by nn.GRU and nn.RNN: for every layer and
+-- direction, the input projections of all steps as one product, then `cell(gi_t, h, w_hh,
+-- b_hh)` per step (the reverse direction walks the steps from the last); the directions'
+-- outputs are concatenated, and dropout (stream seed + k when seed is given) acts on the
+-- output of every layer but the last. X (T, B, in), h0 (D L, B, h) or nil. Returns outputs
+-- (T, B, D h) and the final states (D L, B, h) in PyTorch's order (layer-major).
+-- @local
+function M.compose_layers(m, X, h0, seed, cell)
+  local T, B, H = X:size(1), X:size(2), m.hidden_size
+  local D = m.bidirectional and 2 or 1
+  local finals, input = {}, X
+  for k = 0, m.num_layers - 1 do
+    local dirs = {}
+    for d = 1, D do
+      local sfx = k .. (d == 2 and "_reverse" or "")
+      local w_ih, w_hh = m["weight_ih_l" .. sfx], m["weight_hh_l" .. sfx]
+      local b_ih, b_hh = m["bias_ih_l" .. sfx], m["bias_hh_l" .. sfx]
+      local gi = input:reshape({ T * B, input:size(3) }):matmul(w_ih:t())
+      if b_ih then gi = gi + b_ih end
+      local steps = unbind(gi:reshape({ T, B, w_ih:size(1) }))
+      local h = h0 and h0:select(1, k * D + d) or attn.zeros({ B, H }, X:dtype())
+      local outs = {}
+      for i = 1, T do
+        local t = d == 1 and i or T + 1 - i
+        h = cell(steps[t], h, w_hh, b_hh)
+        outs[t] = h
+      end
+      finals[#finals + 1] = h
+      dirs[d] = attn.stack(outs)
+    end
+    input = D == 1 and dirs[1] or attn.cat(dirs, 3)
+    if k < m.num_layers - 1 then input = linear.dropout(input, m.dropout, m.training, seed and seed + k) end
+  end
+  return input, attn.stack(finals)
+end
+
+--- The extra_repr of a recurrent layer: sizes, then the options that differ from PyTorch's
+-- defaults (and attn's fused = false).
+-- @local
+function M.layer_repr(m, extra)
+  local parts = { string.format("%d, %d", m.input_size, m.hidden_size) }
+  if m.num_layers ~= 1 then parts[#parts + 1] = "num_layers=" .. m.num_layers end
+  if extra then parts[#parts + 1] = extra end
+  if not m.bias then parts[#parts + 1] = "bias=False" end
+  if m.batch_first then parts[#parts + 1] = "batch_first=True" end
+  if m.dropout ~= 0 then parts[#parts + 1] = string.format("dropout=%g", m.dropout) end
+  if m.bidirectional then parts[#parts + 1] = "bidirectional=True" end
+  if m.fused == false then parts[#parts + 1] = "fused=False" end
+  return table.concat(parts, ", ")
+end
+
+--- Checks the operands of one cell step (gru_cell, nn.GRUCell, nn.RNNCell) in the caller's
+-- terms: x (B, in) or unbatched (in), h like x with h units, or nil. Returns x and h as
+-- (B, in), (B, h) (h nil stays nil) and whether x was batched.
+-- @local
+function M.cell_input(who, x, h, I, H)
+  if not attn.is_tensor(x) then
+    error(string.format("%s: input must be a tensor (B, %d) or (%d), got a %s", who, I, I, type(x)), 3)
+  end
+  local s = x:shape()
+  if (#s ~= 1 and #s ~= 2) or s[#s] ~= I then
+    error(string.format("%s: input %s must be (B, %d) or unbatched (%d)", who, shape_str(s), I, I), 3)
+  end
+  local batched = #s == 2
+  if h ~= nil then
+    if not attn.is_tensor(h) then error(string.format("%s: h must be a tensor, got a %s", who, type(h)), 3) end
+    local want = batched and { s[1], H } or { H }
+    if not shape_equal(h, want) then
+      error(string.format("%s: h %s must be %s for the input %s", who, shape_str(h), shape_str(want),
+        shape_str(s)), 3)
+    end
+  end
+  if batched then return x, h, true end
+  return x:unsqueeze(1), h and h:unsqueeze(1), false
+end
+
+-- ---------------------------------------------------------------- gru_cell
+
+-- The 2-D weights of a cell as (G h, in) and (G h, h): returns h.
+local function cell_weights(who, w_ih, w_hh, G)
+  check.tensor(who, "w_ih", w_ih, 2, "(3 * hidden, input)", 4)
+  check.tensor(who, "w_hh", w_hh, 2, "(3 * hidden, hidden)", 4)
+  local H = w_hh:size(2)
+  if w_hh:size(1) ~= G * H or w_ih:size(1) ~= G * H then
+    error(string.format("%s: w_ih %s and w_hh %s must be (%d h, input) and (%d h, h) with h = %d", who,
+      shape_str(w_ih), shape_str(w_hh), G, G, H), 3)
+  end
+  return H
+end
+
+--- A GRU cell for step-by-step decoders (PyTorch's `GRUCell` as a function): x (B, in) or
+-- unbatched (in), h (B, h) or (h), or nil for zeros; weights as in nn.GRU's layer 0 (biases
+-- may be nil). Returns h' (B, h) or (h). One fused node over the same C kernel as nn.GRU.
+-- @raise naming the argument and its shape when x, h or the weights do not fit
 function M.gru_cell(x, h, w_ih, w_hh, b_ih, b_hh)
-  local _, hn = M.gru(x:unsqueeze(1), h:unsqueeze(1), { w_ih, w_hh, b_ih or false, b_hh or false })
-  return hn:select(1, 1)
+  local H = cell_weights("gru_cell", w_ih, w_hh, 3)
+  local x2, h2, batched = M.cell_input("gru_cell", x, h, w_ih:size(2), H)
+  local _, hn = M.gru(x2:unsqueeze(1), h2 and h2:unsqueeze(1), { w_ih, w_hh, b_ih or false, b_hh or false })
+  hn = hn:select(1, 1)
+  return batched and hn or hn:select(1, 1)
 end
 
 -- ---------------------------------------------------------------- GRU
@@ -138,135 +386,160 @@ end
 local GRU = module.Module:extend("GRU")
 M.GRU = GRU
 
-local function check_int(v, what, min)
-  if math.type(v) ~= "integer" or v < min then
-    error(string.format("GRU: %s must be an integer >= %d, got %s", what, min, tostring(v)), 4)
-  end
-end
-
---- `nn.GRU{input_size =, num_hiddens =, num_layers = 1, dropout = 0, bias = true}`
--- or `nn.GRU(input_size, num_hiddens [, num_layers [, dropout]])`
--- (`hidden_size` is accepted for `num_hiddens`).
+--- `nn.GRU(input_size, hidden_size [, num_layers [, opts]])` (PyTorch's), or
+-- `nn.GRU{input_size =, num_hiddens | hidden_size =, num_layers = 1, ...}`; opts `{dropout = 0,
+-- bias = true, batch_first = false, bidirectional = false, dtype = "float32", fused = true}`. A
+-- number in fourth place is the dropout (the book's `nn.GRU(e, h, l, p)`). The backward
+-- direction's parameters end in `_reverse` (weight_ih_l0_reverse, ...), as PyTorch's.
 function GRU:init(a, b, c, d)
-  local o
-  if type(a) == "table" then
-    o = check.options("GRU", a, { input_size = true, num_hiddens = true, hidden_size = true,
-      num_layers = true, dropout = true, bias = true, dtype = true, fused = true }, 4)
-  else
-    o = { input_size = a, num_hiddens = b, num_layers = c, dropout = d }
-  end
-  local h = o.num_hiddens or o.hidden_size
-  check_int(o.input_size, "input_size", 1)
-  check_int(h, "num_hiddens", 1)
-  local layers = o.num_layers or 1
-  check_int(layers, "num_layers", 1)
-  local p = o.dropout or 0
-  if type(p) ~= "number" or p < 0 or p > 1 then
-    error(string.format("GRU: dropout must be a probability in [0, 1], got %s", tostring(p)), 3)
-  end
-  self.input_size, self.hidden_size, self.num_hiddens = o.input_size, h, h
-  self.num_layers, self.dropout, self.bias = layers, p, o.bias ~= false
+  local o = M.layer_options("GRU", a, b, c, d, { fused = true })
+  M.init_layers(self, "GRU", o, 3)
   self.fused = o.fused ~= false
-  local dtype = o.dtype or "float32"
-  -- every layer's weights, counted before any is made: a huge num_layers must
-  -- fail at once instead of allocating layer after layer
-  local per_elem = dtype == "float64" and 8 or 4
-  local bytes = 3.0 * h * (o.input_size + h + 2) * per_elem + (layers - 1.0) * 3.0 * h * (2.0 * h + 2) * per_elem
-  if bytes > attn.core.max_request() then
-    error(string.format("GRU: %d layers of %d hidden units need %.3g bytes of parameters, more than can be allocated " ..
-      "(%.3g)", layers, h, bytes, attn.core.max_request()), 3)
-  end
-  local bound = 1 / math.sqrt(h)
-  for k = 0, layers - 1 do
-    local in_k = k == 0 and o.input_size or h
-    self:register_parameter("weight_ih_l" .. k, init.uniform_(attn.empty({ 3 * h, in_k }, dtype), -bound, bound))
-    self:register_parameter("weight_hh_l" .. k, init.uniform_(attn.empty({ 3 * h, h }, dtype), -bound, bound))
-    if self.bias then
-      self:register_parameter("bias_ih_l" .. k, init.uniform_(attn.empty({ 3 * h }, dtype), -bound, bound))
-      self:register_parameter("bias_hh_l" .. k, init.uniform_(attn.empty({ 3 * h }, dtype), -bound, bound))
-    end
-  end
 end
 
---- forward(X [, h0]): X (T, B, input_size), h0 (num_layers, B, h) or nil for zeros.
--- Returns outputs (T, B, h) (last layer, every step) and the final state
--- (num_layers, B, h).
+--- forward(X [, h0]): X (T, B, input_size), (B, T, input_size) with batch_first, or
+-- unbatched (T, input_size); h0 (D * num_layers, B, h) ((D * num_layers, h) unbatched) or nil
+-- for zeros, D = 2 when bidirectional. Returns the last layer's outputs at every step (T, B,
+-- D * h) ((B, T, D * h) with batch_first, (T, D * h) unbatched; the backward direction's in
+-- the second half of the last dim) and the final states (D * num_layers, B, h) in PyTorch's
+-- order (layer-major, forward direction first; the backward direction's final state is its
+-- state after step 1).
 function GRU:forward(X, h0)
-  if not attn.is_tensor(X) then error("GRU: input must be a tensor (T, B, input_size), got a " .. type(X), 2) end
-  local s = X:shape()
-  if #s ~= 3 or s[3] ~= self.input_size then
-    error(string.format("GRU: input %s must be (T, B, %d) (time-major)", shape_str(s), self.input_size), 2)
-  end
-  local T, B, H = s[1], s[2], self.hidden_size
-  if h0 ~= nil then
-    if not attn.is_tensor(h0) then error("GRU: h0 must be a tensor, got a " .. type(h0), 2) end
-    local hs = h0:shape()
-    if #hs ~= 3 or hs[1] ~= self.num_layers or hs[2] ~= B or hs[3] ~= H then
-      error(string.format("GRU: h0 %s must be (num_layers, B, h) = %s", shape_str(hs),
-        shape_str({ self.num_layers, B, H })), 2)
-    end
-  end
-  if T == 0 then error("GRU: input " .. shape_str(s) .. " has no time steps", 2) end
-  return fused.forward(self, X, h0)
+  local x, h, batched = M.layer_input(self, "GRU", X, h0)
+  local out, hn = fused.forward(self, x, h)
+  return M.layer_output(self, out, hn, batched)
 end
 
 --- Whether the fused path can run (attn.nn.fused): always, but for dropout 1
--- in training, which the kernel refuses. X and h0 are forward's, checked.
+-- in training, which the kernel refuses. X and h0 are as the paths take them.
 function GRU:can_fuse()
   return not (self.training and self.dropout >= 1)
 end
 
---- The fused path: the whole forward as one node (`M.gru`), without the
--- shape checks of forward. `seed` (optional) fixes the dropout mask.
+-- The sequence reversed along dim 1 (time), as a differentiable view copy: the index of T .. 1.
+local function reversed(x, rev) return x:index_select(1, rev) end
+
+--- The fused path, without the checks of forward: X (T, B, in) and h0 (D L, B, h) or nil as
+-- M.layer_input leaves them. One direction: the whole stack as one node (`M.gru`). Both
+-- directions: per layer, the kernel over the sequence and over the reversed sequence (a
+-- layer takes both directions' outputs of the one below), the outputs concatenated, then the
+-- dropout between layers. `seed` (optional) fixes the dropout mask.
 function GRU:fused_forward(X, h0, seed)
-  return M.gru(X, h0, self:flat_parameters(), self.training and self.dropout or 0, seed)
+  local p = self.training and self.dropout or 0
+  local params = self:flat_parameters()
+  if not self.bidirectional then return M.gru(X, h0, params, p, seed) end
+  local T = X:size(1)
+  local rev = {}
+  for t = 1, T do rev[t] = T + 1 - t end
+  rev = attn.tensor(rev, "int64")
+  local input, finals = X, {}
+  for k = 0, self.num_layers - 1 do
+    local dirs = {}
+    for d = 1, 2 do
+      local j = 2 * k + d -- the (layer, direction) index, 1-based, PyTorch's order
+      local w = table.move(params, 4 * j - 3, 4 * j, 1, {})
+      local x = d == 1 and input or reversed(input, rev)
+      local out, hn = M.gru(x, h0 and h0:narrow(1, j, 1), w, 0)
+      dirs[d] = d == 1 and out or reversed(out, rev)
+      finals[j] = hn
+    end
+    input = attn.cat(dirs, 3)
+    if k < self.num_layers - 1 then input = linear.dropout(input, p, p > 0, seed and seed + k) end
+  end
+  return input, attn.cat(finals, 1)
 end
 
---- The parameters as the fused kernels take them (`M.gru`): a flat list of 4
--- entries per layer, {weight_ih, weight_hh, bias_ih, bias_hh}, false for no bias.
+--- The parameters as the fused kernels take them (`M.gru`): a flat list of 4 entries per
+-- layer and direction (PyTorch's order: layer-major, forward direction first),
+-- {weight_ih, weight_hh, bias_ih, bias_hh}, false for no bias.
 function GRU:flat_parameters()
   local params = {}
   for k = 0, self.num_layers - 1 do
-    params[4 * k + 1], params[4 * k + 2] = self["weight_ih_l" .. k], self["weight_hh_l" .. k]
-    params[4 * k + 3], params[4 * k + 4] = self["bias_ih_l" .. k] or false, self["bias_hh_l" .. k] or false
+    for d = 1, self.bidirectional and 2 or 1 do
+      local sfx, n = k .. (d == 2 and "_reverse" or ""), #params
+      params[n + 1], params[n + 2] = self["weight_ih_l" .. sfx], self["weight_hh_l" .. sfx]
+      params[n + 3], params[n + 4] = self["bias_ih_l" .. sfx] or false, self["bias_hh_l" .. sfx] or false
+    end
   end
   return params
 end
 
---- The composed path: the same model composed from tensor ops (one node per
--- step), without the shape checks of forward. With a seed, the dropout
--- between layers drops what the fused path (`M.gru` with that seed) drops.
+--- The composed path: the same model composed from tensor ops (one node per step), without
+-- the checks of forward (X and h0 as fused_forward takes them). With a seed, the dropout
+-- between layers drops what the fused path with that seed drops.
 function GRU:composed_forward(X, h0, seed)
-  local T, B, H = X:size(1), X:size(2), self.hidden_size
-  local finals = {}
-  local input = X
-  for k = 0, self.num_layers - 1 do
-    local w_ih, w_hh = self["weight_ih_l" .. k], self["weight_hh_l" .. k]
-    local b_ih, b_hh = self["bias_ih_l" .. k], self["bias_hh_l" .. k]
-    local in_k = input:size(3)
-    local gi = input:reshape({ T * B, in_k }):matmul(w_ih:t())
-    if b_ih then gi = gi + b_ih end
-    local steps = unbind(gi:reshape({ T, B, 3 * H }))
-    local h = h0 and h0:select(1, k + 1) or attn.zeros({ B, H }, X:dtype())
-    local outs = {}
-    for t = 1, T do
-      h = composed_cell(steps[t], h, w_hh, b_hh)
-      outs[t] = h
-    end
-    finals[k + 1] = h
-    input = attn.stack(outs)
-    if k < self.num_layers - 1 then input = linear.dropout(input, self.dropout, self.training, seed and seed + k) end
-  end
-  return input, attn.stack(finals)
+  return M.compose_layers(self, X, h0, seed, composed_cell)
 end
 
-function GRU:extra_repr()
-  local parts = { string.format("%d, %d", self.input_size, self.hidden_size) }
-  if self.num_layers ~= 1 then parts[#parts + 1] = "num_layers=" .. self.num_layers end
-  if not self.bias then parts[#parts + 1] = "bias=False" end
-  if not self.fused then parts[#parts + 1] = "fused=False" end
-  if self.dropout ~= 0 then parts[#parts + 1] = string.format("dropout=%g", self.dropout) end
-  return table.concat(parts, ", ")
+function GRU:extra_repr() return M.layer_repr(self) end
+
+-- ---------------------------------------------------------------- GRUCell
+
+local GRUCell = module.Module:extend("GRUCell")
+M.GRUCell = GRUCell
+
+--- Sets up a cell's fields and its parameters weight_ih (G h, in), weight_hh (G h, h),
+-- bias_ih, bias_hh (G h), every entry U(-1/sqrt(h), 1/sqrt(h)), as PyTorch's cells.
+-- @local
+function M.init_cell(m, who, input_size, hidden_size, opts, allowed, G)
+  check.positive_int(who, "input_size", input_size, 5)
+  check.positive_int(who, "hidden_size", hidden_size, 5)
+  opts = check.options(who, opts, allowed, 5)
+  if opts.bias ~= nil and type(opts.bias) ~= "boolean" then
+    error(string.format("%s: bias must be a boolean, got a %s", who, type(opts.bias)), 4)
+  end
+  m.input_size, m.hidden_size, m.bias = input_size, hidden_size, opts.bias ~= false
+  local dtype, bound = opts.dtype or "float32", 1 / math.sqrt(hidden_size)
+  local function param(name, shape)
+    m:register_parameter(name, init.uniform_(attn.empty(shape, dtype), -bound, bound))
+  end
+  param("weight_ih", { G * hidden_size, input_size })
+  param("weight_hh", { G * hidden_size, hidden_size })
+  if m.bias then
+    param("bias_ih", { G * hidden_size })
+    param("bias_hh", { G * hidden_size })
+  end
+  return opts
+end
+
+--- `nn.GRUCell(input_size, hidden_size [, {bias = true, dtype = "float32", fused = true}])`:
+-- one GRU step as a module (PyTorch's GRUCell): weight_ih (3h, in), weight_hh (3h, h),
+-- bias_ih, bias_hh (3h).
+function GRUCell:init(input_size, hidden_size, opts)
+  opts = M.init_cell(self, "GRUCell", input_size, hidden_size, opts, { bias = true, dtype = true, fused = true }, 3)
+  self.fused = opts.fused ~= false
+end
+
+--- forward(x [, h]): x (B, input_size) or unbatched (input_size); h (B, h) or (h), nil for
+-- zeros. Returns h' (B, h) or (h).
+function GRUCell:forward(x, h)
+  local x2, h2, batched = M.cell_input("GRUCell", x, h, self.input_size, self.hidden_size)
+  local out = fused.forward(self, x2, h2)
+  return batched and out or out:select(1, 1)
+end
+
+--- Whether the fused path can run (attn.nn.fused): always.
+function GRUCell.can_fuse() return true end
+
+--- The fused path: one step of the GRU kernel (as gru_cell), x (B, in), h (B, h) or nil.
+function GRUCell:fused_forward(x, h)
+  local _, hn = M.gru(x:unsqueeze(1), h and h:unsqueeze(1),
+    { self.weight_ih, self.weight_hh, self.bias_ih or false, self.bias_hh or false })
+  return hn:select(1, 1)
+end
+
+--- The composed path: the input projection and the composed cell node, x (B, in), h (B, h)
+-- or nil.
+function GRUCell:composed_forward(x, h)
+  local gi = x:matmul(self.weight_ih:t())
+  if self.bias_ih then gi = gi + self.bias_ih end
+  h = h or attn.zeros({ x:size(1), self.hidden_size }, x:dtype())
+  return composed_cell(gi, h, self.weight_hh, self.bias_hh)
+end
+
+function GRUCell:extra_repr()
+  return string.format("%d, %d%s%s", self.input_size, self.hidden_size, self.bias and "" or ", bias=False",
+    self.fused == false and ", fused=False" or "")
 end
 
 return M

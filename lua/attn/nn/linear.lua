@@ -139,9 +139,17 @@ end
 
 -- ---------------------------------------------------------------- Embedding
 
---- `nn.Embedding(num_embeddings, embedding_dim)`: a lookup table, weight (n, d) ~ N(0, 1).
+--- `nn.Embedding(num_embeddings, embedding_dim [, {padding_idx, max_norm, norm_type = 2,
+-- dtype}])`: a lookup table, weight (n, d) ~ N(0, 1).
 -- forward(ids): ids are 1-based token ids, a tensor of any shape or a (nested) Lua
 -- table; returns (ids shape..., d). Gradients flow to the weight rows used.
+--
+-- PyTorch's options, with ids 1-based as everywhere in attn: `padding_idx` is a 1-based id
+-- (PyTorch's `padding_idx = 0` is attn's 1), or negative counting from the end (-1 the last
+-- row, as PyTorch's); its row starts as zeros and never receives a gradient (its value is
+-- looked up as it is). `max_norm`: before each lookup, every row the ids name whose
+-- `norm_type`-norm exceeds max_norm is scaled in place in the weight by max_norm / (norm +
+-- 1e-7) (PyTorch's embedding_renorm_, outside autograd).
 -- @type Embedding
 local Embedding = Module:extend("Embedding")
 M.Embedding = Embedding
@@ -149,9 +157,44 @@ M.Embedding = Embedding
 function Embedding:init(num_embeddings, embedding_dim, opts)
   check.positive_int("Embedding", "num_embeddings", num_embeddings, 4)
   check.positive_int("Embedding", "embedding_dim", embedding_dim, 4)
-  opts = check.options("Embedding", opts, { dtype = true }, 4)
+  opts = check.options("Embedding", opts, { dtype = true, padding_idx = true, max_norm = true, norm_type = true }, 4)
   self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-  self:register_parameter("weight", attn.randn({ num_embeddings, embedding_dim }, opts.dtype or "float32"))
+  local pad = opts.padding_idx
+  if pad ~= nil then
+    if math.type(pad) ~= "integer" or pad == 0 or pad > num_embeddings or pad < -num_embeddings then
+      error(string.format("Embedding: padding_idx must be a 1-based id in 1..%d or -%d..-1 (from the end), got %s",
+        num_embeddings, num_embeddings, tostring(pad)), 3)
+    end
+    if pad < 0 then pad = num_embeddings + 1 + pad end
+    self.padding_idx = pad
+  end
+  for _, k in ipairs { "max_norm", "norm_type" } do
+    local v = opts[k]
+    if v ~= nil and (type(v) ~= "number" or v ~= v or v <= 0) then -- (NaN too)
+      error(string.format("Embedding: %s must be a positive number, got %s", k, tostring(v)), 3)
+    end
+  end
+  self.max_norm, self.norm_type = opts.max_norm, opts.norm_type or 2
+  local weight = attn.randn({ num_embeddings, embedding_dim }, opts.dtype or "float32")
+  if pad then core.fill_(core.select(weight, 1, pad), 0) end
+  self:register_parameter("weight", weight)
+end
+
+-- PyTorch's embedding_renorm_: each distinct row of weight named by the flat ids whose p-norm
+-- exceeds max_norm scaled by max_norm / (norm + 1e-7), in place, outside autograd.
+local function renorm_rows(weight, flat, max_norm, p)
+  local seen, rows = {}, {}
+  for _, id in ipairs(core.totable(flat)) do
+    id = math.tointeger(id)
+    if not seen[id] then
+      seen[id] = true
+      rows[#rows + 1] = id
+    end
+  end
+  local norms = core.index_select(weight, 1, rows):norm(p, 2):totable()
+  for i, norm in ipairs(norms) do
+    if norm > max_norm then core.mul_(core.select(weight, 1, rows[i]), max_norm / (norm + 1e-7)) end
+  end
 end
 
 --- forward(ids): ids of any dtype (int64 preferred; float ids must hold
@@ -165,12 +208,27 @@ function Embedding:forward(ids)
   core.check_size("Embedding", "output", shape, self.weight:dtype())
   shape[#shape] = nil
   core.check_ids(ids, self.num_embeddings, "Embedding", "token id", "ids " .. shape_str(shape))
-  local out = self.weight:index_select(1, ids:reshape({ -1 }))
   shape[#shape + 1] = self.embedding_dim
+  local weight, flat, pad = self.weight, ids:reshape({ -1 }), self.padding_idx
+  if self.max_norm then renorm_rows(weight, flat, self.max_norm, self.norm_type) end
+  if pad == nil then return weight:index_select(1, flat):reshape(shape) end
+  local out = core.index_select(weight, 1, flat)
+  out = autograd.record("embedding", out, { weight }, function(g)
+    local gw = core.full(core.shape(weight), 0, core.dtype(weight))
+    core.index_add_(gw, 1, flat, g)
+    core.fill_(core.select(gw, 1, pad), 0) -- the padding row learns nothing
+    return gw
+  end)
   return out:reshape(shape)
 end
 
-function Embedding:extra_repr() return string.format("%d, %d", self.num_embeddings, self.embedding_dim) end
+function Embedding:extra_repr()
+  local s = string.format("%d, %d", self.num_embeddings, self.embedding_dim)
+  if self.padding_idx then s = s .. ", padding_idx=" .. self.padding_idx end
+  if self.max_norm then s = s .. string.format(", max_norm=%g", self.max_norm) end
+  if self.norm_type ~= 2 then s = s .. string.format(", norm_type=%g", self.norm_type) end
+  return s
+end
 
 -- ---------------------------------------------------------------- Dropout
 

@@ -260,13 +260,13 @@ local function lens_tensor(lens, like)
 end
 
 --- Whether the fused node can run this call (attn.nn.fused): additive scoring and a GRU that
--- may fuse (their own `fused` fields, the GRU's training dropout below 1), tensors of the
+-- may fuse (their own `fused` fields, one direction, the GRU's training dropout below 1), tensors of the
 -- expected ranks, source lengths nil or one per sample.
 function Seq2SeqAttentionDecoder:can_fuse(_, state)
   local scorer, rnn, enc_outputs, hidden_state = self.attention, self.rnn, state[1], state[2]
   if not (attn.is_tensor(enc_outputs) and attn.is_tensor(hidden_state) and enc_outputs:dim() == 3
       and hidden_state:dim() == 3 and getmetatable(scorer) == attention.AdditiveAttention and fused.allowed(scorer)
-      and getmetatable(rnn) == gru.GRU and fused.allowed(rnn) and rnn:can_fuse()) then
+      and getmetatable(rnn) == gru.GRU and not rnn.bidirectional and fused.allowed(rnn) and rnn:can_fuse()) then
     return false
   end
   local lens = lens_tensor(state[3], enc_outputs)
