@@ -321,6 +321,12 @@ if not BOOK_ONLY then
   end
 end
 
+-- decode rows of the decoder-only model (bench/gpt_bench.lua, its own PyTorch column)
+if not BOOK_ONLY then
+  local gpt = dofile("bench/gpt_bench.lua")
+  for _, r in ipairs(gpt.rows { quick = QUICK, torch = WITH_TORCH }) do add(r) end
+end
+
 -- ------------------------------------------------------------ PyTorch
 
 local cjson = require "cjson"

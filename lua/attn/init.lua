@@ -454,6 +454,7 @@ local function_modules = {
   ["attn.attention"] = { "sequence_mask", "masked_softmax", "dot_product_attention", "additive_scores",
     "bilinear_scores", "additive_attention", "projected_additive_attention", "split_heads", "merge_heads",
     "multi_head_attention", "positional_encoding" },
+  ["attn.rope"] = { "rope" },
 }
 local module_of = {}
 for modname, names in pairs(function_modules) do

@@ -10,13 +10,15 @@
 -- DotProductAttention, MultiHeadAttention, PositionalEncoding,
 -- LearnedPositionalEncoding, CrossEntropyLoss, NLLLoss, MaskedSoftmaxCELoss; PyTorch's MultiheadAttention
 -- (attn.nn.torch_attention), TransformerEncoderLayer, TransformerDecoderLayer, Transformer and
--- TorchTransformerEncoder / TorchTransformerDecoder (attn.nn.torch_transformer).
+-- TorchTransformerEncoder / TorchTransformerDecoder (attn.nn.torch_transformer); today's
+-- RMSNorm, SwiGLU, RotaryEmbedding (attn.nn.modern) and CausalSelfAttention, DecoderOnlyBlock,
+-- DecoderOnlyTransformer with a KV cache and generate (attn.nn.decoder_only).
 -- `nn.TransformerEncoder` and `nn.TransformerDecoder` build PyTorch's class when the first argument
 -- is a layer module and the book's when it is the vocabulary size; `nn.D2LTransformerEncoder` and
 -- `nn.D2LTransformerDecoder` name the book's classes.
 -- Functions: nn.init.* (xavier_uniform_, uniform_, normal_, zeros_, ...),
 -- nn.clip_grad_norm_ (alias nn.clip_grad_norm), nn.clip_grad_value_, nn.masked_token_mean, nn.cross_entropy,
--- nn.cross_entropy_loss, nn.dropout,
+-- nn.cross_entropy_loss, nn.dropout, nn.silu, nn.filter_logits (generate's top-k/top-p filter),
 -- nn.class / nn.is_module, nn.deep_copy, nn.set_fused / nn.fused_enabled (one switch for every
 -- fused path; attn.nn.fused).
 --
@@ -38,6 +40,8 @@ local transformer = require "attn.nn.transformer"
 local fused = require "attn.nn.fused"
 local torch_attention = require "attn.nn.torch_attention"
 local torch_transformer = require "attn.nn.torch_transformer"
+local modern = require "attn.nn.modern"
+local decoder_only = require "attn.nn.decoder_only"
 
 local nn = {
   Module = module.Module,
@@ -92,5 +96,10 @@ nn.D2LTransformerEncoder = transformer.TransformerEncoder
 -- @table D2LTransformerDecoder
 nn.D2LTransformerDecoder = transformer.TransformerDecoder
 for name, d in pairs(torch_transformer.dispatchers(transformer)) do nn[name] = d end
+-- today's decoder-only models (attn.nn.modern, attn.nn.decoder_only)
+for _, name in ipairs { "RMSNorm", "SwiGLU", "RotaryEmbedding", "silu" } do nn[name] = modern[name] end
+for _, name in ipairs { "CausalSelfAttention", "DecoderOnlyBlock", "DecoderOnlyTransformer", "filter_logits" } do
+  nn[name] = decoder_only[name]
+end
 
 return nn

@@ -27,6 +27,7 @@ local attention = require "attn.nn.attention"
 local containers = require "attn.nn.containers"
 local seq2seq = require "attn.nn.seq2seq"
 local fused = require "attn.nn.fused"
+local modern = require "attn.nn.modern"
 
 local Module = module.Module
 local Linear, ReLU, Dropout, LayerNorm, Embedding = linear.Linear, linear.ReLU, linear.Dropout, linear.LayerNorm,
@@ -106,23 +107,53 @@ function AddNorm:composed_forward(X, Y) return self.ln(self.dropout(Y) + X) end
 --- `nn.TransformerEncoderBlock(key_size, query_size, value_size, num_hiddens,
 -- norm_shape, ffn_num_input, ffn_num_hiddens, num_heads, dropout [, use_bias])`:
 -- multi-head self-attention, AddNorm, position-wise FFN, AddNorm.
--- forward(X (B, T, num_hiddens), valid_lens) -> (B, T, num_hiddens).
+-- forward(X (B, T, num_hiddens), valid_lens) -> (B, T, num_hiddens). A last optional table
+-- `{norm_first = false, ffn = "relu"}`: `norm_first = true` makes each sublayer pre-norm,
+-- X + dropout(f(ln(X))) (Xiong et al., arXiv:2002.04745; the same ln children and keys; the
+-- default false is the book's post-norm); `ffn = "swiglu"` replaces the FFN by nn.SwiGLU
+-- (children ffn.w1, ffn.w2, ffn.w3).
 -- @type TransformerEncoderBlock
 local TransformerEncoderBlock = Module:extend("TransformerEncoderBlock")
 M.TransformerEncoderBlock = TransformerEncoderBlock
 
+-- The block options of attn.nn.transformer's blocks: norm_first (pre-norm) and ffn.
+local function block_options(who, opts)
+  opts = check.options(who, opts, { norm_first = true, ffn = true }, 5)
+  local ffn = opts.ffn or "relu"
+  if ffn ~= "relu" and ffn ~= "swiglu" then
+    error(string.format("%s: ffn must be 'relu' or 'swiglu', got '%s'", who, tostring(ffn)), 4)
+  end
+  return opts.norm_first == true, ffn
+end
+
+-- The block's FFN: the book's PositionWiseFFN, or SwiGLU (children w1, w2, w3).
+local function make_ffn(kind, ffn_num_input, ffn_num_hiddens, num_hiddens)
+  if kind == "swiglu" then return modern.SwiGLU(ffn_num_input, ffn_num_hiddens, num_hiddens) end
+  return PositionWiseFFN(ffn_num_input, ffn_num_hiddens, num_hiddens)
+end
+
+-- The sublayer X -> f(X) with its AddNorm: post-norm ln(X + dropout(f(X))) (the book), or
+-- pre-norm X + dropout(f(ln(X))) with the same ln and dropout children (the same keys).
+local function sublayer(norm_first, addnorm, X, f)
+  if not norm_first then return addnorm(X, f(X)) end
+  return X + addnorm.dropout(f(addnorm.ln(X)))
+end
+
 function TransformerEncoderBlock:init(key_size, query_size, value_size, num_hiddens, norm_shape, ffn_num_input,
-                                      ffn_num_hiddens, num_heads, dropout, use_bias)
+                                      ffn_num_hiddens, num_heads, dropout, use_bias, opts)
+  local ffn
+  self.norm_first, ffn = block_options("TransformerEncoderBlock", opts)
   self.attention = MultiHeadAttention(key_size, query_size, value_size, num_hiddens, num_heads, dropout,
     use_bias == true)
   self.addnorm1 = AddNorm(norm_shape, dropout)
-  self.ffn = PositionWiseFFN(ffn_num_input, ffn_num_hiddens, num_hiddens)
+  self.ffn = make_ffn(ffn, ffn_num_input, ffn_num_hiddens, num_hiddens)
   self.addnorm2 = AddNorm(norm_shape, dropout)
 end
 
 function TransformerEncoderBlock:forward(X, valid_lens)
-  local Y = self.addnorm1(X, self.attention(X, X, X, valid_lens))
-  return self.addnorm2(Y, self.ffn(Y))
+  local nf = self.norm_first
+  local Y = sublayer(nf, self.addnorm1, X, function(Z) return self.attention(Z, Z, Z, valid_lens) end)
+  return sublayer(nf, self.addnorm2, Y, self.ffn)
 end
 
 --- `nn.TransformerEncoder(vocab_size, key_size, query_size, value_size,
@@ -187,19 +218,23 @@ end
 -- norm_shape, ffn_num_input, ffn_num_hiddens, num_heads, dropout, i)`: masked
 -- self-attention, AddNorm, encoder-decoder attention (masked by the source
 -- lengths), AddNorm, FFN, AddNorm. `i` is the block's 0-based index into the
--- state's cache. forward(X (B, T, h), state) -> (B, T, h), state (cache updated).
+-- state's cache. forward(X (B, T, h), state) -> (B, T, h), state (cache updated). A last
+-- optional table `{norm_first, ffn}` as TransformerEncoderBlock's (pre-norm caches the
+-- normalised inputs, which its self-attention reads).
 -- @type TransformerDecoderBlock
 local TransformerDecoderBlock = Module:extend("TransformerDecoderBlock")
 M.TransformerDecoderBlock = TransformerDecoderBlock
 
 function TransformerDecoderBlock:init(key_size, query_size, value_size, num_hiddens, norm_shape, ffn_num_input,
-                                      ffn_num_hiddens, num_heads, dropout, i)
+                                      ffn_num_hiddens, num_heads, dropout, i, opts)
+  local ffn
+  self.norm_first, ffn = block_options("TransformerDecoderBlock", opts)
   self.i = i
   self.attention1 = MultiHeadAttention(key_size, query_size, value_size, num_hiddens, num_heads, dropout)
   self.addnorm1 = AddNorm(norm_shape, dropout)
   self.attention2 = MultiHeadAttention(key_size, query_size, value_size, num_hiddens, num_heads, dropout)
   self.addnorm2 = AddNorm(norm_shape, dropout)
-  self.ffn = PositionWiseFFN(ffn_num_input, ffn_num_hiddens, num_hiddens)
+  self.ffn = make_ffn(ffn, ffn_num_input, ffn_num_hiddens, num_hiddens)
   self.addnorm3 = AddNorm(norm_shape, dropout)
 end
 
@@ -207,18 +242,26 @@ function TransformerDecoderBlock:forward(X, state)
   local enc_outputs, enc_valid_lens, cache = state[1], state[2], state[3]
   local slot = self.i + 1
   local past = cache[slot]
-  local key_values = past and attn.cat({ past, X }, 2) or X
+  -- the cache holds what the self-attention reads: the block's inputs, normalised when pre-norm
+  local nf = self.norm_first
+  local Xn = nf and self.addnorm1.ln(X) or X
+  local key_values = past and attn.cat({ past, Xn }, 2) or Xn
   cache[slot] = key_values
   -- row j of the new steps sees the cached steps and itself: lengths
   -- cached + 1 .. cached + T for every sample (the book's causal lengths)
   local B, T = X:size(1), X:size(2)
   local cached = past and past:size(2) or 0
   local lens = attn.arange(cached + 1, cached + T + 1, X:dtype()):reshape({ 1, T }):expand({ B, T })
-  local X2 = self.attention1(X, key_values, key_values, lens)
-  local Y = self.addnorm1(X, X2)
-  local Y2 = self.attention2(Y, enc_outputs, enc_outputs, enc_valid_lens)
-  local Z = self.addnorm2(Y, Y2)
-  return self.addnorm3(Z, self.ffn(Z)), state
+  local Y
+  if nf then
+    Y = X + self.addnorm1.dropout(self.attention1(Xn, key_values, key_values, lens))
+  else
+    Y = self.addnorm1(X, self.attention1(X, key_values, key_values, lens))
+  end
+  local Z = sublayer(nf, self.addnorm2, Y, function(W)
+    return self.attention2(W, enc_outputs, enc_outputs, enc_valid_lens)
+  end)
+  return sublayer(nf, self.addnorm3, Z, self.ffn), state
 end
 
 --- `nn.TransformerDecoder(vocab_size, key_size, query_size, value_size,
