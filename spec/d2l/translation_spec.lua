@@ -77,6 +77,21 @@ describe("attn.d2l.translation", function()
   end)
 end)
 
+describe("attn.d2l.translation options", function()
+  it("declares --dropout once, with the book's 0.1, beside the run options and --distributed", function()
+    local seen = {}
+    local all = translation.options(10)
+    for _, o in ipairs(translation.RUN_OPTIONS) do all[#all + 1] = o end
+    for _, o in ipairs(all) do
+      assert.is_nil(seen[o[1]], "--" .. o[1] .. " twice")
+      seen[o[1]] = o
+    end
+    assert.are.equal(0.1, seen.dropout[3])
+    assert.are.equal("boolean", seen.distributed[2])
+    assert.are.equal(0, seen.test[3])
+  end)
+end)
+
 describe("attn.d2l.translation real runs", function()
   local dir = os.tmpname()
   os.remove(dir)

@@ -71,7 +71,8 @@ end
 --   type is "integer", "number", "string", "boolean" or "count" (a positive integer or `all`, read as math.huge)
 -- @tparam[opt] table hooks `{exit = fn(code), print = fn(text)}` (for tests; default os.exit and print)
 -- @treturn table the options by name, plus `smoke` (ATTN_SMOKE=1) and `out` defaulting to `out/<name>`
--- @raise on a spec without a name or with an unknown option type
+-- @raise on a spec without a name, with an unknown option type, or with an option declared twice
+--   (runners assemble their lists from several tables; a second declaration would silently win)
 function cli.parse(argv, spec, hooks)
   assert(type(spec) == "table" and type(spec.name) == "string", "cli.parse: spec.name must be a string")
   hooks = hooks or {}
@@ -79,6 +80,7 @@ function cli.parse(argv, spec, hooks)
   local kinds, opts = {}, {}
   for _, list in ipairs { spec.options or {}, COMMON } do
     for _, o in ipairs(list) do
+      if kinds[o[1]] then error("cli.parse: option --" .. o[1] .. " is declared twice", 2) end
       kinds[o[1]] = o[2]
       convert(o[2], nil) -- validates the declared type
       opts[o[1]] = o[3]
