@@ -4,8 +4,9 @@
 -- Rows: the measured FMA peak of one core; dot-product attention forward and forward+backward
 -- (causal and not, N = 128 .. 8192, d = 64 and 128, 1 and 2 threads) with GFLOP/s, % of the
 -- peak, the extra memory a call takes and the OpenBLAS sgemm pair on the same products; the
--- book's small calls; training steps of the book's models at its settings. When /usr/bin/python3
--- has torch, bench/torch_bench.py times the same rows (one thread) and the table shows the ratio.
+-- book's small calls; training steps of the book's models at its settings, and of nn.MultiheadAttention
+-- and nn.TransformerEncoderLayer as a PyTorch user trains them. When /usr/bin/python3 has torch,
+-- bench/torch_bench.py times the same rows (one thread) and the table shows the ratio.
 --
 -- Clocks: one-thread rows use process CPU time (other processes on a shared machine then slow
 -- the measurement less), two-thread rows wall time; every figure is the best of three rounds.
