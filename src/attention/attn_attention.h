@@ -60,7 +60,7 @@
  * micro-kernel (AVX-512, AVX2+FMA or portable C, chosen at run time), masked
  * inside the tile, folded into a running max and sum (online softmax) and
  * multiplied into the output at once, so no score row is ever stored; tiles
- * no query sees (causal, window, lengths) are skipped. The backward pass
+ * no query sees (causal, window, sparse patterns, lengths) are skipped. The backward pass
  * rebuilds the weights tile by tile from the saved log-sum-exp. The blocked
  * path below stays the reference (and runs for float64, for gradients of
  * the weights, when opts.kernel asks for it, and for every call whose flash
