@@ -361,6 +361,11 @@ if not BOOK_ONLY then
   for _, r in ipairs(gpt.rows { quick = QUICK, torch = WITH_TORCH }) do add(r) end
 end
 
+-- window 128 against full attention at N 16384 (bench/window_bench.lua)
+if not BOOK_ONLY then
+  for _, r in ipairs(dofile("bench/window_bench.lua").rows { quick = QUICK }) do add(r) end
+end
+
 -- ------------------------------------------------------------ PyTorch
 
 local cjson = require "cjson"
