@@ -225,3 +225,43 @@ describe("nn.Conv2d", function()
     assert.has_error(function() nn.Conv2d(4, 6, 3, { paddings = 1 }) end)
   end)
 end)
+
+describe("a PyTorch CNN (Conv2d, BatchNorm2d, ReLU, MaxPool2d, grouped dilated Conv2d, AdaptiveAvgPool2d, "
+  .. "Flatten, Linear)", function()
+  local F = require "nn.torch_fixtures"
+  for _, name in ipairs(F.cnn_cases) do
+    it("matches PyTorch 1.13 to 1e-10 (outputs, input and parameter gradients, running stats): " .. name, function()
+      for _, threads in ipairs { 1, 2 } do
+        local before = attn.get_num_threads()
+        attn.set_num_threads(threads)
+        local d, n, tol = F.run(name)
+        attn.set_num_threads(before)
+        assert.is_true(n >= 10)
+        for _, what in ipairs { "output", "grad_input", "grad_state", "after" } do
+          assert.is_true(d[what] <= tol, string.format("%s differs by %g (%d threads)", what, d[what], threads))
+        end
+      end
+      local d = F.run(name, "float32")
+      for _, what in ipairs { "output", "grad_input", "grad_state", "after" } do
+        assert.is_true(d[what] <= 1e-4, what .. " differs by " .. d[what] .. " in float32")
+      end
+    end)
+  end
+
+  it("loads PyTorch's state dict unchanged (keys and weight shapes)", function()
+    local t = assert(attn.load("spec/fixtures/torch/cnn_eval.safetensors"))
+    local m = F.cnn()
+    local sd = m:state_dict()
+    local n = 0
+    for k, v in pairs(t) do
+      local key = k:match("^state%.(.+)$")
+      if key then
+        assert.are.same(v:shape(), sd[key]:shape(), key)
+        n = n + 1
+      end
+    end
+    local mine = 0
+    for _ in pairs(sd) do mine = mine + 1 end
+    assert.are.equal(mine, n)
+  end)
+end)
