@@ -138,6 +138,11 @@ describe("nn.conv2d", function()
         out[n] = { y, x.grad, w.grad, b.grad }
       end
       for i = 1, 4 do helper.assert_identical(out[2][i], out[1][i]) end
+      if dt == "float64" then -- blocks of 5, 5 and 3 images against the plain loops
+        attn.manual_seed(6)
+        local x, w, b = attn.randn({ 13, 4, 10, 9 }, dt), attn.randn({ 8, 4, 3, 3 }, dt), attn.randn({ 8 }, dt)
+        assert.close(out[1][1], nn.conv2d(x, w, b, { padding = 1, kernel = "reference" }), { atol = 1e-12, rtol = 0 })
+      end
     end
     attn.set_num_threads(before)
   end)

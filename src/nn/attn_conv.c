@@ -10,7 +10,10 @@
 
 /* Work below about this many multiply-adds stays on the calling thread. */
 #define GRAIN_FLOPS 200000
-/* Backward sums dW over at most this many chunks of images: fixed by N alone, so the sum's order
+/* Images are taken in blocks of about this many output positions (columns of one product): a
+ * product over one small image is too thin for the GEMM to run at its rate. */
+#define BLOCK_COLS 512
+/* Backward sums dW over at most this many chunks of blocks: fixed by the shape alone, so the sum's order
  * (chunk partials added in chunk order) is the same on every thread count. */
 #define DW_CHUNKS 8
 
@@ -21,8 +24,8 @@ typedef struct {
   char *y, *dx, *partial;
   int64_t N, C, H, W, O, kh, kw, Ho, Wo, G;
   int64_t Cg, Og, Kg, L; /* channels in and out per group, rows of a group's columns, positions */
-  int64_t chunk, chunks; /* images per dW chunk, chunks */
-  int direct;            /* 1x1 kernel, stride 1, no padding: the image is its own column matrix */
+  int64_t nb;            /* images per block: one product per group covers a block's columns */
+  int64_t chunk, chunks; /* blocks per dW chunk, chunks */
   attn_conv2d_params p;
   atomic_int failed;
 } conv_job;
@@ -38,8 +41,8 @@ static void valid_range(int64_t n, int64_t s, int64_t off, int64_t size, int64_t
 
 /* im2col: col (C kh kw, Ho Wo) from one image xn (C, H, W); col2im adds dcol back into dxn. */
 #define DEFINE_COL(S, T)                                                                              \
-  static void im2col_##S(const conv_job *J, const T *xn, T *col) {                                    \
-    int64_t L = J->L, Wo = J->Wo;                                                                     \
+  static void im2col_##S(const conv_job *J, const T *xn, T *col, int64_t L) {                         \
+    int64_t Wo = J->Wo;                                                                               \
     for (int64_t c = 0; c < J->C; c++)                                                                \
       for (int64_t p = 0; p < J->kh; p++)                                                             \
         for (int64_t q = 0; q < J->kw; q++) {                                                         \
@@ -63,8 +66,8 @@ static void valid_range(int64_t n, int64_t s, int64_t off, int64_t size, int64_t
           }                                                                                           \
         }                                                                                             \
   }                                                                                                   \
-  static void col2im_##S(const conv_job *J, const T *col, T *dxn) {                                   \
-    int64_t L = J->L, Wo = J->Wo;                                                                     \
+  static void col2im_##S(const conv_job *J, const T *col, T *dxn, int64_t L) {                        \
+    int64_t Wo = J->Wo;                                                                               \
     memset(dxn, 0, (size_t)(J->C * J->H * J->W) * sizeof(T));                                         \
     for (int64_t c = 0; c < J->C; c++)                                                                \
       for (int64_t p = 0; p < J->kh; p++)                                                             \
@@ -90,85 +93,115 @@ static void valid_range(int64_t n, int64_t s, int64_t off, int64_t size, int64_t
 DEFINE_COL(f32, float)
 DEFINE_COL(f64, double)
 
-static void im2col(const conv_job *J, const char *xn, char *col) {
+/* Columns of one image at col, rows ld entries apart (ld = the block's columns). */
+static void im2col(const conv_job *J, const char *xn, char *col, int64_t ld) {
   if (J->dt == ATTN_F32)
-    im2col_f32(J, (const float *)xn, (float *)col);
+    im2col_f32(J, (const float *)xn, (float *)col, ld);
   else
-    im2col_f64(J, (const double *)xn, (double *)col);
+    im2col_f64(J, (const double *)xn, (double *)col, ld);
 }
 
-static void col2im(const conv_job *J, const char *col, char *dxn) {
+static void col2im(const conv_job *J, const char *col, char *dxn, int64_t ld) {
   if (J->dt == ATTN_F32)
-    col2im_f32(J, (const float *)col, (float *)dxn);
+    col2im_f32(J, (const float *)col, (float *)dxn, ld);
   else
-    col2im_f64(J, (const double *)col, (double *)dxn);
+    col2im_f64(J, (const double *)col, (double *)dxn, ld);
 }
 
-/* A workspace of one image's columns, or NULL after marking the job failed. */
-static char *workspace(conv_job *J, size_t *cap) {
-  char *ws = attn_alloc((size_t)(J->C * J->kh * J->kw * J->L) * J->es, cap);
+/* Images [n0, n0 + t) of block b (the last block may be short). */
+static int64_t block_images(const conv_job *J, int64_t b, int64_t *n0) {
+  *n0 = b * J->nb;
+  return J->N - *n0 < J->nb ? J->N - *n0 : J->nb;
+}
+
+/* rows (O) of per-image planes (N, O, L) <-> a block matrix (O, t L): gather copies images
+ * [n0, n0 + t) of planes into block, scatter the other way. */
+static void gather(const conv_job *J, const char *planes, int64_t n0, int64_t t, char *block) {
+  size_t row = (size_t)J->L * J->es;
+  for (int64_t i = 0; i < t; i++)
+    for (int64_t o = 0; o < J->O; o++)
+      memcpy(block + (size_t)(o * t + i) * row, planes + (size_t)((n0 + i) * J->O + o) * row, row);
+}
+static void scatter(const conv_job *J, const char *block, int64_t n0, int64_t t, char *planes) {
+  size_t row = (size_t)J->L * J->es;
+  for (int64_t i = 0; i < t; i++)
+    for (int64_t o = 0; o < J->O; o++)
+      memcpy(planes + (size_t)((n0 + i) * J->O + o) * row, block + (size_t)(o * t + i) * row, row);
+}
+
+/* A workspace of rows rows of one block's columns, or NULL after marking the job failed. */
+static char *workspace(conv_job *J, int64_t rows, size_t *cap) {
+  char *ws = attn_alloc((size_t)(rows * J->nb * J->L) * J->es, cap);
   if (!ws) atomic_store(&J->failed, 1);
   return ws;
 }
 
-static void forward_images(void *ctx, int64_t n0, int64_t n1) {
+/* Blocks [b0, b1) of images: columns, one product per group, outputs back to (N, O, L). */
+static void forward_blocks(void *ctx, int64_t b0, int64_t b1) {
   conv_job *J = ctx;
-  size_t es = J->es, cap = 0;
-  char *ws = J->direct ? NULL : workspace(J, &cap);
-  if (!J->direct && !ws) return;
-  for (int64_t n = n0; n < n1; n++) {
-    const char *xn = J->x + (size_t)(n * J->C * J->H * J->W) * es;
-    const char *col = xn;
-    if (!J->direct) im2col(J, xn, ws), col = ws;
-    char *yn = J->y + (size_t)(n * J->O * J->L) * es;
+  size_t es = J->es, cap[2] = {0, 0};
+  char *col = workspace(J, J->C * J->kh * J->kw, &cap[0]);
+  char *out = J->nb > 1 ? workspace(J, J->O, &cap[1]) : NULL;
+  if (!col || (J->nb > 1 && !out)) goto done;
+  for (int64_t b = b0; b < b1; b++) {
+    int64_t n0, t = block_images(J, b, &n0), cols = t * J->L;
+    for (int64_t i = 0; i < t; i++)
+      im2col(J, J->x + (size_t)((n0 + i) * J->C * J->H * J->W) * es, col + (size_t)(i * J->L) * es, cols);
+    char *yb = t > 1 ? out : J->y + (size_t)(n0 * J->O * J->L) * es;
     for (int64_t g = 0; g < J->G; g++)
-      attn_gemm(J->dt, 0, 0, J->Og, J->L, J->Kg, 1.0, J->w + (size_t)(g * J->Og * J->Kg) * es, J->Kg,
-                col + (size_t)(g * J->Kg * J->L) * es, J->L, 0.0, yn + (size_t)(g * J->Og * J->L) * es, J->L);
-    if (J->b) {
+      attn_gemm(J->dt, 0, 0, J->Og, cols, J->Kg, 1.0, J->w + (size_t)(g * J->Og * J->Kg) * es, J->Kg,
+                col + (size_t)(g * J->Kg * cols) * es, cols, 0.0, yb + (size_t)(g * J->Og * cols) * es, cols);
+    if (t > 1) scatter(J, out, n0, t, J->y);
+    for (int64_t i = 0; J->b && i < t; i++) {
+      char *yn = J->y + (size_t)((n0 + i) * J->O * J->L) * es;
       if (J->dt == ATTN_F32)
         add_bias_f32(J, (float *)yn);
       else
         add_bias_f64(J, (double *)yn);
     }
   }
-  if (ws) attn_free(ws, cap);
+done:
+  if (col) attn_free(col, cap[0]);
+  if (out) attn_free(out, cap[1]);
 }
 
-/* Chunks [k0, k1) of images: dW partials (chunk k's sum into partial k) and dx per image. */
+/* Chunks [k0, k1) of blocks: dW partials (chunk k's sum into partial k) and dx per image. */
 static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
   conv_job *J = ctx;
-  size_t es = J->es, cap[2] = {0, 0};
-  int need_col = J->partial && !J->direct, need_dcol = J->dx && !J->direct;
-  char *col = need_col ? workspace(J, &cap[0]) : NULL;
-  char *dcol = need_dcol ? workspace(J, &cap[1]) : NULL;
-  if ((need_col && !col) || (need_dcol && !dcol)) goto done;
-  int64_t wn = J->O * J->Kg;
+  size_t es = J->es, cap[3] = {0, 0, 0};
+  int64_t K = J->C * J->kh * J->kw;
+  char *col = workspace(J, K, &cap[0]); /* columns for dW, then dcol for dx */
+  char *dyb = J->nb > 1 ? workspace(J, J->O, &cap[1]) : NULL;
+  char *dcol = J->partial && J->dx ? workspace(J, K, &cap[2]) : col;
+  if (!col || (J->nb > 1 && !dyb) || !dcol) goto done;
+  int64_t wn = J->O * J->Kg, blocks = (J->N + J->nb - 1) / J->nb;
   for (int64_t k = k0; k < k1; k++) {
-    int64_t end = (k + 1) * J->chunk < J->N ? (k + 1) * J->chunk : J->N;
-    for (int64_t n = k * J->chunk; n < end; n++) {
-      const char *xn = J->x + (size_t)(n * J->C * J->H * J->W) * es;
-      const char *dyn = J->dy + (size_t)(n * J->O * J->L) * es;
+    int64_t bend = (k + 1) * J->chunk < blocks ? (k + 1) * J->chunk : blocks;
+    for (int64_t b = k * J->chunk; b < bend; b++) {
+      int64_t n0, t = block_images(J, b, &n0), cols = t * J->L;
+      const char *dy = J->dy + (size_t)(n0 * J->O * J->L) * es;
+      if (t > 1) gather(J, J->dy, n0, t, dyb), dy = dyb;
       if (J->partial) {
-        const char *c = xn;
-        if (!J->direct) im2col(J, xn, col), c = col;
+        for (int64_t i = 0; i < t; i++)
+          im2col(J, J->x + (size_t)((n0 + i) * J->C * J->H * J->W) * es, col + (size_t)(i * J->L) * es, cols);
         for (int64_t g = 0; g < J->G; g++)
-          attn_gemm(J->dt, 0, 1, J->Og, J->Kg, J->L, 1.0, dyn + (size_t)(g * J->Og * J->L) * es, J->L,
-                    c + (size_t)(g * J->Kg * J->L) * es, J->L, n == k * J->chunk ? 0.0 : 1.0,
+          attn_gemm(J->dt, 0, 1, J->Og, J->Kg, cols, 1.0, dy + (size_t)(g * J->Og * cols) * es, cols,
+                    col + (size_t)(g * J->Kg * cols) * es, cols, b == k * J->chunk ? 0.0 : 1.0,
                     J->partial + (size_t)(k * wn + g * J->Og * J->Kg) * es, J->Kg);
       }
       if (J->dx) {
-        char *dxn = J->dx + (size_t)(n * J->C * J->H * J->W) * es;
-        char *d = J->direct ? dxn : dcol;
         for (int64_t g = 0; g < J->G; g++)
-          attn_gemm(J->dt, 1, 0, J->Kg, J->L, J->Og, 1.0, J->w + (size_t)(g * J->Og * J->Kg) * es, J->Kg,
-                    dyn + (size_t)(g * J->Og * J->L) * es, J->L, 0.0, d + (size_t)(g * J->Kg * J->L) * es, J->L);
-        if (!J->direct) col2im(J, dcol, dxn);
+          attn_gemm(J->dt, 1, 0, J->Kg, cols, J->Og, 1.0, J->w + (size_t)(g * J->Og * J->Kg) * es, J->Kg,
+                    dy + (size_t)(g * J->Og * cols) * es, cols, 0.0, dcol + (size_t)(g * J->Kg * cols) * es, cols);
+        for (int64_t i = 0; i < t; i++)
+          col2im(J, dcol + (size_t)(i * J->L) * es, J->dx + (size_t)((n0 + i) * J->C * J->H * J->W) * es, cols);
       }
     }
   }
 done:
   if (col) attn_free(col, cap[0]);
-  if (dcol) attn_free(dcol, cap[1]);
+  if (dyb) attn_free(dyb, cap[1]);
+  if (dcol && dcol != col) attn_free(dcol, cap[2]);
 }
 
 typedef struct {
@@ -349,8 +382,8 @@ static attn_status setup(const char *op, const attn_tensor *x, const attn_tensor
   J->O = weight->shape[0], J->kh = weight->shape[2], J->kw = weight->shape[3];
   J->Ho = yshape[2], J->Wo = yshape[3], J->G = p->groups;
   J->Cg = J->C / J->G, J->Og = J->O / J->G, J->Kg = J->Cg * J->kh * J->kw, J->L = J->Ho * J->Wo;
-  J->direct = J->kh == 1 && J->kw == 1 && p->stride[0] == 1 && p->stride[1] == 1 && p->padding[0] == 0 &&
-              p->padding[1] == 0;
+  J->nb = J->L >= BLOCK_COLS ? 1 : BLOCK_COLS / J->L;
+  if (J->nb > J->N) J->nb = J->N > 0 ? J->N : 1;
   atomic_init(&J->failed, 0);
   return ATTN_OK;
 }
@@ -381,7 +414,7 @@ attn_status attn_conv2d_forward(const attn_tensor *x, const attn_tensor *weight,
     attn_free(acc, cap);
     return ATTN_OK;
   }
-  attn_parallel_for(J.N, grain(&J, 1), forward_images, &J);
+  attn_parallel_for((J.N + J.nb - 1) / J.nb, grain(&J, J.nb), forward_blocks, &J);
   if (atomic_load(&J.failed))
     return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the columns of input %s", op, attn_tensor_shape_str(x));
   return ATTN_OK;
@@ -419,16 +452,16 @@ attn_status attn_conv2d_backward(const attn_tensor *x, const attn_tensor *weight
     if (dbias) reduce_db(&R, 0, J.O);
     return ATTN_OK;
   }
-  int64_t chunks = J.N < DW_CHUNKS ? J.N : DW_CHUNKS;
-  J.chunk = chunks > 0 ? (J.N + chunks - 1) / chunks : 1;
-  chunks = J.chunks = (J.N + J.chunk - 1) / J.chunk; /* no images: no chunks, dW is zero */
+  int64_t blocks = (J.N + J.nb - 1) / J.nb, chunks = blocks < DW_CHUNKS ? blocks : DW_CHUNKS;
+  J.chunk = chunks > 0 ? (blocks + chunks - 1) / chunks : 1;
+  chunks = J.chunks = (blocks + J.chunk - 1) / J.chunk; /* no images: no chunks, dW is zero */
   size_t cap = 0;
   if (dweight) {
     J.partial = attn_alloc((size_t)((chunks > 0 ? chunks : 1) * wn) * J.es, &cap);
     if (!J.partial) return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for weight %s's partial sums", op,
                                       attn_tensor_shape_str(weight));
   }
-  if (dx || dweight) attn_parallel_for(chunks, grain(&J, J.chunk * 2), backward_chunks, &J);
+  if (dx || dweight) attn_parallel_for(chunks, grain(&J, J.chunk * J.nb * 2), backward_chunks, &J);
   if (!atomic_load(&J.failed) && dweight) attn_parallel_for(wn, 4096, reduce_dw, &R);
   if (J.partial) attn_free(J.partial, cap);
   if (atomic_load(&J.failed))
