@@ -9,7 +9,7 @@ local function naive_conv(x, w, b, o)
   local X, Wt = x:totable(), w:totable()
   local B = b and b:totable()
   local sx, sw = x:shape(), w:shape()
-  local N, C, H, W = sx[1], sx[2], sx[3], sx[4]
+  local N, H, W = sx[1], sx[3], sx[4]
   local O, Cg, kh, kw = sw[1], sw[2], sw[3], sw[4]
   local function pair(v, d)
     v = v or d
