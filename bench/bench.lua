@@ -5,7 +5,8 @@
 -- (causal and not, N = 128 .. 8192, d = 64 and 128, 1 and 2 threads) with GFLOP/s, % of the
 -- peak, the extra memory a call takes and the OpenBLAS sgemm pair on the same products; the
 -- book's small calls; training steps of the book's models at its settings, and of nn.MultiheadAttention
--- and nn.TransformerEncoderLayer as a PyTorch user trains them. When /usr/bin/python3 has torch,
+-- and nn.TransformerEncoderLayer as a PyTorch user trains them; Conv2d and MaxPool2d
+-- forward+backward (issue 20; ROWS=conv runs only those). When /usr/bin/python3 has torch,
 -- bench/torch_bench.py times the same rows (one thread) and the table shows the ratio.
 --
 -- Clocks: one-thread rows use process CPU time (other processes on a shared machine then slow
@@ -19,10 +20,12 @@ local nn = attn.nn
 local QUICK = os.getenv("QUICK") == "1" or os.getenv("QUICK") == "yes"
 -- ROWS=book: only the book-sized rows (one op, the small calls, the training steps), for A/B runs;
 -- ROWS=<Lua pattern>: only the book-sized rows whose id matches it (ROWS=torch_: the PyTorch-named
--- layers' steps); TORCH=0 skips PyTorch; BENCH_OUT names the output folder (bench/ab.lua uses all three)
+-- layers' steps); TORCH=0 skips PyTorch; BENCH_OUT names the output folder (bench/ab.lua uses all three);
+-- ROWS=conv: only the convolution and pooling rows
 local ROWS = os.getenv("ROWS") or ""
 local BOOK_ONLY = ROWS ~= ""
 local ROW_PATTERN = ROWS ~= "" and ROWS ~= "book" and ROWS or nil
+local CONV_ONLY = ROWS == "conv"
 local WITH_TORCH = os.getenv("TORCH") ~= "0"
 local OUT = os.getenv("BENCH_OUT") or "out/bench"
 local BUDGET = QUICK and 0.12 or 0.3 -- seconds per measurement (at least one call per round)
@@ -84,7 +87,7 @@ end
 
 attn.manual_seed(0)
 local scaling = {}
-for _, N in ipairs(BOOK_ONLY and {} or SIZES) do
+for _, N in ipairs((BOOK_ONLY or CONV_ONLY) and {} or SIZES) do
   for _, d in ipairs(DIMS) do
     local B = heads_for(N)
     local q, k, v, dout = attn.randn { B, N, d }, attn.randn { B, N, d }, attn.randn { B, N, d }, attn.randn { B, N, d }
@@ -141,7 +144,7 @@ end
 -- ------------------------------------------------------------ the book's small calls and models
 
 local function book_row(id, what, size, fn, torch_case)
-  if ROW_PATTERN and not id:find(ROW_PATTERN) then return end
+  if CONV_ONLY or (ROW_PATTERN and not id:find(ROW_PATTERN)) then return end
   local t = per_call(fn, 1, 0.5)
   local r = add { id = id, what = what, size = size, threads = 1, seconds = t }
   if torch_case then
@@ -284,15 +287,59 @@ for _, s in ipairs { { tag = "book", E = 32, heads = 4, L = 10, N = 64, ffn = 64
   end
 end
 
+-- ------------------------------------------------------------ convolution and pooling (issue 20)
+
+-- Conv2d forward+backward (dx, dW, db) through the module and autograd, float32, one thread;
+-- flops 2 N O Ho Wo (C / groups) kh kw per pass, three passes. Beside it the same multiply-adds
+-- as one sgemm through matmul: (O, C kh kw) times (C kh kw, N Ho Wo), the unfolded batch.
+attn.set_num_threads(1)
+local function conv_row(id, what, N, C, O, HW, k, padding)
+  local conv = nn.Conv2d(C, O, k, { padding = padding })
+  local x = attn.randn({ N, C, HW, HW }):requires_grad_()
+  local L = (HW + 2 * padding - k + 1) ^ 2
+  local flops = 3 * 2.0 * N * O * L * C * k * k
+  local a, b = attn.randn { O, C * k * k }, attn.randn { C * k * k, N * L }
+  local ts = per_call(function() return core.matmul(a, b) end, 1, 0.5)
+  local t = per_call(function()
+    local y = conv(x)
+    y:backward(y)
+    x.grad, conv.weight.grad, conv.bias.grad = nil, nil, nil
+  end, 1, 0.5)
+  local r = add { id = id, what = what, size = string.format("batch %d, %d->%d, %dx%d, k %d%s", N, C, O, HW, HW, k,
+    padding > 0 and ", padding " .. padding or ""), threads = 1, seconds = t, gflops = flops / t / 1e9,
+    pct = 100 * flops / t / peak, sgemm = flops / 3 / ts / 1e9 }
+  torch_cases[#torch_cases + 1] = { id = id, kind = "conv", N = N, C = C, O = O, HW = HW, k = k, padding = padding,
+    budget = 0.5, rows = { time = r } }
+  io.stderr:write(string.format("  %-40s %10.2f us %7.1f GFLOP/s (sgemm %.1f)\n", what, t * 1e6, r.gflops, r.sgemm))
+end
+
+if CONV_ONLY or not BOOK_ONLY then
+  attn.manual_seed(0)
+  conv_row("conv_lenet", "Conv2d forward+backward (LeNet)", 64, 1, 6, 28, 5, 0)
+  conv_row("conv_16_32", "Conv2d forward+backward", 64, 16, 32, 14, 3, 1)
+  local pool = nn.MaxPool2d(2)
+  local x = attn.randn({ 64, 6, 24, 24 }):requires_grad_()
+  local t = per_call(function()
+    local y = pool(x)
+    y:backward(y)
+    x.grad = nil
+  end, 1, 0.5)
+  local r = add { id = "maxpool_2x2", what = "MaxPool2d(2) forward+backward", size = "batch 64, 6 x 24x24",
+    threads = 1, seconds = t }
+  torch_cases[#torch_cases + 1] = { id = "maxpool_2x2", kind = "maxpool", N = 64, C = 6, HW = 24, k = 2,
+    budget = 0.5, rows = { time = r } }
+  io.stderr:write(string.format("  %-40s %10.2f us\n", r.what, t * 1e6))
+end
+
 -- ------------------------------------------------------------ budgets: bounds the specs once asserted
 
 -- Time bounds that were default-suite asserts until issue 18 took them out of `make test` (a
 -- busy machine must not fail a spec): measured here and reported against the bound as headroom.
 local budgets = {}
 local function budget(id, seconds, from) budgets[#budgets + 1] = { id = id, seconds = seconds, from = from } end
-budget("train_gru", 0.5, "spec/nn/gru_spec.lua: a step at the book's seq2seq sizes")
+if not CONV_ONLY then budget("train_gru", 0.5, "spec/nn/gru_spec.lua: a step at the book's seq2seq sizes") end
 
-if not BOOK_ONLY then
+if not BOOK_ONLY and not CONV_ONLY then
   do -- spec/nn/train_spec.lua's reverser: embedding + sinusoidal positions, MultiHeadAttention(32, 4), read-out
     local emb, pos = nn.Embedding(8, 32), nn.PositionalEncoding { num_hiddens = 32, dropout = 0 }
     local mha = nn.MultiHeadAttention { key_size = 32, query_size = 32, value_size = 32, num_hiddens = 32,
@@ -356,7 +403,7 @@ if not BOOK_ONLY then
 end
 
 -- decode rows of the decoder-only model (bench/gpt_bench.lua, its own PyTorch column)
-if not BOOK_ONLY then
+if not BOOK_ONLY and not CONV_ONLY then
   local gpt = dofile("bench/gpt_bench.lua")
   for _, r in ipairs(gpt.rows { quick = QUICK, torch = WITH_TORCH }) do add(r) end
 end

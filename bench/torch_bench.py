@@ -319,6 +319,24 @@ def run_case(c, budget):
             forward().sum().backward()
             opt.step()
         return {"time": best_time(step, budget)}
+    if kind == "conv":  # Conv2d forward+backward (dx, dW, db), as bench.lua's conv_row
+        conv = nn.Conv2d(c["C"], c["O"], c["k"], padding=c["padding"])
+        x = torch.randn(c["N"], c["C"], c["HW"], c["HW"], requires_grad=True)
+
+        def conv_step():
+            y = conv(x)
+            y.backward(y)
+            x.grad, conv.weight.grad, conv.bias.grad = None, None, None
+        return {"time": best_time(conv_step, budget)}
+    if kind == "maxpool":
+        pool = nn.MaxPool2d(c["k"])
+        x = torch.randn(c["N"], c["C"], c["HW"], c["HW"], requires_grad=True)
+
+        def pool_step():
+            y = pool(x)
+            y.backward(y)
+            x.grad = None
+        return {"time": best_time(pool_step, budget)}
     raise ValueError("unknown case kind " + kind)
 
 

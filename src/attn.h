@@ -9,6 +9,7 @@
 
 #include "core/attn_alloc.h"
 #include "attention/attn_attention.h"
+#include "nn/attn_conv.h"
 #include "nn/attn_decoder.h"
 #include "core/attn_dropout.h"
 #include "core/attn_error.h"
@@ -19,6 +20,7 @@
 #include "nn/attn_loss.h"
 #include "core/attn_ops.h"
 #include "nn/attn_optim.h"
+#include "nn/attn_pool.h"
 #include "core/attn_parallel.h"
 #include "core/attn_rng.h"
 #include "nn/attn_rnn.h"

@@ -1,12 +1,13 @@
 #!/usr/bin/python3
-"""PyTorch parity fixtures for attn's nn.MultiheadAttention, Transformer, GRU, GRUCell, RNN and
-Embedding classes.
+"""PyTorch parity fixtures for attn's nn.MultiheadAttention, Transformer, GRU, GRUCell, RNN,
+Embedding and the CNN layers (Conv2d, BatchNorm2d, MaxPool2d, AdaptiveAvgPool2d, Flatten).
 
 Run with a Python that has torch (written against PyTorch 1.13):
 
     /usr/bin/python3 tools/torch_fixtures.py [outdir]   # default spec/fixtures/torch
 
-Each case builds one module with a fixed seed in float64, in eval mode with dropout 0, runs a
+Each case builds one module with a fixed seed in float64, in eval mode (cnn_train: train mode)
+with dropout 0, runs a
 forward on fixed inputs and masks, and backpropagates sum(output * grad_output) (plus the weights'
 term for MultiheadAttention). It writes one safetensors file per case (written by hand here: an
 8-byte little-endian header length, a JSON header of dtype / shape / data_offsets, raw
@@ -20,7 +21,8 @@ little-endian bytes), with tensors named
     grad_output.0/1     the gradients fed back
     grad.input.<name>   gradients of the inputs
     grad.state.<key>    gradients of the parameters
-    after.<key>         the state after the forward (Embedding with max_norm renormalises rows)
+    after.<key>         the state after the forward (Embedding with max_norm renormalises rows;
+                        cnn_train's BatchNorm2d running statistics)
 
 The module's options are in the spec (spec/nn/torch_fixtures.lua), mirrored from CASES below.
 No row of any mask here is fully masked (PyTorch 1.13 gives NaN there; attn gives zeros).
@@ -215,6 +217,33 @@ def cases():
     # padding_idx 5 is attn's 6; -2 is the same row in both
     yield "embedding_padding", embedding(padding_idx=5)
     yield "embedding_padding_max_norm", embedding(padding_idx=-2, max_norm=1.2, norm_type=1.5)
+
+    # a small CNN (Conv2d, BatchNorm2d, ReLU, MaxPool2d, grouped dilated Conv2d, AdaptiveAvgPool2d,
+    # Flatten, Linear) in train mode (batch statistics; after.* holds the running statistics the
+    # step leaves) and in eval mode (running statistics set to random values first)
+    def cnn(train):
+        def make():
+            nn = torch.nn
+            m = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+                              nn.Conv2d(4, 6, 3, groups=2, dilation=2, padding=2), nn.AdaptiveAvgPool2d((2, 2)),
+                              nn.Flatten(), nn.Linear(24, 5))
+            with torch.no_grad():
+                m[1].weight.uniform_(0.5, 1.5)
+                m[1].bias.normal_()
+                m[1].running_mean.normal_()
+                m[1].running_var.uniform_(0.5, 2.0)
+                m[1].num_batches_tracked.fill_(3)
+            m.train(train)
+            before = {k: v.clone() for k, v in m.state_dict().items()}
+            saved = run(m, {"input": torch.randn(3, 2, 10, 10)}, {}, lambda m, i, k: m(i["input"]), 1)
+            for k, v in before.items():
+                if train and k.startswith("1."):
+                    saved["after." + k] = saved["state." + k]
+                saved["state." + k] = v
+            return saved
+        return make
+    yield "cnn_train", cnn(True)
+    yield "cnn_eval", cnn(False)
 
 
 def main():

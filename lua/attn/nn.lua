@@ -1,7 +1,8 @@
 --- `attn.nn`: layers, losses and initialisers with the book's PyTorch names.
 --
 -- Classes: Module (base; see attn.nn.module for writing your own), Linear,
--- Embedding, Dropout, LayerNorm, ReLU, Identity, GELU, BatchNorm1d,
+-- Embedding, Dropout, LayerNorm, ReLU, Identity, GELU, BatchNorm1d, BatchNorm2d, Conv2d, MaxPool2d,
+-- AvgPool2d, AdaptiveAvgPool2d, Flatten (attn.nn.conv),
 -- Sequential, ModuleList, ModuleDict, GRU, GRUCell, RNN, RNNCell (attn.nn.rnn), the book's seq2seq models
 -- (Encoder, Decoder, AttentionDecoder, EncoderDecoder, Seq2SeqEncoder,
 -- Seq2SeqDecoder, Seq2SeqAttentionDecoder; attn.nn.seq2seq) and Transformer
@@ -18,7 +19,8 @@
 -- `nn.D2LTransformerDecoder` name the book's classes.
 -- Functions: nn.init.* (xavier_uniform_, uniform_, normal_, zeros_, ...),
 -- nn.clip_grad_norm_ (alias nn.clip_grad_norm), nn.clip_grad_value_, nn.masked_token_mean, nn.cross_entropy,
--- nn.cross_entropy_loss, nn.dropout, nn.silu, nn.filter_logits (generate's top-k/top-p filter),
+-- nn.cross_entropy_loss, nn.dropout, nn.conv2d, nn.max_pool2d, nn.avg_pool2d, nn.adaptive_avg_pool2d (attn.nn.conv),
+-- nn.silu, nn.filter_logits (generate's top-k/top-p filter),
 -- nn.class / nn.is_module, nn.deep_copy, nn.set_fused / nn.fused_enabled (one switch for every
 -- fused path; attn.nn.fused).
 --
@@ -42,6 +44,7 @@ local torch_attention = require "attn.nn.torch_attention"
 local torch_transformer = require "attn.nn.torch_transformer"
 local modern = require "attn.nn.modern"
 local decoder_only = require "attn.nn.decoder_only"
+local conv = require "attn.nn.conv"
 
 local nn = {
   Module = module.Module,
@@ -59,7 +62,11 @@ local nn = {
 
 for _, name in ipairs { "Linear", "Embedding", "Dropout", "LayerNorm", "ReLU", "Sequential" } do nn[name] = linear[name] end
 for _, name in ipairs { "ModuleList", "ModuleDict" } do nn[name] = containers[name] end
-for _, name in ipairs { "Identity", "GELU", "BatchNorm1d" } do nn[name] = layers[name] end
+for _, name in ipairs { "Identity", "GELU", "BatchNorm1d", "BatchNorm2d" } do nn[name] = layers[name] end
+for _, name in ipairs { "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Flatten", "conv2d", "max_pool2d",
+  "avg_pool2d", "adaptive_avg_pool2d" } do
+  nn[name] = conv[name]
+end
 for _, name in ipairs { "Encoder", "Decoder", "AttentionDecoder", "EncoderDecoder", "Seq2SeqEncoder", "Seq2SeqDecoder",
   "Seq2SeqAttentionDecoder" } do
   nn[name] = seq2seq[name]

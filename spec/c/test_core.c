@@ -870,6 +870,80 @@ static void test_parity_kernels(void) {
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) attn_tensor_free(all[i]);
 }
 
+/* conv2d's GEMM path against its reference loops (one known value too), backward shapes, the
+ * errors naming values; max pooling's indices and gradient. */
+static void test_conv_and_pool(void) {
+  int64_t xs[4] = {3, 4, 5, 6}, ws[4] = {6, 2, 3, 2}, bs[1] = {6}, ys[4];
+  attn_conv2d_params p = {{2, 1}, {1, 1}, {1, 2}, 2};
+  attn_tensor x, w, b, y, yr, dx, dxr, dw, dwr, db;
+  CHECK(attn_tensor_init(&x, ATTN_F64, 4, xs) == ATTN_OK && attn_tensor_init(&w, ATTN_F64, 4, ws) == ATTN_OK &&
+            attn_tensor_init(&b, ATTN_F64, 1, bs) == ATTN_OK,
+        "init");
+  double *xd = x.storage->data, *wd = w.storage->data, *bd = b.storage->data;
+  for (int i = 0; i < 360; i++) xd[i] = sin(0.37 * i);
+  for (int i = 0; i < 72; i++) wd[i] = cos(0.11 * i);
+  for (int i = 0; i < 6; i++) bd[i] = 0.1 * i;
+  CHECK(attn_conv2d_shape("conv2d", &x, &w, &p, ys) == ATTN_OK && ys[2] == 3 && ys[3] == 6, "shape %lld %lld",
+        (long long)ys[2], (long long)ys[3]);
+  CHECK(attn_tensor_init(&y, ATTN_F64, 4, ys) == ATTN_OK && attn_tensor_init(&yr, ATTN_F64, 4, ys) == ATTN_OK &&
+            attn_tensor_init(&dx, ATTN_F64, 4, xs) == ATTN_OK && attn_tensor_init(&dxr, ATTN_F64, 4, xs) == ATTN_OK &&
+            attn_tensor_init(&dw, ATTN_F64, 4, ws) == ATTN_OK && attn_tensor_init(&dwr, ATTN_F64, 4, ws) == ATTN_OK &&
+            attn_tensor_init(&db, ATTN_F64, 1, bs) == ATTN_OK,
+        "init outputs");
+  CHECK(attn_conv2d_forward(&x, &w, &b, &p, 0, &y) == ATTN_OK && attn_conv2d_forward(&x, &w, &b, &p, 1, &yr) == ATTN_OK,
+        "forward");
+  double *yd = y.storage->data, *yrd = yr.storage->data, worst = 0;
+  for (int64_t i = 0; i < attn_tensor_numel(&y); i++) worst = fmax(worst, fabs(yd[i] - yrd[i]));
+  CHECK(worst < 1e-12, "forward paths differ by %g", worst);
+  /* y[0, 0, 0, 0]: tap (c, p, q) reads row -1 + p, column -1 + 2 q: inside for p = 1, 2 and q = 1 */
+  CHECK(fabs(yd[0] - (wd[3] * xd[1] + wd[5] * xd[7] + wd[9] * xd[31] + wd[11] * xd[37])) < 1e-14, "y[0] %.17g",
+        yd[0]);
+  CHECK(attn_conv2d_backward(&x, &w, &p, &y, 0, &dx, &dw, &db) == ATTN_OK &&
+            attn_conv2d_backward(&x, &w, &p, &y, 1, &dxr, &dwr, NULL) == ATTN_OK,
+        "backward");
+  double *a = dx.storage->data, *r = dxr.storage->data;
+  worst = 0;
+  for (int i = 0; i < 360; i++) worst = fmax(worst, fabs(a[i] - r[i]));
+  a = dw.storage->data, r = dwr.storage->data;
+  for (int i = 0; i < 72; i++) worst = fmax(worst, fabs(a[i] - r[i]));
+  CHECK(worst < 1e-11, "backward paths differ by %g", worst);
+  p.groups = 3;
+  CHECK(attn_conv2d_forward(&x, &w, &b, &p, 0, &y) == ATTN_ERR_ARG, "groups 3 refused");
+  CHECK(strstr(attn_last_error(), "conv2d: groups 3 must divide in_channels 4 and out_channels 6") != NULL, "msg: %s",
+        attn_last_error());
+  p.groups = 2, p.stride[0] = 0;
+  CHECK(attn_conv2d_forward(&x, &w, &b, &p, 0, &y) == ATTN_ERR_ARG &&
+            strstr(attn_last_error(), "conv2d: stride 0x1 must be positive") != NULL,
+        "msg: %s", attn_last_error());
+
+  /* max pooling 2x2 over a 2x3 plane with padding 0x1: windows cover columns -1..0 and 1..2 */
+  int64_t ps[4] = {1, 1, 2, 3}, qs[4];
+  attn_pool2d_params pp = {{2, 2}, {2, 2}, {0, 1}, 1};
+  attn_tensor px, py, pi, pdx;
+  CHECK(attn_tensor_init(&px, ATTN_F64, 4, ps) == ATTN_OK && attn_pool2d_shape("max_pool2d", &px, &pp, qs) == ATTN_OK &&
+            qs[2] == 1 && qs[3] == 2,
+        "pool shape");
+  const double pv[6] = {1, 7, 3, 5, 2, 9};
+  for (int i = 0; i < 6; i++) ((double *)px.storage->data)[i] = pv[i];
+  CHECK(attn_tensor_init(&py, ATTN_F64, 4, qs) == ATTN_OK && attn_tensor_init(&pi, ATTN_I64, 4, qs) == ATTN_OK &&
+            attn_tensor_init(&pdx, ATTN_F64, 4, ps) == ATTN_OK,
+        "pool init");
+  CHECK(attn_max_pool2d_forward(&px, &pp, &py, &pi) == ATTN_OK, "max_pool2d");
+  double *pyd = py.storage->data;
+  int64_t *pid = pi.storage->data;
+  CHECK(pyd[0] == 5 && pyd[1] == 9 && pid[0] == 3 && pid[1] == 5, "max %g %g at %lld %lld", pyd[0], pyd[1],
+        (long long)pid[0], (long long)pid[1]);
+  CHECK(attn_max_pool2d_backward(&pi, &py, &pdx) == ATTN_OK, "max_pool2d backward");
+  double *pdd = pdx.storage->data;
+  CHECK(pdd[3] == 5 && pdd[5] == 9 && pdd[0] == 0 && pdd[1] == 0, "pool grad");
+  pp.padding[1] = 2;
+  CHECK(attn_max_pool2d_forward(&px, &pp, &py, &pi) == ATTN_ERR_ARG &&
+            strstr(attn_last_error(), "max_pool2d: padding 0x2 must be >= 0 and at most half of kernel_size 2x2"),
+        "msg: %s", attn_last_error());
+  attn_tensor *all[] = {&x, &w, &b, &y, &yr, &dx, &dxr, &dw, &dwr, &db, &px, &py, &pi, &pdx};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) attn_tensor_free(all[i]);
+}
+
 int main(void) {
   test_allocator();
   test_views_and_errors();
@@ -888,6 +962,7 @@ int main(void) {
   test_saved_layout();
   test_optim_and_loss();
   test_parity_kernels();
+  test_conv_and_pool();
   attn_alloc_empty_cache();
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;

@@ -21,6 +21,7 @@ end
 
 local function recurrent_call(m, i) return m(i.input, i.h0) end
 local function ids_call(m, i) return m(i.ids) end
+local function input_call(m, i) return m(i.input) end
 local function encoder_call(m, i, masks) return m(i.src, masks) end
 local function decoder_call(m, i, masks) return m(i.tgt, i.memory, masks) end
 
@@ -66,19 +67,30 @@ F.cases = {
   embedding_padding = { build = function() return nn.Embedding(7, 3, { padding_idx = 6 }) end, call = ids_call },
   embedding_padding_max_norm = { build = function() return nn.Embedding(7, 3, { padding_idx = -2, max_norm = 1.2,
     norm_type = 1.5 }) end, call = ids_call },
+  -- a small CNN in train mode (batch statistics, running statistics moved) and in eval mode
+  cnn_train = { build = function() return F.cnn() end, call = input_call, train = true },
+  cnn_eval = { build = function() return F.cnn() end, call = input_call },
 }
+
+--- The fixtures' CNN (PyTorch's nn.Sequential of the same layers, state-dict keys "0.weight", ...).
+function F.cnn()
+  return nn.Sequential(nn.Conv2d(2, 4, 3, { padding = 1 }), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+    nn.Conv2d(4, 6, 3, { groups = 2, dilation = 2, padding = 2 }), nn.AdaptiveAvgPool2d({ 2, 2 }), nn.Flatten(),
+    nn.Linear(24, 5))
+end
 
 F.mha_cases = { "mha_plain", "mha_bool_masks", "mha_float_masks", "mha_float_padding", "mha_kvdim_batch_first", "mha_self_causal",
   "mha_unbatched_no_bias", "mha_no_weights_float_bias" }
 F.transformer_cases = { "encoder_layer_post_relu", "encoder_layer_pre_gelu", "decoder_layer_post",
   "decoder_layer_pre_batch_first", "transformer", "encoder_stack" }
+F.cnn_cases = { "cnn_train", "cnn_eval" }
 F.recurrent_cases = { "gru_bidirectional_batch_first", "gru_no_bias", "gru_unbatched", "gru_cell",
   "rnn_relu_bidirectional", "rnn_cell_tanh_unbatched", "embedding_padding", "embedding_padding_max_norm" }
 
 local function max_diff(a, b)
   assert(attn.is_tensor(a), "missing tensor")
   assert(attn.core.same_shape(a, b), "shape " .. attn.core.shape_str(a) .. " vs " .. attn.core.shape_str(b))
-  return (a:to("float64") - b):abs():max():item()
+  return (a:to("float64") - b:to("float64")):abs():max():item()
 end
 
 --- Runs case `name` (in `dtype`, default float64: the fixtures are converted); returns {output =
@@ -98,7 +110,7 @@ function F.run(name, dtype)
     end
     if kind == "mask" then masks[rest] = float and v:to(dtype) or v end
   end
-  local m = case.build():to(dtype):eval()
+  local m = case.build():to(dtype):train(case.train == true)
   m:load_state_dict(state)
   local outs = table.pack(case.call(m, inputs, masks))
   local d = { output = 0, grad_input = 0, grad_state = 0, after = 0 }
@@ -125,9 +137,12 @@ function F.run(name, dtype)
   for _, e in ipairs(m:named_parameters()) do
     d.grad_state = math.max(d.grad_state, max_diff(e[2].grad, t["grad.state." .. e[1]]))
     n = n + 1
-    local after = t["after." .. e[1]]
-    if after then
-      d.after = math.max(d.after, max_diff(e[2], after))
+  end
+  local now = m:state_dict() -- the state the step left (parameters and buffers)
+  for k, want in pairs(t) do
+    local key = k:match("^after%.(.+)$")
+    if key then
+      d.after = math.max(d.after, max_diff(now[key], want))
       n = n + 1
     end
   end

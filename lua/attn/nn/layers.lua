@@ -1,4 +1,4 @@
---- More layers of `attn.nn`: Identity, GELU and BatchNorm1d (the book compares
+--- More layers of `attn.nn`: Identity, GELU, BatchNorm1d and BatchNorm2d (the book compares
 -- batch with layer normalisation), with PyTorch's names and behaviour.
 -- @module attn.nn.layers
 local attn = require "attn"
@@ -67,10 +67,11 @@ function GELU:extra_repr() return string.format("approximate='%s'", self.approxi
 local BatchNorm1d = Module:extend("BatchNorm1d")
 M.BatchNorm1d = BatchNorm1d
 
-function BatchNorm1d:init(num_features, opts)
-  check.positive_int("BatchNorm1d", "num_features", num_features, 4)
-  opts = check.options("BatchNorm1d", opts,
-    { eps = true, momentum = true, affine = true, track_running_stats = true, dtype = true }, 4)
+-- The shared constructor of BatchNorm1d and BatchNorm2d (fn names the class in errors).
+local function batch_norm_init(self, fn, num_features, opts)
+  check.positive_int(fn, "num_features", num_features, 5)
+  opts = check.options(fn, opts,
+    { eps = true, momentum = true, affine = true, track_running_stats = true, dtype = true }, 5)
   local dtype = opts.dtype or "float32"
   self.num_features = num_features
   self.eps = opts.eps or 1e-5
@@ -88,21 +89,16 @@ function BatchNorm1d:init(num_features, opts)
   end
 end
 
-function BatchNorm1d:forward(x)
-  if not attn.is_tensor(x) then error("BatchNorm1d: input must be a tensor, got a " .. type(x), 2) end
-  local s, C = x:shape(), self.num_features
-  if (#s ~= 2 and #s ~= 3) or s[2] ~= C then
-    error(string.format("BatchNorm1d: input %s must be (N, %d) or (N, %d, L)", shape_str(s), C, C), 2)
-  end
-  -- channels last, flattened: (N * L, C)
-  local rows = #s == 2 and x or x:transpose(2, 3):reshape({ -1, C })
+function BatchNorm1d:init(num_features, opts) batch_norm_init(self, "BatchNorm1d", num_features, opts) end
+
+-- The shared forward: x normalised per channel over rows (N * ..., C), the channels last,
+-- statistics reshaped to view to broadcast against x (fn names the class in errors).
+local function batch_norm_forward(self, fn, x, rows, view)
   local n = rows:size(1)
-  local view = #s == 2 and { 1, C } or { 1, C, 1 }
   local mean, var
   if self.training or not self.track_running_stats then
     if n < 2 and self.training then
-      error(string.format("BatchNorm1d: training needs more than one value per channel, got input %s", shape_str(s)),
-        2)
+      error(string.format("%s: training needs more than one value per channel, got input %s", fn, shape_str(x)), 3)
     end
     mean = rows:mean(1)
     var = (rows - mean):square():mean(1)
@@ -124,9 +120,44 @@ function BatchNorm1d:forward(x)
   return y
 end
 
+function BatchNorm1d:forward(x)
+  if not attn.is_tensor(x) then error("BatchNorm1d: input must be a tensor, got a " .. type(x), 2) end
+  local s, C = x:shape(), self.num_features
+  if (#s ~= 2 and #s ~= 3) or s[2] ~= C then
+    error(string.format("BatchNorm1d: input %s must be (N, %d) or (N, %d, L)", shape_str(s), C, C), 2)
+  end
+  -- channels last, flattened: (N * L, C)
+  local rows = #s == 2 and x or x:transpose(2, 3):reshape({ -1, C })
+  return batch_norm_forward(self, "BatchNorm1d", x, rows, #s == 2 and { 1, C } or { 1, C, 1 })
+end
+
 function BatchNorm1d:extra_repr()
   return string.format("%d, eps=%g, momentum=%g, affine=%s, track_running_stats=%s", self.num_features, self.eps,
     self.momentum, self.affine and "True" or "False", self.track_running_stats and "True" or "False")
+end
+
+
+-- ---------------------------------------------------------------- BatchNorm2d
+
+--- `nn.BatchNorm2d(num_features [, {eps = 1e-5, momentum = 0.1, affine = true,
+-- track_running_stats = true}])`: BatchNorm1d over images (N, C, H, W), each channel normalised
+-- over N, H and W; the same parameters, buffers (PyTorch's state-dict keys weight, bias,
+-- running_mean, running_var, num_batches_tracked) and training and eval behaviour.
+-- @type BatchNorm2d
+local BatchNorm2d = BatchNorm1d:extend("BatchNorm2d")
+M.BatchNorm2d = BatchNorm2d
+
+function BatchNorm2d:init(num_features, opts) batch_norm_init(self, "BatchNorm2d", num_features, opts) end
+
+function BatchNorm2d:forward(x)
+  if not attn.is_tensor(x) then error("BatchNorm2d: input must be a tensor, got a " .. type(x), 2) end
+  local s, C = x:shape(), self.num_features
+  if #s ~= 4 or s[2] ~= C then
+    error(string.format("BatchNorm2d: input %s must be (N, %d, H, W)", shape_str(s), C), 2)
+  end
+  -- channels last, flattened: (N * H * W, C)
+  local rows = x:reshape({ s[1], C, -1 }):transpose(2, 3):reshape({ -1, C })
+  return batch_norm_forward(self, "BatchNorm2d", x, rows, { 1, C, 1, 1 })
 end
 
 return M

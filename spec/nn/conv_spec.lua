@@ -1,0 +1,272 @@
+-- nn.Conv2d and nn.conv2d: the GEMM path and the reference path against naive Lua loops
+-- (float64), gradients against finite differences, both dtypes, thread counts, errors.
+local attn = require "attn"
+local nn = require "attn.nn"
+local helper = require "helper"
+
+-- y[n][o][i][j] by the definition, from nested tables (float64 arithmetic in Lua).
+local function naive_conv(x, w, b, o)
+  local X, Wt = x:totable(), w:totable()
+  local B = b and b:totable()
+  local sx, sw = x:shape(), w:shape()
+  local N, H, W = sx[1], sx[3], sx[4]
+  local O, Cg, kh, kw = sw[1], sw[2], sw[3], sw[4]
+  local function pair(v, d)
+    v = v or d
+    return type(v) == "table" and v or { v, v }
+  end
+  local st, pd, dl, G = pair(o.stride, 1), pair(o.padding, 0), pair(o.dilation, 1), o.groups or 1
+  local Og = O // G
+  local Ho = (H + 2 * pd[1] - dl[1] * (kh - 1) - 1) // st[1] + 1
+  local Wo = (W + 2 * pd[2] - dl[2] * (kw - 1) - 1) // st[2] + 1
+  local Y = {}
+  for n = 1, N do
+    Y[n] = {}
+    for oc = 1, O do
+      local g = (oc - 1) // Og
+      Y[n][oc] = {}
+      for i = 1, Ho do
+        Y[n][oc][i] = {}
+        for j = 1, Wo do
+          local s = B and B[oc] or 0
+          for c = 1, Cg do
+            for p = 1, kh do
+              for q = 1, kw do
+                local ih = (i - 1) * st[1] - pd[1] + (p - 1) * dl[1]
+                local iw = (j - 1) * st[2] - pd[2] + (q - 1) * dl[2]
+                if ih >= 0 and ih < H and iw >= 0 and iw < W then
+                  s = s + Wt[oc][c][p][q] * X[n][g * Cg + c][ih + 1][iw + 1]
+                end
+              end
+            end
+          end
+          Y[n][oc][i][j] = s
+        end
+      end
+    end
+  end
+  return attn.tensor(Y, "float64")
+end
+
+-- The cases: every option, rectangular kernels, depthwise, batch 1, 1x1 images.
+local cases = {
+  { name = "plain 3x3", x = { 2, 3, 6, 5 }, w = { 4, 3, 3, 3 }, o = {} },
+  { name = "stride 2, padding 1", x = { 2, 2, 7, 6 }, w = { 3, 2, 3, 3 }, o = { stride = 2, padding = 1 } },
+  { name = "rectangular kernel, stride {2, 1}, padding {1, 2}", x = { 1, 2, 6, 5 }, w = { 3, 2, 2, 3 },
+    o = { stride = { 2, 1 }, padding = { 1, 2 } } },
+  { name = "dilation 2", x = { 2, 2, 7, 7 }, w = { 2, 2, 3, 3 }, o = { dilation = 2, padding = 1 } },
+  { name = "dilation {2, 1}, stride {1, 3}", x = { 1, 3, 8, 9 }, w = { 2, 3, 2, 2 },
+    o = { dilation = { 2, 1 }, stride = { 1, 3 } } },
+  { name = "groups 2", x = { 2, 4, 5, 5 }, w = { 6, 2, 3, 3 }, o = { groups = 2, padding = 1 } },
+  { name = "depthwise (groups = channels)", x = { 2, 3, 5, 4 }, w = { 3, 1, 3, 3 }, o = { groups = 3 } },
+  { name = "depthwise multiplier 2", x = { 1, 2, 4, 4 }, w = { 4, 1, 2, 2 }, o = { groups = 2, stride = 2 } },
+  { name = "1x1 kernel (direct path)", x = { 2, 3, 4, 5 }, w = { 5, 3, 1, 1 }, o = {} },
+  { name = "1x1 kernel, stride 2", x = { 1, 3, 5, 5 }, w = { 2, 3, 1, 1 }, o = { stride = 2 } },
+  { name = "1x1 image", x = { 3, 2, 1, 1 }, w = { 4, 2, 1, 1 }, o = {} },
+  { name = "1x1 image, 3x3 kernel, padding 1", x = { 1, 2, 1, 1 }, w = { 3, 2, 3, 3 }, o = { padding = 1 } },
+  { name = "kernel as large as the padded input", x = { 1, 1, 3, 2 }, w = { 2, 1, 5, 4 }, o = { padding = 1 } },
+}
+
+local function with_kernel(o, kernel) return helper.with(o, { kernel = kernel }) end
+
+describe("nn.conv2d", function()
+  for _, case in ipairs(cases) do
+    it("matches naive loops on both paths, to 1e-12 in float64: " .. case.name, function()
+      attn.manual_seed(1)
+      local x, w, b = attn.randn(case.x, "float64"), attn.randn(case.w, "float64"), attn.randn({ case.w[1] }, "float64")
+      local expected = naive_conv(x, w, b, case.o)
+      assert.close(nn.conv2d(x, w, b, case.o), expected, { atol = 1e-12, rtol = 0 })
+      assert.close(nn.conv2d(x, w, b, with_kernel(case.o, "reference")), expected, { atol = 1e-12, rtol = 0 })
+      assert.close(nn.conv2d(x, w, nil, case.o), naive_conv(x, w, nil, case.o), { atol = 1e-12, rtol = 0 })
+    end)
+
+    it("has gradients of input, weight and bias that pass gradcheck, both paths: " .. case.name, function()
+      attn.manual_seed(2)
+      local x, w, b = helper.param(case.x), helper.param(case.w), helper.param({ case.w[1] })
+      for _, kernel in ipairs { "auto", "reference" } do
+        helper.gradcheck(function(a, c, d) return nn.conv2d(a, c, d, with_kernel(case.o, kernel)) end, { x, w, b })
+      end
+    end)
+  end
+
+  it("has the same gradients on the GEMM and the reference path (float64, 1e-12)", function()
+    attn.manual_seed(3)
+    for _, case in ipairs(cases) do
+      local grads = {}
+      for _, kernel in ipairs { "auto", "reference" } do
+        attn.manual_seed(4)
+        local x, w, b = helper.param(case.x), helper.param(case.w), helper.param({ case.w[1] })
+        local y = nn.conv2d(x, w, b, with_kernel(case.o, kernel))
+        y:backward(attn.ones(y:shape(), "float64"))
+        grads[kernel] = { x.grad, w.grad, b.grad }
+      end
+      for i = 1, 3 do assert.close(grads.auto[i], grads.reference[i], { atol = 1e-12, rtol = 0 }) end
+    end
+  end)
+
+  it("runs float32 to float32 rounding of the float64 result, forward and backward", function()
+    attn.manual_seed(5)
+    local x, w, b = attn.randn({ 3, 4, 9, 8 }), attn.randn({ 6, 2, 3, 3 }), attn.randn({ 6 })
+    local o = { padding = 1, stride = { 1, 2 }, groups = 2 }
+    x:requires_grad_(); w:requires_grad_(); b:requires_grad_()
+    local y = nn.conv2d(x, w, b, o)
+    assert.are.equal("float32", y:dtype())
+    local g = attn.randn(y:shape())
+    y:backward(g)
+    local x64, w64, b64 = x:detach():to("float64"):requires_grad_(), w:detach():to("float64"):requires_grad_(),
+      b:detach():to("float64"):requires_grad_()
+    local y64 = nn.conv2d(x64, w64, b64, o)
+    y64:backward(g:to("float64"))
+    assert.close(y, y64, { atol = 1e-5, rtol = 1e-5 })
+    assert.close(x.grad, x64.grad, { atol = 1e-5, rtol = 1e-5 })
+    assert.close(w.grad, w64.grad, { atol = 1e-4, rtol = 1e-5 })
+    assert.close(b.grad, b64.grad, { atol = 1e-4, rtol = 1e-5 })
+  end)
+
+  it("gives the same bits on 1 and 2 threads, both dtypes (batch 13: uneven dW chunks)", function()
+    local before = attn.get_num_threads()
+    for _, dt in ipairs { "float32", "float64" } do
+      local out = {}
+      for _, n in ipairs { 1, 2 } do
+        attn.set_num_threads(n)
+        attn.manual_seed(6)
+        local x = attn.randn({ 13, 4, 10, 9 }, dt):requires_grad_()
+        local w = attn.randn({ 8, 4, 3, 3 }, dt):requires_grad_()
+        local b = attn.randn({ 8 }, dt):requires_grad_()
+        local y = nn.conv2d(x, w, b, { padding = 1 })
+        y:backward(attn.randn(y:shape(), dt))
+        out[n] = { y, x.grad, w.grad, b.grad }
+      end
+      for i = 1, 4 do helper.assert_identical(out[2][i], out[1][i]) end
+      if dt == "float64" then -- blocks of 5, 5 and 3 images against the plain loops
+        attn.manual_seed(6)
+        local x, w, b = attn.randn({ 13, 4, 10, 9 }, dt), attn.randn({ 8, 4, 3, 3 }, dt), attn.randn({ 8 }, dt)
+        assert.close(out[1][1], nn.conv2d(x, w, b, { padding = 1, kernel = "reference" }), { atol = 1e-12, rtol = 0 })
+      end
+    end
+    attn.set_num_threads(before)
+  end)
+
+  it("takes a 3-D input as one image", function()
+    attn.manual_seed(7)
+    local x, w = attn.randn({ 2, 5, 5 }, "float64"), attn.randn({ 3, 2, 3, 3 }, "float64")
+    local y = nn.conv2d(x, w, nil, { padding = 1 })
+    assert.are.same({ 3, 5, 5 }, y:shape())
+    assert.close(y, naive_conv(x:reshape({ 1, 2, 5, 5 }), w, nil, { padding = { 1, 1 } }):reshape({ 3, 5, 5 }),
+      { atol = 1e-12, rtol = 0 })
+  end)
+
+  it("handles an empty batch", function()
+    local x, w = attn.zeros({ 0, 2, 4, 4 }, "float64"):requires_grad_(), attn.ones({ 3, 2, 3, 3 }, "float64")
+    w:requires_grad_()
+    local y = nn.conv2d(x, w)
+    assert.are.same({ 0, 3, 2, 2 }, y:shape())
+    y:sum():backward()
+    assert.close(w.grad, attn.zeros({ 3, 2, 3, 3 }, "float64"), { atol = 0, rtol = 0 })
+  end)
+
+  it("raises naming the shapes and values", function()
+    local x, w = attn.randn({ 1, 4, 5, 5 }), attn.randn({ 6, 2, 3, 3 })
+    assert.has_error(function() nn.conv2d(attn.randn({ 4, 5, 5, 1, 1 }), w) end,
+      "conv2d: input [4x5x5x1x1] must be (N, C, H, W) or (C, H, W)")
+    assert.has_error(function() nn.conv2d(x, attn.randn({ 6, 2, 3 })) end,
+      "conv2d: weight [6x2x3] must be 4-D (out_channels, in_channels / groups, kh, kw)")
+    assert.has_error(function() nn.conv2d(x, w) end,
+      "conv2d: input [1x4x5x5] has 4 channels, weight [6x2x3x3] with groups 1 expects 2")
+    assert.has_error(function() nn.conv2d(x, w, nil, { groups = 3 }) end,
+      "conv2d: groups 3 must divide in_channels 4 and out_channels 6")
+    assert.has_error(function() nn.conv2d(x, w, nil, { groups = 2, stride = 0 }) end,
+      "conv2d: stride must be an integer >= 1 or a table {h, w} of them, got 0")
+    assert.has_error(function() nn.conv2d(x, w, nil, { groups = 2, stride = { 1, 0 } }) end,
+      "conv2d: stride must be an integer >= 1 or a table {h, w} of them, got {1, 0}")
+    assert.has_error(function() nn.conv2d(x, attn.randn({ 6, 2, 7, 3 }), nil, { groups = 2, padding = { 0, 1 } }) end,
+      "conv2d: kernel 7x3 (dilation 1x1: 7x3) is larger than the padded input 5x7 (input [1x4x5x5], padding 0x1)")
+    assert.has_error(function() nn.conv2d(x, w, nil, { groups = 2, dilation = 3 }) end,
+      "conv2d: kernel 3x3 (dilation 3x3: 7x7) is larger than the padded input 5x5 (input [1x4x5x5], padding 0x0)")
+    assert.has_error(function() nn.conv2d(x, w, attn.randn({ 5 }), { groups = 2 }) end,
+      "conv2d: bias [5] must be [6]")
+    assert.has_error(function() nn.conv2d(x, w:to("float64"), nil, { groups = 2 }) end,
+      "conv2d: weight [6x2x3x3] is float64, expected float32")
+    assert.has_error(function() nn.conv2d(x, w, nil, { groups = 2, kernel = "fast" }) end,
+      "conv2d: kernel must be 'auto' or 'reference', got fast")
+  end)
+end)
+
+describe("nn.Conv2d", function()
+  it("has PyTorch's parameter shapes, initial ranges and repr", function()
+    attn.manual_seed(8)
+    local m = nn.Conv2d(4, 6, { 3, 2 }, { groups = 2, padding = 1, stride = { 2, 1 } })
+    assert.are.same({ 6, 2, 3, 2 }, m.weight:shape())
+    assert.are.same({ 6 }, m.bias:shape())
+    local bound = 1 / math.sqrt(2 * 3 * 2) -- kaiming_uniform(a = sqrt 5) over fan_in = 12
+    assert.is_true(m.weight:abs():max():item() <= bound)
+    assert.is_true(m.bias:abs():max():item() <= bound)
+    assert.is_true(m.weight:abs():max():item() > bound / 2)
+    assert.are.equal("Conv2d(4, 6, kernel_size=(3, 2), stride=(2, 1), padding=(1, 1), groups=2)", tostring(m))
+    local keys = {}
+    for k in pairs(m:state_dict()) do keys[#keys + 1] = k end
+    table.sort(keys)
+    assert.are.same({ "bias", "weight" }, keys)
+    assert.is_nil(nn.Conv2d(2, 2, 1, { bias = false }).bias)
+  end)
+
+  it("computes conv2d with its parameters, on the reference path with kernel = 'reference'", function()
+    attn.manual_seed(9)
+    local m = nn.Conv2d(2, 3, 3, { padding = 1, dilation = 2, dtype = "float64" })
+    local x = attn.randn({ 2, 2, 6, 6 }, "float64")
+    local expected = naive_conv(x, m.weight, m.bias, { padding = { 1, 1 }, dilation = { 2, 2 } })
+    assert.close(m(x), expected, { atol = 1e-12, rtol = 0 })
+    m.kernel = "reference"
+    assert.close(m(x), expected, { atol = 1e-12, rtol = 0 })
+  end)
+
+  it("raises on bad constructor arguments", function()
+    assert.has_error(function() nn.Conv2d(4, 6, 3, { groups = 4 }) end,
+      "Conv2d: groups 4 must divide in_channels 4 and out_channels 6")
+    assert.has_error(function() nn.Conv2d(4, 6, 0) end,
+      "Conv2d: kernel_size must be an integer >= 1 or a table {h, w} of them, got 0")
+    assert.has_error(function() nn.Conv2d(4, 6, 3, { padding_mode = "reflect" }) end,
+      "Conv2d: padding_mode 'reflect' is not supported (only 'zeros')")
+    assert.has_error(function() nn.Conv2d(4, 6, 3, { paddings = 1 }) end)
+  end)
+end)
+
+describe("a PyTorch CNN (Conv2d, BatchNorm2d, ReLU, MaxPool2d, grouped dilated Conv2d, AdaptiveAvgPool2d, "
+  .. "Flatten, Linear)", function()
+  local F = require "nn.torch_fixtures"
+  for _, name in ipairs(F.cnn_cases) do
+    it("matches PyTorch 1.13 to 1e-10 (outputs, input and parameter gradients, running stats): " .. name, function()
+      for _, threads in ipairs { 1, 2 } do
+        local before = attn.get_num_threads()
+        attn.set_num_threads(threads)
+        local d, n, tol = F.run(name)
+        attn.set_num_threads(before)
+        assert.is_true(n >= 10)
+        for _, what in ipairs { "output", "grad_input", "grad_state", "after" } do
+          assert.is_true(d[what] <= tol, string.format("%s differs by %g (%d threads)", what, d[what], threads))
+        end
+      end
+      local d = F.run(name, "float32")
+      for _, what in ipairs { "output", "grad_input", "grad_state", "after" } do
+        assert.is_true(d[what] <= 1e-4, what .. " differs by " .. d[what] .. " in float32")
+      end
+    end)
+  end
+
+  it("loads PyTorch's state dict unchanged (keys and weight shapes)", function()
+    local t = assert(attn.load("spec/fixtures/torch/cnn_eval.safetensors"))
+    local m = F.cnn()
+    local sd = m:state_dict()
+    local n = 0
+    for k, v in pairs(t) do
+      local key = k:match("^state%.(.+)$")
+      if key then
+        assert.are.same(v:shape(), sd[key]:shape(), key)
+        n = n + 1
+      end
+    end
+    local mine = 0
+    for _ in pairs(sd) do mine = mine + 1 end
+    assert.are.equal(mine, n)
+  end)
+end)

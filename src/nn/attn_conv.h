@@ -1,0 +1,46 @@
+/* attn_conv: 2-D convolution (PyTorch's conv2d, cross-correlation), forward and backward.
+ *
+ * x (N, C, H, W), weight (O, C/G, kh, kw), bias (O) or NULL, y (N, O, Ho, Wo) with
+ *
+ *     Ho = (H + 2 ph - dh (kh - 1) - 1) / sh + 1   (likewise Wo)
+ *     y[n, o, i, j] = b[o] + sum_{c, p, q} w[o, c, p, q] x[n, g C/G + c, i sh - ph + p dh, j sw - pw + q dw]
+ *
+ * for o in group g (of G); taps outside the input read zero. The fast path unfolds one image at a
+ * time (im2col, one column per output position, the group's rows contiguous) into a workspace and
+ * runs one attn_gemm per group: Y_g = W_g col_g. Backward: dcol_g = W_g^T dY_g folded back (col2im)
+ * for dx, and dW_g = sum_n dY_g col_g^T. Images are split over the worker pool; dW is summed per
+ * fixed chunk of images (the chunking depends on N alone) and the chunks are added in order, so
+ * the bits do not depend on the thread count. db sums dY over images and positions in order.
+ *
+ * The reference path (reference != 0) is the formula above as plain loops with double sums, on
+ * the calling thread: the specs compare the fast path with it. Every operand must be contiguous
+ * and share x's float dtype. Errors name the op, the shapes and the offending values. */
+#ifndef ATTN_CONV_H
+#define ATTN_CONV_H
+
+#include "core/attn_tensor.h"
+
+typedef struct attn_conv2d_params {
+  int64_t stride[2];   /* >= 1, (h, w) */
+  int64_t padding[2];  /* >= 0 */
+  int64_t dilation[2]; /* >= 1 */
+  int64_t groups;      /* >= 1, divides C and O */
+} attn_conv2d_params;
+
+/* The output shape (N, O, Ho, Wo) of conv2d on x and weight, in out; fails naming op, the
+ * shapes and the values when ranks, channel counts, groups, strides, padding or dilation do not
+ * fit, or the dilated kernel is larger than the padded input. */
+attn_status attn_conv2d_shape(const char *op, const attn_tensor *x, const attn_tensor *weight,
+                              const attn_conv2d_params *p, int64_t out[4]);
+
+/* y (attn_conv2d_shape) = conv2d(x, weight) + bias (bias may be NULL). */
+attn_status attn_conv2d_forward(const attn_tensor *x, const attn_tensor *weight, const attn_tensor *bias,
+                                const attn_conv2d_params *p, int reference, attn_tensor *y);
+
+/* Gradients of the forward above from dy (N, O, Ho, Wo): dx (x's shape), dweight (weight's
+ * shape), dbias (O); each may be NULL to skip it. */
+attn_status attn_conv2d_backward(const attn_tensor *x, const attn_tensor *weight, const attn_conv2d_params *p,
+                                 const attn_tensor *dy, int reference, attn_tensor *dx, attn_tensor *dweight,
+                                 attn_tensor *dbias);
+
+#endif
