@@ -1,6 +1,7 @@
-/* Binding: the fused GRU (attn_rnn.h) and the fused Bahdanau decoder (attn_decoder.h). Weights arrive as one flat table of
- * 4 entries per layer, {weight_ih, weight_hh, bias_ih, bias_hh, ...}, with
- * false for a missing bias; the autograd node lives in lua/attn/nn/gru.lua. */
+/* Binding: the fused GRU (attn_rnn.h), the fused LSTM (attn_lstm.h) and the fused Bahdanau
+ * decoder (attn_decoder.h). Weights arrive as one flat table of 4 entries per layer, {weight_ih,
+ * weight_hh, bias_ih, bias_hh, ...}, with false for a missing bias; the autograd nodes live in
+ * lua/attn/nn/gru.lua and lua/attn/nn/lstm.lua. */
 #include "bind/lbind.h"
 
 #define MAX_LAYERS 64
@@ -113,6 +114,69 @@ static int l_gru_backward(lua_State *L) {
   return 3;
 }
 
+static attn_tensor *opt_tensor(lua_State *L, int arg) { return lua_isnoneornil(L, arg) ? NULL : attn_l_check(L, arg); }
+
+/* The input x and weight_hh_l0 the LSTM's output sizes come from, checked before allocating. */
+static void check_lstm_sizes(lua_State *L, const attn_tensor *x, const attn_tensor *w_hh0, const char *fn) {
+  if (x->ndim != 3 || w_hh0->ndim != 2)
+    attn_l_error(L, "%s: input %s must be (T, B, input_size) and weight_hh_l0 %s (4h, h)", fn,
+                 attn_tensor_shape_str(x), attn_tensor_shape_str(w_hh0));
+}
+
+/* lstm_forward(x, h0|nil, c0|nil, params, dropout, seed|nil) -> out, hn, cn, saved (table of the
+ * parts of attn_lstm_saved_layout: hs, cs, gates, tc), seed */
+static int l_lstm_forward(lua_State *L) {
+  const char *fn = "lstm";
+  const attn_tensor *w_ih[MAX_LAYERS], *w_hh[MAX_LAYERS], *b_ih[MAX_LAYERS], *b_hh[MAX_LAYERS];
+  attn_tensor *x = attn_l_check(L, 1), *h0 = opt_tensor(L, 2), *c0 = opt_tensor(L, 3);
+  int layers = read_params(L, 4, w_ih, w_hh, b_ih, b_hh, fn);
+  double p = check_dropout(L, 5, fn);
+  uint64_t seed = lua_isnoneornil(L, 6) ? (p > 0 ? attn_rng_next(attn_l_rng(L)) : 0)
+                                        : (uint64_t)attn_l_checkinteger(L, 6, "seed");
+  check_lstm_sizes(L, x, w_hh[0], fn);
+  int64_t T = x->shape[0], B = x->shape[1], H = w_hh[0]->shape[1];
+  int64_t out_shape[3] = {T, B, H}, hn_shape[3] = {layers, B, H};
+  attn_saved_layout lay;
+  ATTN_L_TRY(L, attn_lstm_saved_layout(T, B, H, layers, &lay));
+  attn_tensor *out = attn_l_push_alloc(L, x->dtype, 3, out_shape);
+  attn_tensor *hn = attn_l_push_alloc(L, x->dtype, 3, hn_shape);
+  attn_tensor *cn = attn_l_push_alloc(L, x->dtype, 3, hn_shape);
+  attn_tensor saved = attn_l_push_saved(L, &lay, x->dtype);
+  ATTN_L_TRY(L, attn_lstm_forward(x, h0, c0, layers, w_ih, w_hh, b_ih, b_hh, p, seed, out, hn, cn, &saved));
+  lua_pushinteger(L, (lua_Integer)seed);
+  return 5;
+}
+
+/* lstm_backward(x, h0|nil, c0|nil, params, dropout, seed, saved, dout|nil, dhn|nil, dcn|nil)
+ * -> dx, dh0 (nil without h0), dc0 (nil without c0), grads (4 per layer, false for a missing bias) */
+static int l_lstm_backward(lua_State *L) {
+  const char *fn = "lstm backward";
+  const attn_tensor *w_ih[MAX_LAYERS], *w_hh[MAX_LAYERS], *b_ih[MAX_LAYERS], *b_hh[MAX_LAYERS];
+  attn_tensor *dw_ih[MAX_LAYERS], *dw_hh[MAX_LAYERS], *db_ih[MAX_LAYERS], *db_hh[MAX_LAYERS];
+  attn_tensor *x = attn_l_check(L, 1), *h0 = opt_tensor(L, 2), *c0 = opt_tensor(L, 3);
+  int layers = read_params(L, 4, w_ih, w_hh, b_ih, b_hh, fn);
+  double p = check_dropout(L, 5, fn);
+  uint64_t seed = (uint64_t)attn_l_checkinteger(L, 6, "seed");
+  check_lstm_sizes(L, x, w_hh[0], fn);
+  attn_saved_layout lay;
+  ATTN_L_TRY(L, attn_lstm_saved_layout(x->shape[0], x->shape[1], w_hh[0]->shape[1], layers, &lay));
+  attn_tensor saved = attn_l_check_saved(L, 7, &lay, x->dtype, fn);
+  attn_tensor *dout = opt_tensor(L, 8), *dhn = opt_tensor(L, 9), *dcn = opt_tensor(L, 10);
+  lua_settop(L, 10);
+  attn_tensor *dx = attn_l_push_like(L, x), *d0[2] = {NULL, NULL};
+  const attn_tensor *s0[2] = {h0, c0};
+  for (int i = 0; i < 2; i++) {
+    if (s0[i])
+      d0[i] = attn_l_push_like(L, s0[i]);
+    else
+      lua_pushnil(L);
+  }
+  push_param_grads(L, layers, w_ih, w_hh, b_ih, b_hh, dw_ih, dw_hh, db_ih, db_hh);
+  ATTN_L_TRY(L, attn_lstm_backward(x, layers, w_ih, w_hh, p, seed, &saved, dout, dhn, dcn, dx, d0[0], d0[1], dw_ih,
+                                   dw_hh, db_ih, db_hh));
+  return 4;
+}
+
 /* The decoder's operands at args 1..11: W_k, values, valid_lens|nil, emb, h0, W_q, w_v, params,
  * attention dropout, GRU dropout, seed|nil (drawn when nil and some dropout is on). The layer
  * arrays are the caller's (MAX_LAYERS entries). */
@@ -193,6 +257,8 @@ static const luaL_Reg rnn_functions[] = {
     {"decoder_backward", l_decoder_backward},
     {"gru_forward", l_gru_forward},
     {"gru_backward", l_gru_backward},
+    {"lstm_forward", l_lstm_forward},
+    {"lstm_backward", l_lstm_backward},
     {NULL, NULL},
 };
 
