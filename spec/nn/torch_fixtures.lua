@@ -20,6 +20,12 @@ local function mha_call(opts, self_attention)
 end
 
 local function recurrent_call(m, i) return m(i.input, i.h0) end
+-- nn.LSTM returns output, {h_n, c_n}: flattened to PyTorch's output.0 .. output.2
+local function lstm_call(m, i)
+  local out, state = m(i.input, i.h0 and { i.h0, i.c0 })
+  return out, state[1], state[2]
+end
+local function lstm_cell_call(m, i) return m(i.input, i.h0 and { i.h0, i.c0 }) end
 local function ids_call(m, i) return m(i.ids) end
 local function encoder_call(m, i, masks) return m(i.src, masks) end
 local function decoder_call(m, i, masks) return m(i.tgt, i.memory, masks) end
@@ -67,6 +73,13 @@ F.cases = {
   embedding_padding = { build = function() return nn.Embedding(7, 3, { padding_idx = 6 }) end, call = ids_call },
   embedding_padding_max_norm = { build = function() return nn.Embedding(7, 3, { padding_idx = -2, max_norm = 1.2,
     norm_type = 1.5 }) end, call = ids_call },
+  lstm_bidirectional_batch_first = { build = function() return nn.LSTM(3, 4, 2, { batch_first = true,
+    bidirectional = true }) end, call = lstm_call },
+  lstm_no_bias = { build = function() return nn.LSTM(3, 4, 2, { bias = false }) end, call = lstm_call },
+  lstm_unbatched = { build = function() return nn.LSTM(3, 2, 1, { bidirectional = true }) end, call = lstm_call },
+  lstm_cell = { build = function() return nn.LSTMCell(3, 4) end, call = lstm_cell_call },
+  lstm_cell_unbatched_no_bias = { build = function() return nn.LSTMCell(3, 4, { bias = false }) end,
+    call = lstm_cell_call },
 }
 
 F.mha_cases = { "mha_plain", "mha_bool_masks", "mha_float_masks", "mha_float_padding", "mha_kvdim_batch_first", "mha_self_causal",
@@ -75,6 +88,8 @@ F.transformer_cases = { "encoder_layer_post_relu", "encoder_layer_pre_gelu", "de
   "decoder_layer_pre_batch_first", "transformer", "encoder_stack" }
 F.recurrent_cases = { "gru_bidirectional_batch_first", "gru_no_bias", "gru_unbatched", "gru_cell",
   "rnn_relu_bidirectional", "rnn_cell_tanh_unbatched", "embedding_padding", "embedding_padding_max_norm" }
+F.lstm_cases = { "lstm_bidirectional_batch_first", "lstm_no_bias", "lstm_unbatched", "lstm_cell",
+  "lstm_cell_unbatched_no_bias" }
 
 local function max_diff(a, b)
   assert(attn.is_tensor(a), "missing tensor")
@@ -104,7 +119,7 @@ function F.run(name, dtype)
   local outs = table.pack(case.call(m, inputs, masks))
   local d = { output = 0, grad_input = 0, grad_state = 0, after = 0 }
   local loss, n = nil, 0
-  for i = 0, 1 do
+  for i = 0, 2 do
     local want = t["output." .. i]
     if want then
       d.output = math.max(d.output, max_diff(outs[i + 1], want))
