@@ -116,15 +116,36 @@ static int l_gru_backward(lua_State *L) {
 
 static attn_tensor *opt_tensor(lua_State *L, int arg) { return lua_isnoneornil(L, arg) ? NULL : attn_l_check(L, arg); }
 
-/* The input x and weight_hh_l0 the LSTM's output sizes come from, checked before allocating. */
-static void check_lstm_sizes(lua_State *L, const attn_tensor *x, const attn_tensor *w_hh0, const char *fn) {
-  if (x->ndim != 3 || w_hh0->ndim != 2)
-    attn_l_error(L, "%s: input %s must be (T, B, input_size) and weight_hh_l0 %s (4h, h)", fn,
-                 attn_tensor_shape_str(x), attn_tensor_shape_str(w_hh0));
+/* One step of one layer (x (B, I), the LSTMCell's call) runs the sequence kernel on (1, B, n)
+ * views of its 2-D operands: t (B, n) as *view (a borrowed struct copy sharing t's storage,
+ * never freed), or t itself for a sequence; NULL stays NULL. */
+static attn_tensor *as_sequence(lua_State *L, attn_tensor *t, attn_tensor *view, int step, const char *fn,
+                                const char *what) {
+  if (!t || !step) return t;
+  if (t->ndim != 2 || !attn_tensor_is_contiguous(t))
+    attn_l_error(L, "%s: %s %s must be a contiguous (B, n) tensor for one step", fn, what, attn_tensor_shape_str(t));
+  *view = *t;
+  int64_t shape[3] = {1, t->shape[0], t->shape[1]};
+  view->ndim = 3;
+  for (int d = 0; d < 3; d++) view->shape[d] = shape[d];
+  attn_contiguous_strides(3, view->shape, view->stride);
+  return view;
+}
+
+/* The input x and weight_hh_l0 the LSTM's output sizes come from, checked before allocating:
+ * x (T, B, I), or (B, I) for one step of one layer. Returns whether x is one step. */
+static int check_lstm_sizes(lua_State *L, const attn_tensor *x, const attn_tensor *w_hh0, int layers,
+                            const char *fn) {
+  int step = x->ndim == 2;
+  if ((x->ndim != 3 && !(step && layers == 1)) || w_hh0->ndim != 2)
+    attn_l_error(L, "%s: input %s must be (T, B, input_size) (or (B, input_size) for one step of one layer) and "
+                 "weight_hh_l0 %s (4h, h)", fn, attn_tensor_shape_str(x), attn_tensor_shape_str(w_hh0));
+  return step;
 }
 
 /* lstm_forward(x, h0|nil, c0|nil, params, dropout, seed|nil) -> out, hn, cn, saved (table of the
- * parts of attn_lstm_saved_layout: hs, cs, gates, tc), seed */
+ * parts of attn_lstm_saved_layout: hs, cs, gates, tc), seed. With x (B, I) and one layer: one
+ * step, h0, c0, hn, cn (B, H) and out nil. */
 static int l_lstm_forward(lua_State *L) {
   const char *fn = "lstm";
   const attn_tensor *w_ih[MAX_LAYERS], *w_hh[MAX_LAYERS], *b_ih[MAX_LAYERS], *b_hh[MAX_LAYERS];
@@ -133,14 +154,26 @@ static int l_lstm_forward(lua_State *L) {
   double p = check_dropout(L, 5, fn);
   uint64_t seed = lua_isnoneornil(L, 6) ? (p > 0 ? attn_rng_next(attn_l_rng(L)) : 0)
                                         : (uint64_t)attn_l_checkinteger(L, 6, "seed");
-  check_lstm_sizes(L, x, w_hh[0], fn);
+  int step = check_lstm_sizes(L, x, w_hh[0], layers, fn);
+  lua_settop(L, 6);
+  attn_tensor v[6];
+  x = as_sequence(L, x, &v[0], step, fn, "input");
+  h0 = as_sequence(L, h0, &v[1], step, fn, "h0");
+  c0 = as_sequence(L, c0, &v[2], step, fn, "c0");
   int64_t T = x->shape[0], B = x->shape[1], H = w_hh[0]->shape[1];
   int64_t out_shape[3] = {T, B, H}, hn_shape[3] = {layers, B, H};
   attn_saved_layout lay;
   ATTN_L_TRY(L, attn_lstm_saved_layout(T, B, H, layers, &lay));
-  attn_tensor *out = attn_l_push_alloc(L, x->dtype, 3, out_shape);
-  attn_tensor *hn = attn_l_push_alloc(L, x->dtype, 3, hn_shape);
-  attn_tensor *cn = attn_l_push_alloc(L, x->dtype, 3, hn_shape);
+  attn_tensor *out = NULL;
+  if (step)
+    lua_pushnil(L);
+  else
+    out = attn_l_push_alloc(L, x->dtype, 3, out_shape);
+  attn_tensor *hn = attn_l_push_alloc(L, x->dtype, 3 - step, hn_shape + step);
+  attn_tensor *cn = attn_l_push_alloc(L, x->dtype, 3 - step, hn_shape + step);
+  hn = as_sequence(L, hn, &v[3], step, fn, "final state");
+  cn = as_sequence(L, cn, &v[4], step, fn, "final cell");
+  if (step) out = hn; /* one step: the output is the final state */
   attn_tensor saved = attn_l_push_saved(L, &lay, x->dtype);
   ATTN_L_TRY(L, attn_lstm_forward(x, h0, c0, layers, w_ih, w_hh, b_ih, b_hh, p, seed, out, hn, cn, &saved));
   lua_pushinteger(L, (lua_Integer)seed);
@@ -148,7 +181,8 @@ static int l_lstm_forward(lua_State *L) {
 }
 
 /* lstm_backward(x, h0|nil, c0|nil, params, dropout, seed, saved, dout|nil, dhn|nil, dcn|nil)
- * -> dx, dh0 (nil without h0), dc0 (nil without c0), grads (4 per layer, false for a missing bias) */
+ * -> dx, dh0 (nil without h0), dc0 (nil without c0), grads (4 per layer, false for a missing
+ * bias). One step (x (B, I)) as lstm_forward's: dout nil, the rest (B, n). */
 static int l_lstm_backward(lua_State *L) {
   const char *fn = "lstm backward";
   const attn_tensor *w_ih[MAX_LAYERS], *w_hh[MAX_LAYERS], *b_ih[MAX_LAYERS], *b_hh[MAX_LAYERS];
@@ -157,22 +191,27 @@ static int l_lstm_backward(lua_State *L) {
   int layers = read_params(L, 4, w_ih, w_hh, b_ih, b_hh, fn);
   double p = check_dropout(L, 5, fn);
   uint64_t seed = (uint64_t)attn_l_checkinteger(L, 6, "seed");
-  check_lstm_sizes(L, x, w_hh[0], fn);
+  int step = check_lstm_sizes(L, x, w_hh[0], layers, fn);
+  attn_tensor v[8];
+  attn_tensor *xs = as_sequence(L, x, &v[0], step, fn, "input");
   attn_saved_layout lay;
-  ATTN_L_TRY(L, attn_lstm_saved_layout(x->shape[0], x->shape[1], w_hh[0]->shape[1], layers, &lay));
+  ATTN_L_TRY(L, attn_lstm_saved_layout(xs->shape[0], xs->shape[1], w_hh[0]->shape[1], layers, &lay));
   attn_tensor saved = attn_l_check_saved(L, 7, &lay, x->dtype, fn);
   attn_tensor *dout = opt_tensor(L, 8), *dhn = opt_tensor(L, 9), *dcn = opt_tensor(L, 10);
+  if (step && dout) attn_l_error(L, "%s: one step has no output gradient apart from the final state's", fn);
+  dhn = as_sequence(L, dhn, &v[1], step, fn, "final state gradient");
+  dcn = as_sequence(L, dcn, &v[2], step, fn, "final cell gradient");
   lua_settop(L, 10);
-  attn_tensor *dx = attn_l_push_like(L, x), *d0[2] = {NULL, NULL};
-  const attn_tensor *s0[2] = {h0, c0};
+  attn_tensor *dx = as_sequence(L, attn_l_push_like(L, x), &v[3], step, fn, "input gradient"), *d0[2] = {NULL, NULL};
+  attn_tensor *s0[2] = {h0, c0};
   for (int i = 0; i < 2; i++) {
     if (s0[i])
-      d0[i] = attn_l_push_like(L, s0[i]);
+      d0[i] = as_sequence(L, attn_l_push_like(L, s0[i]), &v[4 + i], step, fn, i ? "c0 gradient" : "h0 gradient");
     else
       lua_pushnil(L);
   }
   push_param_grads(L, layers, w_ih, w_hh, b_ih, b_hh, dw_ih, dw_hh, db_ih, db_hh);
-  ATTN_L_TRY(L, attn_lstm_backward(x, layers, w_ih, w_hh, p, seed, &saved, dout, dhn, dcn, dx, d0[0], d0[1], dw_ih,
+  ATTN_L_TRY(L, attn_lstm_backward(xs, layers, w_ih, w_hh, p, seed, &saved, dout, dhn, dcn, dx, d0[0], d0[1], dw_ih,
                                    dw_hh, db_ih, db_hh));
   return 4;
 }

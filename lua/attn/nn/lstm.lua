@@ -61,6 +61,21 @@ function M.lstm(X, h0, c0, params, dropout, seed)
   return out, hn, cn
 end
 
+--- One step of one layer as one autograd node over the same C kernel (a decoder's cell: no
+-- sequence views around it). x (B, in); h, c (B, h) or nil for zeros; params {weight_ih,
+-- weight_hh, bias_ih, bias_hh} (false for no bias). Returns h' and c' (B, h).
+-- @usage local h, c = lstm.lstm_step(x, h, c, { w_ih, w_hh, b_ih, b_hh })
+function M.lstm_step(x, h, c, params)
+  local xc, hc, cc = core.contiguous(x), contiguous(h), contiguous(c)
+  local _, hn, cn, saved = core.lstm_forward(xc, hc, cc, params, 0)
+  autograd.record("lstm_step", { hn, cn }, { x, h or false, c or false, table.unpack(params) }, function(ghn, gcn)
+    local dx, dh, dc, grads = core.lstm_backward(xc, hc, cc, params, 0, 0, saved, nil, contiguous(ghn),
+      contiguous(gcn))
+    return dx, dh, dc, table.unpack(grads, 1, #params)
+  end)
+  return hn, cn
+end
+
 --- One LSTM step of the composed path, written with differentiable tensor ops (the reference
 -- the fused kernel is held to): gi (B, 4h) the input projection W_ih x + b_ih, h and c (B, h),
 -- w_hh (4h, h), b_hh (4h) or nil. Returns h' and c' (B, h).
@@ -175,12 +190,10 @@ end
 --- Whether the fused path can run (attn.nn.fused): always.
 function LSTMCell.can_fuse() return true end
 
---- The fused path: one step of the LSTM kernel, x (B, in), h and c (B, h) or nil; returns h'
--- and c' (B, h).
+--- The fused path: one step of the LSTM kernel (`M.lstm_step`), x (B, in), h and c (B, h) or
+-- nil; returns h' and c' (B, h).
 function LSTMCell:fused_forward(x, h, c)
-  local _, hn, cn = M.lstm(x:unsqueeze(1), h and h:unsqueeze(1), c and c:unsqueeze(1),
-    { self.weight_ih, self.weight_hh, self.bias_ih or false, self.bias_hh or false })
-  return hn:select(1, 1), cn:select(1, 1)
+  return M.lstm_step(x, h, c, { self.weight_ih, self.weight_hh, self.bias_ih or false, self.bias_hh or false })
 end
 
 --- The composed path: the input projection and `M.composed_cell`, x (B, in), h and c (B, h) or
