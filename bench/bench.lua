@@ -245,6 +245,18 @@ do -- the GRU encoder alone, forward + backward (embedding 32, 2 x 32, dropout 0
   end, case("gru_step"))
 end
 
+do -- the same encoder with an LSTM (2 x 32, dropout 0.1; compare with train_gru: 4 gates for 3)
+  local emb, rnn = nn.Embedding(VOCAB, 32), nn.LSTM(32, 32, 2, { dropout = 0.1 })
+  rnn:train()
+  book_row("train_lstm", "LSTM encoder forward+backward", "batch 64 x 10, 2 x 32", function()
+    local out, state = rnn(emb(src):transpose(1, 2))
+    local total = out:sum() + state[1]:sum() + state[2]:sum()
+    total:backward()
+    for _, p in ipairs(rnn:parameters()) do p.grad = nil end
+    emb.weight.grad = nil
+  end, case("lstm_step"))
+end
+
 do -- MultiHeadAttention(32, 4 heads) self-attention training step with Adam
   local mha = nn.MultiHeadAttention { key_size = 32, query_size = 32, value_size = 32, num_hiddens = 32,
     num_heads = 4, dropout = 0.1 }

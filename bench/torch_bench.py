@@ -289,6 +289,15 @@ def run_case(c, budget):
             out, state = rnn(emb(src.t()))
             (out.sum() + state.sum()).backward()
         return {"time": best_time(step, budget)}
+    if kind == "lstm_step":
+        B, T, e, h, layers = c["batch"], c["steps"], c["embed"], c["hidden"], c["layers"]
+        emb, rnn = nn.Embedding(c["vocab"], e), nn.LSTM(e, h, layers, dropout=0.1)
+        src = batch_of(c)[0]
+
+        def step():
+            out, (hn, cn) = rnn(emb(src.t()))
+            (out.sum() + hn.sum() + cn.sum()).backward()
+        return {"time": best_time(step, budget)}
     if kind == "bahdanau":
         model = Seq2SeqAttention(c["vocab"], c["embed"], c["hidden"], c["layers"], 0.2)
         batch = batch_of(c)

@@ -23,6 +23,7 @@
 #include "nn/attn_pool.h"
 #include "core/attn_parallel.h"
 #include "core/attn_rng.h"
+#include "nn/attn_lstm.h"
 #include "nn/attn_rnn.h"
 #include "core/attn_saved.h"
 #include "core/attn_tensor.h"

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """PyTorch parity fixtures for attn's nn.MultiheadAttention, Transformer, GRU, GRUCell, RNN,
-Embedding and the CNN layers (Conv2d, BatchNorm2d, MaxPool2d, AdaptiveAvgPool2d, Flatten).
+Embedding, LSTM and LSTMCell classes, and the CNN layers (Conv2d, BatchNorm2d, MaxPool2d,
+AdaptiveAvgPool2d, Flatten).
 
 Run with a Python that has torch (written against PyTorch 1.13):
 
@@ -14,11 +15,12 @@ term for MultiheadAttention). It writes one safetensors file per case (written b
 little-endian bytes), with tensors named
 
     state.<key>         the module's state dict, PyTorch's keys
-    input.<name>        query / key / value, src / tgt, memory; input / h0 (recurrent layers),
+    input.<name>        query / key / value, src / tgt, memory; input / h0 / c0 (recurrent layers),
                         ids (Embedding: PyTorch's 0-based ids, as int64)
     mask.<name>         masks under their forward argument names; bool masks as I64 0/1
-    output.0, output.1  the forward's results (output.1: MultiheadAttention's weights)
-    grad_output.0/1     the gradients fed back
+    output.0, output.1  the forward's results (output.1: MultiheadAttention's weights; LSTM:
+    output.2            output, h_n, c_n; LSTMCell: h', c')
+    grad_output.0/1/2   the gradients fed back
     grad.input.<name>   gradients of the inputs
     grad.state.<key>    gradients of the parameters
     after.<key>         the state after the forward (Embedding with max_norm renormalises rows;
@@ -244,6 +246,24 @@ def cases():
         return make
     yield "cnn_train", cnn(True)
     yield "cnn_eval", cnn(False)
+    # LSTM: output.0 the outputs, output.1 h_n, output.2 c_n (LSTMCell: h', c'); the state is
+    # (h0, c0) (appended last so the cases above keep their seeds)
+    def lstm(m, x_shape, s_shape):
+        inputs = {"input": torch.randn(x_shape)}
+        if s_shape is not None:
+            inputs["h0"], inputs["c0"] = torch.randn(s_shape), torch.randn(s_shape)
+        layer = isinstance(m, torch.nn.LSTM)
+
+        def call(m, i, k):
+            r = m(i["input"], (i["h0"], i["c0"]) if "h0" in i else None)
+            return (r[0], r[1][0], r[1][1]) if layer else r
+        return run(m, inputs, {}, call, 3 if layer else 2)
+    yield "lstm_bidirectional_batch_first", lambda: lstm(torch.nn.LSTM(
+        3, 4, 2, batch_first=True, bidirectional=True), (N, S, 3), (4, N, 4))
+    yield "lstm_no_bias", lambda: lstm(torch.nn.LSTM(3, 4, 2, bias=False), (S, N, 3), None)
+    yield "lstm_unbatched", lambda: lstm(torch.nn.LSTM(3, 2, 1, bidirectional=True), (S, 3), (2, 2))
+    yield "lstm_cell", lambda: lstm(torch.nn.LSTMCell(3, 4), (N, 3), (N, 4))
+    yield "lstm_cell_unbatched_no_bias", lambda: lstm(torch.nn.LSTMCell(3, 4, bias=False), (3,), (4,))
 
 
 def main():

@@ -3,7 +3,8 @@
 -- Classes: Module (base; see attn.nn.module for writing your own), Linear,
 -- Embedding, Dropout, LayerNorm, ReLU, Identity, GELU, BatchNorm1d, BatchNorm2d, Conv2d, MaxPool2d,
 -- AvgPool2d, AdaptiveAvgPool2d, Flatten (attn.nn.conv),
--- Sequential, ModuleList, ModuleDict, GRU, GRUCell, RNN, RNNCell (attn.nn.rnn), the book's seq2seq models
+-- Sequential, ModuleList, ModuleDict, GRU, GRUCell, RNN, RNNCell (attn.nn.rnn), LSTM, LSTMCell
+-- (attn.nn.lstm), the book's seq2seq models
 -- (Encoder, Decoder, AttentionDecoder, EncoderDecoder, Seq2SeqEncoder,
 -- Seq2SeqDecoder, Seq2SeqAttentionDecoder; attn.nn.seq2seq) and Transformer
 -- (PositionWiseFFN, AddNorm, TransformerEncoderBlock, TransformerEncoder,
@@ -32,6 +33,7 @@ local module = require "attn.nn.module"
 local linear = require "attn.nn.linear"
 local gru = require "attn.nn.gru"
 local rnn = require "attn.nn.rnn"
+local lstm = require "attn.nn.lstm"
 local attention = require "attn.nn.attention"
 local loss = require "attn.nn.loss"
 local clip = require "attn.nn.clip"
@@ -79,6 +81,8 @@ nn.GRU = gru.GRU
 nn.GRUCell = gru.GRUCell
 nn.RNN = rnn.RNN
 nn.RNNCell = rnn.RNNCell
+nn.LSTM = lstm.LSTM
+nn.LSTMCell = lstm.LSTMCell
 nn.cross_entropy = loss.cross_entropy
 nn.masked_token_mean = loss.masked_token_mean
 nn.CrossEntropyLoss = loss.CrossEntropyLoss

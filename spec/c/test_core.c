@@ -517,6 +517,116 @@ static void test_gru(void) {
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) attn_tensor_free(all[i]);
 }
 
+/* Two LSTM steps, one layer, B = H = 1, input size 1, against the equations by hand (PyTorch's
+ * gate order i, f, g, o); backward against central differences of loss = out_1 + out_2 + c_n / 2,
+ * the saved layout's size, and a refused shape naming the operand. */
+static double lstm_by_hand(const double *wi, const double *wh, const double *bi, const double *bh, const double *xs,
+                           double h, double c, double *out) {
+  double s[2];
+  if (!out) out = s;
+  for (int t = 0; t < 2; t++) {
+    double a[4];
+    for (int g = 0; g < 4; g++) a[g] = wi[g] * xs[t] + bi[g] + wh[g] * h + bh[g];
+    double i = 1 / (1 + exp(-a[0])), f = 1 / (1 + exp(-a[1])), gg = tanh(a[2]), o = 1 / (1 + exp(-a[3]));
+    c = f * c + i * gg;
+    h = o * tanh(c);
+    out[t] = h;
+  }
+  return out[0] + out[1] + 0.5 * c;
+}
+
+static void test_lstm(void) {
+  double wi[4] = {0.5, -0.3, 0.8, 0.4}, wh[4] = {0.2, 0.7, -0.4, 0.3}, bi[4] = {0.1, -0.2, 0.3, 0.05};
+  const double bh[4] = {-0.1, 0.05, 0.2, -0.3}, xs[2] = {0.9, -0.4}, hv = -0.6, cv = 0.7;
+  attn_saved_layout lay;
+  CHECK(attn_lstm_saved_layout(2, 1, 1, 1, &lay) == ATTN_OK && lay.numel == 3 + 3 + 8 + 2, "lstm layout (%lld)",
+        (long long)lay.numel);
+  int64_t sx[3] = {2, 1, 1}, s3[3] = {1, 1, 1}, s2[2] = {4, 1}, s1 = 4, sn = lay.numel;
+  attn_tensor x, h0, c0, w_ih, w_hh, b_ih, b_hh, out, hn, cn, saved, dx, dh0, dc0, dwi, dwh, dbi, dbh, dout, dcn;
+  attn_tensor_init(&x, ATTN_F64, 3, sx);
+  attn_tensor_init(&h0, ATTN_F64, 3, s3);
+  attn_tensor_init(&c0, ATTN_F64, 3, s3);
+  attn_tensor_init(&w_ih, ATTN_F64, 2, s2);
+  attn_tensor_init(&w_hh, ATTN_F64, 2, s2);
+  attn_tensor_init(&b_ih, ATTN_F64, 1, &s1);
+  attn_tensor_init(&b_hh, ATTN_F64, 1, &s1);
+  attn_tensor_init(&out, ATTN_F64, 3, sx);
+  attn_tensor_init(&hn, ATTN_F64, 3, s3);
+  attn_tensor_init(&cn, ATTN_F64, 3, s3);
+  attn_tensor_init(&saved, ATTN_F64, 1, &sn);
+  memcpy(attn_tensor_data(&x), xs, sizeof xs);
+  ((double *)attn_tensor_data(&h0))[0] = hv;
+  ((double *)attn_tensor_data(&c0))[0] = cv;
+  memcpy(attn_tensor_data(&w_ih), wi, sizeof wi);
+  memcpy(attn_tensor_data(&w_hh), wh, sizeof wh);
+  memcpy(attn_tensor_data(&b_ih), bi, sizeof bi);
+  memcpy(attn_tensor_data(&b_hh), bh, sizeof bh);
+  const attn_tensor *WIs[1] = {&w_ih}, *WHs[1] = {&w_hh}, *BIs[1] = {&b_ih}, *BHs[1] = {&b_hh};
+  CHECK(attn_lstm_forward(&x, &h0, &c0, 1, WIs, WHs, BIs, BHs, 0, 0, &out, &hn, &cn, &saved) == ATTN_OK,
+        "lstm forward: %s", attn_last_error());
+  double want[2];
+  lstm_by_hand(wi, wh, bi, bh, xs, hv, cv, want);
+  const double *got = attn_tensor_data(&out);
+  CHECK(fabs(got[0] - want[0]) < 1e-15 && fabs(got[1] - want[1]) < 1e-15,
+        "lstm steps %.17g %.17g, by hand %.17g %.17g", got[0], got[1], want[0], want[1]);
+  CHECK(((double *)attn_tensor_data(&hn))[0] == got[1], "the final state is the last output");
+
+  attn_tensor_init(&dout, ATTN_F64, 3, sx);
+  attn_tensor_init(&dcn, ATTN_F64, 3, s3);
+  ((double *)attn_tensor_data(&dout))[0] = ((double *)attn_tensor_data(&dout))[1] = 1;
+  ((double *)attn_tensor_data(&dcn))[0] = 0.5;
+  attn_tensor_init_like(&dx, &x);
+  attn_tensor_init_like(&dh0, &h0);
+  attn_tensor_init_like(&dc0, &c0);
+  attn_tensor_init_like(&dwi, &w_ih);
+  attn_tensor_init_like(&dwh, &w_hh);
+  attn_tensor_init_like(&dbi, &b_ih);
+  attn_tensor_init_like(&dbh, &b_hh);
+  attn_tensor *DWI[1] = {&dwi}, *DWH[1] = {&dwh}, *DBI[1] = {&dbi}, *DBH[1] = {&dbh};
+  CHECK(attn_lstm_backward(&x, 1, WIs, WHs, 0, 0, &saved, &dout, NULL, &dcn, &dx, &dh0, &dc0, DWI, DWH, DBI, DBH) ==
+            ATTN_OK,
+        "lstm backward: %s", attn_last_error());
+  const double eps = 1e-6;
+  double xp[2] = {xs[0] + eps, xs[1]}, xm[2] = {xs[0] - eps, xs[1]};
+  double num_x = (lstm_by_hand(wi, wh, bi, bh, xp, hv, cv, NULL) - lstm_by_hand(wi, wh, bi, bh, xm, hv, cv, NULL)) /
+                 (2 * eps);
+  double num_h = (lstm_by_hand(wi, wh, bi, bh, xs, hv + eps, cv, NULL) -
+                  lstm_by_hand(wi, wh, bi, bh, xs, hv - eps, cv, NULL)) / (2 * eps);
+  double num_c = (lstm_by_hand(wi, wh, bi, bh, xs, hv, cv + eps, NULL) -
+                  lstm_by_hand(wi, wh, bi, bh, xs, hv, cv - eps, NULL)) / (2 * eps);
+  double gx = ((double *)attn_tensor_data(&dx))[0], gh = ((double *)attn_tensor_data(&dh0))[0];
+  double gc = ((double *)attn_tensor_data(&dc0))[0];
+  CHECK(fabs(gx - num_x) < 1e-8, "dx %.10g vs %.10g", gx, num_x);
+  CHECK(fabs(gh - num_h) < 1e-8, "dh0 %.10g vs %.10g", gh, num_h);
+  CHECK(fabs(gc - num_c) < 1e-8, "dc0 %.10g vs %.10g", gc, num_c);
+  /* every gate's recurrent weight, input weight and bias */
+  double *params[3] = {wh, wi, bi};
+  attn_tensor *grads[3] = {&dwh, &dwi, &dbi};
+  for (int which = 0; which < 3; which++)
+    for (int k = 0; k < 4; k++) {
+      double *w = params[which], keep = w[k];
+      w[k] = keep + eps;
+      double up = lstm_by_hand(wi, wh, bi, bh, xs, hv, cv, NULL);
+      w[k] = keep - eps;
+      double down = lstm_by_hand(wi, wh, bi, bh, xs, hv, cv, NULL);
+      w[k] = keep;
+      double num = (up - down) / (2 * eps), g = ((double *)attn_tensor_data(grads[which]))[k];
+      CHECK(fabs(g - num) < 1e-8, "lstm parameter %d gate %d: %.10g vs %.10g", which, k, g, num);
+    }
+  CHECK(memcmp(attn_tensor_data(&dbi), attn_tensor_data(&dbh), 4 * sizeof(double)) == 0,
+        "both bias gradients are the same sums");
+
+  const attn_tensor *wrong[1] = {&b_ih};
+  CHECK(attn_lstm_forward(&x, NULL, NULL, 1, WIs, wrong, BIs, BHs, 0, 0, &out, &hn, &cn, &saved) == ATTN_ERR_ARG,
+        "a 1-D weight_hh is refused");
+  CHECK(attn_lstm_forward(&x, &h0, &x, 1, WIs, WHs, BIs, BHs, 0, 0, &out, &hn, &cn, &saved) == ATTN_ERR_SHAPE &&
+            strstr(attn_last_error(), "lstm: c0 of layer 0 is [2x1x1], expected [1x1x1]") != NULL,
+        "message: %s", attn_last_error());
+  attn_tensor *all[] = {&x, &h0, &c0, &w_ih, &w_hh, &b_ih, &b_hh, &out, &hn, &cn, &saved, &dx, &dh0, &dc0, &dwi, &dwh,
+                        &dbi, &dbh, &dout, &dcn};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) attn_tensor_free(all[i]);
+}
+
 /* The row math on every path this CPU has, against libm at a few points. */
 static void test_vmath(void) {
   const char *paths[3] = {"generic", "avx2", "avx512"};
@@ -955,6 +1065,7 @@ int main(void) {
   test_sort_and_multinomial();
 
   test_gru();
+  test_lstm();
   test_vmath();
   test_attention_checks();
   test_attention_sparse();

@@ -138,6 +138,65 @@ local ROWS = {
     },
   },
   {
+    name = "nn.LSTM",
+    build = function(dtype, case)
+      return mode(nn.LSTM(5, 6, case.layers or 2, { dropout = case.dropout, bias = case.bias, dtype = dtype }), case)
+    end,
+    inputs = function(dtype, case)
+      local a = leaves(dtype, { 7, 3, 5 }, { case.layers or 2, 3, 6 }, { case.layers or 2, 3, 6 })
+      if case.zero_state then a[2], a[3] = nil, nil end
+      return a
+    end,
+    call = function(m, a)
+      local out, state = m(a[1], a[2] and { a[2], a[3] })
+      return { out, state[1], state[2] }
+    end,
+    cases = {
+      { "eval, 2 layers, given state", eligible = true },
+      { "eval, 1 layer, zero state", layers = 1, zero_state = true, eligible = true },
+      { "eval, 3 layers without biases, zero state", layers = 3, bias = false, zero_state = true, eligible = true },
+      { "training, dropout 0", train = true, dropout = 0, eligible = true },
+      { "training, dropout 1 (the kernel refuses it)", train = true, dropout = 1, eligible = false },
+    },
+  },
+  {
+    name = "nn.LSTM, bidirectional (the kernel per layer and direction)",
+    build = function(dtype, case)
+      return mode(nn.LSTM(5, 6, case.layers or 2, { bidirectional = true, batch_first = case.batch_first,
+        bias = case.bias, dropout = case.dropout, dtype = dtype }), case)
+    end,
+    inputs = function(dtype, case)
+      local L = 2 * (case.layers or 2)
+      local a = leaves(dtype, case.batch_first and { 3, 7, 5 } or { 7, 3, 5 }, { L, 3, 6 }, { L, 3, 6 })
+      if case.zero_state then a[2], a[3] = nil, nil end
+      return a
+    end,
+    call = function(m, a)
+      local out, state = m(a[1], a[2] and { a[2], a[3] })
+      return { out, state[1], state[2] }
+    end,
+    cases = {
+      { "eval, 2 layers, given state", eligible = true },
+      { "eval, 1 layer, batch_first, zero state", layers = 1, batch_first = true, zero_state = true, eligible = true },
+      { "eval, 2 layers without biases", bias = false, eligible = true },
+      { "training, dropout 1", train = true, dropout = 1, eligible = false },
+    },
+  },
+  {
+    name = "nn.LSTMCell",
+    build = function(dtype, case) return nn.LSTMCell(5, 6, { bias = case.bias, dtype = dtype }) end,
+    inputs = function(dtype, case)
+      local a = leaves(dtype, { 3, 5 }, { 3, 6 }, { 3, 6 })
+      if case.zero_state then a[2], a[3] = nil, nil end
+      return a
+    end,
+    call = function(m, a) return { m(a[1], a[2] and { a[2], a[3] }) } end,
+    cases = {
+      { "given state", eligible = true },
+      { "zero state, no biases", bias = false, zero_state = true, eligible = true },
+    },
+  },
+  {
     name = "nn.Seq2SeqAttentionDecoder",
     build = function(dtype, case)
       local m = nn.Seq2SeqAttentionDecoder(11, 4, 6, 2, 0, { scoring = case.scoring }):to(dtype)

@@ -151,6 +151,40 @@ describe("saved buffers of the fused ops", function()
       with_part(saved, "ghn", nil), dout)
   end)
 
+  it("LSTM: hs, cs, gates, tc per layer with the documented shapes, states and cells", function()
+    local T, B, I, H, L = 4, 3, 5, 6, 2
+    local x, h0, c0 = attn.randn({ T, B, I }, "float64"), attn.randn({ L, B, H }, "float64"),
+        attn.randn({ L, B, H }, "float64")
+    local params = {}
+    for l = 1, L do
+      params[#params + 1] = attn.randn({ 4 * H, l == 1 and I or H }, "float64")
+      params[#params + 1] = attn.randn({ 4 * H, H }, "float64")
+      params[#params + 1] = false
+      params[#params + 1] = attn.randn({ 4 * H }, "float64")
+    end
+    local out, hn, cn, saved, seed = core.lstm_forward(x, h0, c0, params, 0)
+    assert.are.same({ hs = { L, T + 1, B, H }, cs = { L, T + 1, B, H }, gates = { L, T, B, 4 * H },
+      tc = { L, T, B, H } }, shapes(saved))
+    -- hs[k] runs from h0[k] to hn[k], cs[k] from c0[k] to cn[k]; tc = tanh(c); h = o * tc
+    for l = 1, L do
+      helper.assert_identical(saved.hs[l][1], h0[l])
+      helper.assert_identical(saved.hs[l][T + 1], hn[l])
+      helper.assert_identical(saved.cs[l][1], c0[l])
+      helper.assert_identical(saved.cs[l][T + 1], cn[l])
+    end
+    for t = 1, T do helper.assert_identical(saved.hs[L][t + 1], out[t]) end
+    local c, o = at(saved.cs, 2, 3, 1, 4), at(saved.gates, 2, 2, 1, 3 * H + 4)
+    assert.is_true(math.abs(at(saved.tc, 2, 2, 1, 4) - tanh(c)) < 1e-15)
+    assert.is_true(math.abs(at(saved.hs, 2, 3, 1, 4) - o * at(saved.tc, 2, 2, 1, 4)) < 1e-15)
+    local dout = attn.ones({ T, B, H }, "float64")
+    local dx = core.lstm_backward(x, h0, c0, params, 0, seed, saved, dout)
+    assert.are.same({ T, B, I }, dx:shape())
+    raises("lstm backward: saved part gates is [2x4x3x6], expected [2x4x3x24] from the operands", core.lstm_backward,
+      x, h0, c0, params, 0, seed, with_part(saved, "gates", attn.zeros({ L, T, B, H }, "float64")), dout)
+    raises("lstm backward: saved part tc must be a tensor, got a nil", core.lstm_backward, x, h0, c0, params, 0, seed,
+      with_part(saved, "tc", nil), dout)
+  end)
+
   it("Bahdanau decoder: the attention's and the GRU's parts with the documented shapes", function()
     local B, Nk, dv, e, H, ha, T, L = 2, 5, 4, 3, 6, 7, 4, 2
     local W_k, values, emb = attn.randn({ ha, dv }, "float64"), attn.randn({ B, Nk, dv }, "float64"),

@@ -20,6 +20,12 @@ local function mha_call(opts, self_attention)
 end
 
 local function recurrent_call(m, i) return m(i.input, i.h0) end
+-- nn.LSTM returns output, {h_n, c_n}: flattened to PyTorch's output.0 .. output.2
+local function lstm_call(m, i)
+  local out, state = m(i.input, i.h0 and { i.h0, i.c0 })
+  return out, state[1], state[2]
+end
+local function lstm_cell_call(m, i) return m(i.input, i.h0 and { i.h0, i.c0 }) end
 local function ids_call(m, i) return m(i.ids) end
 local function input_call(m, i) return m(i.input) end
 local function encoder_call(m, i, masks) return m(i.src, masks) end
@@ -70,6 +76,13 @@ F.cases = {
   -- a small CNN in train mode (batch statistics, running statistics moved) and in eval mode
   cnn_train = { build = function() return F.cnn() end, call = input_call, train = true },
   cnn_eval = { build = function() return F.cnn() end, call = input_call },
+  lstm_bidirectional_batch_first = { build = function() return nn.LSTM(3, 4, 2, { batch_first = true,
+    bidirectional = true }) end, call = lstm_call },
+  lstm_no_bias = { build = function() return nn.LSTM(3, 4, 2, { bias = false }) end, call = lstm_call },
+  lstm_unbatched = { build = function() return nn.LSTM(3, 2, 1, { bidirectional = true }) end, call = lstm_call },
+  lstm_cell = { build = function() return nn.LSTMCell(3, 4) end, call = lstm_cell_call },
+  lstm_cell_unbatched_no_bias = { build = function() return nn.LSTMCell(3, 4, { bias = false }) end,
+    call = lstm_cell_call },
 }
 
 --- The fixtures' CNN (PyTorch's nn.Sequential of the same layers, state-dict keys "0.weight", ...).
@@ -86,6 +99,8 @@ F.transformer_cases = { "encoder_layer_post_relu", "encoder_layer_pre_gelu", "de
 F.cnn_cases = { "cnn_train", "cnn_eval" }
 F.recurrent_cases = { "gru_bidirectional_batch_first", "gru_no_bias", "gru_unbatched", "gru_cell",
   "rnn_relu_bidirectional", "rnn_cell_tanh_unbatched", "embedding_padding", "embedding_padding_max_norm" }
+F.lstm_cases = { "lstm_bidirectional_batch_first", "lstm_no_bias", "lstm_unbatched", "lstm_cell",
+  "lstm_cell_unbatched_no_bias" }
 
 local function max_diff(a, b)
   assert(attn.is_tensor(a), "missing tensor")
@@ -115,7 +130,7 @@ function F.run(name, dtype)
   local outs = table.pack(case.call(m, inputs, masks))
   local d = { output = 0, grad_input = 0, grad_state = 0, after = 0 }
   local loss, n = nil, 0
-  for i = 0, 1 do
+  for i = 0, 2 do
     local want = t["output." .. i]
     if want then
       d.output = math.max(d.output, max_diff(outs[i + 1], want))

@@ -1,6 +1,7 @@
-/* Binding: the fused GRU (attn_rnn.h) and the fused Bahdanau decoder (attn_decoder.h). Weights arrive as one flat table of
- * 4 entries per layer, {weight_ih, weight_hh, bias_ih, bias_hh, ...}, with
- * false for a missing bias; the autograd node lives in lua/attn/nn/gru.lua. */
+/* Binding: the fused GRU (attn_rnn.h), the fused LSTM (attn_lstm.h) and the fused Bahdanau
+ * decoder (attn_decoder.h). Weights arrive as one flat table of 4 entries per layer, {weight_ih,
+ * weight_hh, bias_ih, bias_hh, ...}, with false for a missing bias; the autograd nodes live in
+ * lua/attn/nn/gru.lua and lua/attn/nn/lstm.lua. */
 #include "bind/lbind.h"
 
 #define MAX_LAYERS 64
@@ -113,6 +114,108 @@ static int l_gru_backward(lua_State *L) {
   return 3;
 }
 
+static attn_tensor *opt_tensor(lua_State *L, int arg) { return lua_isnoneornil(L, arg) ? NULL : attn_l_check(L, arg); }
+
+/* One step of one layer (x (B, I), the LSTMCell's call) runs the sequence kernel on (1, B, n)
+ * views of its 2-D operands: t (B, n) as *view (a borrowed struct copy sharing t's storage,
+ * never freed), or t itself for a sequence; NULL stays NULL. */
+static attn_tensor *as_sequence(lua_State *L, attn_tensor *t, attn_tensor *view, int step, const char *fn,
+                                const char *what) {
+  if (!t || !step) return t;
+  if (t->ndim != 2 || !attn_tensor_is_contiguous(t))
+    attn_l_error(L, "%s: %s %s must be a contiguous (B, n) tensor for one step", fn, what, attn_tensor_shape_str(t));
+  *view = *t;
+  int64_t shape[3] = {1, t->shape[0], t->shape[1]};
+  view->ndim = 3;
+  for (int d = 0; d < 3; d++) view->shape[d] = shape[d];
+  attn_contiguous_strides(3, view->shape, view->stride);
+  return view;
+}
+
+/* The input x and weight_hh_l0 the LSTM's output sizes come from, checked before allocating:
+ * x (T, B, I), or (B, I) for one step of one layer. Returns whether x is one step. */
+static int check_lstm_sizes(lua_State *L, const attn_tensor *x, const attn_tensor *w_hh0, int layers,
+                            const char *fn) {
+  int step = x->ndim == 2;
+  if ((x->ndim != 3 && !(step && layers == 1)) || w_hh0->ndim != 2)
+    attn_l_error(L, "%s: input %s must be (T, B, input_size) (or (B, input_size) for one step of one layer) and "
+                 "weight_hh_l0 %s (4h, h)", fn, attn_tensor_shape_str(x), attn_tensor_shape_str(w_hh0));
+  return step;
+}
+
+/* lstm_forward(x, h0|nil, c0|nil, params, dropout, seed|nil) -> out, hn, cn, saved (table of the
+ * parts of attn_lstm_saved_layout: hs, cs, gates, tc), seed. With x (B, I) and one layer: one
+ * step, h0, c0, hn, cn (B, H) and out nil. */
+static int l_lstm_forward(lua_State *L) {
+  const char *fn = "lstm";
+  const attn_tensor *w_ih[MAX_LAYERS], *w_hh[MAX_LAYERS], *b_ih[MAX_LAYERS], *b_hh[MAX_LAYERS];
+  attn_tensor *x = attn_l_check(L, 1), *h0 = opt_tensor(L, 2), *c0 = opt_tensor(L, 3);
+  int layers = read_params(L, 4, w_ih, w_hh, b_ih, b_hh, fn);
+  double p = check_dropout(L, 5, fn);
+  uint64_t seed = lua_isnoneornil(L, 6) ? (p > 0 ? attn_rng_next(attn_l_rng(L)) : 0)
+                                        : (uint64_t)attn_l_checkinteger(L, 6, "seed");
+  int step = check_lstm_sizes(L, x, w_hh[0], layers, fn);
+  lua_settop(L, 6);
+  attn_tensor v[6];
+  x = as_sequence(L, x, &v[0], step, fn, "input");
+  h0 = as_sequence(L, h0, &v[1], step, fn, "h0");
+  c0 = as_sequence(L, c0, &v[2], step, fn, "c0");
+  int64_t T = x->shape[0], B = x->shape[1], H = w_hh[0]->shape[1];
+  int64_t out_shape[3] = {T, B, H}, hn_shape[3] = {layers, B, H};
+  attn_saved_layout lay;
+  ATTN_L_TRY(L, attn_lstm_saved_layout(T, B, H, layers, &lay));
+  attn_tensor *out = NULL;
+  if (step)
+    lua_pushnil(L);
+  else
+    out = attn_l_push_alloc(L, x->dtype, 3, out_shape);
+  attn_tensor *hn = attn_l_push_alloc(L, x->dtype, 3 - step, hn_shape + step);
+  attn_tensor *cn = attn_l_push_alloc(L, x->dtype, 3 - step, hn_shape + step);
+  hn = as_sequence(L, hn, &v[3], step, fn, "final state");
+  cn = as_sequence(L, cn, &v[4], step, fn, "final cell");
+  if (step) out = hn; /* one step: the output is the final state */
+  attn_tensor saved = attn_l_push_saved(L, &lay, x->dtype);
+  ATTN_L_TRY(L, attn_lstm_forward(x, h0, c0, layers, w_ih, w_hh, b_ih, b_hh, p, seed, out, hn, cn, &saved));
+  lua_pushinteger(L, (lua_Integer)seed);
+  return 5;
+}
+
+/* lstm_backward(x, h0|nil, c0|nil, params, dropout, seed, saved, dout|nil, dhn|nil, dcn|nil)
+ * -> dx, dh0 (nil without h0), dc0 (nil without c0), grads (4 per layer, false for a missing
+ * bias). One step (x (B, I)) as lstm_forward's: dout nil, the rest (B, n). */
+static int l_lstm_backward(lua_State *L) {
+  const char *fn = "lstm backward";
+  const attn_tensor *w_ih[MAX_LAYERS], *w_hh[MAX_LAYERS], *b_ih[MAX_LAYERS], *b_hh[MAX_LAYERS];
+  attn_tensor *dw_ih[MAX_LAYERS], *dw_hh[MAX_LAYERS], *db_ih[MAX_LAYERS], *db_hh[MAX_LAYERS];
+  attn_tensor *x = attn_l_check(L, 1), *h0 = opt_tensor(L, 2), *c0 = opt_tensor(L, 3);
+  int layers = read_params(L, 4, w_ih, w_hh, b_ih, b_hh, fn);
+  double p = check_dropout(L, 5, fn);
+  uint64_t seed = (uint64_t)attn_l_checkinteger(L, 6, "seed");
+  int step = check_lstm_sizes(L, x, w_hh[0], layers, fn);
+  attn_tensor v[8];
+  attn_tensor *xs = as_sequence(L, x, &v[0], step, fn, "input");
+  attn_saved_layout lay;
+  ATTN_L_TRY(L, attn_lstm_saved_layout(xs->shape[0], xs->shape[1], w_hh[0]->shape[1], layers, &lay));
+  attn_tensor saved = attn_l_check_saved(L, 7, &lay, x->dtype, fn);
+  attn_tensor *dout = opt_tensor(L, 8), *dhn = opt_tensor(L, 9), *dcn = opt_tensor(L, 10);
+  if (step && dout) attn_l_error(L, "%s: one step has no output gradient apart from the final state's", fn);
+  dhn = as_sequence(L, dhn, &v[1], step, fn, "final state gradient");
+  dcn = as_sequence(L, dcn, &v[2], step, fn, "final cell gradient");
+  lua_settop(L, 10);
+  attn_tensor *dx = as_sequence(L, attn_l_push_like(L, x), &v[3], step, fn, "input gradient"), *d0[2] = {NULL, NULL};
+  attn_tensor *s0[2] = {h0, c0};
+  for (int i = 0; i < 2; i++) {
+    if (s0[i])
+      d0[i] = as_sequence(L, attn_l_push_like(L, s0[i]), &v[4 + i], step, fn, i ? "c0 gradient" : "h0 gradient");
+    else
+      lua_pushnil(L);
+  }
+  push_param_grads(L, layers, w_ih, w_hh, b_ih, b_hh, dw_ih, dw_hh, db_ih, db_hh);
+  ATTN_L_TRY(L, attn_lstm_backward(xs, layers, w_ih, w_hh, p, seed, &saved, dout, dhn, dcn, dx, d0[0], d0[1], dw_ih,
+                                   dw_hh, db_ih, db_hh));
+  return 4;
+}
+
 /* The decoder's operands at args 1..11: W_k, values, valid_lens|nil, emb, h0, W_q, w_v, params,
  * attention dropout, GRU dropout, seed|nil (drawn when nil and some dropout is on). The layer
  * arrays are the caller's (MAX_LAYERS entries). */
@@ -193,6 +296,8 @@ static const luaL_Reg rnn_functions[] = {
     {"decoder_backward", l_decoder_backward},
     {"gru_forward", l_gru_forward},
     {"gru_backward", l_gru_backward},
+    {"lstm_forward", l_lstm_forward},
+    {"lstm_backward", l_lstm_backward},
     {NULL, NULL},
 };
 

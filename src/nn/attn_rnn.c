@@ -1,6 +1,7 @@
 /* The fused GRU: see attn_rnn.h for the model. Buffers come from the caching
  * allocator, so a training loop reuses warm pages step after step. */
 #include "nn/attn_rnn.h"
+#include "nn/attn_rnn_internal.h"
 
 #include <math.h>
 #include <string.h>
@@ -86,14 +87,15 @@ typedef struct {
   char *hs, *rz, *n, *ghn;
 } saved_layer;
 
-/* The start of layer k's block of part i (every part's first dim is the layer). */
-static char *layer_part(const attn_tensor *saved, const attn_saved_layout *l, int i, int k) {
+char *attn_rnn_layer_part(const attn_tensor *saved, const attn_saved_layout *l, int i, int k) {
   return attn_saved_data(saved, l, i, k * (l->part[i].numel / l->part[i].shape[0]));
 }
 
 static saved_layer layer_block(const attn_tensor *saved, const attn_saved_layout *l, int k) {
-  saved_layer s = {layer_part(saved, l, ATTN_GRU_SAVED_HS, k), layer_part(saved, l, ATTN_GRU_SAVED_RZ, k),
-                   layer_part(saved, l, ATTN_GRU_SAVED_N, k), layer_part(saved, l, ATTN_GRU_SAVED_GHN, k)};
+  saved_layer s = {attn_rnn_layer_part(saved, l, ATTN_GRU_SAVED_HS, k),
+                   attn_rnn_layer_part(saved, l, ATTN_GRU_SAVED_RZ, k),
+                   attn_rnn_layer_part(saved, l, ATTN_GRU_SAVED_N, k),
+                   attn_rnn_layer_part(saved, l, ATTN_GRU_SAVED_GHN, k)};
   return s;
 }
 
@@ -107,8 +109,8 @@ static int has_shape(const attn_tensor *t, int nd, int64_t a, int64_t b, int64_t
   return 1;
 }
 
-static attn_status check_operand(const char *op, const char *what, int k, const attn_tensor *t, attn_dtype dt,
-                                 int nd, int64_t a, int64_t b, int64_t c) {
+attn_status attn_rnn_check_operand(const char *op, const char *what, int k, const attn_tensor *t, attn_dtype dt,
+                                   int nd, int64_t a, int64_t b, int64_t c) {
   if (!t) return attn_error(ATTN_ERR_ARG, "%s: %s of layer %d is missing", op, what, k);
   if (t->dtype != dt)
     return attn_error(ATTN_ERR_DTYPE, "%s: %s of layer %d is %s, the input is %s", op, what, k,
@@ -124,10 +126,9 @@ static attn_status check_operand(const char *op, const char *what, int k, const 
   return ATTN_OK;
 }
 
-/* Validates the operands both directions share; sets T, B, NI (the input size) and H. */
-static attn_status check_common(const char *op, const attn_tensor *x, const attn_tensor *h0, int layers,
-                                const attn_tensor *const *w_ih, const attn_tensor *const *w_hh, double dropout_p,
-                                int64_t *T, int64_t *B, int64_t *NI, int64_t *H) {
+attn_status attn_rnn_check_input(const char *op, const attn_tensor *x, int layers, const attn_tensor *const *w_ih,
+                                 const attn_tensor *const *w_hh, int gates, double dropout_p, int64_t *T, int64_t *B,
+                                 int64_t *NI, int64_t *H) {
   if (x->ndim != 3 || x->shape[0] < 1 || x->shape[1] < 1 || x->shape[2] < 1)
     return attn_error(ATTN_ERR_SHAPE, "%s: input %s must be (T, B, input_size) with every size at least 1", op,
                       attn_tensor_shape_str(x));
@@ -141,10 +142,18 @@ static attn_status check_common(const char *op, const attn_tensor *x, const attn
   *T = x->shape[0], *B = x->shape[1], *NI = x->shape[2], *H = w_hh[0]->shape[1];
   attn_status st = ATTN_OK;
   for (int k = 0; k < layers && st == ATTN_OK; k++) {
-    st = check_operand(op, "weight_ih", k, w_ih[k], x->dtype, 2, 3 * *H, k == 0 ? *NI : *H, 0);
-    if (st == ATTN_OK) st = check_operand(op, "weight_hh", k, w_hh[k], x->dtype, 2, 3 * *H, *H, 0);
+    st = attn_rnn_check_operand(op, "weight_ih", k, w_ih[k], x->dtype, 2, gates * *H, k == 0 ? *NI : *H, 0);
+    if (st == ATTN_OK) st = attn_rnn_check_operand(op, "weight_hh", k, w_hh[k], x->dtype, 2, gates * *H, *H, 0);
   }
-  if (st == ATTN_OK && h0) st = check_operand(op, "h0", 0, h0, x->dtype, 3, layers, *B, *H);
+  return st;
+}
+
+/* Validates the operands both directions share; sets T, B, NI (the input size) and H. */
+static attn_status check_common(const char *op, const attn_tensor *x, const attn_tensor *h0, int layers,
+                                const attn_tensor *const *w_ih, const attn_tensor *const *w_hh, double dropout_p,
+                                int64_t *T, int64_t *B, int64_t *NI, int64_t *H) {
+  attn_status st = attn_rnn_check_input(op, x, layers, w_ih, w_hh, 3, dropout_p, T, B, NI, H);
+  if (st == ATTN_OK && h0) st = attn_rnn_check_operand(op, "h0", 0, h0, x->dtype, 3, layers, *B, *H);
   return st;
 }
 
@@ -158,11 +167,12 @@ attn_status attn_gru_forward(const attn_tensor *x, const attn_tensor *h0, int la
   int64_t T, B, NI, H;
   attn_status st = check_common(op, x, h0, layers, w_ih, w_hh, dropout_p, &T, &B, &NI, &H);
   for (int k = 0; k < layers && st == ATTN_OK; k++) {
-    if (b_ih[k]) st = check_operand(op, "bias_ih", k, b_ih[k], x->dtype, 1, 3 * H, 0, 0);
-    if (st == ATTN_OK && b_hh[k]) st = check_operand(op, "bias_hh", k, b_hh[k], x->dtype, 1, 3 * H, 0, 0);
+    if (b_ih[k]) st = attn_rnn_check_operand(op, "bias_ih", k, b_ih[k], x->dtype, 1, 3 * H, 0, 0);
+    if (st == ATTN_OK && b_hh[k])
+      st = attn_rnn_check_operand(op, "bias_hh", k, b_hh[k], x->dtype, 1, 3 * H, 0, 0);
   }
-  if (st == ATTN_OK) st = check_operand(op, "output", layers - 1, out, x->dtype, 3, T, B, H);
-  if (st == ATTN_OK) st = check_operand(op, "final state", 0, hn, x->dtype, 3, layers, B, H);
+  if (st == ATTN_OK) st = attn_rnn_check_operand(op, "output", layers - 1, out, x->dtype, 3, T, B, H);
+  if (st == ATTN_OK) st = attn_rnn_check_operand(op, "final state", 0, hn, x->dtype, 3, layers, B, H);
   attn_saved_layout lay;
   if (st == ATTN_OK && (st = attn_gru_saved_layout(T, B, H, layers, &lay)) == ATTN_OK)
     st = attn_saved_check(op, &lay, saved, x->dtype);
@@ -236,16 +246,21 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
   attn_saved_layout lay;
   if (st == ATTN_OK && (st = attn_gru_saved_layout(T, B, H, layers, &lay)) == ATTN_OK)
     st = attn_saved_check(op, &lay, saved, x->dtype);
-  if (st == ATTN_OK && dout) st = check_operand(op, "output gradient", layers - 1, dout, x->dtype, 3, T, B, H);
-  if (st == ATTN_OK && dhn) st = check_operand(op, "final state gradient", 0, dhn, x->dtype, 3, layers, B, H);
-  if (st == ATTN_OK) st = check_operand(op, "input gradient", 0, dx, x->dtype, 3, T, B, NI);
-  if (st == ATTN_OK && dh0) st = check_operand(op, "h0 gradient", 0, dh0, x->dtype, 3, layers, B, H);
+  if (st == ATTN_OK && dout)
+    st = attn_rnn_check_operand(op, "output gradient", layers - 1, dout, x->dtype, 3, T, B, H);
+  if (st == ATTN_OK && dhn)
+    st = attn_rnn_check_operand(op, "final state gradient", 0, dhn, x->dtype, 3, layers, B, H);
+  if (st == ATTN_OK) st = attn_rnn_check_operand(op, "input gradient", 0, dx, x->dtype, 3, T, B, NI);
+  if (st == ATTN_OK && dh0) st = attn_rnn_check_operand(op, "h0 gradient", 0, dh0, x->dtype, 3, layers, B, H);
   for (int k = 0; k < layers && st == ATTN_OK; k++) {
-    if (dw_ih[k]) st = check_operand(op, "weight_ih gradient", k, dw_ih[k], x->dtype, 2, 3 * H, k ? H : NI, 0);
+    if (dw_ih[k])
+      st = attn_rnn_check_operand(op, "weight_ih gradient", k, dw_ih[k], x->dtype, 2, 3 * H, k ? H : NI, 0);
     if (st == ATTN_OK && dw_hh[k])
-      st = check_operand(op, "weight_hh gradient", k, dw_hh[k], x->dtype, 2, 3 * H, H, 0);
-    if (st == ATTN_OK && db_ih[k]) st = check_operand(op, "bias_ih gradient", k, db_ih[k], x->dtype, 1, 3 * H, 0, 0);
-    if (st == ATTN_OK && db_hh[k]) st = check_operand(op, "bias_hh gradient", k, db_hh[k], x->dtype, 1, 3 * H, 0, 0);
+      st = attn_rnn_check_operand(op, "weight_hh gradient", k, dw_hh[k], x->dtype, 2, 3 * H, H, 0);
+    if (st == ATTN_OK && db_ih[k])
+      st = attn_rnn_check_operand(op, "bias_ih gradient", k, db_ih[k], x->dtype, 1, 3 * H, 0, 0);
+    if (st == ATTN_OK && db_hh[k])
+      st = attn_rnn_check_operand(op, "bias_hh gradient", k, db_hh[k], x->dtype, 1, 3 * H, 0, 0);
   }
   if (st != ATTN_OK) return st;
 

@@ -231,12 +231,12 @@ function M.init_layers(m, who, o, G)
   end
 end
 
---- Checks a recurrent layer's input X and initial state h0 and brings them to the layout the
--- paths run on: X (T, B, in) time-major and batched, h0 (D L, B, h) or nil. Accepts X (T, B,
--- in), (B, T, in) with batch_first, or unbatched (T, in) with h0 (D L, h). Returns X, h0 and
--- whether the caller's input was batched.
+--- Checks a recurrent layer's input X and initial state h0 (and nn.LSTM's initial cell c0) and
+-- brings them to the layout the paths run on: X (T, B, in) time-major and batched, h0 and c0
+-- (D L, B, h) or nil. Accepts X (T, B, in), (B, T, in) with batch_first, or unbatched (T, in)
+-- with h0, c0 (D L, h). Returns X, h0, whether the caller's input was batched, and c0.
 -- @local
-function M.layer_input(m, who, X, h0)
+function M.layer_input(m, who, X, h0, c0)
   local layout = m.batch_first and "(B, T, %d)" or "(T, B, %d)"
   local I, H = m.input_size, m.hidden_size
   if not attn.is_tensor(X) then
@@ -256,40 +256,45 @@ function M.layer_input(m, who, X, h0)
   end
   local T, B = x:size(1), x:size(2)
   local DL = (m.bidirectional and 2 or 1) * m.num_layers
-  if h0 ~= nil then
-    if not attn.is_tensor(h0) then error(string.format("%s: h0 must be a tensor, got a %s", who, type(h0)), 3) end
+  local function state(name, h)
+    if h == nil then return nil end
+    if not attn.is_tensor(h) then error(string.format("%s: %s must be a tensor, got a %s", who, name, type(h)), 4) end
     local want = batched and { DL, B, H } or { DL, H }
-    if not shape_equal(h0, want) then
-      error(string.format("%s: h0 %s must be (%snum_layers, %sh) = %s%s", who, shape_str(h0),
+    if not shape_equal(h, want) then
+      error(string.format("%s: %s %s must be (%snum_layers, %sh) = %s%s", who, name, shape_str(h),
         m.bidirectional and "2 * " or "", batched and "B, " or "", shape_str(want),
-        batched and "" or " for the unbatched input " .. shape_str(s)), 3)
+        batched and "" or " for the unbatched input " .. shape_str(s)), 4)
     end
-    if not batched then h0 = h0:unsqueeze(2) end
+    return batched and h or h:unsqueeze(2)
   end
+  h0, c0 = state("h0", h0), state("c0", c0)
   if T == 0 then error(who .. ": input " .. shape_str(s) .. " has no time steps", 3) end
-  return x, h0, batched
+  return x, h0, batched, c0
 end
 
---- The outputs (T, B, D h) and final state (D L, B, h) of the paths in the caller's layout
--- (M.layer_input): (B, T, D h) with batch_first, (T, D h) and (D L, h) for unbatched input.
+--- The outputs (T, B, D h) and final state (D L, B, h) (and nn.LSTM's final cell cn) of the
+-- paths in the caller's layout (M.layer_input): (B, T, D h) with batch_first, (T, D h) and
+-- (D L, h) for unbatched input.
 -- @local
-function M.layer_output(m, out, hn, batched)
-  if not batched then return out:select(2, 1), hn:select(2, 1) end
-  if m.batch_first then return out:transpose(1, 2), hn end
-  return out, hn
+function M.layer_output(m, out, hn, batched, cn)
+  if not batched then return out:select(2, 1), hn:select(2, 1), cn and cn:select(2, 1) end
+  if m.batch_first then return out:transpose(1, 2), hn, cn end
+  return out, hn, cn
 end
 
---- The composed multi-layer recurrence shared by nn.GRU and nn.RNN: for every layer and
--- direction, the input projections of all steps as one product, then `cell(gi_t, h, w_hh,
+--- The composed multi-layer recurrence shared by nn.GRU, nn.RNN and nn.LSTM: for every layer
+-- and direction, the input projections of all steps as one product, then `cell(gi_t, h, w_hh,
 -- b_hh)` per step (the reverse direction walks the steps from the last); the directions'
--- outputs are concatenated, and dropout (stream seed + k when seed is given) acts on the
--- output of every layer but the last. X (T, B, in), h0 (D L, B, h) or nil. Returns outputs
--- (T, B, D h) and the final states (D L, B, h) in PyTorch's order (layer-major).
+-- outputs are concatenated, and dropout (stream seed + k when seed is given) acts on the output
+-- of every layer but the last. X (T, B, in), h0 (D L, B, h) or nil. A cell with a memory
+-- (nn.LSTM's) is called `cell(gi_t, h, w_hh, b_hh, c)` and returns h and c when `c0` is given:
+-- (D L, B, h), or false for zeros. Returns outputs (T, B, D h) and the final states (D L, B, h)
+-- in PyTorch's order (layer-major), then the final cells with a memory.
 -- @local
-function M.compose_layers(m, X, h0, seed, cell)
+function M.compose_layers(m, X, h0, seed, cell, c0)
   local T, B, H = X:size(1), X:size(2), m.hidden_size
   local D = m.bidirectional and 2 or 1
-  local finals, input = {}, X
+  local finals, cells, input = {}, {}, X
   for k = 0, m.num_layers - 1 do
     local dirs = {}
     for d = 1, D do
@@ -300,19 +305,20 @@ function M.compose_layers(m, X, h0, seed, cell)
       if b_ih then gi = gi + b_ih end
       local steps = unbind(gi:reshape({ T, B, w_ih:size(1) }))
       local h = h0 and h0:select(1, k * D + d) or attn.zeros({ B, H }, X:dtype())
+      local c = c0 ~= nil and (c0 and c0:select(1, k * D + d) or attn.zeros({ B, H }, X:dtype())) or nil
       local outs = {}
       for i = 1, T do
         local t = d == 1 and i or T + 1 - i
-        h = cell(steps[t], h, w_hh, b_hh)
+        h, c = cell(steps[t], h, w_hh, b_hh, c)
         outs[t] = h
       end
-      finals[#finals + 1] = h
+      finals[#finals + 1], cells[#cells + 1] = h, c
       dirs[d] = attn.stack(outs)
     end
     input = D == 1 and dirs[1] or attn.cat(dirs, 3)
     if k < m.num_layers - 1 then input = linear.dropout(input, m.dropout, m.training, seed and seed + k) end
   end
-  return input, attn.stack(finals)
+  return input, attn.stack(finals), c0 ~= nil and attn.stack(cells) or nil
 end
 
 --- The extra_repr of a recurrent layer: sizes, then the options that differ from PyTorch's
@@ -330,11 +336,12 @@ function M.layer_repr(m, extra)
   return table.concat(parts, ", ")
 end
 
---- Checks the operands of one cell step (gru_cell, nn.GRUCell, nn.RNNCell) in the caller's
--- terms: x (B, in) or unbatched (in), h like x with h units, or nil. Returns x and h as
--- (B, in), (B, h) (h nil stays nil) and whether x was batched.
+--- Checks the operands of one cell step (gru_cell, nn.GRUCell, nn.RNNCell, nn.LSTMCell) in the
+-- caller's terms: x (B, in) or unbatched (in), h (and nn.LSTMCell's cell c) like x with h
+-- units, or nil. Returns x, h as (B, in), (B, h) (nil stays nil), whether x was batched, and c
+-- as (B, h).
 -- @local
-function M.cell_input(who, x, h, I, H)
+function M.cell_input(who, x, h, I, H, c)
   if not attn.is_tensor(x) then
     error(string.format("%s: input must be a tensor (B, %d) or (%d), got a %s", who, I, I, type(x)), 3)
   end
@@ -343,16 +350,18 @@ function M.cell_input(who, x, h, I, H)
     error(string.format("%s: input %s must be (B, %d) or unbatched (%d)", who, shape_str(s), I, I), 3)
   end
   local batched = #s == 2
-  if h ~= nil then
-    if not attn.is_tensor(h) then error(string.format("%s: h must be a tensor, got a %s", who, type(h)), 3) end
+  local function state(name, v)
+    if v == nil then return nil end
+    if not attn.is_tensor(v) then error(string.format("%s: %s must be a tensor, got a %s", who, name, type(v)), 4) end
     local want = batched and { s[1], H } or { H }
-    if not shape_equal(h, want) then
-      error(string.format("%s: h %s must be %s for the input %s", who, shape_str(h), shape_str(want),
-        shape_str(s)), 3)
+    if not shape_equal(v, want) then
+      error(string.format("%s: %s %s must be %s for the input %s", who, name, shape_str(v), shape_str(want),
+        shape_str(s)), 4)
     end
+    return batched and v or v:unsqueeze(1)
   end
-  if batched then return x, h, true end
-  return x:unsqueeze(1), h and h:unsqueeze(1), false
+  h, c = state("h", h), state("c", c)
+  return batched and x or x:unsqueeze(1), h, batched, c
 end
 
 -- ---------------------------------------------------------------- gru_cell
@@ -425,33 +434,43 @@ local function reversed(x, rev) return x:index_select(1, rev) end
 -- layer takes both directions' outputs of the one below), the outputs concatenated, then the
 -- dropout between layers. `seed` (optional) fixes the dropout mask.
 function GRU:fused_forward(X, h0, seed)
-  local p = self.training and self.dropout or 0
-  local params = self:flat_parameters()
-  if not self.bidirectional then return M.gru(X, h0, params, p, seed) end
+  return M.fused_layers(self, X, h0, seed, function(x, h, _, params, p, s) return M.gru(x, h, params, p, s) end)
+end
+
+--- The fused path of a recurrent layer m (nn.GRU, nn.LSTM) over its kernel `run(x, h0, c0,
+-- params, dropout, seed)` -> outputs, final states[, final cells] (M.gru, attn.nn.lstm's
+-- lstm): one direction, the whole stack in one call; both directions, per layer and
+-- direction (the reverse one over the reversed sequence), the outputs concatenated, then the
+-- dropout between layers (stream seed + k). c0 (D L, B, h) or nil, for a kernel with a memory.
+-- @local
+function M.fused_layers(m, X, h0, seed, run, c0)
+  local p = m.training and m.dropout or 0
+  local params = m:flat_parameters()
+  if not m.bidirectional then return run(X, h0, c0, params, p, seed) end
   local T = X:size(1)
   local rev = {}
   for t = 1, T do rev[t] = T + 1 - t end
   rev = attn.tensor(rev, "int64")
-  local input, finals = X, {}
-  for k = 0, self.num_layers - 1 do
+  local input, finals, cells = X, {}, {}
+  for k = 0, m.num_layers - 1 do
     local dirs = {}
     for d = 1, 2 do
       local j = 2 * k + d -- the (layer, direction) index, 1-based, PyTorch's order
       local w = table.move(params, 4 * j - 3, 4 * j, 1, {})
       local x = d == 1 and input or reversed(input, rev)
-      local out, hn = M.gru(x, h0 and h0:narrow(1, j, 1), w, 0)
+      local out, hn, cn = run(x, h0 and h0:narrow(1, j, 1), c0 and c0:narrow(1, j, 1), w, 0)
       dirs[d] = d == 1 and out or reversed(out, rev)
-      finals[j] = hn
+      finals[j], cells[j] = hn, cn
     end
     input = attn.cat(dirs, 3)
-    if k < self.num_layers - 1 then input = linear.dropout(input, p, p > 0, seed and seed + k) end
+    if k < m.num_layers - 1 then input = linear.dropout(input, p, p > 0, seed and seed + k) end
   end
-  return input, attn.cat(finals, 1)
+  return input, attn.cat(finals, 1), #cells > 0 and attn.cat(cells, 1) or nil
 end
 
---- The parameters as the fused kernels take them (`M.gru`): a flat list of 4 entries per
--- layer and direction (PyTorch's order: layer-major, forward direction first),
--- {weight_ih, weight_hh, bias_ih, bias_hh}, false for no bias.
+--- The parameters as the fused kernels take them (`M.gru`, attn.nn.lstm's lstm): a flat list
+-- of 4 entries per layer and direction (PyTorch's order: layer-major, forward direction
+-- first), {weight_ih, weight_hh, bias_ih, bias_hh}, false for no bias.
 function GRU:flat_parameters()
   local params = {}
   for k = 0, self.num_layers - 1 do
