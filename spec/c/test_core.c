@@ -729,7 +729,8 @@ static void test_saved_layout(void) {
   int64_t xs[2] = {3, 4}, six = 6;
   attn_tensor x, out, st, st32;
   CHECK(attn_tensor_init(&x, ATTN_F32, 2, xs) == ATTN_OK && attn_tensor_init(&out, ATTN_F32, 2, xs) == ATTN_OK &&
-            attn_tensor_init(&st, ATTN_F64, 1, &six) == ATTN_OK && attn_tensor_init(&st32, ATTN_F32, 1, &six) == ATTN_OK,
+            attn_tensor_init(&st, ATTN_F64, 1, &six) == ATTN_OK &&
+            attn_tensor_init(&st32, ATTN_F32, 1, &six) == ATTN_OK,
         "init");
   float *xd = attn_tensor_data(&x);
   for (int i = 0; i < 12; i++) xd[i] = (float)(sin(i + 1.0) * 3);
