@@ -869,6 +869,43 @@ static void test_saved_layout(void) {
             strcmp(attn_last_error(), "multi_head_attention: num_hiddens 6 is not divisible by num_heads 4") == 0,
         "message: %s", attn_last_error());
   CHECK(attn_gru_saved_layout(-1, 2, 3, 1, &l) == ATTN_ERR_SHAPE, "a negative step count is refused");
+
+  /* a layout that fixes its dtype: LayerNorm's mean and rstd are float64 for a float32 op, and the
+   * float32 forward fills them as naive double loops over the rows give */
+  CHECK(attn_layer_norm_saved_layout(3, &l) == ATTN_OK && l.nparts == 2 && l.numel == 6, "layer_norm layout");
+  CHECK(strcmp(l.part[0].name, "mean") == 0 && l.part[0].offset == 0 && strcmp(l.part[1].name, "rstd") == 0 &&
+            l.part[1].offset == 3 && l.part[1].ndim == 1 && l.part[1].shape[0] == 3,
+        "mean at 0, rstd at 3, each (3)");
+  CHECK(attn_saved_dtype(&l, ATTN_F32) == ATTN_F64 && attn_saved_dtype(&l, ATTN_F64) == ATTN_F64, "float64 for both");
+  attn_saved_layout plain;
+  attn_saved_begin(&plain, "plain");
+  CHECK(attn_saved_dtype(&plain, ATTN_F32) == ATTN_F32, "a plain layout has the op's dtype");
+  int64_t xs[2] = {3, 4}, six = 6;
+  attn_tensor x, out, st, st32;
+  CHECK(attn_tensor_init(&x, ATTN_F32, 2, xs) == ATTN_OK && attn_tensor_init(&out, ATTN_F32, 2, xs) == ATTN_OK &&
+            attn_tensor_init(&st, ATTN_F64, 1, &six) == ATTN_OK &&
+            attn_tensor_init(&st32, ATTN_F32, 1, &six) == ATTN_OK,
+        "init");
+  float *xd = attn_tensor_data(&x);
+  for (int i = 0; i < 12; i++) xd[i] = (float)(sin(i + 1.0) * 3);
+  CHECK(attn_saved_check("layer_norm", &l, &st, ATTN_F32) == ATTN_OK, "a float64 buffer for a float32 op passes");
+  CHECK(attn_layer_norm_forward(&x, 4, NULL, NULL, 1e-5, &out, &st32) == ATTN_ERR_DTYPE &&
+            strstr(attn_last_error(), "layer_norm: saved must be a contiguous float64 tensor, got a float32 one"),
+        "message: %s", attn_last_error());
+  CHECK(attn_layer_norm_forward(&x, 4, NULL, NULL, 1e-5, &out, &st) == ATTN_OK, "layer_norm: %s", attn_last_error());
+  const double *mean = attn_saved_data(&st, &l, ATTN_LAYER_NORM_SAVED_MEAN, 0);
+  const double *rstd = attn_saved_data(&st, &l, ATTN_LAYER_NORM_SAVED_RSTD, 0);
+  for (int r = 0; r < 3; r++) {
+    double mu = 0, var = 0;
+    for (int j = 0; j < 4; j++) mu += xd[4 * r + j];
+    mu /= 4;
+    for (int j = 0; j < 4; j++) var += (xd[4 * r + j] - mu) * (xd[4 * r + j] - mu);
+    double rs = 1 / sqrt(var / 4 + 1e-5);
+    CHECK(fabs(mean[r] - mu) < 1e-14 && fabs(rstd[r] - rs) < 1e-13 * rs, "row %d: %.17g %.17g vs %.17g %.17g", r,
+          mean[r], rstd[r], mu, rs);
+  }
+  attn_tensor *ln[] = {&x, &out, &st, &st32};
+  for (size_t i = 0; i < sizeof ln / sizeof *ln; i++) attn_tensor_free(ln[i]);
 }
 
 /* Fused optimizer updates, gradient norms and the cross-entropy kernels
@@ -924,6 +961,14 @@ static void test_optim_and_loss(void) {
         attn_last_error());
   CHECK(attn_softmax_ce_backward(&x, &idx, &valid, 2, &stats, &dloss, &dx) == ATTN_OK, "ce backward: %s",
         attn_last_error());
+  /* the saved stats (R, 2): each row's max and log-sum-exp about it */
+  const double *sd = attn_tensor_data(&stats);
+  for (int r = 0; r < 4; r++) {
+    double m = fmax(fmax(xd[3 * r], xd[3 * r + 1]), xd[3 * r + 2]);
+    double s = log(exp(xd[3 * r] - m) + exp(xd[3 * r + 1] - m) + exp(xd[3 * r + 2] - m));
+    CHECK(sd[2 * r] == m && fabs(sd[2 * r + 1] - s) < 1e-12, "ce stats row %d: %.17g %.17g vs %.17g %.17g", r,
+          sd[2 * r], sd[2 * r + 1], m, s);
+  }
   CHECK(count == 3, "3 rows count, got %lld", (long long)count);
   for (int r = 0; r < 4; r++) {
     int counts = r != 1; /* sequence 0 has one valid step */

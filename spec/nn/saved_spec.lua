@@ -5,16 +5,17 @@
 local attn = require "attn"
 local helper = require "helper"
 local core = attn.core
+local linear = require "attn.nn.linear"
 
 -- Entry (indices 1-based) of a tensor as a Lua number.
 local function at(t, ...) return t[{ ... }] end
 
--- The shapes of the table's parts (its tensor fields but the flat buffer and flash's lse), by
--- name; each part is a view of saved.buffer.
+-- The shapes of the table's parts (its tensor fields but the flat buffer and what rides along in
+-- another dtype: flash's lse, the loss's index), by name; each part is a view of saved.buffer.
 local function shapes(saved)
   local out, n = {}, 0
   for k, v in pairs(saved) do
-    if attn.is_tensor(v) and k ~= "buffer" and k ~= "lse" then
+    if attn.is_tensor(v) and k ~= "buffer" and k ~= "lse" and k ~= "index" then
       out[k], n = v:shape(), n + v:numel()
     end
   end
@@ -225,5 +226,79 @@ describe("saved buffers of the fused ops", function()
       with_part(saved, "kh", saved.kh:clone()))
     raises("attention_decoder backward: saved part qh is not the forward's", back,
       with_part(saved, "qh", saved.qh:to("float32")))
+  end)
+
+  it("LayerNorm and AddNorm: mean and rstd per row, float64 for a float32 input", function()
+    local rows, n, eps = 6, 5, 1e-5
+    local x, w, b = attn.randn({ 2, 3, n }), attn.randn({ n }), attn.randn({ n })
+    local y, saved = core.layer_norm_forward(x, n, w, b, eps)
+    assert.are.same({ mean = { rows }, rstd = { rows } }, shapes(saved))
+    assert.are.equal("float64", saved.buffer:dtype())
+    assert.are.equal("float64", saved.mean:dtype())
+    -- by loops in double over the float32 entries: the mean, 1 / sqrt(biased variance + eps), y
+    local x2, y2 = x:reshape({ rows, n }), y:reshape({ rows, n })
+    for r = 1, rows do
+      local mu, var = 0, 0
+      for j = 1, n do mu = mu + at(x2, r, j) end
+      mu = mu / n
+      for j = 1, n do var = var + (at(x2, r, j) - mu) ^ 2 end
+      local rs = 1 / math.sqrt(var / n + eps)
+      assert.is_true(math.abs(at(saved.mean, r) - mu) < 1e-14)
+      assert.is_true(math.abs(at(saved.rstd, r) - rs) < 1e-12 * rs)
+      for j = 1, n do
+        local want = (at(x2, r, j) - at(saved.mean, r)) * at(saved.rstd, r) * at(w, j) + at(b, j)
+        assert.is_true(math.abs(at(y2, r, j) - want) < 1e-5 * (1 + math.abs(want)))
+      end
+    end
+    local dout = attn.randn({ 2, 3, n })
+    local dx = core.layer_norm_backward(x, n, w, saved, dout, false)
+    assert.are.same({ 2, 3, n }, dx:shape())
+    raises("layer_norm backward: saved part mean is [7], expected [6] from the operands", core.layer_norm_backward, x,
+      n, w, with_part(saved, "mean", attn.zeros({ rows + 1 }, "float64")), dout, false)
+    raises("layer_norm backward: saved part mean is [6], expected [4] from the operands", core.layer_norm_backward,
+      attn.randn({ 4, n }), n, w, saved, attn.randn({ 4, n }), false)
+    raises("layer_norm backward: saved part rstd is not the forward's (a contiguous float64 block of saved.buffer)",
+      core.layer_norm_backward, x, n, w, with_part(saved, "rstd", saved.rstd:clone()), dout, false)
+    raises("layer_norm backward: saved part rstd must be a tensor, got a nil", core.layer_norm_backward, x, n, w,
+      with_part(saved, "rstd", nil), dout, false)
+    -- AddNorm's node saves the same parts for the sum: its numbers are layer_norm's of dropout(y) + x
+    local a, c = attn.randn({ 4, n }, "float64"), attn.randn({ 4, n }, "float64")
+    local z = linear.add_layer_norm(a, c, 0, false, n, nil, nil, eps)
+    local z_ref, s_ref = core.layer_norm_forward(a + c, n, nil, nil, eps)
+    helper.assert_identical(z_ref, z)
+    assert.are.same({ mean = { 4 }, rstd = { 4 } }, shapes(s_ref))
+  end)
+
+  it("softmax cross-entropy: stats (R, 2) per row, the ids riding along", function()
+    local B, T, C = 2, 3, 5
+    local x = attn.randn({ B, T, C }, "float64")
+    local labels = attn.tensor({ { 1, 5, 2 }, { 3, 3, 4 } }, "int64")
+    local loss, saved, count = core.softmax_ce_forward(x, labels, nil, nil, "ce")
+    assert.are.same({ stats = { B * T, 2 } }, shapes(saved))
+    assert.are.equal(B * T, count)
+    assert.are.equal("int64", saved.index:dtype())
+    helper.assert_identical(labels - 1, saved.index) -- 0-based ids in labels' shape
+    -- by loops: m the row max, s = log sum exp(x - m), loss = s - (x[y] - m)
+    for b = 1, B do
+      for t = 1, T do
+        local r, m, sum = (b - 1) * T + t, -math.huge, 0
+        for c = 1, C do m = math.max(m, at(x, b, t, c)) end
+        for c = 1, C do sum = sum + math.exp(at(x, b, t, c) - m) end
+        assert.are.equal(m, at(saved.stats, r, 1))
+        assert.is_true(math.abs(at(saved.stats, r, 2) - math.log(sum)) < 1e-12)
+        local want = math.log(sum) - (at(x, b, t, at(labels, b, t)) - m)
+        assert.is_true(math.abs(at(loss, b, t) - want) < 1e-12)
+      end
+    end
+    local dloss = attn.ones({ B, T }, "float64")
+    assert.are.same({ B, T, C }, core.softmax_ce_backward(x, nil, nil, saved, dloss):shape())
+    raises("softmax_ce_backward: saved part stats is [7x2], expected [6x2] from the operands",
+      core.softmax_ce_backward, x, nil, nil, with_part(saved, "stats", attn.zeros({ 7, 2 }, "float64")), dloss)
+    raises("softmax_ce_backward: saved part stats is [6x2], expected [4x2] from the operands",
+      core.softmax_ce_backward, attn.randn({ 4, C }, "float64"), nil, nil, saved, attn.ones({ 4 }, "float64"))
+    raises("softmax_ce_backward: saved part stats is not the forward's", core.softmax_ce_backward, x, nil, nil,
+      with_part(saved, "stats", saved.stats:clone()), dloss)
+    raises("softmax_ce_backward: saved index must be a tensor, got a nil", core.softmax_ce_backward, x, nil, nil,
+      with_part(saved, "index", nil), dloss)
   end)
 end)

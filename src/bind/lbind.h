@@ -119,7 +119,8 @@ int attn_l_in_finalizer(lua_State *L);
  * binding made goes through here. */
 void attn_l_release(lua_State *L, attn_tensor *t);
 
-/* A fused op's saved buffer (attn_saved.h): allocates one flat tensor of dt with l's entries and
+/* A fused op's saved buffer (attn_saved.h): allocates one flat tensor with l's entries, of dt (the
+ * op's dtype; the layout's own when it fixes one, attn_saved_dtype: so for every dt below), and
  * pushes a table of contiguous views of it, one field per part (saved.qh, saved.kh, ...), and the
  * flat tensor as saved.buffer. Returns the flat tensor for the kernel (a struct copy: the table
  * keeps the storage alive). Push every output before taking raw pointers, as for

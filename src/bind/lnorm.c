@@ -6,7 +6,8 @@
 static attn_tensor *opt_tensor(lua_State *L, int arg) { return lua_toboolean(L, arg) ? attn_l_check(L, arg) : NULL; }
 
 /* layer_norm_forward(x, n, weight|nil, bias|nil, eps) -> out (x's shape),
- * mean, rstd (float64, one entry per row) */
+ * saved (table of the parts of attn_layer_norm_saved_layout: mean and rstd,
+ * float64, one entry per row) */
 static int l_layer_norm_forward(lua_State *L) {
   attn_tensor *x = attn_l_check(L, 1);
   int64_t n = (int64_t)attn_l_checkinteger(L, 2, "n");
@@ -14,31 +15,38 @@ static int l_layer_norm_forward(lua_State *L) {
   double eps = attn_l_checknumber(L, 5, "eps");
   int64_t rows;
   ATTN_L_TRY(L, attn_layer_norm_rows("layer_norm", x, n, &rows));
+  attn_saved_layout lay;
+  ATTN_L_TRY(L, attn_layer_norm_saved_layout(rows, &lay));
   lua_settop(L, 5);
   attn_tensor *out = attn_l_push_like(L, x);
-  attn_tensor *mean = attn_l_push_alloc(L, ATTN_F64, 1, &rows);
-  attn_tensor *rstd = attn_l_push_alloc(L, ATTN_F64, 1, &rows);
-  ATTN_L_TRY(L, attn_layer_norm_forward(x, n, w, b, eps, out, mean, rstd));
-  return 3;
+  attn_tensor saved = attn_l_push_saved(L, &lay, x->dtype);
+  ATTN_L_TRY(L, attn_layer_norm_forward(x, n, w, b, eps, out, &saved));
+  return 2;
 }
 
-/* layer_norm_backward(x, n, weight|nil, mean, rstd, dout, want_params)
+/* layer_norm_backward(x, n, weight|nil, saved, dout, want_params)
  * -> dx, dweight, dbias (the last two only when want_params; shaped as
  * weight, or as n entries without a weight) */
 static int l_layer_norm_backward(lua_State *L) {
+  const char *fn = "layer_norm backward";
   attn_tensor *x = attn_l_check(L, 1);
   int64_t n = (int64_t)attn_l_checkinteger(L, 2, "n");
   attn_tensor *w = opt_tensor(L, 3);
-  attn_tensor *mean = attn_l_check(L, 4), *rstd = attn_l_check(L, 5), *dout = attn_l_check(L, 6);
-  int want = lua_toboolean(L, 7);
-  lua_settop(L, 7);
+  attn_tensor *dout = attn_l_check(L, 5);
+  int want = lua_toboolean(L, 6);
+  int64_t rows;
+  ATTN_L_TRY(L, attn_layer_norm_rows(fn, x, n, &rows));
+  attn_saved_layout lay;
+  ATTN_L_TRY(L, attn_layer_norm_saved_layout(rows, &lay));
+  attn_tensor saved = attn_l_check_saved(L, 4, &lay, x->dtype, fn);
+  lua_settop(L, 6);
   attn_tensor *dx = attn_l_push_like(L, x);
   attn_tensor *dw = NULL, *db = NULL;
   if (want) {
     dw = w ? attn_l_push_like(L, w) : attn_l_push_alloc(L, x->dtype, 1, &n);
     db = attn_l_push_alloc(L, x->dtype, dw->ndim, dw->shape);
   }
-  ATTN_L_TRY(L, attn_layer_norm_backward(x, n, w, mean, rstd, dout, dx, dw, db));
+  ATTN_L_TRY(L, attn_layer_norm_backward(x, n, w, &saved, dout, dx, dw, db));
   return want ? 3 : 1;
 }
 

@@ -3,8 +3,8 @@
 
 attn_tensor attn_l_push_saved(lua_State *L, const attn_saved_layout *l, attn_dtype dt) {
   luaL_checkstack(L, 4, l->op);
-  attn_tensor *buf = attn_l_push_alloc(L, dt, 1, &l->numel);
-  lua_createtable(L, 0, l->nparts + 3); /* room for the fields an op adds (flash, lse) */
+  attn_tensor *buf = attn_l_push_alloc(L, attn_saved_dtype(l, dt), 1, &l->numel);
+  lua_createtable(L, 0, l->nparts + 3); /* room for the fields an op adds (flash, lse, index) */
   for (int i = 0; i < l->nparts; i++) {
     attn_tensor v = attn_saved_view(buf, l, i);
     attn_l_push_view(L, &v);
@@ -26,6 +26,7 @@ static attn_tensor *field_tensor(lua_State *L, int idx, const char *what, const 
 
 attn_tensor attn_l_check_saved(lua_State *L, int idx, const attn_saved_layout *l, attn_dtype dt, const char *fn) {
   idx = lua_absindex(L, idx);
+  dt = attn_saved_dtype(l, dt);
   if (!lua_istable(L, idx))
     attn_l_error(L, "%s: saved must be the forward's table of parts, got a %s", fn, luaL_typename(L, idx));
   attn_tensor *buf = field_tensor(L, idx, "field", "buffer", fn);

@@ -8,6 +8,10 @@ void attn_saved_begin(attn_saved_layout *l, const char *op) {
   l->op = op;
 }
 
+void attn_saved_set_dtype(attn_saved_layout *l, attn_dtype dt) { l->fixed = 1, l->dtype = dt; }
+
+attn_dtype attn_saved_dtype(const attn_saved_layout *l, attn_dtype op_dtype) { return l->fixed ? l->dtype : op_dtype; }
+
 attn_status attn_saved_add(attn_saved_layout *l, const char *name, int ndim, const int64_t *shape) {
   if (l->nparts >= ATTN_SAVED_MAX_PARTS || ndim < 0 || ndim > ATTN_SAVED_MAX_DIMS)
     return attn_error(ATTN_ERR_ARG, "%s: saved part %s: at most %d parts of %d dims", l->op, name,
@@ -46,6 +50,7 @@ int attn_saved_find(const attn_saved_layout *l, const char *name) {
 
 attn_status attn_saved_check(const char *op, const attn_saved_layout *l, const attn_tensor *buf, attn_dtype dt) {
   if (!buf) return attn_error(ATTN_ERR_ARG, "%s: saved is missing", op);
+  dt = attn_saved_dtype(l, dt);
   if (buf->ndim != 1 || buf->shape[0] != l->numel)
     return attn_error(ATTN_ERR_SHAPE, "%s: saved is %s, expected [%lld]", op, attn_tensor_shape_str(buf),
                       (long long)l->numel);

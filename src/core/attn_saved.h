@@ -1,17 +1,24 @@
 /* attn_saved: the layout of the buffer a fused op's forward fills for its backward.
  *
- * A fused op (additive and multi-head attention, the GRU, the LSTM, the Bahdanau decoder) keeps what its
- * backward needs in one flat contiguous tensor: named parts, each a contiguous block of that
- * buffer, one after the other. Each op describes its layout in ONE function computed from its
- * operands' shapes (attn_additive_saved_layout, attn_mha_saved_layout in attn_attention.h,
- * attn_gru_saved_layout in attn_rnn.h, attn_lstm_saved_layout in attn_lstm.h,
- * attn_decoder_saved_layout in attn_decoder.h). The kernel
+ * A fused op (additive and multi-head attention, the GRU, the LSTM, the Bahdanau decoder,
+ * LayerNorm and AddNorm, the softmax cross-entropy) keeps what its backward needs in one flat
+ * contiguous tensor: named parts, each a contiguous block of that buffer, one after the other.
+ * Each op describes its layout in ONE function computed from its operands' shapes
+ * (attn_additive_saved_layout, attn_mha_saved_layout in attn_attention.h, attn_gru_saved_layout
+ * in attn_rnn.h, attn_lstm_saved_layout in attn_lstm.h, attn_decoder_saved_layout in
+ * attn_decoder.h, attn_layer_norm_saved_layout in attn_layernorm.h, attn_softmax_ce_saved_layout
+ * in attn_loss.h). The kernel
  * finds its parts through it, the binding allocates the buffer and hands Lua one view per part
  * from it, and the backward's binding checks the parts it is given against the layout
  * recomputed from the backward's operands. So the layout is written once.
  *
- * Every part has the buffer's dtype (the op's). Sizes are checked: a layout whose entries would
- * not fit ATTN_SAVED_MAX_NUMEL is refused with a message naming the op, the part and the shape. */
+ * Every part has the buffer's dtype: the op's (the dtype its binding passes as op_dtype below),
+ * unless the layout function fixes another with attn_saved_set_dtype (LayerNorm keeps its row
+ * statistics in float64 whatever x's dtype, attn_layer_norm_saved_layout). A layout holds one
+ * dtype, so one buffer of plain views serves it: what an op needs in another dtype rides along
+ * beside the parts (the loss's int64 ids, multi-head attention's float64 lse). Sizes are checked:
+ * a layout whose entries would not fit ATTN_SAVED_MAX_NUMEL is refused with a message naming the
+ * op, the part and the shape. */
 #ifndef ATTN_SAVED_H
 #define ATTN_SAVED_H
 
@@ -35,10 +42,19 @@ typedef struct attn_saved_layout {
   int nparts;
   attn_saved_part part[ATTN_SAVED_MAX_PARTS];
   int64_t numel; /* entries of the whole buffer */
+  int fixed;        /* whether dtype below is the buffer's, whatever the op's */
+  attn_dtype dtype; /* the buffer's dtype when fixed */
 } attn_saved_layout;
 
-/* Starts an empty layout for op. */
+/* Starts an empty layout for op, of the op's dtype. */
 void attn_saved_begin(attn_saved_layout *l, const char *op);
+
+/* Fixes the buffer's dtype at dt whatever the op's (for a layout function to call). */
+void attn_saved_set_dtype(attn_saved_layout *l, attn_dtype dt);
+
+/* The buffer's dtype for an op of op_dtype: l's fixed one, else op_dtype. The helpers below that
+ * take a dtype all resolve it through here, so callers pass the op's. */
+attn_dtype attn_saved_dtype(const attn_saved_layout *l, attn_dtype op_dtype);
 
 /* Appends the part `name` of shape (ndim <= ATTN_SAVED_MAX_DIMS dims) after the others. Refuses
  * a negative size, too many parts or dims, and a buffer past ATTN_SAVED_MAX_NUMEL entries (the
@@ -48,8 +64,8 @@ attn_status attn_saved_add(attn_saved_layout *l, const char *name, int ndim, con
 /* Index of the part called name, -1 when there is none. */
 int attn_saved_find(const attn_saved_layout *l, const char *name);
 
-/* ATTN_OK when buf is a contiguous 1-D tensor of dtype dt with l->numel entries, else an error
- * naming op (the calling kernel, e.g. "gru backward") and both sizes. */
+/* ATTN_OK when buf is a contiguous 1-D tensor of attn_saved_dtype(l, dt) with l->numel entries,
+ * else an error naming op (the calling kernel, e.g. "gru backward") and both sizes. */
 attn_status attn_saved_check(const char *op, const attn_saved_layout *l, const attn_tensor *buf, attn_dtype dt);
 
 /* Part i of buf (checked with attn_saved_check) as a contiguous view of its shape: a borrowed

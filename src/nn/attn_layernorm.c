@@ -150,51 +150,65 @@ attn_status attn_layer_norm_rows(const char *op, const attn_tensor *x, int64_t n
   return ATTN_OK;
 }
 
+attn_status attn_layer_norm_saved_layout(int64_t rows, attn_saved_layout *l) {
+  attn_saved_begin(l, "layer_norm");
+  attn_saved_set_dtype(l, ATTN_F64); /* the row statistics stay in double for both dtypes */
+  attn_status st = attn_saved_add(l, "mean", 1, &rows);
+  return st == ATTN_OK ? attn_saved_add(l, "rstd", 1, &rows) : st;
+}
+
+/* The layout for `rows` rows, checked against saved (op names the caller);
+ * sets the job's mean and rstd pointers into it. */
+static attn_status saved_stats(const char *op, int64_t rows, const attn_tensor *saved, ln_job *J) {
+  attn_saved_layout lay;
+  attn_status st = attn_layer_norm_saved_layout(rows, &lay);
+  if (st == ATTN_OK) st = attn_saved_check(op, &lay, saved, ATTN_F64);
+  if (st != ATTN_OK) return st;
+  J->mean = attn_saved_data(saved, &lay, ATTN_LAYER_NORM_SAVED_MEAN, 0);
+  J->rstd = attn_saved_data(saved, &lay, ATTN_LAYER_NORM_SAVED_RSTD, 0);
+  return ATTN_OK;
+}
+
 static int64_t grain(int64_t per_item) { return GRAIN_ELEMENTS / (per_item > 0 ? per_item : 1) + 1; }
 
 /* ---------------------------------------------------------------- entry points */
 
 attn_status attn_layer_norm_forward(const attn_tensor *x, int64_t n, const attn_tensor *weight,
-                                    const attn_tensor *bias, double eps, attn_tensor *out, attn_tensor *mean,
-                                    attn_tensor *rstd) {
+                                    const attn_tensor *bias, double eps, attn_tensor *out, attn_tensor *saved) {
   const char *op = "layer_norm";
   int64_t rows = 0;
   attn_status st = attn_layer_norm_rows(op, x, n, &rows);
   if (st == ATTN_OK && weight) st = check_operand(op, "weight", weight, x->dtype, n);
   if (st == ATTN_OK && bias) st = check_operand(op, "bias", bias, x->dtype, n);
   if (st == ATTN_OK) st = check_operand(op, "output", out, x->dtype, rows * n);
-  if (st == ATTN_OK) st = check_operand(op, "mean", mean, ATTN_F64, rows);
-  if (st == ATTN_OK) st = check_operand(op, "rstd", rstd, ATTN_F64, rows);
-  if (st != ATTN_OK) return st;
   ln_job J = {0};
+  if (st == ATTN_OK) st = saved_stats(op, rows, saved, &J);
+  if (st != ATTN_OK) return st;
   J.x = attn_tensor_data(x), J.w = weight ? attn_tensor_data(weight) : NULL;
   J.b = bias ? attn_tensor_data(bias) : NULL, J.out = attn_tensor_data(out);
-  J.mean = attn_tensor_data(mean), J.rstd = attn_tensor_data(rstd);
   J.rows = rows, J.n = n, J.eps = eps;
   attn_parallel_for(rows, grain(3 * n), x->dtype == ATTN_F32 ? fwd_rows_f32 : fwd_rows_f64, &J);
   return ATTN_OK;
 }
 
 attn_status attn_layer_norm_backward(const attn_tensor *x, int64_t n, const attn_tensor *weight,
-                                     const attn_tensor *mean, const attn_tensor *rstd, const attn_tensor *dout,
-                                     attn_tensor *dx, attn_tensor *dweight, attn_tensor *dbias) {
+                                     const attn_tensor *saved, const attn_tensor *dout, attn_tensor *dx,
+                                     attn_tensor *dweight, attn_tensor *dbias) {
   const char *op = "layer_norm backward";
   int64_t rows = 0;
   attn_status st = attn_layer_norm_rows(op, x, n, &rows);
   if (st == ATTN_OK && weight) st = check_operand(op, "weight", weight, x->dtype, n);
-  if (st == ATTN_OK) st = check_operand(op, "mean", mean, ATTN_F64, rows);
-  if (st == ATTN_OK) st = check_operand(op, "rstd", rstd, ATTN_F64, rows);
   if (st == ATTN_OK) st = check_operand(op, "output gradient", dout, x->dtype, rows * n);
   if (st == ATTN_OK && dx) st = check_operand(op, "input gradient", dx, x->dtype, rows * n);
   if (st == ATTN_OK && dweight) st = check_operand(op, "weight gradient", dweight, x->dtype, n);
   if (st == ATTN_OK && dbias) st = check_operand(op, "bias gradient", dbias, x->dtype, n);
+  ln_job J = {0};
+  if (st == ATTN_OK) st = saved_stats(op, rows, saved, &J);
   if (st != ATTN_OK) return st;
   int f32 = x->dtype == ATTN_F32;
-  ln_job J = {0};
   J.x = attn_tensor_data(x), J.w = weight ? attn_tensor_data(weight) : NULL;
   J.dout = attn_tensor_data(dout), J.dx = dx ? attn_tensor_data(dx) : NULL;
   J.dw = dweight ? attn_tensor_data(dweight) : NULL, J.db = dbias ? attn_tensor_data(dbias) : NULL;
-  J.mean = (double *)attn_tensor_data(mean), J.rstd = (double *)attn_tensor_data(rstd);
   J.rows = rows, J.n = n;
   if (dx) attn_parallel_for(rows, grain(3 * n), f32 ? bwd_rows_f32 : bwd_rows_f64, &J);
   if (dweight || dbias) {

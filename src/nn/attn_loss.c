@@ -133,19 +133,34 @@ static attn_status check_out(const char *op, const char *what, const attn_tensor
   return ATTN_OK;
 }
 
+attn_status attn_softmax_ce_saved_layout(int64_t rows, attn_saved_layout *l) {
+  attn_saved_begin(l, "softmax_ce");
+  const int64_t shape[2] = {rows, 2};
+  return attn_saved_add(l, "stats", 2, shape);
+}
+
+/* The stats part of saved for R rows of dtype dt, checked (op names the caller), in *stats. */
+static attn_status saved_stats(const char *op, int64_t R, const attn_tensor *saved, attn_dtype dt, void **stats) {
+  attn_saved_layout lay;
+  attn_status st = attn_softmax_ce_saved_layout(R, &lay);
+  if (st == ATTN_OK) st = attn_saved_check(op, &lay, saved, dt);
+  if (st == ATTN_OK) *stats = attn_saved_data(saved, &lay, ATTN_SOFTMAX_CE_SAVED_STATS, 0);
+  return st;
+}
+
 static int64_t grain(int64_t C) { return C >= GRAIN_ELEMENTS ? 1 : GRAIN_ELEMENTS / C; }
 
 attn_status attn_softmax_ce_forward(const attn_tensor *logits, const attn_tensor *index,
                                     const attn_tensor *valid_len, int64_t steps, attn_tensor *loss,
-                                    attn_tensor *stats, int64_t *count) {
+                                    attn_tensor *saved, int64_t *count) {
   const char *op = "softmax_ce_forward";
   ce_job J;
   int64_t R;
   attn_status st = setup(op, logits, index, valid_len, steps, &J, &R);
   if (st == ATTN_OK) st = check_out(op, "loss", loss, logits->dtype, R);
-  if (st == ATTN_OK) st = check_out(op, "stats", stats, logits->dtype, 2 * R);
+  if (st == ATTN_OK) st = saved_stats(op, R, saved, logits->dtype, &J.out_stats);
   if (st != ATTN_OK) return st;
-  J.loss = attn_tensor_data(loss), J.out_stats = attn_tensor_data(stats);
+  J.loss = attn_tensor_data(loss);
   int f32 = logits->dtype == ATTN_F32;
   attn_parallel_for(R, grain(J.C), f32 ? forward_f32 : forward_f64, &J);
   int64_t n = 0;
@@ -155,19 +170,20 @@ attn_status attn_softmax_ce_forward(const attn_tensor *logits, const attn_tensor
 }
 
 attn_status attn_softmax_ce_backward(const attn_tensor *logits, const attn_tensor *index,
-                                     const attn_tensor *valid_len, int64_t steps, const attn_tensor *stats,
+                                     const attn_tensor *valid_len, int64_t steps, const attn_tensor *saved,
                                      const attn_tensor *dloss, attn_tensor *dlogits) {
   const char *op = "softmax_ce_backward";
   ce_job J;
   int64_t R;
   attn_status st = setup(op, logits, index, valid_len, steps, &J, &R);
-  if (st == ATTN_OK) st = check_out(op, "stats", stats, logits->dtype, 2 * R);
+  void *stats = NULL;
+  if (st == ATTN_OK) st = saved_stats(op, R, saved, logits->dtype, &stats);
   if (st == ATTN_OK) st = check_out(op, "dloss", dloss, logits->dtype, R);
   if (st == ATTN_OK) st = check_out(op, "dlogits", dlogits, logits->dtype, attn_tensor_numel(logits));
   if (st == ATTN_OK && attn_tensor_aliases(dlogits, logits))
     st = attn_error(ATTN_ERR_ARG, "%s: dlogits shares memory with logits", op);
   if (st != ATTN_OK) return st;
-  J.stats = attn_tensor_data(stats), J.dloss = attn_tensor_data(dloss), J.dx = attn_tensor_data(dlogits);
+  J.stats = stats, J.dloss = attn_tensor_data(dloss), J.dx = attn_tensor_data(dlogits);
   attn_parallel_for(R, grain(J.C), logits->dtype == ATTN_F32 ? backward_f32 : backward_f64, &J);
   return ATTN_OK;
 }

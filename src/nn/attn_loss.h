@@ -19,19 +19,27 @@
 #ifndef ATTN_LOSS_H
 #define ATTN_LOSS_H
 
+#include "core/attn_saved.h"
 #include "core/attn_tensor.h"
 
-/* Writes loss (R entries, logits' dtype), stats (2 R entries, logits' dtype:
- * m and s of each row, what backward needs) and *count (rows that count).
+/* The buffer forward fills and backward reads (attn_saved.h) for R rows, in
+ * the logits' dtype: stats (R, 2), each row's m and s (the one part,
+ * ATTN_SOFTMAX_CE_SAVED_STATS). The ids are an operand of both (index), not a
+ * part: they are int64, and the buffer has one dtype. */
+enum { ATTN_SOFTMAX_CE_SAVED_STATS };
+attn_status attn_softmax_ce_saved_layout(int64_t rows, attn_saved_layout *l);
+
+/* Writes loss (R entries, logits' dtype), saved (1-D, contiguous, logits'
+ * dtype, attn_softmax_ce_saved_layout's size) and *count (rows that count).
  * valid_len may be NULL (every row counts; steps is then ignored). */
 attn_status attn_softmax_ce_forward(const attn_tensor *logits, const attn_tensor *index,
                                     const attn_tensor *valid_len, int64_t steps, attn_tensor *loss,
-                                    attn_tensor *stats, int64_t *count);
+                                    attn_tensor *saved, int64_t *count);
 
 /* dlogits (logits' shape, contiguous, apart from logits) from dloss (R entries, any shape,
- * contiguous) and the forward's stats; the other operands as given to forward. */
+ * contiguous) and the forward's saved; the other operands as given to forward. */
 attn_status attn_softmax_ce_backward(const attn_tensor *logits, const attn_tensor *index,
-                                     const attn_tensor *valid_len, int64_t steps, const attn_tensor *stats,
+                                     const attn_tensor *valid_len, int64_t steps, const attn_tensor *saved,
                                      const attn_tensor *dloss, attn_tensor *dlogits);
 
 #endif

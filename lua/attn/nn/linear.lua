@@ -335,7 +335,8 @@ end
 -- backed by the C kernel (attn_layernorm.h): rows of n = normalized_numel
 -- entries become (x - mean) / sqrt(var + eps) (biased variance), then times
 -- weight plus bias when given (both of n entries, any shape). Forward saves
--- the per-row mean and 1/std (float64); backward is one pass over the rows
+-- the per-row mean and 1/std (float64, saved.mean and saved.rstd of the
+-- layout attn_layer_norm_saved_layout); backward is one pass over the rows
 -- for dx and one over the columns for the weight and bias gradients. With
 -- fused paths off (`attn.nn.set_fused(false)`) it is `layer_norm_composed`.
 -- @usage local y = linear.layer_norm(x, 8, w, b, 1e-5)
@@ -347,9 +348,9 @@ end
 layer_norm_node = function(x, n, weight, bias, eps)
   local xc = core.contiguous(x)
   local w, b = weight and core.contiguous(weight), bias and core.contiguous(bias)
-  local y, mean, rstd = core.layer_norm_forward(xc, n, w, b, eps)
+  local y, saved = core.layer_norm_forward(xc, n, w, b, eps)
   return autograd.record("layer_norm", y, { x, weight or false, bias or false }, function(g)
-    local dx, dw, db = core.layer_norm_backward(xc, n, w, mean, rstd, core.contiguous(g), weight ~= nil or bias ~= nil)
+    local dx, dw, db = core.layer_norm_backward(xc, n, w, saved, core.contiguous(g), weight ~= nil or bias ~= nil)
     if weight == nil and bias == nil then return dx end
     return dx, weight and dw or nil, bias and core.reshape(db, core.shape(bias)) or nil
   end)
@@ -371,9 +372,9 @@ function M.add_layer_norm(x, y, p, training, n, weight, bias, eps, seed)
   if drop then d, seed = core.dropout(y, p, seed) end
   local sum = core.add(d, x)
   local w, b = weight and core.contiguous(weight), bias and core.contiguous(bias)
-  local out, mean, rstd = core.layer_norm_forward(sum, n, w, b, eps)
+  local out, saved = core.layer_norm_forward(sum, n, w, b, eps)
   return autograd.record("add_layer_norm", out, { x, y, weight or false, bias or false }, function(g)
-    local ds, dw, db = core.layer_norm_backward(sum, n, w, mean, rstd, core.contiguous(g), weight ~= nil or bias ~= nil)
+    local ds, dw, db = core.layer_norm_backward(sum, n, w, saved, core.contiguous(g), weight ~= nil or bias ~= nil)
     local dy = drop and (core.dropout(ds, p, seed)) or ds
     return autograd.sum_to(ds, core.shape(x)), autograd.sum_to(dy, core.shape(y)), weight and dw or nil,
       bias and core.reshape(db, core.shape(bias)) or nil

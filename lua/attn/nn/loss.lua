@@ -39,14 +39,16 @@ local function contiguous(t) return core.is_contiguous(t) and t or core.contiguo
 -- The fused node: -log_softmax(logits)[label] per row (labels' shape), times
 -- the 0/1 mask of rows t <= valid_len[b] when valid_len is given (rows read as
 -- (B, steps)). One forward kernel checks the ids (1-based, int64 or integral
--- floats) and saves each row's max and log-sum; backward is one pass,
--- (softmax - onehot) * g. Returns the loss and the number of rows that count.
+-- floats) and saves each row's max and log-sum (saved.stats (R, 2), the layout
+-- attn_softmax_ce_saved_layout, with the 0-based ids as saved.index); backward
+-- is one pass, (softmax - onehot) * g. Returns the loss and the number of rows
+-- that count.
 local function softmax_ce(who, logits, labels, valid_len, steps)
   local strides = core.stride(logits) -- the kernel reads rows anywhere, each with unit stride
   local x = strides[#strides] == 1 and logits or core.contiguous(logits)
-  local loss, stats, index, count = core.softmax_ce_forward(x, as_labels(who, labels), valid_len, steps, who)
+  local loss, saved, count = core.softmax_ce_forward(x, as_labels(who, labels), valid_len, steps, who)
   local out = autograd.record("cross_entropy", loss, { logits }, function(g)
-    return core.softmax_ce_backward(x, index, valid_len, steps, stats, contiguous(g))
+    return core.softmax_ce_backward(x, valid_len, steps, saved, contiguous(g))
   end)
   return out, count
 end
