@@ -39,7 +39,9 @@ local d, r, m, kproj = 64, 128, 64, 64
 -- ------------------------------------------------------------------ 1. cost against length
 
 local mechanisms = {
-  { name = "full", run = function(q, k, v) return (attn.dot_product_attention(q, k, v, { causal = true, need_weights = false })) end },
+  { name = "full", run = function(q, k, v)
+    return (attn.dot_product_attention(q, k, v, { causal = true, need_weights = false }))
+  end },
   { name = "window", run = function(q, k, v)
     return (attn.dot_product_attention(q, k, v, { causal = true, window = r, need_weights = false }))
   end },

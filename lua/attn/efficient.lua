@@ -94,7 +94,7 @@ local function read_common(fn, opts, allowed, default_eps)
   opts = check.options(fn, opts, allowed, 4)
   local eps = opts.eps
   if eps == nil then eps = default_eps end
-  if type(eps) ~= "number" or not (eps >= 0) or eps == math.huge then
+  if type(eps) ~= "number" or eps ~= eps or eps < 0 or eps == math.huge then
     error(string.format("%s: eps must be a finite number >= 0, got %s", fn, tostring(eps)), 4)
   end
   if opts.kernel ~= nil and opts.kernel ~= "reference" and opts.kernel ~= "auto" then

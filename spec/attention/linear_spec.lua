@@ -88,7 +88,8 @@ end
 describe("attn.linear_attention", function()
   it("equals the formula with phi = elu + 1, causal and not, Nq ~= Nk (float64, 1e-10)", function()
     attn.manual_seed(1)
-    local q, k, v = attn.randn({ 2, 7, 5 }, "float64"), attn.randn({ 2, 9, 5 }, "float64"), attn.randn({ 2, 9, 3 }, "float64")
+    local q, k = attn.randn({ 2, 7, 5 }, "float64"), attn.randn({ 2, 9, 5 }, "float64")
+    local v = attn.randn({ 2, 9, 3 }, "float64")
     helper.assert_close(attn.linear_attention(q, k, v), formula(map(q, elu1), map(k, elu1), v:totable(), false, 1e-6), tight)
     helper.assert_close(attn.linear_attention(q, k, v, { eps = 0.5 }),
       formula(map(q, elu1), map(k, elu1), v:totable(), false, 0.5), tight)
@@ -98,7 +99,8 @@ describe("attn.linear_attention", function()
   end)
 
   it("takes (B, H, N, d) as B*H items", function()
-    local q, k, v = attn.randn({ 2, 3, 6, 4 }, "float64"), attn.randn({ 2, 3, 6, 4 }, "float64"), attn.randn({ 2, 3, 6, 2 }, "float64")
+    local q, k = attn.randn({ 2, 3, 6, 4 }, "float64"), attn.randn({ 2, 3, 6, 4 }, "float64")
+    local v = attn.randn({ 2, 3, 6, 2 }, "float64")
     local out = attn.linear_attention(q, k, v, { causal = true })
     assert.are.same({ 2, 3, 6, 2 }, out:shape())
     helper.assert_close(out:reshape(6, 6, 2), attn.linear_attention(q:reshape(6, 6, 4), k:reshape(6, 6, 4),
@@ -111,7 +113,9 @@ describe("attn.linear_attention", function()
       local ins = { attn.randn({ 2, 6, 4 }, "float64"), attn.randn({ 2, 6, 4 }, "float64"), attn.randn({ 2, 6, 3 }, "float64") }
       local g = attn.randn({ 2, 6, 3 }, "float64")
       local o1, g1 = grads(function(a, b, c) return attn.linear_attention(a, b, c, { causal = causal }) end, ins, g)
-      local o2, g2 = grads(function(a, b, c) return attn.linear_attention(a, b, c, { causal = causal, kernel = "reference" }) end, ins, g)
+      local o2, g2 = grads(function(a, b, c)
+        return attn.linear_attention(a, b, c, { causal = causal, kernel = "reference" })
+      end, ins, g)
       helper.assert_close(o1, o2, tight)
       for i = 1, 3 do helper.assert_close(g1[i], g2[i], tight) end
       local p = { helper.param({ 2, 5, 3 }), helper.param({ 2, 5, 3 }), helper.param({ 2, 5, 2 }) }
@@ -188,7 +192,8 @@ describe("attn.performer_attention", function()
     -- q and k scaled by 40 send exp(W x' - |x'|^2/2) out of float64's range unstabilised (0/0 in
     -- the formula); shifting every query row by its own largest exponent and all keys by their
     -- largest one, in logs, keeps them finite, and the formula on those is what the call returns
-    local q, k, v = attn.randn({ 1, 5, 4 }, "float64") * 40, attn.randn({ 1, 5, 4 }, "float64") * 40, attn.randn({ 1, 5, 2 }, "float64")
+    local q, k = attn.randn({ 1, 5, 4 }, "float64") * 40, attn.randn({ 1, 5, 4 }, "float64") * 40
+    local v = attn.randn({ 1, 5, 2 }, "float64")
     local W = attn.performer_features(8, 4, { seed = 9, dtype = "float64" })
     local plain = formula(favor_naive(q, W), favor_naive(k, W), v:totable(), true, 0)
     assert.is_true(core.sum(core.ne(core.mul(plain, 0), 0)):item() > 0, "the unshifted formula should break down")
@@ -201,9 +206,12 @@ describe("attn.performer_attention", function()
     attn.manual_seed(4)
     local W = attn.performer_features(6, 3, { dtype = "float64" })
     for _, causal in ipairs { false, true } do
-      local ins = { attn.randn({ 2, 5, 3 }, "float64"), attn.randn({ 2, 5, 3 }, "float64"), attn.randn({ 2, 5, 2 }, "float64") }
+      local ins = { attn.randn({ 2, 5, 3 }, "float64"), attn.randn({ 2, 5, 3 }, "float64"),
+        attn.randn({ 2, 5, 2 }, "float64") }
       local g = attn.randn({ 2, 5, 2 }, "float64")
-      local o1, g1 = grads(function(a, b, c) return attn.performer_attention(a, b, c, { features = W, causal = causal }) end, ins, g)
+      local o1, g1 = grads(function(a, b, c)
+        return attn.performer_attention(a, b, c, { features = W, causal = causal })
+      end, ins, g)
       local o2, g2 = grads(function(a, b, c)
         return attn.performer_attention(a, b, c, { features = W, causal = causal, kernel = "reference" })
       end, ins, g)
@@ -216,7 +224,8 @@ describe("attn.performer_attention", function()
 
   it("approximates softmax attention as m grows", function()
     attn.manual_seed(5)
-    local q, k, v = attn.randn({ 1, 16, 8 }, "float64") * 0.5, attn.randn({ 1, 16, 8 }, "float64") * 0.5, attn.randn({ 1, 16, 4 }, "float64")
+    local q, k = attn.randn({ 1, 16, 8 }, "float64") * 0.5, attn.randn({ 1, 16, 8 }, "float64") * 0.5
+    local v = attn.randn({ 1, 16, 4 }, "float64")
     local exact = attn.dot_product_attention(q, k, v)
     local err = {}
     for i, m in ipairs { 4, 1024 } do
