@@ -141,6 +141,39 @@ for _, s in pairs(scaling) do
   end
 end
 
+-- ------------------------------------------------------------ efficient attention (issue 21)
+-- Causal linear attention (d 64, one head, one thread): its forward does 4 N d^2 flops (the
+-- running state's rank-1 update and the query's product with it), its backward 12 N d^2 (the same
+-- two products in the forward sweep, four in the reverse one). Performer at m features: the
+-- linear-attention kernel on (N, m) features (16 N m d) plus the features' products (3 * 2 N m d
+-- each for q and k: forward and backward); its share of the peak counts those.
+local function efficient_row(id, what, size, run, flops, N, d)
+  local q, k, v, g = attn.randn { 1, N, d }, attn.randn { 1, N, d }, attn.randn { 1, N, d }, attn.randn { 1, N, d }
+  for _, t in ipairs { q, k, v } do t:requires_grad_() end
+  local call = function()
+    q.grad, k.grad, v.grad = nil, nil, nil
+    run(q, k, v):backward(g)
+  end
+  attn.set_num_threads(1)
+  local t = per_call(call, 1)
+  local mem = extra_memory(call, 4 * 4 * N * d) -- beyond the output and the three gradients
+  return add { id = id, what = what, size = size, threads = 1, seconds = t, gflops = flops / t / 1e9,
+    pct = 100 * flops / t / peak, extra_mib = mib(mem), N = N, d = d, causal = true }
+end
+for _, N in ipairs(BOOK_ONLY and {} or { 16384, 65536 }) do
+  efficient_row("linear_" .. N .. "_64_causal_fwdbwd_t1", "linear attention forward+backward",
+    string.format("N %d, d 64, 1 head, causal", N), function(q, k, v)
+      return attn.linear_attention(q, k, v, { causal = true })
+    end, 16.0 * N * 64 * 64, N, 64)
+end
+for _, m in ipairs(BOOK_ONLY and {} or { 64, 256 }) do
+  local W = attn.performer_features(m, 64, { seed = 1 })
+  efficient_row("performer_16384_64_m" .. m .. "_causal_fwdbwd_t1", "Performer forward+backward",
+    string.format("N 16384, d 64, m %d, 1 head, causal", m), function(q, k, v)
+      return attn.performer_attention(q, k, v, { causal = true, features = W })
+    end, 16.0 * 16384 * m * 64 + 2 * 3 * 2.0 * 16384 * m * 64, 16384, 64)
+end
+
 -- ------------------------------------------------------------ the book's small calls and models
 
 local function book_row(id, what, size, fn, torch_case)

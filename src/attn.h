@@ -17,6 +17,7 @@
 #include "core/attn_io.h"
 #include "nn/attn_layernorm.h"
 #include "core/attn_linalg.h"
+#include "attention/attn_linear.h"
 #include "nn/attn_loss.h"
 #include "core/attn_ops.h"
 #include "nn/attn_optim.h"

@@ -14,7 +14,8 @@
 -- (attn.nn.torch_attention), TransformerEncoderLayer, TransformerDecoderLayer, Transformer and
 -- TorchTransformerEncoder / TorchTransformerDecoder (attn.nn.torch_transformer); today's
 -- RMSNorm, SwiGLU, RotaryEmbedding (attn.nn.modern) and CausalSelfAttention, DecoderOnlyBlock,
--- DecoderOnlyTransformer with a KV cache and generate (attn.nn.decoder_only).
+-- DecoderOnlyTransformer with a KV cache and generate (attn.nn.decoder_only); EfficientAttention,
+-- PerformerAttention, LinformerAttention (attn.nn.efficient).
 -- `nn.TransformerEncoder` and `nn.TransformerDecoder` build PyTorch's class when the first argument
 -- is a layer module and the book's when it is the vocabulary size; `nn.D2LTransformerEncoder` and
 -- `nn.D2LTransformerDecoder` name the book's classes.
@@ -47,6 +48,7 @@ local torch_transformer = require "attn.nn.torch_transformer"
 local modern = require "attn.nn.modern"
 local decoder_only = require "attn.nn.decoder_only"
 local conv = require "attn.nn.conv"
+local efficient = require "attn.nn.efficient"
 
 local nn = {
   Module = module.Module,
@@ -112,5 +114,7 @@ for _, name in ipairs { "RMSNorm", "SwiGLU", "RotaryEmbedding", "silu" } do nn[n
 for _, name in ipairs { "CausalSelfAttention", "DecoderOnlyBlock", "DecoderOnlyTransformer", "filter_logits" } do
   nn[name] = decoder_only[name]
 end
+-- efficient attention (attn.nn.efficient)
+for _, name in ipairs { "EfficientAttention", "PerformerAttention", "LinformerAttention" } do nn[name] = efficient[name] end
 
 return nn

@@ -1097,6 +1097,69 @@ static void test_conv_and_pool(void) {
         "msg: %s", attn_last_error());
   attn_tensor *all[] = {&x, &w, &b, &y, &yr, &dx, &dxr, &dw, &dwr, &db, &px, &py, &pi, &pdx};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) attn_tensor_free(all[i]);
+/* Causal linear attention (phi = elu + 1) on one tiny item against the formula in loops, its
+ * backward against central differences of sum(g * out), and the causal length check. */
+static double lin_phi(double x) { return x > 0 ? x + 1 : exp(x); }
+
+static void lin_formula(const double *q, const double *k, const double *v, int N, int d, int dv, double eps,
+                        double *out) {
+  for (int i = 0; i < N; i++) {
+    double den = eps;
+    for (int e = 0; e < dv; e++) out[i * dv + e] = 0;
+    for (int j = 0; j <= i; j++) {
+      double s = 0;
+      for (int c = 0; c < d; c++) s += lin_phi(q[i * d + c]) * lin_phi(k[j * d + c]);
+      den += s;
+      for (int e = 0; e < dv; e++) out[i * dv + e] += s * v[j * dv + e];
+    }
+    for (int e = 0; e < dv; e++) out[i * dv + e] /= den;
+  }
+}
+
+static void test_linear_attention(void) {
+  enum { N = 4, D = 3, DV = 2 };
+  int64_t sq[3] = {1, N, D}, sv[3] = {1, N, DV};
+  attn_tensor q, k, v, out, g, dq, dk, dv;
+  attn_tensor_init(&q, ATTN_F64, 3, sq), attn_tensor_init(&k, ATTN_F64, 3, sq), attn_tensor_init(&v, ATTN_F64, 3, sv);
+  attn_tensor_init(&out, ATTN_F64, 3, sv), attn_tensor_init(&g, ATTN_F64, 3, sv);
+  attn_tensor_init(&dq, ATTN_F64, 3, sq), attn_tensor_init(&dk, ATTN_F64, 3, sq), attn_tensor_init(&dv, ATTN_F64, 3, sv);
+  double *Q = attn_tensor_data(&q), *K = attn_tensor_data(&k), *V = attn_tensor_data(&v), *G = attn_tensor_data(&g);
+  for (int i = 0; i < N * D; i++) Q[i] = sin(1.3 * i) * 1.5, K[i] = cos(0.7 * i + 0.2) * 1.5;
+  for (int i = 0; i < N * DV; i++) V[i] = sin(0.9 * i + 1), G[i] = cos(2.1 * i);
+  attn_linear_opts o = {1, 1e-6, ATTN_LINEAR_ELU1};
+  CHECK(attn_linear_attention_forward(&q, &k, &v, &o, &out) == ATTN_OK, "linear forward: %s", attn_last_error());
+  double ref[N * DV], err = 0;
+  lin_formula(Q, K, V, N, D, DV, 1e-6, ref);
+  const double *O = attn_tensor_data(&out);
+  for (int i = 0; i < N * DV; i++) err = fmax(err, fabs(O[i] - ref[i]));
+  CHECK(err < 1e-12, "causal linear attention off the formula by %g", err);
+  CHECK(attn_linear_attention_backward(&q, &k, &v, &out, &g, &o, &dq, &dk, &dv) == ATTN_OK, "linear backward: %s",
+        attn_last_error());
+  double *ops[3] = {Q, K, V}, *grads[3] = {attn_tensor_data(&dq), attn_tensor_data(&dk), attn_tensor_data(&dv)};
+  int sizes[3] = {N * D, N * D, N * DV};
+  double gerr = 0;
+  for (int a = 0; a < 3; a++)
+    for (int i = 0; i < sizes[a]; i++) {
+      double keep = ops[a][i], f[2];
+      for (int s = 0; s < 2; s++) {
+        ops[a][i] = keep + (s ? -1e-6 : 1e-6);
+        lin_formula(Q, K, V, N, D, DV, 1e-6, ref);
+        f[s] = 0;
+        for (int t = 0; t < N * DV; t++) f[s] += G[t] * ref[t];
+      }
+      ops[a][i] = keep;
+      gerr = fmax(gerr, fabs((f[0] - f[1]) / 2e-6 - grads[a][i]));
+    }
+  CHECK(gerr < 1e-7, "linear attention gradients off central differences by %g", gerr);
+  int64_t sk[3] = {1, N - 1, D};
+  int64_t sv2[3] = {1, N - 1, DV};
+  attn_tensor k2, v2;
+  attn_tensor_init(&k2, ATTN_F64, 3, sk), attn_tensor_init(&v2, ATTN_F64, 3, sv2);
+  CHECK(attn_linear_attention_forward(&q, &k2, &v2, &o, &out) == ATTN_ERR_SHAPE, "causal length mismatch refused");
+  CHECK(strstr(attn_last_error(), "causal needs as many queries as keys, got queries [1x4x3] and keys [1x3x3]") != NULL,
+        "message: %s", attn_last_error());
+  attn_tensor *all[10] = {&q, &k, &v, &out, &g, &dq, &dk, &dv, &k2, &v2};
+  for (int i = 0; i < 10; i++) attn_tensor_free(all[i]);
 }
 
 int main(void) {
@@ -1119,6 +1182,7 @@ int main(void) {
   test_optim_and_loss();
   test_parity_kernels();
   test_conv_and_pool();
+  test_linear_attention();
   attn_alloc_empty_cache();
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;

@@ -203,15 +203,17 @@ end
 -- value_size), valid_lens [, opts]) -> (B, Nq, num_hiddens); afterwards
 -- m.attention_weights is (B, num_heads, Nq, Nk). opts go to
 -- attn.dot_product_attention (causal, window, scale, mask); a per-sample keep-mask
--- (B, Nq, Nk) is repeated per head.
+-- (B, Nq, Nk) is repeated per head. `attention` (a table field) selects another mechanism of
+-- attn.nn.efficient: "linear", {"performer", num_features = 64}, {"window", window = r},
+-- {"linformer", seq_len = N, k = 32}, ... (child `efficient`; see nn.EfficientAttention).
 -- @type MultiHeadAttention
 local MultiHeadAttention = Module:extend("MultiHeadAttention")
 M.MultiHeadAttention = MultiHeadAttention
 
 function MultiHeadAttention:init(...)
   local who = "MultiHeadAttention"
-  local o = read_options(who, { "key_size", "query_size", "value_size", "num_hiddens", "num_heads", "dropout", "bias" },
-    ...)
+  local o = read_options(who, { "key_size", "query_size", "value_size", "num_hiddens", "num_heads", "dropout", "bias",
+    "attention" }, ...)
   local h, heads = need_int(who, o, "num_hiddens"), need_int(who, o, "num_heads")
   if h % heads ~= 0 then
     error(string.format("%s: num_hiddens %d is not divisible by num_heads %d", who, h, heads), 3)
@@ -223,6 +225,9 @@ function MultiHeadAttention:init(...)
   self.W_k = Linear(need_int(who, o, "key_size"), h, { bias = bias })
   self.W_v = Linear(need_int(who, o, "value_size"), h, { bias = bias })
   self.W_o = Linear(h, h, { bias = bias })
+  if o.attention ~= nil and o.attention ~= "full" then -- another mechanism (attn.nn.efficient)
+    self.efficient = require("attn.nn.efficient").EfficientAttention(o.attention, h // heads)
+  end
 end
 
 -- A keep-mask given per sample, (B, Nq, Nk), repeated for the (B*heads) rows of
@@ -312,6 +317,7 @@ end
 function MultiHeadAttention:forward(queries, keys, values, valid_lens, opts)
   valid_lens = valid_lens_tensor(valid_lens, queries)
   check_lens(valid_lens, queries)
+  if rawget(self, "_attrs").efficient ~= nil then return self:efficient_forward(queries, keys, values, valid_lens, opts) end
   if opts ~= nil and opts.mask ~= nil then
     opts = per_head_mask(opts, self.num_heads, queries, keys)
   end
@@ -364,6 +370,21 @@ function MultiHeadAttention:composed_forward(queries, keys, values, valid_lens, 
   local out = self.attention(q, k, v, valid_lens, opts)
   keep_head_weights(self, self.attention.attention_weights, heads)
   return self.W_o(attn.merge_heads(out, heads))
+end
+
+--- The path of another mechanism (the `attention` option): the projections, `split_heads`, the
+-- EfficientAttention child and `merge_heads`; no attention weights are kept.
+function MultiHeadAttention:efficient_forward(queries, keys, values, valid_lens, opts)
+  local heads = self.num_heads
+  if opts ~= nil and next(opts) ~= nil then
+    error("MultiHeadAttention: options go to the attention option's table when it selects another mechanism", 3)
+  end
+  local q = attn.split_heads(self.W_q(queries), heads)
+  local k = attn.split_heads(self.W_k(keys), heads)
+  local v = attn.split_heads(self.W_v(values), heads)
+  if valid_lens ~= nil then valid_lens = attn.repeat_interleave(valid_lens, heads, 1) end
+  rawget(self, "_attrs").attention_weights = nil
+  return self.W_o(attn.merge_heads(self.efficient(q, k, v, { valid_lens = valid_lens }), heads))
 end
 
 function MultiHeadAttention:extra_repr() return "num_heads=" .. self.num_heads end

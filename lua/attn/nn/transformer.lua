@@ -111,19 +111,20 @@ function AddNorm:composed_forward(X, Y) return self.ln(self.dropout(Y) + X) end
 -- `{norm_first = false, ffn = "relu"}`: `norm_first = true` makes each sublayer pre-norm,
 -- X + dropout(f(ln(X))) (Xiong et al., arXiv:2002.04745; the same ln children and keys; the
 -- default false is the book's post-norm); `ffn = "swiglu"` replaces the FFN by nn.SwiGLU
--- (children ffn.w1, ffn.w2, ffn.w3).
+-- (children ffn.w1, ffn.w2, ffn.w3); `attention` selects the self-attention mechanism
+-- (nn.MultiHeadAttention's option: "linear", {"performer", num_features = 64}, ...).
 -- @type TransformerEncoderBlock
 local TransformerEncoderBlock = Module:extend("TransformerEncoderBlock")
 M.TransformerEncoderBlock = TransformerEncoderBlock
 
 -- The block options of attn.nn.transformer's blocks: norm_first (pre-norm) and ffn.
 local function block_options(who, opts)
-  opts = check.options(who, opts, { norm_first = true, ffn = true }, 5)
+  opts = check.options(who, opts, { norm_first = true, ffn = true, attention = true }, 5)
   local ffn = opts.ffn or "relu"
   if ffn ~= "relu" and ffn ~= "swiglu" then
     error(string.format("%s: ffn must be 'relu' or 'swiglu', got '%s'", who, tostring(ffn)), 4)
   end
-  return opts.norm_first == true, ffn
+  return opts.norm_first == true, ffn, opts.attention
 end
 
 -- The block's FFN: the book's PositionWiseFFN, or SwiGLU (children w1, w2, w3).
@@ -141,10 +142,11 @@ end
 
 function TransformerEncoderBlock:init(key_size, query_size, value_size, num_hiddens, norm_shape, ffn_num_input,
                                       ffn_num_hiddens, num_heads, dropout, use_bias, opts)
-  local ffn
-  self.norm_first, ffn = block_options("TransformerEncoderBlock", opts)
-  self.attention = MultiHeadAttention(key_size, query_size, value_size, num_hiddens, num_heads, dropout,
-    use_bias == true)
+  local ffn, mechanism
+  self.norm_first, ffn, mechanism = block_options("TransformerEncoderBlock", opts)
+  self.attention = MultiHeadAttention { key_size = key_size, query_size = query_size, value_size = value_size,
+    num_hiddens = num_hiddens, num_heads = num_heads, dropout = dropout, bias = use_bias == true,
+    attention = mechanism }
   self.addnorm1 = AddNorm(norm_shape, dropout)
   self.ffn = make_ffn(ffn, ffn_num_input, ffn_num_hiddens, num_hiddens)
   self.addnorm2 = AddNorm(norm_shape, dropout)
@@ -227,8 +229,9 @@ M.TransformerDecoderBlock = TransformerDecoderBlock
 
 function TransformerDecoderBlock:init(key_size, query_size, value_size, num_hiddens, norm_shape, ffn_num_input,
                                       ffn_num_hiddens, num_heads, dropout, i, opts)
-  local ffn
-  self.norm_first, ffn = block_options("TransformerDecoderBlock", opts)
+  local ffn, mechanism
+  self.norm_first, ffn, mechanism = block_options("TransformerDecoderBlock", opts)
+  if mechanism ~= nil then error("TransformerDecoderBlock: the attention option is for encoder blocks", 3) end
   self.i = i
   self.attention1 = MultiHeadAttention(key_size, query_size, value_size, num_hiddens, num_heads, dropout)
   self.addnorm1 = AddNorm(norm_shape, dropout)
