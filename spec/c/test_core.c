@@ -1097,6 +1097,8 @@ static void test_conv_and_pool(void) {
         "msg: %s", attn_last_error());
   attn_tensor *all[] = {&x, &w, &b, &y, &yr, &dx, &dxr, &dw, &dwr, &db, &px, &py, &pi, &pdx};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) attn_tensor_free(all[i]);
+}
+
 /* Causal linear attention (phi = elu + 1) on one tiny item against the formula in loops, its
  * backward against central differences of sum(g * out), and the causal length check. */
 static double lin_phi(double x) { return x > 0 ? x + 1 : exp(x); }
