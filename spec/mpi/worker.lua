@@ -298,17 +298,17 @@ end
 add("ordered: replicas equal the one-process reference bit for bit after k steps, uneven micro-shards", function()
   -- 7 rows in 3 micro-shards (3, 2, 2 rows; on 2 ranks 2 + 1 micro-shards, on 4 one rank idle);
   -- 2 rows in 3 micro-shards (one empty)
-  for _, case in ipairs { { B = 7, K = 3 }, { B = 2, K = 3 }, { B = 8, K = 4 } } do
-    local X, xl, Y, yl = batch(case.B)
+  for _, c in ipairs { { B = 7, K = 3 }, { B = 2, K = 3 }, { B = 8, K = 4 } } do
+    local X, xl, Y, yl = batch(c.B)
     local ref = transformer():to("float32")
     dist.DataParallel(ref) -- rank 1's weights on every rank
     local net = transformer():to("float32")
     net:load_state_dict(ref:state_dict())
-    local dp = dist.DataParallel(net, { shards = case.K, bucket_mb = 0.002 })
+    local dp = dist.DataParallel(net, { shards = c.K, bucket_mb = 0.002 })
     local opt_ref = attn.optim.Adam { params = ref:parameters(), lr = 0.01 }
     local opt = attn.optim.Adam { params = net:parameters(), lr = 0.01 }
     for _ = 1, 3 do
-      reference_step(ref, opt_ref, X, xl, Y, yl, case.K)
+      reference_step(ref, opt_ref, X, xl, Y, yl, c.K)
       ordered_step(dp, opt, X, xl, Y, yl)
     end
     -- every rank runs every collective before any raises (a rank raising alone would hang the rest)
@@ -322,7 +322,7 @@ add("ordered: replicas equal the one-process reference bit for bit after k steps
     end
     local worst_anywhere = dist.sum_numbers(to_ref + to_root) -- so that every rank raises alike
     check(worst_anywhere == 0, "B %d K %d: weights differ from the one-process reference by %g, from " ..
-      "rank 1's by %g", case.B, case.K, to_ref, to_root)
+      "rank 1's by %g", c.B, c.K, to_ref, to_root)
   end
   local dp = dist.DataParallel(transformer(), { shards = 2 * N })
   local ok, err = pcall(dp.stash_gradients, dp, 2 * N + 1)

@@ -88,6 +88,11 @@ end
 -- The DataParallel of --distributed: ordered over --shards micro-shards, or (0) the allreduce.
 local function data_parallel(dist, net, opts)
   if opts.shards < 0 then cli.fail("--shards must be >= 0, got " .. opts.shards) end
+  local N = dist.world_size()
+  if opts.shards > 0 and opts.shards < N and dist.is_root() then
+    io.stderr:write(string.format("--shards %d < %d processes: ranks %d..%d get no micro-shard and wait; pass " ..
+      "--shards %d (or a multiple of it)\n", opts.shards, N, opts.shards + 1, N, N))
+  end
   return dist.DataParallel(net, { broadcast = false, shards = opts.shards > 0 and opts.shards or nil })
 end
 
