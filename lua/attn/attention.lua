@@ -495,6 +495,7 @@ function M._multi_head_attention(queries, keys, values, num_heads, params, kopts
     local hopts = {}
     for k, v in pairs(kopts) do hopts[k] = v end
     hopts.valid_lens = Tensor.repeat_interleave(kopts.valid_lens, num_heads, 1)
+    hopts.heads = num_heads -- (the forward's rows: a 4-D bias or mask and ALiBi per head)
     -- the flash backward rebuilds the weights from lse when the flash forward ran (saved.flash)
     local dqh, dkh, dvh = core.sdpa_backward(saved.qh, saved.kh, saved.vh, hopts, dctx, g_w, weights, nil, saved.ctx,
       saved.flash and saved.lse or nil)
