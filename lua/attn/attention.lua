@@ -118,9 +118,10 @@ end
 -- @usage attn.alibi_slopes(8) --> 1/2, 1/4, ..., 1/256
 function M.alibi_slopes(num_heads, dtype)
   check_count("alibi_slopes", "num_heads", num_heads)
-  local function pow2_slopes(n)
+  local function pow2_slopes(n) -- as the paper's code forms them: start * start^(i - 1), bit for bit
+    local start = 2 ^ (-(2 ^ -(math.log(n, 2) - 3)))
     local t = {}
-    for i = 1, n do t[i] = 2 ^ (-8 * i / n) end
+    for i = 1, n do t[i] = start * start ^ (i - 1) end
     return t
   end
   local p = 1
