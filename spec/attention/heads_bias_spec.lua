@@ -65,7 +65,7 @@ local function naive(Q, K, V, scale, bias, slopes, causal)
           end
         end
         local z, row = 0, {}
-        for j, x in pairs(s) do z = z + math.exp(x - m) end
+        for _, x in pairs(s) do z = z + math.exp(x - m) end
         for c = 1, #V[b][kh][1] do row[c] = 0 end
         for j, x in pairs(s) do
           local p = math.exp(x - m) / z
