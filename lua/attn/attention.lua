@@ -2,7 +2,9 @@
 --
 -- The facade copies these into `attn`: `attn.masked_softmax`, `attn.dot_product_attention`, ...
 -- Shapes are batch-first: B samples (for multi-head attention B*heads, batch-major), Nq queries,
--- Nk keys/values, d query/key width, dv value width. Kernels are in C (src/attention/attn_attention.h);
+-- Nk keys/values, d query/key width, dv value width. `dot_product_attention` also takes heads
+-- as a dimension, (B, H, N, d), with grouped-query keys and values, an additive `bias` and ALiBi
+-- (see it and `alibi_slopes`). Kernels are in C (src/attention/attn_attention.h);
 -- every tensor input gets a gradient through attn.autograd.
 --
 -- **Two masking conventions** (never an unlabeled boolean mask):

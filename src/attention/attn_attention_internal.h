@@ -186,8 +186,8 @@ int attn_sdpa_row_finite(const attn_attention_job *J, const void *x, int64_t n);
 /* Keys per row of the short-row kernels: a row's keys fill the lanes of one 16-float vector. The
  * blocked driver hands them its items when J->tiny, float32 dot products, Nk <= this, no
  * keep-mask, no bias or ALiBi (those run the blocked path) and no stored weights or weight
- * gradients: the rows of a head then go from scores
- * to output (forward) or to dq and their share of dk, dv (backward) in registers, with the same
+ * gradients: the rows of a head then go from scores to output (forward) or to dq and their
+ * share of dk, dv (backward) in registers, with the same
  * masking, fill, exp and dropout mask as the row kernels below, and the item falls back to the
  * blocked path when a result comes out not finite (src/cpu/sdpa_small_body.h). */
 #define ATTN_SDPA_SMALL_KEYS 16
