@@ -320,7 +320,7 @@ examples: deps ## run every example with small sizes
 	@$(MAKE) --no-print-directory all
 	@set -e; for f in examples/*.lua; do echo "example $$f"; $(LUA_ENV) ATTN_SMOKE=1 $(LUA) $$f; done
 
-bench: deps ## run bench/bench.lua (QUICK=1: about a minute; ROWS=book: only the book-sized rows)
+bench: deps ## run bench/bench.lua (QUICK=1: about a minute; ROWS=book: only the book-sized rows; ROWS=<pattern>: those whose id matches)
 	@$(MAKE) --no-print-directory all
 	@QUICK=$(QUICK) ROWS=$(ROWS) $(LUA_ENV) $(LUA) bench/bench.lua
 

@@ -4,8 +4,9 @@
 -- Rows: the measured FMA peak of one core; dot-product attention forward and forward+backward
 -- (causal and not, N = 128 .. 8192, d = 64 and 128, 1 and 2 threads) with GFLOP/s, % of the
 -- peak, the extra memory a call takes and the OpenBLAS sgemm pair on the same products; the
--- book's small calls; training steps of the book's models at its settings. When /usr/bin/python3
--- has torch, bench/torch_bench.py times the same rows (one thread) and the table shows the ratio.
+-- book's small calls; training steps of the book's models at its settings, and of nn.MultiheadAttention
+-- and nn.TransformerEncoderLayer as a PyTorch user trains them. When /usr/bin/python3 has torch,
+-- bench/torch_bench.py times the same rows (one thread) and the table shows the ratio.
 --
 -- Clocks: one-thread rows use process CPU time (other processes on a shared machine then slow
 -- the measurement less), two-thread rows wall time; every figure is the best of three rounds.
@@ -17,8 +18,11 @@ local nn = attn.nn
 
 local QUICK = os.getenv("QUICK") == "1" or os.getenv("QUICK") == "yes"
 -- ROWS=book: only the book-sized rows (one op, the small calls, the training steps), for A/B runs;
--- TORCH=0 skips PyTorch; BENCH_OUT names the output folder (bench/ab.lua uses all three)
-local BOOK_ONLY = os.getenv("ROWS") == "book"
+-- ROWS=<Lua pattern>: only the book-sized rows whose id matches it (ROWS=torch_: the PyTorch-named
+-- layers' steps); TORCH=0 skips PyTorch; BENCH_OUT names the output folder (bench/ab.lua uses all three)
+local ROWS = os.getenv("ROWS") or ""
+local BOOK_ONLY = ROWS ~= ""
+local ROW_PATTERN = ROWS ~= "" and ROWS ~= "book" and ROWS or nil
 local WITH_TORCH = os.getenv("TORCH") ~= "0"
 local OUT = os.getenv("BENCH_OUT") or "out/bench"
 local BUDGET = QUICK and 0.12 or 0.3 -- seconds per measurement (at least one call per round)
@@ -137,6 +141,7 @@ end
 -- ------------------------------------------------------------ the book's small calls and models
 
 local function book_row(id, what, size, fn, torch_case)
+  if ROW_PATTERN and not id:find(ROW_PATTERN) then return end
   local t = per_call(fn, 1, 0.5)
   local r = add { id = id, what = what, size = size, threads = 1, seconds = t }
   if torch_case then
@@ -250,6 +255,35 @@ do -- MultiHeadAttention(32, 4 heads) self-attention training step with Adam
   end, case("mha_step", { heads = 4 }))
 end
 
+-- PyTorch's nn.MultiheadAttention and nn.TransformerEncoderLayer (issue 19) trained as a PyTorch
+-- user writes it: out = m(x, ...), out:sum():backward(), Adam; PyTorch's defaults (MultiheadAttention
+-- dropout 0 and need_weights = true, the layer's dropout 0.1 and relu), both layouts, the book's size
+-- and a medium one.
+for _, s in ipairs { { tag = "book", E = 32, heads = 4, L = 10, N = 64, ffn = 64 },
+  { tag = "medium", E = 256, heads = 8, L = 64, N = 32, ffn = 1024 } } do
+  for _, batch_first in ipairs { true, false } do
+    local X = attn.randn(batch_first and { s.N, s.L, s.E } or { s.L, s.N, s.E })
+    local layout = batch_first and "batch_first" or "layout (L, N, E)"
+    local function step_row(kind, what, m, forward, size)
+      local id = string.format("%s_%s_%s", kind, s.tag, batch_first and "bf" or "lne")
+      m:train()
+      local opt = attn.optim.Adam { params = m:parameters(), lr = 0.005 }
+      book_row(id, what, size, function()
+        opt:zero_grad()
+        forward(m):sum():backward()
+        opt:step()
+      end, case(kind, { batch = s.N, steps = s.L, hidden = s.E, heads = s.heads, ffn = s.ffn,
+        batch_first = batch_first }))
+    end
+    local size = string.format("E %d, %d heads, L %d, N %d, %s", s.E, s.heads, s.L, s.N, layout)
+    step_row("torch_mha_step", "nn.MultiheadAttention training step", nn.MultiheadAttention(s.E, s.heads,
+      { batch_first = batch_first }), function(m) return (m(X, X, X)) end, size)
+    step_row("torch_encoder_step", "nn.TransformerEncoderLayer training step",
+      nn.TransformerEncoderLayer(s.E, s.heads, { dim_feedforward = s.ffn, batch_first = batch_first }),
+      function(m) return m(X) end, string.format("%s, FFN %d", size, s.ffn))
+  end
+end
+
 -- ------------------------------------------------------------ budgets: bounds the specs once asserted
 
 -- Time bounds that were default-suite asserts until issue 18 took them out of `make test` (a
@@ -333,6 +367,11 @@ if not BOOK_ONLY then
     if r.vs_plain then r.what = string.format("%s (%.2fx plain)", r.what, r.vs_plain) end
     add(r)
   end
+end
+
+-- window 128 against full attention at N 16384 (bench/window_bench.lua)
+if not BOOK_ONLY then
+  for _, r in ipairs(dofile("bench/window_bench.lua").rows { quick = QUICK }) do add(r) end
 end
 
 -- ------------------------------------------------------------ PyTorch

@@ -301,6 +301,24 @@ def run_case(c, budget):
         model(*batch[:3])
         opt = torch.optim.Adam(model.parameters(), lr=0.005)
         return {"time": best_time(train_step(model, opt, batch), budget)}
+    if kind in ("torch_mha_step", "torch_encoder_step"):
+        # PyTorch's own modules with their defaults, as bench.lua trains attn's: out.sum() backward, Adam
+        E, heads, L, N, bf = c["hidden"], c["heads"], c["steps"], c["batch"], c["batch_first"]
+        X = torch.randn(N, L, E) if bf else torch.randn(L, N, E)
+        if kind == "torch_mha_step":
+            model = nn.MultiheadAttention(E, heads, batch_first=bf)
+            forward = lambda: model(X, X, X)[0]  # noqa: E731
+        else:
+            model = nn.TransformerEncoderLayer(E, heads, dim_feedforward=c["ffn"], batch_first=bf)
+            forward = lambda: model(X)  # noqa: E731
+        model.train()
+        opt = torch.optim.Adam(model.parameters(), lr=0.005)
+
+        def step():
+            opt.zero_grad()
+            forward().sum().backward()
+            opt.step()
+        return {"time": best_time(step, budget)}
     raise ValueError("unknown case kind " + kind)
 
 

@@ -11,10 +11,8 @@ local plot = require "attn.plot"
 local translation = require "attn.d2l.translation"
 local nn = attn.nn
 
-local num_hiddens, num_layers = 32, 2 -- dropout: --dropout (the book's 0.1)
-local ffn_num_input, ffn_num_hiddens, num_heads = 32, 64, 4
-local key_size, query_size, value_size = 32, 32, 32
-local norm_shape = { 32 }
+-- The book's sizes; --num_hiddens, --num_layers, --num_heads, --ffn_hiddens and --dropout change them.
+local num_heads = 4
 
 -- Weights of one decoding step padded into a (layers, heads, steps, width) tensor.
 local function stack_steps(steps, which, width)
@@ -47,13 +45,25 @@ translation.main {
     "batch 64, 10 steps, Adam lr 0.005, gradient clipping at 1, masked softmax cross-entropy, teacher forcing.",
   epochs = 200,
   book = "loss 0.032 (EN 0.17) / 0.030 (ZH); va !, j'ai perdu ., il est calme ., je suis chez moi . — bleu 1.000 each",
-  extra_options = { { "positions", "string", "book", "decoder positions at prediction: book (P[0] every step) or " ..
-    "absolute" } },
+  extra_options = {
+    { "positions", "string", "book", "decoder positions at prediction: book (P[0] every step) or absolute" },
+    { "num_hiddens", "integer", 32, "model width d_model (keys, queries and values have it too)" },
+    { "num_layers", "integer", 2, "encoder and decoder blocks each" },
+    { "num_heads", "integer", 4, "attention heads" },
+    { "ffn_hiddens", "integer", 64, "hidden width of the position-wise FFN" },
+  },
+  model_options = function(opts)
+    return { num_hiddens = opts.num_hiddens, num_layers = opts.num_layers, num_heads = opts.num_heads,
+      ffn_hiddens = opts.ffn_hiddens }
+  end,
+  d_model = function(opts) return opts.num_hiddens end,
   build = function(src_vocab, tgt_vocab, opts)
-    local encoder = nn.TransformerEncoder(#src_vocab, key_size, query_size, value_size, num_hiddens, norm_shape,
-      ffn_num_input, ffn_num_hiddens, num_heads, num_layers, opts.dropout)
-    local decoder = nn.TransformerDecoder(#tgt_vocab, key_size, query_size, value_size, num_hiddens, norm_shape,
-      ffn_num_input, ffn_num_hiddens, num_heads, num_layers, opts.dropout, { positions = opts.positions })
+    local h, dropout = opts.num_hiddens, opts.dropout
+    num_heads = opts.num_heads
+    local encoder = nn.TransformerEncoder(#src_vocab, h, h, h, h, { h }, h, opts.ffn_hiddens, num_heads,
+      opts.num_layers, dropout)
+    local decoder = nn.TransformerDecoder(#tgt_vocab, h, h, h, h, { h }, h, opts.ffn_hiddens, num_heads,
+      opts.num_layers, dropout, { positions = opts.positions })
     return nn.EncoderDecoder(encoder, decoder)
   end,
   figures = function(net, rows, r, opts)

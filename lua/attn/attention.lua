@@ -18,13 +18,28 @@
 --   which passes untruncated source lengths). Anything else (a negative length, a fraction)
 --   raises an error naming valid_lens and the shapes.
 -- * Keep-masks: `mask` (1 attend, 0 ignore, broadcastable to (B, Nq, Nk)), `causal` (query i
---   sees keys j <= i) and `window` (query i sees keys with |i - j| <= window) *remove* keys by
---   selection. A query whose keys are all removed gets zero weights, zero output and zero
+--   sees keys j <= i) and `window` (query i sees keys with |i - j| <= window; 0: its own key
+--   only; >= Nk: every key, as without one) *remove* keys by selection, and so do the sparse
+--   patterns below. A query whose keys are all removed gets zero weights, zero output and zero
 --   gradients, never NaN. Removed keys are never read: a NaN stored in a masked-out key or value
 --   does not reach the output or the gradients.
 -- * Every other row is the ordinary softmax of its kept scores: all -inf (or a NaN) gives NaN,
 --   as `attn.softmax` does, and a NaN value of an unmasked key reaches the output even when its
 --   weight underflows to 0. Only masked keys are ever left out (src/attention/attn_attention.h).
+--
+-- **Sparse patterns** (0-based query i, key j; s = `stride`, c = `summary`, default 1): query i
+-- keeps key j when `(not causal or j <= i) and (local(i, j) or global(i) or global(j))`, where
+--
+-- * local: every key; with `window = r`: |i - j| <= r; with `pattern = "strided"` (Child et al.
+--   2019): |i - j| < s or (i - j) mod s == 0; with `pattern = "fixed"`: floor(i / s) ==
+--   floor(j / s) (same block) or j mod s >= s - c (the block's last c "summary" columns). The
+--   paper's patterns are these with `causal = true`; a window and a pattern exclude each other.
+-- * global: `global = {positions}` (1-based, distinct, within Nq and Nk; Longformer's global
+--   tokens): those queries see every key and every query sees those keys.
+--
+-- The cost follows the pattern: the float32 kernels visit only the key tiles some query of a
+-- block keeps, so window r plus g global tokens costs O(N (r + g)) per head, not O(N^2) (the
+-- weights, when asked for, are still a (Nq, Nk) output).
 --
 -- When both are given, the keep-masks remove keys first and valid_lens fills among the rest.
 -- Dropout acts on the weights (before they multiply the values) only when `training = true`;
@@ -46,7 +61,8 @@ local check_tensor, check_count = check.tensor, check.positive_int
 
 local attention_options = {
   valid_lens = true, mask = true, causal = true, window = true, scale = true, dropout = true,
-  training = true, need_weights = true, bias = true, alibi = true,
+  training = true, need_weights = true, bias = true, alibi = true, pattern = true, stride = true,
+  summary = true, global = true,
 }
 
 -- The options table for the C kernels. Only the keys are checked here (a Lua concern); the
@@ -68,6 +84,10 @@ local function kernel_options(fn, opts)
     need_weights = opts.need_weights,
     bias = opts.bias,
     alibi = opts.alibi,
+    pattern = opts.pattern,
+    stride = opts.stride,
+    summary = opts.summary,
+    global = opts.global,
   }
 end
 
@@ -157,6 +177,10 @@ end
 -- -slope_h * (i - j)), computed inside the kernels (no (Nq, Nk) tensor). 3-D calls have one head.
 --
 -- The short-row kernels (Nk <= 16) take no bias or ALiBi: those calls run the blocked path.
+--
+-- All of these combine with each other and with `window`, the sparse patterns and `global`
+-- (one keep rule, the same for every head: it decides which keys exist, the bias and ALiBi are
+-- added to the kept scores, and the flash kernels skip the tiles the rule removes).
 -- @tparam Tensor Q (B, Nq, d) or (B, H, Nq, d)
 -- @tparam Tensor K (B, Nk, d) or (B, Hkv, Nk, d)
 -- @tparam Tensor V (B, Nk, dv) or (B, Hkv, Nk, dv)
@@ -164,7 +188,9 @@ end
 --   to (B, [H,] Nq, Nk)), `causal` (boolean), `window` (integer r >= 0), `scale` (default 1/sqrt(d)),
 --   `bias` (tensor broadcastable to (B, [H,] Nq, Nk)), `alibi` (true or slopes (H)),
 --   `dropout` (probability, applied to the weights) with `training` (default false: no dropout),
---   `need_weights` (default true; false skips the (Nq x Nk) weights, which come back nil)
+--   `need_weights` (default true; false skips the (Nq x Nk) weights, which come back nil),
+--   `pattern` ("strided" or "fixed") with `stride` (integer >= 1) and `summary` (fixed: 1..stride,
+--   default 1), `global` (table of distinct 1-based positions); see "Sparse patterns" above
 -- @treturn Tensor output (B, [H,] Nq, dv)
 -- @treturn ?Tensor weights (B, [H,] Nq, Nk), the softmax before dropout
 function M.dot_product_attention(Q, K, V, opts)

@@ -357,6 +357,27 @@ attn.bmm = Tensor.bmm
 -- @raise "manual_seed: argument 1 (seed) must be an integer, got 1.5"
 -- @usage attn.manual_seed(42)
 attn.manual_seed = core.manual_seed
+--- The random generator's state (PyTorch's `get_rng_state`): its four 64-bit
+-- words as Lua integers, a copy. Saved with a checkpoint, it makes a resumed
+-- run draw the same dropout masks as an unbroken one.
+-- @treturn {integer,integer,integer,integer}
+-- @usage local s = attn.get_rng_state(); attn.rand({2}); attn.set_rng_state(s)
+function attn.get_rng_state() return core.rng_state() end
+--- Restores a state from `get_rng_state`.
+-- @tparam {integer,integer,integer,integer} state
+-- @raise when state is not four integers, not all zero (xoshiro's one dead state)
+function attn.set_rng_state(state)
+  local ok = type(state) == "table" and #state == 4
+  local any = false
+  for i = 1, 4 do
+    if not ok or math.type(state[i]) ~= "integer" then
+      error("set_rng_state: expected a table of four integers (from get_rng_state)", 2)
+    end
+    any = any or state[i] ~= 0
+  end
+  if not any then error("set_rng_state: the all-zero state never leaves zero", 2) end
+  core.rng_state(state)
+end
 --- Seconds from a monotonic wall clock (CLOCK_MONOTONIC), for timing code.
 -- Unlike `os.clock` (CPU time of the process) it counts time spent waiting and
 -- in other threads, and unlike `os.time` it has sub-microsecond resolution and

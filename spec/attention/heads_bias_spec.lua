@@ -293,3 +293,212 @@ describe("attention with heads as a dimension", function()
     assert.is_truthy(err:find("mask [4x5x4] does not broadcast to (B, H, Nq, Nk) = [2x4x5x5]", 1, true), err)
   end)
 end)
+
+-- ---- heads, bias and ALiBi together with windows, sparse patterns, global tokens and lengths ----
+
+-- Whether 0-based query i keeps key j under o (the rule of attn_attention.h, "Sparse patterns",
+-- written out plainly; the same for every head).
+local function keeps(o, i, j)
+  if o.causal and j > i then return false end
+  for _, p in ipairs(o.global or {}) do
+    if p - 1 == i or p - 1 == j then return true end
+  end
+  local s, c = o.stride, o.summary or 1
+  if o.pattern == "strided" then return math.abs(i - j) < s or (i - j) % s == 0 end
+  if o.pattern == "fixed" then return i // s == j // s or j % s >= s - c end
+  if o.window then return math.abs(i - j) <= o.window end
+  return true
+end
+
+-- Output and weights of o in plain loops (float64): for query i of head h only the keys the rule
+-- keeps take part; their score is q.k * scale + bias + ALiBi, replaced by d2l's -1e6 past the
+-- sample's valid length (o.valid_lens: a table of B lengths); K and V head ceil(h / (H / Hkv)).
+local function naive_all(Q, K, V, o)
+  local B, H, Nq, d = Q:size(1), Q:size(2), Q:size(3), Q:size(4)
+  local Hkv, Nk, dv = K:size(2), K:size(3), V:size(4)
+  local q, k, v = Q:to("float64"):totable(), K:to("float64"):totable(), V:to("float64"):totable()
+  local bias = o.bias and o.bias:to("float64"):expand({ B, H, Nq, Nk }):contiguous():totable()
+  local slopes = o.alibi and o.alibi:to("float64"):totable()
+  local scale = 1 / math.sqrt(d)
+  local out, wts = {}, {}
+  for b = 1, B do
+    out[b], wts[b] = {}, {}
+    for h = 1, H do
+      local kh = math.ceil(h / (H // Hkv))
+      out[b][h], wts[b][h] = {}, {}
+      for i = 1, Nq do
+        local s, m = {}, -math.huge
+        for j = 1, Nk do
+          if keeps(o, i - 1, j - 1) then
+            local x = 0
+            for c = 1, d do x = x + q[b][h][i][c] * k[b][kh][j][c] end
+            x = x * scale
+            if bias then x = x + bias[b][h][i][j] end
+            if slopes then x = x - slopes[h] * math.abs(i - j) end
+            if o.valid_lens and j > o.valid_lens[b] then x = -1e6 end
+            s[j] = x
+            m = math.max(m, x)
+          end
+        end
+        local z = 0
+        for _, x in pairs(s) do z = z + math.exp(x - m) end
+        local row, wrow = {}, {}
+        for c = 1, dv do row[c] = 0 end
+        for j = 1, Nk do
+          wrow[j] = s[j] and math.exp(s[j] - m) / z or 0
+          for c = 1, dv do row[c] = row[c] + wrow[j] * v[b][kh][j][c] end
+        end
+        out[b][h][i], wts[b][h][i] = row, wrow
+      end
+    end
+  end
+  return attn.tensor(out, "float64"), attn.tensor(wts, "float64")
+end
+
+-- The gradients of Q, K, V for the output gradient g, composed (float64 autograd): K and V
+-- repeated over the groups, the scores filled (-1e6 past the lengths) and the keys the rule
+-- removes set to -inf by explicit masks built from `keeps`, softmax, times V.
+local function composed_grads(Q, K, V, o, g)
+  local B, H, Nq, d = Q:size(1), Q:size(2), Q:size(3), Q:size(4)
+  local Hkv, Nk = K:size(2), K:size(3)
+  local function leaf(t) return t:to("float64"):clone():detach():requires_grad_() end
+  local q, k0, v0 = leaf(Q), leaf(K), leaf(V)
+  local k, v = k0:repeat_interleave(H // Hkv, 2), v0:repeat_interleave(H // Hkv, 2)
+  local s = attn.matmul(q, k:transpose(3, 4)) * (1 / math.sqrt(d))
+  if o.bias then s = s + o.bias:to("float64") end
+  if o.alibi then
+    local i = attn.arange(0, Nq, "float64"):reshape({ Nq, 1 })
+    local j = attn.arange(0, Nk, "float64"):reshape({ 1, Nk })
+    s = s - o.alibi:to("float64"):reshape({ H, 1, 1 }) * (i - j):abs()
+  end
+  local fill, removed = {}, {}
+  for b = 1, B do
+    fill[b], removed[b] = {}, {}
+    for i = 1, Nq do
+      fill[b][i], removed[b][i] = {}, {}
+      for j = 1, Nk do
+        fill[b][i][j] = o.valid_lens and j > o.valid_lens[b] and 1 or 0
+        removed[b][i][j] = keeps(o, i - 1, j - 1) and 0 or 1
+      end
+    end
+  end
+  local shape = { B, H, Nq, Nk }
+  s = s:masked_fill(attn.tensor(fill, "float64"):reshape({ B, 1, Nq, Nk }):expand(shape), -1e6)
+  s = s:masked_fill(attn.tensor(removed, "float64"):reshape({ B, 1, Nq, Nk }):expand(shape), -math.huge)
+  local out = attn.matmul(attn.softmax(s, 4), v)
+  local _ = (out * g:to("float64")):sum():backward()
+  return q.grad, k0.grad, v0.grad
+end
+
+-- o's keep rule as an explicit (Nq, Nk) keep-mask in place of the pattern options.
+local function as_mask(o, Nq, Nk)
+  local m = {}
+  for i = 1, Nq do
+    m[i] = {}
+    for j = 1, Nk do m[i][j] = keeps(o, i - 1, j - 1) and 1 or 0 end
+  end
+  local e = with(o, { mask = attn.tensor(m, "float64") })
+  e.window, e.pattern, e.stride, e.summary, e.global, e.causal = nil, nil, nil, nil, nil, nil
+  return e
+end
+
+describe("heads, bias and ALiBi with windows, sparse patterns and global tokens", function()
+  local B, H, N, d, dv = 2, 4, 150, 8, 6 -- 150: three query blocks and two key tiles of flash
+  -- name, key/value heads, options (bias: its shape, alibi: slopes)
+  local cases = {
+    { "GQA + window + ALiBi, causal, valid_lens", 2,
+      { window = 20, alibi = true, causal = true, valid_lens = { 150, 97 } } },
+    { "bias (B, 1, N, N) + global tokens + window", 1,
+      { bias = { B, 1, N, N }, window = 10, global = { 1, 77, 150 } } },
+    { "4-D + strided pattern + bias (N, N) + ALiBi, causal", 4,
+      { pattern = "strided", stride = 12, bias = { N, N }, alibi = true, causal = true } },
+    { "GQA + fixed pattern + global + ALiBi + valid_lens", 2,
+      { pattern = "fixed", stride = 16, summary = 2, global = { 40 }, alibi = true, valid_lens = { 120, 150 } } },
+  }
+  local function make(c, dt)
+    local o = with(c[3], {})
+    if o.bias then o.bias = attn.randn(o.bias, dt) end
+    if o.alibi then o.alibi = attn.alibi_slopes(H, dt) end
+    local Q, K, V = attn.randn({ B, H, N, d }, dt), attn.randn({ B, c[2], N, d }, dt), attn.randn({ B, c[2], N, dv }, dt)
+    return Q, K, V, o, attn.randn({ B, H, N, dv }, dt)
+  end
+  before_each(function() attn.manual_seed(2221) end)
+
+  for _, c in ipairs(cases) do
+    it(c[1] .. ": every path equals naive loops (values, weights) and the composed gradients", function()
+      for _, dt in ipairs { "float64", "float32" } do
+        local Q, K, V, o, g = make(c, dt)
+        local want_out, want_w = naive_all(Q, K, V, o)
+        local want_dq, want_dk, want_dv = composed_grads(Q, K, V, o, g)
+        local want = { want_out, want_w, want_dq, want_dk, want_dv }
+        local tol = dt == "float64" and 1e-11 or 2e-5
+        local kernels = { "auto", "reference" }
+        if dt == "float32" then
+          for _, k in ipairs(helper.flash_kernels()) do kernels[#kernels + 1] = k end
+        end
+        for _, kernel in ipairs(kernels) do
+          local got = { run(Q, K, V, with(o, { kernel = kernel }), g) }
+          for n = 1, 5 do got[n] = got[n]:to("float64") end
+          assert_all(got, want, tol, string.format("%s %s", dt, kernel))
+        end
+        -- the public function (alibi = true, lengths as a table): the same output
+        local po = with(o, { alibi = c[3].alibi })
+        helper.assert_close(attn.dot_product_attention(Q, K, V, po):to("float64"), want_out,
+          { atol = tol, rtol = tol })
+      end
+    end)
+  end
+
+  it("with dropout, the rule equals its explicit keep-mask (same stream) on every path", function()
+    for _, c in ipairs(cases) do
+      for _, dt in ipairs { "float64", "float32" } do
+        local Q, K, V, o, g = make(c, dt)
+        o = with(o, { dropout = 0.3, training = true, seed = 77 })
+        local kernels = { "reference" }
+        if dt == "float32" then
+          for _, k in ipairs(helper.flash_kernels()) do kernels[#kernels + 1] = k end
+        end
+        local tol = dt == "float64" and 1e-12 or 1e-5
+        for _, kernel in ipairs(kernels) do
+          local want = { run(Q, K, V, with(as_mask(o, N, N), { kernel = kernel }), g) }
+          local got = { run(Q, K, V, with(o, { kernel = kernel }), g) }
+          assert_all(got, want, tol, string.format("%s %s %s", c[1], dt, kernel))
+        end
+      end
+    end
+  end)
+
+  it("gives the same bits on 1 and 2 threads (all of it together, with dropout)", function()
+    local before = attn.get_num_threads()
+    for _, c in ipairs(cases) do
+      for _, dt in ipairs { "float32", "float64" } do
+        local Q, K, V, o, g = make(c, dt)
+        o = with(o, { dropout = 0.2, training = true, seed = 3 })
+        local results = {}
+        for n = 1, 2 do
+          attn.set_num_threads(n)
+          results[n] = { run(Q, K, V, o, g) }
+        end
+        attn.set_num_threads(before)
+        for n = 1, 5 do
+          assert.are.same(results[1][n]:totable(), results[2][n]:totable(), c[1] .. " " .. dt)
+        end
+      end
+    end
+  end)
+
+  it("keeps the flash work banded with heads, grouped K/V, a bias and ALiBi", function()
+    local n, Hq = 2048, 4
+    local Q, K, V = attn.randn { 1, Hq, n, 8 }, attn.randn { 1, 2, n, 8 }, attn.randn { 1, 2, n, 8 }
+    local function tiles(o)
+      local t0 = core.flash_tiles()
+      core.sdpa_forward(Q, K, V, with(o, { need_weights = false, kernel = "flash" }))
+      return core.flash_tiles() - t0
+    end
+    local blocks, ktiles = Hq * n // 64, n // 128
+    local extra = { bias = attn.randn { n, n }, alibi = attn.alibi_slopes(Hq) }
+    assert.equal(blocks * ktiles, tiles(extra))
+    assert.is_true(tiles(with(extra, { window = 32, causal = true })) <= 2 * blocks)
+    assert.is_true(tiles(with(extra, { window = 32, global = { 1, n } })) <= 4 * blocks + 2 * Hq * ktiles)
+  end)
+end)

@@ -536,6 +536,50 @@ static void test_vmath(void) {
   CHECK(attn_vmath_set_isa("auto") == ATTN_OK, "auto picks the best");
 }
 
+/* Sparse patterns and global tokens (attn_attention.h): a fixed pattern equals its explicit
+ * keep-mask, window 0 gives each query its own value, and bad global positions are refused. */
+static void test_attention_sparse(void) {
+  attn_tensor q, out, ref, mask;
+  int64_t qs[3] = {2, 5, 4}, ms[3] = {1, 5, 5};
+  CHECK(attn_tensor_init(&q, ATTN_F64, 3, qs) == ATTN_OK && attn_tensor_init(&out, ATTN_F64, 3, qs) == ATTN_OK &&
+            attn_tensor_init(&ref, ATTN_F64, 3, qs) == ATTN_OK && attn_tensor_init(&mask, ATTN_F64, 3, ms) == ATTN_OK,
+        "init");
+  for (int64_t i = 0; i < 40; i++) ((double *)q.storage->data)[i] = (double)((i * 5) % 11) / 11.0;
+  /* fixed, stride 2, summary 1, not causal: same block of 2, or j odd; query 4 also sees global 1 */
+  int64_t g = 0;
+  for (int64_t i = 0; i < 5; i++)
+    for (int64_t j = 0; j < 5; j++) ((double *)mask.storage->data)[i * 5 + j] = i / 2 == j / 2 || j % 2 == 1 || j == g || i == g;
+  attn_attention_opts o;
+  attn_attention_opts_init(&o);
+  o.pattern = ATTN_PATTERN_FIXED;
+  o.stride = 2;
+  o.global = &g;
+  o.nglobal = 1;
+  CHECK(attn_sdpa_forward(&q, &q, &q, &o, &out, NULL, NULL, NULL) == ATTN_OK, "fixed: %s", attn_last_error());
+  attn_attention_opts_init(&o);
+  o.mask = &mask;
+  CHECK(attn_sdpa_forward(&q, &q, &q, &o, &ref, NULL, NULL, NULL) == ATTN_OK, "mask: %s", attn_last_error());
+  double err = 0;
+  for (int64_t i = 0; i < 40; i++)
+    err = fmax(err, fabs(((double *)out.storage->data)[i] - ((double *)ref.storage->data)[i]));
+  CHECK(err < 1e-12, "fixed pattern equals its keep-mask: error %g", err);
+  attn_attention_opts_init(&o);
+  o.window = 0;
+  CHECK(attn_sdpa_forward(&q, &q, &q, &o, &out, NULL, NULL, NULL) == ATTN_OK &&
+            memcmp(out.storage->data, q.storage->data, 40 * sizeof(double)) == 0,
+        "window 0: each query its own value");
+  int64_t bad[2] = {1, 5};
+  o.global = bad;
+  o.nglobal = 2;
+  CHECK(attn_sdpa_forward(&q, &q, &q, &o, &out, NULL, NULL, NULL) == ATTN_ERR_ARG &&
+            strstr(attn_last_error(), "global position 6 is out of range 1..5 (Nq 5, Nk 5)") != NULL,
+        "global out of range: %s", attn_last_error());
+  attn_tensor_free(&q);
+  attn_tensor_free(&out);
+  attn_tensor_free(&ref);
+  attn_tensor_free(&mask);
+}
+
 /* The attention options are checked in the core, so a C caller gets what Lua gets. */
 static void test_attention_checks(void) {
   attn_tensor q, out, mask;
@@ -925,6 +969,7 @@ int main(void) {
   test_vmath();
   test_attention_checks();
   test_attention_heads_bias();
+  test_attention_sparse();
   test_mha_layer();
   test_saved_layout();
   test_optim_and_loss();

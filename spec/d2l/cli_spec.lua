@@ -54,6 +54,30 @@ describe("attn.d2l.cli", function()
     end
   end)
 
+  it("refuses an option declared twice, also against the common ones", function()
+    local twice = { name = "toy", options = { { "dropout", "number", 0.1, "p" }, { "dropout", "number", nil, "p" } } }
+    local ok, err = pcall(cli.parse, {}, twice)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("cli.parse: option --dropout is declared twice", 1, true), tostring(err))
+    ok, err = pcall(cli.parse, {}, { name = "toy", options = { { "seed", "integer", 1, "s" } } })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("option --seed is declared twice", 1, true), tostring(err))
+  end)
+
+  it("reads a count: a positive integer or all (math.huge), and shows all as a default", function()
+    local spec = { name = "toy", options = { { "num_examples", "count", 600, "pairs" }, { "n", "count", math.huge, "n" } } }
+    assert.are.equal(600, run({}, spec).num_examples)
+    assert.are.equal(math.huge, run({}, spec).n)
+    assert.are.equal(math.huge, run({ "--num_examples", "all" }, spec).num_examples)
+    assert.are.equal(25, run({ "--num_examples=25" }, spec).num_examples)
+    for _, bad in ipairs { "0", "-3", "2.5", "most" } do
+      assert.are.equal(2, run({ "--num_examples", bad }, spec).exit, bad)
+    end
+    local r = run({ "--help" }, spec)
+    assert.truthy(r.text:find("--num_examples COUNT", 1, true))
+    assert.truthy(r.text:find("(default all)", 1, true))
+  end)
+
   it("makes nested folders and reports failures", function()
     local base = os.tmpname()
     os.remove(base)

@@ -3,7 +3,11 @@ local data = require "attn.d2l.data"
 local helper = require "helper"
 
 local SAMPLE = "data/fra-eng-sample.txt"
-local FULL = "../shared/data/fra-eng/fra.txt" -- the whole corpus, outside the repository
+-- the whole corpus, outside the repository (next to the main checkout, or two levels up from a worktree)
+local FULL = "../shared/data/fra-eng/fra.txt"
+if not io.open(FULL, "rb") and io.open("../../shared/data/fra-eng/fra.txt", "rb") then
+  FULL = "../../shared/data/fra-eng/fra.txt"
+end
 local BOOK_RESERVED = { "<pad>", "<bos>", "<eos>" }
 
 local function have_full()
@@ -390,5 +394,78 @@ describe("the full corpus", function()
     assert.are.equal(601, #src)
     assert.are.equal(184, #data.Vocab(src, { min_freq = 2, reserved = BOOK_RESERVED }))
     assert.are.equal(201, #data.Vocab(tgt, { min_freq = 2, reserved = BOOK_RESERVED }))
+  end)
+end)
+
+describe("data.split_indices and data.load_corpus", function()
+  it("splits deterministically by seed into disjoint sets covering every pair", function()
+    local s = data.split_indices(100, 7, 10, 15)
+    assert.are.same(s, data.split_indices(100, 7, 10, 15))
+    assert.are_not.same(s.test, data.split_indices(100, 8, 10, 15).test)
+    assert.are.same({ 75, 10, 15 }, { #s.train, #s.valid, #s.test })
+    local seen = {}
+    for _, part in ipairs { s.train, s.valid, s.test } do
+      for i, k in ipairs(part) do
+        assert.is_nil(seen[k])
+        seen[k] = true
+        if i > 1 then assert.is_true(part[i - 1] < k) end
+      end
+    end
+    for k = 1, 100 do assert.is_true(seen[k]) end
+    assert.has_error(function() data.split_indices(10, 0, 5, 5) end,
+      "split_indices: 5 validation + 5 test pairs leave none of the 10 for training")
+  end)
+
+  it("builds vocabularies from the training pairs only and buckets batches by length", function()
+    local c = assert(data.load_corpus(8, 10, { path = SAMPLE, num_examples = 300, seed = 1, valid = 30, test = 40 }))
+    assert.are.same({ train = 231, valid = 30, test = 40 }, c.sizes)
+    local src = data.read_fra_eng(SAMPLE, { num_examples = 300 })
+    local split = data.split_indices(#src, 1, 30, 40)
+    local train_src = {}
+    for i, k in ipairs(split.train) do train_src[i] = src[k] end
+    assert.are.same(data.Vocab(train_src, { min_freq = 2, reserved = BOOK_RESERVED }).idx_to_token,
+      c.src_vocab.idx_to_token)
+    assert.are.same(src[split.test[1]], c.test.source[1])
+    -- one epoch: every training row once, each batch's columns cut to its longest sequence
+    local state = c.train:get_state()
+    local plan = c.train:plan()
+    assert.are.equal(#c.train, #plan)
+    local rows, X_len = {}, c.train.dataset[2]:totable()
+    for _, batch in ipairs(plan) do
+      local x, xl, y, yl = c.train:batch(batch)
+      assert.are.equal(xl:max():item(), x:size(2))
+      assert.are.equal(yl:max():item(), y:size(2))
+      for i, r in ipairs(batch) do
+        assert.is_nil(rows[r])
+        rows[r] = true
+        assert.are.equal(X_len[r], xl:totable()[i])
+      end
+    end
+    local count = 0
+    for _ in pairs(rows) do count = count + 1 end
+    assert.are.equal(231, count)
+    -- the generator's state replays the epoch
+    c.train:set_state(state)
+    assert.are.same(plan, c.train:plan())
+    assert.are_not.same(plan, c.train:plan())
+  end)
+
+  it("reports each stage of reading with its time", function()
+    local lines = {}
+    local c = assert(data.load_corpus(64, 10, { path = SAMPLE, test = 100, log = function(t) lines[#lines + 1] = t end }))
+    assert.are.same({ train = 900, valid = 0, test = 100 }, c.sizes)
+    assert.are.equal(4, #lines)
+    assert.matches("^read 1000 pairs from 1000 lines, 0 malformed in [%d.]+ s$", lines[2])
+    assert.matches("^vocabularies of the 900 training pairs: %d+ %(English%) and %d+ %(French%) tokens, [%d.]+ s$",
+      lines[3])
+  end)
+
+  it("returns nil and a message when the split leaves nothing to train on or the file is missing", function()
+    local c, msg = data.load_corpus(8, 10, { path = SAMPLE, num_examples = 10, test = 11 })
+    assert.is_nil(c)
+    assert.matches("load_corpus: 0 validation %+ 11 test pairs leave none of the 11 pairs", msg)
+    c, msg = data.load_corpus(8, 10, { path = "/nonexistent/fra.txt" })
+    assert.is_nil(c)
+    assert.matches("cannot open", msg)
   end)
 end)

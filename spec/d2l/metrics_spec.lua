@@ -1,5 +1,6 @@
 local attn = require "attn"
 local metrics = require "attn.d2l.metrics"
+local helper = require "helper"
 
 local function round3(x) return math.floor(x * 1000 + 0.5) / 1000 end
 
@@ -109,5 +110,48 @@ describe("metrics.accuracy and metrics.perplexity", function()
     assert.error_matches(function() metrics.accuracy(attn.ones({ 2, 3 }), { 1, 2 }, { 1, 1 }) end,
       "accuracy: logits must be a tensor %(B, T, V%), got %[2x3%]")
     assert.error_matches(function() metrics.perplexity(nil, {}, {}) end, "perplexity: logits must be a tensor")
+  end)
+end)
+
+describe("metrics.corpus_bleu", function()
+  it("sums clipped n-gram matches and counts over the corpus (hand-counted example)", function()
+    local preds = { "the cat sat on the mat", "il est calme ." }
+    local refs = { "the cat is on the mat", "il est calme ." }
+    -- sentence 1: 1-grams the x2, cat, on, mat match (5/6), 2-grams the cat, on the, the mat (3/5),
+    -- 3-grams on the mat (1/4), 4-grams none (0/3); sentence 2 matches everything (4/4, 3/3, 2/2, 1/1)
+    local bleu, d = metrics.corpus_bleu(preds, refs)
+    assert.are.same({ 9, 6, 3, 1 }, d.matches)
+    assert.are.same({ 10, 8, 6, 4 }, d.totals)
+    assert.are.equal(1, d.bp)
+    assert.are.equal(10, d.pred_len)
+    helper.assert_close(bleu, (9 / 10 * 6 / 8 * 3 / 6 * 1 / 4) ^ 0.25, { rtol = 1e-14 })
+    -- the first sentence alone has no matching 4-gram: 0, however good the rest
+    assert.are.equal(0, (metrics.corpus_bleu({ preds[1] }, { refs[1] })))
+    -- a repeated word is clipped at the reference's count
+    local _, c = metrics.corpus_bleu({ "the the the the" }, { "the cat" }, 1)
+    assert.are.same({ 1 }, c.matches)
+  end)
+
+  it("meets the closed forms: identity 1, a prefix exp(1 - r/c), no overlap 0", function()
+    local words = {}
+    for i = 1, 12 do words[i] = "w" .. i end
+    local ref = table.concat(words, " ")
+    assert.are.equal(1, (metrics.corpus_bleu({ ref, "a b c d" }, { ref, "a b c d" })))
+    for k = 4, 12 do
+      local pred = table.concat(words, " ", 1, k)
+      helper.assert_close(metrics.corpus_bleu({ pred }, { ref }), math.exp(1 - 12 / k), { rtol = 1e-14 })
+    end
+    assert.are.equal(0, (metrics.corpus_bleu({ "x y z q" }, { ref })))
+    assert.are.equal(0, (metrics.corpus_bleu({ "" }, { ref })))
+    -- token lists work as strings do; lengths are summed before the brevity penalty
+    local bleu, d = metrics.corpus_bleu({ { "a", "b", "c", "d" }, { "a", "b", "c", "d", "e", "f" } },
+      { "a b c d e f", "a b c d" })
+    assert.are.equal(1, d.bp)
+    assert.is_true(bleu > 0)
+  end)
+
+  it("raises on lists of different lengths and a bad max_n", function()
+    assert.has_error(function() metrics.corpus_bleu({ "a" }, {}) end, "corpus_bleu: 1 predictions for 0 references")
+    assert.has_error(function() metrics.corpus_bleu({}, {}, 0) end, "corpus_bleu: max_n must be a positive integer, got 0")
   end)
 end)

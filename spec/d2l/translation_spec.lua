@@ -76,3 +76,54 @@ describe("attn.d2l.translation", function()
     assert.truthy(tostring(err):find("^tiny: .*no%-such%-file%.txt"), tostring(err))
   end)
 end)
+
+describe("attn.d2l.translation options", function()
+  it("declares --dropout once, with the book's 0.1, beside the run options and --distributed", function()
+    local seen = {}
+    local all = translation.options(10)
+    for _, o in ipairs(translation.RUN_OPTIONS) do all[#all + 1] = o end
+    for _, o in ipairs(all) do
+      assert.is_nil(seen[o[1]], "--" .. o[1] .. " twice")
+      seen[o[1]] = o
+    end
+    assert.are.equal(0.1, seen.dropout[3])
+    assert.are.equal("boolean", seen.distributed[2])
+    assert.are.equal(0, seen.test[3])
+  end)
+end)
+
+describe("attn.d2l.translation real runs", function()
+  local dir = os.tmpname()
+  os.remove(dir)
+  teardown(function() os.execute("rm -rf '" .. dir .. "'") end)
+
+  it("ends a --test run with the held-out BLEU line, resumes, and refuses other settings", function()
+    local base = { "--out", dir, "--quiet", "--seed", "2", "--num_examples", "300", "--batch_size", "32",
+      "--dropout", "0.2" }
+    local function with(extra)
+      local t = table.move(base, 1, #base, 1, {})
+      return table.move(extra, 1, #extra, #t + 1, t)
+    end
+    local res, log = run(with { "--epochs", "2", "--test", "40", "--max_steps", "3" })
+    assert.is_true(res.result.stopped)
+    assert.truthy(log:find("stopped after step 3; resume with --resume " .. dir .. "/tiny-last.safetensors", 1, true))
+    res, log = run(with { "--epochs", "2", "--test", "40", "--resume", dir .. "/tiny-last.safetensors" })
+    assert.truthy(log:find("resuming " .. dir .. "/tiny-last.safetensors at epoch 1, batch 3, step 3", 1, true))
+    local last = log:match("[^\n]*$")
+    local score = last:match("^tiny: test corpus BLEU%-4 (%d+%.%d%d) on 40 held%-out sentences %(greedy%)$")
+    assert(score, last)
+    assert.are.equal(string.format("%.2f", 100 * res.bleu), score)
+    -- --load of the final checkpoint scores the same held-out sentences the same way
+    local loaded, llog = run(with { "--test", "40", "--load", dir .. "/tiny.safetensors" })
+    assert.are.equal(res.bleu, loaded.bleu)
+    assert.are.equal(last, llog:match("[^\n]*$"))
+    -- other data settings or another model are refused, naming the difference
+    local ok, err = try(with { "--test", "41", "--resume", dir .. "/tiny-last.safetensors" })
+    assert.is_false(ok)
+    assert.is_true(cli.is_failure(err))
+    assert.matches("refusing .*tiny%-last%.safetensors: it was made with test = 40, this run has test = 41", err.message)
+    ok, err = try(with { "--test", "40", "--scoring", "dot", "--resume", dir .. "/tiny-last.safetensors" })
+    assert.is_false(ok)
+    assert.matches("it was made with model.scoring = additive, this run has model.scoring = dot", err.message)
+  end)
+end)

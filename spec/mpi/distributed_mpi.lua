@@ -27,6 +27,7 @@ local CHECKS = {
   "averaged shard gradients equal the full-batch gradient (float64)",
   "uneven shards weighted by tokens give the per-token mean gradient",
   "replicas are bit-identical after k Adam steps",
+  "run.fit with data_parallel takes one process's steps",
 }
 
 for _, np in ipairs { 1, 2, 4 } do

@@ -229,6 +229,35 @@ add("replicas are bit-identical after k Adam steps", function()
   end
 end)
 
+-- attn.d2l.run's fit with data_parallel: the step losses and the weights of N ranks are one
+-- process's (float64, dropout 0; batches of 16 rows over 1, 2 or 4 ranks, accumulation 2).
+add("run.fit with data_parallel takes one process's steps", function()
+  local data = require "attn.d2l.data"
+  local run = require "attn.d2l.run"
+  local function fit(dp_on)
+    local c = assert(data.load_corpus(16, 6, { num_examples = 80, seed = 3, valid = 8 }))
+    attn.manual_seed(11)
+    local h = 8
+    local net = nn.EncoderDecoder(nn.TransformerEncoder(#c.src_vocab, h, h, h, h, { h }, h, 16, 2, 1, 0),
+      nn.TransformerDecoder(#c.tgt_vocab, h, h, h, h, { h }, h, 16, 2, 1, 0)):to("float64")
+    local r = run.fit(net, c, { lr = 0.01, epochs = 2, accum = 2, progress = false, log = function() end,
+      data_parallel = dp_on and dist.DataParallel(net, { broadcast = false }) or nil })
+    return r, net
+  end
+  local one, net1 = fit(false)
+  local many, netn = fit(true)
+  check(#one.steps == #many.steps and #one.steps > 2, "%d steps, %d with data_parallel", #one.steps, #many.steps)
+  for i = 1, #one.steps do
+    check(math.abs(one.steps[i] - many.steps[i]) < 1e-9, "step %d: %.17g vs %.17g", i, one.steps[i], many.steps[i])
+  end
+  check(one.epochs[2].tokens == many.epochs[2].tokens, "tokens %d vs %d", one.epochs[2].tokens, many.epochs[2].tokens)
+  local p1, pn = net1:parameters(), netn:parameters()
+  local w = 0
+  for i = 1, #p1 do w = math.max(w, maxdiff(p1[i], pn[i])) end
+  check(w < 1e-9, "max weight difference %g", w)
+  check((many.best ~= nil) == (R == 1), "only rank 1 validates (best %s)", tostring(many.best))
+end)
+
 if case == "all" then
   for _, name in ipairs(order) do
     local ok, err = pcall(checks[name])

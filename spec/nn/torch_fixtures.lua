@@ -40,11 +40,10 @@ F.cases = {
     call = mha_call({ need_weights = false }) },
   encoder_layer_post_relu = { build = function() return nn.TransformerEncoderLayer(8, 2, { dim_feedforward = 16,
     dropout = 0 }) end, call = encoder_call },
-  -- nn.GELU's erf is a 1.5e-7 approximation today (issue 19, defect 1; 1.3e-6 off in a parameter's
-  -- gradient here): this case is held to 1e-5 until the exact erf lands, then to 1e-10 like the others
+  -- nn.GELU's exact form through attn.erf (issue 19, defect 1: its approximate erf was 1.3e-6 off in a
+  -- parameter's gradient here, so this case was held to 1e-5; now 1e-10 like the others)
   encoder_layer_pre_gelu = { build = function() return nn.TransformerEncoderLayer(8, 2, { dim_feedforward = 12,
-    activation = "gelu", norm_first = true, batch_first = true, dropout = 0 }) end, call = encoder_call,
-    tol = 1e-5 },
+    activation = "gelu", norm_first = true, batch_first = true, dropout = 0 }) end, call = encoder_call },
   decoder_layer_post = { build = function() return nn.TransformerDecoderLayer(8, 2, { dim_feedforward = 16,
     dropout = 0 }) end, call = decoder_call },
   decoder_layer_pre_batch_first = { build = function() return nn.TransformerDecoderLayer(4, 2, {

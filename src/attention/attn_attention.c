@@ -172,6 +172,7 @@ void attn_attention_mem_free(attn_attention_mem *m) {
   for (int i = 0; i < m->ntmp; i++) attn_tensor_free(&m->tmp[i]);
   if (m->lens) attn_free(m->lens, m->lens_cap);
   if (m->slopes) attn_free(m->slopes, m->slopes_cap);
+  if (m->gcount) attn_free(m->gcount, m->gcount_cap);
   memset(m, 0, sizeof *m);
 }
 
@@ -185,6 +186,8 @@ attn_status attn_attention_prepare(attn_attention_job *J, attn_attention_mem *me
   J->causal = o->causal != 0;
   J->window = o->window;
   if (J->window > J->Nq + J->Nk) J->window = J->Nq + J->Nk;
+  st = attn_attention_prepare_pattern(J, mem, op, o);
+  if (st != ATTN_OK) return st;
   if (!(o->dropout >= 0 && o->dropout <= 1))
     return attn_error(ATTN_ERR_ARG, "%s: dropout must be a probability in [0, 1], got %g", op, o->dropout);
   if (o->scale == o->scale && !isfinite(o->scale))

@@ -19,7 +19,8 @@
  * 2. Keep-masks: `mask` (1 attend, 0 ignore; any float tensor broadcastable to
  *    (B, Nq, Nk), values must be 0 or 1; int64 masks are converted by the
  *    binding), `causal` (query i sees keys j <= i)
- *    and `window` (query i sees keys with |i - j| <= window). Entries they
+ *    and `window` (query i sees keys with |i - j| <= window; 0: its own key only; >= Nk: all),
+ *    the fixed sparse patterns and the global tokens (below). Entries they
  *    remove are left out of the softmax by selection, never by adding a
  *    sentinel: they get weight exactly 0 and gradient exactly 0, and a query
  *    with no key left gets zero weights, zero output and zero gradients (never
@@ -59,7 +60,7 @@
  * micro-kernel (AVX-512, AVX2+FMA or portable C, chosen at run time), masked
  * inside the tile, folded into a running max and sum (online softmax) and
  * multiplied into the output at once, so no score row is ever stored; tiles
- * no query sees (causal, window, lengths) are skipped. The backward pass
+ * no query sees (causal, window, sparse patterns, lengths) are skipped. The backward pass
  * rebuilds the weights tile by tile from the saved log-sum-exp. The blocked
  * path below stays the reference (and runs for float64, for gradients of
  * the weights, when opts.kernel asks for it, and for every call whose flash
@@ -84,6 +85,20 @@
 
 #include "core/attn_saved.h"
 #include "core/attn_tensor.h"
+
+/* Sparse patterns (0-based i query, j key; "local" replaces the window rule, everything else
+ * applies on top of it): query i keeps key j when
+ *     (not causal or j <= i) and (local(i, j) or global(i) or global(j))
+ * with local(i, j), for stride s >= 1 and summary c (1 <= c <= s):
+ *   no pattern, no window: 1;   window r: |i - j| <= r
+ *   strided (Child et al. 2019): |i - j| < s  or  (i - j) mod s == 0
+ *   fixed   (Child et al. 2019): floor(i / s) == floor(j / s)  or  j mod s >= s - c
+ * (the paper's patterns are these with causal set), and global(p): p is one of the global positions
+ * (Longformer: a global query sees every key, every query sees a global key). The work is banded:
+ * the flash kernels visit only the key tiles some query of a block keeps (window + g global keys:
+ * O(N (r + g)) per head; the global queries' rows are full rows), and a keep rule per entry inside
+ * them. A window and a pattern exclude each other. */
+enum { ATTN_PATTERN_NONE = 0, ATTN_PATTERN_STRIDED, ATTN_PATTERN_FIXED };
 
 /* Query rows per block of the dot-product attention kernels. */
 #define ATTN_SDPA_BLOCK 64
@@ -112,6 +127,11 @@ typedef struct attn_attention_opts {
                                     leading size-1 dims are allowed, as NumPy broadcasts) */
   int causal;                    /* nonzero: query i sees keys j <= i */
   int64_t window;                /* >= 0: query i sees keys |i - j| <= window; < 0: off */
+  int pattern;                   /* ATTN_PATTERN_*: a fixed sparse pattern (needs stride, no window) */
+  int64_t stride;                /* the pattern's stride or block size s >= 1 */
+  int64_t summary;               /* fixed: summary columns per block c, 1 <= c <= stride (0: 1) */
+  const int64_t *global;         /* nglobal distinct 0-based positions < min(Nq, Nk), any order, or NULL */
+  int64_t nglobal;
   double scale;                  /* scores are multiplied by it; NaN: default (1/sqrt(d) for
                                     dot products, 1 for given scores) */
   double dropout;                /* probability in [0, 1] (checked on every call); 0 turns dropout off */
@@ -157,7 +177,9 @@ attn_status attn_attention_lengths(const char *op, const char *arg, const char *
  * weights (B, H, Nq, Nk), lse (B*H, Nq), dq/dk/dv in q's/k's/v's shapes. valid_lens (B) or
  * (B, Nq) apply to every head; keep-masks and the bias broadcast to (B, H, Nq, Nk) (NumPy: a
  * 3-D mask is (H, Nq, Nk)). The short-row kernels take no bias or ALiBi: such calls run the
- * blocked path with its plain-loop products (ATTN_KERNEL_TINY's numbers). */
+ * blocked path with its plain-loop products (ATTN_KERNEL_TINY's numbers). The window, sparse
+ * patterns and global tokens are one keep rule for every head; the bias and ALiBi are added to
+ * the scores of the keys it keeps. */
 
 /* Whether the flash kernel may run for Nq queries and Nk keys under opts->kernel (it then also
  * needs float32, and finite results to keep its own): calls smaller than one 64 x 64 tile stay
@@ -198,6 +220,11 @@ attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k, const
  * *isa, when not NULL, receives the kernel set's name ("avx512", "avx2" or
  * "generic"). */
 double attn_flash_fma_peak(const char **isa);
+
+/* Test hook: the score tiles (up to 64 queries x 128 keys) the flash forward has computed in this
+ * process, all calls and threads together; specs check with it that the work of a window or
+ * sparse pattern is banded, without timing anything. */
+long long attn_flash_tiles(void);
 
 /* ---- attention over given scores ----------------------------------------- */
 

@@ -59,6 +59,11 @@ typedef struct attn_attention_job {
   const double *slopes;       /* ALiBi: H slopes (head b % H), or NULL */
   int causal;
   int64_t window;
+  int pattern;           /* ATTN_PATTERN_* */
+  int64_t stride, summary;
+  const int64_t *gcount; /* global positions: gcount[p] of them below p, p <= glen = min(Nq, Nk); or NULL */
+  int64_t glen, gmin, gmax;
+  int rule;              /* a keep rule per entry (attn_attention_rule_keeps) applies inside the key ranges */
   double scale;
   int dropout;
   attn_dropout_rule drop; /* entry (b, i, j) has index (b*Nq + i)*Nk + j in its stream */
@@ -69,18 +74,74 @@ typedef struct attn_attention_job {
   atomic_int failed;
 } attn_attention_job;
 
-/* Keys query i may see before the keep-mask and the lengths: [*a, *b) (causal, window). */
+/* Whether position p is a global token (attn_attention.h, "Sparse patterns"). */
+static inline int attn_attention_global(const attn_attention_job *J, int64_t p) {
+  return J->gcount && p >= 0 && p < J->glen && J->gcount[p + 1] > J->gcount[p];
+}
+
+/* Keys query i may see before the keep-mask and the lengths: [*a, *b) (causal, window, and the
+ * global keys around the band; the pattern's rule per entry inside: attn_attention_rule_keeps). */
 static inline void attn_attention_key_range(const attn_attention_job *J, int64_t i, int64_t *a, int64_t *b) {
   int64_t lo = 0, hi = J->Nk;
-  if (J->window >= 0) {
+  if (J->window >= 0 && !attn_attention_global(J, i)) {
     lo = i - J->window;
+    hi = i + J->window + 1;
+    if (J->gcount) { /* the band plus the global keys: the rule removes the keys between */
+      lo = J->gmin < lo ? J->gmin : lo;
+      hi = J->gmax + 1 > hi ? J->gmax + 1 : hi;
+    }
     if (lo < 0) lo = 0;
-    if (i + J->window + 1 < hi) hi = i + J->window + 1;
+    if (hi > J->Nk) hi = J->Nk;
   }
   if (J->causal && i + 1 < hi) hi = i + 1;
   if (lo > hi) lo = hi;
   *a = lo;
   *b = hi;
+}
+
+/* Floor division and remainder for a divisor s > 0 (differences i - j may be negative). */
+static inline int64_t attn_attention_floordiv(int64_t x, int64_t s) { return x >= 0 ? x / s : -((-x + s - 1) / s); }
+
+/* Whether the sparse pattern, window and global tokens keep key j of query i, j inside the key
+ * range of i (the rule of attn_attention.h, "Sparse patterns"; 1 when J->rule is 0). */
+static inline int attn_attention_rule_keeps(const attn_attention_job *J, int64_t i, int64_t j) {
+  if (!J->rule || attn_attention_global(J, i) || attn_attention_global(J, j)) return 1;
+  const int64_t s = J->stride, dd = i - j;
+  if (J->pattern == ATTN_PATTERN_STRIDED) return (dd < s && dd > -s) || dd % s == 0;
+  if (J->pattern == ATTN_PATTERN_FIXED) return i / s == j / s || j % s >= s - J->summary;
+  return J->window < 0 || (dd <= J->window && dd >= -J->window);
+}
+
+/* Whether some query of [i0, i1) may keep some key of [j0, j1) (both non-empty) under causal,
+ * window, pattern and global tokens: a superset (1 may still find every entry removed), in O(1),
+ * so the drivers skip the tiles no query sees and the work follows the pattern. */
+static inline int attn_attention_tile_visible(const attn_attention_job *J, int64_t i0, int64_t i1, int64_t j0,
+                                              int64_t j1) {
+  if (J->causal && j0 > i1 - 1) return 0;
+  if (J->gcount) {
+    int64_t qe = i1 < J->glen ? i1 : J->glen, ke = j1 < J->glen ? j1 : J->glen;
+    if (J->causal && i1 < ke) ke = i1;
+    if ((i0 < qe && J->gcount[qe] > J->gcount[i0]) || (j0 < ke && J->gcount[ke] > J->gcount[j0])) return 1;
+  }
+  int64_t dlo = i0 - (j1 - 1), dhi = (i1 - 1) - j0, s = J->stride; /* the differences i - j */
+  if (J->causal && dlo < 0) dlo = 0;
+  if (J->pattern == ATTN_PATTERN_STRIDED)
+    return (dlo < s && dhi > -s) || attn_attention_floordiv(dhi, s) * s >= dlo;
+  if (J->pattern == ATTN_PATTERN_FIXED) /* a shared block, or a summary column in the tile */
+    return (i0 / s <= (j1 - 1) / s && j0 / s <= (i1 - 1) / s) || j0 / s != (j1 - 1) / s ||
+           (j1 - 1) % s >= s - J->summary;
+  return J->window < 0 || (dlo <= J->window && dhi >= -J->window);
+}
+
+/* Whether the pattern's rule keeps every entry of queries [i0, i1) x keys [j0, j1) that the key
+ * ranges keep (so the tile needs no rule per entry). */
+static inline int attn_attention_tile_full(const attn_attention_job *J, int64_t i0, int64_t i1, int64_t j0,
+                                           int64_t j1) {
+  if (!J->rule) return 1;
+  int64_t dlo = i0 - (j1 - 1), dhi = (i1 - 1) - j0, s = J->stride;
+  if (J->pattern == ATTN_PATTERN_STRIDED) return dlo > -s && dhi < s;
+  if (J->pattern == ATTN_PATTERN_FIXED) return i0 / s == (i1 - 1) / s && j0 / s == (j1 - 1) / s && i0 / s == j0 / s;
+  return J->window < 0 || (dlo >= -J->window && dhi <= J->window);
 }
 
 /* Dropout keep factor of entry (b, i, j): 0 when dropped, 1/(1-p) when kept. */
@@ -97,6 +158,7 @@ static inline double attn_attention_keep(const attn_attention_job *J, int64_t b,
 typedef struct attn_attention_rowmask {
   int64_t a, e, b;
   const char *mrow;
+  int64_t i; /* the query, for the pattern's rule (J->rule) */
 } attn_attention_rowmask;
 
 static inline void attn_attention_row_mask(const attn_attention_job *J, int64_t b, int64_t i,
@@ -107,6 +169,7 @@ static inline void attn_attention_row_mask(const attn_attention_job *J, int64_t 
   m->mrow = J->mask ? J->mask + (size_t)(attn_attention_head_off(b, J->H, 1, J->msb, J->msh) + i * J->msr) *
                                     attn_dtype_size(J->mdt)
                     : NULL;
+  m->i = i;
 }
 
 /* Whether the scores get an additive part (a bias or ALiBi). */
@@ -127,8 +190,18 @@ static inline int attn_attention_kept(const attn_attention_job *J, const char *m
   return J->mdt == ATTN_F32 ? ((const float *)mrow)[off] != 0 : ((const double *)mrow)[off] != 0;
 }
 
+/* Whether row m keeps key j of its range [a, b): the keep-mask and the pattern's rule. */
+static inline int attn_attention_row_keeps(const attn_attention_job *J, const attn_attention_rowmask *m, int64_t j) {
+  return attn_attention_kept(J, m->mrow, j) && attn_attention_rule_keeps(J, m->i, j);
+}
+
+/* Whether row m removes keys inside its range (a keep-mask or a rule per entry). */
+static inline int attn_attention_row_sparse(const attn_attention_job *J, const attn_attention_rowmask *m) {
+  return m->mrow != NULL || J->rule;
+}
+
 static inline int attn_attention_unmasked(const attn_attention_job *J, const attn_attention_rowmask *m, int64_t j) {
-  return j >= m->a && j < m->e && attn_attention_kept(J, m->mrow, j);
+  return j >= m->a && j < m->e && attn_attention_row_keeps(J, m, j);
 }
 
 /* ---- row kernels (src/attention/attn_sdpa_rows.c): rows of J->Nk entries of J->dt ---- */
@@ -213,6 +286,8 @@ typedef struct {
   size_t lens_cap;
   double *slopes;
   size_t slopes_cap;
+  int64_t *gcount;
+  size_t gcount_cap;
 } attn_attention_mem;
 
 void attn_attention_mem_free(attn_attention_mem *m);
@@ -224,6 +299,11 @@ attn_status attn_attention_check_input(const char *op, const char *name, const a
 /* An output: contiguous, of dtype dt and shape `shape` (3-D). */
 attn_status attn_attention_check_output(const char *op, const char *name, const attn_tensor *t, attn_dtype dt,
                                         const int64_t *shape);
+/* J's sparse pattern and global tokens (src/attention/attn_masking.c): checks the options (a
+ * window with a pattern, the stride and summary, global positions in range and distinct) and
+ * builds the prefix counts of the global positions in mem. */
+attn_status attn_attention_prepare_pattern(attn_attention_job *J, attn_attention_mem *mem, const char *op,
+                                           const attn_attention_opts *o);
 /* Fills J's common fields from its sizes and the options: BLAS range, blocks, causal, window,
  * dropout (probability checked), scale (checked), lengths and keep-mask (checked, expanded). */
 attn_status attn_attention_prepare(attn_attention_job *J, attn_attention_mem *mem, const char *op,
@@ -270,6 +350,7 @@ typedef struct {
   const float *fillp;         /* backward: per (b, i) weight of one filled key (d2l's -1e6), in double
                                  precision before rounding (lse2 alone is too coarse near -1e6) */
   float *dq, *dk, *dv;        /* backward outputs (contiguous), may be NULL */
+  atomic_llong *tiles;        /* forward: takes the count of score tiles computed (attn_flash_tiles), or NULL */
 } attn_flash_job;
 
 /* Floats of per-thread workspace an item needs (int64 masks included). */

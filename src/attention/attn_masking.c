@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "core/attn_alloc.h"
-#include "attention/attn_attention.h"
+#include "attention/attn_attention_internal.h"
 
 /* ------------------------------------------------------------ lengths, masks */
 
@@ -52,6 +52,51 @@ attn_status attn_attention_lengths(const char *op, const char *arg, const char *
   return ATTN_OK;
 }
 
+/* ------------------------------------------------------------ sparse patterns, global tokens */
+
+attn_status attn_attention_prepare_pattern(attn_attention_job *J, attn_attention_mem *mem, const char *op,
+                                           const attn_attention_opts *o) {
+  if (o->pattern < ATTN_PATTERN_NONE || o->pattern > ATTN_PATTERN_FIXED)
+    return attn_error(ATTN_ERR_ARG, "%s: pattern %d is not one of the ATTN_PATTERN_* values", op, o->pattern);
+  J->pattern = o->pattern;
+  if (J->pattern != ATTN_PATTERN_NONE) {
+    const char *name = J->pattern == ATTN_PATTERN_STRIDED ? "strided" : "fixed";
+    if (o->window >= 0)
+      return attn_error(ATTN_ERR_ARG, "%s: pattern %s and window %lld exclude each other (the pattern is the local rule)",
+                        op, name, (long long)o->window);
+    if (o->stride < 1)
+      return attn_error(ATTN_ERR_ARG, "%s: pattern %s needs a stride >= 1, got %lld", op, name, (long long)o->stride);
+    J->stride = o->stride;
+    J->summary = o->summary == 0 ? 1 : o->summary;
+    if (J->summary < 1 || J->summary > J->stride)
+      return attn_error(ATTN_ERR_ARG, "%s: summary %lld must lie in 1..stride (%lld)", op, (long long)o->summary,
+                        (long long)J->stride);
+  }
+  if (o->nglobal > 0) {
+    int64_t L = J->Nq < J->Nk ? J->Nq : J->Nk;
+    mem->gcount = attn_alloc((size_t)(L + 1) * sizeof(int64_t), &mem->gcount_cap);
+    if (!mem->gcount) return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the global positions", op);
+    memset(mem->gcount, 0, (size_t)(L + 1) * sizeof(int64_t));
+    J->gmin = L;
+    J->gmax = -1;
+    for (int64_t g = 0; g < o->nglobal; g++) { /* flags first, in gcount[p + 1] */
+      int64_t p = o->global[g];
+      if (p < 0 || p >= L)
+        return attn_error(ATTN_ERR_ARG, "%s: global position %lld is out of range 1..%lld (Nq %lld, Nk %lld)", op,
+                          (long long)p + 1, (long long)L, (long long)J->Nq, (long long)J->Nk);
+      if (mem->gcount[p + 1])
+        return attn_error(ATTN_ERR_ARG, "%s: global position %lld is given twice", op, (long long)p + 1);
+      mem->gcount[p + 1] = 1;
+      J->gmin = p < J->gmin ? p : J->gmin;
+      J->gmax = p > J->gmax ? p : J->gmax;
+    }
+    for (int64_t p = 0; p < L; p++) mem->gcount[p + 1] += mem->gcount[p];
+    J->gcount = mem->gcount;
+    J->glen = L;
+  }
+  J->rule = J->pattern != ATTN_PATTERN_NONE || (J->gcount && J->window >= 0);
+  return ATTN_OK;
+}
 
 attn_status attn_attention_masked_softmax_forward(const attn_tensor *x, const attn_tensor *valid_lens,
                                                   attn_tensor *out) {

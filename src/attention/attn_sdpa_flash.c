@@ -122,8 +122,15 @@ static int run_items(const attn_flash_job *F, attn_flash_item_fn fn, const attn_
   return atomic_load(&R.failed) ? -1 : !atomic_load(&R.unclean);
 }
 
-attn_status attn_attention_run_flash_forward(const attn_flash_job *F, const attn_flash_kernels *ks, const char *op,
+static atomic_llong flash_tiles;
+
+long long attn_flash_tiles(void) { return atomic_load(&flash_tiles); }
+
+attn_status attn_attention_run_flash_forward(const attn_flash_job *F0, const attn_flash_kernels *ks, const char *op,
                                              int *done) {
+  attn_flash_job G = *F0;
+  G.tiles = &flash_tiles;
+  const attn_flash_job *F = &G;
   const attn_attention_job *J = F->J;
   double flops = 2.0 * TW * (double)J->Nk * (double)(J->d + J->dv);
   int r = run_items(F, ks->forward, &F->q, J->d, J->Nq, flops);

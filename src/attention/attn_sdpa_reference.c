@@ -20,7 +20,7 @@
  * result came out not finite. */
 static const attn_cpu_kernels *small_path(const attn_attention_job *J, int backward) {
   if (!J->tiny || J->dt != ATTN_F32 || !J->dot || J->Nk < 1 || J->Nk > ATTN_SDPA_SMALL_KEYS ||
-      J->d > ATTN_SDPA_TINY_WIDTH || J->dv > ATTN_SDPA_TINY_WIDTH || J->mask || attn_attention_has_bias(J) ||
+      J->d > ATTN_SDPA_TINY_WIDTH || J->dv > ATTN_SDPA_TINY_WIDTH || J->mask || J->rule || attn_attention_has_bias(J) ||
       J->has_wst || J->has_dw || J->gs ||
       (backward && !J->has_dout))
     return NULL;

@@ -128,12 +128,16 @@ void attn_sdpa_bias_row(const attn_attention_job *J, int64_t b, int64_t i, void 
   }
 }
 
-/* x[j] = v on [j0, j1) where the keep-mask row mrow removes key j. */
-static void row_remove(const attn_attention_job *J, void *x, int64_t j0, int64_t j1, const char *mrow, double v) {
-  if (IS_F32(J))
-    remove_f32(x, j0, j1, mrow, J->msc, J->mdt, (float)v);
-  else
-    remove_f64(x, j0, j1, mrow, J->msc, J->mdt, v);
+/* x[j] = v on [j0, j1) where row m removes key j: its keep-mask row, then the pattern's rule. */
+static void row_remove(const attn_attention_job *J, void *x, int64_t j0, int64_t j1, const attn_attention_rowmask *m,
+                       double v) {
+  if (m->mrow && IS_F32(J))
+    remove_f32(x, j0, j1, m->mrow, J->msc, J->mdt, (float)v);
+  else if (m->mrow)
+    remove_f64(x, j0, j1, m->mrow, J->msc, J->mdt, v);
+  if (J->rule)
+    for (int64_t j = j0; j < j1; j++)
+      if (!attn_attention_rule_keeps(J, m->i, j)) store_at(J->dt, x, j, v);
 }
 
 void attn_sdpa_softmax_row(const attn_attention_job *J, void *x, const attn_attention_rowmask *m) {
@@ -142,7 +146,7 @@ void attn_sdpa_softmax_row(const attn_attention_job *J, void *x, const attn_atte
   row_fill(J, x, b, J->Nk, 0);
   if (a >= b) return;
   row_fill(J, x, m->e, b, FILL);
-  if (m->mrow) row_remove(J, x, a, b, m->mrow, -INFINITY);
+  if (attn_attention_row_sparse(J, m)) row_remove(J, x, a, b, m, -INFINITY);
   double mx = row_max(J, x, a, b); /* ignores NaN; a NaN entry makes the sum NaN below */
   /* the exp-and-sum comes from attn_vmath (shared with the generic softmax) */
   double sum = mx == -INFINITY ? 0
@@ -178,7 +182,7 @@ void attn_sdpa_softmax_block(const attn_attention_job *J, void *ws, const attn_a
     fill_f32(row, m->b, Nk, -INFINITY);
     if (m->a >= m->b) continue;
     fill_f32(row, m->e, m->b, (float)FILL);
-    if (m->mrow) remove_f32(row, m->a, m->b, m->mrow, J->msc, J->mdt, -INFINITY);
+    if (attn_attention_row_sparse(J, m)) row_remove(J, row, m->a, m->b, m, -INFINITY);
     float mx = max_f32(row, m->a, m->b);
     if (mx == -INFINITY)
       bad[rr] = 1;
@@ -235,11 +239,11 @@ void attn_sdpa_softmax_back_row(const attn_attention_job *J, const void *p, void
    * p = 0, so the plain sum is exact unless their dp is not finite: only then sum key by key. */
   double D = IS_F32(J) ? dot_f32(p, dp, u0, u1, 0) + dot_f32(p, dp, u1, f1, 1)
                        : dot_f64(p, dp, u0, u1, 0) + dot_f64(p, dp, u1, f1, 1);
-  if (m->mrow && !isfinite(D)) {
+  if (attn_attention_row_sparse(J, m) && !isfinite(D)) {
     D = 0;
     for (int64_t j = u0; j < f1; j++) {
       double pj = load_at(J->dt, p, j);
-      if (attn_attention_kept(J, m->mrow, j) && (j < u1 || pj != 0)) D += pj * load_at(J->dt, dp, j);
+      if (attn_attention_row_keeps(J, m, j) && (j < u1 || pj != 0)) D += pj * load_at(J->dt, dp, j);
     }
   }
   row_fill(J, dp, n0, u0, 0);
@@ -247,7 +251,7 @@ void attn_sdpa_softmax_back_row(const attn_attention_job *J, const void *p, void
     grad_f32(p, dp, u0, u1, (float)D, (float)scale);
   else
     grad_f64(p, dp, u0, u1, D, scale);
-  if (m->mrow) row_remove(J, dp, u0, u1, m->mrow, 0); /* removed keys: 0, whatever their dp held */
+  if (attn_attention_row_sparse(J, m)) row_remove(J, dp, u0, u1, m, 0); /* removed keys: 0, whatever their dp held */
   row_fill(J, dp, u1, n1, 0);
 }
 
@@ -255,13 +259,13 @@ void attn_sdpa_softmax_back_row(const attn_attention_job *J, const void *p, void
 
 int attn_sdpa_row_has_key(const attn_attention_job *J, const attn_attention_rowmask *m) {
   for (int64_t j = m->a; j < m->b; j++)
-    if (attn_attention_kept(J, m->mrow, j)) return 1;
+    if (attn_attention_row_keeps(J, m, j)) return 1;
   return 0;
 }
 
 void attn_sdpa_bad_row(const attn_attention_job *J, void *x, const attn_attention_rowmask *m) {
   double v = attn_sdpa_row_has_key(J, m) ? NAN : 0.0;
-  for (int64_t j = m->a; j < m->b; j++) store_at(J->dt, x, j, attn_attention_kept(J, m->mrow, j) ? v : 0.0);
+  for (int64_t j = m->a; j < m->b; j++) store_at(J->dt, x, j, attn_attention_row_keeps(J, m, j) ? v : 0.0);
 }
 
 void attn_sdpa_live_range(const attn_attention_job *J, const attn_attention_rowmask *m, const void *w,

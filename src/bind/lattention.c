@@ -8,7 +8,8 @@
  *   generator when dropout is on and none is given), need_weights (boolean,
  *   default true), kernel (name), name (string for error messages of the
  *   scores kernels), bias (tensor: the additive bias), alibi (tensor: ALiBi's slopes),
- *   heads (integer: 3-D rows are batch-major heads).
+ *   heads (integer: 3-D rows are batch-major heads), pattern ("strided" or "fixed") with
+ *   stride and summary, global (table of 1-based positions).
  * This file only converts Lua values to C: it checks types (and that window
  * is not negative, as C's window < 0 means "off"); shapes, ranges and
  * dtypes are the core's to check (attn_attention.c), and option-table keys
@@ -80,6 +81,54 @@ static int opt_bool(lua_State *L, int idx, const char *fn, const char *key, int 
   return v;
 }
 
+/* The integer option `key` of the options table at idx: def when absent. */
+static int64_t opt_int(lua_State *L, int idx, const char *fn, const char *key, const char *what, int64_t def) {
+  attn_l_rawfield(L, idx, key);
+  int isint = 1;
+  lua_Integer v = lua_isnil(L, -1) ? def : lua_tointegerx(L, -1, &isint);
+  if (!isint) bad_value(L, -1, fn, key, what);
+  lua_pop(L, 1);
+  return (int64_t)v;
+}
+
+/* pattern ("strided" or "fixed"), stride, summary and global (a table of 1-based positions, made
+ * 0-based in a userdata that stays on the stack); the C core checks the values. */
+static void read_pattern(lua_State *L, int idx, const char *fn, attn_attention_opts *o) {
+  attn_l_rawfield(L, idx, "pattern");
+  if (!lua_isnil(L, -1)) {
+    const char *s = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    if (s && strcmp(s, "strided") == 0)
+      o->pattern = ATTN_PATTERN_STRIDED;
+    else if (s && strcmp(s, "fixed") == 0)
+      o->pattern = ATTN_PATTERN_FIXED;
+    else
+      bad_value(L, -1, fn, "pattern", "\"strided\" or \"fixed\"");
+  }
+  lua_pop(L, 1);
+  o->stride = opt_int(L, idx, fn, "stride", "an integer >= 1", 0);
+  o->summary = opt_int(L, idx, fn, "summary", "an integer in 1..stride", 0);
+  if (o->pattern == ATTN_PATTERN_NONE && (o->stride || o->summary))
+    attn_l_error(L, "%s: %s is given without a pattern (\"strided\" or \"fixed\")", fn, o->stride ? "stride" : "summary");
+  attn_l_rawfield(L, idx, "global");
+  if (!lua_isnil(L, -1)) {
+    if (!lua_istable(L, -1)) bad_value(L, -1, fn, "global", "a table of 1-based positions");
+    int64_t n = (int64_t)lua_rawlen(L, -1);
+    int64_t *g = lua_newuserdatauv(L, sizeof(int64_t) * (size_t)(n ? n : 1), 0); /* stays on the stack */
+    for (int64_t i = 0; i < n; i++) {
+      lua_rawgeti(L, -2, (lua_Integer)(i + 1));
+      int isint;
+      lua_Integer p = lua_tointegerx(L, -1, &isint);
+      if (!isint) bad_value(L, -1, fn, "global", "a table of integer positions");
+      g[i] = (int64_t)p - 1;
+      lua_pop(L, 1);
+    }
+    o->global = g;
+    o->nglobal = n;
+    return; /* the table and the userdata stay on the stack */
+  }
+  lua_pop(L, 1);
+}
+
 /* Reads the options table at idx (may be nil). Tensors it creates stay on the stack. */
 static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts *o, int *need_weights) {
   attn_attention_opts_init(o);
@@ -119,6 +168,8 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
     o->window = (int64_t)w;
   }
   lua_pop(L, 1);
+
+  read_pattern(L, idx, fn, o);
 
   attn_l_rawfield(L, idx, "scale");
   if (!lua_isnil(L, -1)) {
@@ -306,6 +357,16 @@ static int l_fma_peak(lua_State *L) {
   lua_pushnumber(L, attn_flash_fma_peak(&isa));
   lua_pushstring(L, isa);
   return 2;
+}
+
+/***
+ * Test hook: the score tiles the flash forward has computed in this process (see attn_flash_tiles).
+ * @function flash_tiles
+ * @treturn int tiles of up to 64 queries x 128 keys
+ */
+static int l_flash_tiles(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)attn_flash_tiles());
+  return 1;
 }
 
 /***
@@ -697,6 +758,7 @@ static const luaL_Reg attention_functions[] = {
     {"sdpa_forward", l_sdpa_forward},
     {"sdpa_backward", l_sdpa_backward},
     {"fma_peak", l_fma_peak},
+    {"flash_tiles", l_flash_tiles},
     {"scores_attention_forward", l_scores_attention_forward},
     {"scores_attention_backward", l_scores_attention_backward},
     {"masked_softmax_forward", l_masked_softmax_forward},

@@ -274,13 +274,15 @@ static void block_ranges(const attn_attention_job *J, int64_t b, int64_t i0, int
 
 enum { TILE_SKIP, TILE_CLEAN, TILE_MASKED };
 
-/* Class of the tile keys [k0, k1) x query rows [0, nq): skipped when no row sees a key, or when
- * every key a row sees is a filled one whose weight underflows to 0 (negligible[o]: the row's
- * max, or log-sum-exp, lies more than 150 above the fill); clean when every row sees every key
- * unfilled and there is no keep-mask. */
-static int classify(const attn_attention_job *J, int64_t nq, int64_t k0, int64_t k1, const int64_t *qa,
+/* Class of the tile keys [k0, k1) x query rows i0 + [0, nq): skipped when the pattern keeps no
+ * entry of it (attn_attention_tile_visible, O(1): window and sparse work stays banded), when no
+ * row sees a key, or when every key a row sees is a filled one whose weight underflows to 0
+ * (negligible[o]: the row's max, or log-sum-exp, lies more than 150 above the fill); clean when
+ * every row sees every key unfilled, there is no keep-mask and the pattern keeps the whole tile. */
+static int classify(const attn_attention_job *J, int64_t i0, int64_t nq, int64_t k0, int64_t k1, const int64_t *qa,
                     const int64_t *qb, const int64_t *qe, const float *level, float fill2) {
-  int visible = 0, clean = J->mask == NULL, needed = 0;
+  if (nq < 1 || !attn_attention_tile_visible(J, i0, i0 + nq, k0, k1)) return TILE_SKIP;
+  int visible = 0, clean = J->mask == NULL && attn_attention_tile_full(J, i0, i0 + nq, k0, k1), needed = 0;
   for (int64_t o = 0; o < nq; o++) {
     int64_t lo = qa[o] > k0 ? qa[o] : k0, hi = qb[o] < k1 ? qb[o] : k1;
     if (!(qa[o] <= k0 && k1 <= qe[o])) clean = 0;
@@ -292,7 +294,10 @@ static int classify(const attn_attention_job *J, int64_t nq, int64_t k0, int64_t
   return clean ? TILE_CLEAN : TILE_MASKED;
 }
 
-static inline int keep_mask_at(const attn_attention_job *J, int64_t b, int64_t i, int64_t j) {
+/* Whether the keep-mask and the pattern's rule keep entry (b, i, j) inside i's key range. */
+static inline int keeps_at(const attn_attention_job *J, int64_t b, int64_t i, int64_t j) {
+  if (!attn_attention_rule_keeps(J, i, j)) return 0;
+  if (!J->mask) return 1;
   size_t off = (size_t)(attn_attention_head_off(b, J->H, 1, J->msb, J->msh) + i * J->msr + j * J->msc);
   return J->mdt == ATTN_F32 ? ((const float *)J->mask)[off] != 0 : ((const double *)J->mask)[off] != 0;
 }
@@ -302,6 +307,7 @@ static inline int keep_mask_at(const attn_attention_job *J, int64_t b, int64_t i
  * The range tests are branch-free selects (they vectorise); the keep-mask is read afterwards. */
 static void mask_tile(const attn_attention_job *J, int64_t b, float *T, int64_t rows, int lanes_q, int64_t q0,
                       int64_t k0, const int64_t *qa, const int64_t *qb, const int64_t *qe, float fill2) {
+  const int sparse = J->mask || J->rule; /* entries removed inside the ranges */
   int64_t alo = 0, bhi = INT64_MAX; /* lanes_q: rows (keys) in [alo, bhi) that every lane sees unfilled */
   if (lanes_q)
     for (int64_t l = 0; l < TW; l++) {
@@ -311,7 +317,7 @@ static void mask_tile(const attn_attention_job *J, int64_t b, float *T, int64_t 
     }
   for (int64_t n = 0; n < rows; n++) {
     float *x = T + n * TW;
-    if (!J->mask && (lanes_q ? k0 + n >= alo && k0 + n < bhi
+    if (!sparse && (lanes_q ? k0 + n >= alo && k0 + n < bhi
                              : qa[n] <= k0 && k0 + TW <= qb[n] && k0 + TW <= qe[n]))
       continue; /* nothing to mask in this row (the clean part of a tile the diagonal cuts) */
     if (lanes_q) {
@@ -328,10 +334,10 @@ static void mask_tile(const attn_attention_job *J, int64_t b, float *T, int64_t 
         x[l] = (j < a) | (j >= bb) ? -INFINITY : v;
       }
     }
-    if (J->mask)
+    if (sparse)
       for (int64_t l = 0; l < TW; l++) {
         int64_t o = lanes_q ? l : n, j = k0 + (lanes_q ? n : l);
-        if (j >= qa[o] && j < qb[o] && !keep_mask_at(J, b, q0 + o, j)) x[l] = -INFINITY;
+        if (j >= qa[o] && j < qb[o] && !keeps_at(J, b, q0 + o, j)) x[l] = -INFINITY;
       }
   }
 }
@@ -444,7 +450,7 @@ static inline int query_tile(const attn_flash_job *F, int64_t b, int64_t i0, int
                              const int64_t *qa, const int64_t *qb, const int64_t *qe, const float *level,
                              const float *Qt, float *S, float *mx) {
   const attn_attention_job *J = F->J;
-  int cls = classify(J, r, j0, j0 + nb, qa, qb, qe, level, F->fill2);
+  int cls = classify(J, i0, r, j0, j0 + nb, qa, qb, qe, level, F->fill2);
   if (cls == TILE_SKIP) return cls;
   if (cls == TILE_MASKED) {
     int vlo[FLASH_MAXNB], vhi[FLASH_MAXNB];
@@ -605,11 +611,13 @@ int FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i0
     l[o] = 0;
   }
   const float *V = attn_flash_head(&F->v, b);
+  int64_t tiles = 0;
   for (int64_t j0 = jlo; j0 < jhi; j0 += KT) {
     int64_t nb = jhi - j0 < KT ? jhi - j0 : KT;
     memcpy(mu, m, sizeof(float) * TW);
     int cls = query_tile(F, b, i0, r, j0, nb, qa, qb, qe, m, Qt, S, mu);
     if (cls == TILE_SKIP) continue;
+    tiles++;
     online_softmax(S, nb, m, l, al, cls == TILE_CLEAN && !attn_attention_has_bias(J) ? mu : NULL);
     if (J->dropout)
       for (int64_t n = 0; n < nb; n++)
@@ -626,6 +634,7 @@ int FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i0
    * no finite softmax (its scores are all -inf, or hold +inf or NaN): that row, like an output
    * that is not finite (an inf or NaN in V; tested on the tile, where the lanes are contiguous,
    * before it is scaled by 1 / sum <= 1), is left to the reference path. */
+  if (F->tiles) atomic_fetch_add_explicit(F->tiles, tiles, memory_order_relaxed);
   for (int64_t c = 0; c < dv; c++)
     if (!finite_f32(Ot + c * TW, r)) return 0;
   for (int v = 0; v < FLASH_NV; v++) vstore(al + v * FLASH_VL, log2_v(vload(l + v * FLASH_VL))); /* used where l > 0 */
@@ -743,9 +752,10 @@ int FLASH_FN(attn_flash_backward_k_)(const attn_flash_job *F, int64_t b, int64_t
   int64_t istart = J->causal && J->window < 0 ? (j0 / TW) * TW : 0;
   for (int64_t i0 = istart; i0 < Nq; i0 += TW) {
     int64_t nr = Nq - i0 < TW ? Nq - i0 : TW;
+    if (!attn_attention_tile_visible(J, i0, i0 + nr, j0, j1)) continue; /* before the ranges: O(1) */
     query_ranges(J, b, i0, nr, qa, qb, qe);
     for (int64_t o = 0; o < TW; o++) lse2[o] = o < nr ? F->lse2[b * Nq + i0 + o] : INFINITY;
-    int cls = classify(J, nr, j0, j1, qa, qb, qe, lse2, F->fill2);
+    int cls = classify(J, i0, nr, j0, j1, qa, qb, qe, lse2, F->fill2);
     if (cls == TILE_SKIP) continue;
     /* masked (the causal diagonal): each block of query rows computes the lane vectors of keys
      * some of its rows see, and the products over the rows start each vector at its first row */
@@ -784,7 +794,7 @@ int FLASH_FN(attn_flash_backward_k_)(const attn_flash_job *F, int64_t b, int64_t
           int64_t j = j0 + o;
           if (j < qe[n]) continue;
           g[o] = 0.0f;
-          if (j < qb[n] && (!J->mask || keep_mask_at(J, b, i0 + n, j)))
+          if (j < qb[n] && keeps_at(J, b, i0 + n, j))
             s[o] = F->fillp[b * Nq + i0 + n] * (J->dropout ? (float)attn_attention_keep(J, b, i0 + n, j) : 1.0f);
         }
     }

@@ -32,6 +32,11 @@ local function convert(kind, text)
   if kind == "integer" then return math.tointeger(tonumber(text)) end
   if kind == "number" then return tonumber(text) end
   if kind == "string" then return text end
+  if kind == "count" then -- a positive integer, or "all" (math.huge)
+    if text == "all" then return math.huge end
+    local n = text and math.tointeger(tonumber(text))
+    return n and n >= 1 and n or nil
+  end
   if kind == "boolean" then
     if text == nil or text == "true" or text == "1" then return true end
     if text == "false" or text == "0" then return false end
@@ -53,7 +58,8 @@ function cli.usage(spec)
   for _, o in ipairs(all) do
     local name, kind, default, help = o[1], o[2], o[3], o[4]
     local arg_text = kind == "boolean" and "" or " " .. kind:upper()
-    local default_text = (default ~= nil and kind ~= "boolean") and string.format(" (default %s)", tostring(default)) or ""
+    local default_text = (default ~= nil and kind ~= "boolean") and string.format(" (default %s)",
+      default == math.huge and "all" or tostring(default)) or ""
     lines[#lines + 1] = string.format("  --%-22s %s%s", name .. arg_text, help or "", default_text)
   end
   return table.concat(lines, "\n")
@@ -62,10 +68,11 @@ end
 --- Parses a script's arguments.
 -- @tparam table argv the script's `arg` table (or any list of strings)
 -- @tparam table spec `{name = string, description = string, options = {{name, type, default, help}, ...}}`;
---   type is "integer", "number", "string" or "boolean"
+--   type is "integer", "number", "string", "boolean" or "count" (a positive integer or `all`, read as math.huge)
 -- @tparam[opt] table hooks `{exit = fn(code), print = fn(text)}` (for tests; default os.exit and print)
 -- @treturn table the options by name, plus `smoke` (ATTN_SMOKE=1) and `out` defaulting to `out/<name>`
--- @raise on a spec without a name or with an unknown option type
+-- @raise on a spec without a name, with an unknown option type, or with an option declared twice
+--   (runners assemble their lists from several tables; a second declaration would silently win)
 function cli.parse(argv, spec, hooks)
   assert(type(spec) == "table" and type(spec.name) == "string", "cli.parse: spec.name must be a string")
   hooks = hooks or {}
@@ -73,6 +80,7 @@ function cli.parse(argv, spec, hooks)
   local kinds, opts = {}, {}
   for _, list in ipairs { spec.options or {}, COMMON } do
     for _, o in ipairs(list) do
+      if kinds[o[1]] then error("cli.parse: option --" .. o[1] .. " is declared twice", 2) end
       kinds[o[1]] = o[2]
       convert(o[2], nil) -- validates the declared type
       opts[o[1]] = o[3]

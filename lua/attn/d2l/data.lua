@@ -610,4 +610,239 @@ function data.load_fra_eng(batch_size, num_steps, opts)
   return loader, src_vocab, tgt_vocab
 end
 
+
+-- ---------------------------------------------------------------- real runs
+
+-- A PCG32 stream of its own for the split (the loader's stream is seeded the same
+-- way, so the split must differ from it by the stream, not by the seed).
+local SPLIT_STREAM = 0x53504C4954 -- "SPLIT"
+
+local function pcg_stream(seed, stream)
+  local g = { state = 0, inc = (stream << 1) | 1 }
+  pcg_next(g)
+  g.state = g.state + seed
+  pcg_next(g)
+  return g
+end
+
+local function permutation(g, n)
+  local order = {}
+  for i = 1, n do order[i] = i end
+  for i = n, 2, -1 do
+    local j = pcg_below(g, i)
+    order[i], order[j] = order[j], order[i]
+  end
+  return order
+end
+
+--- A deterministic split of `n` items into test, validation and training
+-- index lists: one permutation of 1..n drawn from a PCG32 stream seeded by
+-- `seed` (its own stream, independent of the batch order), the first `test`
+-- entries for the test set, the next `valid` for validation, the rest for
+-- training; each list is sorted back into file order.
+-- @tparam integer n
+-- @tparam integer seed
+-- @tparam integer valid
+-- @tparam integer test
+-- @treturn table `{train = {...}, valid = {...}, test = {...}}`
+-- @raise when valid + test leaves no training item
+-- @usage local s = data.split_indices(1000, 0, 100, 100) -- #s.train == 800
+function data.split_indices(n, seed, valid, test)
+  check.lua_type("split_indices", "n", n, "number")
+  if math.type(seed) ~= "integer" then error("split_indices: seed must be an integer, got " .. tostring(seed), 2) end
+  for name, v in pairs { valid = valid, test = test } do
+    if math.type(v) ~= "integer" or v < 0 then
+      error(string.format("split_indices: %s must be an integer >= 0, got %s", name, tostring(v)), 2)
+    end
+  end
+  if valid + test >= n then
+    error(string.format("split_indices: %d validation + %d test pairs leave none of the %d for training", valid,
+      test, n), 2)
+  end
+  local order = permutation(pcg_stream(seed, SPLIT_STREAM), n)
+  local out = { test = table.move(order, 1, test, 1, {}), valid = table.move(order, test + 1, test + valid, 1, {}),
+    train = table.move(order, test + valid + 1, n, 1, {}) }
+  for _, list in pairs(out) do table.sort(list) end
+  return out
+end
+
+local function pick(list, idx)
+  local out = {}
+  for i, k in ipairs(idx) do out[i] = list[k] end
+  return out
+end
+
+local BucketLoader = {}
+BucketLoader.__index = BucketLoader
+BucketLoader.__len = function(self) return self.num_batches end
+
+--- A batch loader for real runs (`data.load_corpus`): each epoch shuffles the
+-- training pairs with the loader's PCG32 generator; with `bucket`, the shuffled
+-- pairs are taken in pools of 50 batches, sorted by length within a pool and cut
+-- into batches, the batches shuffled again, and each batch's columns cut to its
+-- longest sequence, so little time goes into padding. Without `bucket` the
+-- batches are `load_fra_eng`'s.
+-- `loader:plan()` draws one epoch's batches (lists of row numbers) and advances
+-- the generator; `loader:batch(rows)` gives `X, X_valid_len, Y, Y_valid_len`;
+-- `loader:get_state()` / `loader:set_state(s)` save and restore the generator
+-- (a resumed run re-draws its epoch's plan from the state at the epoch's start).
+-- @type BucketLoader
+data.BucketLoader = BucketLoader
+
+--- One epoch's batches as lists of row numbers (advances the generator).
+-- @treturn table
+function BucketLoader:plan()
+  local n, bs = self.num_examples, self.batch_size
+  local order = permutation(self.rng, n)
+  local batches = {}
+  if not self.bucket then
+    for first = 1, n, bs do batches[#batches + 1] = table.move(order, first, math.min(first + bs - 1, n), 1, {}) end
+    return batches
+  end
+  local len, pool = self.lengths, bs * 50
+  for p = 1, n, pool do
+    local rows = table.move(order, p, math.min(p + pool - 1, n), 1, {})
+    local pos = {}
+    for i, r in ipairs(rows) do pos[r] = i end
+    table.sort(rows, function(a, b)
+      if len[a] ~= len[b] then return len[a] < len[b] end
+      return pos[a] < pos[b]
+    end)
+    for first = 1, #rows, bs do batches[#batches + 1] = table.move(rows, first, math.min(first + bs - 1, #rows), 1, {}) end
+  end
+  for i = #batches, 2, -1 do
+    local j = pcg_below(self.rng, i)
+    batches[i], batches[j] = batches[j], batches[i]
+  end
+  return batches
+end
+
+--- The tensors of one batch: `X, X_valid_len, Y, Y_valid_len`, the columns cut
+-- to the longest valid length in the batch when bucketing.
+-- @tparam table rows row numbers from `plan`
+function BucketLoader:batch(rows)
+  local X, X_len, Y, Y_len = table.unpack(self.dataset)
+  local idx = attn.tensor(rows, ID_DTYPE)
+  local x, xl, y, yl = X:index_select(1, idx), X_len:index_select(1, idx), Y:index_select(1, idx),
+    Y_len:index_select(1, idx)
+  if self.bucket then
+    local tx, ty = math.tointeger(xl:max():item()), math.tointeger(yl:max():item())
+    if tx < x:size(2) then x = x:narrow(2, 1, tx) end
+    if ty < y:size(2) then y = y:narrow(2, 1, ty) end
+  end
+  return x, xl, y, yl
+end
+
+--- The generator's state `{state, inc}` (two integers).
+function BucketLoader:get_state() return { self.rng.state, self.rng.inc } end
+
+--- Restores a state from `get_state`.
+-- @raise when s is not two integers
+function BucketLoader:set_state(s)
+  if type(s) ~= "table" or math.type(s[1]) ~= "integer" or math.type(s[2]) ~= "integer" then
+    error("BucketLoader:set_state: expected {state, inc} (two integers)", 2)
+  end
+  self.rng.state, self.rng.inc = s[1], s[2]
+end
+
+-- A vocabulary from its token list (ids in list order), as saved with a checkpoint.
+local function vocab_from_tokens(tokens)
+  local t2i = {}
+  for i, tok in ipairs(tokens) do t2i[tok] = i end
+  return setmetatable({ idx_to_token = tokens, token_to_idx = t2i, unk = 1, token_freqs = {} }, Vocab)
+end
+
+--- A vocabulary whose ids are the positions of `tokens` (`<unk>` first), e.g. one
+-- saved with a checkpoint as `vocab.idx_to_token`.
+-- @tparam {string,...} tokens
+-- @treturn Vocab
+-- @raise when the list does not start with `<unk>` or repeats a token
+function data.vocab_from_tokens(tokens)
+  check.lua_type("vocab_from_tokens", "tokens", tokens, "table")
+  if tokens[1] ~= "<unk>" then error("vocab_from_tokens: the first token must be <unk>", 2) end
+  local seen = {}
+  for i, tok in ipairs(tokens) do
+    if type(tok) ~= "string" then error(string.format("vocab_from_tokens: token %d is a %s", i, type(tok)), 2) end
+    if seen[tok] then error(string.format("vocab_from_tokens: token %q repeats (ids %d and %d)", tok, seen[tok], i), 2) end
+    seen[tok] = i
+  end
+  return vocab_from_tokens(table.move(tokens, 1, #tokens, 1, {}))
+end
+
+--- Loads a corpus for a real run: reads and tokenises the file (reporting each
+-- stage and its time through `log`), splits the pairs with `split_indices`,
+-- builds the vocabularies from the training pairs only (`min_freq = 2`, the
+-- book's reserved tokens) unless given, and returns a `BucketLoader` over the
+-- training pairs plus the held-out token lists.
+-- @tparam integer batch_size
+-- @tparam integer num_steps
+-- @tparam[opt] table opts `path` (default the shipped sample), `num_examples` (math.huge: every line),
+--   `seed` (0; the split and the batch order), `valid` (0), `test` (0), `bucket` (true),
+--   `vocabs` (`{src = tokens, tgt = tokens}`: use these, e.g. from a checkpoint),
+--   `log` (fn(text) for the stage lines; default none)
+-- @treturn table `{train = BucketLoader, valid = {source =, target =}, test = {source =, target =},
+--   src_vocab =, tgt_vocab =, report =, seconds = {read =, vocab =, arrays =}, sizes = {train =, valid =, test =}}`
+-- @return nil and a message when the file cannot be read or the split leaves no training pair
+function data.load_corpus(batch_size, num_steps, opts)
+  local who = "load_corpus"
+  check.positive_int(who, "batch_size", batch_size)
+  check.positive_int(who, "num_steps", num_steps)
+  opts = check.options(who, opts, { path = true, num_examples = true, seed = true, valid = true, test = true,
+    bucket = true, vocabs = true, log = true })
+  local log = opts.log or function() end
+  local path = opts.path
+  if path == nil then
+    local err
+    path, err = data.sample_path()
+    if not path then return nil, err end
+  end
+  local seed = opts.seed or 0
+  local clock = require("attn.progress").clock
+  local t0 = clock()
+  log(string.format("reading and tokenising %s ...", path))
+  local source, target, report = data.read_fra_eng(path, { num_examples = opts.num_examples or math.huge })
+  if not source then return nil, target end
+  local t1 = clock()
+  log(string.format("read %s in %.1f s", tostring(report), t1 - t0))
+  local valid, test = opts.valid or 0, opts.test or 0
+  if valid + test >= #source then
+    return nil, string.format("%s: %d validation + %d test pairs leave none of the %d pairs of %s for training", who,
+      valid, test, #source, path)
+  end
+  local split = data.split_indices(#source, seed, valid, test)
+  local train_src, train_tgt = pick(source, split.train), pick(target, split.train)
+  local src_vocab, tgt_vocab
+  if opts.vocabs then
+    src_vocab, tgt_vocab = data.vocab_from_tokens(opts.vocabs.src), data.vocab_from_tokens(opts.vocabs.tgt)
+  else
+    local reserved = { "<pad>", "<bos>", "<eos>" }
+    src_vocab = data.Vocab(train_src, { min_freq = 2, reserved = reserved })
+    tgt_vocab = data.Vocab(train_tgt, { min_freq = 2, reserved = reserved })
+  end
+  local t2 = clock()
+  log(string.format("vocabularies of the %d training pairs: %d (English) and %d (French) tokens, %.1f s", #train_src,
+    #src_vocab, #tgt_vocab, t2 - t1))
+  local X, X_len = data.build_array(train_src, src_vocab, num_steps)
+  local Y, Y_len = data.build_array(train_tgt, tgt_vocab, num_steps)
+  local lengths = {}
+  local xl, yl = X_len:totable(), Y_len:totable()
+  for i = 1, #xl do lengths[i] = math.max(xl[i], yl[i]) end
+  local t3 = clock()
+  log(string.format("id arrays (%d x %d) in %.1f s", X:size(1), num_steps, t3 - t2))
+  local n = X:size(1)
+  local loader = setmetatable({ batch_size = batch_size, num_steps = num_steps, num_examples = n,
+    num_batches = 0, bucket = opts.bucket ~= false, dataset = { X, X_len, Y, Y_len }, lengths = lengths,
+    rng = pcg_new(seed) }, BucketLoader)
+  -- the batch count of a bucketed epoch depends only on the pool sizes, not the draw
+  local count, pool = 0, batch_size * 50
+  for p = 1, n, pool do count = count + (math.min(pool, n - p + 1) + batch_size - 1) // batch_size end
+  loader.num_batches = loader.bucket and count or (n + batch_size - 1) // batch_size
+  collectgarbage()
+  return { train = loader, src_vocab = src_vocab, tgt_vocab = tgt_vocab, report = report,
+    valid = { source = pick(source, split.valid), target = pick(target, split.valid) },
+    test = { source = pick(source, split.test), target = pick(target, split.test) },
+    sizes = { train = n, valid = valid, test = test }, path = path,
+    seconds = { read = t1 - t0, vocab = t2 - t1, arrays = t3 - t2 } }
+end
+
 return data

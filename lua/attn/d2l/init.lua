@@ -7,6 +7,7 @@
 --   the book's `load_data_nmt`)
 -- - `attn.d2l.metrics`: BLEU, token accuracy and perplexity
 -- - `attn.d2l.train`: `train_seq2seq`, `predict_seq2seq`, beam search
+-- - `attn.d2l.run`: real training runs (checkpoints, resume, held-out BLEU)
 -- - `attn.d2l.translation`: the translation experiment runner of the examples
 -- - `attn.d2l.cli`: the examples' command-line options
 -- - `attn.d2l.report`: self-contained HTML reports
@@ -18,7 +19,7 @@
 -- local d2l = require "attn.d2l" -- or attn.d2l
 -- print(d2l.metrics.bleu("il est paresseux .", "il est calme .", 2)) --> 0.658
 local MODULES = { data = "attn.d2l.data", metrics = "attn.d2l.metrics", train = "attn.d2l.train",
-  translation = "attn.d2l.translation", cli = "attn.d2l.cli", report = "attn.d2l.report" }
+  translation = "attn.d2l.translation", cli = "attn.d2l.cli", report = "attn.d2l.report", run = "attn.d2l.run" }
 
 local d2l = {}
 

@@ -58,6 +58,62 @@ function metrics.bleu(pred_tokens, label_tokens, k)
   return score
 end
 
+--- Corpus BLEU (Papineni et al., 2002), as sacreBLEU and multi-bleu compute it
+-- on already tokenised text: for n = 1..N the clipped n-gram matches and the
+-- candidate n-gram counts are each summed over the whole corpus,
+-- p_n = matches_n / candidates_n, and
+--
+--     BLEU = BP * exp(sum over n of log(p_n) / N),   BP = min(1, exp(1 - r / c))
+-- with c and r the total candidate and reference lengths. One reference per
+-- sentence; any p_n of 0 gives 0.
+-- @tparam table preds the predictions: strings (split on spaces) or token lists
+-- @tparam table refs the references, the same way, in the same order
+-- @tparam[opt] integer max_n the longest n-gram (4)
+-- @treturn number BLEU in [0, 1] (multiply by 100 for the usual figure)
+-- @treturn table `{precisions = {p_1, ...}, matches = {...}, totals = {...}, bp =, pred_len =, ref_len =}`
+-- @raise on a bad argument or lists of different lengths
+-- @usage metrics.corpus_bleu({"il est calme ."}, {"il est calme ."}) --> 1
+function metrics.corpus_bleu(preds, refs, max_n)
+  if type(preds) ~= "table" or type(refs) ~= "table" then error("corpus_bleu: preds and refs must be lists", 2) end
+  if #preds ~= #refs then
+    error(string.format("corpus_bleu: %d predictions for %d references", #preds, #refs), 2)
+  end
+  max_n = max_n or 4
+  if math.type(max_n) ~= "integer" or max_n < 1 then
+    error("corpus_bleu: max_n must be a positive integer, got " .. tostring(max_n), 2)
+  end
+  local matches, totals, c, r = {}, {}, 0, 0
+  for n = 1, max_n do matches[n], totals[n] = 0, 0 end
+  for s = 1, #preds do
+    local pred = as_tokens(preds[s], "corpus_bleu", "a prediction")
+    local ref = as_tokens(refs[s], "corpus_bleu", "a reference")
+    c, r = c + #pred, r + #ref
+    for n = 1, max_n do
+      local counts = {}
+      for i = 1, #ref - n + 1 do
+        local g = ngram(ref, i, n)
+        counts[g] = (counts[g] or 0) + 1
+      end
+      for i = 1, #pred - n + 1 do
+        local g = ngram(pred, i, n)
+        if (counts[g] or 0) > 0 then
+          matches[n] = matches[n] + 1
+          counts[g] = counts[g] - 1
+        end
+      end
+      totals[n] = totals[n] + math.max(#pred - n + 1, 0)
+    end
+  end
+  local bp = c == 0 and 0 or math.min(1, math.exp(1 - r / c))
+  local precisions, log_sum = {}, 0
+  for n = 1, max_n do
+    precisions[n] = totals[n] > 0 and matches[n] / totals[n] or 0
+    log_sum = log_sum + (precisions[n] > 0 and math.log(precisions[n]) or -math.huge)
+  end
+  local score = log_sum == -math.huge and 0 or bp * math.exp(log_sum / max_n)
+  return score, { precisions = precisions, matches = matches, totals = totals, bp = bp, pred_len = c, ref_len = r }
+end
+
 -- Logits (B, T, V), and the 0/1 mask (B, T) of the first valid_lens[b] steps, in float64.
 local function valid_mask(who, logits, valid_lens)
   if not attn.is_tensor(logits) or logits:dim() ~= 3 then

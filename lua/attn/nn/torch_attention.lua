@@ -61,6 +61,7 @@ local module = require "attn.nn.module"
 local linear = require "attn.nn.linear"
 local check = require "attn.check"
 local attention = require "attn.attention"
+local autograd = require "attn.autograd"
 local init = require "attn.nn.init"
 
 local core = attn.core
@@ -199,16 +200,33 @@ function MultiheadAttention:init(embed_dim, num_heads, opts)
   if bias then init.zeros_(self.out_proj.bias) end
 end
 
+-- The three row blocks of a packed (3E, ...) leaf as views, recorded as one node: three narrow
+-- nodes would each build a zero tensor of the leaf's shape in backward and accumulate it into the
+-- leaf; this backward writes the blocks' gradients into one (the same values).
+local function row_thirds(t, E)
+  local a, b, c = core.narrow(t, 1, 1, E), core.narrow(t, 1, E + 1, E), core.narrow(t, 1, 2 * E + 1, E)
+  if autograd.wants(t) then
+    autograd.record_wanted("narrow", { a, b, c }, { t }, function(ga, gb, gc)
+      local g = core.full(core.shape(t), 0, core.dtype(t))
+      if ga ~= nil then core.copy_(core.narrow(g, 1, 1, E), ga) end
+      if gb ~= nil then core.copy_(core.narrow(g, 1, E + 1, E), gb) end
+      if gc ~= nil then core.copy_(core.narrow(g, 1, 2 * E + 1, E), gc) end
+      return g
+    end)
+  end
+  return a, b, c
+end
+
 -- W_q, W_k, W_v and their biases for one call: row views of the packed leaves (differentiable,
 -- so the gradients reach in_proj_weight and in_proj_bias) or the separate weights.
 local function projections(m)
   local E = m.embed_dim
   local b = m.in_proj_bias
   local bq, bk, bv
-  if b ~= nil then bq, bk, bv = b:narrow(1, 1, E), b:narrow(1, E + 1, E), b:narrow(1, 2 * E + 1, E) end
+  if b ~= nil then bq, bk, bv = row_thirds(b, E) end
   if m._qkv_same_embed_dim then
-    local w = m.in_proj_weight
-    return w:narrow(1, 1, E), w:narrow(1, E + 1, E), w:narrow(1, 2 * E + 1, E), bq, bk, bv
+    local wq, wk, wv = row_thirds(m.in_proj_weight, E)
+    return wq, wk, wv, bq, bk, bv
   end
   return m.q_proj_weight, m.k_proj_weight, m.v_proj_weight, bq, bk, bv
 end
