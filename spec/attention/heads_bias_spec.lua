@@ -110,6 +110,17 @@ local function run(Q, K, V, o, g)
   return out, w, dq, dk, dv, lse
 end
 
+-- run gives the same bits on 1 and 2 threads.
+local function assert_same_bits_on_threads(Q, K, V, o, g, what)
+  local before, results = attn.get_num_threads(), {}
+  for n = 1, 2 do
+    attn.set_num_threads(n)
+    results[n] = { run(Q, K, V, o, g) }
+  end
+  attn.set_num_threads(before)
+  for n = 1, 5 do assert.are.same(results[1][n]:totable(), results[2][n]:totable(), what) end
+end
+
 local function assert_all(got, want, tol, what)
   local names = { "out", "weights", "dq", "dk", "dv" }
   for n = 1, 5 do
@@ -260,18 +271,11 @@ describe("attention with heads as a dimension", function()
 
   it("gives the same bits on 1 and 2 threads", function()
     local B, H, Hkv, N, d = 2, 4, 1, 140, 16
-    local before = attn.get_num_threads()
     for _, dt in ipairs { "float32", "float64" } do
       local Q, K, V = attn.randn({ B, H, N, d }, dt), attn.randn({ B, Hkv, N, d }, dt), attn.randn({ B, Hkv, N, d }, dt)
       local g = attn.randn({ B, H, N, d }, dt)
       local o = { bias = attn.randn({ B, 1, N, N }, dt), alibi = attn.alibi_slopes(H), causal = true }
-      local results = {}
-      for n = 1, 2 do
-        attn.set_num_threads(n)
-        results[n] = { run(Q, K, V, o, g) }
-      end
-      attn.set_num_threads(before)
-      for n = 1, 5 do assert.are.same(results[1][n]:totable(), results[2][n]:totable()) end
+      assert_same_bits_on_threads(Q, K, V, o, g, dt)
     end
   end)
 
@@ -296,19 +300,7 @@ end)
 
 -- ---- heads, bias and ALiBi together with windows, sparse patterns, global tokens and lengths ----
 
--- Whether 0-based query i keeps key j under o (the rule of attn_attention.h, "Sparse patterns",
--- written out plainly; the same for every head).
-local function keeps(o, i, j)
-  if o.causal and j > i then return false end
-  for _, p in ipairs(o.global or {}) do
-    if p - 1 == i or p - 1 == j then return true end
-  end
-  local s, c = o.stride, o.summary or 1
-  if o.pattern == "strided" then return math.abs(i - j) < s or (i - j) % s == 0 end
-  if o.pattern == "fixed" then return i // s == j // s or j % s >= s - c end
-  if o.window then return math.abs(i - j) <= o.window end
-  return true
-end
+local keeps = helper.pattern_keeps -- the keep rule, the same for every head
 
 -- Output and weights of o in plain loops (float64): for query i of head h only the keys the rule
 -- keeps take part; their score is q.k * scale + bias + ALiBi, replaced by d2l's -1e6 past the
@@ -469,20 +461,10 @@ describe("heads, bias and ALiBi with windows, sparse patterns and global tokens"
   end)
 
   it("gives the same bits on 1 and 2 threads (all of it together, with dropout)", function()
-    local before = attn.get_num_threads()
     for _, c in ipairs(cases) do
       for _, dt in ipairs { "float32", "float64" } do
         local Q, K, V, o, g = make(c, dt)
-        o = with(o, { dropout = 0.2, training = true, seed = 3 })
-        local results = {}
-        for n = 1, 2 do
-          attn.set_num_threads(n)
-          results[n] = { run(Q, K, V, o, g) }
-        end
-        attn.set_num_threads(before)
-        for n = 1, 5 do
-          assert.are.same(results[1][n]:totable(), results[2][n]:totable(), c[1] .. " " .. dt)
-        end
+        assert_same_bits_on_threads(Q, K, V, with(o, { dropout = 0.2, training = true, seed = 3 }), g, c[1] .. " " .. dt)
       end
     end
   end)

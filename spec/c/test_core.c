@@ -951,6 +951,33 @@ static void test_attention_heads_bias(void) {
   CHECK(attn_sdpa_forward(&q, &kb, &kb, &o, &out, NULL, NULL, NULL) == ATTN_ERR_SHAPE &&
             strstr(attn_last_error(), "key/value heads Hkv = 3 must divide query heads H = 2") != NULL,
         "message: %s", attn_last_error());
+  /* with the sparse rule too: window 0, global position 0, causal: query 0 keeps key 0, query
+   * i > 0 keys 0 and i, each scored with the bias and its head's ALiBi */
+  int64_t g0 = 0;
+  attn_attention_opts_init(&o);
+  o.bias = &bias;
+  o.alibi = &slopes;
+  o.window = 0;
+  o.global = &g0;
+  o.nglobal = 1;
+  o.causal = 1;
+  CHECK(attn_sdpa_forward(&q, &k, &v, &o, &out, NULL, NULL, NULL) == ATTN_OK, "sparse 4-D: %s", attn_last_error());
+  worst = 0;
+  for (int h = 0; h < 2; h++)
+    for (int i = 0; i < 3; i++) {
+      double s[2] = {0, 0}, p1 = 0;
+      for (int c = 0; c < 4; c++) {
+        s[0] += Q[(h * 3 + i) * 4 + c] * K[c];
+        s[1] += Q[(h * 3 + i) * 4 + c] * K[i * 4 + c];
+      }
+      s[0] = s[0] / 2 + Bi[0] - (h ? 0.25 : 0.5) * i;
+      s[1] = s[1] / 2 + Bi[i];
+      if (i > 0) p1 = 1 / (1 + exp(s[0] - s[1]));
+      for (int c = 0; c < 4; c++)
+        worst = fmax(worst, fabs(((double *)out.storage->data)[(h * 3 + i) * 4 + c] -
+                                 ((1 - p1) * V[c] + p1 * V[i * 4 + c])));
+    }
+  CHECK(worst < 1e-14, "window + global + causal with bias and ALiBi over grouped heads: max error %g", worst);
   attn_tensor *all[] = {&q, &k, &v, &out, &bias, &slopes, &q3, &k3, &v3, &out3, &dout, &dq, &dk, &dv, &dq3, &dk3, &dv3, &kb};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) attn_tensor_free(all[i]);
 }
