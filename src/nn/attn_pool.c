@@ -101,7 +101,7 @@ DEFINE_SELECT(f64, double, uint64_t)
         }                                                                                          \
         for (int l = 0; l < V; l++) {                                                              \
           yr[j + l] = best[l];                                                                     \
-          ir[j + l] = base + 2 * (j + l) + (int64_t)(tap[l] & 1) + ((int64_t)(tap[l] >> 1) & J->W);   \
+          ir[j + l] = base + 2 * (j + l) + (int64_t)(tap[l] & 1) + (-(int64_t)(tap[l] >> 1) & J->W);  \
         }                                                                                          \
       }                                                                                            \
       for (; j < J->Wo; j++) {                                                                     \
