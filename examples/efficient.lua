@@ -287,8 +287,8 @@ end
 local rep = report.new("The efficient-attention family")
 rep:paragraph(string.format("One causal head, batch 1, d = %d, forward + backward; window r = %d, Performer m = %d, " ..
   "Linformer k = %d and Nystromformer with %d landmarks (both not causal). Extra memory is the allocator's peak " ..
-  "beyond what was live before the call (outputs and gradients included). A mechanism stops once a call takes longer than %.1f s / 4.", d, r, m, kproj,
-  m, opts.budget))
+  "beyond what was live before the call (outputs and gradients included). A mechanism stops once a call takes " ..
+  "longer than %.1f s / 4.", d, r, m, kproj, m, opts.budget))
 rep:pre(table.concat(cost_lines, "\n"))
 local xs = attn.tensor(lengths, "float64")
 local series, names = {}, {}
