@@ -205,7 +205,8 @@ end
 -- attn.dot_product_attention (causal, window, scale, mask); a per-sample keep-mask
 -- (B, Nq, Nk) is repeated per head. `attention` (a table field) selects another mechanism of
 -- attn.nn.efficient: "linear", {"performer", num_features = 64}, {"window", window = r},
--- {"linformer", seq_len = N, k = 32}, ... (child `efficient`; see nn.EfficientAttention).
+-- {"linformer", seq_len = N, k = 32}, {"nystrom", landmarks = 32}, ... (child `efficient`; see
+-- nn.EfficientAttention).
 -- @type MultiHeadAttention
 local MultiHeadAttention = Module:extend("MultiHeadAttention")
 M.MultiHeadAttention = MultiHeadAttention
@@ -226,7 +227,7 @@ function MultiHeadAttention:init(...)
   self.W_v = Linear(need_int(who, o, "value_size"), h, { bias = bias })
   self.W_o = Linear(h, h, { bias = bias })
   if o.attention ~= nil and o.attention ~= "full" then -- another mechanism (attn.nn.efficient)
-    self.efficient = require("attn.nn.efficient").EfficientAttention(o.attention, h // heads)
+    self.efficient = require("attn.nn.efficient").EfficientAttention(o.attention, h // heads, heads)
   end
 end
 
