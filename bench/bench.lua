@@ -285,7 +285,8 @@ for _, which in ipairs { "medium", "book_full" } do
       local g = per_call(function() attn.matmul(A, Wt) end, threads, 0.5)
       local rate = 2 * c.batch * c.steps * c.h * mb.TGT_VOCAB / g
       local r = add { id = id1 .. "_t" .. threads, size = size, threads = threads,
-        what = "Transformer training step (" .. which .. "; % is of its GEMM bound)", seconds = t, gflops = flops / t / 1e9, pct = 100 * flops / rate / t }
+        what = "Transformer training step (" .. which .. "; % is of its GEMM bound)", seconds = t,
+        gflops = flops / t / 1e9, pct = 100 * flops / rate / t }
       if threads == 1 then
         torch_cases[#torch_cases + 1] = { id = r.id, kind = "transformer", rows = { time = r }, budget = 3,
           batch = c.batch, steps = c.steps, vocab = mb.TGT_VOCAB, src_vocab = mb.SRC_VOCAB, hidden = c.h,
