@@ -1164,6 +1164,58 @@ static void test_linear_attention(void) {
   for (int i = 0; i < 10; i++) attn_tensor_free(all[i]);
 }
 
+/* RoPE on a transposed (strided) x against the closed form in both conventions, with positions
+ * past the tables and inside them; backward undoes forward; odd d and a negative position. */
+static void test_rope(void) {
+  enum { B = 2, N = 3, D = 6, H = D / 2 };
+  int64_t sx[3] = {B, D, N}, so[3] = {B, N, D}, sp[1] = {N}, st[2] = {2, H};
+  attn_tensor x, out, back, pos, c, s;
+  attn_tensor_init(&x, ATTN_F64, 3, sx), attn_tensor_init(&out, ATTN_F64, 3, so);
+  attn_tensor_init(&back, ATTN_F64, 3, so), attn_tensor_init(&pos, ATTN_I64, 1, sp);
+  attn_tensor_init(&c, ATTN_F64, 2, st), attn_tensor_init(&s, ATTN_F64, 2, st);
+  double *X = attn_tensor_data(&x);
+  for (int i = 0; i < B * N * D; i++) X[i] = sin(0.37 * i + 0.1);
+  int64_t *P = attn_tensor_data(&pos);
+  P[0] = 7, P[1] = 1, P[2] = 0; /* 7 is past the two rows of the tables */
+  attn_view_transpose(&x, 1, 2);  /* (B, N, D), strided */
+  CHECK(attn_rope_tables(100, &c, &s) == ATTN_OK, "rope tables: %s", attn_last_error());
+  for (int inter = 0; inter < 2; inter++) {
+    attn_rope_opts o = {&pos, &c, &s, 100, inter};
+    CHECK(attn_rope_forward(NULL, &x, &o, &out) == ATTN_OK, "rope forward: %s", attn_last_error());
+    double err = 0;
+    const double *O = attn_tensor_data(&out);
+    for (int b = 0; b < B; b++)
+      for (int t = 0; t < N; t++)
+        for (int i = 0; i < H; i++) {
+          int ia = inter ? 2 * i : i, ib = inter ? 2 * i + 1 : i + H;
+          double a = P[t] * pow(100, -2.0 * i / D);
+          double xa = X[(b * D + ia) * N + t], xb = X[(b * D + ib) * N + t];
+          const double *o = O + (b * N + t) * D;
+          err = fmax(err, fabs(o[ia] - (xa * cos(a) - xb * sin(a))));
+          err = fmax(err, fabs(o[ib] - (xb * cos(a) + xa * sin(a))));
+        }
+    CHECK(err < 1e-12, "rope (interleaved %d) off the closed form by %g", inter, err);
+    CHECK(attn_rope_backward(NULL, &out, &o, &back) == ATTN_OK, "rope backward: %s", attn_last_error());
+    double berr = 0;
+    const double *Bk = attn_tensor_data(&back);
+    for (int b = 0; b < B; b++)
+      for (int t = 0; t < N; t++)
+        for (int j = 0; j < D; j++) berr = fmax(berr, fabs(Bk[(b * N + t) * D + j] - X[(b * D + j) * N + t]));
+    CHECK(berr < 1e-14, "rope backward does not undo forward: %g", berr);
+  }
+  attn_rope_opts o = {&pos, NULL, NULL, 10000, 0};
+  P[1] = -3;
+  CHECK(attn_rope_forward(NULL, &x, &o, &out) == ATTN_ERR_ARG &&
+            strstr(attn_last_error(), "rope: positions[2] = -3 is not a non-negative integer"),
+        "negative position: %s", attn_last_error());
+  attn_view_narrow(&x, 2, 0, 5);
+  CHECK(attn_rope_forward(NULL, &x, &o, &out) == ATTN_ERR_SHAPE &&
+            strstr(attn_last_error(), "rope: the feature size d = 5 of x [2x3x5] must be even"),
+        "odd d: %s", attn_last_error());
+  attn_tensor *all[6] = {&x, &out, &back, &pos, &c, &s};
+  for (int i = 0; i < 6; i++) attn_tensor_free(all[i]);
+}
+
 int main(void) {
   test_allocator();
   test_views_and_errors();
@@ -1185,6 +1237,7 @@ int main(void) {
   test_parity_kernels();
   test_conv_and_pool();
   test_linear_attention();
+  test_rope();
   attn_alloc_empty_cache();
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;

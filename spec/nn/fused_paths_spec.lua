@@ -342,6 +342,22 @@ local ROWS = {
     cases = { { "eval", eligible = true }, { "training with dropout", train = true, eligible = true } },
   },
   {
+    name = "attn.rope",
+    who = "rope",
+    inputs = function(dtype) return leaves(dtype, { 2, 3, 5, 8 }) end,
+    call = function(_, a, case)
+      local x = case.strided and a[1]:transpose(3, 4):reshape({ 2, 3, 8, 5 }):transpose(3, 4) or a[1]
+      return { attn.rope(x, { interleaved = case.interleaved, positions = case.positions, base = case.base }) }
+    end,
+    cases = {
+      { "positions 0..N-1", eligible = true },
+      { "interleaved, per-sample positions, base 500", interleaved = true, base = 500,
+        positions = { { 9, 3, 0, 70, 2 }, { 1, 2, 3, 4, 5 } }, eligible = true },
+      { "a strided x, positions past the cached tables", strided = true, positions = { 4000, 1, 2, 3, 65 },
+        eligible = true },
+    },
+  },
+  {
     name = "linear.linear_relu",
     who = "linear_relu",
     inputs = function(dtype) return leaves(dtype, { 2, 5, 4 }, { 6, 4 }, { 6 }) end,
