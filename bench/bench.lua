@@ -453,6 +453,14 @@ if not BOOK_ONLY and not CONV_ONLY then
   for _, r in ipairs(gpt.rows { quick = QUICK, torch = WITH_TORCH }) do add(r) end
 end
 
+-- RoPE and ALiBi attention against plain attention (bench/positions_bench.lua)
+if not BOOK_ONLY then
+  for _, r in ipairs(dofile("bench/positions_bench.lua").rows { quick = QUICK }) do
+    if r.vs_plain then r.what = string.format("%s (%.2fx plain)", r.what, r.vs_plain) end
+    add(r)
+  end
+end
+
 -- window 128 against full attention at N 16384 (bench/window_bench.lua)
 if not BOOK_ONLY then
   for _, r in ipairs(dofile("bench/window_bench.lua").rows { quick = QUICK }) do add(r) end

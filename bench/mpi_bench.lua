@@ -1,9 +1,12 @@
 -- attn.distributed on one machine: the allreduce of a model's gradients (MB/s) and the book's
 -- Transformer training step (examples/transformer.lua's model, global batch 64 x 10 steps,
--- float32, dropout 0) at 1 process x 2 threads against 2 processes x 1 thread.
+-- float32, dropout 0) at 1 process x 2 threads against 2 processes x 1 thread, each with the
+-- allreduce of every rank's rows and with the ordered reduction over 4 micro-shards (DataParallel's
+-- `shards`), their steps interleaved in one job so that the machine's load hits both alike.
 -- Run:
 --   LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="lua/?.so;;" lua5.4 bench/mpi_bench.lua
--- which starts the mpirun jobs itself (MPIRUN: the mpirun command, default "mpirun --oversubscribe").
+-- which starts the mpirun jobs itself (MPIRUN: the mpirun command, default "mpirun --oversubscribe";
+-- BATCH: the global batch of the step rows, default 64 as the book; STEPS: timed steps, default 20).
 -- Wall time (MPI_Wtime), median of the timed repetitions after warm-up; the machine may be shared,
 -- so compare rows of one run.
 local MPIRUN = os.getenv("MPIRUN") or "mpirun --oversubscribe"
@@ -29,7 +32,7 @@ if arg[1] ~= "--worker" then
   local one = job(1, 2, "step")
   local two = job(2, 1, "step")
   io.write(one, two)
-  local t1, t2 = tonumber(one:match("ms ([%d.]+)")), tonumber(two:match("ms ([%d.]+)"))
+  local t1, t2 = tonumber(one:match("allreduce: ms ([%d.]+)")), tonumber(two:match("allreduce: ms ([%d.]+)"))
   if t1 and t2 then print(string.format("speed-up of 2 processes x 1 thread over 1 process x 2 threads: %.2fx", t1 / t2)) end
   os.exit(0)
 end
@@ -49,17 +52,22 @@ local dec = nn.TransformerDecoder(201, 32, 32, 32, 32, { 32 }, 32, 64, 4, 2, 0)
 local net = nn.EncoderDecoder(enc, dec)
 local dp = dist.DataParallel(net)
 
-local function timed(reps, fn)
-  local ts = {}
+-- Median wall times of the functions, called in turn reps times after 3 warm-up rounds.
+local function timed(reps, ...)
+  local fns, ts = { ... }, {}
+  for j = 1, #fns do ts[j] = {} end
   for i = 1, reps + 3 do
-    dist.barrier()
-    local t0 = require("attn.mpi").wtime()
-    fn()
-    dist.barrier() -- the slowest rank's time is the step's
-    local t = require("attn.mpi").wtime() - t0
-    if i > 3 then ts[#ts + 1] = t end
+    for j, fn in ipairs(fns) do
+      dist.barrier()
+      local t0 = require("attn.mpi").wtime()
+      fn()
+      dist.barrier() -- the slowest rank's time is the step's
+      local t = require("attn.mpi").wtime() - t0
+      if i > 3 then ts[j][#ts[j] + 1] = t end
+    end
   end
-  return median(ts)
+  for j = 1, #fns do ts[j] = median(ts[j]) end
+  return table.unpack(ts, 1, #fns)
 end
 
 if what == "allreduce" then
@@ -80,26 +88,39 @@ if what == "allreduce" then
   end
 else
   attn.manual_seed(1)
-  local B, T = 64, 10
+  local B, T = tonumber(os.getenv("BATCH") or 64), 10
   local X = attn.randint(1, 185, { B, T }, "int64")
   local Y = attn.randint(1, 202, { B, T }, "int64")
   local xl = attn.randint(1, T + 1, { B }, "int64")
   local yl = attn.randint(1, T + 1, { B }, "int64")
-  local first, last = dp:shard(B)
-  local n = last - first + 1
-  X, Y, xl, yl = X:narrow(1, first, n), Y:narrow(1, first, n), xl:narrow(1, first, n), yl:narrow(1, first, n)
   local loss = nn.MaskedSoftmaxCELoss()
   local opt = attn.optim.Adam { params = net:parameters(), lr = 0.005 }
-  local t = timed(STEPS, function()
-    opt:zero_grad()
-    loss(net(X, Y, xl), Y, yl):sum():backward()
-    dp:sync_gradients({ op = "sum" })
-    nn.clip_grad_norm(net:parameters(), 1)
-    opt:step()
-  end)
+  -- one step of the wrapper w: this rank's pieces of the batch (its rows, or its micro-shards)
+  local function step(w)
+    local pieces = {}
+    for i, pc in ipairs(w:micro_shards(B)) do
+      local n = pc.last - pc.first + 1
+      pieces[i] = { pc.index, X:narrow(1, pc.first, n), Y:narrow(1, pc.first, n), xl:narrow(1, pc.first, n),
+        yl:narrow(1, pc.first, n) }
+    end
+    return function()
+      opt:zero_grad()
+      for _, pc in ipairs(pieces) do
+        loss(net(pc[2], pc[3], pc[4]), pc[3], pc[5]):sum():backward()
+        w:stash_gradients(pc[1])
+      end
+      w:sync_gradients({ op = "sum" })
+      nn.clip_grad_norm(net:parameters(), 1)
+      opt:step()
+    end
+  end
+  local ordered = dist.DataParallel(net, { shards = 4, broadcast = false })
+  local t, u = timed(STEPS, step(dp), step(ordered))
   if R == 1 then
-    print(string.format("Transformer step (batch 64 x 10), %d process%s x %d thread%s: ms %.2f", N,
-      N > 1 and "es" or "", threads, threads > 1 and "s" or "", t * 1e3))
+    local who = string.format("%d process%s x %d thread%s", N, N > 1 and "es" or "", threads, threads > 1 and "s" or "")
+    print(string.format("Transformer step (batch %d x 10), %s, allreduce: ms %.2f", B, who, t * 1e3))
+    print(string.format("Transformer step (batch %d x 10), %s, ordered over 4 micro-shards: ms %.2f (%.2fx)", B, who,
+      u * 1e3, u / t))
   end
 end
 dist.finalize()

@@ -288,6 +288,21 @@ function helper.with(t, extra)
   return o
 end
 
+--- Whether 0-based query i keeps key j under the attention options opts (causal, window,
+-- pattern with stride and summary, global): the rule of src/attention/attn_attention.h
+-- ("Sparse patterns"), written out plainly for the specs' naive loops.
+function helper.pattern_keeps(opts, i, j)
+  if opts.causal and j > i then return false end
+  local g = {}
+  for _, p in ipairs(opts.global or {}) do g[p - 1] = true end
+  if g[i] or g[j] then return true end
+  local s, c = opts.stride, opts.summary or 1
+  if opts.pattern == "strided" then return math.abs(i - j) < s or (i - j) % s == 0 end
+  if opts.pattern == "fixed" then return i // s == j // s or j % s >= s - c end
+  if opts.window then return math.abs(i - j) <= opts.window end
+  return true
+end
+
 --- The flash attention kernel sets this machine can run ("flash_generic" always, then
 -- "flash_avx2" and "flash_avx512" when the CPU and build have them).
 function helper.flash_kernels()

@@ -2,7 +2,9 @@
 --
 -- The facade copies these into `attn`: `attn.masked_softmax`, `attn.dot_product_attention`, ...
 -- Shapes are batch-first: B samples (for multi-head attention B*heads, batch-major), Nq queries,
--- Nk keys/values, d query/key width, dv value width. Kernels are in C (src/attention/attn_attention.h);
+-- Nk keys/values, d query/key width, dv value width. `dot_product_attention` also takes heads
+-- as a dimension, (B, H, N, d), with grouped-query keys and values, an additive `bias` and ALiBi
+-- (see it and `alibi_slopes`). Kernels are in C (src/attention/attn_attention.h);
 -- every tensor input gets a gradient through attn.autograd.
 --
 -- **Two masking conventions** (never an unlabeled boolean mask):
@@ -59,7 +61,8 @@ local check_tensor, check_count = check.tensor, check.positive_int
 
 local attention_options = {
   valid_lens = true, mask = true, causal = true, window = true, scale = true, dropout = true,
-  training = true, need_weights = true, pattern = true, stride = true, summary = true, global = true,
+  training = true, need_weights = true, bias = true, alibi = true, pattern = true, stride = true,
+  summary = true, global = true,
 }
 
 -- The options table for the C kernels. Only the keys are checked here (a Lua concern); the
@@ -79,6 +82,8 @@ local function kernel_options(fn, opts)
     dropout = opts.dropout,
     training = training,
     need_weights = opts.need_weights,
+    bias = opts.bias,
+    alibi = opts.alibi,
     pattern = opts.pattern,
     stride = opts.stride,
     summary = opts.summary,
@@ -126,20 +131,136 @@ function M.masked_softmax(X, valid_lens)
   end)
 end
 
---- Scaled dot-product attention: softmax(Q K^T * scale, masked) V.
--- @tparam Tensor Q (B, Nq, d)
--- @tparam Tensor K (B, Nk, d)
--- @tparam Tensor V (B, Nk, dv)
+--- ALiBi's head slopes (Press et al. 2022, the paper's code `get_slopes`): for n a power of two,
+-- 2^(-8i/n), i = 1..n; otherwise the slopes of the closest lower power of two p, followed by the
+-- slopes of 2p at its odd positions 1, 3, 5, ... (n - p of them).
+-- @tparam integer num_heads n >= 1
+-- @tparam[opt="float64"] string dtype
+-- @treturn Tensor (n)
+-- @usage attn.alibi_slopes(8) --> 1/2, 1/4, ..., 1/256
+function M.alibi_slopes(num_heads, dtype)
+  check_count("alibi_slopes", "num_heads", num_heads)
+  local function pow2_slopes(n) -- as the paper's code forms them: start * start^(i - 1), bit for bit
+    local start = 2 ^ (-(2 ^ -(math.log(n, 2) - 3)))
+    local t = {}
+    for i = 1, n do t[i] = start * start ^ (i - 1) end
+    return t
+  end
+  local p = 1
+  while p * 2 <= num_heads do p = p * 2 end
+  local slopes = pow2_slopes(p)
+  if p < num_heads then
+    local extra = pow2_slopes(2 * p)
+    for i = 1, num_heads - p do slopes[p + i] = extra[2 * i - 1] end
+  end
+  return core.tensor(slopes, dtype or "float64")
+end
+
+--- Scaled dot-product attention: softmax(Q K^T * scale + bias, masked) V.
+-- **Heads as a dimension.** Q (B, H, Nq, d), K (B, Hkv, Nk, d), V (B, Hkv, Nk, dv) give output
+-- (B, H, Nq, dv) and weights (B, H, Nq, Nk), the (B*H, N, .) call's numbers (row b*H + h).
+-- Hkv must divide H: **grouped-query attention** (Hkv = 1: multi-query), query head h (1-based)
+-- uses key/value head ceil(h / (H / Hkv)) (consecutive groups, as Llama's repeat_kv); K and V
+-- are never copied, and their gradients sum each group's query heads in a fixed order.
+-- `valid_lens` (B) or (B, Nq) apply to every head; a `mask` and a `bias` broadcast to
+-- (B, H, Nq, Nk) (NumPy's rules: a 3-D one is (H, Nq, Nk)).
+--
+-- **Additive bias** (PyTorch's float attn_mask): `bias`, broadcastable to (B, [H,] Nq, Nk), is
+-- added to the scaled scores before the softmax and before d2l's valid-length fill and the
+-- keep-masks (which still remove keys); it is read through its strides, so a broadcast dim costs
+-- no copy. A -inf entry gives its key weight 0 (a row of -inf only is NaN, as in PyTorch). A
+-- bias that requires grad runs a composed path (scores = Q K^T * scale + bias as autograd ops,
+-- then the masked-softmax kernel), which gives it its gradient; otherwise the fused kernels run.
+--
+-- **ALiBi** (Press et al. 2022): `alibi = true` (slopes `alibi_slopes(H)`) or a slopes tensor (H)
+-- adds -slope_h * |i - j| to head h's scaled scores (under `causal` the kept keys have j <= i:
+-- -slope_h * (i - j)), computed inside the kernels (no (Nq, Nk) tensor). 3-D calls have one head.
+--
+-- The short-row kernels (Nk <= 16) take no bias or ALiBi: those calls run the blocked path.
+--
+-- All of these combine with each other and with `window`, the sparse patterns and `global`
+-- (one keep rule, the same for every head: it decides which keys exist, the bias and ALiBi are
+-- added to the kept scores, and the flash kernels skip the tiles the rule removes).
+-- @tparam Tensor Q (B, Nq, d) or (B, H, Nq, d)
+-- @tparam Tensor K (B, Nk, d) or (B, Hkv, Nk, d)
+-- @tparam Tensor V (B, Nk, dv) or (B, Hkv, Nk, dv)
 -- @tparam[opt] table opts `valid_lens` (1-D or 2-D, d2l semantics), `mask` (keep-mask broadcastable
---   to (B, Nq, Nk)), `causal` (boolean), `window` (integer r >= 0), `scale` (default 1/sqrt(d)),
+--   to (B, [H,] Nq, Nk)), `causal` (boolean), `window` (integer r >= 0), `scale` (default 1/sqrt(d)),
+--   `bias` (tensor broadcastable to (B, [H,] Nq, Nk)), `alibi` (true or slopes (H)),
 --   `dropout` (probability, applied to the weights) with `training` (default false: no dropout),
 --   `need_weights` (default true; false skips the (Nq x Nk) weights, which come back nil),
 --   `pattern` ("strided" or "fixed") with `stride` (integer >= 1) and `summary` (fixed: 1..stride,
 --   default 1), `global` (table of distinct 1-based positions); see "Sparse patterns" above
--- @treturn Tensor output (B, Nq, dv)
--- @treturn ?Tensor weights (B, Nq, Nk), the softmax before dropout
+-- @treturn Tensor output (B, [H,] Nq, dv)
+-- @treturn ?Tensor weights (B, [H,] Nq, Nk), the softmax before dropout
 function M.dot_product_attention(Q, K, V, opts)
   return M._dot_product_attention(Q, K, V, kernel_options("dot_product_attention", opts))
+end
+
+-- kopts.alibi = true as the slopes of Q's heads, and a bias of the other float dtype converted
+-- (no gradient through a conversion: a bias that requires grad must have Q's dtype).
+local function score_options(fn, Q, kopts)
+  if kopts.alibi == true then
+    kopts.alibi = M.alibi_slopes(core.dim(Q) == 4 and core.size(Q, 2) or 1)
+  elseif kopts.alibi == false then
+    kopts.alibi = nil
+  end
+  local bias = kopts.bias
+  if is_tensor(bias) and core.dtype(bias) ~= core.dtype(Q) then
+    if rg(bias) then
+      error(string.format("%s: bias %s is %s and requires grad; give it the queries' dtype %s", fn, shape_str(bias),
+        core.dtype(bias), core.dtype(Q)), 4)
+    end
+    kopts.bias = core.to(bias, core.dtype(Q))
+  end
+end
+
+-- The composed form of a call whose bias requires grad: scores = Q K^T * scale + bias (+ ALiBi)
+-- as autograd ops (K and V repeated over the groups), then the masked-softmax kernel over the
+-- (B*H) rows with the same masks, dropout stream and options.
+local function composed_bias_attention(Q, K, V, kopts)
+  local nd = core.dim(Q)
+  local Nq, Nk, d = core.size(Q, nd - 1), core.size(K, nd - 1), core.size(Q, nd)
+  local H = nd == 4 and core.size(Q, 2) or 1
+  if nd == 4 and core.size(K, 2) ~= H then
+    local g = H // core.size(K, 2)
+    if g * core.size(K, 2) ~= H then core.sdpa_forward(Q, K, V, kopts) end -- (the kernel's error)
+    K, V = Tensor.repeat_interleave(K, g, 2), Tensor.repeat_interleave(V, g, 2)
+  end
+  local scale = kopts.scale or 1 / math.sqrt(d)
+  local scores = Tensor.matmul(Q, Tensor.transpose(K, nd - 1, nd)) * scale + kopts.bias
+  if kopts.alibi ~= nil then
+    local i = core.reshape(core.arange(0, Nq, 1, core.dtype(Q)), Nq, 1)
+    local dist = core.abs(core.sub(i, core.reshape(core.arange(0, Nk, 1, core.dtype(Q)), 1, Nk)))
+    local slopes = core.reshape(core.to(kopts.alibi, core.dtype(Q)), -1, 1, 1)
+    scores = scores + core.mul(core.neg(slopes), dist)
+  end
+  local sopts = {}
+  for k, v in pairs(kopts) do sopts[k] = v end
+  sopts.bias, sopts.alibi, sopts.name = nil, nil, "dot_product_attention"
+  sopts.scale = 1
+  if nd == 4 then
+    sopts.heads = H
+    if sopts.valid_lens ~= nil then
+      local vl = is_tensor(sopts.valid_lens) and sopts.valid_lens or core.tensor(sopts.valid_lens, "float64")
+      sopts.valid_lens = Tensor.repeat_interleave(vl, H, 1)
+    end
+    local m = sopts.mask
+    if is_tensor(m) and core.dim(m) < 4 then
+      local shape = core.shape(m)
+      while #shape < 4 do table.insert(shape, 1, 1) end
+      sopts.mask = core.reshape(m, table.unpack(shape))
+    end
+  end
+  local B = core.size(Q, 1) * H
+  local out, w = M._attend_scores("dot_product_attention", Tensor.reshape(scores, { B, Nq, Nk }),
+    Tensor.reshape(V, { B, Nk, core.size(V, nd) }), sopts)
+  kopts.seed = sopts.seed
+  if nd == 4 then
+    out = Tensor.reshape(out, { core.size(Q, 1), H, Nq, core.size(V, nd) })
+    if w ~= nil then w = Tensor.reshape(w, { core.size(Q, 1), H, Nq, Nk }) end
+  end
+  return out, w
 end
 
 -- Kernel options for one call of a layer of attn.nn (fn: the function it runs), which sets the
@@ -166,6 +287,10 @@ function M._dot_product_attention(Q, K, V, kopts)
   check_tensor(fn, "queries", Q, nil, "(B, Nq, d)") -- (shapes: the C core)
   check_tensor(fn, "keys", K, nil, "(B, Nk, d)")
   check_tensor(fn, "values", V, nil, "(B, Nk, dv)")
+  if kopts.bias ~= nil or kopts.alibi ~= nil then
+    score_options(fn, Q, kopts)
+    if rg(kopts.bias) then return composed_bias_attention(Q, K, V, kopts) end
+  end
   local out, weights, seed, lse = core.sdpa_forward(Q, K, V, kopts)
   kopts.seed = seed
   if wants(Q, K, V) then
@@ -399,6 +524,7 @@ function M._multi_head_attention(queries, keys, values, num_heads, params, kopts
     local hopts = {}
     for k, v in pairs(kopts) do hopts[k] = v end
     hopts.valid_lens = Tensor.repeat_interleave(kopts.valid_lens, num_heads, 1)
+    hopts.heads = num_heads -- (the forward's rows: a 4-D bias or mask and ALiBi per head)
     -- the flash backward rebuilds the weights from lse when the flash forward ran (saved.flash)
     local dqh, dkh, dvh = core.sdpa_backward(saved.qh, saved.kh, saved.vh, hopts, dctx, g_w, weights, nil, saved.ctx,
       saved.flash and saved.lse or nil)

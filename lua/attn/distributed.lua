@@ -198,6 +198,15 @@ end
 -- The reduction runs after backward, not overlapped with it: on CPU ranks the
 -- backward already keeps every core busy, so there is little to hide behind.
 -- Calling the wrapper calls the module.
+--
+-- With `shards = K`, the reduction is **ordered**, and the result is the same
+-- bits for any number of processes: every batch is cut into K micro-shards
+-- (rows `shard(n, k, K)`, whatever the world size), rank r computes the
+-- micro-shards `shard(K, r, N)` one at a time (`micro_shards`), keeps each
+-- one's gradient in its own slot of a K-slot buffer (`stash_gradients`), and
+-- `sync_gradients` gathers all K slots to every rank, which sums them in the
+-- order 1..K with the same code. One process computing the K micro-shards
+-- itself takes exactly the steps that N processes take.
 -- @type DataParallel
 local DataParallel = {}
 DataParallel.__index = DataParallel
@@ -206,7 +215,8 @@ DataParallel.__call = function(self, ...) return self.module(...) end
 --- Wraps a module (see the class above).
 -- @tparam Module module
 -- @tparam[opt] table opts `bucket_mb` (25, as PyTorch's DDP), `broadcast` (true: send rank 1's
---   state now)
+--   state now), `shards` (K: the ordered reduction over K micro-shards per batch; nil: the
+--   allreduce of each rank's shard)
 -- @treturn DataParallel
 -- @raise before `init`
 -- @function DataParallel
@@ -216,7 +226,14 @@ function distributed.DataParallel(module, opts)
   opts = opts or {}
   local mb = opts.bucket_mb or 25
   if type(mb) ~= "number" or mb <= 0 then error("DataParallel: bucket_mb must be a number > 0", 2) end
-  local self = setmetatable({ module = module, bucket_bytes = math.floor(mb * 1024 * 1024), buckets = nil }, DataParallel)
+  local K = opts.shards
+  if K ~= nil and (math.type(K) ~= "integer" or K < 1) then
+    error("DataParallel: shards must be an integer >= 1, got " .. tostring(K), 2)
+  end
+  local self = setmetatable({ module = module, bucket_bytes = math.floor(mb * 1024 * 1024), buckets = nil,
+    shards = K }, DataParallel)
+  -- this rank's micro-shards first_shard..last_shard (none when K < world size and the rank is past K)
+  if K then self.first_shard, self.last_shard = distributed.shard(K) end
   if opts.broadcast ~= false then self:broadcast_state() end
   return self
 end
@@ -235,6 +252,26 @@ end
 -- @treturn integer first
 -- @treturn integer last
 function DataParallel.shard(_, n) return distributed.shard(n) end
+
+--- The pieces of a global batch of `n` rows that this rank computes, each with
+-- its own forward and backward: a list of `{index =, first =, last =}` (empty
+-- pieces left out). Ordered (`shards = K`): this rank's micro-shards k, rows
+-- `shard(n, k, K)`; else one piece, this rank's `shard(n)` with index its rank.
+-- @tparam integer n
+-- @treturn table
+function DataParallel:micro_shards(n)
+  local list, K = {}, self.shards
+  if K then
+    for k = self.first_shard, self.last_shard do
+      local first, last = distributed.shard(n, k, K)
+      if last >= first then list[#list + 1] = { index = k, first = first, last = last } end
+    end
+  else
+    local first, last = distributed.shard(n)
+    if last >= first then list[1] = { index = distributed.rank(), first = first, last = last } end
+  end
+  return list
+end
 
 -- Buckets of parameters: per dtype, in parameter order, each up to bucket_bytes.
 local function make_buckets(params, bytes)
@@ -263,6 +300,67 @@ local function same_list(a, b)
   return true
 end
 
+-- The buckets of the module's current parameters (made again when they change).
+function DataParallel:current_buckets()
+  local params = self.module:parameters()
+  if not self.buckets or not same_list(self.params, params) then
+    self.params, self.buckets = params, make_buckets(params, self.bucket_bytes)
+  end
+  return self.buckets
+end
+
+--- Ordered reduction (`shards = K`): after the backward of micro-shard `k`, adds
+-- the module's gradients to k's own slot (a step's later batches add to it,
+-- gradient accumulation) and zeroes them for the next micro-shard. A no-op
+-- without `shards`.
+-- @tparam integer k the micro-shard's index, one of this rank's (`micro_shards`)
+-- @raise when k is not one of this rank's micro-shards
+function DataParallel:stash_gradients(k)
+  if not self.shards then return end
+  if math.type(k) ~= "integer" or k < self.first_shard or k > self.last_shard then
+    error(string.format("stash_gradients: micro-shard %s is not one of this rank's (%d..%d)", tostring(k),
+      self.first_shard, self.last_shard), 2)
+  end
+  attn.no_grad(function()
+    for _, b in ipairs(self:current_buckets()) do
+      b.slots = b.slots or attn.zeros({ self.shards * b.numel }, b.dtype)
+      for i, p in ipairs(b.params) do
+        if p.grad then
+          b.slots:narrow(1, (k - 1) * b.numel + b.offsets[i] + 1, p:numel()):add_(p.grad:reshape({ -1 }))
+          p.grad:zero_()
+        end
+      end
+    end
+  end)
+end
+
+-- The ordered reduction. Each bucket has K slots, one per micro-shard; a rank
+-- fills its own and leaves the others +0, so an allreduce sum gathers them
+-- exactly (x + 0 = x in any order; a slot starts at +0 and only adds, so it
+-- never holds -0, whose sign an addition of +0 would lose). Every rank then
+-- sums the slots in the order 1..K with the same code. (An allgather would
+-- send half the bytes, but Open MPI's allgatherv of ~1 MB took 10 to 30 ms
+-- in some runs on one machine, against 0.2 ms for this allreduce.)
+local function sync_ordered(self)
+  local K = self.shards
+  attn.no_grad(function()
+    for _, b in ipairs(self:current_buckets()) do
+      local n = b.numel
+      b.slots = b.slots or attn.zeros({ K * n }, b.dtype)
+      b.sum = b.sum or attn.empty({ n }, b.dtype)
+      mpi.allreduce(b.slots, "sum")
+      local sum = b.sum
+      sum:copy_(b.slots:narrow(1, 1, n))
+      for k = 2, K do sum:add_(b.slots:narrow(1, (k - 1) * n + 1, n)) end
+      b.slots:zero_()
+      for i, p in ipairs(b.params) do
+        local seg = sum:narrow(1, b.offsets[i] + 1, p:numel()):reshape(p:shape())
+        if p.grad then p.grad:copy_(seg) else p.grad = seg:clone() end
+      end
+    end
+  end)
+end
+
 --- Averages the gradients over ranks, in place (parameters without a
 -- gradient on a rank, e.g. with an empty shard, count as zeros).
 -- Without options, the plain mean: right when every rank's loss is a mean over
@@ -271,7 +369,13 @@ end
 -- mean, the result is sum_r w_r g_r / sum_r w_r: the gradient of the mean over
 -- all tokens. With `op = "sum"`, the plain sum (for a loss that is a sum over
 -- the batch, as the book's train_seq2seq).
+--
+-- Ordered (`shards = K`): the sum, in micro-shard order, of the buffers that
+-- `stash_gradients` filled (only `op = "sum"`: scale the micro-shards' losses
+-- by the global count beforehand for a mean); the gradients left in the
+-- module since the last stash are not counted. Then every buffer is zeroed.
 -- @tparam[opt] table opts `weight` (number >= 0) or `op` ("mean" or "sum")
+-- @raise on bad options, or `op` other than "sum" or a weight with `shards`
 function DataParallel:sync_gradients(opts)
   opts = opts or {}
   local op = opts.op or "mean"
@@ -279,10 +383,14 @@ function DataParallel:sync_gradients(opts)
   local w = opts.weight
   if w ~= nil and (type(w) ~= "number" or w < 0) then error("sync_gradients: weight must be a number >= 0", 2) end
   if w ~= nil and op == "sum" then error("sync_gradients: weight goes with op \"mean\"", 2) end
-  local params = self.module:parameters()
-  if not self.buckets or not same_list(self.params, params) then
-    self.params, self.buckets = params, make_buckets(params, self.bucket_bytes)
+  if self.shards then
+    if op ~= "sum" then
+      error("sync_gradients: the ordered reduction (shards) sums; pass op = \"sum\" with losses scaled by the " ..
+        "global count", 2)
+    end
+    return sync_ordered(self)
   end
+  self:current_buckets()
   local divisor
   if op == "mean" then divisor = w ~= nil and distributed.sum_numbers(w) or distributed.world_size() end
   if divisor == 0 then error("sync_gradients: the weights sum to 0 over all ranks", 2) end
@@ -303,6 +411,47 @@ function DataParallel:sync_gradients(opts)
       end
     end
   end)
+end
+
+--- Sums per-piece numbers (a loss sum and a token count, say) over all ranks.
+-- Each argument is a table from a piece's index (`micro_shards`) to this
+-- rank's number for it (missing: 0). Ordered (`shards = K`): the values of the
+-- K micro-shards are gathered and added in the order 1..K, the same bits for
+-- any number of processes; else each table's values are added here and summed
+-- over ranks as `distributed.sum_numbers`.
+-- @tparam table ... one table per quantity
+-- @treturn number... one sum per table
+function DataParallel:sum_numbers(...)
+  local tables, m = { ... }, select("#", ...)
+  if m == 0 then return end
+  local K = self.shards
+  if not K then
+    local here = {}
+    for j = 1, m do
+      local keys = {}
+      for k in pairs(tables[j]) do keys[#keys + 1] = k end
+      table.sort(keys)
+      here[j] = 0
+      for _, k in ipairs(keys) do here[j] = here[j] + tables[j][k] end
+    end
+    return distributed.sum_numbers(table.unpack(here, 1, m))
+  end
+  -- K slots of m numbers, this rank's filled, gathered exactly as the gradients (sync_ordered)
+  local mine = {}
+  for i = 1, K * m do mine[i] = 0 end
+  for k = self.first_shard, self.last_shard do
+    for j = 1, m do mine[(k - 1) * m + j] = 0 + (tables[j][k] or 0) end
+  end
+  local t = attn.tensor(mine, "float64")
+  mpi.allreduce(t, "sum")
+  local all = t:totable()
+  local sums = {}
+  for j = 1, m do
+    local s = 0
+    for k = 1, K do s = s + all[(k - 1) * m + j] end
+    sums[j] = s
+  end
+  return table.unpack(sums, 1, m)
 end
 
 return distributed

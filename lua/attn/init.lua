@@ -453,7 +453,7 @@ local function_modules = {
   ["attn.io"] = { "save", "load", "save_npy", "load_npy" },
   ["attn.attention"] = { "sequence_mask", "masked_softmax", "dot_product_attention", "additive_scores",
     "bilinear_scores", "additive_attention", "projected_additive_attention", "split_heads", "merge_heads",
-    "multi_head_attention", "positional_encoding" },
+    "multi_head_attention", "positional_encoding", "alibi_slopes" },
   ["attn.rope"] = { "rope" },
   ["attn.efficient"] = { "linear_attention", "performer_attention", "performer_features" },
 }

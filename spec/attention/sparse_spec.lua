@@ -10,18 +10,7 @@ local helper = require "helper"
 
 local with = helper.with
 
--- Whether 0-based query i keeps key j under opts (the documented rule, written out plainly).
-local function keeps(opts, i, j)
-  if opts.causal and j > i then return false end
-  local g = {}
-  for _, p in ipairs(opts.global or {}) do g[p - 1] = true end
-  if g[i] or g[j] then return true end
-  local s, c = opts.stride, opts.summary or 1
-  if opts.pattern == "strided" then return math.abs(i - j) < s or (i - j) % s == 0 end
-  if opts.pattern == "fixed" then return i // s == j // s or j % s >= s - c end
-  if opts.window then return math.abs(i - j) <= opts.window end
-  return true
-end
+local keeps = helper.pattern_keeps
 
 -- The (1, Nq, Nk) keep-mask of opts, and the options that ask for it instead of the pattern.
 local function explicit(opts, Nq, Nk)

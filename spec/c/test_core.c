@@ -1216,6 +1216,118 @@ static void test_rope(void) {
   for (int i = 0; i < 6; i++) attn_tensor_free(all[i]);
 }
 
+/* Heads as a dimension with grouped keys and values, an additive bias and ALiBi (attn_sdpa_forward,
+ * attn_sdpa_backward on 4-D operands): q (1, 2, 3, 4) over one key/value head, a (1, Nk) bias
+ * broadcast over heads and queries, slopes 1/2, 1/4; against plain loops, and dk against the 3-D
+ * call on keys repeated per head (summed). */
+static void test_attention_heads_bias(void) {
+  attn_tensor q, k, v, out, bias, slopes, q3, k3, v3, out3, dout, dq, dk, dv, dq3, dk3, dv3;
+  int64_t qs[4] = {1, 2, 3, 4}, ks[4] = {1, 1, 3, 4}, bs[2] = {1, 3}, ss[1] = {2}, q3s[3] = {2, 3, 4};
+  CHECK(attn_tensor_init(&q, ATTN_F64, 4, qs) == ATTN_OK && attn_tensor_init(&k, ATTN_F64, 4, ks) == ATTN_OK &&
+            attn_tensor_init(&v, ATTN_F64, 4, ks) == ATTN_OK && attn_tensor_init(&out, ATTN_F64, 4, qs) == ATTN_OK &&
+            attn_tensor_init(&bias, ATTN_F64, 2, bs) == ATTN_OK && attn_tensor_init(&slopes, ATTN_F64, 1, ss) == ATTN_OK &&
+            attn_tensor_init(&dout, ATTN_F64, 4, qs) == ATTN_OK && attn_tensor_init(&dq, ATTN_F64, 4, qs) == ATTN_OK &&
+            attn_tensor_init(&dk, ATTN_F64, 4, ks) == ATTN_OK && attn_tensor_init(&dv, ATTN_F64, 4, ks) == ATTN_OK,
+        "init");
+  double *Q = q.storage->data, *K = k.storage->data, *V = v.storage->data, *Bi = bias.storage->data;
+  for (int i = 0; i < 24; i++) Q[i] = sin(0.7 * i);
+  for (int i = 0; i < 12; i++) {
+    K[i] = cos(0.3 * i);
+    V[i] = 0.1 * i - 0.5;
+  }
+  for (int i = 0; i < 24; i++) ((double *)dout.storage->data)[i] = cos(1.3 * i);
+  Bi[0] = 0.25, Bi[1] = -1, Bi[2] = 0.5;
+  ((double *)slopes.storage->data)[0] = 0.5, ((double *)slopes.storage->data)[1] = 0.25;
+  attn_attention_opts o;
+  attn_attention_opts_init(&o);
+  o.bias = &bias;
+  o.alibi = &slopes;
+  CHECK(attn_sdpa_forward(&q, &k, &v, &o, &out, NULL, NULL, NULL) == ATTN_OK, "4-D forward: %s", attn_last_error());
+  double worst = 0;
+  for (int h = 0; h < 2; h++)
+    for (int i = 0; i < 3; i++) {
+      double s[3], m = -INFINITY, z = 0;
+      for (int j = 0; j < 3; j++) {
+        s[j] = 0;
+        for (int c = 0; c < 4; c++) s[j] += Q[(h * 3 + i) * 4 + c] * K[j * 4 + c];
+        s[j] = s[j] / 2 + Bi[j] - (h ? 0.25 : 0.5) * fabs((double)(i - j));
+        m = fmax(m, s[j]);
+      }
+      for (int j = 0; j < 3; j++) z += exp(s[j] - m);
+      for (int c = 0; c < 4; c++) {
+        double want = 0;
+        for (int j = 0; j < 3; j++) want += exp(s[j] - m) / z * V[j * 4 + c];
+        worst = fmax(worst, fabs(((double *)out.storage->data)[(h * 3 + i) * 4 + c] - want));
+      }
+    }
+  CHECK(worst < 1e-14, "bias and ALiBi over a grouped key/value head: max error %g", worst);
+  CHECK(attn_sdpa_backward(&q, &k, &v, &o, NULL, &out, NULL, &dout, NULL, &dq, &dk, &dv) == ATTN_OK,
+        "4-D backward: %s", attn_last_error());
+  /* the 3-D call on the (B*H) rows with the key/value head repeated; the heads are its rows */
+  CHECK(attn_tensor_init(&q3, ATTN_F64, 3, q3s) == ATTN_OK && attn_tensor_init(&k3, ATTN_F64, 3, q3s) == ATTN_OK &&
+            attn_tensor_init(&v3, ATTN_F64, 3, q3s) == ATTN_OK && attn_tensor_init(&out3, ATTN_F64, 3, q3s) == ATTN_OK &&
+            attn_tensor_init(&dq3, ATTN_F64, 3, q3s) == ATTN_OK && attn_tensor_init(&dk3, ATTN_F64, 3, q3s) == ATTN_OK &&
+            attn_tensor_init(&dv3, ATTN_F64, 3, q3s) == ATTN_OK,
+        "init 3-D");
+  memcpy(q3.storage->data, Q, 24 * sizeof(double));
+  for (int r = 0; r < 2; r++) {
+    memcpy((double *)k3.storage->data + 12 * r, K, 12 * sizeof(double));
+    memcpy((double *)v3.storage->data + 12 * r, V, 12 * sizeof(double));
+  }
+  o.heads = 2; /* rows b*2 + h: the slopes per head */
+  attn_tensor dout3 = dout;
+  dout3.ndim = 3, dout3.shape[0] = 2, dout3.shape[1] = 3, dout3.shape[2] = 4;
+  dout3.stride[0] = 12, dout3.stride[1] = 4, dout3.stride[2] = 1;
+  CHECK(attn_sdpa_backward(&q3, &k3, &v3, &o, NULL, NULL, NULL, &dout3, NULL, &dq3, &dk3, &dv3) == ATTN_OK,
+        "3-D backward: %s", attn_last_error());
+  worst = 0;
+  for (int i = 0; i < 12; i++) {
+    const double *a = dk3.storage->data, *b = dv3.storage->data;
+    worst = fmax(worst, fabs(((double *)dk.storage->data)[i] - (a[i] + a[12 + i])));
+    worst = fmax(worst, fabs(((double *)dv.storage->data)[i] - (b[i] + b[12 + i])));
+  }
+  for (int i = 0; i < 24; i++)
+    worst = fmax(worst, fabs(((double *)dq.storage->data)[i] - ((double *)dq3.storage->data)[i]));
+  CHECK(worst < 1e-14, "grouped dk, dv sum their query heads: max error %g", worst);
+  /* two key/value heads do not divide three query heads... here two query heads and k of 3 */
+  int64_t bad[4] = {1, 3, 3, 4};
+  attn_tensor kb;
+  CHECK(attn_tensor_init(&kb, ATTN_F64, 4, bad) == ATTN_OK, "init");
+  attn_attention_opts_init(&o);
+  CHECK(attn_sdpa_forward(&q, &kb, &kb, &o, &out, NULL, NULL, NULL) == ATTN_ERR_SHAPE &&
+            strstr(attn_last_error(), "key/value heads Hkv = 3 must divide query heads H = 2") != NULL,
+        "message: %s", attn_last_error());
+  /* with the sparse rule too: window 0, global position 0, causal: query 0 keeps key 0, query
+   * i > 0 keys 0 and i, each scored with the bias and its head's ALiBi */
+  int64_t g0 = 0;
+  attn_attention_opts_init(&o);
+  o.bias = &bias;
+  o.alibi = &slopes;
+  o.window = 0;
+  o.global = &g0;
+  o.nglobal = 1;
+  o.causal = 1;
+  CHECK(attn_sdpa_forward(&q, &k, &v, &o, &out, NULL, NULL, NULL) == ATTN_OK, "sparse 4-D: %s", attn_last_error());
+  worst = 0;
+  for (int h = 0; h < 2; h++)
+    for (int i = 0; i < 3; i++) {
+      double s[2] = {0, 0}, p1 = 0;
+      for (int c = 0; c < 4; c++) {
+        s[0] += Q[(h * 3 + i) * 4 + c] * K[c];
+        s[1] += Q[(h * 3 + i) * 4 + c] * K[i * 4 + c];
+      }
+      s[0] = s[0] / 2 + Bi[0] - (h ? 0.25 : 0.5) * i;
+      s[1] = s[1] / 2 + Bi[i];
+      if (i > 0) p1 = 1 / (1 + exp(s[0] - s[1]));
+      for (int c = 0; c < 4; c++)
+        worst = fmax(worst, fabs(((double *)out.storage->data)[(h * 3 + i) * 4 + c] -
+                                 ((1 - p1) * V[c] + p1 * V[i * 4 + c])));
+    }
+  CHECK(worst < 1e-14, "window + global + causal with bias and ALiBi over grouped heads: max error %g", worst);
+  attn_tensor *all[] = {&q, &k, &v, &out, &bias, &slopes, &q3, &k3, &v3, &out3, &dout, &dq, &dk, &dv, &dq3, &dk3, &dv3, &kb};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) attn_tensor_free(all[i]);
+}
+
 int main(void) {
   test_allocator();
   test_views_and_errors();
@@ -1230,6 +1342,7 @@ int main(void) {
   test_lstm();
   test_vmath();
   test_attention_checks();
+  test_attention_heads_bias();
   test_attention_sparse();
   test_mha_layer();
   test_saved_layout();

@@ -83,8 +83,8 @@ describe("attn.check", function()
       function() local r = attn.nn.DotProductAttention { drop = 0.1 }; return r end },
     { "MultiHeadAttention: num_heads must be a positive integer, got 0",
       function() local r = attn.nn.MultiHeadAttention { num_hiddens = 4, num_heads = 0, dropout = 0 }; return r end },
-    { "dot_product_attention: unknown option 'valid_len' (expected causal, dropout, global, mask, need_weights, "
-      .. "pattern, scale, stride, summary, training, valid_lens, window)", function()
+    { "dot_product_attention: unknown option 'valid_len' (expected alibi, bias, causal, dropout, global, mask, "
+      .. "need_weights, pattern, scale, stride, summary, training, valid_lens, window)", function()
         local q = attn.zeros(1, 2, 4)
         local r = attn.dot_product_attention(q, q, q, { valid_len = 1 })
         return r

@@ -1,7 +1,8 @@
 -- attn.distributed under mpirun with 1, 2 and 4 processes (`make test-mpi`; more ranks than
 -- this machine's cores, hence --oversubscribe). Each size starts one job of spec/mpi/worker.lua,
 -- whose ranks check their values against closed forms and one-process results and print one
--- result line per check and rank; every check must pass on every rank. The fault cases start
+-- result line per check and rank; every check must pass on every rank, and the digests of the
+-- ordered reduction's runs (losses and weights) must be the one-process job's. The fault cases start
 -- their own jobs under `timeout`: a rank that raises or dies must end the job, never hang.
 local MPIRUN = os.getenv("ATTN_MPIRUN") or "mpirun --oversubscribe"
 local LUA = os.getenv("ATTN_LUA") or "lua5.4"
@@ -28,35 +29,62 @@ local CHECKS = {
   "uneven shards weighted by tokens give the per-token mean gradient",
   "replicas are bit-identical after k Adam steps",
   "run.fit with data_parallel takes one process's steps",
+  "ordered: replicas equal the one-process reference bit for bit after k steps, uneven micro-shards",
+  "ordered: train_seq2seq's losses and weights",
+  "ordered: run.fit's step losses and weights (accumulation 2)",
 }
+-- The digests of the ordered runs (losses and weights), which must be one process's bits.
+local DIGESTS = { "train_seq2seq", "run.fit" }
+
+-- The "all" job of np processes, run once: its output, status, results[check][rank] and
+-- digests[name][rank].
+local jobs = {}
+local function job(np)
+  if not jobs[np] then
+    local out, code = run(np, "all")
+    local j = { out = out, code = code, results = {}, digests = {} }
+    for name, rank, verdict in out:gmatch("result ([^|\n]+)|(%d+)|([^\n]*)") do
+      j.results[name] = j.results[name] or {}
+      j.results[name][tonumber(rank)] = verdict
+    end
+    for name, hex, rank in out:gmatch("digest ([^ \n]+) (%x+)|(%d+)") do
+      j.digests[name] = j.digests[name] or {}
+      j.digests[name][tonumber(rank)] = hex
+    end
+    jobs[np] = j
+  end
+  return jobs[np]
+end
 
 for _, np in ipairs { 1, 2, 4 } do
   describe("attn.distributed with " .. np .. " process" .. (np > 1 and "es" or ""), function()
-    local out, code, results
-    local function job()
-      if not results then
-        out, code = run(np, "all")
-        results = {}
-        for name, rank, verdict in out:gmatch("result ([^|\n]+)|(%d+)|([^\n]*)") do
-          results[name] = results[name] or {}
-          results[name][tonumber(rank)] = verdict
-        end
-      end
-      return results
-    end
-
     it("the job ends with status 0", function()
-      job()
-      assert.are.equal(0, code, out)
+      local j = job(np)
+      assert.are.equal(0, j.code, j.out)
     end)
 
     for _, name in ipairs(CHECKS) do
       it(name .. " (every rank)", function()
-        local per_rank = job()[name] or {}
+        local j = job(np)
+        local per_rank = j.results[name] or {}
         for r = 1, np do
-          assert(per_rank[r] == "ok", string.format("rank %d: %s\n%s", r, tostring(per_rank[r] or "no result"), out))
+          assert(per_rank[r] == "ok", string.format("rank %d: %s\n%s", r, tostring(per_rank[r] or "no result"), j.out))
         end
       end)
+    end
+
+    if np > 1 then
+      for _, name in ipairs(DIGESTS) do
+        it("ordered " .. name .. ": every rank has the bits of the one-process run", function()
+          local one = job(1).digests[name] or {}
+          local many = job(np).digests[name] or {}
+          assert(one[1], "no digest from the one-process job:\n" .. job(1).out)
+          for r = 1, np do
+            assert(many[r] == one[1], string.format("rank %d of %d: %s, one process: %s\n%s", r, np,
+              tostring(many[r]), one[1], job(np).out))
+          end
+        end)
+      end
     end
   end)
 end

@@ -5,6 +5,7 @@
 local attn = require "attn"
 local dist = require "attn.distributed"
 local nn = attn.nn
+local train = require "attn.d2l.train"
 
 local case = arg[1] or "all"
 
@@ -258,6 +259,128 @@ add("run.fit with data_parallel takes one process's steps", function()
   check((many.best ~= nil) == (R == 1), "only rank 1 validates (best %s)", tostring(many.best))
 end)
 
+-- ---------------------------------------------------------------- the ordered reduction
+
+-- One Adam + clipping step computed as one process would under the ordered reduction, written
+-- out independently of DataParallel: micro-shard k's gradient (rows shard(B, k, K)) alone,
+-- added into a zero accumulator in the order 1..K.
+local function reference_step(net, opt, X, xl, Y, yl, K)
+  local params = net:parameters()
+  local acc = {}
+  for i, p in ipairs(params) do acc[i] = attn.zeros_like(p) end
+  for k = 1, K do
+    local first, last = dist.shard(X:size(1), k, K)
+    if last >= first then
+      net:zero_grad()
+      seq_loss(net, X, xl, Y, yl, first, last):backward()
+      for i, p in ipairs(params) do
+        if p.grad then attn.no_grad(function() acc[i]:add_(p.grad) end) end
+      end
+    end
+  end
+  for i, p in ipairs(params) do p.grad = acc[i] end
+  nn.clip_grad_norm(params, 1)
+  opt:step()
+end
+
+-- The same step through DataParallel with shards = K, on this rank's micro-shards.
+local function ordered_step(dp, opt, X, xl, Y, yl)
+  opt:zero_grad()
+  for _, pc in ipairs(dp:micro_shards(X:size(1))) do
+    seq_loss(dp.module, X, xl, Y, yl, pc.first, pc.last):backward()
+    dp:stash_gradients(pc.index)
+  end
+  dp:sync_gradients({ op = "sum" })
+  nn.clip_grad_norm(dp.module:parameters(), 1)
+  opt:step()
+end
+
+add("ordered: replicas equal the one-process reference bit for bit after k steps, uneven micro-shards", function()
+  -- 7 rows in 3 micro-shards (3, 2, 2 rows; on 2 ranks 2 + 1 micro-shards, on 4 one rank idle);
+  -- 2 rows in 3 micro-shards (one empty)
+  for _, c in ipairs { { B = 7, K = 3 }, { B = 2, K = 3 }, { B = 8, K = 4 } } do
+    local X, xl, Y, yl = batch(c.B)
+    local ref = transformer():to("float32")
+    dist.DataParallel(ref) -- rank 1's weights on every rank
+    local net = transformer():to("float32")
+    net:load_state_dict(ref:state_dict())
+    local dp = dist.DataParallel(net, { shards = c.K, bucket_mb = 0.002 })
+    local opt_ref = attn.optim.Adam { params = ref:parameters(), lr = 0.01 }
+    local opt = attn.optim.Adam { params = net:parameters(), lr = 0.01 }
+    for _ = 1, 3 do
+      reference_step(ref, opt_ref, X, xl, Y, yl, c.K)
+      ordered_step(dp, opt, X, xl, Y, yl)
+    end
+    -- every rank runs every collective before any raises (a rank raising alone would hang the rest)
+    local pr, pn = ref:parameters(), net:parameters()
+    local to_ref, to_root = 0, 0
+    for i = 1, #pr do
+      to_ref = math.max(to_ref, maxdiff(pr[i], pn[i]))
+      local root = pn[i]:clone()
+      dist.broadcast_(root, 1)
+      to_root = math.max(to_root, maxdiff(root, pn[i]))
+    end
+    local worst_anywhere = dist.sum_numbers(to_ref + to_root) -- so that every rank raises alike
+    check(worst_anywhere == 0, "B %d K %d: weights differ from the one-process reference by %g, from " ..
+      "rank 1's by %g", c.B, c.K, to_ref, to_root)
+  end
+  local dp = dist.DataParallel(transformer(), { shards = 2 * N })
+  local ok, err = pcall(dp.stash_gradients, dp, 2 * N + 1)
+  check(not ok and err:find("is not one of this rank's", 1, true), "a foreign micro-shard: %s", tostring(err))
+  ok, err = pcall(dp.sync_gradients, dp)
+  check(not ok and err:find("the ordered reduction (shards) sums", 1, true), "op mean: %s", tostring(err))
+end)
+
+-- Digests, compared across the 1-, 2- and 4-process jobs by the spec: FNV-1a over the bytes of
+-- every number (losses as float64, weights in their dtype), so equal digests mean equal bits.
+local function fnv(h, bytes)
+  for i = 1, #bytes do h = ((h ~ bytes:byte(i)) * 16777619) & 0xffffffff end
+  return h
+end
+local function digest(numbers, net)
+  local h = 2166136261
+  for _, x in ipairs(numbers) do h = fnv(h, string.pack("<d", x)) end
+  for _, p in ipairs(net:parameters()) do
+    local fmt = p:dtype() == "float32" and "<f" or "<d"
+    for _, x in ipairs(p:reshape({ -1 }):totable()) do h = fnv(h, string.pack(fmt, x)) end
+  end
+  return string.format("%08x", h)
+end
+local digests = {}
+
+add("ordered: train_seq2seq's losses and weights", function()
+  local batches = { table.pack(batch(7)), table.pack(batch(5)) }
+  local function data_iter()
+    local i = 0
+    return function()
+      i = i + 1
+      local b = batches[i]
+      if b then return b[1], b[2], b[3], b[4] end -- X, X_valid_len, Y, Y_valid_len
+    end
+  end
+  local net = transformer():to("float32")
+  attn.manual_seed(9)
+  local history = train.train_seq2seq(net, data_iter, { lr = 0.01, epochs = 3, tgt_vocab = { ["<bos>"] = 1 },
+    progress = false, data_parallel = dist.DataParallel(net, { shards = 3, broadcast = false }) })
+  local losses = {}
+  for i, rec in ipairs(history) do losses[2 * i - 1], losses[2 * i] = rec.loss, rec.tokens end
+  digests[#digests + 1] = "train_seq2seq " .. digest(losses, net)
+end)
+
+add("ordered: run.fit's step losses and weights (accumulation 2)", function()
+  local data = require "attn.d2l.data"
+  local run = require "attn.d2l.run"
+  local c = assert(data.load_corpus(10, 6, { num_examples = 60, seed = 3 }))
+  attn.manual_seed(11)
+  local h = 8
+  local net = nn.EncoderDecoder(nn.TransformerEncoder(#c.src_vocab, h, h, h, h, { h }, h, 16, 2, 1, 0),
+    nn.TransformerDecoder(#c.tgt_vocab, h, h, h, h, { h }, h, 16, 2, 1, 0))
+  local r = run.fit(net, c, { lr = 0.01, epochs = 2, accum = 2, progress = false, log = function() end,
+    data_parallel = dist.DataParallel(net, { shards = 4, broadcast = false }) })
+  check(#r.steps > 2, "%d steps", #r.steps)
+  digests[#digests + 1] = "run.fit " .. digest(r.steps, net)
+end)
+
 if case == "all" then
   for _, name in ipairs(order) do
     local ok, err = pcall(checks[name])
@@ -265,6 +388,7 @@ if case == "all" then
     io.write(string.format("result %s|%d|%s\n", name, R, line))
     io.stdout:flush()
   end
+  for _, d in ipairs(digests) do io.write(string.format("digest %s|%d\n", d, R)) end
   dist.finalize()
 elseif case == "raise_in_run" then
   -- rank 2 (or the only rank) raises while the others wait in an allreduce

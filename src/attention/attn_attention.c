@@ -25,44 +25,71 @@ void attn_attention_opts_init(attn_attention_opts *o) {
 
 /* ------------------------------------------------------------ keep-mask, operands */
 
-/* mask expanded to (B, Nq, Nk) as a view in *view; checks that values are 0 or 1. */
-static attn_status prepare_mask(const char *op, const attn_tensor *mask, int64_t B, int64_t Nq, int64_t Nk,
-                                attn_tensor *view) {
-  int64_t target[3] = {B, Nq, Nk};
-  if (!attn_dtype_is_float(mask->dtype)) return attn_check_float(op, mask);
-  int ok = 1; /* NumPy broadcasting: dims past the third (from the right) must be 1 */
-  for (int d = 0; ok && d < mask->ndim; d++) {
-    int64_t s = mask->shape[mask->ndim - 1 - d];
-    ok = s == 1 || (d < 3 && s == target[2 - d]);
+/* A keep-mask or bias t (what names it in errors) broadcast over J's rows as a view in *view,
+ * its strides in st[4] (row b's sample and head strides, row, column; attn_attention_row_mask's
+ * mapping). 4-D calls, and 3-D ones with heads given a 4-D t, broadcast to (B, H, Nq, Nk);
+ * other calls to (B, Nq, Nk) (NumPy: the dims past those must be 1). */
+static attn_status prepare_bcast(const char *op, const char *what, const attn_tensor *t, const attn_attention_job *J,
+                                 attn_attention_ctx *ctx, attn_tensor *view, int64_t st[4]) {
+  const int four = J->nd4 || (J->H > 1 && t->ndim >= 4), nd = four ? 4 : 3;
+  int64_t target[4] = {J->B / J->H, J->H, J->Nq, J->Nk};
+  if (!four) {
+    target[1] = J->B;
+    target[0] = 1;
+  }
+  const int64_t *tg = target + 4 - nd;
+  int ok = 1;
+  for (int d = 0; ok && d < t->ndim; d++) {
+    int64_t s = t->shape[t->ndim - 1 - d];
+    ok = s == 1 || (d < nd && s == tg[nd - 1 - d]);
   }
   if (!ok)
-    return attn_error(ATTN_ERR_SHAPE, "%s: mask %s does not broadcast to (B, Nq, Nk) = %s", op,
-                      attn_tensor_shape_str(mask), attn_shape_str(3, target));
-  *view = *mask;
-  while (view->ndim > 3) attn_view_select(view, 0, 0);
-  while (view->ndim < 3) attn_view_unsqueeze(view, 0);
-  attn_status st = attn_view_expand(view, 3, target);
-  if (st != ATTN_OK) return st;
-  /* visit each stored element once (broadcast dims have stride 0) */
-  int64_t n[3];
-  for (int d = 0; d < 3; d++) n[d] = view->stride[d] == 0 ? (target[d] > 0 ? 1 : 0) : target[d];
-  for (int64_t b = 0; b < n[0]; b++)
-    for (int64_t i = 0; i < n[1]; i++)
-      for (int64_t j = 0; j < n[2]; j++) {
-        int64_t off = view->offset + b * view->stride[0] + i * view->stride[1] + j * view->stride[2];
-        double v = view->dtype == ATTN_F32 ? (double)((const float *)view->storage->data)[off]
-                                           : ((const double *)view->storage->data)[off];
-        if (v != 0 && v != 1)
-          return attn_error(ATTN_ERR_ARG, "%s: mask %s is a keep-mask: entries must be 0 or 1, found %g", op,
-                            attn_tensor_shape_str(mask), v);
-      }
+    return attn_error(ATTN_ERR_SHAPE, "%s: %s %s does not broadcast to %s = %s (%s)", op, what,
+                      attn_tensor_shape_str(t), four ? "(B, H, Nq, Nk)" : "(B, Nq, Nk)", attn_shape_str(nd, tg),
+                      attn_attention_ctx_str(ctx));
+  *view = *t;
+  while (view->ndim > nd) attn_view_select(view, 0, 0);
+  while (view->ndim < nd) attn_view_unsqueeze(view, 0);
+  attn_status s = attn_view_expand(view, nd, tg);
+  if (s != ATTN_OK) return s;
+  if (four) {
+    for (int d = 0; d < 4; d++) st[d] = view->stride[d];
+  } else { /* row b = (b / H) * H + b % H */
+    st[0] = J->H * view->stride[0];
+    st[1] = view->stride[0];
+    st[2] = view->stride[1];
+    st[3] = view->stride[2];
+  }
+  return ATTN_OK;
+}
+
+/* The keep-mask's values must be 0 or 1: each stored element is visited once (broadcast dims
+ * have stride 0). */
+static attn_status check_keep_mask(const char *op, const attn_tensor *mask, const attn_tensor *view) {
+  int64_t n[4] = {1, 1, 1, 1}, s[4] = {0, 0, 0, 0};
+  for (int d = 0; d < view->ndim; d++) {
+    n[4 - view->ndim + d] = view->stride[d] == 0 ? (view->shape[d] > 0 ? 1 : 0) : view->shape[d];
+    s[4 - view->ndim + d] = view->stride[d];
+  }
+  for (int64_t a = 0; a < n[0]; a++)
+    for (int64_t b = 0; b < n[1]; b++)
+      for (int64_t i = 0; i < n[2]; i++)
+        for (int64_t j = 0; j < n[3]; j++) {
+          int64_t off = view->offset + a * s[0] + b * s[1] + i * s[2] + j * s[3];
+          double v = view->dtype == ATTN_F32 ? (double)((const float *)view->storage->data)[off]
+                                             : ((const double *)view->storage->data)[off];
+          if (v != 0 && v != 1)
+            return attn_error(ATTN_ERR_ARG, "%s: mask %s is a keep-mask: entries must be 0 or 1, found %g", op,
+                              attn_tensor_shape_str(mask), v);
+        }
   return ATTN_OK;
 }
 
 /* ------------------------------------------------------------ operands, gemm */
 
 static int blas_layout(const attn_tensor *t, int *trans, int64_t *ld) {
-  int64_t rows = t->shape[1], cols = t->shape[2], sr = t->stride[1], sc = t->stride[2];
+  const int r = t->ndim - 2; /* the matrix dims: the last two */
+  int64_t rows = t->shape[r], cols = t->shape[r + 1], sr = t->stride[r], sc = t->stride[r + 1];
   int64_t mc = cols > 1 ? cols : 1, mr = rows > 1 ? rows : 1;
   if ((sc == 1 || cols <= 1) && (rows <= 1 || sr >= mc)) {
     *trans = 0;
@@ -86,10 +113,14 @@ static attn_status mat3_prepare(const attn_tensor *t, int blas, attn_tensor *tmp
     t = tmp;
     blas_layout(t, &trans, &ld);
   }
+  const int r = t->ndim - 2;
   m->p = attn_tensor_data(t);
   m->sb = t->stride[0];
-  m->sr = t->stride[1];
-  m->sc = t->stride[2];
+  m->sr = t->stride[r];
+  m->sc = t->stride[r + 1];
+  m->nh = r == 2 ? t->shape[1] : 1; /* a 4-D operand's heads (the caller sets grp) */
+  m->sh = r == 2 ? t->stride[1] : 0;
+  m->grp = 1;
   m->trans = trans;
   m->ld = (int)ld;
   return ATTN_OK;
@@ -140,6 +171,7 @@ attn_status attn_attention_check_output(const char *op, const char *name, const 
 void attn_attention_mem_free(attn_attention_mem *m) {
   for (int i = 0; i < m->ntmp; i++) attn_tensor_free(&m->tmp[i]);
   if (m->lens) attn_free(m->lens, m->lens_cap);
+  if (m->slopes) attn_free(m->slopes, m->slopes_cap);
   if (m->gcount) attn_free(m->gcount, m->gcount_cap);
   memset(m, 0, sizeof *m);
 }
@@ -171,25 +203,67 @@ attn_status attn_attention_prepare(attn_attention_job *J, attn_attention_mem *me
   if (J->dropout) {
     J->drop = attn_dropout_rule_make(o->dropout, o->seed);
   }
+  if (J->H < 1) J->H = 1;
+  if (J->grp < 1) J->grp = 1;
+  if (J->lh < 1) J->lh = 1;
   if (o->valid_lens) {
-    size_t n = (size_t)(J->B * J->Nq);
+    size_t n = (size_t)(J->B / J->lh * J->Nq);
     mem->lens = attn_alloc((n ? n : 1) * sizeof(int64_t), &mem->lens_cap);
     if (!mem->lens) return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for valid_lens (%s)", op, attn_attention_ctx_str(ctx));
-    st = attn_attention_lengths(op, "valid_lens", "", o->valid_lens, J->B, J->Nq, J->Nk, 1, mem->lens);
+    st = attn_attention_lengths(op, "valid_lens", "", o->valid_lens, J->B / J->lh, J->Nq, J->Nk, 1, mem->lens);
     if (st != ATTN_OK) /* again, for the message with the shapes */
-      st = attn_attention_lengths(op, "valid_lens", attn_attention_ctx_str(ctx), o->valid_lens, J->B, J->Nq, J->Nk, 1, mem->lens);
+      st = attn_attention_lengths(op, "valid_lens", attn_attention_ctx_str(ctx), o->valid_lens, J->B / J->lh, J->Nq,
+                                  J->Nk, 1, mem->lens);
     if (st != ATTN_OK) return st;
     J->lens = mem->lens;
   }
   if (o->mask) {
     attn_tensor mv;
-    st = prepare_mask(op, o->mask, J->B, J->Nq, J->Nk, &mv);
-    if (st != ATTN_OK) return st;
+    int64_t ms[4];
+    if (!attn_dtype_is_float(o->mask->dtype)) return attn_check_float(op, o->mask);
+    if ((st = prepare_bcast(op, "mask", o->mask, J, ctx, &mv, ms)) != ATTN_OK ||
+        (st = check_keep_mask(op, o->mask, &mv)) != ATTN_OK)
+      return st;
     J->mask = (const char *)attn_tensor_data(&mv);
     J->mdt = mv.dtype;
-    J->msb = mv.stride[0];
-    J->msr = mv.stride[1];
-    J->msc = mv.stride[2];
+    J->msb = ms[0];
+    J->msh = ms[1];
+    J->msr = ms[2];
+    J->msc = ms[3];
+  }
+  if ((o->bias || o->alibi) && !J->dot)
+    return attn_error(ATTN_ERR_ARG, "%s: bias and alibi apply to dot-product attention only (%s)", op,
+                      attn_attention_ctx_str(ctx));
+  if (o->bias) {
+    attn_tensor bv;
+    int64_t bs[4];
+    if (o->bias->dtype != J->dt)
+      return attn_error(ATTN_ERR_DTYPE, "%s: bias %s is %s, expected %s like the queries", op,
+                        attn_tensor_shape_str(o->bias), attn_dtype_name(o->bias->dtype), attn_dtype_name(J->dt));
+    if ((st = prepare_bcast(op, "bias", o->bias, J, ctx, &bv, bs)) != ATTN_OK) return st;
+    J->bias = (const char *)attn_tensor_data(&bv);
+    J->bsb = bs[0];
+    J->bsh = bs[1];
+    J->bsr = bs[2];
+    J->bsc = bs[3];
+  }
+  if (o->alibi) {
+    const attn_tensor *a = o->alibi;
+    if (!attn_dtype_is_float(a->dtype)) return attn_check_float(op, a);
+    if (a->ndim != 1 || a->shape[0] != J->H)
+      return attn_error(ATTN_ERR_SHAPE, "%s: alibi slopes %s must hold one slope per head, H = %lld (%s)", op,
+                        attn_tensor_shape_str(a), (long long)J->H, attn_attention_ctx_str(ctx));
+    mem->slopes = attn_alloc((size_t)J->H * sizeof(double), &mem->slopes_cap);
+    if (!mem->slopes) return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the alibi slopes", op);
+    for (int64_t h = 0; h < J->H; h++) {
+      int64_t off = a->offset + h * a->stride[0];
+      double v = a->dtype == ATTN_F32 ? (double)((const float *)a->storage->data)[off]
+                                      : ((const double *)a->storage->data)[off];
+      if (!isfinite(v))
+        return attn_error(ATTN_ERR_ARG, "%s: alibi slope %lld is %g, not finite", op, (long long)h + 1, v);
+      mem->slopes[h] = v;
+    }
+    J->slopes = mem->slopes;
   }
   return ATTN_OK;
 }
@@ -250,6 +324,10 @@ static attn_status scores_setup(const char *op, const attn_tensor *s, const attn
   J->Nk = s->shape[2];
   J->d = 0;
   J->dv = v ? v->shape[2] : 0;
+  if (o->heads < 0 || (o->heads > 0 && J->B % o->heads != 0))
+    return attn_error(ATTN_ERR_ARG, "%s: heads %lld must divide the rows (%s)", op, (long long)o->heads,
+                      attn_attention_ctx_str(ctx));
+  J->H = o->heads > 0 ? o->heads : 1;
   attn_status st = attn_attention_prepare(J, mem, op, ctx, o);
   if (st != ATTN_OK) return st;
   J->scale = o->scale == o->scale ? o->scale : 1.0;

@@ -139,6 +139,17 @@ typedef struct attn_attention_opts {
                                     evaluation, no dropout (the probability is still checked) */
   uint64_t seed;                 /* dropout stream (same seed forward and backward) */
   int kernel;                    /* ATTN_KERNEL_*: dot-product attention's kernel (default AUTO) */
+  /* Scores (dot-product attention only; "Heads" below): */
+  const attn_tensor *bias;       /* NULL or an additive bias of the queries' dtype broadcastable to
+                                    (B, H, Nq, Nk) (3-D calls: (B, Nq, Nk)), read through its
+                                    strides (a broadcast dim costs nothing), added to the scaled
+                                    scores before the masks; -inf removes a key by its weight (0),
+                                    as PyTorch's float attn_mask does */
+  const attn_tensor *alibi;      /* NULL or ALiBi slopes (H), any float dtype: head h adds
+                                    -slope_h * |i - j| to the scaled scores (with causal: the kept
+                                    keys j <= i, so -slope_h * (i - j)), computed in the kernel */
+  int64_t heads;                 /* 3-D calls: rows are batch-major heads (row b*heads + h) of
+                                    `heads` heads, for a 4-D bias or mask and ALiBi; 0: 1 head */
 } attn_attention_opts;
 
 /* No masks, default scale, no dropout (training on, so a dropout set later applies). */
@@ -155,6 +166,20 @@ attn_status attn_attention_lengths(const char *op, const char *arg, const char *
                                    int64_t Nq, int64_t max_len, int allow_2d, int64_t *out);
 
 /* ---- scaled dot-product attention ---------------------------------------- */
+
+/* Heads: dot-product attention takes 3-D operands q (B, Nq, d), k (B, Nk, d), v (B, Nk, dv)
+ * (shapes below) or 4-D ones q (B, H, Nq, d), k (B, Hkv, Nk, d), v (B, Hkv, Nk, dv) with Hkv
+ * dividing H (grouped-query attention; Hkv = 1: multi-query): query head h (0-based) reads
+ * key/value head h / (H / Hkv), consecutive groups as Llama's repeat_kv, and K and V are never
+ * copied (the kernels map the head index; dk and dv sum their group's query heads in head order,
+ * so the result does not depend on the thread count). A 4-D call is the 3-D call on its
+ * (B*H, N, .) rows (row b*H + h), outputs and dropout stream included: out (B, H, Nq, dv),
+ * weights (B, H, Nq, Nk), lse (B*H, Nq), dq/dk/dv in q's/k's/v's shapes. valid_lens (B) or
+ * (B, Nq) apply to every head; keep-masks and the bias broadcast to (B, H, Nq, Nk) (NumPy: a
+ * 3-D mask is (H, Nq, Nk)). The short-row kernels take no bias or ALiBi: such calls run the
+ * blocked path with its plain-loop products (ATTN_KERNEL_TINY's numbers). The window, sparse
+ * patterns and global tokens are one keep rule for every head; the bias and ALiBi are added to
+ * the scores of the keys it keeps. */
 
 /* Whether the flash kernel may run for Nq queries and Nk keys under opts->kernel (it then also
  * needs float32, and finite results to keep its own): calls smaller than one 64 x 64 tile stay

@@ -14,18 +14,27 @@
 #include "attention/attn_attention.h"
 #include "core/attn_dropout.h"
 
-/* A 3-D operand: element [b][r][c] at p + (b*sb + r*sr + c*sc) elements. For
- * BLAS, each batch matrix is row-major (trans 0, ld = sr) or column-major
- * (trans 1, ld = sc). */
+/* The head mapping of a call's rows: row b = s*H + h of the (B*H) rows is head h of sample s;
+ * an operand of nh heads per sample and grp query heads per head (grouped-query keys and values:
+ * grp = H / Hkv) keeps head h / grp of sample s at s*sb + (h / grp)*sh elements. nh = 1, grp = 1
+ * (3-D operands): row b at b*sb. */
+static inline int64_t attn_attention_head_off(int64_t b, int64_t nh, int64_t grp, int64_t sb, int64_t sh) {
+  return nh == 1 ? b * sb : (b / nh) * sb + ((b % nh) / grp) * sh;
+}
+
+/* An operand: element [b][r][c] (b one of the call's rows, attn_attention_head_off) at
+ * p + (head_off(b) + r*sr + c*sc) elements. For BLAS, each batch matrix is row-major (trans 0,
+ * ld = sr) or column-major (trans 1, ld = sc). */
 typedef struct {
   const char *p;
   int64_t sb, sr, sc;
+  int64_t sh, nh, grp; /* heads: 3-D operands have nh = grp = 1 */
   int trans;
   int ld;
 } attn_attention_mat;
 
 static inline const void *attn_attention_at(const attn_attention_mat *m, size_t es, int64_t b, int64_t r, int64_t c) {
-  return m->p + (size_t)(b * m->sb + r * m->sr + c * m->sc) * es;
+  return m->p + (size_t)(attn_attention_head_off(b, m->nh, m->grp, m->sb, m->sh) + r * m->sr + c * m->sc) * es;
 }
 
 
@@ -38,10 +47,16 @@ typedef struct attn_attention_job {
   int tiny;                                      /* products as plain loops, not sgemm (ATTN_KERNEL_TINY) */
   attn_attention_mat q, k, v, sc, wst, dout, dw; /* wst: stored weights */
   int has_v, has_wst, has_dout, has_dw;
-  const int64_t *lens; /* B * Nq, or NULL */
-  const char *mask;    /* element [0,0,0] of the expanded mask, or NULL */
+  int nd4;             /* 4-D operands (B, H, N, .) */
+  int64_t H, grp, lh;  /* heads per sample (rows b*H + h; 1 without heads), query heads per
+                          key/value head, rows per valid_lens entry (H for 4-D calls, else 1) */
+  const int64_t *lens; /* B / lh * Nq, or NULL */
+  const char *mask;    /* element [0,0,0,0] of the expanded mask, or NULL */
   attn_dtype mdt;
-  int64_t msb, msr, msc;
+  int64_t msb, msh, msr, msc; /* row b's mask at attn_attention_head_off(b, H, 1, msb, msh) */
+  const char *bias;           /* the additive bias (dtype dt; strides as the mask's), or NULL */
+  int64_t bsb, bsh, bsr, bsc;
+  const double *slopes;       /* ALiBi: H slopes (head b % H), or NULL */
   int causal;
   int64_t window;
   int pattern;           /* ATTN_PATTERN_* */
@@ -149,10 +164,23 @@ typedef struct attn_attention_rowmask {
 static inline void attn_attention_row_mask(const attn_attention_job *J, int64_t b, int64_t i,
                                            attn_attention_rowmask *m) {
   attn_attention_key_range(J, i, &m->a, &m->b);
-  int64_t len = J->lens ? J->lens[b * J->Nq + i] : J->Nk;
+  int64_t len = J->lens ? J->lens[(b / J->lh) * J->Nq + i] : J->Nk;
   m->e = len < m->b ? (len > m->a ? len : m->a) : m->b;
-  m->mrow = J->mask ? J->mask + (size_t)(b * J->msb + i * J->msr) * attn_dtype_size(J->mdt) : NULL;
+  m->mrow = J->mask ? J->mask + (size_t)(attn_attention_head_off(b, J->H, 1, J->msb, J->msh) + i * J->msr) *
+                                    attn_dtype_size(J->mdt)
+                    : NULL;
   m->i = i;
+}
+
+/* Whether the scores get an additive part (a bias or ALiBi). */
+static inline int attn_attention_has_bias(const attn_attention_job *J) { return J->bias || J->slopes; }
+
+/* The additive part of row i of row b's scores (attn_attention_has_bias): the bias row (element
+ * j at brow[j * J->bsc], NULL without a bias) and the ALiBi slope (0 without). */
+static inline const char *attn_attention_bias_row(const attn_attention_job *J, int64_t b, int64_t i, double *slope) {
+  *slope = J->slopes ? J->slopes[b % J->H] : 0.0;
+  return J->bias ? J->bias + (size_t)(attn_attention_head_off(b, J->H, 1, J->bsb, J->bsh) + i * J->bsr) * J->es
+                 : NULL;
 }
 
 /* Whether the keep-mask row mrow (NULL: none) keeps key j. */
@@ -189,6 +217,9 @@ void attn_sdpa_softmax_block(const attn_attention_job *J, void *ws, const attn_a
  * where its weight is not 0 (a filled key still takes part in the softmax). */
 void attn_sdpa_softmax_back_row(const attn_attention_job *J, const void *p, void *dp, int64_t n0, int64_t n1,
                                 const attn_attention_rowmask *m, double scale);
+/* x[j] += (bias + ALiBi)(b, i, j) on [j0, j1) (attn_attention_has_bias; x holds the row's Nk scaled
+ * scores): the additive part of the scores, before the softmax. */
+void attn_sdpa_bias_row(const attn_attention_job *J, int64_t b, int64_t i, void *x, int64_t j0, int64_t j1);
 /* dst[j] = scale * src[j * stride], j < n. */
 void attn_sdpa_load_row(const attn_attention_job *J, void *dst, const void *src, int64_t stride, int64_t n,
                         double scale);
@@ -227,8 +258,9 @@ int attn_sdpa_row_finite(const attn_attention_job *J, const void *x, int64_t n);
 
 /* Keys per row of the short-row kernels: a row's keys fill the lanes of one 16-float vector. The
  * blocked driver hands them its items when J->tiny, float32 dot products, Nk <= this, no
- * keep-mask and no stored weights or weight gradients: the rows of a head then go from scores
- * to output (forward) or to dq and their share of dk, dv (backward) in registers, with the same
+ * keep-mask, no bias or ALiBi (those run the blocked path) and no stored weights or weight
+ * gradients: the rows of a head then go from scores to output (forward) or to dq and their
+ * share of dk, dv (backward) in registers, with the same
  * masking, fill, exp and dropout mask as the row kernels below, and the item falls back to the
  * blocked path when a result comes out not finite (src/cpu/sdpa_small_body.h). */
 #define ATTN_SDPA_SMALL_KEYS 16
@@ -252,6 +284,8 @@ typedef struct {
   int ntmp;
   int64_t *lens;
   size_t lens_cap;
+  double *slopes;
+  size_t slopes_cap;
   int64_t *gcount;
   size_t gcount_cap;
 } attn_attention_mem;
@@ -297,7 +331,13 @@ attn_status attn_attention_run_backward(attn_attention_job *J, const char *op);
 typedef struct {
   const float *p;
   int64_t sb, sr;
+  int64_t sh, nh, grp; /* heads as in attn_attention_mat */
 } attn_flash_mat;
+
+/* Row 0 of row b's matrix (attn_attention_head_off). */
+static inline const float *attn_flash_head(const attn_flash_mat *m, int64_t b) {
+  return m->p + attn_attention_head_off(b, m->nh, m->grp, m->sb, m->sh);
+}
 
 typedef struct {
   const attn_attention_job *J;

@@ -86,7 +86,7 @@ static void item_block(const flash_run *R, int64_t item, int64_t *b, int64_t *i0
 static void prefetch_block(const flash_run *R, int64_t item) {
   int64_t b, i0, rows = R->first == &R->F->k ? R->F->J->Nk : R->F->J->Nq;
   item_block(R, item, &b, &i0);
-  const float *p = R->first->p + b * R->first->sb + i0 * R->first->sr;
+  const float *p = attn_flash_head(R->first, b) + i0 * R->first->sr;
   int64_t n = rows - i0 < TW ? rows - i0 : TW;
   for (int64_t o = 0; o < n; o++) {
     for (int64_t c = 0; c < R->width; c += 16) __builtin_prefetch(p + o * R->first->sr + c, 0, 2);
@@ -154,7 +154,7 @@ static void prep_task(void *ctx, int64_t begin, int64_t end) {
   const attn_attention_job *J = P->F->J;
   for (int64_t item = begin; item < end; item++) {
     int64_t b = item / J->Nq, i = item % J->Nq;
-    const float *g = P->F->dout.p + b * P->F->dout.sb + i * P->F->dout.sr, *o = P->o.p + b * P->o.sb + i * P->o.sr;
+    const float *g = attn_flash_head(&P->F->dout, b) + i * P->F->dout.sr, *o = attn_flash_head(&P->o, b) + i * P->o.sr;
     double s[8] = {0}; /* eight running sums: one chain was bound by the add latency (4% of a backward) */
     int64_t c = 0;
     for (; c + 8 <= J->dv; c += 8)

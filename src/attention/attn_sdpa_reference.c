@@ -20,7 +20,8 @@
  * result came out not finite. */
 static const attn_cpu_kernels *small_path(const attn_attention_job *J, int backward) {
   if (!J->tiny || J->dt != ATTN_F32 || !J->dot || J->Nk < 1 || J->Nk > ATTN_SDPA_SMALL_KEYS ||
-      J->d > ATTN_SDPA_TINY_WIDTH || J->dv > ATTN_SDPA_TINY_WIDTH || J->mask || J->rule || J->has_wst || J->has_dw || J->gs ||
+      J->d > ATTN_SDPA_TINY_WIDTH || J->dv > ATTN_SDPA_TINY_WIDTH || J->mask || J->rule || attn_attention_has_bias(J) ||
+      J->has_wst || J->has_dw || J->gs ||
       (backward && !J->has_dout))
     return NULL;
   return attn_cpu();
@@ -105,6 +106,9 @@ static void block_probs(const attn_attention_job *J, void *pack, int64_t b, int6
                J->q.ld, attn_attention_at(&J->k, es, b, lo, 0), J->k.ld, 0.0, ws + (size_t)lo * es, Nk);
         else
           for (int64_t rr = 0; rr < r; rr++) memset(ws + (size_t)(rr * Nk + lo) * es, 0, (size_t)(hi - lo) * es);
+        if (attn_attention_has_bias(J)) /* on the keys the softmax reads as scores */
+          for (int64_t rr = 0; rr < r; rr++)
+            attn_sdpa_bias_row(J, b, i0 + rr, ws + (size_t)(rr * Nk) * es, rm[rr].a, rm[rr].e);
       } else {
         for (int64_t rr = 0; rr < r; rr++)
           if (rm[rr].e > rm[rr].a)

@@ -109,6 +109,25 @@ static void row_fill(const attn_attention_job *J, void *x, int64_t j0, int64_t j
     fill_f64(x, j0, j1, v);
 }
 
+void attn_sdpa_bias_row(const attn_attention_job *J, int64_t b, int64_t i, void *x, int64_t j0, int64_t j1) {
+  double slope;
+  const char *brow = attn_attention_bias_row(J, b, i, &slope);
+  const int64_t sc = J->bsc;
+  if (IS_F32(J)) { /* in the scores' precision, as PyTorch adds a float mask */
+    float *y = x;
+    if (brow)
+      for (int64_t j = j0; j < j1; j++) y[j] += ((const float *)brow)[j * sc];
+    if (J->slopes)
+      for (int64_t j = j0; j < j1; j++) y[j] += (float)(-slope * (double)(i > j ? i - j : j - i));
+  } else {
+    double *y = x;
+    if (brow)
+      for (int64_t j = j0; j < j1; j++) y[j] += ((const double *)brow)[j * sc];
+    if (J->slopes)
+      for (int64_t j = j0; j < j1; j++) y[j] += -slope * (double)(i > j ? i - j : j - i);
+  }
+}
+
 /* x[j] = v on [j0, j1) where row m removes key j: its keep-mask row, then the pattern's rule. */
 static void row_remove(const attn_attention_job *J, void *x, int64_t j0, int64_t j1, const attn_attention_rowmask *m,
                        double v) {

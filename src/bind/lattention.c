@@ -7,8 +7,9 @@
  *   default true: false keeps dropout off), seed (integer; drawn from the
  *   generator when dropout is on and none is given), need_weights (boolean,
  *   default true), kernel (name), name (string for error messages of the
- *   scores kernels), pattern ("strided" or "fixed") with stride and summary,
- *   global (table of 1-based positions).
+ *   scores kernels), bias (tensor: the additive bias), alibi (tensor: ALiBi's slopes),
+ *   heads (integer: 3-D rows are batch-major heads), pattern ("strided" or "fixed") with
+ *   stride and summary, global (table of 1-based positions).
  * This file only converts Lua values to C: it checks types (and that window
  * is not negative, as C's window < 0 means "off"); shapes, ranges and
  * dtypes are the core's to check (attn_attention.c), and option-table keys
@@ -210,6 +211,29 @@ static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts
   }
   lua_pop(L, 1);
 
+  /* the scores' additive parts: tensors (Lua makes alibi = true the slopes) */
+  static const char *const extra[2] = {"bias", "alibi"};
+  for (int n = 0; n < 2; n++) {
+    attn_l_rawfield(L, idx, extra[n]);
+    if (!lua_isnil(L, -1)) {
+      const attn_tensor *t = attn_l_test(L, -1);
+      if (!t) attn_l_error(L, "%s: %s must be a tensor, got a %s", fn, extra[n], luaL_typename(L, -1));
+      if (n == 0)
+        o->bias = t;
+      else
+        o->alibi = t;
+    }
+    lua_pop(L, 1);
+  }
+  attn_l_rawfield(L, idx, "heads");
+  if (!lua_isnil(L, -1)) {
+    int isint;
+    lua_Integer h = lua_tointegerx(L, -1, &isint);
+    if (!isint || h < 1) bad_value(L, -1, fn, "heads", "an integer >= 1");
+    o->heads = (int64_t)h;
+  }
+  lua_pop(L, 1);
+
   *need_weights = opt_bool(L, idx, fn, "need_weights", 1);
 }
 
@@ -242,12 +266,12 @@ static void push_seed(lua_State *L, const attn_attention_opts *o) {
 /***
  * Scaled dot-product attention forward.
  * @function sdpa_forward
- * @tparam Tensor q (B, Nq, d)
- * @tparam Tensor k (B, Nk, d)
- * @tparam Tensor v (B, Nk, dv)
+ * @tparam Tensor q (B, Nq, d) or (B, H, Nq, d)
+ * @tparam Tensor k (B, Nk, d) or (B, Hkv, Nk, d)
+ * @tparam Tensor v (B, Nk, dv) or (B, Hkv, Nk, dv)
  * @tparam[opt] table opts see the file comment
- * @treturn Tensor out (B, Nq, dv)
- * @treturn ?Tensor weights (B, Nq, Nk), nil when need_weights is false
+ * @treturn Tensor out (B, Nq, dv) or (B, H, Nq, dv)
+ * @treturn ?Tensor weights (B, Nq, Nk) or (B, H, Nq, Nk), nil when need_weights is false
  * @treturn ?integer the dropout seed (nil without dropout)
  * @treturn ?Tensor lse (B, Nq), each row's log-sum-exp for the flash backward (nil when the
  *   reference path ran)
@@ -257,15 +281,24 @@ static int l_sdpa_forward(lua_State *L) {
   attn_attention_opts o;
   int need_weights;
   read_opts(L, 4, "dot_product_attention", &o, &need_weights);
-  /* outputs sized from 3-D operands (empty otherwise: the core then names the operand at fault) */
-  int ok = q->ndim == 3 && k->ndim == 3 && v->ndim == 3;
-  int64_t os[3] = {ok ? q->shape[0] : 0, ok ? q->shape[1] : 0, ok ? v->shape[2] : 0};
-  int64_t ws[3] = {os[0], os[1], ok ? k->shape[1] : 0};
-  attn_tensor *out = attn_l_push_alloc(L, q->dtype, 3, os);
+  /* outputs sized from 3-D or 4-D operands (empty otherwise: the core then names the operand at
+   * fault): out (B, [H,] Nq, dv), weights (B, [H,] Nq, Nk), lse (B*H, Nq) */
+  int nd = q->ndim, ok = (nd == 3 || nd == 4) && k->ndim == nd && v->ndim == nd, r = nd - 3;
+  int64_t os[4] = {0}, ws[4] = {0}, ls[2] = {0};
+  if (ok) {
+    for (int d = 0; d < nd - 1; d++) os[d] = ws[d] = q->shape[d];
+    os[nd - 1] = v->shape[nd - 1];
+    ws[nd - 1] = k->shape[nd - 2];
+    ls[0] = q->shape[0] * (r ? q->shape[1] : 1);
+    ls[1] = q->shape[1 + r];
+  } else {
+    nd = 3;
+  }
+  attn_tensor *out = attn_l_push_alloc(L, q->dtype, nd, os);
   int out_idx = lua_gettop(L);
-  attn_tensor *w = need_weights ? attn_l_push_alloc(L, q->dtype, 3, ws) : (lua_pushnil(L), NULL);
-  int flash = q->dtype == ATTN_F32 && attn_sdpa_flash_size(ws[1], ws[2], o.kernel);
-  attn_tensor *lse = flash ? attn_l_push_alloc(L, ATTN_F64, 2, ws) : NULL;
+  attn_tensor *w = need_weights ? attn_l_push_alloc(L, q->dtype, nd, ws) : (lua_pushnil(L), NULL);
+  int flash = q->dtype == ATTN_F32 && attn_sdpa_flash_size(ls[1], ws[nd - 1], o.kernel);
+  attn_tensor *lse = flash ? attn_l_push_alloc(L, ATTN_F64, 2, ls) : NULL;
   int flash_ran;
   ATTN_L_TRY(L, attn_sdpa_forward(q, k, v, &o, out, w, lse, &flash_ran));
   lua_pushvalue(L, out_idx);

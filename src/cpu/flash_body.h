@@ -298,7 +298,7 @@ static int classify(const attn_attention_job *J, int64_t i0, int64_t nq, int64_t
 static inline int keeps_at(const attn_attention_job *J, int64_t b, int64_t i, int64_t j) {
   if (!attn_attention_rule_keeps(J, i, j)) return 0;
   if (!J->mask) return 1;
-  size_t off = (size_t)(b * J->msb + i * J->msr + j * J->msc);
+  size_t off = (size_t)(attn_attention_head_off(b, J->H, 1, J->msb, J->msh) + i * J->msr + j * J->msc);
   return J->mdt == ATTN_F32 ? ((const float *)J->mask)[off] != 0 : ((const double *)J->mask)[off] != 0;
 }
 
@@ -339,6 +339,36 @@ static void mask_tile(const attn_attention_job *J, int64_t b, float *T, int64_t 
         int64_t o = lanes_q ? l : n, j = k0 + (lanes_q ? n : l);
         if (j >= qa[o] && j < qb[o] && !keeps_at(J, b, q0 + o, j)) x[l] = -INFINITY;
       }
+  }
+}
+
+/* Adds the additive part of the scores (attn_attention_has_bias: the bias and ALiBi), in base-2
+ * units, to tile T (rows x TW) of row b before mask_tile: lanes_q as there (lanes are queries
+ * q0 + o and rows keys k0 + n, or lanes keys and rows queries); only the first nlanes lanes are
+ * real (the others are masked or never used), and every row is. The bias is read through its
+ * strides (a broadcast dim has stride 0), ALiBi's -slope |i - j| is computed here. */
+static void bias_tile(const attn_attention_job *J, int64_t b, float *T, int64_t rows, int lanes_q, int64_t q0,
+                      int64_t k0, int64_t nlanes) {
+  const float l2e = 1.4426950408889634f;
+  double slope;
+  const float *bq = (const float *)attn_attention_bias_row(J, b, q0, &slope); /* query q0's row */
+  const float s2 = (float)(-slope * 1.4426950408889634);
+  const int64_t sr = J->bsr, sc = J->bsc;
+  for (int64_t n = 0; n < rows; n++) {
+    float *x = T + n * TW;
+    /* lanes_q: entry o is (q0 + o, k0 + n), |i - j| = |c + o|; else (q0 + n, k0 + o), |c - o| */
+    const float c = (float)(lanes_q ? q0 - (k0 + n) : q0 + n - k0);
+    if (bq) {
+      const float *p = lanes_q ? bq + (k0 + n) * sc : bq + n * sr + k0 * sc;
+      const int64_t st = lanes_q ? sr : sc;
+      for (int64_t o = 0; o < nlanes; o++) x[o] += l2e * p[o * st];
+    }
+    if (J->slopes) {
+      if (lanes_q)
+        for (int64_t o = 0; o < nlanes; o++) x[o] += s2 * fabsf(c + (float)o);
+      else
+        for (int64_t o = 0; o < nlanes; o++) x[o] += s2 * fabsf(c - (float)o);
+    }
   }
 }
 
@@ -425,12 +455,16 @@ static inline int query_tile(const attn_flash_job *F, int64_t b, int64_t i0, int
   if (cls == TILE_MASKED) {
     int vlo[FLASH_MAXNB], vhi[FLASH_MAXNB];
     vis_query_lanes(qa, qb, j0, nb, vlo, vhi);
-    mk_masked(J->d, nb, Qt, F->k.p + b * F->k.sb + j0 * F->k.sr, F->k.sr, S, vlo, vhi);
+    mk_masked(J->d, nb, Qt, attn_flash_head(&F->k, b) + j0 * F->k.sr, F->k.sr, S, vlo, vhi);
+    if (attn_attention_has_bias(J)) bias_tile(J, b, S, nb, 1, i0, j0, r);
     mask_tile(J, b, S, nb, 1, i0, j0, qa, qb, qe, F->fill2);
+  } else if (attn_attention_has_bias(J)) { /* (the running max then comes from the biased tile) */
+    mk(J->d, nb, Qt, attn_flash_head(&F->k, b) + j0 * F->k.sr, F->k.sr, 1, S, NULL, 0);
+    bias_tile(J, b, S, nb, 1, i0, j0, r);
   } else if (mx) {
-    mk_scores_max(J->d, nb, Qt, F->k.p + b * F->k.sb + j0 * F->k.sr, F->k.sr, S, mx);
+    mk_scores_max(J->d, nb, Qt, attn_flash_head(&F->k, b) + j0 * F->k.sr, F->k.sr, S, mx);
   } else {
-    mk(J->d, nb, Qt, F->k.p + b * F->k.sb + j0 * F->k.sr, F->k.sr, 1, S, NULL, 0);
+    mk(J->d, nb, Qt, attn_flash_head(&F->k, b) + j0 * F->k.sr, F->k.sr, 1, S, NULL, 0);
   }
   return cls;
 }
@@ -570,13 +604,13 @@ int FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i0
   int64_t *qa = (int64_t *)(sum + TW), *qb = qa + TW, *qe = qb + TW;
   int64_t jlo, jhi;
   block_ranges(J, b, i0, r, qa, qb, qe, &jlo, &jhi);
-  pack_t(Qt, F->q.p + b * F->q.sb + i0 * F->q.sr, F->q.sr, r, d, F->qscale);
+  pack_t(Qt, attn_flash_head(&F->q, b) + i0 * F->q.sr, F->q.sr, r, d, F->qscale);
   memset(Ot, 0, sizeof(float) * (size_t)(dv * TW));
   for (int64_t o = 0; o < TW; o++) {
     m[o] = -INFINITY;
     l[o] = 0;
   }
-  const float *V = F->v.p + b * F->v.sb;
+  const float *V = attn_flash_head(&F->v, b);
   int64_t tiles = 0;
   for (int64_t j0 = jlo; j0 < jhi; j0 += KT) {
     int64_t nb = jhi - j0 < KT ? jhi - j0 : KT;
@@ -584,7 +618,7 @@ int FLASH_FN(attn_flash_forward_)(const attn_flash_job *F, int64_t b, int64_t i0
     int cls = query_tile(F, b, i0, r, j0, nb, qa, qb, qe, m, Qt, S, mu);
     if (cls == TILE_SKIP) continue;
     tiles++;
-    online_softmax(S, nb, m, l, al, cls == TILE_CLEAN ? mu : NULL);
+    online_softmax(S, nb, m, l, al, cls == TILE_CLEAN && !attn_attention_has_bias(J) ? mu : NULL);
     if (J->dropout)
       for (int64_t n = 0; n < nb; n++)
         for (int64_t o = 0; o < r; o++) S[n * TW + o] *= (float)attn_attention_keep(J, b, i0 + o, j0 + n);
@@ -649,14 +683,14 @@ int FLASH_FN(attn_flash_backward_q_)(const attn_flash_job *F, int64_t b, int64_t
   int64_t *qa = (int64_t *)(D + TW), *qb = qa + TW, *qe = qb + TW;
   int64_t jlo, jhi;
   block_ranges(J, b, i0, r, qa, qb, qe, &jlo, &jhi);
-  pack_t(Qt, F->q.p + b * F->q.sb + i0 * F->q.sr, F->q.sr, r, d, F->qscale);
-  pack_t(dOt, F->dout.p + b * F->dout.sb + i0 * F->dout.sr, F->dout.sr, r, dv, 1.0f);
+  pack_t(Qt, attn_flash_head(&F->q, b) + i0 * F->q.sr, F->q.sr, r, d, F->qscale);
+  pack_t(dOt, attn_flash_head(&F->dout, b) + i0 * F->dout.sr, F->dout.sr, r, dv, 1.0f);
   memset(dQt, 0, sizeof(float) * (size_t)(d * TW));
   for (int64_t o = 0; o < TW; o++) {
     lse2[o] = o < r ? F->lse2[b * Nq + i0 + o] : INFINITY;
     D[o] = o < r ? F->D[b * Nq + i0 + o] : 0.0f;
   }
-  const float *K = F->k.p + b * F->k.sb, *V = F->v.p + b * F->v.sb;
+  const float *K = attn_flash_head(&F->k, b), *V = attn_flash_head(&F->v, b);
   for (int64_t j0 = jlo; j0 < jhi; j0 += TW) {
     int64_t nb = jhi - j0 < TW ? jhi - j0 : TW;
     int cls = query_tile(F, b, i0, r, j0, nb, qa, qb, qe, lse2, Qt, S, NULL);
@@ -709,11 +743,11 @@ int FLASH_FN(attn_flash_backward_k_)(const attn_flash_job *F, int64_t b, int64_t
         *dP = S + TW * TW;
   float *lse2 = dP + TW * TW;
   int64_t *qa = (int64_t *)(lse2 + TW), *qb = qa + TW, *qe = qb + TW;
-  pack_t(Kt, F->k.p + b * F->k.sb + j0 * F->k.sr, F->k.sr, nk, d, F->qscale);
-  pack_t(Vt, F->v.p + b * F->v.sb + j0 * F->v.sr, F->v.sr, nk, dv, 1.0f);
+  pack_t(Kt, attn_flash_head(&F->k, b) + j0 * F->k.sr, F->k.sr, nk, d, F->qscale);
+  pack_t(Vt, attn_flash_head(&F->v, b) + j0 * F->v.sr, F->v.sr, nk, dv, 1.0f);
   memset(dKt, 0, sizeof(float) * (size_t)(d * TW));
   memset(dVt, 0, sizeof(float) * (size_t)(dv * TW));
-  const float *Q = F->q.p + b * F->q.sb, *dO = F->dout.p + b * F->dout.sb;
+  const float *Q = attn_flash_head(&F->q, b), *dO = attn_flash_head(&F->dout, b);
   /* causal: queries before j0 see none of these keys */
   int64_t istart = J->causal && J->window < 0 ? (j0 / TW) * TW : 0;
   for (int64_t i0 = istart; i0 < Nq; i0 += TW) {
@@ -730,10 +764,12 @@ int FLASH_FN(attn_flash_backward_k_)(const attn_flash_job *F, int64_t b, int64_t
     if (cls == TILE_MASKED) {
       vis_key_lanes(qa, qb, j0, nr, vlo, vhi, kbeg);
       mk_masked(d, nr, Kt, Q + i0 * F->q.sr, F->q.sr, S, vlo, vhi);
+      if (attn_attention_has_bias(J)) bias_tile(J, b, S, nr, 0, i0, j0, nk);
       mask_tile(J, b, S, nr, 0, i0, j0, qa, qb, qe, F->fill2);
       mk_masked(dv, nr, Vt, dO + i0 * F->dout.sr, F->dout.sr, dP, vlo, vhi);
     } else {
       mk(d, nr, Kt, Q + i0 * F->q.sr, F->q.sr, 1, S, NULL, 0);
+      if (attn_attention_has_bias(J)) bias_tile(J, b, S, nr, 0, i0, j0, nk);
       mk(dv, nr, Vt, dO + i0 * F->dout.sr, F->dout.sr, 1, dP, NULL, 0);
     }
     for (int64_t n = 0; n < nr; n++) {

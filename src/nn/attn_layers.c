@@ -193,6 +193,7 @@ attn_status attn_attention_mha_forward(const attn_tensor *queries, const attn_te
     return st;
   /* the caller's lengths are per sample: each sample's heads share them */
   attn_attention_opts o = *opts;
+  o.heads = H; /* rows b*H + h: a 4-D bias or mask and ALiBi's slopes are per head */
   attn_tensor lens = {0};
   const attn_tensor *vl = opts->valid_lens;
   if (vl) {

@@ -318,8 +318,10 @@ end
 --   `load_checkpoint`), `progress` (true, false or attn.progress options), `on_step` (fn(step, loss, lr)),
 --   `log` (fn(text); default print), `data_parallel` (an `attn.distributed.DataParallel` of net: rank 1's
 --   weights are broadcast after the initialisation or the resume, every rank trains on its rows of each
---   batch and the gradients are summed over ranks before clipping, so N processes take the steps one
---   would; the losses are totals over ranks; only rank 1 validates, writes checkpoints and logs)
+--   batch (on its micro-shards when the wrapper has `shards`: the ordered reduction, the same bits for
+--   any number of processes) and the gradients are summed over ranks before clipping, so N processes
+--   take the steps one would; the losses are totals over ranks; only rank 1 validates, writes
+--   checkpoints and logs)
 -- @treturn table `{steps = {loss per step}, epochs = {{epoch =, loss =, tokens =, seconds =, tokens_per_sec =}},
 --   best =, stopped = boolean, checkpoint = path of the last checkpoint written}`
 -- @raise on bad options or a checkpoint that does not fit the model
@@ -406,24 +408,27 @@ function run.fit(net, corpus, opts)
         batches[i] = table.pack(loader:batch(rows))
         tokens = tokens + batches[i][4]:sum():item()
       end
-      local sum = 0
+      local sums = {} -- the loss sum per piece of the batches (one piece without data_parallel)
       for _, bt in ipairs(batches) do
-        local rows = bt[1]:size(1)
-        if dp then
-          -- this rank's rows; the loss is a sum over rows (over the step's tokens), so the gradients add up
-          local first, last = dp:shard(rows)
-          rows = last - first + 1
-          if rows > 0 then for i = 1, 4 do bt[i] = bt[i]:narrow(1, first, rows) end end
-        end
-        if rows > 0 then
-          local l = forward_loss(net, loss, bos, bt[1], bt[2], bt[3], bt[4])
-          sum = sum + l:item()
+        -- this rank's pieces (its rows, or its micro-shards under the ordered reduction); the loss
+        -- is a sum over rows (over the step's tokens), so the gradients add up over pieces and ranks
+        local pieces = dp and dp:micro_shards(bt[1]:size(1)) or { { index = 1, first = 1, last = bt[1]:size(1) } }
+        for _, piece in ipairs(pieces) do
+          local part, rows = bt, piece.last - piece.first + 1
+          if dp then
+            part = {}
+            for i = 1, 4 do part[i] = bt[i]:narrow(1, piece.first, rows) end
+          end
+          local l = forward_loss(net, loss, bos, part[1], part[2], part[3], part[4])
+          sums[piece.index] = (sums[piece.index] or 0) + l:item()
           ;(l * (1 / tokens)):backward()
+          if dp then dp:stash_gradients(piece.index) end
         end
       end
+      local sum = sums[1] or 0
       if dp then
         dp:sync_gradients({ op = "sum" })
-        sum = dist.sum_numbers(sum)
+        sum = dp:sum_numbers(sums)
       end
       nn.clip_grad_norm(net:parameters(), clip)
       local lr = optimizer.lr

@@ -63,9 +63,10 @@ local function total(t) return t:sum():item() end
 --   or a table of options for attn.progress.new), `on_epoch` (fn(epoch, record),
 --   called after each epoch), `init` (true: the Xavier initialisation; false keeps
 --   the weights, e.g. to continue training), `data_parallel` (an `attn.distributed.DataParallel` of
---   net: rank 1's initial weights are broadcast, every rank trains on its rows of each batch and
---   the gradients are summed over ranks before clipping, so N processes take the steps one would;
---   the history's loss and tokens are totals over ranks)
+--   net: rank 1's initial weights are broadcast, every rank trains on its rows of each batch, or on
+--   its micro-shards when the wrapper has `shards` (the ordered reduction: the same bits for any
+--   number of processes), and the gradients are summed over ranks before clipping, so N processes
+--   take the steps one would; the history's loss and tokens are totals over ranks)
 -- @treturn table history: one record per epoch, `{epoch =, loss = book scale,
 --   token_loss = per-token cross-entropy, tokens =, seconds =, tokens_per_sec =}`
 -- @raise on missing or invalid options
@@ -104,21 +105,21 @@ function M.train_seq2seq(net, data_iter, opts)
   local history = {}
   for epoch = 1, opts.epochs do
     local t0 = progress.clock()
-    local loss_sum, tokens, num_steps = 0, 0, nil
-    for X, X_valid_len, Y, Y_valid_len in data_iter() do
+    -- loss sums and token counts per piece of the batch (one piece without data_parallel)
+    local loss_sums, token_counts, num_steps = {}, {}, nil
+    for Xb, Xb_valid_len, Yb, Yb_valid_len in data_iter() do
       optimizer:zero_grad()
-      num_steps = Y:size(2)
-      local rows = Y:size(1)
-      if dp then
-        -- this rank's rows; the loss is a sum over rows, so the gradients add up over ranks
-        local first, last = dp:shard(rows)
-        rows = last - first + 1
-        if rows > 0 then
-          X, X_valid_len = X:narrow(1, first, rows), X_valid_len:narrow(1, first, rows)
-          Y, Y_valid_len = Y:narrow(1, first, rows), Y_valid_len:narrow(1, first, rows)
+      num_steps = Yb:size(2)
+      -- this rank's pieces of the batch (its rows, or its micro-shards under the ordered
+      -- reduction); the loss is a sum over rows, so the gradients add up over pieces and ranks
+      local pieces = dp and dp:micro_shards(Yb:size(1)) or { { index = 1, first = 1, last = Yb:size(1) } }
+      for _, piece in ipairs(pieces) do
+        local X, X_valid_len, Y, Y_valid_len = Xb, Xb_valid_len, Yb, Yb_valid_len
+        local rows = piece.last - piece.first + 1
+        if dp then
+          X, X_valid_len = X:narrow(1, piece.first, rows), X_valid_len:narrow(1, piece.first, rows)
+          Y, Y_valid_len = Y:narrow(1, piece.first, rows), Y_valid_len:narrow(1, piece.first, rows)
         end
-      end
-      if rows > 0 then
         local T = num_steps
         local dec_input = attn.full({ rows, 1 }, bos, Y:dtype())
         if T > 1 then dec_input = attn.cat({ dec_input, Y:narrow(2, 1, T - 1) }, 2) end
@@ -126,14 +127,17 @@ function M.train_seq2seq(net, data_iter, opts)
         local l = loss(Y_hat, Y, Y_valid_len)
         local lsum = l:sum()
         lsum:backward()
-        loss_sum = loss_sum + lsum:item()
-        tokens = tokens + total(Y_valid_len)
+        local k = piece.index
+        loss_sums[k] = (loss_sums[k] or 0) + lsum:item()
+        token_counts[k] = (token_counts[k] or 0) + total(Y_valid_len)
+        if dp then dp:stash_gradients(k) end
       end
       if dp then dp:sync_gradients({ op = "sum" }) end
       nn.clip_grad_norm(net:parameters(), clip)
       optimizer:step()
     end
-    if dp then loss_sum, tokens = require("attn.distributed").sum_numbers(loss_sum, tokens) end
+    local loss_sum, tokens = loss_sums[1] or 0, token_counts[1] or 0
+    if dp then loss_sum, tokens = dp:sum_numbers(loss_sums, token_counts) end
     local seconds = progress.clock() - t0
     local book = tokens > 0 and loss_sum / tokens or 0
     local record = {

@@ -41,6 +41,8 @@ function translation.options(epochs)
     { "dropout", "number", 0.1, "dropout probability of the model (the book's 0.1; 0 for runs that must match)" },
     { "distributed", "boolean", false, "train data-parallel over MPI: run under mpirun -np N (needs attn.mpi: make " ..
       "mpi); rank 1 prints and writes the outputs" },
+    { "shards", "integer", 4, "with --distributed: micro-shards per batch of the ordered reduction (the same " ..
+      "bits for any number of processes, up to this many); 0: each rank's rows and an allreduce" },
   }
 end
 
@@ -81,6 +83,17 @@ local function run_config(opts, model_meta)
     label_smoothing = opts.label_smoothing, dropout = tostring(opts.dropout) }
   for k, v in pairs(model_meta) do c["model." .. k] = tostring(v) end
   return c
+end
+
+-- The DataParallel of --distributed: ordered over --shards micro-shards, or (0) the allreduce.
+local function data_parallel(dist, net, opts)
+  if opts.shards < 0 then cli.fail("--shards must be >= 0, got " .. opts.shards) end
+  local N = dist.world_size()
+  if opts.shards > 0 and opts.shards < N and dist.is_root() then
+    io.stderr:write(string.format("--shards %d < %d processes: ranks %d..%d get no micro-shard and wait; pass " ..
+      "--shards %d (or a multiple of it)\n", opts.shards, N, opts.shards + 1, N, N))
+  end
+  return dist.DataParallel(net, { broadcast = false, shards = opts.shards > 0 and opts.shards or nil })
 end
 
 -- A real run (see RUN_OPTIONS): train or resume (or --load a run checkpoint),
@@ -131,7 +144,7 @@ local function real_run(spec, opts, model_meta, dist)
       valid_every = opts.valid_every, save_every = opts.save_every,
       max_steps = opts.max_steps > 0 and opts.max_steps or nil, out = opts.out, name = name, config = config,
       resume = ckpt, progress = root and not opts.quiet, log = say,
-      data_parallel = dist and dist.DataParallel(net, { broadcast = false }) or nil,
+      data_parallel = dist and data_parallel(dist, net, opts) or nil,
     })
     if not ok then
       if type(result) == "string" and result:find("does not fit", 1, true) then cli.fail(name .. ": " .. result) end
@@ -303,7 +316,7 @@ experiment = function(spec, opts, dist)
       lr = opts.lr, epochs = opts.epochs, tgt_vocab = tgt_vocab,
       progress = root and not opts.quiet and { label = spec.name } or false,
       on_epoch = function(_, rec) losses[#losses + 1] = rec.loss end,
-      data_parallel = dist and dist.DataParallel(net, { broadcast = false }) or nil,
+      data_parallel = dist and data_parallel(dist, net, opts) or nil,
     })
     if not root then return { opts = opts, net = net, history = history } end
     local last = history[#history]

@@ -15,10 +15,10 @@
 -- then one token per sample per call, each sample at its own position. Running past S without a
 -- window raises, naming the sizes.
 --
--- Attention runs on `attn.dot_product_attention` over (B * heads, N, head_dim) through one
--- internal function (`attend`): with num_kv_heads < num_heads, the query heads of one group
--- (consecutive, as Llama's repeat_kv: query head h uses key/value head ceil(h / group)) are
--- selected as strided views and attend over the same key/value rows, which are never copied.
+-- Attention runs on `attn.dot_product_attention` with heads as a dimension, (B, heads, N,
+-- head_dim), one kernel call through one internal function (`attend`): with num_kv_heads <
+-- num_heads, the kernel maps query head h to key/value head ceil(h / group) (consecutive, as
+-- Llama's repeat_kv), so the key/value rows (the cache's included) are never copied.
 -- @module attn.nn.decoder_only
 local attn = require "attn"
 local core = require "attn.core"
@@ -37,24 +37,24 @@ local M = {}
 
 -- ---------------------------------------------------------------- attention over grouped heads
 
--- Attention of q (B*H, Nq, dh) (batch-major heads) over k, v (B*Hkv, Nk, dh) (views allowed:
--- the cache's rows), H = Hkv * group. `o` holds the kernel's options (causal, window,
--- valid_lens (B*Hkv) tensor, dropout, training, need_weights). Returns (B*H, Nq, dh) and the
--- weights (B*H, Nq, Nk) or nil. The one place that knows how grouped-query attention is run:
--- when the kernel takes (B, H, N, d) with Hkv heads this becomes a single call.
+-- Attention of q (B*H, Nq, dh) (batch-major heads) over k, v (B*Hkv, Nk, dh) or
+-- (B, Hkv, Nk, dh) (views allowed: the cache's rows), H = Hkv * group, as one kernel call with
+-- heads as a dimension: grouped-query attention maps query head h to key/value head
+-- ceil(h / group) inside the kernel, and K and V are never copied. `o` holds the kernel's
+-- options (causal, window, valid_lens (B) per sample, dropout, training, need_weights).
+-- Returns (B*H, Nq, dh) and the weights (B*H, Nq, Nk) or nil.
 local function attend(q, k, v, group, o)
-  if group == 1 then return attn.dot_product_attention(q, k, v, o) end
   local BH, Nq, dh = q:size(1), q:size(2), q:size(3)
-  local rows = BH // group
-  -- (B*Hkv, group, Nq, dh): query head r of every group as a (B*Hkv, Nq, dh) strided view
-  local q4 = q:reshape({ rows, group, Nq, dh })
-  local outs, ws = {}, {}
-  for r = 1, group do
-    outs[r], ws[r] = attn.dot_product_attention(q4:select(2, r), k, v, o)
+  if k:dim() == 3 then
+    -- query row r (0-based, b*H + h) uses key/value row r // group (b*Hkv + h // group) whatever
+    -- the split of the rows into samples, so without per-sample options the rows go as
+    -- BH / group samples of `group` query heads over one key/value head each
+    k, v = k:reshape({ k:size(1), 1, k:size(2), dh }), v:reshape({ v:size(1), 1, v:size(2), v:size(3) })
   end
-  local out = attn.stack(outs, 2):reshape({ BH, Nq, dh })
-  local w = nil
-  if ws[1] ~= nil then w = attn.stack(ws, 2):reshape({ BH, Nq, k:size(2) }) end
+  local H = k:size(2) * group
+  local out, w = attn.dot_product_attention(q:reshape({ BH // H, H, Nq, dh }), k, v, o)
+  out = out:reshape({ BH, Nq, out:size(4) })
+  if w ~= nil then w = w:reshape({ BH, Nq, w:size(4) }) end
   return out, w
 end
 M._attend = attend
@@ -150,7 +150,7 @@ function CausalSelfAttention:forward(x, state)
     q, k = rotate(self, q, H, nil), rotate(self, k, Hkv, nil)
     o.causal = true
     if self.window then o.window = self.window - 1 end
-    out, w = attend(q, k, v, group, o)
+    out, w = attend(q, k:reshape({ B, Hkv, N, self.head_dim }), v:reshape({ B, Hkv, N, self.head_dim }), group, o)
     if state.k ~= nil then -- prefill: each sample's real positions (the last S of them)
       local S = state.k:size(2)
       for b = 1, B do
@@ -173,12 +173,14 @@ function CausalSelfAttention:forward(x, state)
       local rows = (b - 1) * Hkv + 1
       write_slots(core.narrow(state.k, 1, rows, Hkv), core.narrow(k, 1, rows, Hkv), 0, pos[b], 1)
       write_slots(core.narrow(state.v, 1, rows, Hkv), core.narrow(v, 1, rows, Hkv), 0, pos[b], 1)
-      local n = math.min(pos[b] + 1, S)
-      for _ = 1, Hkv do lens[#lens + 1] = n end
-      if n > filled then filled = n end
+      lens[b] = math.min(pos[b] + 1, S)
+      if lens[b] > filled then filled = lens[b] end
     end
-    o.valid_lens = attn.tensor(lens, x:dtype())
-    out, w = attend(q, state.k:narrow(2, 1, filled), state.v:narrow(2, 1, filled), group, o)
+    o.valid_lens = attn.tensor(lens, x:dtype()) -- (per sample: every head of it)
+    -- the filled slots of the cache as (B, Hkv, filled, head_dim) views
+    local ck = state.k:reshape({ B, Hkv, S, self.head_dim }):narrow(3, 1, filled)
+    local cv = state.v:reshape({ B, Hkv, S, self.head_dim }):narrow(3, 1, filled)
+    out, w = attend(q, ck, cv, group, o)
   end
   if keep and w ~= nil then
     rawget(self, "_attrs").attention_weights = w:detach():reshape({ B, H, N, w:size(3) })

@@ -37,15 +37,15 @@
 -- diagonal, 0 elsewhere) raises. A causal attn_mask runs as the kernels'
 -- `causal` option (no mask tensor is read), with or without the hint.
 --
--- **Kernels.** Removal-only masks (boolean, or float masks of 0 and -inf
--- only) run on the fused multi-head kernel (attn.attention
--- `_multi_head_attention`, C `mha_forward`) as keep-masks: attn_mask as the
--- caller passed it ((L, S) or (N*H, L, S)), key_padding_mask as (N*H, 1, S);
--- only both together with a 2-D attn_mask build one (N*H, L, S) mask. A mask
--- with finite nonzero entries (a real additive bias) runs the composed path:
--- the projections, scores = q k^T / sqrt(head_dim) + mask, then the engine's
--- scores kernel (masked softmax, dropout, weights @ v) and out_proj: the fused
--- kernels have no additive-bias input yet.
+-- **Kernels.** Every mask runs on the fused multi-head kernel (attn.attention
+-- `_multi_head_attention`, C `mha_forward`). Removal parts (boolean 1s, float
+-- -inf) are keep-masks: attn_mask as the caller passed it ((L, S) or
+-- (N*H, L, S)), key_padding_mask as (N*H, 1, S); only both together with a
+-- 2-D attn_mask build one (N*H, L, S) mask. Finite additive parts are the
+-- kernel's `bias`, read through its strides with no copy per head: an (L, S)
+-- attn_mask broadcasts over samples and heads, key_padding_mask as
+-- (N, 1, 1, S); only both together are summed, into (N, 1, L, S) (or
+-- (N, H, L, S) for a per-head attn_mask, which the caller passed whole).
 --
 -- **Weights.** need_weights (default true) returns the softmax weights
 -- averaged over the heads, (N, L, S), or per head, (N, H, L, S), with
@@ -125,6 +125,18 @@ local function keep_masks(r_attn, r_kpm, is_causal, N, H, L, S, dtype)
     removed = removed and core.maximum(removed, per_head) or per_head
   end
   return removed and core.sub(1, removed) or nil, causal
+end
+
+-- The kernel's additive bias for the additive parts a_attn ((L, S) or (N*H, L, S)) and a_kpm
+-- ((N, S)), or nil: each as the caller passed it, broadcast by its strides over the (N*H) rows
+-- (the kernel's `heads`): (L, S) over samples and heads, key_padding_mask as (N, 1, 1, S). Only
+-- both together are summed, into (N, 1, L, S) (or (N, H, L, S) for a per-head attn_mask).
+local function additive_bias(a_attn, a_kpm, N, H, L, S)
+  local kpm = a_kpm and core.reshape(a_kpm, N, 1, 1, S)
+  if a_attn == nil then return kpm end
+  if kpm == nil then return a_attn end
+  if core.dim(a_attn) == 3 then return core.add(core.reshape(a_attn, N, H, L, S), kpm) end
+  return core.add(core.reshape(a_attn, 1, 1, L, S), kpm)
 end
 
 -- ---------------------------------------------------------------- MultiheadAttention
@@ -304,13 +316,9 @@ function MultiheadAttention:forward(query, key, value, opts)
     need_weights = need_weights }
   local Wq, Wk, Wv, bq, bk, bv = projections(self)
   local out_proj = self.out_proj
-  local out, w
-  if a_attn == nil and a_kpm == nil then
-    out, w = attention._multi_head_attention(q, k, v, H, { W_q = Wq, W_k = Wk, W_v = Wv, W_o = out_proj.weight,
-      b_q = bq, b_k = bk, b_v = bv, b_o = out_proj.bias }, kopts)
-  else
-    out, w = self:_composed(q, k, v, { Wq, Wk, Wv, bq, bk, bv }, a_attn, a_kpm, kopts)
-  end
+  kopts.bias = additive_bias(a_attn, a_kpm, N, H, L, S)
+  local out, w = attention._multi_head_attention(q, k, v, H, { W_q = Wq, W_k = Wk, W_v = Wv, W_o = out_proj.weight,
+    b_q = bq, b_k = bk, b_v = bv, b_o = out_proj.bias }, kopts)
   if batched and not self.batch_first then
     out = out:transpose(1, 2)
   elseif not batched then
@@ -321,24 +329,6 @@ function MultiheadAttention:forward(query, key, value, opts)
   if opts.average_attn_weights ~= false then w = w:sum(2) / H end -- PyTorch's sum(dim=1) / num_heads
   if not batched then w = w:squeeze(1) end
   return out, w
-end
-
--- The composed path (an additive mask): projections, scores + the additive parts, the engine's
--- masked softmax / dropout / weighted sum over the scores (keep-masks and causal in kopts), heads
--- merged, out_proj. q (N, L, E), k (N, S, kdim), v (N, S, vdim); a_attn (L, S) or (N*H, L, S),
--- a_kpm (N, S), either nil.
-function MultiheadAttention:_composed(q, k, v, p, a_attn, a_kpm, kopts)
-  local N, L, S, H = core.size(q, 1), core.size(q, 2), core.size(k, 2), self.num_heads
-  local qh = attn.split_heads(linear.linear(q, p[1], p[4]), H)
-  local kh = attn.split_heads(linear.linear(k, p[2], p[5]), H)
-  local vh = attn.split_heads(linear.linear(v, p[3], p[6]), H)
-  local scores = attn.matmul(qh, kh:transpose(2, 3)) * (1 / math.sqrt(self.head_dim))
-  if a_attn ~= nil then scores = scores + a_attn end
-  if a_kpm ~= nil then
-    scores = (scores:reshape({ N, H, L, S }) + core.reshape(a_kpm, N, 1, 1, S)):reshape({ N * H, L, S })
-  end
-  local out, w = attention._attend_scores(WHO, scores, vh, kopts)
-  return linear.linear(attn.merge_heads(out, H), self.out_proj.weight, self.out_proj.bias), w
 end
 
 function MultiheadAttention:extra_repr()
