@@ -245,7 +245,7 @@ local ROWS = {
     name = "nn.MultiHeadAttention",
     build = function(dtype, case)
       local m = nn.MultiHeadAttention { key_size = 3, query_size = 5, value_size = 4, num_hiddens = 6, num_heads = 3,
-        dropout = 0.25, bias = case.bias }
+        dropout = 0.25, bias = case.bias, rope = case.rope, num_kv_heads = case.kv }
       if case.replace then m.W_q = nn.Sequential(nn.Linear(5, 6)) end
       return mode(m:to(dtype), case)
     end,
@@ -261,6 +261,8 @@ local ROWS = {
       { "eval, lengths per sample, biases", lens = { 3, 5 }, bias = true, eligible = true },
       { "training with dropout, causal", train = true, causal = true, eligible = true },
       { "a replaced W_q (a Sequential)", replace = true, lens = { 3, 5 }, eligible = false },
+      { "rope (the node has none)", rope = true, lens = { 3, 5 }, eligible = false },
+      { "one key/value head (num_kv_heads = 1)", kv = 1, train = true, causal = true, eligible = false },
     },
   },
   {
