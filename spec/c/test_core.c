@@ -1328,6 +1328,56 @@ static void test_attention_heads_bias(void) {
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) attn_tensor_free(all[i]);
 }
 
+/* RMSNorm (the LayerNorm kernels without the centring): forward against its formula, dx and
+ * dweight against central differences of sum(g * y). */
+static double rms_loss(const double *X, const double *W, const double *G, double eps) {
+  double total = 0;
+  for (int r = 0; r < 2; r++) {
+    double ms = 0;
+    for (int j = 0; j < 4; j++) ms += X[r * 4 + j] * X[r * 4 + j] / 4;
+    for (int j = 0; j < 4; j++) total += G[r * 4 + j] * X[r * 4 + j] / sqrt(ms + eps) * W[j];
+  }
+  return total;
+}
+
+static void test_rms_norm(void) {
+  int64_t sx[2] = {2, 4}, sw[1] = {4};
+  attn_tensor x, w, out, g, dx, dw, saved;
+  attn_tensor_init(&x, ATTN_F64, 2, sx), attn_tensor_init(&w, ATTN_F64, 1, sw), attn_tensor_init(&out, ATTN_F64, 2, sx);
+  attn_tensor_init(&g, ATTN_F64, 2, sx), attn_tensor_init(&dx, ATTN_F64, 2, sx), attn_tensor_init(&dw, ATTN_F64, 1, sw);
+  attn_saved_layout l;
+  attn_layer_norm_saved_layout(2, &l);
+  attn_tensor_init(&saved, ATTN_F64, 1, &l.numel);
+  double *X = attn_tensor_data(&x), *W = attn_tensor_data(&w), *G = attn_tensor_data(&g);
+  for (int i = 0; i < 8; i++) X[i] = sin(1.7 * i) * 2 + 0.5, G[i] = cos(0.9 * i);
+  for (int j = 0; j < 4; j++) W[j] = 0.5 + 0.25 * j;
+  CHECK(attn_rms_norm_forward(&x, 4, &w, 1e-3, &out, &saved) == ATTN_OK, "rms_norm: %s", attn_last_error());
+  double err = 0;
+  const double *O = attn_tensor_data(&out);
+  for (int r = 0; r < 2; r++) {
+    double ms = 0;
+    for (int j = 0; j < 4; j++) ms += X[r * 4 + j] * X[r * 4 + j] / 4;
+    for (int j = 0; j < 4; j++) err = fmax(err, fabs(O[r * 4 + j] - X[r * 4 + j] / sqrt(ms + 1e-3) * W[j]));
+  }
+  CHECK(err < 1e-14, "rms_norm off its formula by %g", err);
+  CHECK(attn_rms_norm_backward(&x, 4, &w, &saved, &g, &dx, &dw) == ATTN_OK, "rms_norm backward: %s",
+        attn_last_error());
+  double gerr = 0, *ops[2] = {X, W}, *grads[2] = {attn_tensor_data(&dx), attn_tensor_data(&dw)};
+  for (int a = 0; a < 2; a++)
+    for (int i = 0; i < (a ? 4 : 8); i++) {
+      double keep = ops[a][i];
+      ops[a][i] = keep + 1e-6;
+      double up = rms_loss(X, W, G, 1e-3);
+      ops[a][i] = keep - 1e-6;
+      double down = rms_loss(X, W, G, 1e-3);
+      ops[a][i] = keep;
+      gerr = fmax(gerr, fabs((up - down) / 2e-6 - grads[a][i]));
+    }
+  CHECK(gerr < 1e-8, "rms_norm gradients off central differences by %g", gerr);
+  attn_tensor *all[7] = {&x, &w, &out, &g, &dx, &dw, &saved};
+  for (int i = 0; i < 7; i++) attn_tensor_free(all[i]);
+}
+
 int main(void) {
   test_allocator();
   test_views_and_errors();
@@ -1351,6 +1401,7 @@ int main(void) {
   test_conv_and_pool();
   test_linear_attention();
   test_rope();
+  test_rms_norm();
   attn_alloc_empty_cache();
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;

@@ -278,6 +278,18 @@ local ROWS = {
     },
   },
   {
+    name = "nn.RMSNorm",
+    build = function(dtype, case)
+      local m = nn.RMSNorm(4, { dtype = dtype, eps = case.eps, elementwise_affine = case.affine })
+      return randomize(m, 1)
+    end,
+    inputs = function(dtype) return { (attn.randn({ 5, 3, 4 }, dtype) * 3 + 1):requires_grad_() } end,
+    cases = {
+      { "affine, eps 1e-5", eps = 1e-5, eligible = true },
+      { "without a weight, the dtype's eps", affine = false, eligible = true },
+    },
+  },
+  {
     name = "nn.AddNorm",
     build = function(dtype, case)
       local m = randomize(transformer.AddNorm(4, 0.2):to(dtype), 1)
