@@ -266,6 +266,38 @@ train_row("train_transformer", "Transformer training step (d2l 11.7)",
     nn.TransformerDecoder(VOCAB, 32, 32, 32, 32, { 32 }, 32, 64, 4, 2, 0.2)),
   "batch 64 x 10, 32 hidden, 4 heads, FFN 64, 2 blocks", case("transformer", { ffn = 64, heads = 4 }))
 
+-- Issue 25: the medium Transformer step and the book's with the whole fra-eng file's vocabularies
+-- (bench/medium_bench.lua builds them), one and two threads, each with its matmul FLOPs over the
+-- same-run sgemm rate (the GEMM bound's share); one-thread rows beside PyTorch 1.13.
+for _, which in ipairs { "medium", "book_full" } do
+  local id1 = "issue25_" .. which
+  if not CONV_ONLY and not (ROW_PATTERN and not id1:find(ROW_PATTERN)) then
+    local mb = dofile("bench/medium_bench.lua")
+    local c = mb.cases[which]
+    local size = string.format("batch %d x %d, %d hidden, %d heads, FFN %d, %d+%d blocks, vocab %d/%d", c.batch,
+      c.steps, c.h, c.heads, c.ffn, c.layers, c.layers, mb.SRC_VOCAB, mb.TGT_VOCAB)
+    local flops = mb.flops(c)
+    local A, Wt = attn.randn { c.batch * c.steps, c.h }, attn.randn { mb.TGT_VOCAB, c.h }:t()
+    for _, threads in ipairs { 1, 2 } do
+      attn.set_num_threads(threads)
+      local step = mb.case(c)
+      local t = per_call(step, threads, 3)
+      local g = per_call(function() attn.matmul(A, Wt) end, threads, 0.5)
+      local rate = 2 * c.batch * c.steps * c.h * mb.TGT_VOCAB / g
+      local r = add { id = id1 .. "_t" .. threads, size = size, threads = threads,
+        what = "Transformer training step (" .. which .. "; % is of its GEMM bound)", seconds = t,
+        gflops = flops / t / 1e9, pct = 100 * flops / rate / t }
+      if threads == 1 then
+        torch_cases[#torch_cases + 1] = { id = r.id, kind = "transformer", rows = { time = r }, budget = 3,
+          batch = c.batch, steps = c.steps, vocab = mb.TGT_VOCAB, src_vocab = mb.SRC_VOCAB, hidden = c.h,
+          ffn = c.ffn, heads = c.heads, layers = c.layers }
+      end
+      io.stderr:write(string.format("  %-40s %10.3f s, %.0f%% of the GEMM bound\n", r.id, t, r.pct))
+    end
+    attn.set_num_threads(1)
+  end
+end
+
 do -- the GRU encoder alone, forward + backward (embedding 32, 2 x 32, dropout 0.1)
   local emb, rnn = nn.Embedding(VOCAB, 32), nn.GRU { input_size = 32, num_hiddens = 32, num_layers = 2, dropout = 0.1 }
   rnn:train()

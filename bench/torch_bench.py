@@ -226,7 +226,7 @@ def train_step(model, opt, batch):
 def batch_of(c):
     g = torch.Generator().manual_seed(1)
     B, T, V = c["batch"], c["steps"], c["vocab"]
-    src = torch.randint(4, V, (B, T), generator=g)
+    src = torch.randint(4, c.get("src_vocab", V), (B, T), generator=g)
     dec = torch.randint(4, V, (B, T), generator=g)
     lens = torch.randint(2, T + 1, (B,), generator=g)
     return src, lens, dec, dec, lens
@@ -305,7 +305,8 @@ def run_case(c, budget):
         opt = torch.optim.Adam(model.parameters(), lr=0.005)
         return {"time": best_time(train_step(model, opt, batch), budget)}
     if kind == "transformer":
-        model = Transformer(c["vocab"], c["vocab"], c["hidden"], c["ffn"], c["heads"], c["layers"], 0.2)
+        model = Transformer(c.get("src_vocab", c["vocab"]), c["vocab"], c["hidden"], c["ffn"], c["heads"],
+                            c["layers"], 0.2)
         batch = batch_of(c)
         model(*batch[:3])
         opt = torch.optim.Adam(model.parameters(), lr=0.005)

@@ -25,6 +25,25 @@
 -- is exactly 0, so treating it as constant loses nothing (spec/attention/linear_spec.lua checks
 -- both). Features are made by composed tensor ops (O(N m) memory), the last step by the
 -- linear-attention kernel with the identity feature map.
+--
+-- **Nystromformer** (Xiong et al. 2021, arXiv:2102.03902, as its reference code mlpen/Nystromformer
+-- `attention_nystrom.py`): queries and keys scaled by d^(-1/4) each, the sequence of N positions cut
+-- into m equal segments (N must be divisible by m; the reference code reshapes and has no padding)
+-- whose means are the landmarks Q~, K~ (m, d); then three softmax kernels
+--
+--     F = softmax(Q K~^T / sqrt(d)) (N, m),  A = softmax(Q~ K~^T / sqrt(d)) (m, m),
+--     B = softmax(Q~ K^T / sqrt(d)) (m, N),   out = (F A^+) (B V)
+--
+-- with A^+ by the iterative Moore-Penrose method of Razavi et al. 2014 the paper uses:
+-- Z_0 = A^T / max_j sum_i A_ij, Z_{t+1} = Z_t/4 (13 I - A Z_t (15 I - A Z_t (7 I - A Z_t))).
+-- The paper writes Z_0 = A^T / (||A||_1 ||A||_inf); A is row-stochastic, so ||A||_inf = 1 and its
+-- ||A||_1 (largest column sum) is what the code divides by. The maximum is per (batch, head) item
+-- (the code's option other than "original", and the paper's formula); `pinv_init = "batch"` takes
+-- it over the whole batch and every head as the code's default "original" does (one item's output
+-- then depends on the others). Composed from tensor ops, so differentiable by autograd; cost
+-- O(N m (d + dv) + iters m^3) per item and nothing N x N. The reference code switches to plain
+-- softmax attention when m = N; this always computes the formula, which at m = N (landmarks = the
+-- tokens, F = A = B) equals softmax attention as far as the iteration has converged.
 -- @module attn.efficient
 local core = require "attn.core"
 local autograd = require "attn.autograd"
@@ -206,6 +225,138 @@ function M.performer_attention(Q, K, V, opts)
   local a, c = favor(q, W, true), favor(k, W, false)
   if o.kernel == "reference" then return unflat(reference(a, c, v, causal, eps), lead) end
   return unflat(kernel(fn, a, c, v, causal, eps, "identity"), lead)
+end
+
+-- ---------------------------------------------------------------- Nystromformer
+
+--- The iterative Moore-Penrose pseudo-inverse of Nystromformer (Razavi et al. 2014) of each
+-- (m, m) matrix of A (B, m, m) whose rows sum to 1 (softmax rows): Z_0 = A^T / c with c the
+-- largest column sum of the item (`init` "item") or of the whole batch ("batch"), then `iters`
+-- steps Z <- Z/4 (13 I - A Z (15 I - A Z (7 I - A Z))). Differentiable, c included (as the
+-- reference code's torch.max).
+-- @tparam Tensor A (B, m, m)
+-- @tparam[opt=6] integer iters
+-- @tparam[opt="item"] string init "item" or "batch"
+-- @treturn Tensor (B, m, m)
+-- @usage local Z = attn.nystrom_pinv(A, 6)
+function M.nystrom_pinv(A, iters, init)
+  local fn = "nystrom_pinv"
+  check.tensor(fn, "A", A, 3, "(B, m, m)")
+  if A:size(2) ~= A:size(3) then error(string.format("%s: A %s must be (B, m, m)", fn, shape_str(A)), 2) end
+  iters = check.positive_int(fn, "iters", iters or 6)
+  init = init or "item"
+  local colsum = A:sum(2, true) -- (B, 1, m)
+  local c
+  if init == "item" then
+    c = (colsum:max(3, true)) -- (B, 1, 1)
+  elseif init == "batch" then
+    c = colsum:max() -- one number
+  else
+    error(string.format("%s: pinv_init must be \"item\" or \"batch\", got %s", fn, tostring(init)), 2)
+  end
+  local m = A:size(2)
+  local I = core.eye(m, m, A:dtype())
+  local Z = A:transpose(2, 3) / c
+  for _ = 1, iters do
+    local AZ = A:matmul(Z)
+    Z = (Z * 0.25):matmul(I * 13 - AZ:matmul(I * 15 - AZ:matmul(I * 7 - AZ)))
+  end
+  return Z
+end
+
+-- valid_lens for n flat items of `heads` heads each: (B) as a table of n lengths (each repeated
+-- per head), or nil.
+local function item_lens(fn, lens, items, heads)
+  if lens == nil then return nil end
+  local t = lens
+  if getmetatable(lens) == core.metatable then
+    if lens:dim() ~= 1 then
+      error(string.format("%s: valid_lens %s must be (B), one length per sequence (per-query lengths would make "
+        .. "landmarks mix masked and unmasked queries)", fn, shape_str(lens)), 4)
+    end
+    t = lens:totable()
+  elseif type(lens) ~= "table" then
+    error(string.format("%s: valid_lens must be a tensor or table (B), got a %s", fn, type(lens)), 4)
+  end
+  if #t * heads ~= items then
+    error(string.format("%s: valid_lens has %d entries for a batch of %d", fn, #t, items // heads), 4)
+  end
+  local out = {}
+  for b = 1, #t do
+    local n = t[b]
+    if type(n) ~= "number" or n < 0 or n ~= math.floor(n) then
+      error(string.format("%s: valid_lens[%d] must be an integer >= 0, got %s", fn, b, tostring(n)), 4)
+    end
+    for _ = 1, heads do out[#out + 1] = math.tointeger(n) end
+  end
+  return out
+end
+
+local nystrom_options = { landmarks = true, pinv_iters = true, pinv_init = true, conv = true, valid_lens = true }
+
+--- Nystromformer attention (see the module comment): landmarks by segment means, three softmax
+-- kernels, the iterative pseudo-inverse, out = (F A^+) (B V), plus an optional depthwise
+-- convolution of the values along the sequence (the reference code's `conv_kernel_size` skip).
+-- @tparam Tensor Q (B, N, d) or (B, H, N, d)
+-- @tparam Tensor K (B, N, d) or (B, H, N, d) (as many positions as Q: one sequence)
+-- @tparam Tensor V (B, N, dv) or (B, H, N, dv)
+-- @tparam table opts `landmarks` (m, required, 1 <= m <= N, N divisible by m), `pinv_iters`
+--   (default 6), `pinv_init` ("item", default, or "batch": see the module comment), `conv`
+--   (weight (H, 1, ks, 1), ks odd, H = 1 for 3-D inputs: adds conv2d(V, weight, padding
+--   (ks // 2, 0), groups H), PyTorch's Conv2d layout as the reference code), `valid_lens` ((B)
+--   lengths, shared by the heads: as the reference code's mask, queries and keys past the length
+--   are zeroed before the landmarks, those keys get weight 0 in B, and those values are zeroed
+--   for the convolution; the outputs at those positions are not meaningful)
+-- @treturn Tensor (B, N, dv) or (B, H, N, dv)
+-- @usage local out = attn.nystrom_attention(q, k, v, { landmarks = 8 })
+function M.nystrom_attention(Q, K, V, opts)
+  local fn = "nystrom_attention"
+  local o = check.options(fn, opts, nystrom_options)
+  local q, k, v, lead = operands(fn, Q, K, V)
+  local items, n, d = q:size(1), q:size(2), q:size(3)
+  if k:size(1) ~= items or k:size(2) ~= n or k:size(3) ~= d or v:size(1) ~= items or v:size(2) ~= n then
+    error(string.format("%s: queries %s, keys %s and values %s must be (B, N, d), (B, N, d) and (B, N, dv): "
+      .. "one sequence of N positions", fn, shape_str(Q), shape_str(K), shape_str(V)), 2)
+  end
+  local m = o.landmarks
+  if math.type(m) ~= "integer" or m < 1 or m > n then
+    error(string.format("%s: landmarks must be an integer in 1..N = %d, got %s", fn, n, tostring(m)), 2)
+  end
+  if n % m ~= 0 then
+    error(string.format("%s: sequence length N = %d is not divisible by landmarks m = %d", fn, n, m), 2)
+  end
+  local iters = check.positive_int(fn, "pinv_iters", o.pinv_iters or 6)
+  if o.pinv_init ~= nil and o.pinv_init ~= "item" and o.pinv_init ~= "batch" then
+    error(string.format("%s: pinv_init must be \"item\" or \"batch\", got %s", fn, tostring(o.pinv_init)), 2)
+  end
+  local heads = lead and lead[2] or 1
+  local lens = item_lens(fn, o.valid_lens, items, heads)
+  local w = o.conv
+  if w ~= nil then
+    check.tensor(fn, "conv", w, nil, "(H, 1, ks, 1)", 3)
+    if w:dim() ~= 4 or w:size(1) ~= heads or w:size(2) ~= 1 or w:size(4) ~= 1 or w:size(3) % 2 == 0 then
+      error(string.format("%s: conv %s must be (H, 1, ks, 1) with H = %d heads and ks odd", fn, shape_str(w), heads), 2)
+    end
+  end
+  local attention = require "attn.attention"
+  local scale = d ^ -0.25 -- on Q and on K, as the reference code
+  local qs, ks = q * scale, k * scale
+  if lens then qs, ks = attention.sequence_mask(qs, lens), attention.sequence_mask(ks, lens) end
+  local ql = qs:reshape(items, m, n // m, d):mean(3) -- (items, m, d)
+  local kl = ks:reshape(items, m, n // m, d):mean(3)
+  local F = qs:matmul(kl:transpose(2, 3)):softmax(-1) -- (items, N, m)
+  local A = ql:matmul(kl:transpose(2, 3)):softmax(-1) -- (items, m, m)
+  local Bs = ql:matmul(ks:transpose(2, 3)) -- (items, m, N)
+  Bs = lens and attention.masked_softmax(Bs, lens) or Bs:softmax(-1)
+  local out = F:matmul(M.nystrom_pinv(A, iters, o.pinv_init)):matmul(Bs:matmul(v))
+  if w ~= nil then
+    local vm = lens and attention.sequence_mask(v, lens) or v
+    local ksz = w:size(3)
+    local v4 = vm:reshape(items // heads, heads, n, v:size(3))
+    local conv = require("attn.nn.conv").conv2d(v4, w, nil, { padding = { ksz // 2, 0 }, groups = heads })
+    out = out + conv:reshape(items, n, v:size(3))
+  end
+  return unflat(out, lead)
 end
 
 return M

@@ -455,7 +455,8 @@ local function_modules = {
     "bilinear_scores", "additive_attention", "projected_additive_attention", "split_heads", "merge_heads",
     "multi_head_attention", "positional_encoding", "alibi_slopes" },
   ["attn.rope"] = { "rope" },
-  ["attn.efficient"] = { "linear_attention", "performer_attention", "performer_features" },
+  ["attn.efficient"] = { "linear_attention", "performer_attention", "performer_features", "nystrom_attention",
+    "nystrom_pinv" },
 }
 local module_of = {}
 for modname, names in pairs(function_modules) do

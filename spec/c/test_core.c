@@ -980,6 +980,25 @@ static void test_optim_and_loss(void) {
       CHECK(fabs(dd[3 * r + c] - grad) < 1e-12, "ce grad %d,%d: %.17g vs %.17g", r, c, dd[3 * r + c], grad);
     }
   }
+  /* label smoothing eps: (1 - eps) * nll + eps * -mean log p; dx = p - (1 - eps) onehot - eps / 3 */
+  const double eps = 0.2;
+  CHECK(attn_softmax_ce_smoothed_forward(&x, &idx, &valid, 2, eps, &loss, &stats, &count) == ATTN_OK,
+        "smoothed ce forward: %s", attn_last_error());
+  CHECK(attn_softmax_ce_smoothed_backward(&x, &idx, &valid, 2, eps, &stats, &dloss, &dx) == ATTN_OK,
+        "smoothed ce backward: %s", attn_last_error());
+  for (int r = 0; r < 4; r++) {
+    int counts = r != 1;
+    double lse = log(exp(xd[3 * r]) + exp(xd[3 * r + 1]) + exp(xd[3 * r + 2]));
+    double mean_logp = (xd[3 * r] + xd[3 * r + 1] + xd[3 * r + 2]) / 3 - lse;
+    double expect = counts ? (1 - eps) * (lse - xd[3 * r + id[r]]) - eps * mean_logp : 0;
+    CHECK(fabs(ld[r] - expect) < 1e-12, "smoothed ce row %d: %.17g vs %.17g", r, ld[r], expect);
+    for (int c = 0; c < 3; c++) {
+      double grad = counts ? exp(xd[3 * r + c] - lse) - (1 - eps) * (c == id[r]) - eps / 3 : 0;
+      CHECK(fabs(dd[3 * r + c] - grad) < 1e-12, "smoothed ce grad %d,%d: %.17g vs %.17g", r, c, dd[3 * r + c], grad);
+    }
+  }
+  CHECK(attn_softmax_ce_smoothed_forward(&x, &idx, NULL, 0, 1.5, &loss, &stats, &count) == ATTN_ERR_ARG,
+        "smoothing 1.5 refused");
   id[2] = 3;
   CHECK(attn_softmax_ce_forward(&x, &idx, NULL, 0, &loss, &stats, &count) == ATTN_ERR_ARG, "id 3 of 3 refused");
   CHECK(strstr(attn_last_error(), "index 3 at row 3 is out of range 0..2") != NULL, "message: %s", attn_last_error());

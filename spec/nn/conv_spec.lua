@@ -104,6 +104,26 @@ describe("nn.conv2d", function()
     end
   end)
 
+  it("has float32's one-image products (the engine's kernel) match the reference path, every case and a wide row",
+    function()
+      attn.manual_seed(7)
+      local all = helper.with(cases, {}) -- plus rows of 19 and 20 outputs (copies of 32 bytes with a tail)
+      all[#all + 1] = { x = { 3, 3, 5, 21 }, w = { 5, 3, 3, 3 }, o = { padding = 1 } }
+      all[#all + 1] = { x = { 2, 4, 4, 22 }, w = { 6, 2, 3, 3 }, o = { groups = 2 } }
+      for _, case in ipairs(all) do
+        local res = {}
+        for _, kernel in ipairs { "auto", "reference" } do
+          attn.manual_seed(8)
+          local x, w, b = attn.randn(case.x):requires_grad_(), attn.randn(case.w):requires_grad_(),
+            attn.randn({ case.w[1] }):requires_grad_()
+          local y = nn.conv2d(x, w, b, with_kernel(case.o, kernel))
+          y:backward(attn.randn(y:shape()))
+          res[kernel] = { y, x.grad, w.grad, b.grad }
+        end
+        for i = 1, 4 do assert.close(res.auto[i], res.reference[i], { atol = 2e-5, rtol = 1e-5 }) end
+      end
+    end)
+
   it("runs float32 to float32 rounding of the float64 result, forward and backward", function()
     attn.manual_seed(5)
     local x, w, b = attn.randn({ 3, 4, 9, 8 }), attn.randn({ 6, 2, 3, 3 }), attn.randn({ 6 })

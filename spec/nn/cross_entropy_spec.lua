@@ -228,7 +228,7 @@ describe("nn.CrossEntropyLoss on PyTorch's layout", function()
       { helper.param({ 2, 3, 4 }) })
   end)
 
-  it("runs the fused kernel for class ids without label smoothing (weights and ignore_index too)", function()
+  it("runs the fused kernel for class ids (weights, ignore_index, label smoothing without weights)", function()
     local core = attn.core
     local real, calls = core.softmax_ce_forward, 0
     core.softmax_ce_forward = function(...)
@@ -241,8 +241,10 @@ describe("nn.CrossEntropyLoss on PyTorch's layout", function()
       nn.CrossEntropyLoss()(x, ids)
       nn.CrossEntropyLoss { weight = attn.ones({ 5 }), ignore_index = 2 }(x, ids)
       assert.equal(2, calls)
-      nn.CrossEntropyLoss { label_smoothing = 0.1 }(x, ids) -- the composed path
-      assert.equal(2, calls)
+      nn.CrossEntropyLoss { label_smoothing = 0.1 }(x, ids)
+      assert.equal(3, calls)
+      nn.CrossEntropyLoss { label_smoothing = 0.1, weight = attn.ones({ 5 }) }(x, ids) -- the composed path
+      assert.equal(3, calls)
     end)
     core.softmax_ce_forward = real
     assert(ok, err)

@@ -1,6 +1,7 @@
 -- attn.nn.efficient: Linformer against its formula in plain loops, gradients by finite
 -- differences, the `attention` option of nn.MultiHeadAttention and TransformerEncoderBlock
--- (same weights: the same numbers as the functions they name), Performer's redraw, bad input.
+-- (same weights: the same numbers as the functions they name), Nystromformer's convolution and
+-- lengths, Performer's redraw, bad input.
 local attn = require "attn"
 local nn = attn.nn
 local helper = require "helper"
@@ -71,6 +72,9 @@ describe("attn.nn.efficient", function()
       { { "linear", causal = true }, attn.linear_attention(q, k, v, { causal = true }) },
       { { "window", window = 2 }, (attn.dot_product_attention(q, k, v, { window = 2 })) },
       { "full", (attn.dot_product_attention(q, k, v)) },
+      { { "nystrom", landmarks = 5 }, attn.nystrom_attention(q, k, v, { landmarks = 5 }) },
+      { { "nystrom", landmarks = 2, pinv_iters = 3, pinv_init = "batch" },
+        attn.nystrom_attention(q, k, v, { landmarks = 2, pinv_iters = 3, pinv_init = "batch" }) },
     }
     for _, c in ipairs(cases) do
       local m = nn.MultiHeadAttention { key_size = 8, query_size = 8, value_size = 8, num_hiddens = 8, num_heads = 2,
@@ -86,6 +90,24 @@ describe("attn.nn.efficient", function()
     assert.are.same({ 16, 4 }, W:shape())
     helper.assert_close(m(x, x, x), m.W_o(attn.merge_heads(attn.performer_attention(heads(m.W_q(x)), heads(m.W_k(x)),
       heads(m.W_v(x)), { features = W }), 2)), { atol = 1e-12, rtol = 0 })
+  end)
+
+  it("Nystromformer's convolution and lengths reach attn.nystrom_attention per sample and head", function()
+    attn.manual_seed(4)
+    local x = attn.randn({ 2, 6, 8 }, "float64")
+    local m = nn.MultiHeadAttention { key_size = 8, query_size = 8, value_size = 8, num_hiddens = 8, num_heads = 2,
+      attention = { "nystrom", landmarks = 3, conv_kernel_size = 3 } }
+    m:to("float64")
+    local conv = m.efficient.conv
+    assert.are.same({ 2, 1, 3, 1 }, conv:shape())
+    assert.is_true(m:state_dict()["efficient.conv"] ~= nil)
+    local function heads(t) return attn.split_heads(t, 2):reshape(2, 2, 6, 4) end
+    local expected = attn.nystrom_attention(heads(m.W_q(x)), heads(m.W_k(x)), heads(m.W_v(x)),
+      { landmarks = 3, conv = conv, valid_lens = { 4, 6 } })
+    helper.assert_close(m(x, x, x, attn.tensor { 4, 6 }), m.W_o(attn.merge_heads(expected:reshape(4, 6, 4), 2)),
+      { atol = 1e-12, rtol = 0 })
+    m(x, x, x):sum():backward()
+    assert.is_true(conv.grad:abs():max():item() > 0)
   end)
 
   it("a TransformerEncoderBlock switches its self-attention by one option", function()
@@ -124,9 +146,16 @@ describe("attn.nn.efficient", function()
     raises(function() l(attn.randn({ 2, 10, 8 })) end,
       "LinformerAttention: input [2x10x8] must be (B, seq_len, dim) with seq_len 16, got length 10")
     raises(function() nn.EfficientAttention("lsh", 4) end,
-      "EfficientAttention: attention must be one of full, window, linear, performer, linformer, got lsh")
+      "EfficientAttention: attention must be one of full, window, linear, performer, linformer, nystrom, got lsh")
     raises(function() nn.EfficientAttention({ "linear", window = 3 }, 4) end,
       "EfficientAttention: attention 'linear' takes no option 'window'")
+    raises(function() nn.EfficientAttention({ "nystrom", causal = true }, 4) end,
+      "EfficientAttention: nystrom attention cannot be causal (its landmarks mix positions)")
+    raises(function() nn.EfficientAttention({ "nystrom", conv_kernel_size = 4 }, 4) end,
+      "EfficientAttention: conv_kernel_size must be odd, got 4")
+    raises(function() nn.EfficientAttention({ "nystrom", landmarks = 4 }, 4)(attn.randn({ 1, 6, 4 }),
+      attn.randn({ 1, 6, 4 }), attn.randn({ 1, 6, 4 })) end,
+      "nystrom_attention: sequence length N = 6 is not divisible by landmarks m = 4")
     raises(function() nn.EfficientAttention({ "linformer", seq_len = 8, causal = true }, 4) end,
       "EfficientAttention: linformer attention cannot be causal (its projection mixes positions)")
     assert.has_error(function() nn.EfficientAttention("linear", 4)(attn.randn({ 1, 3, 4 }), attn.randn({ 1, 3, 4 }),

@@ -335,11 +335,12 @@ local ROWS = {
       -- none, some, all, more than T, and negative valid steps
       return { x, ids(5, 4, 9), attn.tensor({ 0, 2, 4, 7, -1 }, "int64") }
     end,
-    call = function(_, a)
+    call = function(_, a, case)
       local mean, book, count = nn.masked_token_mean(a[1], a[2], a[3])
-      return { nn.MaskedSoftmaxCELoss()(a[1], a[2], a[3]), mean, book, attn.tensor({ count }, "float64") }
+      return { nn.MaskedSoftmaxCELoss { label_smoothing = case.smoothing }(a[1], a[2], a[3]), mean, book,
+        attn.tensor({ count }, "float64") }
     end,
-    cases = { { "lengths", eligible = true } },
+    cases = { { "lengths", eligible = true }, { "lengths, label smoothing", smoothing = 0.15, eligible = true } },
   },
   {
     name = "linear.layer_norm",
@@ -413,13 +414,14 @@ local ROWS = {
       return { x, attn.tensor(t, "int64"), attn.rand({ 11 }, dtype) + 0.5 }
     end,
     call = function(_, a, case)
-      return { nn.CrossEntropyLoss { weight = a[3], reduction = case.reduction, label_smoothing = case.smoothing,
-        class_dim = case.class_dim }(a[1], a[2]) }
+      return { nn.CrossEntropyLoss { weight = not case.unweighted and a[3] or nil, reduction = case.reduction,
+        label_smoothing = case.smoothing, class_dim = case.class_dim }(a[1], a[2]) }
     end,
     cases = {
       { "mean, (N, C, d)", eligible = true },
       { "none, class-last", reduction = "none", class_dim = -1, eligible = true },
-      { "label smoothing (composed only)", smoothing = 0.1, eligible = false },
+      { "label smoothing and ignore_index, no weight", smoothing = 0.1, unweighted = true, eligible = true },
+      { "label smoothing with weights (composed only)", smoothing = 0.1, eligible = false },
     },
   },
   optimizer_row("optim.Adam", "Adam", { lr = 3e-2, betas = { 0.8, 0.99 }, eps = 1e-6, weight_decay = 0.1 }),

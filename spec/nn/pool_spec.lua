@@ -91,6 +91,27 @@ describe("nn.MaxPool2d", function()
     end)
   end
 
+  it("2x2 stride 2 (a path of its own): ties, widths past a vector with a tail, odd sizes, NaN", function()
+    attn.manual_seed(3)
+    for _, dtype in ipairs { "float32", "float64" } do
+      for _, shape in ipairs { { 2, 3, 9, 21 }, { 1, 2, 4, 2 }, { 1, 1, 2, 17 } } do
+        -- small integers: many ties, so the first maximum in scan order must win, as in the loops
+        local x = attn.randint(0, 3, shape):to(dtype)
+        local y, idx = nn.max_pool2d(x, 2)
+        local ey, eidx = naive_window_pool(x:to("float64"), 2, {}, false)
+        assert.close(y:to("float64"), ey, { atol = 0, rtol = 0 })
+        helper.assert_identical(idx, eidx)
+      end
+      -- NaN wins its window wherever it sits, the later of two NaNs taking the index
+      local x = attn.zeros({ 1, 1, 2, 10 }, dtype)
+      x[{ 1, 1, 2, 3 }], x[{ 1, 1, 1, 8 }], x[{ 1, 1, 2, 8 }], x[{ 1, 1, 1, 10 }] = 0 / 0, 0 / 0, 0 / 0, -1
+      local y, idx = nn.max_pool2d(x, 2)
+      local v, at = y:totable()[1][1][1], idx:totable()[1][1][1]
+      assert.is_true(v[2] ~= v[2] and v[4] ~= v[4])
+      assert.same({ 0, 12, 4, 17, 8 }, at)
+    end
+  end)
+
   it("routes the gradient to each window's maximum, adding where windows share it", function()
     local x = attn.tensor({ { { { 1, 5, 2 }, { 0, 3, 1 }, { 4, 2, 0 } } } }, "float64"):requires_grad_()
     local y = nn.max_pool2d(x, 2, { stride = 1 })

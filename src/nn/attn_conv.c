@@ -41,6 +41,18 @@ static void valid_range(int64_t n, int64_t s, int64_t off, int64_t size, int64_t
 
 /* im2col: col (C kh kw, Ho Wo) from one image xn (C, H, W); col2im adds dcol back into dxn. */
 #define DEFINE_COL(S, T)                                                                              \
+  /* n entries from src to dst: a row of an image is often shorter than memcpy's call costs, so */  \
+  /* runs of 32 bytes by fixed-size copies (inlined), the last one overlapping the one before */    \
+  static void copy_run_##S(T *dst, const T *src, int64_t n) {                                         \
+    const int64_t v = (int64_t)(32 / sizeof(T));                                                      \
+    if (n < v) {                                                                                      \
+      memcpy(dst, src, (size_t)(n > 0 ? n : 0) * sizeof(T));                                          \
+      return;                                                                                         \
+    }                                                                                                 \
+    int64_t j = 0;                                                                                    \
+    for (; j + v <= n; j += v) memcpy(dst + j, src + j, 32);                                          \
+    if (j < n) memcpy(dst + n - v, src + n - v, 32);                                                  \
+  }                                                                                                   \
   static void im2col_##S(const conv_job *J, const T *xn, T *col, int64_t L) {                         \
     int64_t Wo = J->Wo;                                                                               \
     for (int64_t c = 0; c < J->C; c++)                                                                \
@@ -59,7 +71,7 @@ static void valid_range(int64_t n, int64_t s, int64_t off, int64_t size, int64_t
             int64_t s = J->p.stride[1];                                                               \
             for (int64_t j = 0; j < lo; j++) dst[j] = 0;                                              \
             if (s == 1)                                                                               \
-              memcpy(dst + lo, src + lo, (size_t)(hi - lo) * sizeof(T));                              \
+              copy_run_##S(dst + lo, src + lo, hi - lo);                                              \
             else                                                                                      \
               for (int64_t j = lo; j < hi; j++) dst[j] = src[j * s];                                  \
             for (int64_t j = hi; j < Wo; j++) dst[j] = 0;                                             \
@@ -80,14 +92,34 @@ static void valid_range(int64_t n, int64_t s, int64_t off, int64_t size, int64_t
             int64_t ih = i * J->p.stride[0] - J->p.padding[0] + p * J->p.dilation[0];                 \
             if (ih < 0 || ih >= J->H) continue;                                                       \
             T *dst = dxn + (c * J->H + ih) * J->W + offw;                                             \
-            for (int64_t j = lo; j < hi; j++) dst[j * s] += src[j];                                   \
+            if (s == 1) /* unit stride: a loop the compiler vectorises */                             \
+              for (int64_t j = lo; j < hi; j++) dst[j] += src[j];                                     \
+            else                                                                                      \
+              for (int64_t j = lo; j < hi; j++) dst[j * s] += src[j];                                 \
           }                                                                                           \
         }                                                                                             \
   }                                                                                                   \
-  static void add_bias_##S(const conv_job *J, T *yn) {                                                \
+  /* rows o of a block's outputs (O, cols) = b[o]: the products then add onto them */               \
+  static void fill_bias_##S(const conv_job *J, T *yb, int64_t cols) {                                 \
     const T *b = (const T *)J->b;                                                                     \
     for (int64_t o = 0; o < J->O; o++)                                                                \
-      for (int64_t l = 0; l < J->L; l++) yn[o * J->L + l] += b[o];                                    \
+      for (int64_t l = 0; l < cols; l++) yb[o * cols + l] = b[o];                                     \
+  }                                                                                                   \
+  /* db[o] for o in [o0, o1): dy summed over images, then positions, in eight lanes (position l */  \
+  /* in lane l mod 8, then the lanes pairwise): a fixed order the compiler can vectorise */         \
+  static void sum_db_##S(const conv_job *J, T *db, int64_t o0, int64_t o1) {                          \
+    const T *dy = (const T *)J->dy;                                                                   \
+    for (int64_t o = o0; o < o1; o++) {                                                               \
+      double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                       \
+      for (int64_t n = 0; n < J->N; n++) {                                                            \
+        const T *row = dy + (n * J->O + o) * J->L;                                                    \
+        int64_t l = 0;                                                                                \
+        for (; l + 8 <= J->L; l += 8)                                                                 \
+          for (int i = 0; i < 8; i++) acc[i] += (double)row[l + i];                                   \
+        for (int i = 0; l + i < J->L; i++) acc[i] += (double)row[l + i];                              \
+      }                                                                                               \
+      db[o] = (T)(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))); \
+    }                                                                                                 \
   }
 
 DEFINE_COL(f32, float)
@@ -148,24 +180,24 @@ static void forward_blocks(void *ctx, int64_t b0, int64_t b1) {
     for (int64_t i = 0; i < t; i++)
       im2col(J, J->x + (size_t)((n0 + i) * J->C * J->H * J->W) * es, col + (size_t)(i * J->L) * es, cols);
     char *yb = t > 1 ? out : J->y + (size_t)(n0 * J->O * J->L) * es;
+    if (J->b && J->dt == ATTN_F32)
+      fill_bias_f32(J, (float *)yb, cols);
+    else if (J->b)
+      fill_bias_f64(J, (double *)yb, cols);
     for (int64_t g = 0; g < J->G; g++)
       attn_gemm(J->dt, 0, 0, J->Og, cols, J->Kg, 1.0, J->w + (size_t)(g * J->Og * J->Kg) * es, J->Kg,
-                col + (size_t)(g * J->Kg * cols) * es, cols, 0.0, yb + (size_t)(g * J->Og * cols) * es, cols);
+                col + (size_t)(g * J->Kg * cols) * es, cols, J->b ? 1.0 : 0.0, yb + (size_t)(g * J->Og * cols) * es,
+                cols);
     if (t > 1) scatter(J, out, n0, t, J->y);
-    for (int64_t i = 0; J->b && i < t; i++) {
-      char *yn = J->y + (size_t)((n0 + i) * J->O * J->L) * es;
-      if (J->dt == ATTN_F32)
-        add_bias_f32(J, (float *)yn);
-      else
-        add_bias_f64(J, (double *)yn);
-    }
   }
 done:
   if (col) attn_free(col, cap[0]);
   if (out) attn_free(out, cap[1]);
 }
 
-/* Chunks [k0, k1) of blocks: dW partials (chunk k's sum into partial k) and dx per image. */
+/* Chunks [k0, k1) of blocks: dW partials (chunk k's sum into partial k) and dx per image. A
+ * partial holds dW transposed, per group (Kg, Og) = col_g dY_g^T: the product then packs only the
+ * short dY_g^T rather than the whole of col_g^T. */
 static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
   conv_job *J = ctx;
   size_t es = J->es, cap[3] = {0, 0, 0};
@@ -185,9 +217,9 @@ static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
         for (int64_t i = 0; i < t; i++)
           im2col(J, J->x + (size_t)((n0 + i) * J->C * J->H * J->W) * es, col + (size_t)(i * J->L) * es, cols);
         for (int64_t g = 0; g < J->G; g++)
-          attn_gemm(J->dt, 0, 1, J->Og, J->Kg, cols, 1.0, dy + (size_t)(g * J->Og * cols) * es, cols,
-                    col + (size_t)(g * J->Kg * cols) * es, cols, b == k * J->chunk ? 0.0 : 1.0,
-                    J->partial + (size_t)(k * wn + g * J->Og * J->Kg) * es, J->Kg);
+          attn_gemm(J->dt, 0, 1, J->Kg, J->Og, cols, 1.0, col + (size_t)(g * J->Kg * cols) * es, cols,
+                    dy + (size_t)(g * J->Og * cols) * es, cols, b == k * J->chunk ? 0.0 : 1.0,
+                    J->partial + (size_t)(k * wn + g * J->Og * J->Kg) * es, J->Og);
       }
       if (J->dx) {
         for (int64_t g = 0; g < J->G; g++)
@@ -209,16 +241,17 @@ typedef struct {
   void *dw, *db;
 } reduce_job;
 
-/* dW entries [e0, e1): the chunk partials added in chunk order (in double). */
+/* dW entries [e0, e1): the chunk partials (transposed per group) added in chunk order (in double). */
 static void reduce_dw(void *ctx, int64_t e0, int64_t e1) {
   const reduce_job *R = ctx;
   const conv_job *J = R->J;
-  int64_t wn = J->O * J->Kg, chunks = J->chunks;
+  int64_t wn = J->O * J->Kg, chunks = J->chunks, gn = J->Og * J->Kg;
   for (int64_t e = e0; e < e1; e++) {
+    int64_t g = e / gn, o = e % gn / J->Kg, r = e % J->Kg, at = g * gn + r * J->Og + o;
     double s = 0;
     for (int64_t k = 0; k < chunks; k++)
-      s += J->dt == ATTN_F32 ? (double)((const float *)J->partial)[k * wn + e]
-                             : ((const double *)J->partial)[k * wn + e];
+      s += J->dt == ATTN_F32 ? (double)((const float *)J->partial)[k * wn + at]
+                             : ((const double *)J->partial)[k * wn + at];
     if (J->dt == ATTN_F32)
       ((float *)R->dw)[e] = (float)s;
     else
@@ -226,7 +259,16 @@ static void reduce_dw(void *ctx, int64_t e0, int64_t e1) {
   }
 }
 
-/* db[o] for o in [o0, o1): dy summed over images, then positions, in order (in double). */
+static void fast_db(void *ctx, int64_t o0, int64_t o1) {
+  const reduce_job *R = ctx;
+  if (R->J->dt == ATTN_F32)
+    sum_db_f32(R->J, R->db, o0, o1);
+  else
+    sum_db_f64(R->J, R->db, o0, o1);
+}
+
+/* The reference path's db[o] for o in [o0, o1): dy summed over images, then positions, one at a
+ * time in order (in double). */
 static void reduce_db(void *ctx, int64_t o0, int64_t o1) {
   const reduce_job *R = ctx;
   const conv_job *J = R->J;
@@ -382,7 +424,10 @@ static attn_status setup(const char *op, const attn_tensor *x, const attn_tensor
   J->O = weight->shape[0], J->kh = weight->shape[2], J->kw = weight->shape[3];
   J->Ho = yshape[2], J->Wo = yshape[3], J->G = p->groups;
   J->Cg = J->C / J->G, J->Og = J->O / J->G, J->Kg = J->Cg * J->kh * J->kw, J->L = J->Ho * J->Wo;
-  J->nb = J->L >= BLOCK_COLS ? 1 : BLOCK_COLS / J->L;
+  /* one image per product when the engine's small kernel takes it (it runs as fast on one
+   * image's columns and then needs no copies between the block and (N, O, L) layouts) */
+  int small = J->dt == ATTN_F32 && attn_gemm_is_small(0, J->Og, J->L, J->Kg);
+  J->nb = small || J->L >= BLOCK_COLS ? 1 : BLOCK_COLS / J->L;
   if (J->nb > J->N) J->nb = J->N > 0 ? J->N : 1;
   atomic_init(&J->failed, 0);
   return ATTN_OK;
@@ -466,6 +511,6 @@ attn_status attn_conv2d_backward(const attn_tensor *x, const attn_tensor *weight
   if (J.partial) attn_free(J.partial, cap);
   if (atomic_load(&J.failed))
     return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the columns of input %s", op, attn_tensor_shape_str(x));
-  if (dbias) attn_parallel_for(J.O, 64, reduce_db, &R);
+  if (dbias) attn_parallel_for(J.O, 64, fast_db, &R);
   return ATTN_OK;
 }

@@ -8,9 +8,10 @@
  * for o in group g (of G); taps outside the input read zero. The fast path unfolds one image at a
  * time (im2col, one column per output position, the group's rows contiguous) into a workspace and
  * runs one attn_gemm per group: Y_g = W_g col_g. Backward: dcol_g = W_g^T dY_g folded back (col2im)
- * for dx, and dW_g = sum_n dY_g col_g^T. Images are split over the worker pool; dW is summed per
+ * for dx, and dW_g^T = sum_n col_g dY_g^T. Images are split over the worker pool; dW is summed per
  * fixed chunk of images (the chunking depends on N alone) and the chunks are added in order, so
- * the bits do not depend on the thread count. db sums dY over images and positions in order.
+ * the bits do not depend on the thread count. db sums dY over images and positions in a fixed
+ * order (eight lanes in double, one output channel per task).
  *
  * The reference path (reference != 0) is the formula above as plain loops with double sums, on
  * the calling thread: the specs compare the fast path with it. Every operand must be contiguous

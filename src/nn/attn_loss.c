@@ -19,6 +19,7 @@ typedef struct {
   const int64_t *index;
   void *loss, *out_stats, *dx;
   attn_dtype vdtype;
+  double eps;                         /* label smoothing */
   int64_t C, steps;
   int lead;                           /* the dims before the classes */
   int64_t shape[ATTN_MAX_DIMS], stride[ATTN_MAX_DIMS]; /* theirs, strides in elements */
@@ -70,6 +71,12 @@ static void exp_f64(const double *x, double *y, int64_t n) {
       if (m == -INFINITY) m = 0;                                                       \
       T s = (T)log(exp_row_sum_##S(buf, x, J->C, m));                                  \
       T l = -((x[J->index[r]] - m) - s);                                               \
+      if (J->eps != 0) {                                                               \
+        double sum = 0; /* -mean log p, as log_softmax and mean give it */             \
+        for (int64_t c = 0; c < J->C; c++) sum += (double)((x[c] - m) - s);            \
+        T smooth = -(T)(sum / (double)J->C);                                           \
+        l = l * (T)(1 - J->eps) + smooth * (T)J->eps;                                  \
+      }                                                                                \
       if (J->valid) l = l * (T)row_counts(J, r, F32);                                  \
       ((T *)J->loss)[r] = l;                                                           \
       ((T *)J->out_stats)[2 * r] = m, ((T *)J->out_stats)[2 * r + 1] = s;              \
@@ -85,8 +92,14 @@ static void exp_f64(const double *x, double *y, int64_t n) {
       if (J->valid) g = g * (T)row_counts(J, r, F32);                                  \
       for (int64_t c = 0; c < J->C; c++) d[c] = (x[c] - m) - s;                        \
       EXP_##S(d, d, J->C);                                                             \
-      for (int64_t c = 0; c < J->C; c++) d[c] = d[c] * g;                              \
-      d[J->index[r]] = d[J->index[r]] + -g;                                            \
+      if (J->eps == 0) {                                                               \
+        for (int64_t c = 0; c < J->C; c++) d[c] = d[c] * g;                            \
+        d[J->index[r]] = d[J->index[r]] + -g;                                          \
+      } else { /* d log p: -(1 - eps) g at y, -eps g / C everywhere */                 \
+        T u = g * (T)J->eps / (T)J->C;                                                 \
+        for (int64_t c = 0; c < J->C; c++) d[c] = d[c] * g - u;                        \
+        d[J->index[r]] = d[J->index[r]] - g * (T)(1 - J->eps);                         \
+      }                                                                                \
     }                                                                                  \
   }
 #define EXP_f32 attn_vmath_exp_f32
@@ -153,14 +166,33 @@ static int64_t grain(int64_t C) { return C >= GRAIN_ELEMENTS ? 1 : GRAIN_ELEMENT
 attn_status attn_softmax_ce_forward(const attn_tensor *logits, const attn_tensor *index,
                                     const attn_tensor *valid_len, int64_t steps, attn_tensor *loss,
                                     attn_tensor *saved, int64_t *count) {
+  return attn_softmax_ce_smoothed_forward(logits, index, valid_len, steps, 0, loss, saved, count);
+}
+
+attn_status attn_softmax_ce_backward(const attn_tensor *logits, const attn_tensor *index,
+                                     const attn_tensor *valid_len, int64_t steps, const attn_tensor *saved,
+                                     const attn_tensor *dloss, attn_tensor *dlogits) {
+  return attn_softmax_ce_smoothed_backward(logits, index, valid_len, steps, 0, saved, dloss, dlogits);
+}
+
+static attn_status check_smoothing(const char *op, double eps) {
+  if (!(eps >= 0 && eps <= 1))
+    return attn_error(ATTN_ERR_ARG, "%s: label smoothing %g must lie in [0, 1]", op, eps);
+  return ATTN_OK;
+}
+
+attn_status attn_softmax_ce_smoothed_forward(const attn_tensor *logits, const attn_tensor *index,
+                                             const attn_tensor *valid_len, int64_t steps, double smoothing,
+                                             attn_tensor *loss, attn_tensor *saved, int64_t *count) {
   const char *op = "softmax_ce_forward";
   ce_job J;
   int64_t R;
-  attn_status st = setup(op, logits, index, valid_len, steps, &J, &R);
+  attn_status st = check_smoothing(op, smoothing);
+  if (st == ATTN_OK) st = setup(op, logits, index, valid_len, steps, &J, &R);
   if (st == ATTN_OK) st = check_out(op, "loss", loss, logits->dtype, R);
   if (st == ATTN_OK) st = saved_stats(op, R, saved, logits->dtype, &J.out_stats);
   if (st != ATTN_OK) return st;
-  J.loss = attn_tensor_data(loss);
+  J.loss = attn_tensor_data(loss), J.eps = smoothing;
   int f32 = logits->dtype == ATTN_F32;
   attn_parallel_for(R, grain(J.C), f32 ? forward_f32 : forward_f64, &J);
   int64_t n = 0;
@@ -169,13 +201,15 @@ attn_status attn_softmax_ce_forward(const attn_tensor *logits, const attn_tensor
   return ATTN_OK;
 }
 
-attn_status attn_softmax_ce_backward(const attn_tensor *logits, const attn_tensor *index,
-                                     const attn_tensor *valid_len, int64_t steps, const attn_tensor *saved,
-                                     const attn_tensor *dloss, attn_tensor *dlogits) {
+attn_status attn_softmax_ce_smoothed_backward(const attn_tensor *logits, const attn_tensor *index,
+                                              const attn_tensor *valid_len, int64_t steps, double smoothing,
+                                              const attn_tensor *saved, const attn_tensor *dloss,
+                                              attn_tensor *dlogits) {
   const char *op = "softmax_ce_backward";
   ce_job J;
   int64_t R;
-  attn_status st = setup(op, logits, index, valid_len, steps, &J, &R);
+  attn_status st = check_smoothing(op, smoothing);
+  if (st == ATTN_OK) st = setup(op, logits, index, valid_len, steps, &J, &R);
   void *stats = NULL;
   if (st == ATTN_OK) st = saved_stats(op, R, saved, logits->dtype, &stats);
   if (st == ATTN_OK) st = check_out(op, "dloss", dloss, logits->dtype, R);
@@ -183,7 +217,7 @@ attn_status attn_softmax_ce_backward(const attn_tensor *logits, const attn_tenso
   if (st == ATTN_OK && attn_tensor_aliases(dlogits, logits))
     st = attn_error(ATTN_ERR_ARG, "%s: dlogits shares memory with logits", op);
   if (st != ATTN_OK) return st;
-  J.stats = stats, J.dloss = attn_tensor_data(dloss), J.dx = attn_tensor_data(dlogits);
+  J.eps = smoothing, J.stats = stats, J.dloss = attn_tensor_data(dloss), J.dx = attn_tensor_data(dlogits);
   attn_parallel_for(R, grain(J.C), logits->dtype == ATTN_F32 ? backward_f32 : backward_f64, &J);
   return ATTN_OK;
 }

@@ -13,6 +13,11 @@
  *     loss = -((x[y] - m) - s) * mask
  *     dlogits = exp((x - m) - s) * (g * mask) - onehot(y) * (g * mask)
  *
+ * With label smoothing eps (the _smoothed entry points; PyTorch's, over the
+ * C classes), loss = ((1 - eps) * -log p[y] + eps * -mean_c log p[c]) * mask
+ * and dlogits = (p - (1 - eps) onehot(y) - eps / C) * (g * mask); eps = 0
+ * gives the plain kernels' numbers exactly (the plain entry points call these).
+ *
  * so a row past its valid length gives loss 0 (NaN when the row holds one,
  * as the product gives) and gradient 0. Rows are split over the worker pool;
  * each is independent, so results do not depend on the thread count. */
@@ -41,5 +46,14 @@ attn_status attn_softmax_ce_forward(const attn_tensor *logits, const attn_tensor
 attn_status attn_softmax_ce_backward(const attn_tensor *logits, const attn_tensor *index,
                                      const attn_tensor *valid_len, int64_t steps, const attn_tensor *saved,
                                      const attn_tensor *dloss, attn_tensor *dlogits);
+
+/* The same with label smoothing eps in [0, 1] (see above); backward takes forward's eps. */
+attn_status attn_softmax_ce_smoothed_forward(const attn_tensor *logits, const attn_tensor *index,
+                                             const attn_tensor *valid_len, int64_t steps, double smoothing,
+                                             attn_tensor *loss, attn_tensor *saved, int64_t *count);
+attn_status attn_softmax_ce_smoothed_backward(const attn_tensor *logits, const attn_tensor *index,
+                                              const attn_tensor *valid_len, int64_t steps, double smoothing,
+                                              const attn_tensor *saved, const attn_tensor *dloss,
+                                              attn_tensor *dlogits);
 
 #endif

@@ -44,12 +44,86 @@ static double divisor(const pool_job *J, int64_t fh, int64_t fw, int64_t nh, int
   return (double)(J->kind == POOL_AVG && J->p.count_include_pad ? fh * fw : nh * nw);
 }
 
-#define DEFINE_POOL(S, T)                                                                          \
+/* 2x2 windows at stride 2 without padding (every window inside the plane): the common case,
+ * one output row at a time with the window's four taps side by side and no branch per tap (random
+ * data makes "is this tap larger" a coin toss the branch predictor loses). */
+static int pool_2x2(const pool_job *J) {
+  const attn_pool2d_params *p = &J->p;
+  return J->kind == POOL_MAX && p->kernel[0] == 2 && p->kernel[1] == 2 && p->stride[0] == 2 && p->stride[1] == 2 &&
+         p->padding[0] == 0 && p->padding[1] == 0;
+}
+
+/* The running maximum takes tap v at position at when v is larger or NaN (so the first of equal
+ * maxima and the last NaN win), by masks rather than branches (the compiler keeps a float select
+ * as a branch). */
+#define MAX_TAKE(S, best, where, v, at)                                                     \
+  do {                                                                                     \
+    const int64_t take_ = -(int64_t)(((v) > (best)) | ((v) != (v)));                       \
+    (best) = select_##S(take_, (v), (best));                                               \
+    (where) = ((at) & take_) | ((where) & ~take_);                                         \
+  } while (0)
+
+#define DEFINE_SELECT(S, T, U)                                                              \
+  static inline T select_##S(int64_t mask, T a, T b) {                                     \
+    U ua, ub;                                                                              \
+    memcpy(&ua, &a, sizeof a);                                                             \
+    memcpy(&ub, &b, sizeof b);                                                             \
+    ua = (ua & (U)mask) | (ub & ~(U)mask);                                                 \
+    memcpy(&a, &ua, sizeof a);                                                             \
+    return a;                                                                              \
+  }
+DEFINE_SELECT(f32, float, uint32_t)
+DEFINE_SELECT(f64, double, uint64_t)
+
+#define DEFINE_POOL(S, T, U)                                                                        \
+  static void max_2x2_##S(const pool_job *J, const T *x, T *y, int64_t *idx) {                     \
+    enum { V = 16 / sizeof(T) }; /* outputs per step: one 16-byte vector of each tap */           \
+    typedef T vt __attribute__((vector_size(16)));                                                 \
+    typedef U vu __attribute__((vector_size(16)));                                                 \
+    for (int64_t i = 0; i < J->Ho; i++) {                                                          \
+      const T *r0 = x + 2 * i * J->W, *r1 = r0 + J->W;                                             \
+      T *yr = y + i * J->Wo;                                                                       \
+      int64_t *ir = idx + i * J->Wo, base = 2 * i * J->W, j = 0;                                   \
+      for (; j + V <= J->Wo; j += V) {                                                             \
+        T taps[4][V]; /* taps (0, 0), (0, 1), (1, 0), (1, 1) of V windows */                       \
+        for (int l = 0; l < V; l++) {                                                              \
+          taps[0][l] = r0[2 * (j + l)], taps[1][l] = r0[2 * (j + l) + 1];                          \
+          taps[2][l] = r1[2 * (j + l)], taps[3][l] = r1[2 * (j + l) + 1];                          \
+        }                                                                                          \
+        vt best, cand[3];                                                                          \
+        memcpy(&best, taps[0], sizeof best);                                                       \
+        memcpy(cand, taps[1], sizeof cand);                                                        \
+        vu tap = {0}, take;                                                                        \
+        for (int t = 0; t < 3; t++) {                                                              \
+          take = (vu)((cand[t] > best) | (cand[t] != cand[t]));                                    \
+          best = (vt)(((vu)cand[t] & take) | ((vu)best & ~take));                                  \
+          tap = ((U)(t + 1) & take) | (tap & ~take);                                               \
+        }                                                                                          \
+        for (int l = 0; l < V; l++) {                                                              \
+          yr[j + l] = best[l];                                                                     \
+          ir[j + l] = base + 2 * (j + l) + (int64_t)(tap[l] & 1) + (-(int64_t)(tap[l] >> 1) & J->W);  \
+        }                                                                                          \
+      }                                                                                            \
+      for (; j < J->Wo; j++) {                                                                     \
+        T best = r0[2 * j];                                                                        \
+        int64_t at = base + 2 * j;                                                                 \
+        MAX_TAKE(S, best, at, r0[2 * j + 1], base + 2 * j + 1);                                    \
+        MAX_TAKE(S, best, at, r1[2 * j], base + J->W + 2 * j);                                     \
+        MAX_TAKE(S, best, at, r1[2 * j + 1], base + J->W + 2 * j + 1);                             \
+        yr[j] = best;                                                                              \
+        ir[j] = at;                                                                                \
+      }                                                                                            \
+    }                                                                                              \
+  }                                                                                                \
   static void forward_##S(void *ctx, int64_t p0, int64_t p1) {                                     \
     const pool_job *J = ctx;                                                                       \
     for (int64_t pl = p0; pl < p1; pl++) {                                                         \
       const T *x = (const T *)J->x + pl * J->H * J->W;                                             \
       T *y = (T *)J->y + pl * J->Ho * J->Wo;                                                       \
+      if (pool_2x2(J)) {                                                                           \
+        max_2x2_##S(J, x, y, J->idx + pl * J->Ho * J->Wo);                                         \
+        continue;                                                                                  \
+      }                                                                                            \
       for (int64_t i = 0; i < J->Ho; i++) {                                                        \
         int64_t h0, h1, fh;                                                                        \
         window(J, 0, i, &h0, &h1, &fh);                                                            \
@@ -60,10 +134,7 @@ static double divisor(const pool_job *J, int64_t fh, int64_t fw, int64_t nh, int
             T best = -(T)INFINITY;                                                                 \
             int64_t at = h0 * J->W + w0;                                                           \
             for (int64_t h = h0; h < h1; h++)                                                      \
-              for (int64_t w = w0; w < w1; w++) {                                                  \
-                T v = x[h * J->W + w];                                                             \
-                if (v > best || isnan(v)) best = v, at = h * J->W + w;                             \
-              }                                                                                    \
+              for (int64_t w = w0; w < w1; w++) MAX_TAKE(S, best, at, x[h * J->W + w], h * J->W + w); \
             y[o] = best;                                                                           \
             J->idx[pl * J->Ho * J->Wo + o] = at;                                                   \
           } else {                                                                                 \
@@ -101,8 +172,8 @@ static double divisor(const pool_job *J, int64_t fh, int64_t fw, int64_t nh, int
     }                                                                                              \
   }
 
-DEFINE_POOL(f32, float)
-DEFINE_POOL(f64, double)
+DEFINE_POOL(f32, float, uint32_t)
+DEFINE_POOL(f64, double, uint64_t)
 
 /* ---------------------------------------------------------------- checks */
 

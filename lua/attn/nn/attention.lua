@@ -205,7 +205,8 @@ end
 -- attn.dot_product_attention (causal, window, scale, mask); a per-sample keep-mask
 -- (B, Nq, Nk) is repeated per head. `attention` (a table field) selects another mechanism of
 -- attn.nn.efficient: "linear", {"performer", num_features = 64}, {"window", window = r},
--- {"linformer", seq_len = N, k = 32}, ... (child `efficient`; see nn.EfficientAttention).
+-- {"linformer", seq_len = N, k = 32}, {"nystrom", landmarks = 32}, ... (child `efficient`; see
+-- nn.EfficientAttention).
 --
 -- Today's two variants, each one option (with full attention):
 --
@@ -269,7 +270,7 @@ function MultiHeadAttention:init(...)
   self.W_o = Linear(h, h, { bias = bias })
   if o.rope ~= nil and o.rope ~= false then self.rope = rotary_child(who, o.rope, h, heads) end
   if efficient then -- another mechanism (attn.nn.efficient)
-    self.efficient = require("attn.nn.efficient").EfficientAttention(o.attention, dh)
+    self.efficient = require("attn.nn.efficient").EfficientAttention(o.attention, dh, heads)
   end
 end
 

@@ -14,8 +14,14 @@
 --   arXiv:2006.04768): keys and values projected along the sequence by learned (k, N) matrices
 --   E and F (F = E when share_kv), shared by the heads, then softmax attention over the k rows:
 --   softmax(Q (E K)^T / sqrt(dh)) (F V), O(N k d). Inputs must have exactly seq_len positions.
+-- * `{"nystrom", landmarks = m (default 32), pinv_iters = 6, pinv_init = "item",
+--   conv_kernel_size = nil}`: attn.nystrom_attention (Nystromformer, Xiong et al. 2021), O(N m d);
+--   N must be divisible by m. With `conv_kernel_size` ks (odd) a parameter `conv` (heads, 1, ks, 1)
+--   adds the reference code's depthwise convolution of the values (initialised as PyTorch's
+--   Conv2d: U(-1/sqrt(ks), 1/sqrt(ks))); it needs the number of heads, the third argument.
 --
--- Every spec may also set `causal = true` (not Linformer, whose projection mixes positions).
+-- Every spec may also set `causal = true` (not Linformer, whose projection mixes positions, nor
+-- Nystromformer, whose landmarks do).
 -- `nn.MultiHeadAttention{..., attention = spec}` and the book's TransformerEncoderBlock
 -- (`{attention = spec}`, its last argument) select a mechanism by this one option;
 -- `nn.PerformerAttention` and `nn.LinformerAttention` are self-attention layers with their own
@@ -31,9 +37,10 @@ local shape_str = attn.core.shape_str
 
 local M = {}
 
-local kinds = { full = true, window = true, linear = true, performer = true, linformer = true }
+local kinds = { full = true, window = true, linear = true, performer = true, linformer = true, nystrom = true }
 local params_of = { full = {}, window = { window = true }, linear = {}, performer = { num_features = true },
-  linformer = { seq_len = true, k = true, share_kv = true } }
+  linformer = { seq_len = true, k = true, share_kv = true },
+  nystrom = { landmarks = true, pinv_iters = true, pinv_init = true, conv_kernel_size = true } }
 
 --- Reads a mechanism spec (see the module comment) into {kind, causal, parameters...}.
 -- @tparam string who the function named in errors
@@ -43,7 +50,7 @@ function M.read_spec(who, spec)
   local kind, o = spec, {}
   if type(spec) == "table" then kind, o = spec[1], spec end
   if not kinds[kind] then
-    error(string.format("%s: attention must be one of full, window, linear, performer, linformer, got %s", who,
+    error(string.format("%s: attention must be one of full, window, linear, performer, linformer, nystrom, got %s", who,
       tostring(kind)), 4)
   end
   local allowed = { causal = true }
@@ -62,21 +69,36 @@ function M.read_spec(who, spec)
     r.k = check.positive_int(who, "k", o.k or 32, 5)
     r.share_kv = o.share_kv == true
   end
+  if kind == "nystrom" then
+    if r.causal then error(who .. ": nystrom attention cannot be causal (its landmarks mix positions)", 4) end
+    r.landmarks = check.positive_int(who, "landmarks", o.landmarks or 32, 5)
+    r.pinv_iters = check.positive_int(who, "pinv_iters", o.pinv_iters or 6, 5)
+    r.pinv_init = o.pinv_init
+    if o.conv_kernel_size ~= nil then
+      r.conv_kernel_size = check.positive_int(who, "conv_kernel_size", o.conv_kernel_size, 5)
+      if r.conv_kernel_size % 2 == 0 then
+        error(string.format("%s: conv_kernel_size must be odd, got %d", who, r.conv_kernel_size), 4)
+      end
+    end
+  end
   return r
 end
 
---- `nn.EfficientAttention(spec, head_dim)`: the mechanism `spec` over split heads.
+--- `nn.EfficientAttention(spec, head_dim [, heads])`: the mechanism `spec` over split heads
+-- (`heads`, default 1, sizes Nystromformer's convolution; nn.MultiHeadAttention passes its own).
 -- forward(q (B*H, N, dh), k (B*H, M, dh), v (B*H, M, dv) [, opts]) -> (B*H, N, dv); opts may
--- carry `valid_lens` for "full" and "window" (d2l semantics), which the other mechanisms refuse.
+-- carry `valid_lens` for "full" and "window" (d2l semantics) and, one length per item (B*H),
+-- for "nystrom" (its reference code's mask); the other mechanisms refuse them.
 -- @type EfficientAttention
 local EfficientAttention = Module:extend("EfficientAttention")
 M.EfficientAttention = EfficientAttention
 
-function EfficientAttention:init(spec, head_dim)
+function EfficientAttention:init(spec, head_dim, heads)
   local who = "EfficientAttention"
   local s = M.read_spec(who, spec)
   self.kind, self.causal, self.window = s.kind, s.causal, s.window
   self.head_dim = check.positive_int(who, "head_dim", head_dim, 4)
+  self.heads = check.positive_int(who, "heads", heads or 1, 4)
   if s.kind == "performer" then
     self.num_features = s.num_features
     self:register_buffer("features", attn.performer_features(s.num_features, head_dim))
@@ -85,7 +107,39 @@ function EfficientAttention:init(spec, head_dim)
     local bound = 1 / math.sqrt(s.k) -- as lucidrains/linformer's init
     self.E = (attn.rand({ s.k, s.seq_len }) * (2 * bound) - bound):requires_grad_()
     if not s.share_kv then self.F = (attn.rand({ s.k, s.seq_len }) * (2 * bound) - bound):requires_grad_() end
+  elseif s.kind == "nystrom" then
+    self.landmarks, self.pinv_iters, self.pinv_init = s.landmarks, s.pinv_iters, s.pinv_init
+    local ks = s.conv_kernel_size
+    if ks then
+      local bound = 1 / math.sqrt(ks) -- PyTorch's Conv2d init: fan_in = (in / groups) * ks * 1 = ks
+      self.conv = (attn.rand({ self.heads, 1, ks, 1 }) * (2 * bound) - bound):requires_grad_()
+    end
   end
+end
+
+-- Nystromformer over items (B*H, N, dh): as they are, or as (B, H, N, dh) when the convolution
+-- needs the heads (lengths then one per sample: every H-th of the repeated ones).
+function EfficientAttention:nystrom(q, k, v, lens)
+  local o = { landmarks = self.landmarks, pinv_iters = self.pinv_iters, pinv_init = self.pinv_init }
+  local conv = self.conv
+  if conv == nil then
+    o.valid_lens = lens
+    return attn.nystrom_attention(q, k, v, o)
+  end
+  local h, n = self.heads, q:size(2)
+  if q:size(1) % h ~= 0 then
+    error(string.format("EfficientAttention: nystrom's convolution needs (B*H, N, dh) items with H = %d heads, got %s",
+      h, shape_str(q)), 4)
+  end
+  local function split(x) return x:reshape(x:size(1) // h, h, n, x:size(3)) end
+  if lens ~= nil then
+    local t, per = type(lens) == "table" and lens or lens:totable(), {}
+    for i = 1, #t, h do per[#per + 1] = t[i] end
+    o.valid_lens = per
+  end
+  o.conv = conv
+  local out = attn.nystrom_attention(split(q), split(k), split(v), o)
+  return out:reshape(q:size(1), n, out:size(4))
 end
 
 --- Draws new Performer features (m, dh) from attn's generator (a no-op for other mechanisms).
@@ -101,6 +155,7 @@ function EfficientAttention:forward(q, k, v, opts)
     local o = { causal = self.causal, window = self.window, valid_lens = lens, need_weights = false }
     return (attn.dot_product_attention(q, k, v, o))
   end
+  if kind == "nystrom" then return self:nystrom(q, k, v, lens) end
   if lens ~= nil then error(string.format("EfficientAttention: '%s' attention takes no valid_lens", kind), 3) end
   if kind == "linear" then return attn.linear_attention(q, k, v, { causal = self.causal }) end
   if kind == "performer" then

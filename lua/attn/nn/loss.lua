@@ -41,14 +41,15 @@ local function contiguous(t) return core.is_contiguous(t) and t or core.contiguo
 -- (B, steps)). One forward kernel checks the ids (1-based, int64 or integral
 -- floats) and saves each row's max and log-sum (saved.stats (R, 2), the layout
 -- attn_softmax_ce_saved_layout, with the 0-based ids as saved.index); backward
--- is one pass, (softmax - onehot) * g. Returns the loss and the number of rows
--- that count.
-local function softmax_ce(who, logits, labels, valid_len, steps)
+-- is one pass, (softmax - onehot) * g. With label smoothing eps (0 when nil)
+-- each row's loss is (1 - eps) * -log p[y] + eps * -mean log p, in the same
+-- passes. Returns the loss and the number of rows that count.
+local function softmax_ce(who, logits, labels, valid_len, steps, eps)
   local strides = core.stride(logits) -- the kernel reads rows anywhere, each with unit stride
   local x = strides[#strides] == 1 and logits or core.contiguous(logits)
-  local loss, saved, count = core.softmax_ce_forward(x, as_labels(who, labels), valid_len, steps, who)
+  local loss, saved, count = core.softmax_ce_forward(x, as_labels(who, labels), valid_len, steps, who, eps)
   local out = autograd.record("cross_entropy", loss, { logits }, function(g)
-    return core.softmax_ce_backward(x, valid_len, steps, saved, contiguous(g))
+    return core.softmax_ce_backward(x, valid_len, steps, saved, contiguous(g), eps)
   end)
   return out, count
 end
@@ -265,11 +266,11 @@ end
 -- With probability targets t (the input's shape): t = (1 - eps) t + eps / C,
 -- loss_i = -sum_c w_c t[i, c] log p[i, c], mean = sum_i loss_i / rows.
 --
--- Paths: ids without label smoothing run the fused kernel (`attn_loss.h`,
--- one forward and one backward pass over the logits), weights and
--- ignore_index adding products over the rows only; label smoothing and
--- probability targets, or fused paths off (`attn.nn.set_fused(false)`), take
--- the composed path (`cross_entropy_loss_composed`).
+-- Paths: ids run the fused kernel (`attn_loss.h`, one forward and one
+-- backward pass over the logits, label smoothing included), weights and
+-- ignore_index adding products over the rows only; probability targets,
+-- label smoothing together with class weights, or fused paths off
+-- (`attn.nn.set_fused(false)`), take the composed path (`cross_entropy_loss_composed`).
 -- @tparam Tensor input (N, C), (N, C, d1, ...) or (C); with class_dim -1, (..., C)
 -- @param target ids (N), (N, d1, ...) or a number (unbatched); or probabilities of the input's shape
 -- @tparam table o `weight` (tensor (C) or nil), `ignore_index`, `label_smoothing`, `reduction`, `class_dim`
@@ -279,9 +280,11 @@ function M.cross_entropy_loss(input, target, o, who)
   who = who or "cross_entropy_loss"
   local x, t, probs, unbatched = class_last(who, input, target, o.class_dim or 2)
   local per_row, divisor
-  if fused.choose("cross_entropy_loss", not probs and (o.label_smoothing or 0) == 0) then
+  local eps = o.label_smoothing or 0
+  if fused.choose("cross_entropy_loss", not probs and (eps == 0 or o.weight == nil)) then
+    -- without class weights wy is the keep mask, which scales both terms of a smoothed row
     local ids, _, wy = ids_and_weights(t, o.ignore_index or -100, o.weight, x:dtype())
-    per_row = softmax_ce(who, x, ids)
+    per_row = softmax_ce(who, x, ids, nil, nil, eps)
     if wy then per_row = per_row * wy end
     divisor = wy and wy:sum():item()
   else
@@ -382,16 +385,18 @@ local function check_pred(who, pred)
   end
 end
 
--- Per-token losses (B, T) masked by valid length, the count of valid tokens, and T. With
--- fused paths off, the composed path (`masked_ce_composed`).
-local function masked_ce(who, pred, label, valid_len)
+-- Per-token losses (B, T) masked by valid length (label-smoothed by eps when given), the count
+-- of valid tokens, and T. With fused paths off, the composed path (`masked_ce_composed`, or
+-- `masked_smoothed_composed` for eps > 0).
+local function masked_ce(who, pred, label, valid_len, eps)
   if not fused.choose("masked_ce") then
+    if (eps or 0) ~= 0 then return M.masked_smoothed_composed(pred, label, valid_len, eps, who), nil, pred:size(2) end
     local l, mask = M.masked_ce_composed(pred, label, valid_len, who)
     return l, math.tointeger(core.sum(mask):item()), pred:size(2)
   end
   check_pred(who, pred)
   local B, T = pred:size(1), pred:size(2)
-  local l, count = softmax_ce(who, pred, label, lengths(who, B, valid_len, pred:dtype()), T)
+  local l, count = softmax_ce(who, pred, label, lengths(who, B, valid_len, pred:dtype()), T, eps)
   return l, count, T
 end
 
@@ -428,8 +433,9 @@ M.masked_ce_reference = M.masked_ce_composed
 -- of the first valid_len[b] tokens summed and divided by T (the book's
 -- scaling, see the module comment). Labels are 1-based class ids. With
 -- label_smoothing eps, each token's loss is PyTorch's (class-last, V classes):
--- (1 - eps) * -log p[y] + eps * -sum_c log p[c] / V, on the composed path
--- (log_softmax, gather, mean); without it the fused kernel runs.
+-- (1 - eps) * -log p[y] + eps * -sum_c log p[c] / V. The fused kernel runs
+-- with or without smoothing; with fused paths off, the composed paths
+-- (`masked_ce_composed`, `masked_smoothed_composed`).
 -- @type MaskedSoftmaxCELoss
 local MaskedSoftmaxCELoss = Module:extend("MaskedSoftmaxCELoss")
 M.MaskedSoftmaxCELoss = MaskedSoftmaxCELoss
@@ -440,21 +446,32 @@ function MaskedSoftmaxCELoss:init(opts)
 end
 
 function MaskedSoftmaxCELoss:forward(pred, label, valid_len)
-  local eps = self.label_smoothing
-  if eps == 0 then
-    local l = masked_ce("MaskedSoftmaxCELoss", pred, label, valid_len)
-    return l:mean(2)
-  end
-  check_pred("MaskedSoftmaxCELoss", pred)
+  local l = masked_ce("MaskedSoftmaxCELoss", pred, label, valid_len, self.label_smoothing)
+  return l:mean(2)
+end
+
+--- The composed path of the label-smoothed masked per-token loss (the specs
+-- compare the fused kernel against it): log_softmax, gather and mean, each
+-- its own autograd node, times the 0/1 mask of `masked_ce_composed`:
+-- ((1 - eps) * -log p[y] + eps * -mean_c log p[c]) * mask.
+-- @tparam Tensor pred (B, T, V)
+-- @param label (B, T) 1-based ids
+-- @param valid_len (B) lengths
+-- @tparam number eps label smoothing in [0, 1]
+-- @tparam[opt] string who the name errors give (default "masked_smoothed_composed")
+-- @treturn Tensor (B, T) masked per-token losses
+function M.masked_smoothed_composed(pred, label, valid_len, eps, who)
+  who = who or "masked_smoothed_composed"
+  check_pred(who, pred)
   local B, T, V = pred:size(1), pred:size(2), pred:size(3)
-  label = as_labels("MaskedSoftmaxCELoss", label)
-  core.check_ids(label, V, "MaskedSoftmaxCELoss", "label")
-  local lens = lengths("MaskedSoftmaxCELoss", B, valid_len, pred:dtype()):reshape({ B, 1 }):to(pred:dtype())
+  label = as_labels(who, label)
+  core.check_ids(label, V, who, "label")
+  local lens = lengths(who, B, valid_len, pred:dtype()):reshape({ B, 1 }):to(pred:dtype())
   local mask = attn.core.le(attn.arange(1, T + 1, pred:dtype()):reshape({ 1, T }), lens)
   local logp = pred:log_softmax(3)
   local nll = -(logp:gather(3, core.unsqueeze(label, 3)):squeeze(3))
   local smooth = -logp:mean(3)
-  return ((nll * (1 - eps) + smooth * eps) * mask):mean(2)
+  return (nll * (1 - eps) + smooth * eps) * mask
 end
 
 function MaskedSoftmaxCELoss:extra_repr()
