@@ -26,6 +26,7 @@
 #include "core/attn_rng.h"
 #include "nn/attn_lstm.h"
 #include "nn/attn_rnn.h"
+#include "nn/attn_rope.h"
 #include "core/attn_saved.h"
 #include "core/attn_tensor.h"
 #include "core/attn_vmath.h"

@@ -12,10 +12,15 @@
 -- the prompt, so a model stores the one it was trained with (nn.RotaryEmbedding). The angles are
 -- computed in double precision and rounded once to x's dtype. The backward is the rotation by
 -- the opposite angle (one node, no saved activations).
+--
+-- Two paths with the same numbers, bit for bit (attn.nn.fused's vocabulary, reported to its trace
+-- as "rope"): the fused C kernel (src/nn/attn_rope.c: one pass forward, one backward, threaded)
+-- and the composed tensor ops below, which `attn.nn.set_fused(false)` selects.
 -- @module attn.rope
 local core = require "attn.core"
 local autograd = require "attn.autograd"
 local check = require "attn.check"
+local fused = require "attn.nn.fused"
 
 local M = {}
 
@@ -75,11 +80,8 @@ end
 
 -- The (N, d/2) angles' cos and sin, or (P, 1, ..., 1, N, d/2) for per-sample positions (P, N)
 -- against x of `xdim` dims.
-local function angle_tables(fn, positions, N, d, base, dtype, xdim)
-  if positions == nil then
-    local c, s = cos_sin(N, d, base, dtype)
-    return core.narrow(c, 1, 1, N), core.narrow(s, 1, 1, N)
-  end
+-- positions' shape, and positions flattened when they are a table of rows (checked).
+local function flat_positions(fn, positions)
   local pshape = autograd.is_tensor(positions) and core.shape(positions)
     or (type(positions) == "table" and type(positions[1]) == "table" and { #positions, #positions[1] })
     or { type(positions) == "table" and #positions or -1 }
@@ -87,12 +89,22 @@ local function angle_tables(fn, positions, N, d, base, dtype, xdim)
     local flat = {}
     for _, row in ipairs(positions) do
       if #row ~= pshape[2] then
-        error(string.format("%s: positions rows have different lengths (%d and %d)", fn, pshape[2], #row), 3)
+        error(string.format("%s: positions rows have different lengths (%d and %d)", fn, pshape[2], #row), 4)
       end
       for _, p in ipairs(row) do flat[#flat + 1] = p end
     end
     positions = flat
   end
+  return positions, pshape
+end
+
+local function angle_tables(fn, positions, N, d, base, dtype, xdim)
+  if positions == nil then
+    local c, s = cos_sin(N, d, base, dtype)
+    return core.narrow(c, 1, 1, N), core.narrow(s, 1, 1, N)
+  end
+  local pshape
+  positions, pshape = flat_positions(fn, positions)
   if not ((#pshape == 1 and pshape[1] == N) or (#pshape == 2 and pshape[2] == N and xdim >= 3)) then
     error(string.format("%s: positions %s must be (%d) or (B, %d) (x has N = %d)", fn, shape_str(pshape), N, N, N),
       3)
@@ -136,11 +148,68 @@ local function rotate(x, c, s, interleaved)
   return out
 end
 
+-- The fused path's (P, d/2) tables per (d, base, dtype), filled by the kernel's own formula
+-- (core.rope_tables) and grown as the composed path's; positions past them are computed in the
+-- kernel (the same numbers), so a decode step never grows them.
+local kernel_tables = {}
+
+local function kernel_cos_sin(P, d, base, dtype)
+  local key = d .. ":" .. base .. ":" .. dtype
+  local t = kernel_tables[key]
+  if P ~= nil and (t == nil or t.P < P) then
+    local n = math.max(P, t and 2 * t.P or 64)
+    local c, s = core.rope_tables(n, d, base, dtype)
+    t = { P = n, c = c, s = s }
+    kernel_tables[key] = t
+  end
+  if t == nil then return nil, nil end
+  return t.c, t.s
+end
+
+-- The fused path: one kernel call forward and one backward.
+local function rope_fused(fn, x, positions, N, d, base, interleaved)
+  local c, s
+  if positions == nil then
+    c, s = kernel_cos_sin(N, d, base, core.dtype(x))
+  else
+    if not autograd.is_tensor(positions) then
+      -- a table: checked here as the composed path checks it (the kernel checks a tensor's values)
+      local flat, pshape = flat_positions(fn, positions)
+      positions = core.reshape(core.tensor(position_list(fn, flat), "int64"), pshape)
+    end
+    c, s = kernel_cos_sin(nil, d, base, core.dtype(x))
+  end
+  local y = core.rope(x, positions, c, s, base, interleaved, false)
+  if autograd.wants(x) then
+    autograd.record_wanted(fn, y, { x }, function(g)
+      if g == nil then return nil end
+      return core.rope(g, positions, c, s, base, interleaved, true)
+    end)
+  end
+  return y
+end
+
+-- The composed path: the angle tables gathered at the positions, then tensor ops.
+local function rope_composed(fn, x, positions, shape, d, base, interleaved)
+  local c, s = angle_tables(fn, positions, shape[#shape - 1], d, base, core.dtype(x), #shape)
+  local y = rotate(x, c, s, interleaved)
+  if autograd.wants(x) then
+    -- the transpose of a rotation is the rotation by the opposite angle
+    autograd.record_wanted(fn, y, { x }, function(g)
+      if g == nil then return nil end
+      return rotate(g, c, core.neg(s), interleaved)
+    end)
+  end
+  return y
+end
+
 local rope_options = { positions = true, base = true, interleaved = true }
 
 --- Rotary position embedding of x.
--- @tparam Tensor x (..., N, d), d even, float32 or float64
--- @tparam[opt] table opts `positions`: 0-based positions of the N tokens, a 1-D int tensor or
+-- Runs the fused kernel, or the composed tensor ops under `attn.nn.set_fused(false)` (the same
+-- numbers).
+-- @tparam Tensor x (..., N, d), d even, float32 or float64, any strides
+-- @tparam[opt] table opts `positions`: 0-based positions of the N tokens, a 1-D tensor or
 --   table of length N (default 0 .. N-1), or (B, N) per sample when x is (B, ..., N, d);
 --   `base` (default 10000); `interleaved` (default false: pairs (x_i, x_{i+d/2}))
 -- @treturn Tensor (..., N, d)
@@ -161,17 +230,13 @@ function M.rope(x, opts)
   if type(base) ~= "number" or not (base > 0 and base < math.huge) then
     error(string.format("%s: base must be a positive number, got %s", fn, tostring(opts.base)), 2)
   end
-  local interleaved = opts.interleaved == true
-  local c, s = angle_tables(fn, opts.positions, shape[#shape - 1], d, base, core.dtype(x), #shape)
-  local y = rotate(x, c, s, interleaved)
-  if autograd.wants(x) then
-    -- the transpose of a rotation is the rotation by the opposite angle
-    autograd.record_wanted(fn, y, { x }, function(g)
-      if g == nil then return nil end
-      return rotate(g, c, core.neg(s), interleaved)
-    end)
+  local positions = opts.positions
+  if positions ~= nil and type(positions) ~= "table" and not autograd.is_tensor(positions) then
+    error(string.format("%s: positions must be a tensor or a table of integers, got a %s", fn, type(positions)), 2)
   end
-  return y
+  local interleaved = opts.interleaved == true
+  if fused.choose(fn) then return rope_fused(fn, x, positions, shape[#shape - 1], d, base, interleaved) end
+  return rope_composed(fn, x, positions, shape, d, base, interleaved)
 end
 
 return M

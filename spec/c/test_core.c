@@ -1183,6 +1183,58 @@ static void test_linear_attention(void) {
   for (int i = 0; i < 10; i++) attn_tensor_free(all[i]);
 }
 
+/* RoPE on a transposed (strided) x against the closed form in both conventions, with positions
+ * past the tables and inside them; backward undoes forward; odd d and a negative position. */
+static void test_rope(void) {
+  enum { B = 2, N = 3, D = 6, H = D / 2 };
+  int64_t sx[3] = {B, D, N}, so[3] = {B, N, D}, sp[1] = {N}, st[2] = {2, H};
+  attn_tensor x, out, back, pos, c, s;
+  attn_tensor_init(&x, ATTN_F64, 3, sx), attn_tensor_init(&out, ATTN_F64, 3, so);
+  attn_tensor_init(&back, ATTN_F64, 3, so), attn_tensor_init(&pos, ATTN_I64, 1, sp);
+  attn_tensor_init(&c, ATTN_F64, 2, st), attn_tensor_init(&s, ATTN_F64, 2, st);
+  double *X = attn_tensor_data(&x);
+  for (int i = 0; i < B * N * D; i++) X[i] = sin(0.37 * i + 0.1);
+  int64_t *P = attn_tensor_data(&pos);
+  P[0] = 7, P[1] = 1, P[2] = 0; /* 7 is past the two rows of the tables */
+  attn_view_transpose(&x, 1, 2);  /* (B, N, D), strided */
+  CHECK(attn_rope_tables(100, &c, &s) == ATTN_OK, "rope tables: %s", attn_last_error());
+  for (int inter = 0; inter < 2; inter++) {
+    attn_rope_opts o = {&pos, &c, &s, 100, inter};
+    CHECK(attn_rope_forward(NULL, &x, &o, &out) == ATTN_OK, "rope forward: %s", attn_last_error());
+    double err = 0;
+    const double *O = attn_tensor_data(&out);
+    for (int b = 0; b < B; b++)
+      for (int t = 0; t < N; t++)
+        for (int i = 0; i < H; i++) {
+          int ia = inter ? 2 * i : i, ib = inter ? 2 * i + 1 : i + H;
+          double a = P[t] * pow(100, -2.0 * i / D);
+          double xa = X[(b * D + ia) * N + t], xb = X[(b * D + ib) * N + t];
+          const double *o = O + (b * N + t) * D;
+          err = fmax(err, fabs(o[ia] - (xa * cos(a) - xb * sin(a))));
+          err = fmax(err, fabs(o[ib] - (xb * cos(a) + xa * sin(a))));
+        }
+    CHECK(err < 1e-12, "rope (interleaved %d) off the closed form by %g", inter, err);
+    CHECK(attn_rope_backward(NULL, &out, &o, &back) == ATTN_OK, "rope backward: %s", attn_last_error());
+    double berr = 0;
+    const double *Bk = attn_tensor_data(&back);
+    for (int b = 0; b < B; b++)
+      for (int t = 0; t < N; t++)
+        for (int j = 0; j < D; j++) berr = fmax(berr, fabs(Bk[(b * N + t) * D + j] - X[(b * D + j) * N + t]));
+    CHECK(berr < 1e-14, "rope backward does not undo forward: %g", berr);
+  }
+  attn_rope_opts o = {&pos, NULL, NULL, 10000, 0};
+  P[1] = -3;
+  CHECK(attn_rope_forward(NULL, &x, &o, &out) == ATTN_ERR_ARG &&
+            strstr(attn_last_error(), "rope: positions[2] = -3 is not a non-negative integer"),
+        "negative position: %s", attn_last_error());
+  attn_view_narrow(&x, 2, 0, 5);
+  CHECK(attn_rope_forward(NULL, &x, &o, &out) == ATTN_ERR_SHAPE &&
+            strstr(attn_last_error(), "rope: the feature size d = 5 of x [2x3x5] must be even"),
+        "odd d: %s", attn_last_error());
+  attn_tensor *all[6] = {&x, &out, &back, &pos, &c, &s};
+  for (int i = 0; i < 6; i++) attn_tensor_free(all[i]);
+}
+
 /* Heads as a dimension with grouped keys and values, an additive bias and ALiBi (attn_sdpa_forward,
  * attn_sdpa_backward on 4-D operands): q (1, 2, 3, 4) over one key/value head, a (1, Nk) bias
  * broadcast over heads and queries, slopes 1/2, 1/4; against plain loops, and dk against the 3-D
@@ -1295,6 +1347,56 @@ static void test_attention_heads_bias(void) {
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) attn_tensor_free(all[i]);
 }
 
+/* RMSNorm (the LayerNorm kernels without the centring): forward against its formula, dx and
+ * dweight against central differences of sum(g * y). */
+static double rms_loss(const double *X, const double *W, const double *G, double eps) {
+  double total = 0;
+  for (int r = 0; r < 2; r++) {
+    double ms = 0;
+    for (int j = 0; j < 4; j++) ms += X[r * 4 + j] * X[r * 4 + j] / 4;
+    for (int j = 0; j < 4; j++) total += G[r * 4 + j] * X[r * 4 + j] / sqrt(ms + eps) * W[j];
+  }
+  return total;
+}
+
+static void test_rms_norm(void) {
+  int64_t sx[2] = {2, 4}, sw[1] = {4};
+  attn_tensor x, w, out, g, dx, dw, saved;
+  attn_tensor_init(&x, ATTN_F64, 2, sx), attn_tensor_init(&w, ATTN_F64, 1, sw), attn_tensor_init(&out, ATTN_F64, 2, sx);
+  attn_tensor_init(&g, ATTN_F64, 2, sx), attn_tensor_init(&dx, ATTN_F64, 2, sx), attn_tensor_init(&dw, ATTN_F64, 1, sw);
+  attn_saved_layout l;
+  attn_layer_norm_saved_layout(2, &l);
+  attn_tensor_init(&saved, ATTN_F64, 1, &l.numel);
+  double *X = attn_tensor_data(&x), *W = attn_tensor_data(&w), *G = attn_tensor_data(&g);
+  for (int i = 0; i < 8; i++) X[i] = sin(1.7 * i) * 2 + 0.5, G[i] = cos(0.9 * i);
+  for (int j = 0; j < 4; j++) W[j] = 0.5 + 0.25 * j;
+  CHECK(attn_rms_norm_forward(&x, 4, &w, 1e-3, &out, &saved) == ATTN_OK, "rms_norm: %s", attn_last_error());
+  double err = 0;
+  const double *O = attn_tensor_data(&out);
+  for (int r = 0; r < 2; r++) {
+    double ms = 0;
+    for (int j = 0; j < 4; j++) ms += X[r * 4 + j] * X[r * 4 + j] / 4;
+    for (int j = 0; j < 4; j++) err = fmax(err, fabs(O[r * 4 + j] - X[r * 4 + j] / sqrt(ms + 1e-3) * W[j]));
+  }
+  CHECK(err < 1e-14, "rms_norm off its formula by %g", err);
+  CHECK(attn_rms_norm_backward(&x, 4, &w, &saved, &g, &dx, &dw) == ATTN_OK, "rms_norm backward: %s",
+        attn_last_error());
+  double gerr = 0, *ops[2] = {X, W}, *grads[2] = {attn_tensor_data(&dx), attn_tensor_data(&dw)};
+  for (int a = 0; a < 2; a++)
+    for (int i = 0; i < (a ? 4 : 8); i++) {
+      double keep = ops[a][i];
+      ops[a][i] = keep + 1e-6;
+      double up = rms_loss(X, W, G, 1e-3);
+      ops[a][i] = keep - 1e-6;
+      double down = rms_loss(X, W, G, 1e-3);
+      ops[a][i] = keep;
+      gerr = fmax(gerr, fabs((up - down) / 2e-6 - grads[a][i]));
+    }
+  CHECK(gerr < 1e-8, "rms_norm gradients off central differences by %g", gerr);
+  attn_tensor *all[7] = {&x, &w, &out, &g, &dx, &dw, &saved};
+  for (int i = 0; i < 7; i++) attn_tensor_free(all[i]);
+}
+
 int main(void) {
   test_allocator();
   test_views_and_errors();
@@ -1317,6 +1419,8 @@ int main(void) {
   test_parity_kernels();
   test_conv_and_pool();
   test_linear_attention();
+  test_rope();
+  test_rms_norm();
   attn_alloc_empty_cache();
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;

@@ -245,7 +245,7 @@ local ROWS = {
     name = "nn.MultiHeadAttention",
     build = function(dtype, case)
       local m = nn.MultiHeadAttention { key_size = 3, query_size = 5, value_size = 4, num_hiddens = 6, num_heads = 3,
-        dropout = 0.25, bias = case.bias }
+        dropout = 0.25, bias = case.bias, rope = case.rope, num_kv_heads = case.kv }
       if case.replace then m.W_q = nn.Sequential(nn.Linear(5, 6)) end
       return mode(m:to(dtype), case)
     end,
@@ -261,6 +261,8 @@ local ROWS = {
       { "eval, lengths per sample, biases", lens = { 3, 5 }, bias = true, eligible = true },
       { "training with dropout, causal", train = true, causal = true, eligible = true },
       { "a replaced W_q (a Sequential)", replace = true, lens = { 3, 5 }, eligible = false },
+      { "rope (the node has none)", rope = true, lens = { 3, 5 }, eligible = false },
+      { "one key/value head (num_kv_heads = 1)", kv = 1, train = true, causal = true, eligible = false },
     },
   },
   {
@@ -273,6 +275,18 @@ local ROWS = {
     cases = {
       { "affine", eligible = true },
       { "without affine parameters", affine = false, eligible = true },
+    },
+  },
+  {
+    name = "nn.RMSNorm",
+    build = function(dtype, case)
+      local m = nn.RMSNorm(4, { dtype = dtype, eps = case.eps, elementwise_affine = case.affine })
+      return randomize(m, 1)
+    end,
+    inputs = function(dtype) return { (attn.randn({ 5, 3, 4 }, dtype) * 3 + 1):requires_grad_() } end,
+    cases = {
+      { "affine, eps 1e-5", eps = 1e-5, eligible = true },
+      { "without a weight, the dtype's eps", affine = false, eligible = true },
     },
   },
   {
@@ -341,6 +355,22 @@ local ROWS = {
     inputs = function(dtype) return leaves(dtype, { 4, 3, 8 }, { 4, 3, 8 }, { 8 }, { 8 }) end,
     call = function(_, a, case) return { linear.add_layer_norm(a[1], a[2], 0.3, case.train, 8, a[3], a[4], 1e-5) } end,
     cases = { { "eval", eligible = true }, { "training with dropout", train = true, eligible = true } },
+  },
+  {
+    name = "attn.rope",
+    who = "rope",
+    inputs = function(dtype) return leaves(dtype, { 2, 3, 5, 8 }) end,
+    call = function(_, a, case)
+      local x = case.strided and a[1]:transpose(3, 4):reshape({ 2, 3, 8, 5 }):transpose(3, 4) or a[1]
+      return { attn.rope(x, { interleaved = case.interleaved, positions = case.positions, base = case.base }) }
+    end,
+    cases = {
+      { "positions 0..N-1", eligible = true },
+      { "interleaved, per-sample positions, base 500", interleaved = true, base = 500,
+        positions = { { 9, 3, 0, 70, 2 }, { 1, 2, 3, 4, 5 } }, eligible = true },
+      { "a strided x, positions past the cached tables", strided = true, positions = { 4000, 1, 2, 3, 65 },
+        eligible = true },
+    },
   },
   {
     name = "linear.linear_relu",

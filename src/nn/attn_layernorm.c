@@ -15,6 +15,7 @@ typedef struct {
   double *mean, *rstd, *acc_w, *acc_b;
   int64_t rows, n;
   double eps;
+  int rms; /* RMSNorm: no centring (mean 0) */
 } ln_job;
 
 /* Row sums go through LANES independent accumulators, added up in a fixed
@@ -65,7 +66,7 @@ typedef struct {
     for (int64_t r = r0; r < r1; r++) {                                                                 \
       const T *x = (const T *)J->x + r * n;                                                             \
       T *y = (T *)J->out + r * n;                                                                       \
-      double mu = row_mean_##S(x, n), rs = 1 / sqrt(row_var_##S(x, n, mu) + J->eps);                    \
+      double mu = J->rms ? 0 : row_mean_##S(x, n), rs = 1 / sqrt(row_var_##S(x, n, mu) + J->eps);       \
       J->mean[r] = mu, J->rstd[r] = rs;                                                                 \
       if (w && b)                                                                                       \
         for (int64_t j = 0; j < n; j++) y[j] = (T)((x[j] - mu) * rs * w[j] + b[j]);                     \
@@ -93,7 +94,7 @@ typedef struct {
       else                                                                                              \
         for (; j + LANES <= n; j += LANES) ADD_LANES(a, G_AT), ADD_LANES(c, GH_AT);                     \
       for (; j < n; j++) a0 += w ? DW_AT(j) : G_AT(j), c0 += w ? DWH_AT(j) : GH_AT(j);                  \
-      double sd = LANES_TOTAL(a) / (double)n, sdh = LANES_TOTAL(c) / (double)n;                         \
+      double sd = J->rms ? 0 : LANES_TOTAL(a) / (double)n, sdh = LANES_TOTAL(c) / (double)n;            \
       if (w)                                                                                            \
         for (j = 0; j < n; j++) dx[j] = (T)(rs * ((double)g[j] * w[j] - sd - (x[j] - mu) * rs * sdh));  \
       else                                                                                              \
@@ -173,9 +174,8 @@ static int64_t grain(int64_t per_item) { return GRAIN_ELEMENTS / (per_item > 0 ?
 
 /* ---------------------------------------------------------------- entry points */
 
-attn_status attn_layer_norm_forward(const attn_tensor *x, int64_t n, const attn_tensor *weight,
-                                    const attn_tensor *bias, double eps, attn_tensor *out, attn_tensor *saved) {
-  const char *op = "layer_norm";
+static attn_status norm_forward(const char *op, int rms, const attn_tensor *x, int64_t n, const attn_tensor *weight,
+                                const attn_tensor *bias, double eps, attn_tensor *out, attn_tensor *saved) {
   int64_t rows = 0;
   attn_status st = attn_layer_norm_rows(op, x, n, &rows);
   if (st == ATTN_OK && weight) st = check_operand(op, "weight", weight, x->dtype, n);
@@ -186,15 +186,24 @@ attn_status attn_layer_norm_forward(const attn_tensor *x, int64_t n, const attn_
   if (st != ATTN_OK) return st;
   J.x = attn_tensor_data(x), J.w = weight ? attn_tensor_data(weight) : NULL;
   J.b = bias ? attn_tensor_data(bias) : NULL, J.out = attn_tensor_data(out);
-  J.rows = rows, J.n = n, J.eps = eps;
+  J.rows = rows, J.n = n, J.eps = eps, J.rms = rms;
   attn_parallel_for(rows, grain(3 * n), x->dtype == ATTN_F32 ? fwd_rows_f32 : fwd_rows_f64, &J);
   return ATTN_OK;
 }
 
-attn_status attn_layer_norm_backward(const attn_tensor *x, int64_t n, const attn_tensor *weight,
-                                     const attn_tensor *saved, const attn_tensor *dout, attn_tensor *dx,
-                                     attn_tensor *dweight, attn_tensor *dbias) {
-  const char *op = "layer_norm backward";
+attn_status attn_layer_norm_forward(const attn_tensor *x, int64_t n, const attn_tensor *weight,
+                                    const attn_tensor *bias, double eps, attn_tensor *out, attn_tensor *saved) {
+  return norm_forward("layer_norm", 0, x, n, weight, bias, eps, out, saved);
+}
+
+attn_status attn_rms_norm_forward(const attn_tensor *x, int64_t n, const attn_tensor *weight, double eps,
+                                  attn_tensor *out, attn_tensor *saved) {
+  return norm_forward("rms_norm", 1, x, n, weight, NULL, eps, out, saved);
+}
+
+static attn_status norm_backward(const char *op, int rms, const attn_tensor *x, int64_t n, const attn_tensor *weight,
+                                 const attn_tensor *saved, const attn_tensor *dout, attn_tensor *dx,
+                                 attn_tensor *dweight, attn_tensor *dbias) {
   int64_t rows = 0;
   attn_status st = attn_layer_norm_rows(op, x, n, &rows);
   if (st == ATTN_OK && weight) st = check_operand(op, "weight", weight, x->dtype, n);
@@ -209,7 +218,7 @@ attn_status attn_layer_norm_backward(const attn_tensor *x, int64_t n, const attn
   J.x = attn_tensor_data(x), J.w = weight ? attn_tensor_data(weight) : NULL;
   J.dout = attn_tensor_data(dout), J.dx = dx ? attn_tensor_data(dx) : NULL;
   J.dw = dweight ? attn_tensor_data(dweight) : NULL, J.db = dbias ? attn_tensor_data(dbias) : NULL;
-  J.rows = rows, J.n = n;
+  J.rows = rows, J.n = n, J.rms = rms;
   if (dx) attn_parallel_for(rows, grain(3 * n), f32 ? bwd_rows_f32 : bwd_rows_f64, &J);
   if (dweight || dbias) {
     size_t cap = 0;
@@ -220,4 +229,16 @@ attn_status attn_layer_norm_backward(const attn_tensor *x, int64_t n, const attn
     attn_free(J.acc_w, cap);
   }
   return ATTN_OK;
+}
+
+attn_status attn_layer_norm_backward(const attn_tensor *x, int64_t n, const attn_tensor *weight,
+                                     const attn_tensor *saved, const attn_tensor *dout, attn_tensor *dx,
+                                     attn_tensor *dweight, attn_tensor *dbias) {
+  return norm_backward("layer_norm backward", 0, x, n, weight, saved, dout, dx, dweight, dbias);
+}
+
+attn_status attn_rms_norm_backward(const attn_tensor *x, int64_t n, const attn_tensor *weight,
+                                   const attn_tensor *saved, const attn_tensor *dout, attn_tensor *dx,
+                                   attn_tensor *dweight) {
+  return norm_backward("rms_norm backward", 1, x, n, weight, saved, dout, dx, dweight, NULL);
 }

@@ -48,4 +48,15 @@ attn_status attn_layer_norm_backward(const attn_tensor *x, int64_t n, const attn
                                      const attn_tensor *saved, const attn_tensor *dout, attn_tensor *dx,
                                      attn_tensor *dweight, attn_tensor *dbias);
 
+/* RMSNorm (Zhang & Sennrich 2019) by the same kernels without the centring: row r becomes
+ *
+ *     y = x * rstd_r * weight,   rstd_r = 1 / sqrt(mean(x^2) + eps)
+ *
+ * with the saved buffer of the layout above (its mean part all zeros) and no bias. */
+attn_status attn_rms_norm_forward(const attn_tensor *x, int64_t n, const attn_tensor *weight, double eps,
+                                  attn_tensor *out, attn_tensor *saved);
+attn_status attn_rms_norm_backward(const attn_tensor *x, int64_t n, const attn_tensor *weight,
+                                   const attn_tensor *saved, const attn_tensor *dout, attn_tensor *dx,
+                                   attn_tensor *dweight);
+
 #endif

@@ -207,27 +207,70 @@ end
 -- attn.nn.efficient: "linear", {"performer", num_features = 64}, {"window", window = r},
 -- {"linformer", seq_len = N, k = 32}, {"nystrom", landmarks = 32}, ... (child `efficient`; see
 -- nn.EfficientAttention).
+--
+-- Today's two variants, each one option (with full attention):
+--
+-- * `rope = true` (or `{base = 10000, interleaved = false}`, or an nn.RotaryEmbedding of the head
+--   size, kept as the child `rope`) rotates the projected per-head queries and keys by attn.rope
+--   before the scores: token t at position t - 1 (0-based) unless the call's opts give
+--   `positions` (1-D (N) or per sample (B, N)); `key_positions` for the keys (default:
+--   `positions`).
+-- * `num_kv_heads` (dividing num_heads; default num_heads): grouped-query attention. W_k and W_v
+--   project to num_kv_heads * head size, and query head h uses key/value head
+--   ceil(h / (num_heads / num_kv_heads)) inside the kernel (no copy of K and V).
+--
+-- Either runs the composed path, as (B, H, N, head size) operands of attn.dot_product_attention.
 -- @type MultiHeadAttention
 local MultiHeadAttention = Module:extend("MultiHeadAttention")
 M.MultiHeadAttention = MultiHeadAttention
 
+-- The RotaryEmbedding child of the `rope` option (true, a table of its options, or one).
+local function rotary_child(who, rope, h, heads)
+  local dh = h // heads
+  if dh % 2 ~= 0 then
+    error(string.format("%s: rope needs an even head size, got num_hiddens %d / num_heads %d = %d", who, h, heads, dh),
+      4)
+  end
+  local RotaryEmbedding = require("attn.nn.modern").RotaryEmbedding
+  if rope == true then return RotaryEmbedding(dh) end
+  if module.is_module(rope) then
+    if rope.dim ~= dh then
+      error(string.format("%s: rope module of dim %s does not fit the head size %d", who, tostring(rope.dim), dh), 4)
+    end
+    return rope
+  end
+  if type(rope) == "table" then return RotaryEmbedding(dh, rope) end
+  error(string.format("%s: rope must be true, a table {base, interleaved} or an nn.RotaryEmbedding, got a %s", who,
+    type(rope)), 4)
+end
+
 function MultiHeadAttention:init(...)
   local who = "MultiHeadAttention"
   local o = read_options(who, { "key_size", "query_size", "value_size", "num_hiddens", "num_heads", "dropout", "bias",
-    "attention" }, ...)
+    "attention", "rope", "num_kv_heads" }, ...)
   local h, heads = need_int(who, o, "num_hiddens"), need_int(who, o, "num_heads")
   if h % heads ~= 0 then
     error(string.format("%s: num_hiddens %d is not divisible by num_heads %d", who, h, heads), 3)
   end
-  local bias = o.bias == true
-  self.num_heads = heads
+  local kv = o.num_kv_heads == nil and heads or need_int(who, o, "num_kv_heads")
+  if heads % kv ~= 0 then
+    error(string.format("%s: num_kv_heads %d does not divide num_heads %d", who, kv, heads), 3)
+  end
+  local efficient = o.attention ~= nil and o.attention ~= "full"
+  if efficient and (kv ~= heads or (o.rope ~= nil and o.rope ~= false)) then
+    error(string.format("%s: rope and num_kv_heads work with full attention, not attention = %s", who,
+      tostring(type(o.attention) == "table" and o.attention[1] or o.attention)), 3)
+  end
+  local bias, dh = o.bias == true, h // heads
+  self.num_heads, self.num_kv_heads = heads, kv
   self.attention = DotProductAttention(o.dropout or 0)
   self.W_q = Linear(need_int(who, o, "query_size"), h, { bias = bias })
-  self.W_k = Linear(need_int(who, o, "key_size"), h, { bias = bias })
-  self.W_v = Linear(need_int(who, o, "value_size"), h, { bias = bias })
+  self.W_k = Linear(need_int(who, o, "key_size"), dh * kv, { bias = bias })
+  self.W_v = Linear(need_int(who, o, "value_size"), dh * kv, { bias = bias })
   self.W_o = Linear(h, h, { bias = bias })
-  if o.attention ~= nil and o.attention ~= "full" then -- another mechanism (attn.nn.efficient)
-    self.efficient = require("attn.nn.efficient").EfficientAttention(o.attention, h // heads, heads)
+  if o.rope ~= nil and o.rope ~= false then self.rope = rotary_child(who, o.rope, h, heads) end
+  if efficient then -- another mechanism (attn.nn.efficient)
+    self.efficient = require("attn.nn.efficient").EfficientAttention(o.attention, dh, heads)
   end
 end
 
@@ -319,6 +362,9 @@ function MultiHeadAttention:forward(queries, keys, values, valid_lens, opts)
   valid_lens = valid_lens_tensor(valid_lens, queries)
   check_lens(valid_lens, queries)
   if rawget(self, "_attrs").efficient ~= nil then return self:efficient_forward(queries, keys, values, valid_lens, opts) end
+  if opts ~= nil and (opts.positions ~= nil or opts.key_positions ~= nil) and rawget(self, "_attrs").rope == nil then
+    error("MultiHeadAttention: positions and key_positions need the rope option", 2)
+  end
   if opts ~= nil and opts.mask ~= nil then
     opts = per_head_mask(opts, self.num_heads, queries, keys)
   end
@@ -326,12 +372,13 @@ function MultiHeadAttention:forward(queries, keys, values, valid_lens, opts)
 end
 
 --- Whether the fused node can run this call (attn.nn.fused): queries, keys and values 3-D
--- with the last dims of the Linear children W_q, W_k, W_v. Anything else takes the
--- composed path, whose checks name the problem.
+-- with the last dims of the Linear children W_q, W_k, W_v, and neither rope nor grouped
+-- keys and values (the node has neither). Anything else takes the composed path, whose
+-- checks name the problem.
 function MultiHeadAttention:can_fuse(queries, keys, values)
   local a = rawget(self, "_attrs")
-  return fits(queries, rawget(a.W_q, "_attrs")) and fits(keys, rawget(a.W_k, "_attrs"))
-    and fits(values, rawget(a.W_v, "_attrs"))
+  return a.rope == nil and a.num_kv_heads == a.num_heads and fits(queries, rawget(a.W_q, "_attrs"))
+    and fits(keys, rawget(a.W_k, "_attrs")) and fits(values, rawget(a.W_v, "_attrs"))
 end
 
 --- The fused path: the four projections, the heads' attention and the merge as one node
@@ -363,6 +410,10 @@ end
 -- child and `merge_heads`, the same numbers as the fused node. Takes what forward prepared.
 function MultiHeadAttention:composed_forward(queries, keys, values, valid_lens, opts)
   local heads = self.num_heads
+  local a = rawget(self, "_attrs")
+  if a.rope ~= nil or a.num_kv_heads ~= heads then
+    return self:heads_forward(queries, keys, values, valid_lens, opts)
+  end
   local q = attn.split_heads(self.W_q(queries), heads)
   local k = attn.split_heads(self.W_k(keys), heads)
   local v = attn.split_heads(self.W_v(values), heads)
@@ -371,6 +422,41 @@ function MultiHeadAttention:composed_forward(queries, keys, values, valid_lens, 
   local out = self.attention(q, k, v, valid_lens, opts)
   keep_head_weights(self, self.attention.attention_weights, heads)
   return self.W_o(attn.merge_heads(out, heads))
+end
+
+--- The composed path with rope or grouped keys and values: the projections as (B, H, N, head
+-- size) and (B, num_kv_heads, N, head size) operands (split_heads' rows viewed 4-D), the rope
+-- child on queries and keys, the DotProductAttention child (which maps the key/value heads) and
+-- `merge_heads`. Takes what forward prepared (a per-sample mask repeated per head).
+function MultiHeadAttention:heads_forward(queries, keys, values, valid_lens, opts)
+  local a = rawget(self, "_attrs")
+  local H, Hkv = a.num_heads, a.num_kv_heads
+  local q, k, v = self.W_q(queries), self.W_k(keys), self.W_v(values)
+  local B, Nq, Nk = q:size(1), q:size(2), k:size(2)
+  local dh = q:size(3) // H
+  q = attn.split_heads(q, H):reshape({ B, H, Nq, dh })
+  k = attn.split_heads(k, Hkv):reshape({ B, Hkv, Nk, dh })
+  v = attn.split_heads(v, Hkv):reshape({ B, Hkv, Nk, v:size(3) // Hkv })
+  local positions, key_positions
+  if opts ~= nil then
+    local o = {}
+    for key, val in pairs(opts) do o[key] = val end
+    positions, key_positions, o.positions, o.key_positions = o.positions, o.key_positions, nil, nil
+    local mask = o.mask -- repeated per head by forward: (B*H, Nq, Nk) rows are (b, h) batch-major
+    if is_tensor(mask) and mask:dim() == 3 and mask:size(1) == B * H and B * H > 1 then
+      o.mask = mask:reshape({ B, H, Nq, Nk })
+    end
+    opts = o
+  end
+  if a.rope ~= nil then
+    q = a.rope(q, positions)
+    k = a.rope(k, key_positions or positions)
+  end
+  local child = a.attention
+  child.keep_weights = self.keep_weights
+  local out = child(q, k, v, valid_lens, opts) -- (B, H, Nq, dv)
+  a.attention_weights = rawget(child, "_attrs").attention_weights -- (B, H, Nq, Nk) or nil
+  return self.W_o(attn.merge_heads(out:reshape({ B * H, Nq, out:size(4) }), H))
 end
 
 --- The path of another mechanism (the `attention` option): the projections, `split_heads`, the
@@ -388,7 +474,11 @@ function MultiHeadAttention:efficient_forward(queries, keys, values, valid_lens,
   return self.W_o(attn.merge_heads(self.efficient(q, k, v, { valid_lens = valid_lens }), heads))
 end
 
-function MultiHeadAttention:extra_repr() return "num_heads=" .. self.num_heads end
+function MultiHeadAttention:extra_repr()
+  local a = rawget(self, "_attrs")
+  if a.num_kv_heads == a.num_heads then return "num_heads=" .. a.num_heads end
+  return string.format("num_heads=%d, num_kv_heads=%d", a.num_heads, a.num_kv_heads)
+end
 
 -- ---------------------------------------------------------------- positional encodings
 

@@ -5,7 +5,10 @@ local attn = require "attn"
 local module = require "attn.nn.module"
 local linear = require "attn.nn.linear"
 local check = require "attn.check"
+local autograd = require "attn.autograd"
+local fused = require "attn.nn.fused"
 
+local core = attn.core
 local Module = module.Module
 local Linear = linear.Linear
 
@@ -20,7 +23,9 @@ local FINFO_EPS = { float32 = 2.0 ^ -23, float64 = 2.0 ^ -52 }
 -- arXiv:1910.07467): y = x / sqrt(mean(x^2) + eps) * weight over the last dim d. Parameter
 -- `weight` (ones), PyTorch 2.4's key. `eps` defaults to nil, which, as in PyTorch, means the
 -- machine epsilon of the input's dtype at each call (2^-23 for float32, 2^-52 for float64);
--- Llama passes 1e-5 or 1e-6 explicitly. Composed of differentiable tensor ops.
+-- Llama passes 1e-5 or 1e-6 explicitly. Two paths (attn.nn.fused): a fused node over the
+-- LayerNorm kernel's rows without the centring (src/nn/attn_layernorm.h: one pass forward, one
+-- backward, sums in double) and the composed differentiable tensor ops.
 -- @type RMSNorm
 local RMSNorm = Module:extend("RMSNorm")
 M.RMSNorm = RMSNorm
@@ -42,14 +47,39 @@ function RMSNorm:init(d, opts)
   end
 end
 
+local function eps_of(m, x) return m.eps or FINFO_EPS[core.dtype(x)] or FINFO_EPS.float32 end
+
 function RMSNorm:forward(x)
   local d = self.normalized_shape[1]
   if not attn.is_tensor(x) or x:dim() < 1 or x:size(x:dim()) ~= d then
     error(string.format("RMSNorm: input must be a tensor (..., %d), got %s", d,
       attn.is_tensor(x) and attn.core.shape_str(x) or ("a " .. type(x))), 2)
   end
-  local eps = self.eps or FINFO_EPS[x:dtype()] or FINFO_EPS.float32
-  local y = x * (x:square():mean(x:dim(), true) + eps):sqrt():reciprocal()
+  return fused.forward(self, x)
+end
+
+--- Whether the fused node can run this call (attn.nn.fused): a float input and, with an
+-- affine weight, one of the input's dtype.
+function RMSNorm:can_fuse(x)
+  local w = self.weight
+  return core.dtype(x) ~= "int64" and (w == nil or core.dtype(w) == core.dtype(x))
+end
+
+--- The fused path: one node over the C kernel (rows of d entries, statistics in double).
+function RMSNorm:fused_forward(x)
+  local weight, n = self.weight, self.normalized_shape[1]
+  local xc, w = core.contiguous(x), weight and core.contiguous(weight)
+  local y, saved = core.rms_norm_forward(xc, n, w, eps_of(self, x))
+  return autograd.record("rms_norm", y, { x, weight or false }, function(g)
+    local dx, dw = core.rms_norm_backward(xc, n, w, saved, core.contiguous(g), weight ~= nil)
+    if weight == nil then return dx end
+    return dx, dw
+  end)
+end
+
+--- The composed path: x * rsqrt(mean(x^2) + eps) * weight as tensor ops.
+function RMSNorm:composed_forward(x)
+  local y = x * (x:square():mean(x:dim(), true) + eps_of(self, x)):sqrt():reciprocal()
   if self.weight ~= nil then y = y * self.weight end
   return y
 end
