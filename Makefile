@@ -48,6 +48,9 @@ endif
 # which the vectoriser needs; the kernels never rely on floating-point traps.
 CPU_OPT   = -O3 -fno-trapping-math
 LIBFLAG  ?= -shared
+# Symbols of static archives linked into the module (the aarch64 sysroot's libm.a) stay hidden too,
+# so core.so exports luaopen_attn_core alone whatever libraries it pulls in.
+MODULE_LDFLAGS = -Wl,--exclude-libs,ALL
 # -fvisibility=hidden: core.so exports its luaopen_* (ATTN_EXPORT, src/bind/lbind.h) and nothing
 # else. Only the binding (src/bind/) sees Lua's headers: LUA_CFLAGS go to its objects alone.
 ALL_CFLAGS = $(WARN) $(CFLAGS) -fPIC -fvisibility=hidden -Isrc $(BLAS_FLAGS)
@@ -146,7 +149,7 @@ $(OBJ_DIR)/cpu/%.o: src/cpu/%.c $(HEADERS)
 
 $(MODULE): $(OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(LIBFLAG) -o $@ $(OBJ) $(LDLIBS)
+	$(CC) $(LIBFLAG) $(MODULE_LDFLAGS) -o $@ $(OBJ) $(LDLIBS)
 
 $(CAIRO_MODULE): $(CAIRO_SRC)
 	@mkdir -p $(dir $@)
@@ -170,7 +173,7 @@ build/asan/cpu/%.o: src/cpu/%.c $(HEADERS)
 
 $(ASAN_MODULE): $(ASAN_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(LIBFLAG) -fsanitize=address,undefined -o $@ $(ASAN_OBJ) $(LDLIBS)
+	$(CC) $(LIBFLAG) $(MODULE_LDFLAGS) -fsanitize=address,undefined -o $@ $(ASAN_OBJ) $(LDLIBS)
 
 $(ASAN_CAIRO_MODULE): $(CAIRO_SRC)
 	@mkdir -p $(dir $@)
