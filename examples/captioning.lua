@@ -69,7 +69,9 @@ cli.main(function()
     say("captioning: %s", train_labels)
     local function synthetic(n, seed)
       attn.manual_seed(seed)
-      local labels = (attn.rand(n) * 10):floor():to("int64") + 1
+      local ids = {}
+      for i = 1, n do ids[i] = math.random(10) end
+      local labels = attn.tensor(ids, "int64")
       local rows = attn.arange(0, 28, 1, "float32"):reshape({ 1, 28, 1 })
       local stripe = (rows - labels:to("float32"):reshape({ n, 1, 1 }) * 2.5):abs():lt(2):to("float32")
       return (stripe:expand({ n, 28, 28 }) * 0.8 + attn.rand(n, 28, 28) * 0.2):contiguous(), labels

@@ -979,8 +979,8 @@ function plot.attention_overlay(image, weights, words, opts)
   local title_h = title and line_height(TITLE_SIZE) + 6 or 0
   columns = math.min(columns, T)
   local rows = (T + columns - 1) // columns
-  local fig = new_figure(2 * gap + columns * pw + (columns - 1) * gap,
-    2 * gap + title_h + rows * (ph + word_h) + (rows - 1) * gap)
+  local fig = new_figure(math.ceil(2 * gap + columns * pw + (columns - 1) * gap),
+    math.ceil(2 * gap + title_h + rows * (ph + word_h) + (rows - 1) * gap))
   if title then fig:text(fig.width / 2, gap + cap_height(TITLE_SIZE), title, TITLE_SIZE, { align = 0.5, class = "title" }) end
   for t = 1, T do
     local base, top = (t - 1) * gh * gw, 0
