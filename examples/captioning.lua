@@ -10,7 +10,6 @@ local attn = require "attn"
 local cli = require "attn.d2l.cli"
 local report = require "attn.d2l.report"
 local cap = require "attn.d2l.captioning"
-local captioning = require "attn.nn.captioning"
 local data = require "attn.data"
 local plot = require "attn.plot"
 local nn = attn.nn
@@ -27,6 +26,7 @@ local opts = cli.start(arg, {
     { "test_scenes", "integer", 2000, "test scenes" },
     { "batch", "integer", 64, "batch size" },
     { "lr", "number", 0.003, "Adam learning rate of the decoders" },
+    { "hidden", "integer", 64, "decoder hidden size" },
     { "lambda", "number", 1, "weight of the doubly stochastic regulariser" },
     { "rnn", "string", "lstm", "decoder cell: lstm or gru" },
     { "clutter", "number", 0, "noise in the empty cells, in [0, 1]" },
@@ -149,7 +149,7 @@ cli.main(function()
   -- ------------------------------------------------------------ the decoders
   local function train_decoder(name, attend)
     local dec = nn.ShowAttendTell { vocab_size = #vocab, feature_size = D, num_cells = L, rnn = opts.rnn,
-      attention = attend }
+      num_hiddens = opts.hidden, attention = attend }
     local params = dec:parameters()
     if opts.fine_tune then
       for _, p in ipairs(cnn:parameters()) do params[#params + 1] = p end
@@ -220,12 +220,13 @@ cli.main(function()
 
   -- ------------------------------------------------------------ report and pictures
   local r = report.new("Show, Attend and Tell on Fashion-MNIST scenes")
-  r:paragraph(string.format("Encoder: nn.CaptionCNN (3 conv layers, %d channels) trained on single %s items, " ..
+  r:paragraph(string.format("Encoder: nn.CaptionCNN (two conv layers and a 7 x 7 cell layer, %d features) trained on " ..
+    "single %s items, " ..
     "test accuracy %.3f, then %s over 84 x 84 scenes (%d cells x %d features). Decoder: nn.ShowAttendTell " ..
-    "(%s, additive attention, gate beta, lambda %g), %d training scenes, %d epochs, Adam lr %g; the baseline is " ..
+    "(%s %d, additive attention, gate beta, lambda %g), %d training scenes, %d epochs, Adam lr %g; the baseline is " ..
     "the same decoder with the mean feature as its context. %d test scenes from test images only, decoded " ..
     "without teacher forcing.", D, source_note, cnn_accuracy, opts.fine_tune and "fine-tuned" or "frozen", L, D,
-    opts.rnn, opts.lambda, train.canvases:size(1), #curve, opts.lr, test.canvases:size(1)))
+    opts.rnn, opts.hidden, opts.lambda, train.canvases:size(1), #curve, opts.lr, test.canvases:size(1)))
   r:table(header, rows)
   r:heading("Training loss")
   local xs = {}
@@ -233,20 +234,21 @@ cli.main(function()
   assert(r:plot("cross-entropy per token (teacher forcing)", opts.out .. "/loss.png", plot.lines, xs,
     { curve, base_curve }, { legend = { "attention", "no attention" }, xlabel = "epoch", ylabel = "cross-entropy" }))
   r:heading("Attention while captioning test scenes")
-  local shown = 0
-  for i = 1, #main.decoded.ids do
-    if shown >= 4 then break end
-    local ids = main.decoded.ids[i]
-    if #ids >= 2 then
-      shown = shown + 1
-      local ws = vocab:tokens(ids)
-      ws[#ws + 1] = "<eos>"
-      local weights = attn.tensor(main.decoded.alphas[i]):reshape({ #ws, 3, 3 })
-      local image = test.canvases:select(1, i):select(1, 1)
-      local caption = string.format("scene %d: \"%s\" (reference \"%s\")", i, main.preds[i], main.refs[i])
-      assert(r:plot(caption, string.format("%s/attention-%d.png", opts.out, shown), plot.attention_overlay, image,
-        weights, ws, {}))
+  -- a few test scenes, those with two or more words first (any, so that a tiny run draws too)
+  local chosen = {}
+  for pass = 1, 2 do
+    for i = 1, #main.decoded.ids do
+      if #chosen < 4 and ((#main.decoded.ids[i] >= 2) == (pass == 1)) then chosen[#chosen + 1] = i end
     end
+  end
+  for shown, i in ipairs(chosen) do
+    local ws = vocab:tokens(main.decoded.ids[i])
+    local weights = main.decoded.alphas[i]
+    if #weights > #ws then ws[#ws + 1] = "<eos>" end
+    local image = test.canvases:select(1, i):select(1, 1)
+    local caption = string.format("scene %d: \"%s\" (reference \"%s\")", i, main.preds[i], main.refs[i])
+    assert(r:plot(caption, string.format("%s/attention-%d.png", opts.out, shown), plot.attention_overlay, image,
+      attn.tensor(weights), ws, {}))
   end
   r:heading("Captions of the first test scenes")
   local caps = {}

@@ -23,14 +23,17 @@ describe("nn.CaptionCNN", function()
     local x = attn.rand(2, 1, 84, 56)
     local g = cnn:grid(x)
     assert.same({ 2, 6, 8 }, g:shape())
-    -- cell (r, c) is the feature map averaged over its 7 x 7 block
+    -- cell (r, c) is the cell layer on its 7 x 7 block of the feature map, as an item's
     local f = cnn.features(x)
     for r = 1, 3 do
       for c = 1, 2 do
-        local block = f:narrow(3, (r - 1) * 7 + 1, 7):narrow(4, (c - 1) * 7 + 1, 7):mean(4):mean(3)
+        local block = cnn.cell(f:narrow(3, (r - 1) * 7 + 1, 7):narrow(4, (c - 1) * 7 + 1, 7)):reshape({ 2, 8 })
         assert.close(g:select(2, (r - 1) * 2 + c), block, { atol = 1e-5 })
       end
     end
+    -- an item alone on a canvas of one cell: the grid's vector is what fc classifies
+    local item = attn.rand(2, 1, 28, 28)
+    assert.close(cnn.fc(cnn:grid(item):select(2, 1)), cnn(item), { atol = 1e-5 })
     assert.has_error(function() cnn:grid(attn.rand(1, 1, 84, 80)) end,
       "CaptionCNN:grid: canvases [1x1x84x80] are not made of 28 x 28 cells")
   end)
@@ -80,7 +83,7 @@ describe("nn.ShowAttendTell", function()
           local u = P[i][a]
           for d = 1, 5 do u = u + Wk[a][d] * f[b][i][d] end
           for j = 1, 6 do u = u + Wq[a][j] * h0[b][j] end
-          e[i] = e[i] + wv[a] * math.tanh(u)
+          e[i] = e[i] + wv[a] * (1 - 2 / (math.exp(2 * u) + 1)) -- tanh u
         end
         z = z + math.exp(e[i])
       end

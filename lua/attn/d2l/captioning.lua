@@ -63,10 +63,16 @@ function M.greedy(decoder, feats, opts)
   return { ids = ids, alphas = alphas }
 end
 
--- The b-th row of every tensor of a decoder state, as a batch of one.
-local function state_row(state, b)
+-- The fields of a decoder state with one row per sample (the others, such as w_v, are shared).
+local ROWS = { "h", "c", "feats", "mean", "keys" }
+
+-- The state with each per-sample field replaced by fn(field).
+local function map_rows(state, fn)
   local s = {}
-  for k, v in pairs(state) do s[k] = v:narrow(1, b, 1) end
+  for k, v in pairs(state) do s[k] = v end
+  for _, k in ipairs(ROWS) do
+    if s[k] then s[k] = fn(s[k]) end
+  end
   return s
 end
 
@@ -89,7 +95,7 @@ function M.beam(decoder, feats, opts)
     local all = decoder:start(feats)
     for b = 1, feats:size(1) do
       local live = { { ids = {}, alphas = {}, logp = 0, row = 1 } }
-      local state, finished = state_row(all, b), {}
+      local state, finished = map_rows(all, function(v) return v:narrow(1, b, 1) end), {}
       local tokens = { opts.bos }
       for step = 1, opts.max_len do
         local logits, next_state, alpha = decoder:step(state, attn.tensor(tokens, "int64"))
@@ -125,8 +131,8 @@ function M.beam(decoder, feats, opts)
           end
         end
         if #next_live == 0 then live = {} break end
-        for k2, v in pairs(next_state) do next_state[k2] = attn.core.index_select(v, 1, rows) end
-        live, state, tokens = next_live, next_state, {}
+        live, tokens = next_live, {}
+        state = map_rows(next_state, function(v) return attn.core.index_select(v, 1, rows) end)
         for i, hyp in ipairs(live) do tokens[i] = hyp.ids[#hyp.ids] end
       end
       for _, hyp in ipairs(live) do

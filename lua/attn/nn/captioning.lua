@@ -7,12 +7,13 @@
 -- dicts; decoding and the metrics that need a dataset's boxes are the kit's
 -- (attn.d2l.captioning).
 --
--- **Encoder.** Three 3 x 3 convolutions (padding 1), each with BatchNorm2d and ReLU, the first
--- two followed by 2 x 2 max pooling: a 28 x 28 item gives a (D, 7, 7) map, which the classifier
--- averages and maps to 10 classes. Over an (H, W) canvas the same layers give (D, H/4, W/4);
--- averaging it over 7 x 7 blocks (`grid`) gives one D-vector per 28 x 28 cell, which is exactly
--- what the classifier sees of an item placed in that cell (but for the padding at the cell's
--- borders): an 84 x 84 scene gives L = 9 annotation vectors, row by row.
+-- **Encoder.** Two 3 x 3 convolutions (padding 1), each with BatchNorm2d, ReLU and 2 x 2 max
+-- pooling: a 28 x 28 item gives a (C, 7, 7) map; the cell layer, a 7 x 7 convolution of stride 7
+-- (a fully connected layer over one item's map) and a ReLU, makes it one D-vector, which `fc`
+-- maps to 10 classes. Over an (H, W) canvas the same layers give (D, H/28, W/28) (`grid`): one
+-- D-vector per 28 x 28 cell, exactly what the classifier sees of an item placed in that cell
+-- (but for the convolutions' padding at the cell's borders). An 84 x 84 scene gives L = 9
+-- annotation vectors, row by row.
 --
 -- **Decoder.** With annotation vectors a_i (L of them, D wide), their mean m, the previous word
 -- y_{t-1} and the previous state h_{t-1}:
@@ -64,7 +65,8 @@ local M = {}
 
 --- `nn.CaptionCNN([{channels = {16, 32, 64}, num_classes = 10, cell = 28}])`: the encoder
 -- (see the module comment). Children `features` (a Sequential: conv, BatchNorm2d, ReLU,
--- MaxPool2d, ...) and `fc` (D -> num_classes); `feature_size` D is the last channel count.
+-- MaxPool2d, twice), `cell` (the cell layer: a Conv2d of kernel and stride cell / 4, then a
+-- ReLU) and `fc` (D -> num_classes); `feature_size` D is the last channel count.
 -- @type CaptionCNN
 local CaptionCNN = Module:extend("CaptionCNN")
 M.CaptionCNN = CaptionCNN
@@ -75,50 +77,52 @@ function CaptionCNN:init(opts)
   if type(ch) ~= "table" or #ch ~= 3 then error("CaptionCNN: channels must be a list of 3 counts", 3) end
   for i = 1, 3 do check.positive_int("CaptionCNN", "channels[" .. i .. "]", ch[i], 4) end
   local classes = check.positive_int("CaptionCNN", "num_classes", opts.num_classes or 10, 4)
-  self.cell = check.positive_int("CaptionCNN", "cell", opts.cell or 28, 4)
-  if self.cell % 4 ~= 0 then error("CaptionCNN: cell must be a multiple of 4 (two 2 x 2 poolings), got " .. self.cell, 3) end
-  local list, prev = {}, 1
-  for i = 1, 3 do
-    list[#list + 1] = conv.Conv2d(prev, ch[i], 3, { padding = 1 })
-    list[#list + 1] = layers.BatchNorm2d(ch[i])
-    list[#list + 1] = linear.ReLU()
-    if i < 3 then list[#list + 1] = conv.MaxPool2d(2) end
-    prev = ch[i]
+  self.cell_size = check.positive_int("CaptionCNN", "cell", opts.cell or 28, 4)
+  if self.cell_size % 4 ~= 0 then
+    error("CaptionCNN: cell must be a multiple of 4 (two 2 x 2 poolings), got " .. self.cell_size, 3)
   end
-  self.features = containers.Sequential(table.unpack(list))
+  self.features = containers.Sequential(conv.Conv2d(1, ch[1], 3, { padding = 1 }), layers.BatchNorm2d(ch[1]),
+    linear.ReLU(), conv.MaxPool2d(2), conv.Conv2d(ch[1], ch[2], 3, { padding = 1 }), layers.BatchNorm2d(ch[2]),
+    linear.ReLU(), conv.MaxPool2d(2))
+  local k = self.cell_size // 4
+  self.cell = containers.Sequential(conv.Conv2d(ch[2], ch[3], k, { stride = k }), linear.ReLU())
   self.fc = Linear(ch[3], classes)
   self.feature_size = ch[3]
 end
 
---- forward(x): items x (N, 1, cell, cell) -> class logits (N, num_classes): the feature map
--- averaged over its positions, then `fc`.
--- @raise naming the shape when x is not (N, 1, h, w)
+--- forward(x): items x (N, 1, cell, cell) -> class logits (N, num_classes): `features`, the
+-- cell layer (one D-vector per item) and `fc`.
+-- @raise naming the shape when x is not (N, 1, cell, cell)
 function CaptionCNN:forward(x)
   check.tensor("CaptionCNN", "input", x, 4, "(N, 1, h, w)")
-  return self.fc(self.features(x):mean(4):mean(3))
+  if x:size(3) ~= self.cell_size or x:size(4) ~= self.cell_size then
+    error(string.format("CaptionCNN: items %s must be (N, 1, %d, %d)", shape_str(x:shape()), self.cell_size,
+      self.cell_size), 2)
+  end
+  return self.fc(self.cell(self.features(x)):reshape({ x:size(1), self.feature_size }))
 end
 
 --- The annotation vectors of canvases: x (N, 1, H, W) with H and W multiples of `cell` ->
 -- (N, L, D), L = (H / cell) (W / cell) cells in reading order (by rows, then columns), each the
--- feature map averaged over the cell (what `forward` averages for one item).
+-- cell layer's vector of its block of the feature map (what `forward` classifies for one item).
 -- @tparam Tensor x (N, 1, H, W)
 -- @treturn Tensor (N, L, D)
 -- @raise naming the shape when H or W is not a multiple of `cell`
 function CaptionCNN:grid(x)
   check.tensor("CaptionCNN:grid", "input", x, 4, "(N, 1, H, W)")
   local H, W = x:size(3), x:size(4)
-  if H % self.cell ~= 0 or W % self.cell ~= 0 then
-    error(string.format("CaptionCNN:grid: canvases %s are not made of %d x %d cells", shape_str(x:shape()), self.cell,
-      self.cell), 2)
+  if H % self.cell_size ~= 0 or W % self.cell_size ~= 0 then
+    error(string.format("CaptionCNN:grid: canvases %s are not made of %d x %d cells", shape_str(x:shape()),
+      self.cell_size, self.cell_size), 2)
   end
-  local f = conv.avg_pool2d(self.features(x), self.cell // 4) -- (N, D, H / cell, W / cell)
+  local f = self.cell(self.features(x)) -- (N, D, H / cell, W / cell)
   local N, D = f:size(1), f:size(2)
   return f:reshape({ N, D, -1 }):transpose(2, 3)
 end
 
 -- ---------------------------------------------------------------- ShowAttendTell
 
---- `nn.ShowAttendTell{vocab_size, feature_size, num_cells, embed_size = 32, num_hiddens = 128,
+--- `nn.ShowAttendTell{vocab_size, feature_size, num_cells, embed_size = 32, num_hiddens = 64,
 -- attention_size = 64, rnn = "lstm" | "gru", attention = true}`: the decoder (see the module
 -- comment). Children `embedding`, `init_h` (and `init_c` for the LSTM), `attention` (an
 -- nn.AdditiveAttention whose W_k, W_q and w_v the scores use; absent in the baseline),
@@ -137,7 +141,7 @@ function ShowAttendTell:init(opts)
   local D = check.positive_int(who, "feature_size", opts.feature_size, 4)
   local L = check.positive_int(who, "num_cells", opts.num_cells, 4)
   local E = check.positive_int(who, "embed_size", opts.embed_size or 32, 4)
-  local H = check.positive_int(who, "num_hiddens", opts.num_hiddens or 128, 4)
+  local H = check.positive_int(who, "num_hiddens", opts.num_hiddens or 64, 4)
   local A = check.positive_int(who, "attention_size", opts.attention_size or 64, 4)
   local kind = opts.rnn or "lstm"
   if kind ~= "lstm" and kind ~= "gru" then error(who .. ": rnn must be 'lstm' or 'gru', got " .. tostring(kind), 3) end
@@ -156,8 +160,8 @@ function ShowAttendTell:init(opts)
 end
 
 --- The decoder's state before the first word: feats (B, L, D) -> `{h =, c =, feats =, mean =,
--- keys =}` (c only for the LSTM; keys, the projected annotation vectors plus the location term
--- (B, L, A), only with attention).
+-- keys =, w_v =}` (c only for the LSTM; keys, the projected annotation vectors plus the location
+-- term (B, L, A), and w_v (A), only with attention).
 -- @tparam Tensor feats (B, L, D)
 -- @treturn table
 -- @raise naming the shapes when feats is not (B, num_cells, feature_size)
@@ -170,8 +174,33 @@ function ShowAttendTell:start(feats)
   local mean = feats:mean(2)
   local s = { feats = feats, mean = mean, h = self.init_h(mean):tanh() }
   if self.kind == "lstm" then s.c = self.init_c(mean):tanh() end
-  if self.attend then s.keys = self.attention.W_k(feats) + self.position end
+  if self.attend then
+    local att = self.attention
+    s.keys = att.W_k(feats) + self.position
+    s.w_v = att.w_v.weight:reshape({ att.w_v.in_features })
+  end
   return s
+end
+
+-- One step without the output layer: the next state, the context z_t (B, D) (gated), alpha_t
+-- (B, 1, L) or nil, beta_t (B, 1). The attention is attn.additive_attention over the projected
+-- keys (scores, softmax and weighted sum as two nodes, the weights differentiable).
+local function advance(self, state, tokens)
+  local h, feats = state.h, state.feats
+  local alpha, context
+  if self.attend then
+    local qh = self.attention.W_q(h:unsqueeze(2))                         -- (B, 1, A)
+    context, alpha = attn.additive_attention(qh, state.keys, feats, state.w_v)  -- (B, 1, D), (B, 1, L)
+    context = context:squeeze(2)
+  else
+    context = state.mean
+  end
+  local beta = self.f_beta(h):sigmoid()                                   -- (B, 1)
+  local z = context * beta
+  local x = attn.cat({ self.embedding(tokens), z }, 2)
+  local h2, c2
+  if self.kind == "lstm" then h2, c2 = self.rnn(x, { h, state.c }) else h2 = self.rnn(x, h) end
+  return { h = h2, c = c2, feats = feats, mean = state.mean, keys = state.keys, w_v = state.w_v }, z, alpha, beta
 end
 
 --- One step: tokens (B) (int64 or float ids of y_{t-1}) and a state from `start` or `step` ->
@@ -184,39 +213,25 @@ end
 -- @treturn Tensor|nil alpha
 -- @treturn Tensor beta
 function ShowAttendTell:step(state, tokens)
-  local h, feats = state.h, state.feats
-  local alpha, context
-  if self.attend then
-    local q = self.attention.W_q(h):unsqueeze(2)                          -- (B, 1, A)
-    local scores = self.attention.w_v((state.keys + q):tanh())           -- (B, L, 1)
-    alpha = scores:squeeze(3):softmax(2)                                  -- (B, L)
-    context = alpha:unsqueeze(2):bmm(feats):squeeze(2)                    -- (B, D)
-  else
-    context = state.mean
-  end
-  local beta = self.f_beta(h):sigmoid()                                   -- (B, 1)
-  local z = context * beta
-  local x = attn.cat({ self.embedding(tokens), z }, 2)
-  local h2, c2
-  if self.kind == "lstm" then h2, c2 = self.rnn(x, { h, state.c }) else h2 = self.rnn(x, h) end
-  local logits = self.fc(attn.cat({ h2, z }, 2))
-  return logits, { h = h2, c = c2, feats = feats, mean = state.mean, keys = state.keys }, alpha, beta
+  local next_state, z, alpha, beta = advance(self, state, tokens)
+  return self.fc(attn.cat({ next_state.h, z }, 2)), next_state, alpha and alpha:squeeze(2), beta
 end
 
 --- Teacher forcing: feats (B, L, D), inputs (B, T) token ids (`<bos>` then the caption's first
 -- T - 1 tokens) -> logits (B, T, vocab_size), the attention weights (B, T, L) (nil in the
--- baseline) and the gates (B, T).
+-- baseline) and the gates (B, T). The output layer runs once over every step.
 -- @raise naming the shape when inputs is not (B, T)
 function ShowAttendTell:forward(feats, inputs)
   check.tensor("ShowAttendTell", "inputs", inputs, 2, "(B, T)")
   local state = self:start(feats)
-  local logits, alphas, betas = {}, {}, {}
+  local outs, alphas, betas = {}, {}, {}
   for t = 1, inputs:size(2) do
-    local a
-    logits[t], state, a, betas[t] = self:step(state, inputs:select(2, t))
-    alphas[t] = a
+    local z
+    state, z, alphas[t], betas[t] = advance(self, state, inputs:select(2, t))
+    outs[t] = attn.cat({ state.h, z }, 2)
   end
-  return attn.stack(logits, 2), self.attend and attn.stack(alphas, 2) or nil, attn.cat(betas, 2)
+  local logits = self.fc(attn.stack(outs, 2))
+  return logits, self.attend and attn.cat(alphas, 2) or nil, attn.cat(betas, 2)
 end
 
 --- The decoder inputs of teacher forcing: `<bos>` then every caption token but the last.
