@@ -18,11 +18,11 @@ local opts = cli.start(arg, {
   name = "captioning",
   description = "Show, Attend and Tell on captioned Fashion-MNIST scenes (--data: the Fashion-MNIST folder)",
   options = {
-    { "epochs", "integer", 25, "captioner and baseline epochs" },
-    { "classifier_epochs", "integer", 3, "epochs of the item classifier" },
+    { "epochs", "integer", 30, "captioner and baseline epochs" },
+    { "classifier_epochs", "integer", 4, "epochs of the item classifier (lr 0.002, halved every epoch)" },
     { "beam", "integer", 3, "beam width of the summary's decoding (1 = greedy)" },
     { "threads", "integer", 2, "engine threads" },
-    { "scenes", "integer", 12000, "training scenes" },
+    { "scenes", "integer", 20000, "training scenes" },
     { "test_scenes", "integer", 2000, "test scenes" },
     { "batch", "integer", 64, "batch size" },
     { "lr", "number", 0.003, "Adam learning rate of the decoders" },
@@ -103,6 +103,7 @@ cli.main(function()
     local N, B = train_images:size(1), 128
     local epochs = smoke and 1 or opts.classifier_epochs
     for epoch = 1, epochs do
+      optimizer.lr = 0.002 * 0.5 ^ (epoch - 1) -- halved every epoch
       cnn:train()
       local perm, total, batches = permutation(N), 0, 0
       for s = 1, N, B do
@@ -135,8 +136,9 @@ cli.main(function()
     cnn:eval()
     local parts = {}
     attn.no_grad(function()
-      for s = 1, canvases:size(1), 256 do
-        parts[#parts + 1] = cnn:grid(canvases:narrow(1, s, math.min(256, canvases:size(1) - s + 1)))
+      for s = 1, canvases:size(1), 64 do -- small chunks, collected at once: the unfolded images are large
+        parts[#parts + 1] = cnn:grid(canvases:narrow(1, s, math.min(64, canvases:size(1) - s + 1)))
+        collectgarbage()
       end
     end)
     return attn.cat(parts, 1)
