@@ -185,8 +185,11 @@ cli.main(function()
     if opts.fine_tune then test_feats = features(test.canvases) end
     return dec, curve
   end
+  local frozen = {} -- with --fine_tune each decoder starts from the classifier's own CNN
+  for k, v in pairs(cnn:state_dict()) do frozen[k] = v:clone() end
   local model, curve = train_decoder("attention", true)
   local model_feats = test_feats
+  if opts.fine_tune then cnn:load_state_dict(frozen) end
   local baseline, base_curve = train_decoder("no attention", false)
   local base_feats = test_feats
 
