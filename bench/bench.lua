@@ -6,7 +6,8 @@
 -- peak, the extra memory a call takes and the OpenBLAS sgemm pair on the same products; the
 -- book's small calls; training steps of the book's models at its settings, and of nn.MultiheadAttention
 -- and nn.TransformerEncoderLayer as a PyTorch user trains them; Conv2d and MaxPool2d
--- forward+backward (issue 20; ROWS=conv runs only those). When /usr/bin/python3 has torch,
+-- forward+backward (issue 20; ROWS=conv runs only those), and one captioning training step
+-- (issue 20; ROWS=train_captioning runs only it). When /usr/bin/python3 has torch,
 -- bench/torch_bench.py times the same rows (one thread) and the table shows the ratio.
 --
 -- Clocks: one-thread rows use process CPU time (other processes on a shared machine then slow
@@ -362,6 +363,27 @@ for _, s in ipairs { { tag = "book", E = 32, heads = 4, L = 10, N = 64, ffn = 64
       nn.TransformerEncoderLayer(s.E, s.heads, { dim_feedforward = s.ffn, batch_first = batch_first }),
       function(m) return m(X) end, string.format("%s, FFN %d", size, s.ffn))
   end
+end
+
+do -- one captioning training step (issue 20): nn.ShowAttendTell (LSTM, additive attention over 9 cells,
+  -- gate, doubly stochastic regulariser) on frozen features, teacher forcing, Adam, clipping at 5
+  local B, T, L, D, V = 64, 5, 9, 64, 14
+  local dec = nn.ShowAttendTell { vocab_size = V, feature_size = D, num_cells = L, embed_size = 32, num_hiddens = 64,
+    attention_size = 64 }
+  dec:train()
+  local feats = attn.rand(B, L, D)
+  local caps, vl = random_ids(B, T, 5, V), random_ids(1, B, 2, T):reshape { B }
+  caps, vl = core.to(caps, "int64"), core.to(vl, "int64")
+  local params = dec:parameters()
+  local opt = attn.optim.Adam { params = params, lr = 0.003 }
+  book_row("train_captioning", "captioning training step (Show, Attend and Tell)",
+    "batch 64 x 5 words, 9 cells x 64, LSTM 64", function()
+      opt:zero_grad()
+      dec:loss(feats, caps, vl, { bos = 3, lambda = 1 }):backward()
+      nn.clip_grad_norm_(params, 5)
+      opt:step()
+    end, { kind = "captioning", batch = B, steps = T, cells = L, features = D, vocab = V, embed = 32, hidden = 64,
+      attention = 64 })
 end
 
 -- ------------------------------------------------------------ convolution and pooling (issue 20)

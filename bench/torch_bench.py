@@ -206,6 +206,34 @@ class Seq2SeqAttention(nn.Module):
         return self.dense(torch.cat(outs, dim=0)).permute(1, 0, 2)
 
 
+class ShowAttendTell(nn.Module):
+    """attn.nn.captioning's decoder (Xu et al. 2015): LSTM cell, additive attention over the cells
+    with a location term, the scalar gate, the output layer on [h, z]."""
+    def __init__(self, V, D, L, E, H, A):
+        super().__init__()
+        self.embedding = nn.Embedding(V, E)
+        self.init_h, self.init_c = nn.Linear(D, H), nn.Linear(D, H)
+        self.W_k, self.W_q = nn.Linear(D, A, bias=False), nn.Linear(H, A, bias=False)
+        self.w_v = nn.Linear(A, 1, bias=False)
+        self.position = nn.Parameter(torch.randn(L, A) * 0.1)
+        self.f_beta = nn.Linear(H, 1)
+        self.rnn = nn.LSTMCell(E + D, H)
+        self.fc = nn.Linear(H + D, V)
+
+    def forward(self, feats, inputs):
+        mean = feats.mean(1)
+        h, c = torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean))
+        keys = self.W_k(feats) + self.position
+        logits, alphas = [], []
+        for t in range(inputs.shape[1]):
+            alpha = self.w_v(torch.tanh(keys + self.W_q(h).unsqueeze(1))).squeeze(2).softmax(1)
+            z = torch.bmm(alpha.unsqueeze(1), feats).squeeze(1) * torch.sigmoid(self.f_beta(h))
+            h, c = self.rnn(torch.cat([self.embedding(inputs[:, t]), z], 1), (h, c))
+            logits.append(self.fc(torch.cat([h, z], 1)))
+            alphas.append(alpha)
+        return torch.stack(logits, 1), torch.stack(alphas, 1)
+
+
 def masked_ce(pred, label, valid_len):
     keep = (torch.arange(label.shape[1])[None, :] < valid_len[:, None]).float()
     loss = F.cross_entropy(pred.permute(0, 2, 1), label, reduction="none")
@@ -329,6 +357,26 @@ def run_case(c, budget):
             forward().sum().backward()
             opt.step()
         return {"time": best_time(step, budget)}
+    if kind == "captioning":  # one training step of ShowAttendTell, as bench.lua's train_captioning
+        B, T, L, D = c["batch"], c["steps"], c["cells"], c["features"]
+        model = ShowAttendTell(c["vocab"], D, L, c["embed"], c["hidden"], c["attention"])
+        g = torch.Generator().manual_seed(1)
+        feats = torch.rand(B, L, D)
+        caps = torch.randint(4, c["vocab"], (B, T), generator=g)
+        lens = torch.randint(2, T + 1, (B,), generator=g)
+        inputs = torch.cat([torch.full((B, 1), 2), caps[:, :-1]], 1)
+        keep = (torch.arange(T)[None, :] < lens[:, None]).float()
+        opt = torch.optim.Adam(model.parameters(), lr=0.003)
+
+        def cap_step():
+            opt.zero_grad()
+            logits, alphas = model(feats, inputs)
+            ce = (F.cross_entropy(logits.permute(0, 2, 1), caps, reduction="none") * keep).sum() / keep.sum()
+            reg = ((1 - (alphas * keep[:, :, None]).sum(1)) ** 2).sum(1).mean()
+            (ce + reg).backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 5)
+            opt.step()
+        return {"time": best_time(cap_step, budget)}
     if kind == "conv":  # Conv2d forward+backward (dx, dW, db), as bench.lua's conv_row
         conv = nn.Conv2d(c["C"], c["O"], c["k"], padding=c["padding"])
         x = torch.randn(c["N"], c["C"], c["HW"], c["HW"], requires_grad=True)

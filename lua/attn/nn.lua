@@ -4,7 +4,7 @@
 -- Embedding, Dropout, LayerNorm, ReLU, Identity, GELU, BatchNorm1d, BatchNorm2d, Conv2d, MaxPool2d,
 -- AvgPool2d, AdaptiveAvgPool2d, Flatten (attn.nn.conv),
 -- Sequential, ModuleList, ModuleDict, GRU, GRUCell, RNN, RNNCell (attn.nn.rnn), LSTM, LSTMCell
--- (attn.nn.lstm), the book's seq2seq models
+-- (attn.nn.lstm), CaptionCNN and ShowAttendTell (image captioning; attn.nn.captioning), the book's seq2seq models
 -- (Encoder, Decoder, AttentionDecoder, EncoderDecoder, Seq2SeqEncoder,
 -- Seq2SeqDecoder, Seq2SeqAttentionDecoder; attn.nn.seq2seq) and Transformer
 -- (PositionWiseFFN, AddNorm, TransformerEncoderBlock, TransformerEncoder,
@@ -35,6 +35,7 @@ local linear = require "attn.nn.linear"
 local gru = require "attn.nn.gru"
 local rnn = require "attn.nn.rnn"
 local lstm = require "attn.nn.lstm"
+local captioning = require "attn.nn.captioning"
 local attention = require "attn.nn.attention"
 local loss = require "attn.nn.loss"
 local clip = require "attn.nn.clip"
@@ -85,6 +86,8 @@ nn.RNN = rnn.RNN
 nn.RNNCell = rnn.RNNCell
 nn.LSTM = lstm.LSTM
 nn.LSTMCell = lstm.LSTMCell
+nn.CaptionCNN = captioning.CaptionCNN
+nn.ShowAttendTell = captioning.ShowAttendTell
 nn.cross_entropy = loss.cross_entropy
 nn.masked_token_mean = loss.masked_token_mean
 nn.CrossEntropyLoss = loss.CrossEntropyLoss

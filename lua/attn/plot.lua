@@ -1,5 +1,5 @@
---- attn.plot: heatmaps of attention weights and line plots, as PNG, SVG or PDF,
--- and shade-block heatmaps for a terminal.
+--- attn.plot: heatmaps of attention weights, line plots and attention overlays on images, as PNG,
+-- SVG or PDF, and shade-block heatmaps for a terminal.
 --
 -- A figure is laid out once into a display list of rectangles, polylines and
 -- texts (coordinates in pixels, which are SVG user units and PDF points).
@@ -218,6 +218,13 @@ function Figure:text(x, y, str, size, opts)
     align = opts.align or 0, bold = opts.bold, color = opts.color or INK, class = opts.class }
 end
 
+-- An RGB picture of iw x ih pixels (rgb: 3 iw ih values in [0, 1], pixel by pixel, row by row)
+-- drawn into the w x h box at (x, y).
+function Figure:image(x, y, w, h, rgb, iw, ih, class)
+  self.items[#self.items + 1] = { kind = "image", x = x, y = y, w = w, h = h, rgb = rgb, iw = iw, ih = ih,
+    class = class }
+end
+
 -- Draws the frame of a box.
 function Figure:frame(x, y, w, h, class)
   self:path({ { x, y, x + w, y, x + w, y + h, x, y + h, x, y } }, FRAME, 0.8, nil, class or "frame")
@@ -232,9 +239,19 @@ local function render_cairo(fig, kind, path)
   s:rectangle(0, 0, fig.width, fig.height)
   s:fill()
   for _, it in ipairs(fig.items) do
-    local c = it.color
+    local c = it.color or INK
     s:set_color(c[1], c[2], c[3])
-    if it.kind == "rect" then
+    if it.kind == "image" then -- one filled rectangle per pixel (the binding draws no bitmaps)
+      local sx, sy, rgb = it.w / it.iw, it.h / it.ih, it.rgb
+      for i = 0, it.ih - 1 do
+        for j = 0, it.iw - 1 do
+          local k = 3 * (i * it.iw + j)
+          s:set_color(rgb[k + 1], rgb[k + 2], rgb[k + 3])
+          s:rectangle(it.x + j * sx, it.y + i * sy, sx, sy)
+          s:fill()
+        end
+      end
+    elseif it.kind == "rect" then
       s:rectangle(it.x, it.y, it.w, it.h)
       s:fill()
     elseif it.kind == "path" then
@@ -267,6 +284,30 @@ end
 local escapes = { ["&"] = "&amp;", ["<"] = "&lt;", [">"] = "&gt;", ['"'] = "&quot;", ["'"] = "&apos;" }
 local function escape(s) return (s:gsub("[&<>\"']", escapes)) end
 
+local B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+local function base64(bytes)
+  local out = {}
+  for i = 1, #bytes, 3 do
+    local a, b, c = bytes:byte(i, i + 2)
+    local n = a * 65536 + (b or 0) * 256 + (c or 0)
+    local q = { n >> 18, (n >> 12) & 63, (n >> 6) & 63, n & 63 }
+    out[#out + 1] = B64:sub(q[1] + 1, q[1] + 1) .. B64:sub(q[2] + 1, q[2] + 1) ..
+      (b and B64:sub(q[3] + 1, q[3] + 1) or "=") .. (c and B64:sub(q[4] + 1, q[4] + 1) or "=")
+  end
+  return table.concat(out)
+end
+
+-- A PNG file's bytes of an RGB picture (as Figure:image holds it), through cairo.
+local function png_bytes(rgb, iw, ih)
+  local planes = {}
+  for k = 1, 3 do
+    local plane = {}
+    for p = 0, iw * ih - 1 do plane[p + 1] = string.pack("<f", rgb[3 * p + k]) end
+    planes[k] = table.concat(plane)
+  end
+  return assert(cairo().image(iw, ih, 3, table.concat(planes)):finish())
+end
+
 local function class_attr(it) return it.class and (' class="' .. it.class .. '"') or "" end
 
 local function render_svg(fig)
@@ -287,6 +328,10 @@ local function render_svg(fig)
     if it.kind == "rect" then
       out[#out + 1] = string.format('<rect%s x="%s" y="%s" width="%s" height="%s" fill="%s"/>',
         class_attr(it), num(it.x), num(it.y), num(it.w), num(it.h), color_hex(it.color))
+    elseif it.kind == "image" then
+      out[#out + 1] = string.format('<image%s x="%s" y="%s" width="%s" height="%s" preserveAspectRatio="none" ' ..
+        'style="image-rendering:pixelated" href="data:image/png;base64,%s"/>', class_attr(it), num(it.x), num(it.y),
+        num(it.w), num(it.h), base64(png_bytes(it.rgb, it.iw, it.ih)))
     elseif it.kind == "path" then
       local d = {}
       for _, run in ipairs(it.runs) do
@@ -857,6 +902,111 @@ end
 local SHADES = { " ", "░", "▒", "▓", "█" }
 
 local terminal_options = set { "row_labels", "col_labels", "vmin", "vmax", "titles", "cell_width" }
+
+-- ------------------------------------------------------------------ attention overlays
+
+local overlay_options = set { "path", "format", "cmap", "alpha", "scale", "columns", "title" }
+
+-- Bilinear interpolation of an n-point row to m points (align_corners = false, as PyTorch's and
+-- OpenCV's resize): for each output point, the two source indices and the second one's weight.
+local function bilinear_taps(n, m)
+  local taps = {}
+  for i = 0, m - 1 do
+    local src = math.max(0, math.min(n - 1, (i + 0.5) * n / m - 0.5))
+    local lo = math.floor(src)
+    local hi = math.min(lo + 1, n - 1)
+    taps[i + 1] = { lo + 1, hi + 1, src - lo }
+  end
+  return taps
+end
+
+--- Draws the attention of each generated word over an image (Show, Attend and Tell's
+-- picture): one panel per word, the word's attention map (a coarse grid) upsampled bilinearly
+-- to the image's size, scaled to its own maximum, coloured by `cmap` and blended over the
+-- gray image, the word under the panel.
+-- @tparam Tensor image (H, W) or (1, H, W), gray values in [0, 1]
+-- @tparam Tensor|table weights (T, gh, gw): one attention map per word (a (T, L) tensor with a
+--   square L is read as (T, sqrt L, sqrt L))
+-- @tparam {string,...} words T words (the panels' captions)
+-- @tparam[opt] table opts `path` (.png, .svg or .pdf) or `format`; `cmap` ("viridis" default,
+--   "Reds", "Blues"); `alpha` the colour's weight in the blend (default 0.6); `scale` pixels
+--   per image pixel (an integer, default 2); `columns` panels per row (default 6); `title`
+-- @treturn string the path; without a path, the SVG text (or PNG/PDF bytes)
+-- @treturn[2] nil when the file cannot be written, and a message
+-- @raise on bad shapes, a word count that is not T, or a bad option
+-- @usage plot.attention_overlay(canvas, alphas:reshape({T, 3, 3}), {"bag", "shirt", "<eos>"}, {path = "a.png"})
+function plot.attention_overlay(image, weights, words, opts)
+  local fn = "plot.attention_overlay"
+  opts = check_options(fn, opts, overlay_options)
+  if not is_tensor(image) or not (image:dim() == 2 or (image:dim() == 3 and image:size(1) == 1)) then
+    error(string.format("%s: image must be a (H, W) or (1, H, W) tensor, got %s", fn,
+      is_tensor(image) and core.shape_str(image:shape()) or type(image)), 2)
+  end
+  local H, W = image:size(image:dim() - 1), image:size(image:dim())
+  local vals, shape = array(fn, weights, "weights")
+  if #shape == 2 then
+    local g = math.tointeger(math.sqrt(shape[2]))
+    if not g or g * g ~= shape[2] then
+      error(string.format("%s: weights %s: a (T, L) map needs a square L", fn, core.shape_str(shape)), 2)
+    end
+    shape = { shape[1], g, g }
+  end
+  if #shape ~= 3 or shape[1] * shape[2] * shape[3] == 0 then
+    error(string.format("%s: weights must be (T, gh, gw) or (T, L), got %s", fn, core.shape_str(shape)), 2)
+  end
+  local T, gh, gw = shape[1], shape[2], shape[3]
+  if T > 64 or H * W > 512 * 512 then error(string.format("%s: %d panels of %dx%d are too many", fn, T, H, W), 2) end
+  local labels = opt_labels(fn, { words = words }, "words", T)
+  if not labels then error(fn .. ": words must be a list of " .. T .. " strings", 2) end
+  local anchors = colormaps[opts.cmap or "viridis"]
+  if not anchors then error(string.format("%s: cmap must be 'Reds', 'Blues' or 'viridis', got %s", fn,
+    tostring(opts.cmap)), 2) end
+  local alpha = opt_number(fn, opts, "alpha", 0, 1) or 0.6
+  local scale = opts.scale or 2
+  if math.type(scale) ~= "integer" or scale < 1 or scale > 16 then
+    error(fn .. ": scale must be an integer in 1..16, got " .. tostring(scale), 2)
+  end
+  local columns = opts.columns or 6
+  if math.type(columns) ~= "integer" or columns < 1 then
+    error(fn .. ": columns must be a positive integer, got " .. tostring(columns), 2)
+  end
+  local title = opt_string(fn, opts, "title")
+  local gray = array(fn, image:reshape({ H * W }), "image")
+  local ty, tx = bilinear_taps(gh, H), bilinear_taps(gw, W)
+
+  local pw, ph, gap = W * scale, H * scale, 10
+  local word_h = line_height(LABEL_SIZE) + 4
+  local title_h = title and line_height(TITLE_SIZE) + 6 or 0
+  columns = math.min(columns, T)
+  local rows = (T + columns - 1) // columns
+  local fig = new_figure(math.ceil(2 * gap + columns * pw + (columns - 1) * gap),
+    math.ceil(2 * gap + title_h + rows * (ph + word_h) + (rows - 1) * gap))
+  if title then fig:text(fig.width / 2, gap + cap_height(TITLE_SIZE), title, TITLE_SIZE, { align = 0.5, class = "title" }) end
+  for t = 1, T do
+    local base, top = (t - 1) * gh * gw, 0
+    for k = 1, gh * gw do top = math.max(top, vals[base + k]) end
+    top = top > 0 and top or 1
+    local rgb = {}
+    for i = 1, H do
+      local a, b, fy = ty[i][1], ty[i][2], ty[i][3]
+      for j = 1, W do
+        local c, d, fx = tx[j][1], tx[j][2], tx[j][3]
+        local v00, v01 = vals[base + (a - 1) * gw + c], vals[base + (a - 1) * gw + d]
+        local v10, v11 = vals[base + (b - 1) * gw + c], vals[base + (b - 1) * gw + d]
+        local v = ((v00 * (1 - fx) + v01 * fx) * (1 - fy) + (v10 * (1 - fx) + v11 * fx) * fy) / top
+        local col, g = cmap_color(anchors, v), math.max(0, math.min(1, gray[(i - 1) * W + j]))
+        local at = 3 * ((i - 1) * W + j - 1)
+        for k = 1, 3 do rgb[at + k] = (1 - alpha) * g + alpha * col[k] end
+      end
+    end
+    local r, c = (t - 1) // columns, (t - 1) % columns
+    local x0, y0 = gap + c * (pw + gap), gap + title_h + r * (ph + word_h + gap)
+    fig:image(x0, y0, pw, ph, rgb, W, H, "overlay")
+    fig:frame(x0, y0, pw, ph)
+    fig:text(x0 + pw / 2, y0 + ph + 4 + cap_height(LABEL_SIZE), labels[t], LABEL_SIZE, { align = 0.5, class = "word" })
+  end
+  return output(fn, fig, opts)
+end
 
 -- Pads a UTF-8 string with spaces to n characters (right-aligned when right).
 local function pad_to(s, n, right)
