@@ -109,6 +109,22 @@ function helper.param(shape, scale)
   return t:requires_grad_()
 end
 
+--- Leaves of the given shapes (one table each) and dtype, N(0, 1), requiring grad.
+function helper.leaves(dtype, ...)
+  local out = {}
+  for i, shape in ipairs({ ... }) do out[i] = attn.randn(shape, dtype):requires_grad_() end
+  return out
+end
+
+--- Overwrites every parameter of module m with N(0, scale^2) (ones and zeros would hide
+-- gradients); returns m.
+function helper.randomize(m, scale)
+  attn.no_grad(function()
+    for _, p in ipairs(m:parameters()) do p:copy_(attn.randn(p:shape(), p:dtype()) * scale) end
+  end)
+  return m
+end
+
 --- Naive matrix product of nested tables (independent of BLAS).
 function helper.naive_matmul(a, b)
   local out = {}

@@ -28,20 +28,7 @@ local nn = attn.nn
 
 local TOL = { float32 = 1e-5, float64 = 1e-12 }
 
--- Leaves of the given shapes, N(0, 1), requiring grad.
-local function leaves(dtype, ...)
-  local out = {}
-  for i, shape in ipairs({ ... }) do out[i] = attn.randn(shape, dtype):requires_grad_() end
-  return out
-end
-
--- Overwrites every parameter of m with N(0, scale^2) (ones and zeros would hide gradients).
-local function randomize(m, scale)
-  attn.no_grad(function()
-    for _, p in ipairs(m:parameters()) do p:copy_(attn.randn(p:shape(), p:dtype()) * scale) end
-  end)
-  return m
-end
+local leaves, randomize = helper.leaves, helper.randomize
 
 local function mode(m, case) if case.train then return m:train() end return m:eval() end
 
