@@ -254,22 +254,18 @@ end)
 describe("a PyTorch CNN (Conv2d, BatchNorm2d, ReLU, MaxPool2d, grouped dilated Conv2d, AdaptiveAvgPool2d, "
   .. "Flatten, Linear)", function()
   local F = require "nn.torch_fixtures"
+  local ALL_DIFFS = { "output", "grad_input", "grad_state", "after" }
   for _, name in ipairs(F.cnn_cases) do
     it("matches PyTorch 1.13 to 1e-10 (outputs, input and parameter gradients, running stats): " .. name, function()
       for _, threads in ipairs { 1, 2 } do
         local before = attn.get_num_threads()
         attn.set_num_threads(threads)
-        local d, n, tol = F.run(name)
+        local ok, err = pcall(F.check, name, { min_n = 10, whats = ALL_DIFFS,
+          where = string.format(" (%d threads)", threads) })
         attn.set_num_threads(before)
-        assert.is_true(n >= 10)
-        for _, what in ipairs { "output", "grad_input", "grad_state", "after" } do
-          assert.is_true(d[what] <= tol, string.format("%s differs by %g (%d threads)", what, d[what], threads))
-        end
+        assert(ok, err)
       end
-      local d = F.run(name, "float32")
-      for _, what in ipairs { "output", "grad_input", "grad_state", "after" } do
-        assert.is_true(d[what] <= 1e-4, what .. " differs by " .. d[what] .. " in float32")
-      end
+      F.check(name, { dtype = "float32", tol = 1e-4, whats = ALL_DIFFS, where = " in float32" })
     end)
   end
 

@@ -288,18 +288,10 @@ describe("nn.LSTM and nn.LSTMCell", function()
           attn.set_num_threads(threads)
           for _, fused in ipairs { true, false } do
             nn.set_fused(fused)
-            local d, n, tol = F.run(name)
-            assert.is_true(n >= 4)
-            for _, what in ipairs { "output", "grad_input", "grad_state" } do
-              assert.is_true(d[what] <= tol, string.format("%s differs by %g (%d threads, fused %s)", what, d[what],
-                threads, tostring(fused)))
-            end
+            F.check(name, { min_n = 4, where = string.format(" (%d threads, fused %s)", threads, tostring(fused)) })
           end
         end
-        local d = F.run(name, "float32")
-        for _, what in ipairs { "output", "grad_input", "grad_state" } do
-          assert.is_true(d[what] <= 1e-5, what .. " differs by " .. d[what] .. " in float32")
-        end
+        F.check(name, { dtype = "float32", tol = 1e-5, where = " in float32" })
       end)
     end
   end)

@@ -50,18 +50,12 @@ describe("PyTorch's recurrent classes", function()
           attn.set_num_threads(threads)
           for _, fused in ipairs { true, false } do
             nn.set_fused(fused)
-            local d, n, tol = F.run(name)
-            assert.is_true(n >= 3)
-            for _, what in ipairs { "output", "grad_input", "grad_state", "after" } do
-              assert.is_true(d[what] <= tol, string.format("%s differs by %g (%d threads, fused %s)", what, d[what],
-                threads, tostring(fused)))
-            end
+            F.check(name, { min_n = 3, whats = { "output", "grad_input", "grad_state", "after" },
+              where = string.format(" (%d threads, fused %s)", threads, tostring(fused)) })
           end
         end
-        local d = F.run(name, "float32")
-        for _, what in ipairs { "output", "grad_input", "grad_state", "after" } do
-          assert.is_true(d[what] <= 1e-5, what .. " differs by " .. d[what] .. " in float32")
-        end
+        F.check(name, { dtype = "float32", tol = 1e-5, whats = { "output", "grad_input", "grad_state", "after" },
+          where = " in float32" })
       end)
     end
   end)
