@@ -109,6 +109,19 @@ function helper.param(shape, scale)
   return t:requires_grad_()
 end
 
+--- Calls run(n) on n = 1 and then 2 threads (the count restored after) and asserts that the
+-- lists of tensors it returns hold the same bits; returns the 1-thread list.
+function helper.assert_same_bits_on_threads(run)
+  local before, res = attn.get_num_threads(), {}
+  for n = 1, 2 do
+    attn.set_num_threads(n)
+    res[n] = run(n)
+  end
+  attn.set_num_threads(before)
+  for i = 1, #res[1] do helper.assert_identical(res[2][i], res[1][i]) end
+  return res[1]
+end
+
 --- Leaves of the given shapes (one table each) and dtype, N(0, 1), requiring grad.
 function helper.leaves(dtype, ...)
   local out = {}
