@@ -218,6 +218,17 @@ function helper.temp_files(dir)
   return out
 end
 
+--- Writes `bytes` to path and asserts that load(path) returns nil and the message
+-- "<op>: <path>: " followed by Lua pattern `pattern`.
+function helper.assert_load_fails(load, op, path, bytes, pattern)
+  helper.write_bytes(path, bytes)
+  local t, msg = load(path)
+  luassert.is_nil(t)
+  luassert.is_string(msg)
+  local full = "^" .. op .. ": " .. path:gsub("%p", "%%%0") .. ": " .. pattern
+  luassert.truthy(msg:find(full), "message '" .. msg .. "' does not match '" .. pattern .. "'")
+end
+
 --- Every proper prefix of the file at `good` must make load(path) return nil and
 -- a message matching `pattern` (the prefixes are written to `scratch`).
 function helper.assert_truncations_fail(good, scratch, load, pattern)
