@@ -472,8 +472,9 @@ local function pcg_next(g)
   return ((xorshifted >> rot) | (xorshifted << ((32 - rot) & 31))) & 0xFFFFFFFF
 end
 
-local function pcg_new(seed)
-  local g = { state = 0, inc = (0x5851F42D << 1) | 1 }
+-- PCG32's seeding of `stream` (default the loaders' 0x5851F42D) from seed.
+local function pcg_new(seed, stream)
+  local g = { state = 0, inc = ((stream or 0x5851F42D) << 1) | 1 }
   pcg_next(g)
   g.state = g.state + seed
   pcg_next(g)
@@ -617,14 +618,6 @@ end
 -- way, so the split must differ from it by the stream, not by the seed).
 local SPLIT_STREAM = 0x53504C4954 -- "SPLIT"
 
-local function pcg_stream(seed, stream)
-  local g = { state = 0, inc = (stream << 1) | 1 }
-  pcg_next(g)
-  g.state = g.state + seed
-  pcg_next(g)
-  return g
-end
-
 local function permutation(g, n)
   local order = {}
   for i = 1, n do order[i] = i end
@@ -659,7 +652,7 @@ function data.split_indices(n, seed, valid, test)
     error(string.format("split_indices: %d validation + %d test pairs leave none of the %d for training", valid,
       test, n), 2)
   end
-  local order = permutation(pcg_stream(seed, SPLIT_STREAM), n)
+  local order = permutation(pcg_new(seed, SPLIT_STREAM), n)
   local out = { test = table.move(order, 1, test, 1, {}), valid = table.move(order, test + 1, test + valid, 1, {}),
     train = table.move(order, test + valid + 1, n, 1, {}) }
   for _, list in pairs(out) do table.sort(list) end
