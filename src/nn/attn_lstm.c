@@ -147,14 +147,11 @@ attn_status attn_lstm_forward(const attn_tensor *x, const attn_tensor *h0, const
   size_t es = attn_dtype_size(dt);
   int64_t TB = T * B;
   int drop = dropout_p > 0 && layers > 1;
-  size_t cap[3] = {0}, n_state = (size_t)(B * H) * es;
-  char *bufs[3] = {attn_alloc((size_t)(TB * 4 * H) * es, &cap[0]), attn_alloc((size_t)(4 * H) * es, &cap[1]),
-                   drop ? attn_alloc((size_t)(TB * H) * es, &cap[2]) : NULL};
+  size_t n_state = (size_t)(B * H) * es, cap[3];
+  size_t bytes[3] = {(size_t)(TB * 4 * H) * es, (size_t)(4 * H) * es, drop ? (size_t)(TB * H) * es : 0};
+  char *bufs[3];
+  if ((st = attn_rnn_alloc_all(op, x, 3, bytes, bufs, cap)) != ATTN_OK) return st;
   char *pre = bufs[0], *bias = bufs[1], *dropped = bufs[2];
-  if (!pre || !bias || (drop && !dropped)) {
-    attn_rnn_free_all(bufs, cap, 3);
-    return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the %s workspace", op, attn_tensor_shape_str(x));
-  }
 
   const char *input = attn_tensor_data(x);
   int64_t in_k = NI;
@@ -220,14 +217,11 @@ attn_status attn_lstm_backward(const attn_tensor *x, int layers, const attn_tens
   size_t es = attn_dtype_size(dt);
   int64_t TB = T * B;
   int drop = dropout_p > 0 && layers > 1;
-  size_t n_dy = (size_t)(TB * H) * es, n_state = (size_t)(B * H) * es, cap[5] = {0};
-  char *bufs[5] = {attn_alloc(n_dy, &cap[0]), attn_alloc(4 * n_dy, &cap[1]), attn_alloc(n_state, &cap[2]),
-                   attn_alloc(n_state, &cap[3]), drop ? attn_alloc(n_dy, &cap[4]) : NULL};
+  size_t n_dy = (size_t)(TB * H) * es, n_state = (size_t)(B * H) * es, cap[5];
+  size_t bytes[5] = {n_dy, 4 * n_dy, n_state, n_state, drop ? n_dy : 0};
+  char *bufs[5];
+  if ((st = attn_rnn_alloc_all(op, x, 5, bytes, bufs, cap)) != ATTN_OK) return st;
   char *dy = bufs[0], *dG = bufs[1], *dh = bufs[2], *dc = bufs[3], *layer_in = bufs[4];
-  if (!dy || !dG || !dh || !dc || (drop && !layer_in)) {
-    attn_rnn_free_all(bufs, cap, 5);
-    return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the %s workspace", op, attn_tensor_shape_str(x));
-  }
 
   /* the output gradient of layer k: dout for the top one (read in place), then what the layer
    * above leaves in dy */

@@ -111,6 +111,19 @@ void attn_rnn_free_all(char **bufs, const size_t *cap, int n) {
     if (bufs[i]) attn_free(bufs[i], cap[i]);
 }
 
+attn_status attn_rnn_alloc_all(const char *op, const attn_tensor *x, int n, const size_t *bytes, char **bufs,
+                               size_t *cap) {
+  int ok = 1;
+  for (int i = 0; i < n; i++) {
+    cap[i] = 0;
+    bufs[i] = bytes[i] ? attn_alloc(bytes[i], &cap[i]) : NULL;
+    ok &= !bytes[i] || bufs[i];
+  }
+  if (ok) return ATTN_OK;
+  attn_rnn_free_all(bufs, cap, n);
+  return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the %s workspace", op, attn_tensor_shape_str(x));
+}
+
 const char *attn_rnn_pass_up(attn_dtype dt, int k, int layers, const char *states, int64_t TB, int64_t H,
                              attn_tensor *out, char *dropped, uint64_t seed, double dropout_p) {
   if (k == layers - 1) {
@@ -243,14 +256,10 @@ attn_status attn_gru_forward(const attn_tensor *x, const attn_tensor *h0, int la
   size_t es = attn_dtype_size(dt);
   int64_t TB = T * B;
   int drop = dropout_p > 0 && layers > 1;
-  size_t cap[3] = {0};
-  char *bufs[3] = {attn_alloc((size_t)(TB * 3 * H) * es, &cap[0]), attn_alloc((size_t)(B * 3 * H) * es, &cap[1]),
-                   drop ? attn_alloc((size_t)(TB * H) * es, &cap[2]) : NULL};
+  size_t cap[3], bytes[3] = {(size_t)(TB * 3 * H) * es, (size_t)(B * 3 * H) * es, drop ? (size_t)(TB * H) * es : 0};
+  char *bufs[3];
+  if ((st = attn_rnn_alloc_all(op, x, 3, bytes, bufs, cap)) != ATTN_OK) return st;
   char *gi = bufs[0], *gh = bufs[1], *dropped = bufs[2];
-  if (!gi || !gh || (drop && !dropped)) {
-    attn_rnn_free_all(bufs, cap, 3);
-    return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the %s workspace", op, attn_tensor_shape_str(x));
-  }
 
   const char *input = attn_tensor_data(x);
   int64_t in_k = NI;
@@ -306,14 +315,10 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
   int64_t TB = T * B;
   int drop = dropout_p > 0 && layers > 1;
   size_t n_dy = (size_t)(TB * H) * es, n_dg = (size_t)(TB * 3 * H) * es, n_dh = (size_t)(B * H) * es;
-  size_t cap[5] = {0};
-  char *bufs[5] = {attn_alloc(n_dy, &cap[0]), attn_alloc(n_dg, &cap[1]), attn_alloc(n_dg, &cap[2]),
-                   attn_alloc(n_dh, &cap[3]), drop ? attn_alloc(n_dy, &cap[4]) : NULL};
+  size_t cap[5], bytes[5] = {n_dy, n_dg, n_dg, n_dh, drop ? n_dy : 0};
+  char *bufs[5];
+  if ((st = attn_rnn_alloc_all(op, x, 5, bytes, bufs, cap)) != ATTN_OK) return st;
   char *dy = bufs[0], *dgi = bufs[1], *dgh = bufs[2], *dh = bufs[3], *layer_in = bufs[4];
-  if (!dy || !dgi || !dgh || !dh || (drop && !layer_in)) {
-    attn_rnn_free_all(bufs, cap, 5);
-    return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the %s workspace", op, attn_tensor_shape_str(x));
-  }
 
   /* the output gradient of layer k: dout for the top one (read in place), then what the layer
    * above leaves in dy */

@@ -44,6 +44,12 @@ char *attn_rnn_layer_part(const attn_tensor *saved, const attn_saved_layout *l, 
 /* Layer k's block (bytes) of an (L, B, H) state tensor into dst, or zeros without one. */
 void attn_rnn_copy_state(void *dst, const attn_tensor *t, int k, size_t bytes);
 
+/* The n workspace buffers of a kernel: bufs[i] of bytes[i] (NULL where that is 0), capacities in
+ * cap. When one cannot be had, frees the others and returns an out-of-memory error naming op and
+ * x's shape. */
+attn_status attn_rnn_alloc_all(const char *op, const attn_tensor *x, int n, const size_t *bytes, char **bufs,
+                               size_t *cap);
+
 /* Frees the workspace buffers that were allocated (n of them, capacities cap). */
 void attn_rnn_free_all(char **bufs, const size_t *cap, int n);
 
