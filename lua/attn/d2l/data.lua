@@ -544,6 +544,12 @@ function data.sample_path()
 end
 
 -- The four id tensors and both vocabularies of a corpus file (book settings).
+-- The corpus file: path when given, else the shipped sample (or nil, message).
+local function path_or_sample(path)
+  if path ~= nil then return path end
+  return data.sample_path()
+end
+
 local function read_arrays(path, num_examples, num_steps)
   local source, target, report = data.read_fra_eng(path, { num_examples = num_examples })
   if not source then return nil, target end
@@ -585,12 +591,8 @@ function data.load_fra_eng(batch_size, num_steps, opts)
   if seed ~= nil and math.type(seed) ~= "integer" then
     error(string.format("%s: seed must be an integer, got %s", who, tostring(seed)), 2)
   end
-  local path = opts.path
-  if path == nil then
-    local err
-    path, err = data.sample_path()
-    if not path then return nil, err end
-  end
+  local path, err = path_or_sample(opts.path)
+  if not path then return nil, err end
   local num_examples = opts.num_examples
   if num_examples == nil then num_examples = 600 end
   local dataset, src_vocab, tgt_vocab, report = read_arrays(path, num_examples, num_steps)
@@ -783,12 +785,8 @@ function data.load_corpus(batch_size, num_steps, opts)
   opts = check.options(who, opts, { path = true, num_examples = true, seed = true, valid = true, test = true,
     bucket = true, vocabs = true, log = true })
   local log = opts.log or function() end
-  local path = opts.path
-  if path == nil then
-    local err
-    path, err = data.sample_path()
-    if not path then return nil, err end
-  end
+  local path, err = path_or_sample(opts.path)
+  if not path then return nil, err end
   local seed = opts.seed or 0
   local clock = require("attn.progress").clock
   local t0 = clock()
