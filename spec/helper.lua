@@ -109,6 +109,35 @@ function helper.param(shape, scale)
   return t:requires_grad_()
 end
 
+--- Calls run(n) on n = 1 and then 2 threads (the count restored after) and asserts that the
+-- lists of tensors it returns hold the same bits; returns the 1-thread list.
+function helper.assert_same_bits_on_threads(run)
+  local before, res = attn.get_num_threads(), {}
+  for n = 1, 2 do
+    attn.set_num_threads(n)
+    res[n] = run(n)
+  end
+  attn.set_num_threads(before)
+  for i = 1, #res[1] do helper.assert_identical(res[2][i], res[1][i]) end
+  return res[1]
+end
+
+--- Leaves of the given shapes (one table each) and dtype, N(0, 1), requiring grad.
+function helper.leaves(dtype, ...)
+  local out = {}
+  for i, shape in ipairs({ ... }) do out[i] = attn.randn(shape, dtype):requires_grad_() end
+  return out
+end
+
+--- Overwrites every parameter of module m with N(0, scale^2) (ones and zeros would hide
+-- gradients); returns m.
+function helper.randomize(m, scale)
+  attn.no_grad(function()
+    for _, p in ipairs(m:parameters()) do p:copy_(attn.randn(p:shape(), p:dtype()) * scale) end
+  end)
+  return m
+end
+
 --- Naive matrix product of nested tables (independent of BLAS).
 function helper.naive_matmul(a, b)
   local out = {}
@@ -187,6 +216,17 @@ function helper.temp_files(dir)
     if name:find("%.tmp%.") then out[#out + 1] = name end
   end
   return out
+end
+
+--- Writes `bytes` to path and asserts that load(path) returns nil and the message
+-- "<op>: <path>: " followed by Lua pattern `pattern`.
+function helper.assert_load_fails(load, op, path, bytes, pattern)
+  helper.write_bytes(path, bytes)
+  local t, msg = load(path)
+  luassert.is_nil(t)
+  luassert.is_string(msg)
+  local full = "^" .. op .. ": " .. path:gsub("%p", "%%%0") .. ": " .. pattern
+  luassert.truthy(msg:find(full), "message '" .. msg .. "' does not match '" .. pattern .. "'")
 end
 
 --- Every proper prefix of the file at `good` must make load(path) return nil and

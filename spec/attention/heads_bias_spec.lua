@@ -121,6 +121,13 @@ local function assert_same_bits_on_threads(Q, K, V, o, g, what)
   for n = 1, 5 do assert.are.same(results[1][n]:totable(), results[2][n]:totable(), what) end
 end
 
+-- n tensors of one shape and dtype, N(0, 1), drawn in order.
+local function same_shape(n, shape, dt)
+  local t = {}
+  for i = 1, n do t[i] = attn.randn(shape, dt) end
+  return table.unpack(t)
+end
+
 local function assert_all(got, want, tol, what)
   local names = { "out", "weights", "dq", "dk", "dv" }
   for n = 1, 5 do
@@ -210,8 +217,7 @@ describe("attention with heads as a dimension", function()
   it("grouped-query attention with Hkv = H is ordinary attention, and (B, H, N, d) is the (B*H, N, d) call", function()
     local B, H, N, d = 2, 3, 70, 8
     for _, dt in ipairs { "float64", "float32" } do
-      local Q, K, V = attn.randn({ B, H, N, d }, dt), attn.randn({ B, H, N, d }, dt), attn.randn({ B, H, N, d }, dt)
-      local g = attn.randn({ B, H, N, d }, dt)
+      local Q, K, V, g = same_shape(4, { B, H, N, d }, dt)
       local lens = attn.tensor({ 50, 70 }, "int64")
       local o = { causal = true, dropout = 0.25, seed = 5, valid_lens = lens, training = true }
       local o3 = with(o, { valid_lens = lens:repeat_interleave(H, 1) })
@@ -234,8 +240,7 @@ describe("attention with heads as a dimension", function()
   it("a bias broadcast over each dim equals the explicitly expanded bias", function()
     local B, H, N, d = 2, 3, 70, 8
     for _, dt in ipairs { "float64", "float32" } do
-      local Q, K, V = attn.randn({ B, H, N, d }, dt), attn.randn({ B, H, N, d }, dt), attn.randn({ B, H, N, d }, dt)
-      local g = attn.randn({ B, H, N, d }, dt)
+      local Q, K, V, g = same_shape(4, { B, H, N, d }, dt)
       for _, shape in ipairs { { N, N }, { 1, N }, { H, 1, N }, { B, 1, 1, N }, { B, H, N, N }, { B, 1, N, 1 } } do
         local bias = attn.randn(shape, dt)
         local full = bias:expand({ B, H, N, N }):contiguous()

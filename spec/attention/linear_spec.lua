@@ -131,17 +131,12 @@ describe("attn.linear_attention", function()
   end)
 
   it("gives the same bits on 1 and 2 threads, forward and backward", function()
-    local before = attn.get_num_threads()
     local ins = { attn.randn({ 6, 50, 8 }), attn.randn({ 6, 50, 8 }), attn.randn({ 6, 50, 8 }) }
     local g = attn.randn({ 6, 50, 8 })
-    local res = {}
-    for t = 1, 2 do
-      attn.set_num_threads(t)
+    helper.assert_same_bits_on_threads(function()
       local o, gs = grads(function(a, b, c) return attn.linear_attention(a, b, c, { causal = true }) end, ins, g)
-      res[t] = { o, gs[1], gs[2], gs[3] }
-    end
-    attn.set_num_threads(before)
-    for i = 1, 4 do helper.assert_identical(res[2][i], res[1][i]) end
+      return { o, gs[1], gs[2], gs[3] }
+    end)
   end)
 
   it("needs no memory of size N x N or N x d beyond its outputs (N 16384, d 64)", function()

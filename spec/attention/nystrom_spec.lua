@@ -233,20 +233,15 @@ describe("attn.nystrom_attention gradients and threads", function()
   end)
 
   it("gives the same bits on 1 and 2 threads, forward and backward", function()
-    local before = attn.get_num_threads()
     local ins = { attn.randn({ 4, 256, 16 }), attn.randn({ 4, 256, 16 }), attn.randn({ 4, 256, 16 }) }
     local g = attn.randn({ 4, 256, 16 })
-    local res = {}
-    for t = 1, 2 do
-      attn.set_num_threads(t)
+    helper.assert_same_bits_on_threads(function()
       local leaves = {}
       for i, x in ipairs(ins) do leaves[i] = x:clone():requires_grad_() end
       local out = attn.nystrom_attention(leaves[1], leaves[2], leaves[3], { landmarks = 16 })
       out:backward(g)
-      res[t] = { out, leaves[1].grad, leaves[2].grad, leaves[3].grad }
-    end
-    attn.set_num_threads(before)
-    for i = 1, 4 do helper.assert_identical(res[2][i], res[1][i]) end
+      return { out, leaves[1].grad, leaves[2].grad, leaves[3].grad }
+    end)
   end)
 end)
 

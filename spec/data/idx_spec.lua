@@ -62,13 +62,7 @@ describe("attn.data.read_idx", function()
   end)
 
   it("returns nil and a message for a missing file, bad magic, an unknown type code or wrong sizes", function()
-    local function fails(bytes, pattern)
-      local path = dir .. "/bad"
-      write_bytes(path, bytes)
-      local t, msg = data.read_idx(path)
-      assert.is_nil(t)
-      assert.matches("^read_idx: " .. path:gsub("%p", "%%%0") .. ": " .. pattern, msg)
-    end
+    local function fails(bytes, pattern) helper.assert_load_fails(data.read_idx, "read_idx", dir .. "/bad", bytes, pattern) end
     local t, msg = data.read_idx(dir .. "/absent")
     assert.is_nil(t)
     assert.matches("read_idx: .*absent: No such file", msg)

@@ -203,13 +203,7 @@ describe(".npy", function()
 
   describe("corrupt files return nil and a message", function()
     local function expect_fail(content, pattern)
-      local path = dir .. "/bad.npy"
-      write_bytes(path, content)
-      local t, msg = attn.load_npy(path)
-      assert.is_nil(t)
-      assert.is_string(msg)
-      local full = "^load_npy: " .. path:gsub("%p", "%%%0") .. ": " .. pattern
-      assert.truthy(msg:find(full), "message '" .. msg .. "' does not match '" .. pattern .. "'")
+      helper.assert_load_fails(attn.load_npy, "load_npy", dir .. "/bad.npy", content, pattern)
     end
     local six = string.pack("<ffffff", 1, 2, 3, 4, 5, 6)
 

@@ -226,13 +226,7 @@ describe("safetensors", function()
 
   describe("corrupt files return nil and a message", function()
     local function expect_fail(content, pattern)
-      local path = dir .. "/bad.safetensors"
-      write_bytes(path, content)
-      local t, msg = attn.load(path)
-      assert.is_nil(t)
-      assert.is_string(msg)
-      local full = "^load: " .. path:gsub("%p", "%%%0") .. ": " .. pattern
-      assert.truthy(msg:find(full), "message '" .. msg .. "' does not match '" .. pattern .. "'")
+      helper.assert_load_fails(attn.load, "load", dir .. "/bad.safetensors", content, pattern)
     end
     local function entry(body) return '{"t":' .. body .. "}" end
 

@@ -144,27 +144,22 @@ describe("nn.conv2d", function()
   end)
 
   it("gives the same bits on 1 and 2 threads, both dtypes (batch 13: uneven dW chunks)", function()
-    local before = attn.get_num_threads()
     for _, dt in ipairs { "float32", "float64" } do
-      local out = {}
-      for _, n in ipairs { 1, 2 } do
-        attn.set_num_threads(n)
+      local out = helper.assert_same_bits_on_threads(function()
         attn.manual_seed(6)
         local x = attn.randn({ 13, 4, 10, 9 }, dt):requires_grad_()
         local w = attn.randn({ 8, 4, 3, 3 }, dt):requires_grad_()
         local b = attn.randn({ 8 }, dt):requires_grad_()
         local y = nn.conv2d(x, w, b, { padding = 1 })
         y:backward(attn.randn(y:shape(), dt))
-        out[n] = { y, x.grad, w.grad, b.grad }
-      end
-      for i = 1, 4 do helper.assert_identical(out[2][i], out[1][i]) end
+        return { y, x.grad, w.grad, b.grad }
+      end)
       if dt == "float64" then -- blocks of 5, 5 and 3 images against the plain loops
         attn.manual_seed(6)
         local x, w, b = attn.randn({ 13, 4, 10, 9 }, dt), attn.randn({ 8, 4, 3, 3 }, dt), attn.randn({ 8 }, dt)
-        assert.close(out[1][1], nn.conv2d(x, w, b, { padding = 1, kernel = "reference" }), { atol = 1e-12, rtol = 0 })
+        assert.close(out[1], nn.conv2d(x, w, b, { padding = 1, kernel = "reference" }), { atol = 1e-12, rtol = 0 })
       end
     end
-    attn.set_num_threads(before)
   end)
 
   it("takes a 3-D input as one image", function()
@@ -254,22 +249,18 @@ end)
 describe("a PyTorch CNN (Conv2d, BatchNorm2d, ReLU, MaxPool2d, grouped dilated Conv2d, AdaptiveAvgPool2d, "
   .. "Flatten, Linear)", function()
   local F = require "nn.torch_fixtures"
+  local ALL_DIFFS = { "output", "grad_input", "grad_state", "after" }
   for _, name in ipairs(F.cnn_cases) do
     it("matches PyTorch 1.13 to 1e-10 (outputs, input and parameter gradients, running stats): " .. name, function()
       for _, threads in ipairs { 1, 2 } do
         local before = attn.get_num_threads()
         attn.set_num_threads(threads)
-        local d, n, tol = F.run(name)
+        local ok, err = pcall(F.check, name, { min_n = 10, whats = ALL_DIFFS,
+          where = string.format(" (%d threads)", threads) })
         attn.set_num_threads(before)
-        assert.is_true(n >= 10)
-        for _, what in ipairs { "output", "grad_input", "grad_state", "after" } do
-          assert.is_true(d[what] <= tol, string.format("%s differs by %g (%d threads)", what, d[what], threads))
-        end
+        assert(ok, err)
       end
-      local d = F.run(name, "float32")
-      for _, what in ipairs { "output", "grad_input", "grad_state", "after" } do
-        assert.is_true(d[what] <= 1e-4, what .. " differs by " .. d[what] .. " in float32")
-      end
+      F.check(name, { dtype = "float32", tol = 1e-4, whats = ALL_DIFFS, where = " in float32" })
     end)
   end
 

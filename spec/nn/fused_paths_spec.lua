@@ -28,20 +28,7 @@ local nn = attn.nn
 
 local TOL = { float32 = 1e-5, float64 = 1e-12 }
 
--- Leaves of the given shapes, N(0, 1), requiring grad.
-local function leaves(dtype, ...)
-  local out = {}
-  for i, shape in ipairs({ ... }) do out[i] = attn.randn(shape, dtype):requires_grad_() end
-  return out
-end
-
--- Overwrites every parameter of m with N(0, scale^2) (ones and zeros would hide gradients).
-local function randomize(m, scale)
-  attn.no_grad(function()
-    for _, p in ipairs(m:parameters()) do p:copy_(attn.randn(p:shape(), p:dtype()) * scale) end
-  end)
-  return m
-end
+local leaves, randomize = helper.leaves, helper.randomize
 
 local function mode(m, case) if case.train then return m:train() end return m:eval() end
 
@@ -83,46 +70,46 @@ local function optimizer_row(name, kind, opts)
   }
 end
 
-local ROWS = {
-  {
-    name = "nn.GRU",
+-- A row for a recurrent layer, cls(5, 6, layers, opts), bidirectional or not: one state h0 (GRU)
+-- or two, {h0, c0} (with_cell: LSTM), both given or both zero (case.zero_state).
+local function recurrent_row(name, cls, with_cell, bidirectional, cases)
+  local D = bidirectional and 2 or 1
+  return {
+    name = name,
     build = function(dtype, case)
-      return mode(nn.GRU { input_size = 5, num_hiddens = 6, num_layers = case.layers or 2, dropout = case.dropout,
-        bias = case.bias, dtype = dtype }, case)
-    end,
-    inputs = function(dtype, case)
-      local a = leaves(dtype, { 7, 3, 5 }, { case.layers or 2, 3, 6 })
-      if case.zero_h0 then a[2] = nil end
-      return a
-    end,
-    call = function(m, a) return { m(a[1], a[2]) } end,
-    cases = {
-      { "eval, 2 layers, given h0", eligible = true },
-      { "eval, 1 layer, zero h0", layers = 1, zero_h0 = true, eligible = true },
-      { "eval, 3 layers without biases, zero h0", layers = 3, bias = false, zero_h0 = true, eligible = true },
-      { "training, dropout 0", train = true, dropout = 0, eligible = true },
-      { "training, dropout 1 (the kernel refuses it)", train = true, dropout = 1, eligible = false },
-    },
-  },
-  {
-    name = "nn.GRU, bidirectional (the kernel per layer and direction)",
-    build = function(dtype, case)
-      return mode(nn.GRU(5, 6, case.layers or 2, { bidirectional = true, batch_first = case.batch_first,
+      return mode(cls(5, 6, case.layers or 2, { bidirectional = bidirectional, batch_first = case.batch_first,
         bias = case.bias, dropout = case.dropout, dtype = dtype }), case)
     end,
     inputs = function(dtype, case)
-      local a = leaves(dtype, case.batch_first and { 3, 7, 5 } or { 7, 3, 5 }, { 2 * (case.layers or 2), 3, 6 })
-      if case.zero_h0 then a[2] = nil end
+      local state = { D * (case.layers or 2), 3, 6 }
+      local x = case.batch_first and { 3, 7, 5 } or { 7, 3, 5 }
+      local a = with_cell and leaves(dtype, x, state, state) or leaves(dtype, x, state)
+      if case.zero_state then a[2], a[3] = nil, nil end
       return a
     end,
-    call = function(m, a) return { m(a[1], a[2]) } end,
-    cases = {
-      { "eval, 2 layers, given h0", eligible = true },
-      { "eval, 1 layer, batch_first, zero h0", layers = 1, batch_first = true, zero_h0 = true, eligible = true },
-      { "eval, 2 layers without biases", bias = false, eligible = true },
-      { "training, dropout 1", train = true, dropout = 1, eligible = false },
-    },
-  },
+    call = function(m, a)
+      if not with_cell then return { m(a[1], a[2]) } end
+      local out, state = m(a[1], a[2] and { a[2], a[3] })
+      return { out, state[1], state[2] }
+    end,
+    cases = cases,
+  }
+end
+
+local ROWS = {
+  recurrent_row("nn.GRU", nn.GRU, false, false, {
+    { "eval, 2 layers, given h0", eligible = true },
+    { "eval, 1 layer, zero h0", layers = 1, zero_state = true, eligible = true },
+    { "eval, 3 layers without biases, zero h0", layers = 3, bias = false, zero_state = true, eligible = true },
+    { "training, dropout 0", train = true, dropout = 0, eligible = true },
+    { "training, dropout 1 (the kernel refuses it)", train = true, dropout = 1, eligible = false },
+  }),
+  recurrent_row("nn.GRU, bidirectional (the kernel per layer and direction)", nn.GRU, false, true, {
+    { "eval, 2 layers, given h0", eligible = true },
+    { "eval, 1 layer, batch_first, zero h0", layers = 1, batch_first = true, zero_state = true, eligible = true },
+    { "eval, 2 layers without biases", bias = false, eligible = true },
+    { "training, dropout 1", train = true, dropout = 1, eligible = false },
+  }),
   {
     name = "nn.GRUCell",
     build = function(dtype, case) return nn.GRUCell(5, 6, { bias = case.bias, dtype = dtype }) end,
@@ -137,51 +124,19 @@ local ROWS = {
       { "zero h, no biases", bias = false, zero_h = true, eligible = true },
     },
   },
-  {
-    name = "nn.LSTM",
-    build = function(dtype, case)
-      return mode(nn.LSTM(5, 6, case.layers or 2, { dropout = case.dropout, bias = case.bias, dtype = dtype }), case)
-    end,
-    inputs = function(dtype, case)
-      local a = leaves(dtype, { 7, 3, 5 }, { case.layers or 2, 3, 6 }, { case.layers or 2, 3, 6 })
-      if case.zero_state then a[2], a[3] = nil, nil end
-      return a
-    end,
-    call = function(m, a)
-      local out, state = m(a[1], a[2] and { a[2], a[3] })
-      return { out, state[1], state[2] }
-    end,
-    cases = {
-      { "eval, 2 layers, given state", eligible = true },
-      { "eval, 1 layer, zero state", layers = 1, zero_state = true, eligible = true },
-      { "eval, 3 layers without biases, zero state", layers = 3, bias = false, zero_state = true, eligible = true },
-      { "training, dropout 0", train = true, dropout = 0, eligible = true },
-      { "training, dropout 1 (the kernel refuses it)", train = true, dropout = 1, eligible = false },
-    },
-  },
-  {
-    name = "nn.LSTM, bidirectional (the kernel per layer and direction)",
-    build = function(dtype, case)
-      return mode(nn.LSTM(5, 6, case.layers or 2, { bidirectional = true, batch_first = case.batch_first,
-        bias = case.bias, dropout = case.dropout, dtype = dtype }), case)
-    end,
-    inputs = function(dtype, case)
-      local L = 2 * (case.layers or 2)
-      local a = leaves(dtype, case.batch_first and { 3, 7, 5 } or { 7, 3, 5 }, { L, 3, 6 }, { L, 3, 6 })
-      if case.zero_state then a[2], a[3] = nil, nil end
-      return a
-    end,
-    call = function(m, a)
-      local out, state = m(a[1], a[2] and { a[2], a[3] })
-      return { out, state[1], state[2] }
-    end,
-    cases = {
-      { "eval, 2 layers, given state", eligible = true },
-      { "eval, 1 layer, batch_first, zero state", layers = 1, batch_first = true, zero_state = true, eligible = true },
-      { "eval, 2 layers without biases", bias = false, eligible = true },
-      { "training, dropout 1", train = true, dropout = 1, eligible = false },
-    },
-  },
+  recurrent_row("nn.LSTM", nn.LSTM, true, false, {
+    { "eval, 2 layers, given state", eligible = true },
+    { "eval, 1 layer, zero state", layers = 1, zero_state = true, eligible = true },
+    { "eval, 3 layers without biases, zero state", layers = 3, bias = false, zero_state = true, eligible = true },
+    { "training, dropout 0", train = true, dropout = 0, eligible = true },
+    { "training, dropout 1 (the kernel refuses it)", train = true, dropout = 1, eligible = false },
+  }),
+  recurrent_row("nn.LSTM, bidirectional (the kernel per layer and direction)", nn.LSTM, true, true, {
+    { "eval, 2 layers, given state", eligible = true },
+    { "eval, 1 layer, batch_first, zero state", layers = 1, batch_first = true, zero_state = true, eligible = true },
+    { "eval, 2 layers without biases", bias = false, eligible = true },
+    { "training, dropout 1", train = true, dropout = 1, eligible = false },
+  }),
   {
     name = "nn.LSTMCell",
     build = function(dtype, case) return nn.LSTMCell(5, 6, { bias = case.bias, dtype = dtype }) end,

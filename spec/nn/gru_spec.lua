@@ -3,72 +3,10 @@
 local attn = require "attn"
 local helper = require "helper"
 local nn = attn.nn
+local R = require "nn.rnn_reference"
 
-local function sigmoid(v) return 1 / (1 + math.exp(-v)) end
-
--- math.tanh is only there with LUA_COMPAT_MATHLIB: a plain, stable version.
-local function tanh(v)
-  local e = math.exp(-2 * math.abs(v))
-  local t = (1 - e) / (1 + e)
-  return v < 0 and -t or t
-end
-
--- W (3h x in) row block `gate` (0 = r, 1 = z, 2 = n) times vector x, plus b.
-local function gate_affine(W, b, x, gate, H)
-  local out = {}
-  for j = 1, H do
-    local row = W[gate * H + j]
-    local s = b[gate * H + j]
-    for i = 1, #x do s = s + row[i] * x[i] end
-    out[j] = s
-  end
-  return out
-end
-
--- Naive multi-layer GRU: X nested (T, B, in), h0 nested (L, B, H) or nil;
--- params: list over layers of {w_ih, w_hh, b_ih, b_hh} nested tables.
-local function naive_gru(X, h0, params, H)
-  local T, B, L = #X, #X[1], #params
-  local input = X
-  local final = {}
-  for l = 1, L do
-    local p = params[l]
-    local outs = {}
-    for b = 1, B do
-      local h = {}
-      for j = 1, H do h[j] = h0 and h0[l][b][j] or 0 end
-      for t = 1, T do
-        local x = input[t][b]
-        local ir, hr = gate_affine(p[1], p[3], x, 0, H), gate_affine(p[2], p[4], h, 0, H)
-        local iz, hz = gate_affine(p[1], p[3], x, 1, H), gate_affine(p[2], p[4], h, 1, H)
-        local inn, hn = gate_affine(p[1], p[3], x, 2, H), gate_affine(p[2], p[4], h, 2, H)
-        local new = {}
-        for j = 1, H do
-          local r = sigmoid(ir[j] + hr[j])
-          local z = sigmoid(iz[j] + hz[j])
-          local n = tanh(inn[j] + r * hn[j])
-          new[j] = (1 - z) * n + z * h[j]
-        end
-        h = new
-        outs[t] = outs[t] or {}
-        outs[t][b] = h
-      end
-      final[l] = final[l] or {}
-      final[l][b] = h
-    end
-    input = outs
-  end
-  return input, final
-end
-
-local function layer_params(m, L)
-  local ps = {}
-  for l = 0, L - 1 do
-    ps[l + 1] = { m["weight_ih_l" .. l]:totable(), m["weight_hh_l" .. l]:totable(), m["bias_ih_l" .. l]:totable(),
-      m["bias_hh_l" .. l]:totable() }
-  end
-  return ps
-end
+-- The naive multi-layer GRU: X nested (T, B, in), h0 nested (L, B, H) or nil.
+local function naive_gru(m, X, h0) return R.naive_layers(m, R.gru_step, X, h0) end
 
 -- The flat parameter list of the fused gru.gru: 4 entries per layer.
 local function fused_params(m, L)
@@ -118,12 +56,12 @@ describe("nn.GRU", function()
     local out, state = m(X)
     assert.same({ 5, 2, 4 }, out:shape())
     assert.same({ 2, 2, 4 }, state:shape())
-    local eo, es = naive_gru(X:totable(), nil, layer_params(m, 2), 4)
+    local eo, es = naive_gru(m, X:totable(), nil)
     assert.close(out, eo, { atol = 1e-5 })
     assert.close(state, es, { atol = 1e-5 })
     local h0 = attn.randn({ 2, 2, 4 })
     out, state = m(X, h0)
-    eo, es = naive_gru(X:totable(), h0:totable(), layer_params(m, 2), 4)
+    eo, es = naive_gru(m, X:totable(), h0:totable())
     assert.close(out, eo, { atol = 1e-5 })
     assert.close(state, es, { atol = 1e-5 })
   end)

@@ -6,6 +6,7 @@ local attn = require "attn"
 local helper = require "helper"
 local F = require "nn.torch_fixtures"
 local lstm = require "attn.nn.lstm"
+local R = require "nn.rnn_reference"
 local nn = attn.nn
 
 -- ---------------------------------------------------------------- naive reference (Lua numbers)
@@ -18,23 +19,7 @@ local nn = attn.nn
 -- c0[k * D + d] (zeros without a state); the output at step t is the forward then the reverse
 -- state (2h wide), the input of layer k + 1; h_n, c_n[k * D + d] the direction's last ones.
 
-local function sigmoid(v) return 1 / (1 + math.exp(-v)) end
-local function tanh(v)
-  local e = math.exp(-2 * math.abs(v))
-  local t = (1 - e) / (1 + e)
-  return v < 0 and -t or t
-end
-
--- rows g*H+1 .. g*H+H of W times x, plus b (nil: no bias)
-local function affine(W, b, x, g, H)
-  local out = {}
-  for j = 1, H do
-    local row, s = W[g * H + j], b and b[g * H + j] or 0
-    for i = 1, #x do s = s + row[i] * x[i] end
-    out[j] = s
-  end
-  return out
-end
+local sigmoid, tanh, affine = R.sigmoid, R.tanh, R.affine
 
 local function lstm_step(p, x, h, c, H)
   local a = {}
@@ -52,56 +37,9 @@ local function lstm_step(p, x, h, c, H)
   return h2, c2
 end
 
-local function params_of(m, sfx)
-  local function t(name) local v = m[name .. sfx]; return v and v:totable() end
-  return { w_ih = t("weight_ih"), w_hh = t("weight_hh"), b_ih = t("bias_ih"), b_hh = t("bias_hh") }
-end
-
 -- X nested (T, B, in) time-major, h0, c0 nested (D L, B, H) or nil -> out (T, B, D H), hn, cn.
-local function naive_lstm(m, X, h0, c0)
-  local T, B, H, D = #X, #X[1], m.hidden_size, m.bidirectional and 2 or 1
-  local input, hn, cn = X, {}, {}
-  for k = 0, m.num_layers - 1 do
-    local out = {}
-    for t = 1, T do
-      out[t] = {}
-      for b = 1, B do out[t][b] = {} end
-    end
-    for d = 0, D - 1 do
-      local p, s = params_of(m, "_l" .. k .. (d == 1 and "_reverse" or "")), k * D + d + 1
-      hn[s], cn[s] = {}, {}
-      for b = 1, B do
-        local h, c = {}, {}
-        for j = 1, H do h[j], c[j] = h0 and h0[s][b][j] or 0, c0 and c0[s][b][j] or 0 end
-        for i = 1, T do
-          local t = d == 0 and i or T + 1 - i
-          h, c = lstm_step(p, input[t][b], h, c, H)
-          for j = 1, H do out[t][b][d * H + j] = h[j] end
-        end
-        hn[s][b], cn[s][b] = h, c
-      end
-    end
-    input = out
-  end
-  return input, hn, cn
-end
-
--- (B, T, ...) <-> (T, B, ...) of nested tables
-local function swap12(x)
-  local y = {}
-  for i = 1, #x[1] do
-    y[i] = {}
-    for j = 1, #x do y[i][j] = x[j][i] end
-  end
-  return y
-end
-
-local function randomize(m, scale)
-  attn.no_grad(function()
-    for _, p in ipairs(m:parameters()) do p:copy_(attn.randn(p:shape(), p:dtype()) * scale) end
-  end)
-  return m
-end
+local function naive_lstm(m, X, h0, c0) return R.naive_layers(m, lstm_step, X, h0, c0, true) end
+local swap12, randomize = R.swap12, helper.randomize
 
 local TOL = { float32 = 2e-5, float64 = 1e-12 }
 
@@ -350,18 +288,10 @@ describe("nn.LSTM and nn.LSTMCell", function()
           attn.set_num_threads(threads)
           for _, fused in ipairs { true, false } do
             nn.set_fused(fused)
-            local d, n, tol = F.run(name)
-            assert.is_true(n >= 4)
-            for _, what in ipairs { "output", "grad_input", "grad_state" } do
-              assert.is_true(d[what] <= tol, string.format("%s differs by %g (%d threads, fused %s)", what, d[what],
-                threads, tostring(fused)))
-            end
+            F.check(name, { min_n = 4, where = string.format(" (%d threads, fused %s)", threads, tostring(fused)) })
           end
         end
-        local d = F.run(name, "float32")
-        for _, what in ipairs { "output", "grad_input", "grad_state" } do
-          assert.is_true(d[what] <= 1e-5, what .. " differs by " .. d[what] .. " in float32")
-        end
+        F.check(name, { dtype = "float32", tol = 1e-5, where = " in float32" })
       end)
     end
   end)

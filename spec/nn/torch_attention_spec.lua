@@ -121,12 +121,7 @@ local function call(m, q, k, v, opts)
   return lay(out), w
 end
 
-local function with(t, extra)
-  local o = {}
-  for key, x in pairs(t) do o[key] = x end
-  for key, x in pairs(extra or {}) do o[key] = x end
-  return o
-end
+local with = helper.with
 
 describe("nn.MultiheadAttention", function()
   after_each(function() attn.set_num_threads(1) end)
@@ -136,11 +131,7 @@ describe("nn.MultiheadAttention", function()
       for _, name in ipairs(F.mha_cases) do
         it(name .. ", " .. threads .. " thread(s): outputs, input and parameter gradients", function()
           attn.set_num_threads(threads)
-          local d, n, tol = F.run(name)
-          assert.is_true(n >= 7)
-          assert.is_true(d.output <= tol, "output differs by " .. d.output)
-          assert.is_true(d.grad_input <= tol, "input gradients differ by " .. d.grad_input)
-          assert.is_true(d.grad_state <= tol, "parameter gradients differ by " .. d.grad_state)
+          F.check(name, { min_n = 7 })
         end)
       end
     end

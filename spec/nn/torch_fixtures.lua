@@ -164,4 +164,18 @@ function F.run(name, dtype)
   return d, n, case.tol or 1e-10
 end
 
+--- Runs case `name` (as F.run, in opts.dtype) and asserts that every difference of opts.whats
+-- (default output, grad_input, grad_state) is within opts.tol (a number or one per what; default
+-- the case's) and that at least opts.min_n tensors were compared; opts.where ends the messages.
+function F.check(name, opts)
+  opts = opts or {}
+  local d, n, tol = F.run(name, opts.dtype)
+  tol = opts.tol or tol
+  assert(n >= (opts.min_n or 1), name .. ": only " .. n .. " tensors compared")
+  for _, what in ipairs(opts.whats or { "output", "grad_input", "grad_state" }) do
+    local limit = type(tol) == "table" and tol[what] or tol
+    assert(d[what] <= limit, string.format("%s: %s differs by %g%s", name, what, d[what], opts.where or ""))
+  end
+end
+
 return F

@@ -6,6 +6,7 @@ local attn = require "attn"
 local helper = require "helper"
 local F = require "nn.torch_fixtures"
 local gru = require "attn.nn.gru"
+local R = require "nn.rnn_reference"
 local nn = attn.nn
 
 -- ---------------------------------------------------------------- naive references (Lua numbers)
@@ -19,36 +20,7 @@ local nn = attn.nn
 -- without h0); the output at step t is the forward state then the reverse state at t (2h
 -- wide), which is the input of layer k + 1; h_n[k * D + d] is the direction's last state.
 
-local function sigmoid(v) return 1 / (1 + math.exp(-v)) end
-local function tanh(v)
-  local e = math.exp(-2 * math.abs(v))
-  local t = (1 - e) / (1 + e)
-  return v < 0 and -t or t
-end
-local function relu(v) return v > 0 and v or 0 end
-
--- rows g*H+1 .. g*H+H of W times x, plus b (nil: no bias)
-local function affine(W, b, x, g, H)
-  local out = {}
-  for j = 1, H do
-    local row, s = W[g * H + j], b and b[g * H + j] or 0
-    for i = 1, #x do s = s + row[i] * x[i] end
-    out[j] = s
-  end
-  return out
-end
-
-local function gru_step(p, x, h, H)
-  local ir, iz, inn = affine(p.w_ih, p.b_ih, x, 0, H), affine(p.w_ih, p.b_ih, x, 1, H), affine(p.w_ih, p.b_ih, x, 2, H)
-  local hr, hz, hn = affine(p.w_hh, p.b_hh, h, 0, H), affine(p.w_hh, p.b_hh, h, 1, H), affine(p.w_hh, p.b_hh, h, 2, H)
-  local new = {}
-  for j = 1, H do
-    local r, z = sigmoid(ir[j] + hr[j]), sigmoid(iz[j] + hz[j])
-    local n = tanh(inn[j] + r * hn[j])
-    new[j] = (1 - z) * n + z * h[j]
-  end
-  return new
-end
+local tanh, relu, affine, gru_step = R.tanh, R.relu, R.affine, R.gru_step
 
 local function rnn_step(act)
   return function(p, x, h, H)
@@ -58,58 +30,7 @@ local function rnn_step(act)
   end
 end
 
--- The parameters of m's layer k, direction d as Lua tables.
-local function layer_params(m, k, d)
-  local sfx = k .. (d == 1 and "_reverse" or "")
-  local function t(name) local v = m[name .. sfx]; return v and v:totable() end
-  return { w_ih = t("weight_ih_l"), w_hh = t("weight_hh_l"), b_ih = t("bias_ih_l"), b_hh = t("bias_hh_l") }
-end
-
--- X nested (T, B, in) time-major, h0 nested (D L, B, H) or nil -> out (T, B, D H), hn (D L, B, H).
-local function naive_layers(m, step, X, h0)
-  local T, B, H, D = #X, #X[1], m.hidden_size, m.bidirectional and 2 or 1
-  local input, hn = X, {}
-  for k = 0, m.num_layers - 1 do
-    local out = {}
-    for t = 1, T do
-      out[t] = {}
-      for b = 1, B do out[t][b] = {} end
-    end
-    for d = 0, D - 1 do
-      local p = layer_params(m, k, d)
-      hn[k * D + d + 1] = {}
-      for b = 1, B do
-        local h = {}
-        for j = 1, H do h[j] = h0 and h0[k * D + d + 1][b][j] or 0 end
-        for i = 1, T do
-          local t = d == 0 and i or T + 1 - i
-          h = step(p, input[t][b], h, H)
-          for j = 1, H do out[t][b][d * H + j] = h[j] end
-        end
-        hn[k * D + d + 1][b] = h
-      end
-    end
-    input = out
-  end
-  return input, hn
-end
-
--- (B, T, ...) <-> (T, B, ...) of nested tables
-local function swap12(x)
-  local y = {}
-  for i = 1, #x[1] do
-    y[i] = {}
-    for j = 1, #x do y[i][j] = x[j][i] end
-  end
-  return y
-end
-
-local function randomize(m, scale)
-  attn.no_grad(function()
-    for _, p in ipairs(m:parameters()) do p:copy_(attn.randn(p:shape(), p:dtype()) * scale) end
-  end)
-  return m
-end
+local naive_layers, swap12, randomize = R.naive_layers, R.swap12, helper.randomize
 
 local TOL = { float32 = 2e-5, float64 = 1e-12 }
 
@@ -129,18 +50,12 @@ describe("PyTorch's recurrent classes", function()
           attn.set_num_threads(threads)
           for _, fused in ipairs { true, false } do
             nn.set_fused(fused)
-            local d, n, tol = F.run(name)
-            assert.is_true(n >= 3)
-            for _, what in ipairs { "output", "grad_input", "grad_state", "after" } do
-              assert.is_true(d[what] <= tol, string.format("%s differs by %g (%d threads, fused %s)", what, d[what],
-                threads, tostring(fused)))
-            end
+            F.check(name, { min_n = 3, whats = { "output", "grad_input", "grad_state", "after" },
+              where = string.format(" (%d threads, fused %s)", threads, tostring(fused)) })
           end
         end
-        local d = F.run(name, "float32")
-        for _, what in ipairs { "output", "grad_input", "grad_state", "after" } do
-          assert.is_true(d[what] <= 1e-5, what .. " differs by " .. d[what] .. " in float32")
-        end
+        F.check(name, { dtype = "float32", tol = 1e-5, whats = { "output", "grad_input", "grad_state", "after" },
+          where = " in float32" })
       end)
     end
   end)

@@ -100,12 +100,7 @@ local function decoder_layer_reference(m, tgt, memory, o)
   return from_rows(x, tgt)
 end
 
-local function randomise(m)
-  attn.no_grad(function()
-    for _, p in ipairs(m:parameters()) do p:copy_(attn.randn(p:shape(), p:dtype()) * 0.5) end
-  end)
-  return m
-end
+local function randomise(m) return helper.randomize(m, 0.5) end
 
 local function bool_mask(r) return attn.tensor(r, "int64") end
 
@@ -117,20 +112,13 @@ describe("PyTorch's Transformer classes", function()
       for _, name in ipairs(F.transformer_cases) do
         it(name .. ", float64 to 1e-10, " .. threads .. " thread(s)", function()
           attn.set_num_threads(threads)
-          local d, n, tol = F.run(name)
-          assert.is_true(n >= 14)
-          assert.is_true(d.output <= tol, "output differs by " .. d.output)
-          assert.is_true(d.grad_input <= tol, "input gradients differ by " .. d.grad_input)
-          assert.is_true(d.grad_state <= tol, "parameter gradients differ by " .. d.grad_state)
+          F.check(name, { min_n = 14 })
         end)
       end
     end
     for _, name in ipairs { "transformer", "decoder_layer_post", "encoder_layer_pre_gelu" } do
       it(name .. " in float32, to 1e-5", function()
-        local d = F.run(name, "float32")
-        assert.is_true(d.output <= 1e-5, "output differs by " .. d.output)
-        assert.is_true(d.grad_input <= 1e-4, "input gradients differ by " .. d.grad_input)
-        assert.is_true(d.grad_state <= 1e-4, "parameter gradients differ by " .. d.grad_state)
+        F.check(name, { dtype = "float32", tol = { output = 1e-5, grad_input = 1e-4, grad_state = 1e-4 } })
       end)
     end
   end)

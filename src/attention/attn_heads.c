@@ -21,17 +21,24 @@ static attn_status too_many(const char *op, const attn_tensor *x, int64_t heads)
                     attn_tensor_shape_str(x), (long long)heads);
 }
 
+/* x is 3-D (the layout errors name) with dim `dim` (its `what`) a multiple of heads >= 1. */
+static attn_status check_x(const char *op, const attn_tensor *x, int64_t heads, const char *layout, int dim,
+                           const char *what) {
+  if (x->ndim != 3) return attn_error(ATTN_ERR_SHAPE, "%s: X must be %s, got %s", op, layout, attn_tensor_shape_str(x));
+  if (heads < 1 || x->shape[dim] % heads != 0)
+    return attn_error(ATTN_ERR_ARG, "%s: %s %lld of X %s is not divisible by num_heads %lld", op, what,
+                      (long long)x->shape[dim], attn_tensor_shape_str(x), (long long)heads);
+  return ATTN_OK;
+}
+
 attn_status attn_attention_split_heads(const attn_tensor *x, int64_t heads, attn_tensor *out) {
   const char *op = "split_heads";
-  if (x->ndim != 3)
-    return attn_error(ATTN_ERR_SHAPE, "%s: X must be (B, N, H*dh), got %s", op, attn_tensor_shape_str(x));
-  if (heads < 1 || x->shape[2] % heads != 0)
-    return attn_error(ATTN_ERR_ARG, "%s: width %lld of X %s is not divisible by num_heads %lld", op,
-                      (long long)x->shape[2], attn_tensor_shape_str(x), (long long)heads);
+  attn_status st = check_x(op, x, heads, "(B, N, H*dh)", 2, "width");
+  if (st != ATTN_OK) return st;
   int64_t B = x->shape[0], N = x->shape[1], dh = x->shape[2] / heads, BH;
   if (__builtin_mul_overflow(B, heads, &BH)) return too_many(op, x, heads);
   int64_t want[3] = {BH, N, dh};
-  attn_status st = check_out(op, x, out, want);
+  st = check_out(op, x, out, want);
   if (st != ATTN_OK || attn_tensor_numel(out) == 0) return st;
   /* x as (B, N, H, dh) read in (B, H, N, dh) order; out is (B*H, N, dh) = (B, H, N, dh) */
   int64_t shape[4] = {B, heads, N, dh};
@@ -43,15 +50,12 @@ attn_status attn_attention_split_heads(const attn_tensor *x, int64_t heads, attn
 
 attn_status attn_attention_merge_heads(const attn_tensor *x, int64_t heads, attn_tensor *out) {
   const char *op = "merge_heads";
-  if (x->ndim != 3)
-    return attn_error(ATTN_ERR_SHAPE, "%s: X must be (B*H, N, dh), got %s", op, attn_tensor_shape_str(x));
-  if (heads < 1 || x->shape[0] % heads != 0)
-    return attn_error(ATTN_ERR_ARG, "%s: batch %lld of X %s is not divisible by num_heads %lld", op,
-                      (long long)x->shape[0], attn_tensor_shape_str(x), (long long)heads);
+  attn_status st = check_x(op, x, heads, "(B*H, N, dh)", 0, "batch");
+  if (st != ATTN_OK) return st;
   int64_t B = x->shape[0] / heads, N = x->shape[1], dh = x->shape[2], Hdh;
   if (__builtin_mul_overflow(heads, dh, &Hdh)) return too_many(op, x, heads);
   int64_t want[3] = {B, N, Hdh};
-  attn_status st = check_out(op, x, out, want);
+  st = check_out(op, x, out, want);
   if (st != ATTN_OK || attn_tensor_numel(out) == 0) return st;
   /* x (B*H, N, dh) = (B, H, N, dh) read in out's own (B, N, H, dh) order: the destination is
    * then one contiguous run, which attn_copy fills row by row without its general iterator (in

@@ -141,28 +141,24 @@ static void LIN(backward_item)(const lin_ctx *x, int64_t b, T *ws) {
   }
 }
 
-static void LIN(forward_task)(void *ctx, int64_t begin, int64_t end) {
-  lin_ctx *x = ctx;
+/* Items [begin, end) with one workspace for the chunk; a failed allocation flags the context. */
+static void LIN(each_item)(lin_ctx *x, int64_t begin, int64_t end, void (*item)(const lin_ctx *, int64_t, T *)) {
   size_t cap;
   T *ws = attn_alloc(x->ws_entries * sizeof(T), &cap);
   if (!ws) {
     atomic_store(&x->failed, 1);
     return;
   }
-  for (int64_t b = begin; b < end; b++) LIN(forward_item)(x, b, ws);
+  for (int64_t b = begin; b < end; b++) item(x, b, ws);
   attn_free(ws, cap);
 }
 
+static void LIN(forward_task)(void *ctx, int64_t begin, int64_t end) {
+  LIN(each_item)(ctx, begin, end, LIN(forward_item));
+}
+
 static void LIN(backward_task)(void *ctx, int64_t begin, int64_t end) {
-  lin_ctx *x = ctx;
-  size_t cap;
-  T *ws = attn_alloc(x->ws_entries * sizeof(T), &cap);
-  if (!ws) {
-    atomic_store(&x->failed, 1);
-    return;
-  }
-  for (int64_t b = begin; b < end; b++) LIN(backward_item)(x, b, ws);
-  attn_free(ws, cap);
+  LIN(each_item)(ctx, begin, end, LIN(backward_item));
 }
 
 #undef LIN

@@ -129,6 +129,22 @@ static void reduce_rows(int64_t n, char **p, const int64_t *st, void *arg) {
   }
 }
 
+/* Adds t viewed at index 0 along dim (dim dropped): a callback walks the rows along dim itself. */
+static void add_rows(attn_iter *it, const attn_tensor *t, int dim) {
+  attn_tensor v = *t;
+  attn_view_select(&v, dim, 0);
+  attn_iter_add(it, &v);
+}
+
+/* Starts it over out's shape without dim and adds out, then x, both as add_rows does. */
+static void begin_rows(attn_iter *it, const attn_tensor *out, const attn_tensor *x, int dim) {
+  attn_tensor ov = *out;
+  attn_view_select(&ov, dim, 0);
+  attn_iter_begin(it, ov.ndim, ov.shape);
+  attn_iter_add(it, &ov);
+  add_rows(it, x, dim);
+}
+
 attn_status attn_reduce(attn_reduce_op op, const attn_tensor *x, int dim, attn_tensor *out, attn_tensor *indices) {
   static const char *names[] = {"sum", "mean", "max", "min", "prod"};
   const char *name = names[op];
@@ -148,21 +164,12 @@ attn_status attn_reduce(attn_reduce_op op, const attn_tensor *x, int dim, attn_t
                         attn_tensor_shape_str(out), attn_tensor_shape_str(x), dim + 1);
   reduce_ctx c = {op, x->dtype, x->shape[dim], x->stride[dim] * (int64_t)attn_dtype_size(x->dtype), 0,
                   indices != NULL, 0};
-  attn_tensor xv = *x, ov = *out, iv;
   if (x->shape[dim] == 0) { /* empty sum is 0, empty product 1, empty mean NaN */
     return attn_fill(out, op == ATTN_PROD ? 1.0 : (op == ATTN_MEAN ? NAN : 0.0));
   }
-  attn_view_select(&xv, dim, 0);
-  attn_view_select(&ov, dim, 0);
   attn_iter it;
-  attn_iter_begin(&it, ov.ndim, ov.shape);
-  attn_iter_add(&it, &ov);
-  attn_iter_add(&it, &xv);
-  if (indices) {
-    iv = *indices;
-    attn_view_select(&iv, dim, 0);
-    attn_iter_add(&it, &iv);
-  }
+  begin_rows(&it, out, x, dim);
+  if (indices) add_rows(&it, indices, dim);
   attn_iter_run_cost(&it, x->dtype == ATTN_I64 ? reduce_rows_i64 : reduce_rows, &c, c.len);
   return ATTN_OK;
 }
@@ -257,13 +264,8 @@ attn_status attn_softmax(const attn_tensor *x, int dim, int log_softmax, attn_te
   if (attn_tensor_numel(x) == 0) return ATTN_OK;
   int64_t es = (int64_t)attn_dtype_size(x->dtype);
   reduce_ctx c = {ATTN_SUM, x->dtype, x->shape[dim], x->stride[dim] * es, out->stride[dim] * es, 0, log_softmax};
-  attn_tensor xv = *x, ov = *out;
-  attn_view_select(&xv, dim, 0);
-  attn_view_select(&ov, dim, 0);
   attn_iter it;
-  attn_iter_begin(&it, ov.ndim, ov.shape);
-  attn_iter_add(&it, &ov);
-  attn_iter_add(&it, &xv);
+  begin_rows(&it, out, x, dim);
   attn_iter_run_cost(&it, softmax_rows, &c, 4 * c.len);
   return ATTN_OK;
 }
@@ -468,22 +470,13 @@ static attn_status scan_run(attn_scan_op op, const attn_tensor *x, const attn_te
   int64_t es = (int64_t)attn_dtype_size(x->dtype);
   scan_ctx c = {op, x->dtype, x->shape[dim], {out->stride[dim] * es, x->stride[dim] * es, 0, 0}};
   if (x->shape[dim] == 0) return ATTN_OK;
-  attn_tensor ov = *out, xv = *x, yv, gv;
-  attn_view_select(&ov, dim, 0);
-  attn_view_select(&xv, dim, 0);
   attn_iter it;
-  attn_iter_begin(&it, ov.ndim, ov.shape);
-  attn_iter_add(&it, &ov);
-  attn_iter_add(&it, &xv);
+  begin_rows(&it, out, x, dim);
   if (y) {
-    yv = *y;
-    gv = *g;
     c.s[2] = y->stride[dim] * es;
     c.s[3] = g->stride[dim] * es;
-    attn_view_select(&yv, dim, 0);
-    attn_view_select(&gv, dim, 0);
-    attn_iter_add(&it, &yv);
-    attn_iter_add(&it, &gv);
+    add_rows(&it, y, dim);
+    add_rows(&it, g, dim);
   }
   attn_iter_run_cost(&it, scan_rows, &c, c.len);
   return ATTN_OK;

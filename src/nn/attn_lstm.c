@@ -19,17 +19,8 @@ static void gemm(attn_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K,
 }
 
 attn_status attn_lstm_saved_layout(int64_t T, int64_t B, int64_t H, int layers, attn_saved_layout *l) {
-  attn_saved_begin(l, "lstm");
-  int64_t T1, H4;
-  if (T < 0 || B < 0 || H < 0 || layers < 1 || __builtin_add_overflow(T, 1, &T1) || __builtin_mul_overflow(H, 4, &H4))
-    return attn_error(ATTN_ERR_SHAPE, "lstm: %d layers over %lld steps of %lld samples and %lld hidden units do not "
-                      "fit a saved buffer", layers, (long long)T, (long long)B, (long long)H);
-  const int64_t hs[4] = {layers, T1, B, H}, gates[4] = {layers, T, B, H4}, tc[4] = {layers, T, B, H};
-  attn_status st;
-  if ((st = attn_saved_add(l, "hs", 4, hs)) != ATTN_OK || (st = attn_saved_add(l, "cs", 4, hs)) != ATTN_OK ||
-      (st = attn_saved_add(l, "gates", 4, gates)) != ATTN_OK)
-    return st;
-  return attn_saved_add(l, "tc", 4, tc);
+  static const attn_rnn_saved_part parts[] = {{"hs", 1, 1}, {"cs", 1, 1}, {"gates", 0, 4}, {"tc", 0, 1}};
+  return attn_rnn_saved_layout("lstm", T, B, H, layers, parts, 4, l);
 }
 
 /* ---------------------------------------------------------------- one step's gate math */
@@ -131,20 +122,6 @@ static saved_layer layer_block(const attn_tensor *saved, const attn_saved_layout
   return s;
 }
 
-/* Layer k's block of an (L, B, H) state tensor into dst, or zeros without one. */
-static void copy_state(void *dst, const attn_tensor *t, int k, size_t bytes) {
-  if (t)
-    memcpy(dst, (const char *)attn_tensor_data(t) + (size_t)k * bytes, bytes);
-  else
-    memset(dst, 0, bytes);
-}
-
-/* Frees the workspace buffers that were allocated (n of them). */
-static void free_all(char **bufs, const size_t *cap, int n) {
-  for (int i = 0; i < n; i++)
-    if (bufs[i]) attn_free(bufs[i], cap[i]);
-}
-
 /* ---------------------------------------------------------------- forward */
 
 attn_status attn_lstm_forward(const attn_tensor *x, const attn_tensor *h0, const attn_tensor *c0, int layers,
@@ -158,10 +135,7 @@ attn_status attn_lstm_forward(const attn_tensor *x, const attn_tensor *h0, const
   attn_dtype dt = x->dtype;
   if (st == ATTN_OK && h0) st = attn_rnn_check_operand(op, "h0", 0, h0, dt, 3, layers, B, H);
   if (st == ATTN_OK && c0) st = attn_rnn_check_operand(op, "c0", 0, c0, dt, 3, layers, B, H);
-  for (int k = 0; k < layers && st == ATTN_OK; k++) {
-    if (b_ih[k]) st = attn_rnn_check_operand(op, "bias_ih", k, b_ih[k], dt, 1, 4 * H, 0, 0);
-    if (st == ATTN_OK && b_hh[k]) st = attn_rnn_check_operand(op, "bias_hh", k, b_hh[k], dt, 1, 4 * H, 0, 0);
-  }
+  if (st == ATTN_OK) st = attn_rnn_check_biases(op, layers, dt, 4, H, b_ih, b_hh);
   if (st == ATTN_OK) st = attn_rnn_check_operand(op, "output", layers - 1, out, dt, 3, T, B, H);
   if (st == ATTN_OK) st = attn_rnn_check_operand(op, "final state", 0, hn, dt, 3, layers, B, H);
   if (st == ATTN_OK) st = attn_rnn_check_operand(op, "final cell", 0, cn, dt, 3, layers, B, H);
@@ -173,14 +147,11 @@ attn_status attn_lstm_forward(const attn_tensor *x, const attn_tensor *h0, const
   size_t es = attn_dtype_size(dt);
   int64_t TB = T * B;
   int drop = dropout_p > 0 && layers > 1;
-  size_t cap[3] = {0}, n_state = (size_t)(B * H) * es;
-  char *bufs[3] = {attn_alloc((size_t)(TB * 4 * H) * es, &cap[0]), attn_alloc((size_t)(4 * H) * es, &cap[1]),
-                   drop ? attn_alloc((size_t)(TB * H) * es, &cap[2]) : NULL};
+  size_t n_state = (size_t)(B * H) * es, cap[3];
+  size_t bytes[3] = {(size_t)(TB * 4 * H) * es, (size_t)(4 * H) * es, drop ? (size_t)(TB * H) * es : 0};
+  char *bufs[3];
+  if ((st = attn_rnn_alloc_all(op, x, 3, bytes, bufs, cap)) != ATTN_OK) return st;
   char *pre = bufs[0], *bias = bufs[1], *dropped = bufs[2];
-  if (!pre || !bias || (drop && !dropped)) {
-    free_all(bufs, cap, 3);
-    return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the %s workspace", op, attn_tensor_shape_str(x));
-  }
 
   const char *input = attn_tensor_data(x);
   int64_t in_k = NI;
@@ -200,8 +171,8 @@ attn_status attn_lstm_forward(const attn_tensor *x, const attn_tensor *h0, const
     attn_fill_rows(pre, TB, 4 * H, es, b0);
     /* all steps' input projections in one product */
     gemm(dt, 0, 1, TB, 4 * H, in_k, input, in_k, attn_tensor_data(w_ih[k]), in_k, 1, pre, 4 * H);
-    copy_state(s.hs, h0, k, n_state);
-    copy_state(s.cs, c0, k, n_state);
+    attn_rnn_copy_state(s.hs, h0, k, n_state);
+    attn_rnn_copy_state(s.cs, c0, k, n_state);
     const void *whh = attn_tensor_data(w_hh[k]);
     for (int64_t t = 0; t < T; t++) {
       size_t off = (size_t)t * n_state;
@@ -212,18 +183,10 @@ attn_status attn_lstm_forward(const attn_tensor *x, const attn_tensor *h0, const
     }
     memcpy((char *)attn_tensor_data(hn) + (size_t)k * n_state, s.hs + (size_t)T * n_state, n_state);
     memcpy((char *)attn_tensor_data(cn) + (size_t)k * n_state, s.cs + (size_t)T * n_state, n_state);
-    const char *states = s.hs + n_state; /* h_1 .. h_T */
-    if (k == layers - 1) {
-      memcpy(attn_tensor_data(out), states, (size_t)T * n_state);
-    } else if (drop) {
-      attn_dropout_flat(dt, states, dropped, TB * H, seed + (uint64_t)k, dropout_p);
-      input = dropped;
-    } else {
-      input = states;
-    }
+    input = attn_rnn_pass_up(dt, k, layers, s.hs + n_state, TB, H, out, dropped, seed, dropout_p);
     in_k = H;
   }
-  free_all(bufs, cap, 3);
+  attn_rnn_free_all(bufs, cap, 3);
   return ATTN_OK;
 }
 
@@ -248,28 +211,17 @@ attn_status attn_lstm_backward(const attn_tensor *x, int layers, const attn_tens
   if (st == ATTN_OK) st = attn_rnn_check_operand(op, "input gradient", 0, dx, dt, 3, T, B, NI);
   if (st == ATTN_OK && dh0) st = attn_rnn_check_operand(op, "h0 gradient", 0, dh0, dt, 3, layers, B, H);
   if (st == ATTN_OK && dc0) st = attn_rnn_check_operand(op, "c0 gradient", 0, dc0, dt, 3, layers, B, H);
-  for (int k = 0; k < layers && st == ATTN_OK; k++) {
-    if (dw_ih[k]) st = attn_rnn_check_operand(op, "weight_ih gradient", k, dw_ih[k], dt, 2, 4 * H, k ? H : NI, 0);
-    if (st == ATTN_OK && dw_hh[k])
-      st = attn_rnn_check_operand(op, "weight_hh gradient", k, dw_hh[k], dt, 2, 4 * H, H, 0);
-    if (st == ATTN_OK && db_ih[k])
-      st = attn_rnn_check_operand(op, "bias_ih gradient", k, db_ih[k], dt, 1, 4 * H, 0, 0);
-    if (st == ATTN_OK && db_hh[k])
-      st = attn_rnn_check_operand(op, "bias_hh gradient", k, db_hh[k], dt, 1, 4 * H, 0, 0);
-  }
+  if (st == ATTN_OK) st = attn_rnn_check_grads(op, layers, dt, 4, H, NI, dw_ih, dw_hh, db_ih, db_hh);
   if (st != ATTN_OK) return st;
 
   size_t es = attn_dtype_size(dt);
   int64_t TB = T * B;
   int drop = dropout_p > 0 && layers > 1;
-  size_t n_dy = (size_t)(TB * H) * es, n_state = (size_t)(B * H) * es, cap[5] = {0};
-  char *bufs[5] = {attn_alloc(n_dy, &cap[0]), attn_alloc(4 * n_dy, &cap[1]), attn_alloc(n_state, &cap[2]),
-                   attn_alloc(n_state, &cap[3]), drop ? attn_alloc(n_dy, &cap[4]) : NULL};
+  size_t n_dy = (size_t)(TB * H) * es, n_state = (size_t)(B * H) * es, cap[5];
+  size_t bytes[5] = {n_dy, 4 * n_dy, n_state, n_state, drop ? n_dy : 0};
+  char *bufs[5];
+  if ((st = attn_rnn_alloc_all(op, x, 5, bytes, bufs, cap)) != ATTN_OK) return st;
   char *dy = bufs[0], *dG = bufs[1], *dh = bufs[2], *dc = bufs[3], *layer_in = bufs[4];
-  if (!dy || !dG || !dh || !dc || (drop && !layer_in)) {
-    free_all(bufs, cap, 5);
-    return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the %s workspace", op, attn_tensor_shape_str(x));
-  }
 
   /* the output gradient of layer k: dout for the top one (read in place), then what the layer
    * above leaves in dy */
@@ -277,8 +229,8 @@ attn_status attn_lstm_backward(const attn_tensor *x, int layers, const attn_tens
   for (int k = layers - 1; k >= 0; k--) {
     saved_layer s = layer_block(saved, &lay, k);
     const char *gy = dout && k == layers - 1 ? (const char *)attn_tensor_data(dout) : dy;
-    copy_state(dh, dhn, k, n_state);
-    copy_state(dc, dcn, k, n_state);
+    attn_rnn_copy_state(dh, dhn, k, n_state);
+    attn_rnn_copy_state(dc, dcn, k, n_state);
     const void *whh = attn_tensor_data(w_hh[k]);
     for (int64_t t = T - 1; t >= 0; t--) {
       size_t off = (size_t)t * n_state;
@@ -299,20 +251,14 @@ attn_status attn_lstm_backward(const attn_tensor *x, int layers, const attn_tens
         attn_colsum_rows(dt, dG, TB, 4 * H, attn_tensor_data(db_hh[k]));
     }
     int64_t in_k = k ? H : NI;
-    const char *input = attn_tensor_data(x);
-    if (k > 0) {
-      input = layer_block(saved, &lay, k - 1).hs + n_state; /* the layer below's h_1 .. h_T */
-      if (drop) {
-        attn_dropout_flat(dt, input, layer_in, TB * H, seed + (uint64_t)(k - 1), dropout_p);
-        input = layer_in;
-      }
-    }
+    const char *input = attn_rnn_layer_input(dt, k, x, saved, &lay, ATTN_LSTM_SAVED_HS, n_state, TB, H, layer_in,
+                                             seed, dropout_p);
     if (dw_ih[k]) gemm(dt, 1, 0, 4 * H, in_k, TB, dG, 4 * H, input, in_k, 0, attn_tensor_data(dw_ih[k]), in_k);
     /* the input's gradient: dx for the first layer, else the layer below's output gradient */
     void *din = k ? (void *)dy : attn_tensor_data(dx);
     gemm(dt, 0, 0, TB, in_k, 4 * H, dG, 4 * H, attn_tensor_data(w_ih[k]), in_k, 0, din, in_k);
     if (k > 0 && drop) attn_dropout_flat(dt, dy, dy, TB * H, seed + (uint64_t)(k - 1), dropout_p);
   }
-  free_all(bufs, cap, 5);
+  attn_rnn_free_all(bufs, cap, 5);
   return ATTN_OK;
 }

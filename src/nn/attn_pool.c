@@ -221,12 +221,20 @@ attn_status attn_pool2d_shape(const char *op, const attn_tensor *x, const attn_p
   return ATTN_OK;
 }
 
-static void run(pool_job *J, const int64_t *xshape, int backward) {
-  J->H = xshape[2], J->W = xshape[3];
-  int64_t planes = xshape[0] * xshape[1], per = J->H * J->W + J->Ho * J->Wo;
-  attn_task_fn fn = J->dt == ATTN_F32 ? (backward ? backward_f32 : forward_f32)
-                                      : (backward ? backward_f64 : forward_f64);
-  attn_parallel_for(planes, GRAIN_ELEMENTS / (per > 0 ? per : 1) + 1, fn, J);
+/* Runs J over the planes: big is x (forward) or dx (backward), small is y or dy, both checked;
+ * J brings the kind, the parameters and the indices. */
+static attn_status run(pool_job J, const attn_tensor *big, const attn_tensor *small, int backward) {
+  J.dt = big->dtype;
+  J.H = big->shape[2], J.W = big->shape[3], J.Ho = small->shape[2], J.Wo = small->shape[3];
+  if (backward)
+    J.dx = attn_tensor_data(big), J.dy = attn_tensor_data(small);
+  else
+    J.x = attn_tensor_data(big), J.y = attn_tensor_data(small);
+  int64_t planes = big->shape[0] * big->shape[1], per = J.H * J.W + J.Ho * J.Wo;
+  attn_task_fn fn = J.dt == ATTN_F32 ? (backward ? backward_f32 : forward_f32)
+                                     : (backward ? backward_f64 : forward_f64);
+  attn_parallel_for(planes, GRAIN_ELEMENTS / (per > 0 ? per : 1) + 1, fn, &J);
+  return ATTN_OK;
 }
 
 static attn_status check_int64(const char *op, const attn_tensor *idx, const int64_t *shape) {
@@ -241,10 +249,7 @@ attn_status attn_max_pool2d_forward(const attn_tensor *x, const attn_pool2d_para
   if (st == ATTN_OK) st = check_operand(op, "output", y, x->dtype, ys);
   if (st == ATTN_OK) st = check_int64(op, indices, ys);
   if (st != ATTN_OK) return st;
-  pool_job J = {.kind = POOL_MAX, .dt = x->dtype, .p = *p, .x = attn_tensor_data(x), .y = attn_tensor_data(y),
-                .idx = attn_tensor_data(indices), .Ho = ys[2], .Wo = ys[3]};
-  run(&J, x->shape, 0);
-  return ATTN_OK;
+  return run((pool_job){.kind = POOL_MAX, .p = *p, .idx = attn_tensor_data(indices)}, x, y, 0);
 }
 
 attn_status attn_max_pool2d_backward(const attn_tensor *indices, const attn_tensor *dy, attn_tensor *dx) {
@@ -262,62 +267,45 @@ attn_status attn_max_pool2d_backward(const attn_tensor *indices, const attn_tens
     if (idx[i] < 0 || idx[i] >= plane)
       return attn_error(ATTN_ERR_ARG, "%s: index %lld at %lld is outside a %lldx%lld plane", op, (long long)idx[i],
                         (long long)i, (long long)dx->shape[2], (long long)dx->shape[3]);
-  pool_job J = {.kind = POOL_MAX, .dt = dx->dtype, .dy = attn_tensor_data(dy), .idx_in = idx,
-                .dx = attn_tensor_data(dx), .Ho = dy->shape[2], .Wo = dy->shape[3]};
-  run(&J, dx->shape, 1);
-  return ATTN_OK;
+  return run((pool_job){.kind = POOL_MAX, .idx_in = idx}, dx, dy, 1);
+}
+
+/* Average pooling either way: big (x or dx) sets the pooled shape that small (y or dy) must have. */
+static attn_status avg_pool(const char *op, const char *what, const attn_tensor *big, const attn_pool2d_params *p,
+                            const attn_tensor *small, int backward) {
+  int64_t ys[4];
+  attn_status st = attn_pool2d_shape(op, big, p, ys);
+  if (st == ATTN_OK) st = check_operand(op, what, small, big->dtype, ys);
+  if (st != ATTN_OK) return st;
+  return run((pool_job){.kind = POOL_AVG, .p = *p}, big, small, backward);
 }
 
 attn_status attn_avg_pool2d_forward(const attn_tensor *x, const attn_pool2d_params *p, attn_tensor *y) {
-  const char *op = "avg_pool2d";
-  int64_t ys[4];
-  attn_status st = attn_pool2d_shape(op, x, p, ys);
-  if (st == ATTN_OK) st = check_operand(op, "output", y, x->dtype, ys);
-  if (st != ATTN_OK) return st;
-  pool_job J = {.kind = POOL_AVG, .dt = x->dtype, .p = *p, .x = attn_tensor_data(x), .y = attn_tensor_data(y),
-                .Ho = ys[2], .Wo = ys[3]};
-  run(&J, x->shape, 0);
-  return ATTN_OK;
+  return avg_pool("avg_pool2d", "output", x, p, y, 0);
 }
 
 attn_status attn_avg_pool2d_backward(const attn_pool2d_params *p, const attn_tensor *dy, attn_tensor *dx) {
-  const char *op = "avg_pool2d backward";
-  int64_t ys[4];
-  attn_status st = attn_pool2d_shape(op, dx, p, ys);
-  if (st == ATTN_OK) st = check_operand(op, "output gradient", dy, dx->dtype, ys);
-  if (st != ATTN_OK) return st;
-  pool_job J = {.kind = POOL_AVG, .dt = dx->dtype, .p = *p, .dy = attn_tensor_data(dy), .dx = attn_tensor_data(dx),
-                .Ho = ys[2], .Wo = ys[3]};
-  run(&J, dx->shape, 1);
-  return ATTN_OK;
+  return avg_pool("avg_pool2d backward", "output gradient", dx, p, dy, 1);
 }
 
-/* x and y fit adaptive pooling: both 4-D of one dtype, same N and C, y at least 1x1. */
-static attn_status check_adaptive(const char *op, const attn_tensor *x, const char *xwhat, const attn_tensor *y,
-                                  const char *ywhat) {
+/* Adaptive pooling either way, once x (or dx) and y (or dy) fit: both 4-D of one dtype, same N and
+ * C, y at least 1x1. */
+static attn_status adaptive_pool(const char *op, const attn_tensor *x, const char *xwhat, const attn_tensor *y,
+                                 const char *ywhat, int backward) {
   attn_status st = check_input(op, xwhat, x);
   if (st == ATTN_OK) st = check_input(op, ywhat, y);
   if (st == ATTN_OK && (y->shape[0] != x->shape[0] || y->shape[1] != x->shape[1] || y->shape[2] < 1 ||
                         y->shape[3] < 1 || y->dtype != x->dtype))
     st = attn_error(ATTN_ERR_SHAPE, "%s: %s %s (%s) does not fit %s %s (%s)", op, ywhat, attn_tensor_shape_str(y),
                     attn_dtype_name(y->dtype), xwhat, attn_tensor_shape_str(x), attn_dtype_name(x->dtype));
-  return st;
+  if (st != ATTN_OK) return st;
+  return run((pool_job){.kind = POOL_ADAPTIVE}, x, y, backward);
 }
 
 attn_status attn_adaptive_avg_pool2d_forward(const attn_tensor *x, attn_tensor *y) {
-  attn_status st = check_adaptive("adaptive_avg_pool2d", x, "input", y, "output");
-  if (st != ATTN_OK) return st;
-  pool_job J = {.kind = POOL_ADAPTIVE, .dt = x->dtype, .x = attn_tensor_data(x), .y = attn_tensor_data(y),
-                .Ho = y->shape[2], .Wo = y->shape[3]};
-  run(&J, x->shape, 0);
-  return ATTN_OK;
+  return adaptive_pool("adaptive_avg_pool2d", x, "input", y, "output", 0);
 }
 
 attn_status attn_adaptive_avg_pool2d_backward(const attn_tensor *dy, attn_tensor *dx) {
-  attn_status st = check_adaptive("adaptive_avg_pool2d backward", dx, "input gradient", dy, "output gradient");
-  if (st != ATTN_OK) return st;
-  pool_job J = {.kind = POOL_ADAPTIVE, .dt = dx->dtype, .dy = attn_tensor_data(dy), .dx = attn_tensor_data(dx),
-                .Ho = dy->shape[2], .Wo = dy->shape[3]};
-  run(&J, dx->shape, 1);
-  return ATTN_OK;
+  return adaptive_pool("adaptive_avg_pool2d backward", dx, "input gradient", dy, "output gradient", 1);
 }

@@ -68,18 +68,26 @@ void attn_gru_gates_backward(attn_dtype dt, int64_t B, int64_t H, void *dh, cons
     gates_bwd_f64(B, H, dh, dy, hp, rz, n, ghn, dgi, dgh);
 }
 
+attn_status attn_rnn_saved_layout(const char *name, int64_t T, int64_t B, int64_t H, int layers,
+                                  const attn_rnn_saved_part *parts, int n, attn_saved_layout *l) {
+  attn_saved_begin(l, name);
+  int64_t T1, HW;
+  int fits = T >= 0 && B >= 0 && H >= 0 && layers >= 1 && !__builtin_add_overflow(T, 1, &T1);
+  for (int i = 0; i < n && fits; i++) fits = !__builtin_mul_overflow(H, parts[i].width, &HW);
+  if (!fits)
+    return attn_error(ATTN_ERR_SHAPE, "%s: %d layers over %lld steps of %lld samples and %lld hidden units do not "
+                      "fit a saved buffer", name, layers, (long long)T, (long long)B, (long long)H);
+  attn_status st = ATTN_OK;
+  for (int i = 0; i < n && st == ATTN_OK; i++) {
+    const int64_t shape[4] = {layers, parts[i].extra_step ? T1 : T, B, H * parts[i].width};
+    st = attn_saved_add(l, parts[i].name, 4, shape);
+  }
+  return st;
+}
+
 attn_status attn_gru_saved_layout(int64_t T, int64_t B, int64_t H, int layers, attn_saved_layout *l) {
-  attn_saved_begin(l, "gru");
-  int64_t T1, H2;
-  if (T < 0 || B < 0 || H < 0 || layers < 1 || __builtin_add_overflow(T, 1, &T1) || __builtin_mul_overflow(H, 2, &H2))
-    return attn_error(ATTN_ERR_SHAPE, "gru: %d layers over %lld steps of %lld samples and %lld hidden units do not "
-                      "fit a saved buffer", layers, (long long)T, (long long)B, (long long)H);
-  const int64_t hs[4] = {layers, T1, B, H}, rz[4] = {layers, T, B, H2}, n[4] = {layers, T, B, H};
-  attn_status st;
-  if ((st = attn_saved_add(l, "hs", 4, hs)) != ATTN_OK || (st = attn_saved_add(l, "rz", 4, rz)) != ATTN_OK ||
-      (st = attn_saved_add(l, "n", 4, n)) != ATTN_OK)
-    return st;
-  return attn_saved_add(l, "ghn", 4, n);
+  static const attn_rnn_saved_part parts[] = {{"hs", 1, 1}, {"rz", 0, 2}, {"n", 0, 1}, {"ghn", 0, 1}};
+  return attn_rnn_saved_layout("gru", T, B, H, layers, parts, 4, l);
 }
 
 /* Pointers into layer k's planes of `saved`. */
@@ -89,6 +97,52 @@ typedef struct {
 
 char *attn_rnn_layer_part(const attn_tensor *saved, const attn_saved_layout *l, int i, int k) {
   return attn_saved_data(saved, l, i, k * (l->part[i].numel / l->part[i].shape[0]));
+}
+
+void attn_rnn_copy_state(void *dst, const attn_tensor *t, int k, size_t bytes) {
+  if (t)
+    memcpy(dst, (const char *)attn_tensor_data(t) + (size_t)k * bytes, bytes);
+  else
+    memset(dst, 0, bytes);
+}
+
+void attn_rnn_free_all(char **bufs, const size_t *cap, int n) {
+  for (int i = 0; i < n; i++)
+    if (bufs[i]) attn_free(bufs[i], cap[i]);
+}
+
+attn_status attn_rnn_alloc_all(const char *op, const attn_tensor *x, int n, const size_t *bytes, char **bufs,
+                               size_t *cap) {
+  int ok = 1;
+  for (int i = 0; i < n; i++) {
+    cap[i] = 0;
+    bufs[i] = bytes[i] ? attn_alloc(bytes[i], &cap[i]) : NULL;
+    ok &= !bytes[i] || bufs[i];
+  }
+  if (ok) return ATTN_OK;
+  attn_rnn_free_all(bufs, cap, n);
+  return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the %s workspace", op, attn_tensor_shape_str(x));
+}
+
+const char *attn_rnn_pass_up(attn_dtype dt, int k, int layers, const char *states, int64_t TB, int64_t H,
+                             attn_tensor *out, char *dropped, uint64_t seed, double dropout_p) {
+  if (k == layers - 1) {
+    memcpy(attn_tensor_data(out), states, (size_t)(TB * H) * attn_dtype_size(dt));
+    return states;
+  }
+  if (!dropped) return states;
+  attn_dropout_flat(dt, states, dropped, TB * H, seed + (uint64_t)k, dropout_p);
+  return dropped;
+}
+
+const char *attn_rnn_layer_input(attn_dtype dt, int k, const attn_tensor *x, const attn_tensor *saved,
+                                 const attn_saved_layout *l, int hs, size_t n_state, int64_t TB, int64_t H,
+                                 char *layer_in, uint64_t seed, double dropout_p) {
+  if (k == 0) return attn_tensor_data(x);
+  const char *input = attn_rnn_layer_part(saved, l, hs, k - 1) + n_state; /* the layer below's h_1 .. h_T */
+  if (!layer_in) return input;
+  attn_dropout_flat(dt, input, layer_in, TB * H, seed + (uint64_t)(k - 1), dropout_p);
+  return layer_in;
 }
 
 static saved_layer layer_block(const attn_tensor *saved, const attn_saved_layout *l, int k) {
@@ -148,6 +202,30 @@ attn_status attn_rnn_check_input(const char *op, const attn_tensor *x, int layer
   return st;
 }
 
+attn_status attn_rnn_check_biases(const char *op, int layers, attn_dtype dt, int gates, int64_t H,
+                                  const attn_tensor *const *b_ih, const attn_tensor *const *b_hh) {
+  attn_status st = ATTN_OK;
+  for (int k = 0; k < layers && st == ATTN_OK; k++) {
+    if (b_ih[k]) st = attn_rnn_check_operand(op, "bias_ih", k, b_ih[k], dt, 1, gates * H, 0, 0);
+    if (st == ATTN_OK && b_hh[k]) st = attn_rnn_check_operand(op, "bias_hh", k, b_hh[k], dt, 1, gates * H, 0, 0);
+  }
+  return st;
+}
+
+attn_status attn_rnn_check_grads(const char *op, int layers, attn_dtype dt, int gates, int64_t H, int64_t NI,
+                                 attn_tensor *const *dw_ih, attn_tensor *const *dw_hh, attn_tensor *const *db_ih,
+                                 attn_tensor *const *db_hh) {
+  attn_status st = ATTN_OK;
+  int64_t GH = gates * H;
+  for (int k = 0; k < layers && st == ATTN_OK; k++) {
+    if (dw_ih[k]) st = attn_rnn_check_operand(op, "weight_ih gradient", k, dw_ih[k], dt, 2, GH, k ? H : NI, 0);
+    if (st == ATTN_OK && dw_hh[k]) st = attn_rnn_check_operand(op, "weight_hh gradient", k, dw_hh[k], dt, 2, GH, H, 0);
+    if (st == ATTN_OK && db_ih[k]) st = attn_rnn_check_operand(op, "bias_ih gradient", k, db_ih[k], dt, 1, GH, 0, 0);
+    if (st == ATTN_OK && db_hh[k]) st = attn_rnn_check_operand(op, "bias_hh gradient", k, db_hh[k], dt, 1, GH, 0, 0);
+  }
+  return st;
+}
+
 /* Validates the operands both directions share; sets T, B, NI (the input size) and H. */
 static attn_status check_common(const char *op, const attn_tensor *x, const attn_tensor *h0, int layers,
                                 const attn_tensor *const *w_ih, const attn_tensor *const *w_hh, double dropout_p,
@@ -166,11 +244,7 @@ attn_status attn_gru_forward(const attn_tensor *x, const attn_tensor *h0, int la
   const char *op = "gru";
   int64_t T, B, NI, H;
   attn_status st = check_common(op, x, h0, layers, w_ih, w_hh, dropout_p, &T, &B, &NI, &H);
-  for (int k = 0; k < layers && st == ATTN_OK; k++) {
-    if (b_ih[k]) st = attn_rnn_check_operand(op, "bias_ih", k, b_ih[k], x->dtype, 1, 3 * H, 0, 0);
-    if (st == ATTN_OK && b_hh[k])
-      st = attn_rnn_check_operand(op, "bias_hh", k, b_hh[k], x->dtype, 1, 3 * H, 0, 0);
-  }
+  if (st == ATTN_OK) st = attn_rnn_check_biases(op, layers, x->dtype, 3, H, b_ih, b_hh);
   if (st == ATTN_OK) st = attn_rnn_check_operand(op, "output", layers - 1, out, x->dtype, 3, T, B, H);
   if (st == ATTN_OK) st = attn_rnn_check_operand(op, "final state", 0, hn, x->dtype, 3, layers, B, H);
   attn_saved_layout lay;
@@ -181,17 +255,11 @@ attn_status attn_gru_forward(const attn_tensor *x, const attn_tensor *h0, int la
   attn_dtype dt = x->dtype;
   size_t es = attn_dtype_size(dt);
   int64_t TB = T * B;
-  size_t cap_gi, cap_gh, cap_drop = 0;
-  char *gi = attn_alloc((size_t)(TB * 3 * H) * es, &cap_gi);
-  char *gh = attn_alloc((size_t)(B * 3 * H) * es, &cap_gh);
   int drop = dropout_p > 0 && layers > 1;
-  char *dropped = drop ? attn_alloc((size_t)(TB * H) * es, &cap_drop) : NULL;
-  if (!gi || !gh || (drop && !dropped)) {
-    if (gi) attn_free(gi, cap_gi);
-    if (gh) attn_free(gh, cap_gh);
-    if (dropped) attn_free(dropped, cap_drop);
-    return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the %s workspace", op, attn_tensor_shape_str(x));
-  }
+  size_t cap[3], bytes[3] = {(size_t)(TB * 3 * H) * es, (size_t)(B * 3 * H) * es, drop ? (size_t)(TB * H) * es : 0};
+  char *bufs[3];
+  if ((st = attn_rnn_alloc_all(op, x, 3, bytes, bufs, cap)) != ATTN_OK) return st;
+  char *gi = bufs[0], *gh = bufs[1], *dropped = bufs[2];
 
   const char *input = attn_tensor_data(x);
   int64_t in_k = NI;
@@ -202,10 +270,7 @@ attn_status attn_gru_forward(const attn_tensor *x, const attn_tensor *h0, int la
     /* all steps' input projections in one GEMM, on top of the bias rows */
     attn_fill_rows(gi, TB, 3 * H, es, bi);
     gemm(dt, 0, 1, TB, 3 * H, in_k, input, in_k, attn_tensor_data(w_ih[k]), in_k, 1, gi, 3 * H);
-    if (h0)
-      memcpy(s.hs, (const char *)attn_tensor_data(h0) + (size_t)(k * B * H) * es, (size_t)(B * H) * es);
-    else
-      memset(s.hs, 0, (size_t)(B * H) * es);
+    attn_rnn_copy_state(s.hs, h0, k, (size_t)(B * H) * es);
     for (int64_t t = 0; t < T; t++) {
       size_t bh_off = (size_t)(t * B * H) * es;
       attn_fill_rows(gh, B, 3 * H, es, bh);
@@ -216,20 +281,10 @@ attn_status attn_gru_forward(const attn_tensor *x, const attn_tensor *h0, int la
     }
     memcpy((char *)attn_tensor_data(hn) + (size_t)(k * B * H) * es, s.hs + (size_t)(T * B * H) * es,
            (size_t)(B * H) * es);
-    const char *states = s.hs + (size_t)(B * H) * es; /* h_1 .. h_T */
-    if (k == layers - 1) {
-      memcpy(attn_tensor_data(out), states, (size_t)(TB * H) * es);
-    } else if (drop) {
-      attn_dropout_flat(dt, states, dropped, TB * H, seed + (uint64_t)k, dropout_p);
-      input = dropped;
-    } else {
-      input = states;
-    }
+    input = attn_rnn_pass_up(dt, k, layers, s.hs + (size_t)(B * H) * es, TB, H, out, dropped, seed, dropout_p);
     in_k = H;
   }
-  attn_free(gi, cap_gi);
-  attn_free(gh, cap_gh);
-  if (dropped) attn_free(dropped, cap_drop);
+  attn_rnn_free_all(bufs, cap, 3);
   return ATTN_OK;
 }
 
@@ -252,16 +307,7 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
     st = attn_rnn_check_operand(op, "final state gradient", 0, dhn, x->dtype, 3, layers, B, H);
   if (st == ATTN_OK) st = attn_rnn_check_operand(op, "input gradient", 0, dx, x->dtype, 3, T, B, NI);
   if (st == ATTN_OK && dh0) st = attn_rnn_check_operand(op, "h0 gradient", 0, dh0, x->dtype, 3, layers, B, H);
-  for (int k = 0; k < layers && st == ATTN_OK; k++) {
-    if (dw_ih[k])
-      st = attn_rnn_check_operand(op, "weight_ih gradient", k, dw_ih[k], x->dtype, 2, 3 * H, k ? H : NI, 0);
-    if (st == ATTN_OK && dw_hh[k])
-      st = attn_rnn_check_operand(op, "weight_hh gradient", k, dw_hh[k], x->dtype, 2, 3 * H, H, 0);
-    if (st == ATTN_OK && db_ih[k])
-      st = attn_rnn_check_operand(op, "bias_ih gradient", k, db_ih[k], x->dtype, 1, 3 * H, 0, 0);
-    if (st == ATTN_OK && db_hh[k])
-      st = attn_rnn_check_operand(op, "bias_hh gradient", k, db_hh[k], x->dtype, 1, 3 * H, 0, 0);
-  }
+  if (st == ATTN_OK) st = attn_rnn_check_grads(op, layers, x->dtype, 3, H, NI, dw_ih, dw_hh, db_ih, db_hh);
   if (st != ATTN_OK) return st;
 
   attn_dtype dt = x->dtype;
@@ -269,16 +315,10 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
   int64_t TB = T * B;
   int drop = dropout_p > 0 && layers > 1;
   size_t n_dy = (size_t)(TB * H) * es, n_dg = (size_t)(TB * 3 * H) * es, n_dh = (size_t)(B * H) * es;
-  size_t cap[5] = {0};
-  char *dy = attn_alloc(n_dy, &cap[0]), *dgi = attn_alloc(n_dg, &cap[1]), *dgh = attn_alloc(n_dg, &cap[2]);
-  char *dh = attn_alloc(n_dh, &cap[3]);
-  char *layer_in = drop ? attn_alloc(n_dy, &cap[4]) : NULL;
-  if (!dy || !dgi || !dgh || !dh || (drop && !layer_in)) {
-    char *bufs[5] = {dy, dgi, dgh, dh, layer_in};
-    for (int i = 0; i < 5; i++)
-      if (bufs[i]) attn_free(bufs[i], cap[i]);
-    return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the %s workspace", op, attn_tensor_shape_str(x));
-  }
+  size_t cap[5], bytes[5] = {n_dy, n_dg, n_dg, n_dh, drop ? n_dy : 0};
+  char *bufs[5];
+  if ((st = attn_rnn_alloc_all(op, x, 5, bytes, bufs, cap)) != ATTN_OK) return st;
+  char *dy = bufs[0], *dgi = bufs[1], *dgh = bufs[2], *dh = bufs[3], *layer_in = bufs[4];
 
   /* the output gradient of layer k: dout for the top one (read in place), then what the layer
    * above leaves in dy */
@@ -286,10 +326,7 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
   for (int k = layers - 1; k >= 0; k--) {
     saved_layer s = layer_block(saved, &lay, k);
     const char *gy = dout && k == layers - 1 ? (const char *)attn_tensor_data(dout) : dy;
-    if (dhn)
-      memcpy(dh, (const char *)attn_tensor_data(dhn) + (size_t)k * n_dh, n_dh);
-    else
-      memset(dh, 0, n_dh);
+    attn_rnn_copy_state(dh, dhn, k, n_dh);
     const void *whh = attn_tensor_data(w_hh[k]);
     for (int64_t t = T - 1; t >= 0; t--) {
       size_t off = (size_t)(t * B * H) * es;
@@ -308,23 +345,14 @@ attn_status attn_gru_backward(const attn_tensor *x, const attn_tensor *h0, int l
       if (db) attn_colsum_rows(dt, g, TB, 3 * H, attn_tensor_data(db));
     }
     int64_t in_k = k ? H : NI;
-    const char *input = attn_tensor_data(x);
-    if (k > 0) {
-      saved_layer below = layer_block(saved, &lay, k - 1);
-      input = below.hs + n_dh; /* the layer below's h_1 .. h_T */
-      if (drop) {
-        attn_dropout_flat(dt, input, layer_in, TB * H, seed + (uint64_t)(k - 1), dropout_p);
-        input = layer_in;
-      }
-    }
+    const char *input = attn_rnn_layer_input(dt, k, x, saved, &lay, ATTN_GRU_SAVED_HS, n_dh, TB, H, layer_in, seed,
+                                             dropout_p);
     if (dw_ih[k]) gemm(dt, 1, 0, 3 * H, in_k, TB, dgi, 3 * H, input, in_k, 0, attn_tensor_data(dw_ih[k]), in_k);
     /* the input's gradient: dx for the first layer, else the layer below's output gradient */
     void *din = k ? (void *)dy : attn_tensor_data(dx);
     gemm(dt, 0, 0, TB, in_k, 3 * H, dgi, 3 * H, attn_tensor_data(w_ih[k]), in_k, 0, din, in_k);
     if (k > 0 && drop) attn_dropout_flat(dt, dy, dy, TB * H, seed + (uint64_t)(k - 1), dropout_p);
   }
-  char *bufs[5] = {dy, dgi, dgh, dh, layer_in};
-  for (int i = 0; i < 5; i++)
-    if (bufs[i]) attn_free(bufs[i], cap[i]);
+  attn_rnn_free_all(bufs, cap, 5);
   return ATTN_OK;
 }

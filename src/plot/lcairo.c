@@ -441,6 +441,29 @@ static int l_font_extents(lua_State *L) {
   return 3;
 }
 
+/* The flushed pixels of image surface s (ARGB32 or RGB24: an opaque PNG reads back as RGB24,
+ * whose top byte is unused), with their row stride and format; errors name `what`. */
+static const unsigned char *image_pixels(lua_State *L, surface *s, const char *what, int *stride,
+                                         cairo_format_t *format) {
+  cairo_surface_flush(s->surface);
+  const unsigned char *data = cairo_image_surface_get_data(s->surface);
+  *stride = cairo_image_surface_get_stride(s->surface);
+  *format = cairo_image_surface_get_format(s->surface);
+  if (!data) luaL_error(L, "cairo: image data not available");
+  if (*format != CAIRO_FORMAT_ARGB32 && *format != CAIRO_FORMAT_RGB24)
+    luaL_error(L, "cairo: %s reads ARGB32 and RGB24 images only", what);
+  return data;
+}
+
+/* The pixel at p, unpremultiplied: red, green and blue into rgb (0..255); returns alpha. */
+static unsigned read_pixel(const unsigned char *p, cairo_format_t format, unsigned rgb[3]) {
+  uint32_t px;
+  memcpy(&px, p, sizeof px);
+  unsigned a = format == CAIRO_FORMAT_RGB24 ? 255 : px >> 24, c[3] = {(px >> 16) & 255, (px >> 8) & 255, px & 255};
+  for (int i = 0; i < 3; i++) rgb[i] = a ? (c[i] * 255 + a / 2) / a : 0;
+  return a;
+}
+
 /* s:pixel(x, y) -> r, g, b, a (0..255, unpremultiplied) of the pixel covering
  * the point (x, y) on a PNG (image) surface; 0-based like drawing coordinates. */
 static int l_pixel(lua_State *L) {
@@ -449,18 +472,11 @@ static int l_pixel(lua_State *L) {
   double fx = luaL_checknumber(L, 2), fy = luaL_checknumber(L, 3);
   if (!(fx >= 0 && fx < s->width && fy >= 0 && fy < s->height))
     return luaL_error(L, "cairo: pixel (%f, %f) outside the %dx%d image", fx, fy, s->width, s->height);
-  cairo_surface_flush(s->surface);
-  const unsigned char *data = cairo_image_surface_get_data(s->surface);
-  int stride = cairo_image_surface_get_stride(s->surface);
-  cairo_format_t format = cairo_image_surface_get_format(s->surface);
-  if (!data) return luaL_error(L, "cairo: image data not available");
-  /* an opaque PNG reads back as RGB24, whose top byte is unused */
-  if (format != CAIRO_FORMAT_ARGB32 && format != CAIRO_FORMAT_RGB24)
-    return luaL_error(L, "cairo: pixel() reads ARGB32 and RGB24 images only");
-  uint32_t px;
-  memcpy(&px, data + (size_t)floor(fy) * (size_t)stride + 4 * (size_t)floor(fx), sizeof px);
-  unsigned a = format == CAIRO_FORMAT_RGB24 ? 255 : px >> 24, c[3] = {(px >> 16) & 255, (px >> 8) & 255, px & 255};
-  for (int i = 0; i < 3; i++) lua_pushinteger(L, a ? (c[i] * 255 + a / 2) / a : 0);
+  int stride;
+  cairo_format_t format;
+  const unsigned char *data = image_pixels(L, s, "pixel()", &stride, &format);
+  unsigned rgb[3], a = read_pixel(data + (size_t)floor(fy) * (size_t)stride + 4 * (size_t)floor(fx), format, rgb);
+  for (int i = 0; i < 3; i++) lua_pushinteger(L, rgb[i]);
   lua_pushinteger(L, a);
   return 4;
 }
@@ -472,23 +488,17 @@ static int l_pixel(lua_State *L) {
 static int l_rgba(lua_State *L) {
   surface *s = check_surface(L, 1);
   if (s->kind != KIND_PNG) return luaL_error(L, "cairo: rgba() needs a png surface");
-  cairo_surface_flush(s->surface);
-  const unsigned char *data = cairo_image_surface_get_data(s->surface);
-  int stride = cairo_image_surface_get_stride(s->surface);
-  cairo_format_t format = cairo_image_surface_get_format(s->surface);
-  if (!data) return luaL_error(L, "cairo: image data not available");
-  if (format != CAIRO_FORMAT_ARGB32 && format != CAIRO_FORMAT_RGB24)
-    return luaL_error(L, "cairo: rgba() reads ARGB32 and RGB24 images only");
+  int stride;
+  cairo_format_t format;
+  const unsigned char *data = image_pixels(L, s, "rgba()", &stride, &format);
   size_t n = (size_t)s->width * (size_t)s->height * 4;
   luaL_Buffer b;
   unsigned char *out = (unsigned char *)luaL_buffinitsize(L, &b, n);
   for (int y = 0; y < s->height; y++) {
     for (int x = 0; x < s->width; x++) {
-      uint32_t px;
-      memcpy(&px, data + (size_t)y * (size_t)stride + 4 * (size_t)x, sizeof px);
-      unsigned a = format == CAIRO_FORMAT_RGB24 ? 255 : px >> 24, c[3] = {(px >> 16) & 255, (px >> 8) & 255, px & 255};
+      unsigned rgb[3], a = read_pixel(data + (size_t)y * (size_t)stride + 4 * (size_t)x, format, rgb);
       unsigned char *o = out + ((size_t)y * (size_t)s->width + (size_t)x) * 4;
-      for (int i = 0; i < 3; i++) o[i] = (unsigned char)(a ? (c[i] * 255 + a / 2) / a : 0);
+      for (int i = 0; i < 3; i++) o[i] = (unsigned char)rgb[i];
       o[3] = (unsigned char)a;
     }
   }

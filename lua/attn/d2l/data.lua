@@ -472,8 +472,9 @@ local function pcg_next(g)
   return ((xorshifted >> rot) | (xorshifted << ((32 - rot) & 31))) & 0xFFFFFFFF
 end
 
-local function pcg_new(seed)
-  local g = { state = 0, inc = (0x5851F42D << 1) | 1 }
+-- PCG32's seeding of `stream` (default the loaders' 0x5851F42D) from seed.
+local function pcg_new(seed, stream)
+  local g = { state = 0, inc = ((stream or 0x5851F42D) << 1) | 1 }
   pcg_next(g)
   g.state = g.state + seed
   pcg_next(g)
@@ -543,6 +544,12 @@ function data.sample_path()
 end
 
 -- The four id tensors and both vocabularies of a corpus file (book settings).
+-- The corpus file: path when given, else the shipped sample (or nil, message).
+local function path_or_sample(path)
+  if path ~= nil then return path end
+  return data.sample_path()
+end
+
 local function read_arrays(path, num_examples, num_steps)
   local source, target, report = data.read_fra_eng(path, { num_examples = num_examples })
   if not source then return nil, target end
@@ -584,12 +591,8 @@ function data.load_fra_eng(batch_size, num_steps, opts)
   if seed ~= nil and math.type(seed) ~= "integer" then
     error(string.format("%s: seed must be an integer, got %s", who, tostring(seed)), 2)
   end
-  local path = opts.path
-  if path == nil then
-    local err
-    path, err = data.sample_path()
-    if not path then return nil, err end
-  end
+  local path, err = path_or_sample(opts.path)
+  if not path then return nil, err end
   local num_examples = opts.num_examples
   if num_examples == nil then num_examples = 600 end
   local dataset, src_vocab, tgt_vocab, report = read_arrays(path, num_examples, num_steps)
@@ -616,14 +619,6 @@ end
 -- A PCG32 stream of its own for the split (the loader's stream is seeded the same
 -- way, so the split must differ from it by the stream, not by the seed).
 local SPLIT_STREAM = 0x53504C4954 -- "SPLIT"
-
-local function pcg_stream(seed, stream)
-  local g = { state = 0, inc = (stream << 1) | 1 }
-  pcg_next(g)
-  g.state = g.state + seed
-  pcg_next(g)
-  return g
-end
 
 local function permutation(g, n)
   local order = {}
@@ -659,7 +654,7 @@ function data.split_indices(n, seed, valid, test)
     error(string.format("split_indices: %d validation + %d test pairs leave none of the %d for training", valid,
       test, n), 2)
   end
-  local order = permutation(pcg_stream(seed, SPLIT_STREAM), n)
+  local order = permutation(pcg_new(seed, SPLIT_STREAM), n)
   local out = { test = table.move(order, 1, test, 1, {}), valid = table.move(order, test + 1, test + valid, 1, {}),
     train = table.move(order, test + valid + 1, n, 1, {}) }
   for _, list in pairs(out) do table.sort(list) end
@@ -790,12 +785,8 @@ function data.load_corpus(batch_size, num_steps, opts)
   opts = check.options(who, opts, { path = true, num_examples = true, seed = true, valid = true, test = true,
     bucket = true, vocabs = true, log = true })
   local log = opts.log or function() end
-  local path = opts.path
-  if path == nil then
-    local err
-    path, err = data.sample_path()
-    if not path then return nil, err end
-  end
+  local path, err = path_or_sample(opts.path)
+  if not path then return nil, err end
   local seed = opts.seed or 0
   local clock = require("attn.progress").clock
   local t0 = clock()

@@ -233,6 +233,13 @@ local function stack(self, who, layer, num_layers, opts)
   self.norm = opts.norm
 end
 
+-- x through every layer of a stack (each called with x and the same further arguments), then norm.
+local function run_stack(self, x, ...)
+  for _, layer in ipairs(self.layers) do x = layer(x, ...) end
+  if self.norm ~= nil then x = self.norm(x) end
+  return x
+end
+
 --- PyTorch's `nn.TransformerEncoder(encoder_layer, num_layers [, {norm}])`
 -- (reachable as `nn.TransformerEncoder` with a module first, and as
 -- `nn.TorchTransformerEncoder`): num_layers deep copies of encoder_layer (all
@@ -250,10 +257,7 @@ end
 function TorchTransformerEncoder:forward(src, opts)
   opts = check.options("TransformerEncoder", opts, { mask = true, src_key_padding_mask = true, is_causal = true }, 4)
   local o = { src_mask = opts.mask, src_key_padding_mask = opts.src_key_padding_mask, is_causal = opts.is_causal }
-  local x = src
-  for _, layer in ipairs(self.layers) do x = layer(x, o) end
-  if self.norm ~= nil then x = self.norm(x) end
-  return x
+  return run_stack(self, src, o)
 end
 
 --- PyTorch's `nn.TransformerDecoder(decoder_layer, num_layers [, {norm}])`
@@ -269,10 +273,7 @@ end
 
 function TorchTransformerDecoder:forward(tgt, memory, opts)
   opts = check.options("TransformerDecoder", opts, decoder_options, 4)
-  local x = tgt
-  for _, layer in ipairs(self.layers) do x = layer(x, memory, opts) end
-  if self.norm ~= nil then x = self.norm(x) end
-  return x
+  return run_stack(self, tgt, memory, opts)
 end
 
 -- ---------------------------------------------------------------- Transformer
