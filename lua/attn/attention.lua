@@ -131,6 +131,9 @@ function M.masked_softmax(X, valid_lens)
   end)
 end
 
+-- alibi_slopes refuses more heads than this (no model has them; the slopes are a Lua loop)
+local MAX_ALIBI_HEADS = 1 << 20
+
 --- ALiBi's head slopes (Press et al. 2022, the paper's code `get_slopes`): for n a power of two,
 -- 2^(-8i/n), i = 1..n; otherwise the slopes of the closest lower power of two p, followed by the
 -- slopes of 2p at its odd positions 1, 3, 5, ... (n - p of them).
@@ -140,6 +143,12 @@ end
 -- @usage attn.alibi_slopes(8) --> 1/2, 1/4, ..., 1/256
 function M.alibi_slopes(num_heads, dtype)
   check_count("alibi_slopes", "num_heads", num_heads)
+  -- the slopes are formed in a Lua loop: refuse what could not be allocated, and head counts no
+  -- model has, before looping (a count near 2^31 would run for minutes)
+  core.check_size("alibi_slopes", "slopes", { num_heads }, dtype or "float64")
+  if num_heads > MAX_ALIBI_HEADS then
+    error(string.format("alibi_slopes: num_heads %d is more than %d", num_heads, MAX_ALIBI_HEADS), 2)
+  end
   local function pow2_slopes(n) -- as the paper's code forms them: start * start^(i - 1), bit for bit
     local start = 2 ^ (-(2 ^ -(math.log(n, 2) - 3)))
     local t = {}

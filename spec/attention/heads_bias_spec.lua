@@ -158,6 +158,13 @@ describe("attention with heads as a dimension", function()
     assert.are.same({ 2 ^ -2, 2 ^ -4, 2 ^ -6, 2 ^ -8, 2 ^ -1, 2 ^ -3 }, six:totable())
   end)
 
+  it("alibi_slopes refuses a head count it could not form before looping over it", function()
+    -- found by the API fuzzer: 2^31 heads looped for minutes
+    assert.has_error(function() attn.alibi_slopes(1 << 31) end, "alibi_slopes: num_heads 2147483648 is more than 1048576")
+    assert.has_error(function() attn.alibi_slopes(1 << 62) end)
+    assert.are.equal(1 << 20, attn.alibi_slopes(1 << 20):size(1))
+  end)
+
   it("ALiBi attention equals softmax(QK^T/sqrt(d) + bias)V in naive loops, causal and not", function()
     local B, H, N, d = 2, 3, 7, 4
     local Q, K, V = attn.randn({ B, H, N, d }, "float64"), attn.randn({ B, H, N, d }, "float64"),
