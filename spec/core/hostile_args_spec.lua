@@ -35,6 +35,14 @@ describe("hostile arguments", function()
     assert.are.same({ 0, 1 << 62, 1 << 60 }, core.split_heads(attn.zeros({ 0, 1 << 62, 1 << 62 }), 4):shape())
   end)
 
+  it("a reduction over a row of 2^63 - 1 entries sizes its work split without overflowing (make fuzz, seed 20261122)",
+    function()
+      -- attn_iter_run_cost multiplied the row length into the split's size: UBSan's signed overflow
+      local huge = attn.ones(1):expand(math.maxinteger)
+      assert.are.equal(2.0 ^ 63, huge:sum(-1):item())
+      assert.are.equal(2.0 ^ 63, huge:sum(1, "int64"):item())
+    end)
+
   it("split and chunk size their pieces first: a view of 2^63 - 1 entries is refused at once (make fuzz, seed 31337)",
     function()
       local huge = attn.zeros(1):expand(math.maxinteger)

@@ -103,9 +103,13 @@ void attn_iter_run_cost(attn_iter *it, attn_iter_fn fn, void *ctx, int64_t cost)
   int64_t numel = 1;
   for (int d = 0; d < it->ndim; d++) numel *= it->shape[d];
   if (cost < 1) cost = 1;
+  /* A row this long is a whole job already; the bound keeps the products below from
+   * overflowing (a reduced row of 2^63 - 1 entries) and changes no split. */
+  if (cost > PARALLEL_MIN_ELEMENTS) cost = PARALLEL_MIN_ELEMENTS;
   coalesce(it);
   iter_job job = {it, fn, ctx};
-  if (numel * cost < PARALLEL_MIN_ELEMENTS)
+  int64_t work;
+  if (!__builtin_mul_overflow(numel, cost, &work) && work < PARALLEL_MIN_ELEMENTS)
     run_range(&job, 0, numel);
   else
     attn_parallel_for(numel, (PARALLEL_MIN_ELEMENTS / 2 + cost - 1) / cost, run_range, &job);
