@@ -149,7 +149,8 @@ local function child(seed, seconds, hb_path)
   -- Functions that only print or draw to the terminal, or that change the
   -- process (not the engine), are left out, and so is the bound on single
   -- allocations this fuzzer sets for itself.
-  local skip = { progress = true, report = true, cli = true, print = true, exit = true, set_max_request = true }
+  local skip = { progress = true, report = true, cli = true, print = true, exit = true, set_max_request = true,
+    abort = true, mpi = true, distributed = true } -- MPI: abort ends the process by design; collectives need mpirun
 
   local functions, fn_names, seen = {}, {}, {}
   local visited_modules = {}

@@ -95,10 +95,15 @@ end
 -- @treturn {number} `{lr}`
 function LRScheduler:get_last_lr() return { self._last_lr[1] } end
 
-local function copy_plain(t)
+-- Each table is copied once (`seen`), so a table reached twice, or a cycle, costs one copy and
+-- the copy keeps the sharing (a hostile state could otherwise take exponential time).
+local function copy_plain(t, seen)
+  seen = seen or {}
+  if seen[t] then return seen[t] end
   local c = {}
+  seen[t] = c
   for k, v in pairs(t) do
-    if type(v) == "table" then v = copy_plain(v) end
+    if type(v) == "table" then v = copy_plain(v, seen) end
     if type(v) ~= "function" then c[k] = v end
   end
   return c
@@ -109,10 +114,10 @@ end
 -- lambda). Only numbers, strings, booleans and tables of them.
 -- @treturn table
 function LRScheduler:state_dict()
-  local s = {}
+  local s, seen = {}, {}
   for k, v in pairs(self) do
     if k ~= "optimizer" and k ~= "_schedulers" and type(v) ~= "function" then
-      s[k] = type(v) == "table" and copy_plain(v) or v
+      s[k] = type(v) == "table" and copy_plain(v, seen) or v
     end
   end
   return s
@@ -128,8 +133,9 @@ function LRScheduler:load_state_dict(s)
     error(string.format("%s.load_state_dict: expected the state of a %s, got %s", self.kind, self.kind,
       type(s) == "table" and "a " .. tostring(s.kind) or "a " .. type(s)), 2)
   end
+  local seen = {}
   for k, v in pairs(s) do
-    if k ~= "_schedulers" then self[k] = type(v) == "table" and copy_plain(v) or v end
+    if k ~= "_schedulers" then self[k] = type(v) == "table" and copy_plain(v, seen) or v end
   end
 end
 
