@@ -130,6 +130,18 @@ describe("attn.optim.lr_scheduler", function()
     assert.is_true(math.abs(seq[40] * math.sqrt(40) - 2 * 64 ^ -0.5) < 1e-15)
   end)
 
+  it("state_dict copies a table reached twice once, and a cycle without looping (make fuzz, seed 20261122)", function()
+    local s = sched.StepLR(new_opt(), { step_size = 3, gamma = 0.5 })
+    local shared = { 1, 2 }
+    shared.self = shared
+    s.extra_a, s.extra_b = shared, shared
+    local d = s:state_dict()
+    assert.are.equal(d.extra_a, d.extra_b)
+    assert.are.equal(d.extra_a, d.extra_a.self)
+    assert.are_not.equal(shared, d.extra_a)
+    assert.are.same({ 1, 2 }, { d.extra_a[1], d.extra_a[2] })
+  end)
+
   it("the optimizer steps with the scheduled rate", function()
     local p = attn.tensor({ 1.0 }, "float64")
     local opt = attn.optim.SGD({ p }, { lr = 1 })
