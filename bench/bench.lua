@@ -224,16 +224,11 @@ end
 -- Training batches at the book's settings: batch 64, 10 steps, ids from a fixed LCG.
 local BATCH, STEPS, VOCAB = 64, 10, 200
 local seed = 12345
+local lcg_ids = dofile("bench/medium_bench.lua").random_ids
 local function random_ids(rows_, cols, lo, hi)
-  local ids = {}
-  for i = 1, rows_ do
-    ids[i] = {}
-    for j = 1, cols do
-      seed = (seed * 1103515245 + 12345) % 2147483648
-      ids[i][j] = lo + seed % (hi - lo + 1)
-    end
-  end
-  return attn.tensor(ids)
+  local ids
+  ids, seed = lcg_ids(seed, rows_, cols, lo, hi)
+  return ids
 end
 local src, dec_in = random_ids(BATCH, STEPS, 4, VOCAB - 1), random_ids(BATCH, STEPS, 4, VOCAB - 1)
 local lens = random_ids(1, BATCH, 2, STEPS):reshape { BATCH }

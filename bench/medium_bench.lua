@@ -18,8 +18,9 @@ M.cases = {
   book_full = { h = 32, heads = 4, ffn = 64, layers = 2, batch = 64, steps = 10 },
 }
 
--- Ids in lo..hi from a fixed LCG (the bench's own, so runs compare).
-local function random_ids(seed, rows, cols, lo, hi)
+-- Ids in lo..hi, a (rows, cols) tensor, from a fixed LCG (the bench's own, so runs compare), and
+-- the LCG's next state (bench/bench.lua draws all its batches from one running state).
+function M.random_ids(seed, rows, cols, lo, hi)
   local ids = {}
   for i = 1, rows do
     ids[i] = {}
@@ -28,8 +29,9 @@ local function random_ids(seed, rows, cols, lo, hi)
       ids[i][j] = lo + seed % (hi - lo + 1)
     end
   end
-  return attn.tensor(ids)
+  return attn.tensor(ids), seed
 end
+local random_ids = M.random_ids
 
 -- The matmul FLOPs of one training step (forward and the two backward products per matmul:
 -- 3 x 2 m n k), with B T rows per side and T x T attention per head.
