@@ -135,6 +135,13 @@ describe("attn.d2l.run", function()
     local bleu, preds = run.evaluate(net, c.test, c.src_vocab, c.tgt_vocab, 8)
     assert.are.same(texts, preds)
     assert.are.equal(metrics.corpus_bleu(texts, c.test.target), bleu)
+    -- with a beam: batched beam search, each sentence as beam_search decodes it
+    local bleu2, beamed = run.evaluate(net, c.test, c.src_vocab, c.tgt_vocab, 8, { beam = 2, batch_size = 5 })
+    for i, src in ipairs(c.test.source) do
+      assert.are.equal(train.beam_search(net, table.concat(src, " "), c.src_vocab, c.tgt_vocab, 8, { beam = 2 }),
+        beamed[i])
+    end
+    assert.are.equal(metrics.corpus_bleu(beamed, c.test.target), bleu2)
     -- a bahdanau model decodes the same way (its state is batch-second)
     local gru = nn.EncoderDecoder(nn.Seq2SeqEncoder(#c.src_vocab, 8, 8, 2, 0),
       nn.Seq2SeqAttentionDecoder(#c.tgt_vocab, 8, 8, 2, 0))

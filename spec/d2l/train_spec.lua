@@ -1,6 +1,6 @@
 -- attn.d2l.train: train_seq2seq's bookkeeping, init and progress line;
 -- predict_seq2seq's stopping rule and source length; beam search at width 1
--- equal to greedy decoding.
+-- equal to greedy decoding; batched beam search equal to beam search per sentence.
 local attn = require "attn"
 local fx = require "nn.seq2seq_fixtures"
 local s2s = require "attn.d2l.train"
@@ -137,5 +137,35 @@ describe("attn.d2l.train", function()
         assert.near(c.logp / L ^ 0.75, c.score, 1e-9)
       end
     end)
+
+    it(case[1] .. ": batched beam search gives each sentence beam_search's candidates, at widths 1, 2 and 4",
+      function()
+        local data_iter, sv, tv, ps = fx.task(24, 8, 6)
+        local net = case[2](#sv, #tv)
+        s2s.train_seq2seq(net, data_iter, { lr = 0.01, epochs = 3, tgt_vocab = tv, progress = false })
+        local srcs = {}
+        for i = 1, 7 do srcs[i] = ps[i][1] end
+        local greedy = s2s.predict_batch(net, srcs, sv, tv, 6)
+        local wider = 0
+        for _, k in ipairs { 1, 2, 4 } do
+          -- batches of 3: the last one is short, and sentences leave their batch at different steps
+          local texts, all = s2s.beam_search_batch(net, srcs, sv, tv, 6, { beam = k, batch_size = 3 })
+          assert.equal(#srcs, #texts)
+          for i, src in ipairs(srcs) do
+            local text, cands = s2s.beam_search(net, src, sv, tv, 6, { beam = k })
+            assert.equal(text, texts[i])
+            assert.equal(#cands, #all[i])
+            for j, c in ipairs(cands) do
+              assert.same(c.ids, all[i][j].ids)
+              assert.equal(c.translation, all[i][j].translation)
+              assert.near(c.logp, all[i][j].logp, 1e-5)
+              assert.near(c.score, all[i][j].score, 1e-5)
+            end
+            if k == 1 then assert.equal(greedy[i], texts[i]) end
+            if k > 1 and #cands > 1 then wider = wider + 1 end
+          end
+        end
+        assert.is_true(wider > 0) -- the wider beams kept several candidates somewhere
+      end)
   end
 end)

@@ -280,7 +280,7 @@ end
 -- @param src_vocab
 -- @param tgt_vocab
 -- @tparam integer num_steps
--- @tparam[opt] table opts `beam` (1: batched greedy decoding; more: beam search per sentence),
+-- @tparam[opt] table opts `beam` (1: batched greedy decoding; more: batched beam search of that width),
 --   `batch_size` (sentences decoded together, 256), `limit` (the first n pairs only)
 -- @treturn number corpus BLEU-4 in [0, 1]
 -- @treturn table the translations
@@ -291,10 +291,8 @@ function run.evaluate(net, held, src_vocab, tgt_vocab, num_steps, opts)
   local sources, refs = table.move(held.source, 1, n, 1, {}), table.move(held.target, 1, n, 1, {})
   local preds
   if (opts.beam or 1) > 1 then
-    preds = {}
-    for i, src in ipairs(sources) do
-      preds[i] = train.beam_search(net, table.concat(src, " "), src_vocab, tgt_vocab, num_steps, { beam = opts.beam })
-    end
+    preds = train.beam_search_batch(net, sources, src_vocab, tgt_vocab, num_steps,
+      { beam = opts.beam, batch_size = opts.batch_size })
   else
     preds = train.predict_batch(net, sources, src_vocab, tgt_vocab, num_steps, { batch_size = opts.batch_size })
   end

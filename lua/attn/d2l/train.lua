@@ -215,6 +215,30 @@ function M.predict_seq2seq(net, src_sentence, src_vocab, tgt_vocab, num_steps, o
   return table.concat(tgt_vocab:tokens(output), " "), weights, output
 end
 
+-- Sources first..last (strings, prepared as encode_source, or token lists) padded into one
+-- (B, num_steps) batch and encoded: the decoder's initial state and the ids' dtype.
+local function encode_sources(net, sources, first, last, src_vocab, num_steps, who)
+  local pad = src_vocab["<pad>"]
+  local flat, lens = {}, {}
+  for b = 1, last - first + 1 do
+    local src = sources[first + b - 1]
+    local words = src
+    if type(src) == "string" then
+      words = {}
+      for w in (data.lower(src) .. " "):gmatch("(.-) ") do words[#words + 1] = w end
+    elseif type(src) ~= "table" then
+      error(string.format("%s: source %d is a %s, not a string or token list", who, first + b - 1, type(src)), 4)
+    end
+    local ids = src_vocab:ids(words)
+    ids[#ids + 1] = src_vocab["<eos>"]
+    lens[b] = #ids
+    for t = 1, num_steps do flat[(b - 1) * num_steps + t] = ids[t] or pad end
+  end
+  local enc_X = attn.tensor(flat):reshape({ #lens, num_steps })
+  local enc_valid_len = attn.tensor(lens)
+  return net.decoder:init_state(table.pack(net.encoder(enc_X, enc_valid_len)), enc_valid_len), enc_X:dtype()
+end
+
 --- Greedy decoding of many sentences at once: the sources are padded into one
 -- (B, num_steps) batch (each with `<eos>`, its valid length taken before
 -- truncation, as `predict_seq2seq`), and every step decodes the whole batch;
@@ -238,32 +262,14 @@ function M.predict_batch(net, sources, src_vocab, tgt_vocab, num_steps, opts)
   local chunk = opts.batch_size or 256
   check.positive_int("predict_batch", "batch_size", chunk)
   net:eval()
-  local eos, bos, pad = tgt_vocab["<eos>"], tgt_vocab["<bos>"], src_vocab["<pad>"]
+  local eos, bos = tgt_vocab["<eos>"], tgt_vocab["<bos>"]
   local texts, all_ids = {}, {}
   attn.no_grad(function()
     for first = 1, #sources, chunk do
       local last = math.min(first + chunk - 1, #sources)
       local B = last - first + 1
-      local flat, lens = {}, {}
-      for b = 1, B do
-        local src = sources[first + b - 1]
-        local words = src
-        if type(src) == "string" then
-          words = {}
-          for w in (data.lower(src) .. " "):gmatch("(.-) ") do words[#words + 1] = w end
-        elseif type(src) ~= "table" then
-          error(string.format("predict_batch: source %d is a %s, not a string or token list", first + b - 1,
-            type(src)), 3)
-        end
-        local ids = src_vocab:ids(words)
-        ids[#ids + 1] = src_vocab["<eos>"]
-        lens[b] = #ids
-        for t = 1, num_steps do flat[(b - 1) * num_steps + t] = ids[t] or pad end
-      end
-      local enc_X = attn.tensor(flat):reshape({ B, num_steps })
-      local enc_valid_len = attn.tensor(lens)
-      local state = net.decoder:init_state(table.pack(net.encoder(enc_X, enc_valid_len)), enc_valid_len)
-      local dec_X = attn.full({ B, 1 }, bos, enc_X:dtype())
+      local state, dtype = encode_sources(net, sources, first, last, src_vocab, num_steps, "predict_batch")
+      local dec_X = attn.full({ B, 1 }, bos, dtype)
       local out, done, left = {}, {}, B
       for b = 1, B do out[b] = {} end
       for _ = 1, num_steps do
@@ -299,6 +305,25 @@ local function copy_state(s)
   local c = {}
   for k, v in pairs(s) do c[k] = copy_state(v) end
   return c
+end
+
+-- Beam candidates ranked by summed log P; ties by hypothesis, then by the token's rank.
+local function by_logp(a, b)
+  if a.logp ~= b.logp then return a.logp > b.logp end
+  if a.h ~= b.h then return a.h < b.h end
+  return a.r < b.r
+end
+
+-- A sentence's beam result: the live hypotheses join the finished ones (their length the
+-- tokens emitted, no <eos>), each scored log P / L^alpha, best first.
+local function finish_beam(done, live, alpha, tgt_vocab)
+  for _, hyp in ipairs(live) do done[#done + 1] = { ids = hyp.ids, logp = hyp.logp, length = #hyp.ids } end
+  for _, c in ipairs(done) do
+    c.score = c.logp / math.max(c.length, 1) ^ alpha
+    c.translation = table.concat(tgt_vocab:tokens(c.ids), " ")
+    c.length = nil
+  end
+  table.sort(done, function(a, b) return a.score > b.score end)
 end
 
 --- Beam search: keeps the `beam` best partial translations by summed log
@@ -345,11 +370,7 @@ function M.beam_search(net, src_sentence, src_vocab, tgt_vocab, num_steps, opts)
         cands[#cands + 1] = { h = h, r = r, tok = tok, logp = hyp.logp + logp[tok], parent = hyp, state = st }
       end
     end
-    table.sort(cands, function(a, b)
-      if a.logp ~= b.logp then return a.logp > b.logp end
-      if a.h ~= b.h then return a.h < b.h end
-      return a.r < b.r
-    end)
+    table.sort(cands, by_logp)
     live = {}
     for i = 1, math.min(k, #cands) do
       local c = cands[i]
@@ -363,14 +384,107 @@ function M.beam_search(net, src_sentence, src_vocab, tgt_vocab, num_steps, opts)
     end
     if #live == 0 then break end
   end
-  for _, hyp in ipairs(live) do done[#done + 1] = { ids = hyp.ids, logp = hyp.logp, length = #hyp.ids } end
-  for _, c in ipairs(done) do
-    c.score = c.logp / math.max(c.length, 1) ^ alpha
-    c.translation = table.concat(tgt_vocab:tokens(c.ids), " ")
-    c.length = nil
-  end
-  table.sort(done, function(a, b) return a.score > b.score end)
+  finish_beam(done, live, alpha, tgt_vocab)
   return done[1].translation, done
+end
+
+--- Beam search over many sentences at once: beam_search's rules (the same
+-- candidates, ranking, `<eos>` and length penalty), so each sentence gets
+-- beam_search's result (up to float rounding in the batched products), many
+-- times faster. Sources are padded and encoded together `batch_size` at a
+-- time, as `predict_batch`; then each step runs the decoder once over every
+-- live hypothesis of every sentence (at most batch_size * beam rows: a
+-- sentence drops its finished hypotheses, and leaves the batch when it has
+-- none), keeps each row's `beam` best tokens (`topk`, which ranks ties as
+-- argmax does) and regathers the decoder state's rows for the survivors
+-- (`decoder:reorder_state`). Each step is one set of batched tensor
+-- operations, run on every thread (`attn.set_num_threads`). At width 1 the
+-- translations are `predict_batch`'s.
+-- @tparam Module net an EncoderDecoder whose decoder has `reorder_state`
+-- @tparam table sources strings (lowercased and split on spaces, as predict_seq2seq) or token lists
+-- @param src_vocab
+-- @param tgt_vocab
+-- @tparam integer num_steps
+-- @tparam[opt] table opts `beam` (the width, default 2), `length_penalty` (0.75), `batch_size`
+--   (sentences decoded together, default 256)
+-- @treturn table the translations (strings), in the order of `sources`
+-- @treturn table per sentence, beam_search's candidates: every finished or final one, best first,
+--   {translation =, ids =, logp =, score =}
+-- @usage local texts = s2s.beam_search_batch(net, {"go .", "i lost ."}, src_vocab, tgt_vocab, 10, {beam = 4})
+function M.beam_search_batch(net, sources, src_vocab, tgt_vocab, num_steps, opts)
+  opts = check.options("beam_search_batch", opts, { beam = true, length_penalty = true, batch_size = true })
+  check.lua_type("beam_search_batch", "sources", sources, "table")
+  check.positive_int("beam_search_batch", "num_steps", num_steps)
+  local k = opts.beam or 2
+  check.positive_int("beam_search_batch", "beam", k)
+  local alpha = opts.length_penalty or 0.75
+  local chunk = opts.batch_size or 256
+  check.positive_int("beam_search_batch", "batch_size", chunk)
+  net:eval()
+  local eos, bos = tgt_vocab["<eos>"], tgt_vocab["<bos>"]
+  local width = math.min(k, #tgt_vocab)
+  local texts, all = {}, {}
+  attn.no_grad(function()
+    for first = 1, #sources, chunk do
+      local B = math.min(first + chunk - 1, #sources) - first + 1
+      local state, dtype = encode_sources(net, sources, first, first + B - 1, src_vocab, num_steps,
+        "beam_search_batch")
+      -- rows: the live hypotheses of every sentence, sentence by sentence and each sentence's in its
+      -- live order (beam_search's hypothesis order, which breaks its ties); row i is the decoder's row i
+      local rows, live, done = {}, {}, {}
+      for b = 1, B do
+        rows[b] = { sent = b, ids = {}, logp = 0, last = bos }
+        live[b], done[b] = { rows[b] }, {}
+      end
+      for step = 1, num_steps do
+        local N = #rows
+        local last_ids = {}
+        for i, hyp in ipairs(rows) do last_ids[i] = hyp.last end
+        local Y
+        Y, state = net.decoder(attn.tensor(last_ids, dtype):reshape({ N, 1 }), state)
+        local logits = Y:reshape({ N, -1 })
+        local _, top = logits:topk(width, 2)
+        local logp = logits:log_softmax(2):gather(2, top):totable()
+        top = top:totable()
+        local next_rows, parents = {}, {}
+        local i = 1
+        while i <= N do
+          -- one sentence's rows: its candidates as beam_search makes them
+          local sent, cands, h = rows[i].sent, {}, 0
+          while i <= N and rows[i].sent == sent do
+            h = h + 1
+            for r = 1, width do
+              cands[#cands + 1] = { h = h, r = r, tok = math.tointeger(top[i][r]), logp = rows[i].logp + logp[i][r],
+                parent = rows[i], row = i }
+            end
+            i = i + 1
+          end
+          table.sort(cands, by_logp)
+          local kept, finished = {}, done[sent]
+          for j = 1, math.min(k, #cands) do
+            local c = cands[j]
+            local ids = { table.unpack(c.parent.ids) }
+            if c.tok == eos then
+              finished[#finished + 1] = { ids = ids, logp = c.logp, length = step }
+            else
+              ids[#ids + 1] = c.tok
+              kept[#kept + 1] = { sent = sent, ids = ids, logp = c.logp, last = c.tok }
+              next_rows[#next_rows + 1], parents[#parents + 1] = kept[#kept], c.row
+            end
+          end
+          live[sent] = kept
+        end
+        rows = next_rows
+        if #rows == 0 then break end
+        state = net.decoder:reorder_state(state, parents)
+      end
+      for b = 1, B do
+        finish_beam(done[b], live[b], alpha, tgt_vocab)
+        all[first + b - 1], texts[first + b - 1] = done[b], done[b][1].translation
+      end
+    end
+  end)
+  return texts, all
 end
 
 return M

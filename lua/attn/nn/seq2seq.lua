@@ -74,6 +74,29 @@ function Decoder:init_state()
   error(self:class_name() .. ": has no init_state method (define " .. self:class_name() .. ":init_state)", 2)
 end
 
+--- reorder_state(state, rows) -> the state of the batch rows `rows` (a list of
+-- 1-based batch indices, repeats allowed), for batched beam search: row i of
+-- the new state is row rows[i] of `state`. Each decoder knows where its
+-- state keeps the batch; the base class has none.
+function Decoder:reorder_state()
+  error(self:class_name() .. ": has no reorder_state method (define " .. self:class_name() .. ":reorder_state)", 2)
+end
+
+--- Rows of a batch: a tensor's along its batch dim `dim` (index_select), or a
+-- Lua list's (valid lengths); nil stays nil. The helper of `reorder_state`.
+-- @param x a tensor, a list or nil
+-- @tparam integer dim the batch dim of a tensor
+-- @tparam table rows 1-based batch indices
+-- @return the picked rows, x's kind
+local function pick_rows(x, dim, rows)
+  if x == nil then return nil end
+  if attn.is_tensor(x) then return x:index_select(dim, rows) end
+  local out = {}
+  for i, r in ipairs(rows) do out[i] = x[r] end
+  return out
+end
+M.pick_rows = pick_rows
+
 --- `nn.AttentionDecoder`: base class of decoders that keep `attention_weights`
 -- (a field set by forward).
 -- @type AttentionDecoder
@@ -160,6 +183,12 @@ function Seq2SeqDecoder:init_state(enc_outputs)
   return state
 end
 
+--- The hidden state (num_layers, B, h) is batch-second; the fixed context (B, h) batch-first.
+function Seq2SeqDecoder:reorder_state(state, rows)
+  if self.fixed_context then return { pick_rows(state[1], 2, rows), pick_rows(state[2], 1, rows) } end
+  return pick_rows(state, 2, rows)
+end
+
 function Seq2SeqDecoder:forward(X, state)
   check_ids("Seq2SeqDecoder", X)
   local hidden, context = state
@@ -224,6 +253,11 @@ end
 function Seq2SeqAttentionDecoder.init_state(_, enc_outputs, enc_valid_lens)
   local outputs, hidden_state = enc_outputs[1], enc_outputs[2]
   return { outputs:permute(2, 1, 3), hidden_state, enc_valid_lens }
+end
+
+--- {enc_outputs (B, T, h), state (num_layers, B, h), enc_valid_lens (B)}: the state batch-second.
+function Seq2SeqAttentionDecoder.reorder_state(_, state, rows)
+  return { pick_rows(state[1], 1, rows), pick_rows(state[2], 2, rows), pick_rows(state[3], 1, rows) }
 end
 
 --- The Bahdanau decoder's step loop as one autograd node (src/nn/attn_decoder.h).

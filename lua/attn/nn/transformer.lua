@@ -300,6 +300,14 @@ function TransformerDecoder.init_state(_, enc_outputs, enc_valid_lens)
   return { enc_outputs[1], enc_valid_lens, {} }
 end
 
+--- {enc_outputs (B, T, h), enc_valid_lens (B), cache}: every tensor batch-first, the cache's
+-- per-block keys (B, steps, h) included (a new cache table: the blocks write theirs in place).
+function TransformerDecoder.reorder_state(_, state, rows)
+  local cache = {}
+  for slot, kv in pairs(state[3]) do cache[slot] = seq2seq.pick_rows(kv, 1, rows) end
+  return { seq2seq.pick_rows(state[1], 1, rows), seq2seq.pick_rows(state[2], 1, rows), cache }
+end
+
 function TransformerDecoder:forward(X, state)
   local offset = 0
   if self.positions == "absolute" and state[3][1] then offset = state[3][1]:size(2) end
