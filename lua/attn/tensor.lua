@@ -267,8 +267,13 @@ function Tensor.topk(x, k, dim, largest)
     error(string.format("topk: k = %s must be an integer in 0..%d (size of dim %d of %s)", tostring(k), n, dim,
       core.shape_str(x)), 2)
   end
-  local sorted, order = core.sort(x, dim, largest)
-  local values, indices = core.contiguous(core.narrow(sorted, dim, 1, k)), core.contiguous(core.narrow(order, dim, 1, k))
+  local values, indices
+  if k <= core.TOPK_MAX then -- a selection in C over the rows, split across the threads
+    values, indices = core.topk(x, dim, k, largest)
+  else
+    local sorted, order = core.sort(x, dim, largest)
+    values, indices = core.contiguous(core.narrow(sorted, dim, 1, k)), core.contiguous(core.narrow(order, dim, 1, k))
+  end
   record("topk", values, { x }, function(g) return scatter_back(x, dim, indices, g) end)
   return values, indices
 end

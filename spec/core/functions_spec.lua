@@ -202,6 +202,39 @@ describe("sort and topk", function()
     raises("topk: k = 7 must be an integer in 0..6", function() x:topk(7) end)
   end)
 
+  it("topk's selection kernel gives sort's head: every dim, both orders, ties, NaN, -0, views, threads", function()
+    attn.manual_seed(7)
+    -- wide rows of few values (ties everywhere) with NaN and signed zeros, over 2 x 3 x 90
+    local x = (attn.randint(-2, 3, { 2, 3, 90 }):to("float64") * 0.5)
+    x:set(0 / 0, 1, 2, 7)
+    x:set(0 / 0, 2, 1, 40)
+    x:set(-0.0, 1, 1, 3)
+    local cases = { x, x:to("float32"), x:transpose(1, 3), (x * 4):to("int64") }
+    for _, t in ipairs(cases) do
+      for dim = 1, 3 do
+        local n = t:size(dim)
+        for _, k in ipairs({ 0, 1, math.min(n, 4), math.min(n, attn.core.TOPK_MAX) }) do
+          for _, largest in ipairs({ true, false }) do
+            local v, i = t:topk(k, dim, largest)
+            local sv, si = t:sort(dim, largest)
+            local head = sv:narrow(dim, 1, k)
+            assert.same(si:narrow(dim, 1, k):totable(), i:totable())
+            assert.same(head:ne(head):totable(), v:ne(v):totable()) -- NaN in the same places
+            assert.same(head:masked_fill(head:ne(head), 0):totable(), v:masked_fill(v:ne(v), 0):totable())
+          end
+        end
+      end
+    end
+    -- more rows than one thread's share, and a k above the kernel's limit (sort's path)
+    local big = attn.randint(0, 50, { 300, 200 })
+    local _, one = big:topk(5, 2)
+    attn.set_num_threads(2)
+    local _, two = big:topk(5, 2)
+    attn.set_num_threads(1)
+    assert.same(one:totable(), two:totable())
+    assert.same(big:sort(2, true):narrow(2, 1, 70):totable(), (big:topk(70, 2)):totable())
+  end)
+
   it("pass gradients to the picked values", function()
     helper.gradcheck(function(a) return (a:sort(2, true)) end, { helper.param({ 3, 4 }) })
     helper.gradcheck(function(a) return (a:sort(1)) end, { helper.param({ 3, 4 }) })

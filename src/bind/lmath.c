@@ -336,6 +336,26 @@ static int l_sort(lua_State *L) {
   return 2;
 }
 
+/* topk(x, dim, k, largest): sort's first k values and 1-based int64 indices along dim, k at most
+ * TOPK_MAX (the Lua side sorts for more). */
+static int l_topk(lua_State *L) {
+  attn_tensor *x = attn_l_check(L, 1);
+  if (x->ndim == 0) return attn_l_error(L, "topk: needs at least 1 dim, got a 0-d tensor");
+  int dim = attn_l_checkdim(L, 2, x->ndim, 0, "topk");
+  lua_Integer k = attn_l_checkinteger(L, 3, "k");
+  if (k < 0 || k > x->shape[dim] || k > ATTN_TOPK_MAX)
+    return attn_l_error(L, "topk: k = %lld must be in 0..%lld and at most %d", (long long)k,
+                        (long long)x->shape[dim], ATTN_TOPK_MAX);
+  int largest = lua_toboolean(L, 4);
+  int64_t shape[ATTN_MAX_DIMS];
+  for (int d = 0; d < x->ndim; d++) shape[d] = d == dim ? (int64_t)k : x->shape[d];
+  attn_tensor *values = attn_l_push_alloc(L, x->dtype, x->ndim, shape);
+  attn_tensor *indices = attn_l_push_alloc(L, ATTN_I64, x->ndim, shape);
+  ATTN_L_TRY(L, attn_topk(x, dim, (int64_t)k, largest, values, indices));
+  ATTN_L_TRY(L, attn_binary_scalar(ATTN_ADD, indices, 1.0, 0, indices));
+  return 2;
+}
+
 /* check_ids(ids, limit, op, what [, ctx]): raises unless every value of the
  * tensor ids (any dtype) is an integer in 1..limit; errors name op and what. */
 static int l_check_ids(lua_State *L) {
@@ -410,7 +430,7 @@ static int l_dropout(lua_State *L) {
 static const luaL_Reg math_functions[] = {
     {"tanh_backward", l_tanh_backward}, {"sigmoid_backward", l_sigmoid_backward},
     {"gelu_backward", l_gelu_backward}, {"erf", l_erf}, {"gelu", l_gelu},
-    {"check_ids", l_check_ids}, {"sort", l_sort},
+    {"check_ids", l_check_ids}, {"sort", l_sort}, {"topk", l_topk},
     {"add", l_add},         {"sub", l_sub},         {"mul", l_mul},
     {"div", l_div},         {"pow", l_pow},         {"maximum", l_maximum},
     {"minimum", l_minimum}, {"eq", l_eq},           {"ne", l_ne},
@@ -435,4 +455,8 @@ static const luaL_Reg math_functions[] = {
     {NULL, NULL},
 };
 
-void attn_l_open_math(lua_State *L) { attn_l_setfuncs(L, math_functions); }
+void attn_l_open_math(lua_State *L) {
+  attn_l_setfuncs(L, math_functions);
+  lua_pushinteger(L, ATTN_TOPK_MAX);
+  lua_setfield(L, -2, "TOPK_MAX");
+}

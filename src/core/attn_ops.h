@@ -66,6 +66,13 @@ attn_status attn_reduce(attn_reduce_op op, const attn_tensor *x, int dim, attn_t
  * (int64, x's shape) the 0-based source positions. Equal keys keep their
  * order; NaN sorts above every number (last ascending, first descending). */
 attn_status attn_sort(const attn_tensor *x, int dim, int descending, attn_tensor *values, attn_tensor *indices);
+/* The k first entries of each row along dim in attn_sort's order (descending when largest is
+ * nonzero), without sorting the rows: values (x's shape with k along dim, x's dtype) and indices
+ * (int64, that shape, 0-based positions) equal attn_sort's first k; 0 <= k <= ATTN_TOPK_MAX.
+ * Rows are split across the threads. */
+#define ATTN_TOPK_MAX 64
+attn_status attn_topk(const attn_tensor *x, int dim, int64_t k, int largest, attn_tensor *values,
+                      attn_tensor *indices);
 /* Cumulative sum or product along dim (PyTorch's cumsum/cumprod): out[.., k, ..] = x[.., 0, ..] op
  * ... op x[.., k, ..], accumulated in double (int64: exact, wrapping; both ops); CUMSUM_REVERSE
  * sums from the end (cumsum's gradient). out has x's shape and dtype and does not alias x. */

@@ -8,6 +8,7 @@
 #include "core/attn_alloc.h"
 #include "core/attn_iter.h"
 #include "core/attn_ops.h"
+#include "core/attn_parallel.h"
 #include "core/attn_vmath.h"
 
 typedef struct {
@@ -360,6 +361,82 @@ attn_status attn_sort(const attn_tensor *x, int dim, int descending, attn_tensor
     }
   }
   attn_free(pairs, cap);
+  return ATTN_OK;
+}
+
+/* ------------------------------------------------------------ topk */
+
+/* The k first entries of each row in sort's order (attn_sort's keys, ties by position), without
+ * sorting the row: a sorted buffer of the k best so far, which most entries fail to enter after
+ * one comparison with its last key. Rows are independent and split across the threads. */
+typedef struct {
+  const attn_tensor *x, *values, *indices;
+  int dim;
+  int64_t k;
+  uint64_t flip;
+} topk_ctx;
+
+static uint64_t entry_key(const char *e, attn_dtype dt) {
+  return dt == ATTN_I64   ? (uint64_t)*(const int64_t *)e ^ ((uint64_t)1 << 63)
+         : dt == ATTN_F64 ? float_key(*(const double *)e)
+                          : float_key(*(const float *)e);
+}
+
+static void topk_rows(void *vctx, int64_t begin, int64_t end) {
+  const topk_ctx *c = vctx;
+  const attn_tensor *x = c->x;
+  sort_pair best[ATTN_TOPK_MAX];
+  size_t es = attn_dtype_size(x->dtype);
+  int64_t len = x->shape[c->dim], k = c->k;
+  int64_t xs = x->stride[c->dim] * (int64_t)es, vs = c->values->stride[c->dim] * (int64_t)es;
+  int64_t is = c->indices->stride[c->dim] * (int64_t)sizeof(int64_t);
+  for (int64_t r = begin; r < end; r++) {
+    int64_t pos[ATTN_MAX_DIMS] = {0}, rest = r;
+    for (int d = x->ndim - 1; d >= 0; d--) {
+      if (d == c->dim) continue;
+      pos[d] = rest % x->shape[d];
+      rest /= x->shape[d];
+    }
+    const char *xr = attn_tensor_ptr(x, pos);
+    int64_t n = 0;
+    for (int64_t j = 0; j < len; j++) {
+      uint64_t key = entry_key(xr + j * xs, x->dtype) ^ c->flip;
+      if (n == k && key >= best[k - 1].key) continue; /* a later equal key ranks after */
+      int64_t i = n < k ? n++ : k - 1;
+      for (; i > 0 && best[i - 1].key > key; i--) best[i] = best[i - 1];
+      best[i].key = key;
+      best[i].pos = j;
+    }
+    char *vr = attn_tensor_ptr(c->values, pos), *ir = attn_tensor_ptr(c->indices, pos);
+    for (int64_t j = 0; j < k; j++) {
+      memcpy(vr + j * vs, xr + best[j].pos * xs, es);
+      *(int64_t *)(ir + j * is) = best[j].pos;
+    }
+  }
+}
+
+attn_status attn_topk(const attn_tensor *x, int dim, int64_t k, int largest, attn_tensor *values,
+                      attn_tensor *indices) {
+  if (dim < 0 || dim >= x->ndim)
+    return attn_error(ATTN_ERR_ARG, "topk: dim %d out of range for %d-D tensor %s", dim + 1, x->ndim,
+                      attn_tensor_shape_str(x));
+  if (k < 0 || k > x->shape[dim] || k > ATTN_TOPK_MAX)
+    return attn_error(ATTN_ERR_ARG, "topk: k = %lld must be in 0..%lld (size of dim %d of %s) and at most %d",
+                      (long long)k, (long long)x->shape[dim], dim + 1, attn_tensor_shape_str(x), ATTN_TOPK_MAX);
+  int ok = values->ndim == x->ndim && indices->ndim == x->ndim && values->dtype == x->dtype &&
+           indices->dtype == ATTN_I64;
+  for (int d = 0; ok && d < x->ndim; d++) {
+    int64_t want = d == dim ? k : x->shape[d];
+    ok = values->shape[d] == want && indices->shape[d] == want;
+  }
+  if (!ok)
+    return attn_error(ATTN_ERR_SHAPE, "topk: outputs %s and %s must have the shape of %s with %lld along dim %d "
+                      "(values in its dtype, indices int64)", attn_tensor_shape_str(values),
+                      attn_tensor_shape_str(indices), attn_tensor_shape_str(x), (long long)k, dim + 1);
+  int64_t len = x->shape[dim], rows = len > 0 ? attn_tensor_numel(x) / len : 0;
+  if (rows == 0 || k == 0) return ATTN_OK;
+  topk_ctx c = {x, values, indices, dim, k, largest ? UINT64_MAX : 0};
+  attn_parallel_for(rows, len >= 32768 ? 1 : 32768 / len + 1, topk_rows, &c);
   return ATTN_OK;
 }
 
