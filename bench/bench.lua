@@ -294,6 +294,49 @@ for _, which in ipairs { "medium", "book_full" } do
   end
 end
 
+-- Issue 25: batched greedy decoding of the book's Transformer with the whole file's vocabularies
+-- (eval mode, random weights): 256 sentences of 10 source tokens, the encoder once, then 10
+-- decoder steps (T = 1, the blocks' inputs cached) with argmax tokens and no early stop, so both
+-- engines do the same work; sentences/s at one and two threads, one thread beside PyTorch.
+if not CONV_ONLY and not (ROW_PATTERN and not ("issue25_decode"):find(ROW_PATTERN)) then
+  local mb = dofile("bench/medium_bench.lua")
+  local c = mb.cases.book_full
+  local B, T, h = 256, c.steps, c.h
+  local net = nn.EncoderDecoder(
+    nn.TransformerEncoder(mb.SRC_VOCAB, h, h, h, h, { h }, h, c.ffn, c.heads, c.layers, 0.1),
+    nn.TransformerDecoder(mb.TGT_VOCAB, h, h, h, h, { h }, h, c.ffn, c.heads, c.layers, 0.1))
+  net:eval()
+  local dsrc = mb.random_ids(12345, B, T, 4, mb.SRC_VOCAB - 1)
+  local dlens = mb.random_ids(777, 1, B, 2, T):reshape { B }
+  local function decode()
+    attn.no_grad(function()
+      local state = net.decoder:init_state(table.pack(net.encoder(dsrc, dlens)), dlens)
+      local X = attn.full({ B, 1 }, 3)
+      for _ = 1, T do
+        local Y
+        Y, state = net.decoder(X, state)
+        X = Y:argmax(3)
+      end
+    end)
+  end
+  local size = string.format("batch %d, %d steps, %d hidden, %d heads, FFN %d, %d+%d blocks, vocab %d/%d", B, T, h,
+    c.heads, c.ffn, c.layers, c.layers, mb.SRC_VOCAB, mb.TGT_VOCAB)
+  for _, threads in ipairs { 1, 2 } do
+    attn.set_num_threads(threads)
+    local t = per_call(decode, threads, 2)
+    local r = add { id = "issue25_decode_t" .. threads, size = size, threads = threads,
+      what = "batched greedy decoding of 256 sentences (Transformer, whole-file vocabularies)", seconds = t,
+      sentences_per_sec = B / t }
+    if threads == 1 then
+      torch_cases[#torch_cases + 1] = { id = r.id, kind = "decode", rows = { time = r }, budget = 2, batch = B,
+        steps = T, vocab = mb.TGT_VOCAB, src_vocab = mb.SRC_VOCAB, hidden = h, ffn = c.ffn, heads = c.heads,
+        layers = c.layers }
+    end
+    io.stderr:write(string.format("  %-40s %10.3f s, %.0f sentences/s\n", r.id, t, B / t))
+  end
+  attn.set_num_threads(1)
+end
+
 do -- the GRU encoder alone, forward + backward (embedding 32, 2 x 32, dropout 0.1)
   local emb, rnn = nn.Embedding(VOCAB, 32), nn.GRU { input_size = 32, num_hiddens = 32, num_layers = 2, dropout = 0.1 }
   rnn:train()

@@ -180,6 +180,26 @@ class Transformer(nn.Module):
         return self.dense(Y)
 
 
+def greedy_decode(model, src, src_len, steps):
+    """d2l's predict_seq2seq for a batch: the encoder once, then one position per step with each
+    decoder block's past inputs cached (the book's state[2]), argmax tokens, no early stop."""
+    X = model.pos(model.enc_emb(src) * math.sqrt(model.h))
+    for blk in model.enc:
+        X = blk(X, src_len)
+    B = src.shape[0]
+    tok = torch.full((B, 1), 3, dtype=torch.long)
+    cache = [None] * len(model.dec)
+    for _ in range(steps):
+        Y = model.pos(model.dec_emb(tok) * math.sqrt(model.h))
+        for i, blk in enumerate(model.dec):
+            cache[i] = Y if cache[i] is None else torch.cat((cache[i], Y), dim=1)
+            Z = blk.addnorm1(Y, blk.attention1(Y, cache[i], cache[i], None))
+            Z = blk.addnorm2(Z, blk.attention2(Z, X, X, src_len))
+            Y = blk.addnorm3(Z, blk.ffn(Z))
+        tok = model.dense(Y).argmax(dim=-1)
+    return tok
+
+
 class Seq2SeqAttention(nn.Module):
     """The book's GRU encoder and Bahdanau attention decoder (one decoder step per target position)."""
 
@@ -339,6 +359,16 @@ def run_case(c, budget):
         model(*batch[:3])
         opt = torch.optim.Adam(model.parameters(), lr=0.005)
         return {"time": best_time(train_step(model, opt, batch), budget)}
+    if kind == "decode":  # batched greedy decoding as bench.lua's issue25_decode: a fixed number of steps
+        model = Transformer(c["src_vocab"], c["vocab"], c["hidden"], c["ffn"], c["heads"], c["layers"], 0.1)
+        src, lens = batch_of(c)[:2]
+        model(src, lens, src[:, :1] % c["vocab"])  # materialise the lazy layers
+        model.eval()
+
+        def decode():
+            with torch.no_grad():
+                return greedy_decode(model, src, lens, c["steps"])
+        return {"time": best_time(decode, budget)}
     if kind in ("torch_mha_step", "torch_encoder_step"):
         # PyTorch's own modules with their defaults, as bench.lua trains attn's: out.sum() backward, Adam
         E, heads, L, N, bf = c["hidden"], c["heads"], c["steps"], c["batch"], c["batch_first"]
