@@ -332,4 +332,28 @@ describe("argmin and argmax", function()
     assert.equal(lo, x:argmin():item())
     assert.equal("integer", math.type(x:argmin():item()))
   end)
+
+  it("max and argmax over long contiguous float32 rows (the fast path): the first max, the first NaN, -0", function()
+    attn.manual_seed(10)
+    local x = attn.randint(-3, 3, { 6, 300 }):to("float32") -- ties of the max in every row
+    x:set(0 / 0, 2, 150)
+    x:set(0 / 0, 2, 299)
+    x:narrow(1, 3, 1):fill_(-1)
+    x:set(-0.0, 3, 7)
+    x:set(0.0, 3, 9) -- row 3's max is zero, first at 7 (a negative zero)
+    x:set(5, 4, 300) -- the max in the scalar tail of the eight-wide loop
+    local values, idx = x:max(2)
+    local vt, it = values:totable(), idx:totable()
+    for r, row in ipairs(x:totable()) do
+      local best = 1
+      for j = 2, #row do
+        if row[best] == row[best] and (row[j] ~= row[j] or row[j] > row[best]) then best = j end
+      end
+      assert.equal(best, it[r], "row " .. r)
+      assert.equal(best, x:argmax(2):totable()[r])
+      if row[best] == row[best] then assert.equal(row[best], vt[r]) else assert.is_true(vt[r] ~= vt[r]) end
+    end
+    assert.equal(7, it[3])
+    assert.equal(-math.huge, 1 / vt[3]) -- the value is that entry's, sign included
+  end)
 end)

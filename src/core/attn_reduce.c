@@ -85,11 +85,33 @@ static void sum_block(const reduce_ctx *c, int64_t m, const char *x, int64_t xs,
     store(o + i * os, c->dtype, c->op == ATTN_MEAN ? acc[i] / (double)c->len : acc[i]);
 }
 
+/* The max of contiguous float32 rows (a decoder's argmax over the vocabulary): the eight-chain row
+ * max, then the first entry equal to it (the first NaN when there is one), which is the entry the
+ * one-chain loop of reduce_rows picks, its value stored as it is (so a zero keeps its sign). */
+static void max_rows_f32(const reduce_ctx *c, int64_t n, char **p, const int64_t *st) {
+  for (int64_t i = 0; i < n; i++) {
+    const float *x = (const float *)(p[1] + i * st[1]);
+    float m = attn_row_max_f32(x, c->len);
+    int64_t best = 0;
+    if (m != m) {
+      while (x[best] == x[best]) best++;
+    } else {
+      while (x[best] != m) best++;
+    }
+    *(float *)(p[0] + i * st[0]) = x[best];
+    if (c->with_index) *(int64_t *)(p[2] + i * st[2]) = best;
+  }
+}
+
 static void reduce_rows(int64_t n, char **p, const int64_t *st, void *arg) {
   const reduce_ctx *c = arg;
   if ((c->op == ATTN_SUM || c->op == ATTN_MEAN) && c->xstride != 0) {
     for (int64_t i = 0; i < n; i += SUM_BLOCK)
       sum_block(c, n - i < SUM_BLOCK ? n - i : SUM_BLOCK, p[1] + i * st[1], st[1], p[0] + i * st[0], st[0]);
+    return;
+  }
+  if (c->op == ATTN_MAX && c->dtype == ATTN_F32 && c->xstride == (int64_t)sizeof(float) && c->len >= 64) {
+    max_rows_f32(c, n, p, st);
     return;
   }
   for (int64_t i = 0; i < n; i++) {
