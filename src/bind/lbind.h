@@ -123,7 +123,8 @@ void attn_l_release(lua_State *L, attn_tensor *t);
  * op's dtype; the layout's own when it fixes one, attn_saved_dtype: so for every dt below), and
  * pushes a table of contiguous views of it, one field per part (saved.qh, saved.kh, ...), and the
  * flat tensor as saved.buffer. The views are made on first read (and by pairs), so a forward
- * whose parts nobody reads makes none. Returns the flat tensor for the kernel (a struct copy: the table
+ * whose parts nobody reads makes none; they view the forward's buffer even after saved.buffer
+ * is reassigned, as eager views would. Returns the flat tensor for the kernel (a struct copy: the table
  * keeps the storage alive). Push every output before taking raw pointers, as for
  * attn_l_push_alloc. */
 attn_tensor attn_l_push_saved(lua_State *L, const attn_saved_layout *l, attn_dtype dt);
