@@ -301,4 +301,120 @@ describe("saved buffers of the fused ops", function()
     raises("softmax_ce_backward: saved index must be a tensor, got a nil", core.softmax_ce_backward, x, nil, nil,
       with_part(saved, "index", nil), dloss)
   end)
+
+  describe("the lazy table (views made on first read)", function()
+    local B, Nq, Nk, q, k, dv, h = 2, 3, 4, 5, 6, 3, 7
+    local function operands()
+      attn.manual_seed(7)
+      return attn.randn({ B, Nq, q }, "float64"), attn.randn({ B, Nk, k }, "float64"),
+          attn.randn({ B, Nk, dv }, "float64"), attn.randn({ h, q }, "float64"), attn.randn({ h, k }, "float64"),
+          attn.randn({ 1, h }, "float64")
+    end
+    -- qh by loops: Q W_q^T
+    local function qh_by_loops(Q, Wq)
+      local out = attn.zeros({ B, Nq, h }, "float64")
+      for b = 1, B do
+        for i = 1, Nq do
+          for c = 1, h do
+            local s = 0
+            for d = 1, q do s = s + at(Q, b, i, d) * at(Wq, c, d) end
+            out[{ b, i, c }] = s
+          end
+        end
+      end
+      return out
+    end
+
+    it("holds no part until one is read; pairs lists the parts and buffer only", function()
+      local Q, K, V, Wq, Wk, wv = operands()
+      local _, _, _, saved = core.additive_layer_forward(Q, K, V, Wq, Wk, wv, {})
+      assert.is_nil(rawget(saved, "qh"))
+      assert.is_nil(rawget(saved, "kh"))
+      -- the backward's check of unread parts makes none either
+      assert.are.equal(saved, core.additive_layer_saved(saved, Q, K, Wq))
+      assert.is_nil(rawget(saved, "scores"))
+      local qh = saved.qh
+      assert.are.equal(qh, rawget(saved, "qh")) -- stored: a second read is the same view
+      assert.are.equal(qh, saved.qh)
+      assert.is_nil(rawget(saved, "kh"))
+      helper.assert_close(qh, qh_by_loops(Q, Wq), { atol = 1e-12, rtol = 0 })
+      assert.is_nil(saved.nothing)
+      assert.is_nil(saved[1])
+      local keys = {}
+      for key, v in pairs(saved) do
+        assert.are.equal("string", type(key)) -- (the state's field is left out)
+        assert.is_true(attn.is_tensor(v))
+        keys[#keys + 1] = key
+      end
+      table.sort(keys)
+      assert.are.same({ "buffer", "kh", "qh", "scores" }, keys)
+    end)
+
+    it("a backward over parts nobody read before it gives the composed path's gradients", function()
+      local function grads(composed)
+        local Q, K, V, Wq, Wk, wv = operands()
+        for _, t in ipairs({ Q, K, V, Wq, Wk, wv }) do t:requires_grad_() end
+        local opts = { valid_lens = { 2, 4 } }
+        local out
+        if composed then -- the projections as matmuls, then the functional additive attention
+          out = attn.additive_attention(Q:matmul(Wq:t()), K:matmul(Wk:t()), V, wv:reshape({ h }), opts)
+        else
+          out = attn.projected_additive_attention(Q, K, V, Wq, Wk, wv, opts)
+        end
+        out:sum():backward()
+        return { Q.grad, K.grad, V.grad, Wq.grad, Wk.grad, wv.grad }
+      end
+      local fused_grads, composed = grads(false), grads(true)
+      for i = 1, #fused_grads do helper.assert_close(fused_grads[i], composed[i], { atol = 1e-10, rtol = 1e-10 }) end
+      -- the GRU's C backward reads the buffer through unread parts: the same dx as after pairs
+      local T, Bg, I, H = 3, 2, 4, 5
+      local x, h0 = attn.randn({ T, Bg, I }, "float64"), attn.randn({ 1, Bg, H }, "float64")
+      local params = { attn.randn({ 3 * H, I }, "float64"), attn.randn({ 3 * H, H }, "float64"),
+        attn.randn({ 3 * H }, "float64"), false }
+      local dout = attn.randn({ T, Bg, H }, "float64")
+      local _, _, s1, seed1 = core.gru_forward(x, h0, params, 0)
+      local _, _, s2, seed2 = core.gru_forward(x, h0, params, 0)
+      for _ in pairs(s2) do end
+      assert.is_nil(rawget(s1, "hs"))
+      helper.assert_identical(core.gru_backward(x, h0, params, 0, seed2, s2, dout),
+        core.gru_backward(x, h0, params, 0, seed1, s1, dout))
+    end)
+
+    it("parts are views of the forward's buffer, which they and the table keep alive", function()
+      local Q, K, V, Wq, Wk, wv = operands()
+      local _, _, _, saved = core.additive_layer_forward(Q, K, V, Wq, Wk, wv, {})
+      local want = qh_by_loops(Q, Wq)
+      local kh = saved.kh
+      local kh_values = kh:clone()
+      -- a reassigned buffer: parts read later are still the forward's, and the backward refuses
+      -- the table (its parts are not blocks of the new buffer), read or not, as an eager one did
+      saved.buffer = attn.zeros({ saved.buffer:numel() }, "float64")
+      collectgarbage("collect")
+      collectgarbage("collect")
+      helper.assert_close(saved.qh, want, { atol = 1e-12, rtol = 0 })
+      helper.assert_identical(kh_values, kh)
+      raises("projected_additive_attention backward: saved part qh is not the forward's", core.additive_layer_saved,
+        saved, Q, K, Wq)
+      local _, _, _, fresh = core.additive_layer_forward(Q, K, V, Wq, Wk, wv, {})
+      fresh.buffer = fresh.buffer:clone() -- no part read yet
+      raises("projected_additive_attention backward: saved part qh is not the forward's", core.additive_layer_saved,
+        fresh, Q, K, Wq)
+      fresh.buffer = nil
+      raises("projected_additive_attention backward: saved field buffer must be a tensor, got a nil",
+        core.additive_layer_saved, fresh, Q, K, Wq)
+      -- a part read and the table dropped: the view alone keeps the storage
+      local _, _, _, other = core.additive_layer_forward(Q, K, V, Wq, Wk, wv, {})
+      local qh = other.qh
+      other = nil -- luacheck: ignore 311
+      collectgarbage("collect")
+      collectgarbage("collect")
+      attn.zeros({ B * Nq * h * 4 }, "float64") -- (a freed block would be reused here)
+      helper.assert_close(qh, want, { atol = 1e-12, rtol = 0 })
+      -- a replaced part is checked as before
+      fresh = select(4, core.additive_layer_forward(Q, K, V, Wq, Wk, wv, {}))
+      fresh.kh = fresh.kh:clone()
+      raises("projected_additive_attention backward: saved part kh is not the forward's", core.additive_layer_saved,
+        fresh, Q, K, Wq)
+    end)
+  end)
 end)

@@ -72,50 +72,101 @@ static int bad_value(lua_State *L, int idx, const char *fn, const char *name, co
   return attn_l_error(L, "%s: %s must be %s, got a %s", fn, name, what, luaL_typename(L, idx));
 }
 
-/* The boolean option `key` of the options table at idx (read raw): def when absent. */
-static int opt_bool(lua_State *L, int idx, const char *fn, const char *key, int def) {
-  attn_l_rawfield(L, idx, key);
-  int t = lua_type(L, -1), v = t == LUA_TNIL ? def : lua_toboolean(L, -1);
-  if (t != LUA_TNIL && t != LUA_TBOOLEAN) bad_value(L, -1, fn, key, "a boolean");
-  lua_pop(L, 1);
-  return v;
+/* The options read_opts knows; it reads them in this order (so raises on the first bad one). */
+enum {
+  O_VALID_LENS, O_MASK, O_CAUSAL, O_TRAINING, O_WINDOW, O_PATTERN, O_STRIDE, O_SUMMARY, O_GLOBAL,
+  O_SCALE, O_DROPOUT, O_SEED, O_KERNEL, O_BIAS, O_ALIBI, O_HEADS, O_NEED_WEIGHTS, O_COUNT
+};
+
+/* The option named k (n bytes), or -1: a switch on the first byte and one comparison. */
+static int opt_key(const char *k, size_t n) {
+#define IS(s, o) (n == sizeof(s) - 1 && memcmp(k, s, n) == 0 ? (o) : -1)
+  switch (k[0]) {
+  case 'a': return IS("alibi", O_ALIBI);
+  case 'b': return IS("bias", O_BIAS);
+  case 'c': return IS("causal", O_CAUSAL);
+  case 'd': return IS("dropout", O_DROPOUT);
+  case 'g': return IS("global", O_GLOBAL);
+  case 'h': return IS("heads", O_HEADS);
+  case 'k': return IS("kernel", O_KERNEL);
+  case 'm': return IS("mask", O_MASK);
+  case 'n': return IS("need_weights", O_NEED_WEIGHTS);
+  case 'p': return IS("pattern", O_PATTERN);
+  case 's':
+    if (n > 1 && k[1] == 'c') return IS("scale", O_SCALE);
+    if (n > 1 && k[1] == 'e') return IS("seed", O_SEED);
+    if (n > 2 && k[2] == 'r') return IS("stride", O_STRIDE);
+    return IS("summary", O_SUMMARY);
+  case 't': return IS("training", O_TRAINING);
+  case 'v': return IS("valid_lens", O_VALID_LENS);
+  case 'w': return IS("window", O_WINDOW);
+  default: return -1;
+  }
+#undef IS
 }
 
-/* The integer option `key` of the options table at idx: def when absent. */
-static int64_t opt_int(lua_State *L, int idx, const char *fn, const char *key, const char *what, int64_t def) {
-  attn_l_rawfield(L, idx, key);
-  int isint = 1;
-  lua_Integer v = lua_isnil(L, -1) ? def : lua_tointegerx(L, -1, &isint);
-  if (!isint) bad_value(L, -1, fn, key, what);
-  lua_pop(L, 1);
+/* Copies the known options of the table at idx (absolute) into O_COUNT stack slots from the
+ * returned index on (nil when absent), in one raw pass over the keys the table has: a layer's
+ * call passes a handful of the seventeen, and a lookup per known option cost more than its
+ * kernel's setup. */
+static int gather_opts(lua_State *L, int idx) {
+  luaL_checkstack(L, O_COUNT + 2, "options");
+  int slot = lua_gettop(L) + 1;
+  lua_settop(L, slot + O_COUNT - 1);
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    if (lua_type(L, -2) == LUA_TSTRING) { /* (lua_tolstring on another key would confuse lua_next) */
+      size_t n;
+      const char *k = lua_tolstring(L, -2, &n);
+      int i = n ? opt_key(k, n) : -1;
+      if (i >= 0) lua_copy(L, -1, slot + i);
+    }
+    lua_pop(L, 1);
+  }
+  return slot;
+}
+
+/* The boolean option `key` in stack slot at: def when absent. */
+static int opt_bool(lua_State *L, int at, const char *fn, const char *key, int def) {
+  int t = lua_type(L, at);
+  if (t == LUA_TNIL) return def;
+  if (t != LUA_TBOOLEAN) bad_value(L, at, fn, key, "a boolean");
+  return lua_toboolean(L, at);
+}
+
+/* The integer option `key` in stack slot at: def when absent. */
+static int64_t opt_int(lua_State *L, int at, const char *fn, const char *key, const char *what, int64_t def) {
+  if (lua_isnil(L, at)) return def;
+  int isint;
+  lua_Integer v = lua_tointegerx(L, at, &isint);
+  if (!isint) bad_value(L, at, fn, key, what);
   return (int64_t)v;
 }
 
 /* pattern ("strided" or "fixed"), stride, summary and global (a table of 1-based positions, made
- * 0-based in a userdata that stays on the stack); the C core checks the values. */
-static void read_pattern(lua_State *L, int idx, const char *fn, attn_attention_opts *o) {
-  attn_l_rawfield(L, idx, "pattern");
-  if (!lua_isnil(L, -1)) {
-    const char *s = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-    if (s && strcmp(s, "strided") == 0)
+ * 0-based in a userdata that stays on the stack); the C core checks the values. s: the slots. */
+static void read_pattern(lua_State *L, int s, const char *fn, attn_attention_opts *o) {
+  int at = s + O_PATTERN;
+  if (!lua_isnil(L, at)) {
+    const char *str = lua_type(L, at) == LUA_TSTRING ? lua_tostring(L, at) : NULL;
+    if (str && strcmp(str, "strided") == 0)
       o->pattern = ATTN_PATTERN_STRIDED;
-    else if (s && strcmp(s, "fixed") == 0)
+    else if (str && strcmp(str, "fixed") == 0)
       o->pattern = ATTN_PATTERN_FIXED;
     else
-      bad_value(L, -1, fn, "pattern", "\"strided\" or \"fixed\"");
+      bad_value(L, at, fn, "pattern", "\"strided\" or \"fixed\"");
   }
-  lua_pop(L, 1);
-  o->stride = opt_int(L, idx, fn, "stride", "an integer >= 1", 0);
-  o->summary = opt_int(L, idx, fn, "summary", "an integer in 1..stride", 0);
+  o->stride = opt_int(L, s + O_STRIDE, fn, "stride", "an integer >= 1", 0);
+  o->summary = opt_int(L, s + O_SUMMARY, fn, "summary", "an integer in 1..stride", 0);
   if (o->pattern == ATTN_PATTERN_NONE && (o->stride || o->summary))
     attn_l_error(L, "%s: %s is given without a pattern (\"strided\" or \"fixed\")", fn, o->stride ? "stride" : "summary");
-  attn_l_rawfield(L, idx, "global");
-  if (!lua_isnil(L, -1)) {
-    if (!lua_istable(L, -1)) bad_value(L, -1, fn, "global", "a table of 1-based positions");
-    int64_t n = (int64_t)lua_rawlen(L, -1);
+  at = s + O_GLOBAL;
+  if (!lua_isnil(L, at)) {
+    if (!lua_istable(L, at)) bad_value(L, at, fn, "global", "a table of 1-based positions");
+    int64_t n = (int64_t)lua_rawlen(L, at);
     int64_t *g = lua_newuserdatauv(L, sizeof(int64_t) * (size_t)(n ? n : 1), 0); /* stays on the stack */
     for (int64_t i = 0; i < n; i++) {
-      lua_rawgeti(L, -2, (lua_Integer)(i + 1));
+      lua_rawgeti(L, at, (lua_Integer)(i + 1));
       int isint;
       lua_Integer p = lua_tointegerx(L, -1, &isint);
       if (!isint) bad_value(L, -1, fn, "global", "a table of integer positions");
@@ -124,117 +175,111 @@ static void read_pattern(lua_State *L, int idx, const char *fn, attn_attention_o
     }
     o->global = g;
     o->nglobal = n;
-    return; /* the table and the userdata stay on the stack */
   }
-  lua_pop(L, 1);
 }
 
-/* Reads the options table at idx (may be nil). Tensors it creates stay on the stack. */
+/* Reads the options table at idx (may be nil). Its values and the tensors it creates stay on the
+ * stack. */
 static void read_opts(lua_State *L, int idx, const char *fn, attn_attention_opts *o, int *need_weights) {
   attn_attention_opts_init(o);
   *need_weights = 1;
   if (lua_isnoneornil(L, idx)) return;
   idx = lua_absindex(L, idx);
   attn_l_checktable(L, idx, "options");
+  int s = gather_opts(L, idx), at;
 
-  attn_l_rawfield(L, idx, "valid_lens");
-  o->valid_lens = opt_lens(L, -1, fn, "valid_lens"); /* a converted table stays above the field */
+  o->valid_lens = opt_lens(L, s + O_VALID_LENS, fn, "valid_lens"); /* a converted table stays on the stack */
 
-  attn_l_rawfield(L, idx, "mask");
-  if (!lua_isnil(L, -1)) {
-    o->mask = attn_l_test(L, -1);
-    if (!o->mask && lua_type(L, -1) == LUA_TTABLE)
-      o->mask = attn_l_push_table(L, -1, ATTN_F32); /* stays on the stack above the field */
+  at = s + O_MASK;
+  if (!lua_isnil(L, at)) {
+    o->mask = attn_l_test(L, at);
+    if (!o->mask && lua_type(L, at) == LUA_TTABLE)
+      o->mask = attn_l_push_table(L, at, ATTN_F32); /* stays on the stack */
     if (!o->mask)
       attn_l_error(L, "%s: mask must be a keep-mask tensor or nested table (1 attend, 0 ignore), got a %s", fn,
-                   luaL_typename(L, -1));
+                   luaL_typename(L, at));
     if (o->mask && o->mask->dtype == ATTN_I64) { /* a comparison of ids: the kernels read float masks */
       attn_tensor *m = attn_l_push_alloc(L, ATTN_F64, o->mask->ndim, o->mask->shape);
       if (attn_copy(m, o->mask) != ATTN_OK) attn_l_raise(L);
-      o->mask = m; /* stays on the stack above the field */
+      o->mask = m; /* stays on the stack */
     }
   }
 
-  o->causal = opt_bool(L, idx, fn, "causal", 0);
-  o->training = opt_bool(L, idx, fn, "training", 1);
+  o->causal = opt_bool(L, s + O_CAUSAL, fn, "causal", 0);
+  o->training = opt_bool(L, s + O_TRAINING, fn, "training", 1);
 
-  attn_l_rawfield(L, idx, "window");
-  if (!lua_isnil(L, -1)) {
+  at = s + O_WINDOW;
+  if (!lua_isnil(L, at)) {
     int isint;
-    lua_Integer w = lua_tointegerx(L, -1, &isint);
-    if (!isint || w < 0)
+    lua_Integer w = lua_tointegerx(L, at, &isint);
+    if (!isint || w < 0) {
+      lua_pushvalue(L, at); /* lua_tostring converts in place: a copy */
       attn_l_error(L, "%s: window must be an integer >= 0 (keys within that distance), got %s", fn,
-                 lua_type(L, -1) == LUA_TNUMBER ? lua_tostring(L, -1) : luaL_typename(L, -1));
+                   lua_type(L, at) == LUA_TNUMBER ? lua_tostring(L, -1) : luaL_typename(L, at));
+    }
     o->window = (int64_t)w;
   }
-  lua_pop(L, 1);
 
-  read_pattern(L, idx, fn, o);
+  read_pattern(L, s, fn, o);
 
-  attn_l_rawfield(L, idx, "scale");
-  if (!lua_isnil(L, -1)) {
-    if (lua_type(L, -1) != LUA_TNUMBER) attn_l_error(L, "%s: scale must be a number, got a %s", fn, luaL_typename(L, -1));
-    o->scale = lua_tonumber(L, -1);
+  at = s + O_SCALE;
+  if (!lua_isnil(L, at)) {
+    if (lua_type(L, at) != LUA_TNUMBER) attn_l_error(L, "%s: scale must be a number, got a %s", fn, luaL_typename(L, at));
+    o->scale = lua_tonumber(L, at);
   }
-  lua_pop(L, 1);
 
-  attn_l_rawfield(L, idx, "dropout");
-  if (!lua_isnil(L, -1)) {
-    if (lua_type(L, -1) != LUA_TNUMBER)
-      attn_l_error(L, "%s: dropout must be a probability in [0, 1], got a %s", fn, luaL_typename(L, -1));
-    o->dropout = lua_tonumber(L, -1);
+  at = s + O_DROPOUT;
+  if (!lua_isnil(L, at)) {
+    if (lua_type(L, at) != LUA_TNUMBER)
+      attn_l_error(L, "%s: dropout must be a probability in [0, 1], got a %s", fn, luaL_typename(L, at));
+    o->dropout = lua_tonumber(L, at);
   }
-  lua_pop(L, 1);
 
-  attn_l_rawfield(L, idx, "seed");
-  if (!lua_isnil(L, -1)) {
+  at = s + O_SEED;
+  if (!lua_isnil(L, at)) {
     int isint;
-    lua_Integer s = lua_tointegerx(L, -1, &isint);
+    lua_Integer seed = lua_tointegerx(L, at, &isint);
     if (!isint) attn_l_error(L, "%s: seed must be an integer", fn);
-    o->seed = (uint64_t)s;
+    o->seed = (uint64_t)seed;
   } else if (o->dropout > 0 && o->training) {
     o->seed = attn_rng_next(attn_l_rng(L));
   }
-  lua_pop(L, 1);
 
-  attn_l_rawfield(L, idx, "kernel");
-  if (!lua_isnil(L, -1)) {
+  at = s + O_KERNEL;
+  if (!lua_isnil(L, at)) {
     static const char *const names[] = {"auto", "reference", "flash", "flash_generic", "flash_avx2", "flash_avx512",
                                         "tiny", NULL};
-    const char *s = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
+    const char *str = lua_type(L, at) == LUA_TSTRING ? lua_tostring(L, at) : "";
     int found = -1;
     for (int i = 0; names[i]; i++)
-      if (strcmp(s, names[i]) == 0) found = i;
+      if (strcmp(str, names[i]) == 0) found = i;
     if (found < 0)
       attn_l_error(L, "%s: kernel must be one of auto, reference, flash, flash_generic, flash_avx2, flash_avx512, tiny", fn);
     o->kernel = found; /* the names follow the ATTN_KERNEL_* order */
   }
-  lua_pop(L, 1);
 
   /* the scores' additive parts: tensors (Lua makes alibi = true the slopes) */
   static const char *const extra[2] = {"bias", "alibi"};
   for (int n = 0; n < 2; n++) {
-    attn_l_rawfield(L, idx, extra[n]);
-    if (!lua_isnil(L, -1)) {
-      const attn_tensor *t = attn_l_test(L, -1);
-      if (!t) attn_l_error(L, "%s: %s must be a tensor, got a %s", fn, extra[n], luaL_typename(L, -1));
+    at = s + O_BIAS + n;
+    if (!lua_isnil(L, at)) {
+      const attn_tensor *t = attn_l_test(L, at);
+      if (!t) attn_l_error(L, "%s: %s must be a tensor, got a %s", fn, extra[n], luaL_typename(L, at));
       if (n == 0)
         o->bias = t;
       else
         o->alibi = t;
     }
-    lua_pop(L, 1);
   }
-  attn_l_rawfield(L, idx, "heads");
-  if (!lua_isnil(L, -1)) {
+  at = s + O_HEADS;
+  if (!lua_isnil(L, at)) {
     int isint;
-    lua_Integer h = lua_tointegerx(L, -1, &isint);
-    if (!isint || h < 1) bad_value(L, -1, fn, "heads", "an integer >= 1");
+    lua_Integer h = lua_tointegerx(L, at, &isint);
+    if (!isint || h < 1) bad_value(L, at, fn, "heads", "an integer >= 1");
     o->heads = (int64_t)h;
   }
-  lua_pop(L, 1);
 
-  *need_weights = opt_bool(L, idx, fn, "need_weights", 1);
+  *need_weights = opt_bool(L, s + O_NEED_WEIGHTS, fn, "need_weights", 1);
 }
 
 static const char *opt_name(lua_State *L, int idx, const char *def) {

@@ -122,12 +122,15 @@ void attn_l_release(lua_State *L, attn_tensor *t);
 /* A fused op's saved buffer (attn_saved.h): allocates one flat tensor with l's entries, of dt (the
  * op's dtype; the layout's own when it fixes one, attn_saved_dtype: so for every dt below), and
  * pushes a table of contiguous views of it, one field per part (saved.qh, saved.kh, ...), and the
- * flat tensor as saved.buffer. Returns the flat tensor for the kernel (a struct copy: the table
+ * flat tensor as saved.buffer. The views are made on first read (and by pairs), so a forward
+ * whose parts nobody reads makes none; they view the forward's buffer even after saved.buffer
+ * is reassigned, as eager views would. Returns the flat tensor for the kernel (a struct copy: the table
  * keeps the storage alive). Push every output before taking raw pointers, as for
  * attn_l_push_alloc. */
 attn_tensor attn_l_push_saved(lua_State *L, const attn_saved_layout *l, attn_dtype dt);
 /* saved.buffer of the saved table at idx, for a backward: each part must be the forward's view
- * of it with the shape of l (the layout recomputed from the backward's operands); raises naming
+ * of it with the shape of l (the layout recomputed from the backward's operands; a part never
+ * read is checked through the forward's layout kept in the table); raises naming
  * fn, the part and both shapes otherwise. */
 attn_tensor attn_l_check_saved(lua_State *L, int idx, const attn_saved_layout *l, attn_dtype dt, const char *fn);
 

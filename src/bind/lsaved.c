@@ -1,17 +1,149 @@
-/* Binding: a fused op's saved buffer (attn_saved.h) as a Lua table of named views, and back. */
+/* Binding: a fused op's saved buffer (attn_saved.h) as a Lua table of named views, and back.
+ *
+ * The views are lazy: the forward pushes a table holding only saved.buffer and a small state
+ * userdata (no finalizer) with the layout's parts and the buffer as its user value; the shared
+ * metatable's __index makes a part's view of that buffer on its first read and stores it, and
+ * __pairs makes them all first. An eval call whose saved table nobody reads so pays for no
+ * views, and the parts read are what the eager table held: views of the forward's buffer, even
+ * when saved.buffer was reassigned since. */
+#include <string.h>
+
 #include "bind/lbind.h"
 
-attn_tensor attn_l_push_saved(lua_State *L, const attn_saved_layout *l, attn_dtype dt) {
-  luaL_checkstack(L, 4, l->op);
-  attn_tensor *buf = attn_l_push_alloc(L, attn_saved_dtype(l, dt), 1, &l->numel);
-  lua_createtable(L, 0, l->nparts + 3); /* room for the fields an op adds (flash, lse, index) */
-  for (int i = 0; i < l->nparts; i++) {
-    attn_tensor v = attn_saved_view(buf, l, i);
-    attn_l_push_view(L, &v);
-    lua_setfield(L, -2, l->part[i].name);
+/* The layout, its parts cut to the ones it has: a call's state is a few hundred bytes, not the
+ * ten parts' worth of attn_saved_layout (the GC paces itself by bytes). */
+typedef struct saved_state {
+  const char *op;
+  int nparts, fixed;
+  attn_dtype layout_dtype, dtype; /* the layout's fixed one, and the buffer's (resolved) */
+  int64_t numel;
+  attn_saved_part part[]; /* nparts */
+} saved_state;
+
+static const char table_mt_key = 't'; /* registry keys: the saved tables' metatable, */
+static const char state_mt_key = 's'; /* the state userdata's, */
+static const char state_key = 'k';    /* and the (light userdata) field holding the state */
+
+/* Pushes the state userdata of the saved table at idx (absolute) and returns it when the table is
+ * one of ours; else pushes nothing and returns NULL. */
+static const saved_state *push_state(lua_State *L, int idx) {
+  lua_rawgetp(L, idx, &state_key);
+  if (lua_type(L, -1) == LUA_TUSERDATA && lua_getmetatable(L, -1)) {
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &state_mt_key);
+    int ours = lua_rawequal(L, -1, -2);
+    lua_pop(L, 2);
+    if (ours) return lua_touserdata(L, -1);
   }
+  lua_pop(L, 1);
+  return NULL;
+}
+
+/* The layout of state s, whole again. */
+static void state_layout(const saved_state *s, attn_saved_layout *l) {
+  attn_saved_begin(l, s->op);
+  l->nparts = s->nparts;
+  l->fixed = s->fixed;
+  l->dtype = s->layout_dtype;
+  l->numel = s->numel;
+  memcpy(l->part, s->part, sizeof s->part[0] * (size_t)s->nparts);
+}
+
+/* The forward's buffer of the state userdata at -1 (its user value; the userdata keeps it alive). */
+static attn_tensor *state_buffer(lua_State *L) {
+  lua_getiuservalue(L, -1, 1);
+  attn_tensor *buf = attn_l_test(L, -1);
+  lua_pop(L, 1);
+  return buf;
+}
+
+/* Whether the table at idx (absolute) has the lazy saved tables' metatable. */
+static int is_lazy(lua_State *L, int idx) {
+  if (!lua_getmetatable(L, idx)) return 0;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &table_mt_key);
+  int same = lua_rawequal(L, -1, -2);
+  lua_pop(L, 2);
+  return same;
+}
+
+static int saved_index(lua_State *L) {
+  if (lua_type(L, 2) != LUA_TSTRING) return 0;
+  const saved_state *s = push_state(L, 1);
+  if (!s) return 0;
+  attn_saved_layout l;
+  state_layout(s, &l);
+  int i = attn_saved_find(&l, lua_tostring(L, 2));
+  if (i < 0) return 0;
+  attn_tensor v = attn_saved_view(state_buffer(L), &l, i);
+  attn_l_push_view(L, &v); /* holds the storage: a view keeps it alive */
+  lua_pushvalue(L, -1);
+  lua_setfield(L, 1, l.part[i].name); /* a raw set: the metatable has no __newindex */
+  return 1;
+}
+
+/* next over the table itself (raw), leaving out the state's field */
+static int saved_next(lua_State *L) {
+  lua_settop(L, 2);
+  while (lua_next(L, 1)) {
+    if (lua_touserdata(L, -2) != (void *)&state_key) return 2;
+    lua_pop(L, 1);
+  }
+  lua_pushnil(L);
+  return 1;
+}
+
+static int saved_pairs(lua_State *L) {
+  const saved_state *s = push_state(L, 1);
+  for (int i = 0; s && i < s->nparts; i++) {
+    if (attn_l_rawfield(L, 1, s->part[i].name) == LUA_TNIL) {
+      lua_getfield(L, 1, s->part[i].name); /* __index makes and stores it */
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
+  lua_pushcfunction(L, saved_next);
+  lua_pushvalue(L, 1);
+  lua_pushnil(L);
+  return 3;
+}
+
+/* Pushes the registry table at key (a metatable), made on first use. */
+static void push_registry(lua_State *L, const void *key, int with_methods) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, key) != LUA_TNIL) return;
+  lua_pop(L, 1);
+  lua_createtable(L, 0, 2);
+  if (with_methods) {
+    lua_pushcfunction(L, saved_index);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, saved_pairs);
+    lua_setfield(L, -2, "__pairs");
+  }
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, key);
+}
+
+attn_tensor attn_l_push_saved(lua_State *L, const attn_saved_layout *l, attn_dtype dt) {
+  luaL_checkstack(L, 5, l->op);
+  dt = attn_saved_dtype(l, dt);
+  attn_tensor *buf = attn_l_push_alloc(L, dt, 1, &l->numel);
+  /* buffer, state and what an op adds (flash, lse, index); the parts read later rehash it */
+  lua_createtable(L, 0, 4);
   lua_pushvalue(L, -2);
   lua_setfield(L, -2, "buffer");
+  saved_state *s = lua_newuserdatauv(L, sizeof *s + sizeof s->part[0] * (size_t)l->nparts, 1);
+  s->op = l->op;
+  s->nparts = l->nparts;
+  s->fixed = l->fixed;
+  s->layout_dtype = l->dtype;
+  s->dtype = dt;
+  s->numel = l->numel;
+  memcpy(s->part, l->part, sizeof s->part[0] * (size_t)l->nparts);
+  lua_pushvalue(L, -3);
+  lua_setiuservalue(L, -2, 1);
+  push_registry(L, &state_mt_key, 0);
+  lua_setmetatable(L, -2);
+  lua_rawsetp(L, -2, &state_key);
+  push_registry(L, &table_mt_key, 1);
+  lua_setmetatable(L, -2);
   lua_remove(L, -2);
   return *buf; /* the table keeps the userdata, and the struct in it, alive */
 }
@@ -24,6 +156,15 @@ static attn_tensor *field_tensor(lua_State *L, int idx, const char *what, const 
   return t;
 }
 
+/* Raises unless the part p (of the recomputed layout) has shape ndim, shape. */
+static void check_shape(lua_State *L, const attn_saved_part *p, int ndim, const int64_t *shape, const char *fn) {
+  int same = ndim == p->ndim;
+  for (int d = 0; same && d < p->ndim; d++) same = shape[d] == p->shape[d];
+  if (!same)
+    attn_l_error(L, "%s: saved part %s is %s, expected %s from the operands", fn, p->name, attn_shape_str(ndim, shape),
+                 attn_shape_str(p->ndim, p->shape));
+}
+
 attn_tensor attn_l_check_saved(lua_State *L, int idx, const attn_saved_layout *l, attn_dtype dt, const char *fn) {
   idx = lua_absindex(L, idx);
   dt = attn_saved_dtype(l, dt);
@@ -31,14 +172,31 @@ attn_tensor attn_l_check_saved(lua_State *L, int idx, const attn_saved_layout *l
     attn_l_error(L, "%s: saved must be the forward's table of parts, got a %s", fn, luaL_typename(L, idx));
   attn_tensor *buf = field_tensor(L, idx, "field", "buffer", fn);
   lua_pop(L, 1);
+  /* a lazy table's part never read is the view its forward would have made (of its buffer) */
+  attn_saved_layout fl;
+  const attn_tensor *fbuf = NULL;
+  if (is_lazy(L, idx)) {
+    const saved_state *s = push_state(L, idx);
+    if (s) {
+      state_layout(s, &fl);
+      fbuf = state_buffer(L); /* the table holds the state, the state its buffer */
+      lua_pop(L, 1);
+    }
+  }
   for (int i = 0; i < l->nparts; i++) {
     const attn_saved_part *p = &l->part[i];
-    attn_tensor *t = field_tensor(L, idx, "part", p->name, fn);
-    int same = t->ndim == p->ndim;
-    for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
-    if (!same)
-      attn_l_error(L, "%s: saved part %s is %s, expected %s from the operands", fn, p->name, attn_tensor_shape_str(t),
-                   attn_shape_str(p->ndim, p->shape));
+    int j = fbuf && attn_l_rawfield(L, idx, p->name) == LUA_TNIL ? attn_saved_find(&fl, p->name) : -1;
+    if (fbuf) lua_pop(L, 1);
+    attn_tensor unread;
+    const attn_tensor *t;
+    if (j >= 0) {
+      unread = attn_saved_view(fbuf, &fl, j);
+      t = &unread;
+      lua_pushnil(L); /* (popped below, as the field) */
+    } else {
+      t = field_tensor(L, idx, "part", p->name, fn);
+    }
+    check_shape(L, p, t->ndim, t->shape, fn);
     /* the backward reads the buffer: each part must be its block, as the forward made it */
     if (t->dtype != dt || t->storage != buf->storage || t->offset != buf->offset + p->offset ||
         !attn_tensor_is_contiguous(t))

@@ -748,7 +748,7 @@ end
 
 local function finish_call(self, co, ok, ...)
   local depth = depths[co] - 1
-  depths[co] = depth > 0 and depth or nil
+  depths[co] = depth -- (0 stays, a weak key: no new entry per top-level call)
   if ok then return ... end
   local err = ...
   table.insert(err.chain, 1, self)
