@@ -451,9 +451,7 @@ static attn_status pick_winograd(const char *op, const conv_job *J, attn_conv2d_
                       op, attn_tensor_shape_str(x), attn_tensor_shape_str(weight), (long long)J->p.stride[0],
                       (long long)J->p.stride[1], (long long)J->p.dilation[0], (long long)J->p.dilation[1],
                       (long long)J->G, (long long)J->p.padding[0], (long long)J->p.padding[1]);
-  *wino = kernel == ATTN_CONV_WINOGRAD || (kernel == ATTN_CONV_AUTO && applies &&
-                                           J->C >= ATTN_CONV_WINOGRAD_MIN_CHANNELS &&
-                                           J->O >= ATTN_CONV_WINOGRAD_MIN_CHANNELS);
+  *wino = kernel == ATTN_CONV_WINOGRAD;
   return ATTN_OK;
 }
 

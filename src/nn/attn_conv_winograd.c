@@ -48,97 +48,125 @@ static void tiling(wino_job *J) {
   atomic_init(&J->failed, 0);
 }
 
-/* Tile k of the block at t0: image *n, top-left input position (*r, *c) (may be negative). */
-static void tile_at(const wino_job *J, int64_t t, int64_t *n, int64_t *r, int64_t *c) {
-  int64_t per = J->th * J->tw, rem = t % per;
-  *n = t / per;
-  *r = 2 * (rem / J->tw) - J->ph;
-  *c = 2 * (rem % J->tw) - J->pw;
+/* The tiles [t0, t0 + nt) in runs along a row of tiles: run(J, n, ti, tj0, cnt, k) for the cnt
+ * tiles from (n, ti, tj0), which are tiles k .. k + cnt - 1 of the block. */
+#define FOR_RUNS(J, t0, nt, n, ti, tj0, cnt, k)                                                  \
+  for (int64_t k = 0, n, ti, tj0, cnt, per_ = (J)->th * (J)->tw; k < (nt); k += cnt)             \
+    if ((n = ((t0) + k) / per_, ti = ((t0) + k) % per_ / (J)->tw, tj0 = ((t0) + k) % (J)->tw,      \
+         cnt = (J)->tw - tj0 < (nt) - k ? (J)->tw - tj0 : (nt) - k, 1))
+
+/* The distance between a workspace's 16 planes of rows x tb entries: rounded up to an odd
+ * number of cache lines, so that the planes' streams fall in different cache sets. */
+static int64_t plane_stride(const wino_job *J, int64_t rows) {
+  int64_t per_line = 64 / (int64_t)J->es, lines = (rows * J->tb + per_line - 1) / per_line;
+  return (lines | 1) * per_line;
 }
 
 #define DEFINE_WINO(S, T)                                                                                     \
-  /* V (16, C, tb): B^T d B of the nt tiles from t0, each channel */                                        \
-  static void input_tiles_##S(const wino_job *J, int64_t t0, int64_t nt, T *V) {                              \
+  /* V (16 planes of (C, tb)): B^T d B of the nt tiles from t0, each channel: the patches d gathered */   \
+  /* into the planes (entry (i, j) of tile k at column k of plane 4 i + j), then transformed in place */    \
+  /* over the whole block at once (a loop over its tiles that vectorises: a run along one row of a */       \
+  /* small image is too short for that) */                                                                  \
+  static void input_tiles_##S(const wino_job *J, int64_t t0, int64_t nt, T *V, int64_t ps) {                  \
     const T *x = (const T *)J->x;                                                                           \
-    int64_t H = J->H, W = J->W, tb = J->tb, cs = J->C * tb;                                                 \
-    for (int64_t k = 0; k < nt; k++) {                                                                      \
-      int64_t n, r0, c0;                                                                                    \
-      tile_at(J, t0 + k, &n, &r0, &c0);                                                                     \
-      int inside = r0 >= 0 && c0 >= 0 && r0 + 4 <= H && c0 + 4 <= W;                                       \
-      for (int64_t c = 0; c < J->C; c++) {                                                                  \
-        const T *xc = x + (n * J->C + c) * H * W;                                                           \
-        T d[4][4];                                                                                          \
-        if (inside)                                                                                         \
-          for (int i = 0; i < 4; i++)                                                                       \
-            for (int j = 0; j < 4; j++) d[i][j] = xc[(r0 + i) * W + c0 + j];                                \
-        else                                                                                                \
-          for (int i = 0; i < 4; i++)                                                                       \
-            for (int j = 0; j < 4; j++) {                                                                   \
-              int64_t r = r0 + i, q = c0 + j;                                                               \
-              d[i][j] = r >= 0 && r < H && q >= 0 && q < W ? xc[r * W + q] : 0;                             \
-            }                                                                                               \
-        T e[4][4];                                                                                          \
-        for (int j = 0; j < 4; j++) {                                                                       \
-          e[0][j] = d[0][j] - d[2][j], e[1][j] = d[1][j] + d[2][j];                                         \
-          e[2][j] = d[2][j] - d[1][j], e[3][j] = d[1][j] - d[3][j];                                         \
-        }                                                                                                   \
-        T *v = V + c * tb + k;                                                                              \
+    int64_t H = J->H, W = J->W, tb = J->tb;                                                                 \
+    FOR_RUNS(J, t0, nt, n, ti, tj0, cnt, k) {                                                               \
+      int64_t q0 = 2 * tj0 - J->pw, inside = q0 >= 0 && q0 + 2 * cnt + 2 <= W;                              \
+      for (int64_t c = 0; c < J->C; c++)                                                                    \
         for (int i = 0; i < 4; i++) {                                                                       \
-          v[(4 * i + 0) * cs] = e[i][0] - e[i][2], v[(4 * i + 1) * cs] = e[i][1] + e[i][2];                 \
-          v[(4 * i + 2) * cs] = e[i][2] - e[i][1], v[(4 * i + 3) * cs] = e[i][1] - e[i][3];                 \
+          int64_t r = 2 * ti - J->ph + i;                                                                   \
+          const T *row = r >= 0 && r < H ? x + ((n * J->C + c) * H + r) * W : NULL;                         \
+          T *v = V + 4 * i * ps + c * tb + k;                                                               \
+          if (row && inside)                                                                                \
+            for (int64_t s = 0; s < cnt; s++)                                                               \
+              for (int j = 0; j < 4; j++) v[j * ps + s] = row[q0 + 2 * s + j];                              \
+          else                                                                                              \
+            for (int64_t s = 0; s < cnt; s++)                                                               \
+              for (int j = 0; j < 4; j++) {                                                                 \
+                int64_t q = q0 + 2 * s + j;                                                                 \
+                v[j * ps + s] = row && q >= 0 && q < W ? row[q] : 0;                                        \
+              }                                                                                             \
+        }                                                                                                   \
+    }                                                                                                       \
+    for (int64_t c = 0; c < J->C; c++) {                                                                    \
+      T *v = V + c * tb;                                                                                    \
+      for (int i = 0; i < 4; i++) { /* B^T d along columns: rows 0 - 2, 1 + 2, 2 - 1, 1 - 3 */               \
+        T *restrict r0 = v + i * ps, *restrict r1 = r0 + 4 * ps, *restrict r2 = r1 + 4 * ps;                \
+        T *restrict r3 = r2 + 4 * ps;                                                                       \
+        for (int64_t s = 0; s < nt; s++) {                                                                  \
+          T a0 = r0[s], a1 = r1[s], a2 = r2[s], a3 = r3[s];                                                 \
+          r0[s] = a0 - a2, r1[s] = a1 + a2, r2[s] = a2 - a1, r3[s] = a1 - a3;                               \
+        }                                                                                                   \
+      }                                                                                                     \
+      for (int i = 0; i < 4; i++) { /* then B along rows: the same on columns 0 .. 3 */                    \
+        T *restrict r0 = v + 4 * i * ps, *restrict r1 = r0 + ps, *restrict r2 = r1 + ps;                    \
+        T *restrict r3 = r2 + ps;                                                                           \
+        for (int64_t s = 0; s < nt; s++) {                                                                  \
+          T a0 = r0[s], a1 = r1[s], a2 = r2[s], a3 = r3[s];                                                 \
+          r0[s] = a0 - a2, r1[s] = a1 + a2, r2[s] = a2 - a1, r3[s] = a1 - a3;                               \
         }                                                                                                   \
       }                                                                                                     \
     }                                                                                                       \
   }                                                                                                         \
-  /* y's 2x2 tiles A^T m A (+ bias) from the products M (16, O, tb), clipped to (Ho, Wo) */                 \
-  static void output_tiles_##S(const wino_job *J, int64_t t0, int64_t nt, const T *M) {                       \
+  /* y's 2x2 tiles A^T m A (+ bias) from the products M (16 planes of (O, tb)), clipped to (Ho, Wo): */     \
+  /* per channel, the four outputs of every tile of the block into buf (a loop that vectorises), then */    \
+  /* stored run by run */                                                                                   \
+  static void output_tiles_##S(const wino_job *J, int64_t t0, int64_t nt, const T *M, int64_t ps, T *buf) {   \
     T *y = (T *)J->y;                                                                                       \
     const T *b = (const T *)J->b;                                                                           \
-    int64_t Ho = J->Ho, Wo = J->Wo, tb = J->tb, os = J->O * tb;                                             \
-    for (int64_t k = 0; k < nt; k++) {                                                                      \
-      int64_t n, r0, c0;                                                                                    \
-      tile_at(J, t0 + k, &n, &r0, &c0);                                                                     \
-      r0 += J->ph, c0 += J->pw; /* the output tile's corner */                                              \
-      int rows = r0 + 1 < Ho ? 2 : 1, cols = c0 + 1 < Wo ? 2 : 1;                                          \
-      for (int64_t o = 0; o < J->O; o++) {                                                                  \
-        const T *m = M + o * tb + k;                                                                        \
-        T s[2][4];                                                                                          \
-        for (int j = 0; j < 4; j++) {                                                                       \
-          T m0 = m[j * os], m1 = m[(4 + j) * os], m2 = m[(8 + j) * os], m3 = m[(12 + j) * os];              \
-          s[0][j] = m0 + m1 + m2, s[1][j] = m1 - m2 - m3;                                                   \
+    int64_t Ho = J->Ho, Wo = J->Wo, tb = J->tb;                                                             \
+    T *restrict o00 = buf, *restrict o01 = buf + tb, *restrict o10 = buf + 2 * tb, *restrict o11 = buf + 3 * tb; \
+    for (int64_t o = 0; o < J->O; o++) {                                                                    \
+      const T *m = M + o * tb;                                                                              \
+      const T *restrict m0 = m, *restrict m1 = m + ps, *restrict m2 = m + 2 * ps, *restrict m3 = m + 3 * ps; \
+      const T *restrict m4 = m + 4 * ps, *restrict m5 = m + 5 * ps, *restrict m6 = m + 6 * ps;              \
+      const T *restrict m7 = m + 7 * ps, *restrict m8 = m + 8 * ps, *restrict m9 = m + 9 * ps;              \
+      const T *restrict m10 = m + 10 * ps, *restrict m11 = m + 11 * ps, *restrict m12 = m + 12 * ps;        \
+      const T *restrict m13 = m + 13 * ps, *restrict m14 = m + 14 * ps, *restrict m15 = m + 15 * ps;        \
+      T bias = b ? b[o] : 0;                                                                                \
+      for (int64_t s = 0; s < nt; s++) { /* columns j of A^T m: a = rows 0 + 1 + 2, c = rows 1 - 2 - 3 */  \
+        T a0 = m0[s] + m4[s] + m8[s], a1 = m1[s] + m5[s] + m9[s], a2 = m2[s] + m6[s] + m10[s];              \
+        T a3 = m3[s] + m7[s] + m11[s], c0 = m4[s] - m8[s] - m12[s], c1 = m5[s] - m9[s] - m13[s];            \
+        T c2 = m6[s] - m10[s] - m14[s], c3 = m7[s] - m11[s] - m15[s];                                       \
+        o00[s] = a0 + a1 + a2 + bias, o01[s] = a1 - a2 - a3 + bias;                                         \
+        o10[s] = c0 + c1 + c2 + bias, o11[s] = c1 - c2 - c3 + bias;                                         \
+      }                                                                                                     \
+      FOR_RUNS(J, t0, nt, n, ti, tj0, cnt, k) {                                                             \
+        int64_t r = 2 * ti, full = 2 * (tj0 + cnt) <= Wo ? cnt : cnt - 1; /* tiles with both columns */    \
+        T *y0 = y + ((n * J->O + o) * Ho + r) * Wo + 2 * tj0, *y1 = y0 + Wo;                                \
+        for (int64_t s = 0; s < full; s++) y0[2 * s] = o00[k + s], y0[2 * s + 1] = o01[k + s];              \
+        if (full < cnt) y0[2 * full] = o00[k + full];                                                       \
+        if (r + 1 < Ho) {                                                                                   \
+          for (int64_t s = 0; s < full; s++) y1[2 * s] = o10[k + s], y1[2 * s + 1] = o11[k + s];            \
+          if (full < cnt) y1[2 * full] = o10[k + full];                                                     \
         }                                                                                                   \
-        T bias = b ? b[o] : 0, out[2][2];                                                                   \
-        for (int i = 0; i < 2; i++) {                                                                       \
-          out[i][0] = s[i][0] + s[i][1] + s[i][2] + bias;                                                   \
-          out[i][1] = s[i][1] - s[i][2] - s[i][3] + bias;                                                   \
-        }                                                                                                   \
-        T *yo = y + (n * J->O + o) * Ho * Wo + r0 * Wo + c0;                                                \
-        for (int i = 0; i < rows; i++)                                                                      \
-          for (int j = 0; j < cols; j++) yo[i * Wo + j] = out[i][j];                                        \
       }                                                                                                     \
     }                                                                                                       \
   }                                                                                                         \
-  /* Z (16, O, tb): A e A^T of dy's 2x2 tiles e (zero outside (Ho, Wo)) */                                  \
-  static void grad_tiles_##S(const wino_job *J, int64_t t0, int64_t nt, T *Z) {                               \
+  /* Z (16 planes of (O, tb)): A e A^T of dy's 2x2 tiles e (zero outside (Ho, Wo)); per run and */          \
+  /* channel the two rows of dy (zero-padded) into buf, then all the run's tiles at once */                 \
+  static void grad_tiles_##S(const wino_job *J, int64_t t0, int64_t nt, T *Z, int64_t ps, T *buf) {           \
     const T *dy = (const T *)J->dy;                                                                         \
-    int64_t Ho = J->Ho, Wo = J->Wo, tb = J->tb, os = J->O * tb;                                             \
-    for (int64_t k = 0; k < nt; k++) {                                                                      \
-      int64_t n, r0, c0;                                                                                    \
-      tile_at(J, t0 + k, &n, &r0, &c0);                                                                     \
-      r0 += J->ph, c0 += J->pw;                                                                             \
-      int rows = r0 + 1 < Ho ? 2 : 1, cols = c0 + 1 < Wo ? 2 : 1;                                           \
+    int64_t Ho = J->Ho, Wo = J->Wo, tb = J->tb;                                                             \
+    FOR_RUNS(J, t0, nt, n, ti, tj0, cnt, k) {                                                               \
+      int64_t r = 2 * ti, q0 = 2 * tj0, w = 2 * cnt, have = Wo - q0 < w ? Wo - q0 : w;                      \
+      T *restrict e0 = buf, *restrict e1 = buf + w;                                                         \
       for (int64_t o = 0; o < J->O; o++) {                                                                  \
-        const T *g = dy + (n * J->O + o) * Ho * Wo + r0 * Wo + c0;                                          \
-        T e[2][2] = {{0, 0}, {0, 0}};                                                                       \
-        for (int i = 0; i < rows; i++)                                                                      \
-          for (int j = 0; j < cols; j++) e[i][j] = g[i * Wo + j];                                           \
-        T u[4][2];                                                                                          \
-        for (int j = 0; j < 2; j++)                                                                         \
-          u[0][j] = e[0][j], u[1][j] = e[0][j] + e[1][j], u[2][j] = e[0][j] - e[1][j], u[3][j] = -e[1][j];  \
-        T *z = Z + o * tb + k;                                                                              \
-        for (int i = 0; i < 4; i++) {                                                                       \
-          z[(4 * i + 0) * os] = u[i][0], z[(4 * i + 1) * os] = u[i][0] + u[i][1];                           \
-          z[(4 * i + 2) * os] = u[i][0] - u[i][1], z[(4 * i + 3) * os] = -u[i][1];                          \
+        const T *g = dy + ((n * J->O + o) * Ho + r) * Wo + q0;                                              \
+        memcpy(e0, g, (size_t)have * sizeof(T));                                                            \
+        if (r + 1 < Ho)                                                                                     \
+          memcpy(e1, g + Wo, (size_t)have * sizeof(T));                                                     \
+        else                                                                                                \
+          memset(e1, 0, (size_t)have * sizeof(T));                                                          \
+        for (int64_t q = have; q < w; q++) e0[q] = 0, e1[q] = 0;                                            \
+        T *restrict z = Z + o * tb + k;                                                                     \
+        for (int64_t s = 0; s < cnt; s++) {                                                                 \
+          T a0 = e0[2 * s], a1 = e0[2 * s + 1], c0 = e1[2 * s], c1 = e1[2 * s + 1];                         \
+          T u[4][2] = {{a0, a1}, {a0 + c0, a1 + c1}, {a0 - c0, a1 - c1}, {-c0, -c1}};                       \
+          for (int i = 0; i < 4; i++) {                                                                     \
+            z[(4 * i + 0) * ps + s] = u[i][0], z[(4 * i + 1) * ps + s] = u[i][0] + u[i][1];                 \
+            z[(4 * i + 2) * ps + s] = u[i][0] - u[i][1], z[(4 * i + 3) * ps + s] = -u[i][1];                \
+          }                                                                                                 \
         }                                                                                                   \
       }                                                                                                     \
     }                                                                                                       \
@@ -147,11 +175,19 @@ static void tile_at(const wino_job *J, int64_t t, int64_t *n, int64_t *r, int64_
 DEFINE_WINO(f32, float)
 DEFINE_WINO(f64, double)
 
-static void input_tiles(const wino_job *J, int64_t t0, int64_t nt, char *V) {
+static void input_tiles(const wino_job *J, int64_t t0, int64_t nt, char *V, int64_t ps) {
   if (J->dt == ATTN_F32)
-    input_tiles_f32(J, t0, nt, (float *)V);
+    input_tiles_f32(J, t0, nt, (float *)V, ps);
   else
-    input_tiles_f64(J, t0, nt, (double *)V);
+    input_tiles_f64(J, t0, nt, (double *)V, ps);
+}
+
+/* A task's row buffer: 4 rows of tb outputs, or 2 rows of dy (attn_alloc'd, capacity in cap), or
+ * NULL after marking the job failed. */
+static char *row_buffer(wino_job *J, size_t *cap) {
+  char *buf = attn_alloc((size_t)(4 * (2 * J->tw + 2) + 4 * J->tb) * J->es, cap);
+  if (!buf) atomic_store(&J->failed, 1);
+  return buf;
 }
 
 static double load(attn_dtype dt, const void *base, int64_t i) {
@@ -184,9 +220,10 @@ static void weight_transform(const wino_job *J, const void *w, int flip) {
     }
 }
 
-/* A block's workspace of rows (16 rows, tb columns) x count, or NULL after marking the job failed. */
+/* A block's workspace of 16 planes of rows x tb entries (plane_stride apart), or NULL after
+ * marking the job failed. */
 static char *workspace(wino_job *J, int64_t rows, size_t *cap) {
-  char *ws = attn_alloc((size_t)(16 * rows * J->tb) * J->es, cap);
+  char *ws = attn_alloc((size_t)(16 * plane_stride(J, rows)) * J->es, cap);
   if (!ws) atomic_store(&J->failed, 1);
   return ws;
 }
@@ -194,21 +231,24 @@ static char *workspace(wino_job *J, int64_t rows, size_t *cap) {
 /* Blocks [b0, b1): input transforms, 16 products over channels, output transforms. */
 static void forward_blocks(void *ctx, int64_t b0, int64_t b1) {
   wino_job *J = ctx;
-  size_t es = J->es, cap[2] = {0, 0};
+  size_t es = J->es, cap[3] = {0, 0, 0};
+  int64_t pv = plane_stride(J, J->C), pm = plane_stride(J, J->O);
   char *V = workspace(J, J->C, &cap[0]), *M = workspace(J, J->O, &cap[1]);
-  for (int64_t bl = b0; V && M && bl < b1; bl++) {
+  char *buf = row_buffer(J, &cap[2]);
+  for (int64_t bl = b0; V && M && buf && bl < b1; bl++) {
     int64_t t0 = bl * J->tb, nt = J->tiles - t0 < J->tb ? J->tiles - t0 : J->tb;
-    input_tiles(J, t0, nt, V);
+    input_tiles(J, t0, nt, V, pv);
     for (int xi = 0; xi < 16; xi++)
       attn_gemm(J->dt, 0, 0, J->O, nt, J->C, 1.0, J->U + (size_t)(xi * J->O * J->C) * es, J->C,
-                V + (size_t)(xi * J->C * J->tb) * es, J->tb, 0.0, M + (size_t)(xi * J->O * J->tb) * es, J->tb);
+                V + (size_t)(xi * pv) * es, J->tb, 0.0, M + (size_t)(xi * pm) * es, J->tb);
     if (J->dt == ATTN_F32)
-      output_tiles_f32(J, t0, nt, (const float *)M);
+      output_tiles_f32(J, t0, nt, (const float *)M, pm, (float *)buf);
     else
-      output_tiles_f64(J, t0, nt, (const double *)M);
+      output_tiles_f64(J, t0, nt, (const double *)M, pm, (double *)buf);
   }
   if (V) attn_free(V, cap[0]);
   if (M) attn_free(M, cap[1]);
+  if (buf) attn_free(buf, cap[2]);
 }
 
 static int64_t grain(const wino_job *J) {
@@ -236,25 +276,28 @@ int attn_conv2d_winograd(attn_dtype dt, const void *x, int64_t N, int64_t C, int
  * products Z V^T (O, C), in block order, into the chunk's partial (16, O, C). */
 static void dweight_chunks(void *ctx, int64_t k0, int64_t k1) {
   wino_job *J = ctx;
-  size_t es = J->es, cap[2] = {0, 0};
+  size_t es = J->es, cap[3] = {0, 0, 0};
+  int64_t pv = plane_stride(J, J->C), pz = plane_stride(J, J->O);
   char *V = workspace(J, J->C, &cap[0]), *Z = workspace(J, J->O, &cap[1]);
-  for (int64_t k = k0; V && Z && k < k1; k++) {
+  char *buf = row_buffer(J, &cap[2]);
+  for (int64_t k = k0; V && Z && buf && k < k1; k++) {
     int64_t bend = (k + 1) * J->chunk < J->blocks ? (k + 1) * J->chunk : J->blocks;
     for (int64_t bl = k * J->chunk; bl < bend; bl++) {
       int64_t t0 = bl * J->tb, nt = J->tiles - t0 < J->tb ? J->tiles - t0 : J->tb;
-      input_tiles(J, t0, nt, V);
+      input_tiles(J, t0, nt, V, pv);
       if (J->dt == ATTN_F32)
-        grad_tiles_f32(J, t0, nt, (float *)Z);
+        grad_tiles_f32(J, t0, nt, (float *)Z, pz, (float *)buf);
       else
-        grad_tiles_f64(J, t0, nt, (double *)Z);
+        grad_tiles_f64(J, t0, nt, (double *)Z, pz, (double *)buf);
       for (int xi = 0; xi < 16; xi++)
-        attn_gemm(J->dt, 0, 1, J->O, J->C, nt, 1.0, Z + (size_t)(xi * J->O * J->tb) * es, J->tb,
-                  V + (size_t)(xi * J->C * J->tb) * es, J->tb, bl == k * J->chunk ? 0.0 : 1.0,
-                  J->partial + (size_t)((k * 16 + xi) * J->O * J->C) * es, J->C);
+        attn_gemm(J->dt, 0, 1, J->O, J->C, nt, 1.0, Z + (size_t)(xi * pz) * es, J->tb, V + (size_t)(xi * pv) * es,
+                  J->tb, bl == k * J->chunk ? 0.0 : 1.0, J->partial + (size_t)((k * 16 + xi) * J->O * J->C) * es,
+                  J->C);
     }
   }
   if (V) attn_free(V, cap[0]);
   if (Z) attn_free(Z, cap[1]);
+  if (buf) attn_free(buf, cap[2]);
 }
 
 typedef struct {
