@@ -203,7 +203,114 @@ describe("nn.conv2d", function()
     assert.has_error(function() nn.conv2d(x, w:to("float64"), nil, { groups = 2 }) end,
       "conv2d: weight [6x2x3x3] is float64, expected float32")
     assert.has_error(function() nn.conv2d(x, w, nil, { groups = 2, kernel = "fast" }) end,
-      "conv2d: kernel must be 'auto' or 'reference', got fast")
+      "conv2d: kernel must be 'auto', 'im2col', 'winograd' or 'reference', got fast")
+    assert.has_error(function() nn.conv2d(x, w, nil, { groups = 2, kernel = "winograd" }) end,
+      "conv2d: kernel 'winograd' takes 3x3 kernels at stride 1, dilation 1, groups 1 and padding <= 2, got input "
+        .. "[1x4x5x5], weight [6x2x3x3], stride 1x1, dilation 1x1, groups 2, padding 0x0")
+    assert.has_error(function() nn.conv2d(attn.randn({ 1, 2, 5, 5 }), attn.randn({ 3, 2, 3, 3 }), nil,
+      { kernel = "winograd", stride = 2 }) end, "conv2d: kernel 'winograd' takes 3x3 kernels at stride 1, dilation 1, "
+        .. "groups 1 and padding <= 2, got input [1x2x5x5], weight [3x2x3x3], stride 2x2, dilation 1x1, groups 1, "
+        .. "padding 0x0")
+  end)
+end)
+
+-- Winograd F(2x2, 3x3) (kernel = "winograd"): odd sizes (a last tile row and column of one output),
+-- padding 0, 1, 2, batch 1 and many, channel counts that are no multiple of anything, an image
+-- smaller than a tile, and one with more tiles than a block holds (blocks end inside a row of tiles).
+local wino_cases = {
+  { name = "odd 7x5, padding 1", x = { 2, 3, 7, 5 }, w = { 5, 3, 3, 3 }, o = { padding = 1 } },
+  { name = "padding 0, batch 1", x = { 1, 5, 8, 9 }, w = { 3, 5, 3, 3 }, o = {} },
+  { name = "padding 2, {2, 0}", x = { 3, 2, 5, 6 }, w = { 7, 2, 3, 3 }, o = { padding = { 2, 0 } } },
+  { name = "1x1 image, padding 1", x = { 2, 9, 1, 1 }, w = { 4, 9, 3, 3 }, o = { padding = 1 } },
+  { name = "3x3 image, padding 0 (one output)", x = { 1, 2, 3, 3 }, w = { 2, 2, 3, 3 }, o = {} },
+  { name = "many tiles: blocks end inside a row", x = { 2, 2, 41, 37 }, w = { 3, 2, 3, 3 }, o = { padding = 1 } },
+}
+
+-- The float32 Winograd error bound of attn_conv_internal.h for a convolution over C channels of
+-- weights w and inputs x: every output is a signed sum of at most 64 C products of a weight and an
+-- input (the transforms' coefficients are 0, +-1/2, +-1), each reaching it through at most C + 10
+-- roundings: |err| <= (C + 10) u 64 C max|w| max|x|, u = 2^-24. For the weight gradient, a sum
+-- over every tile of the batch, the worst case (tiles + 10 roundings) is vacuous; it takes the
+-- random-walk form of the same bound, sqrt(tiles) + 10 roundings (rounds: the count of roundings).
+local function wino_bound(C, w, x, rounds)
+  return (rounds or C + 10) * 2 ^ -24 * 64 * C * w:abs():max():item() * x:abs():max():item()
+end
+
+describe("nn.conv2d with kernel = 'winograd'", function()
+  for _, case in ipairs(wino_cases) do
+    it("matches naive loops and the reference path to 1e-12 in float64, values and gradients: " .. case.name,
+      function()
+        attn.manual_seed(11)
+        local x, w, b = attn.randn(case.x, "float64"), attn.randn(case.w, "float64"), attn.randn({ case.w[1] }, "float64")
+        local o = with_kernel(case.o, "winograd")
+        assert.close(nn.conv2d(x, w, b, o), naive_conv(x, w, b, case.o), { atol = 1e-12, rtol = 0 })
+        local grads = {}
+        for _, kernel in ipairs { "winograd", "reference", "im2col" } do
+          local xl, wl, bl = x:detach():requires_grad_(), w:detach():requires_grad_(), b:detach():requires_grad_()
+          local y = nn.conv2d(xl, wl, bl, with_kernel(case.o, kernel))
+          attn.manual_seed(12)
+          y:backward(attn.randn(y:shape(), "float64"))
+          grads[kernel] = { y, xl.grad, wl.grad, bl.grad }
+        end
+        for i = 1, 4 do
+          assert.close(grads.winograd[i], grads.reference[i], { atol = 1e-12, rtol = 0 })
+          assert.close(grads.im2col[i], grads.reference[i], { atol = 1e-12, rtol = 0 })
+        end
+      end)
+  end
+
+  it("has gradients that pass gradcheck (float64)", function()
+    attn.manual_seed(13)
+    for _, case in ipairs { wino_cases[1], wino_cases[3], wino_cases[5] } do
+      local x, w, b = helper.param(case.x), helper.param(case.w), helper.param({ case.w[1] })
+      helper.gradcheck(function(a, c, d) return nn.conv2d(a, c, d, with_kernel(case.o, "winograd")) end, { x, w, b })
+    end
+  end)
+
+  it("stays within its error bound in float32 (values, input and weight gradients against float64)", function()
+    attn.manual_seed(14)
+    for _, case in ipairs(helper.with(wino_cases, { { x = { 4, 16, 14, 14 }, w = { 32, 16, 3, 3 }, o = { padding = 1 } } }))
+    do
+      local x, w = attn.randn(case.x), attn.randn(case.w)
+      local xl, wl = x:detach():requires_grad_(), w:detach():requires_grad_()
+      local y = nn.conv2d(xl, wl, nil, with_kernel(case.o, "winograd"))
+      local g = attn.randn(y:shape())
+      y:backward(g)
+      local x64, w64 = x:to("float64"):requires_grad_(), w:to("float64"):requires_grad_()
+      local y64 = nn.conv2d(x64, w64, nil, with_kernel(case.o, "reference"))
+      y64:backward(g:to("float64"))
+      local C, O = case.x[2], case.w[1]
+      -- dx: the same kernel over O channels of dy with the flipped weight; dW: sums over every tile
+      -- of the batch, the same bound with the tiles as the channels
+      local tiles = case.x[1] * math.ceil(y:shape()[3] / 2) * math.ceil(y:shape()[4] / 2)
+      assert.close(y, y64, { atol = wino_bound(C, w, x), rtol = 0 })
+      assert.close(xl.grad, x64.grad, { atol = wino_bound(O, w, g), rtol = 0 })
+      assert.close(wl.grad, w64.grad, { atol = wino_bound(tiles, g, x, math.sqrt(tiles) + 10), rtol = 0 })
+      -- and the bound is not vacuous: it is below the outputs' own scale
+      assert.is_true(wino_bound(C, w, x) < 0.05 * y64:abs():max():item())
+    end
+  end)
+
+  it("gives the same bits on 1 and 2 threads (float32, forward and backward)", function()
+    attn.manual_seed(15)
+    local x, w, b = attn.randn({ 5, 6, 23, 19 }), attn.randn({ 7, 6, 3, 3 }), attn.randn({ 7 })
+    helper.assert_same_bits_on_threads(function()
+      local xl, wl, bl = x:detach():requires_grad_(), w:detach():requires_grad_(), b:detach():requires_grad_()
+      local y = nn.conv2d(xl, wl, bl, { padding = 1, kernel = "winograd" })
+      y:backward(y:detach())
+      return { y, xl.grad, wl.grad, bl.grad }
+    end)
+  end)
+
+  it("is picked by a Conv2d's field kernel", function()
+    attn.manual_seed(16)
+    local m = nn.Conv2d(3, 4, 3, { padding = 1, dtype = "float64" })
+    local x = attn.randn({ 2, 3, 5, 6 }, "float64")
+    local expected = naive_conv(x, m.weight, m.bias, { padding = 1 })
+    m.kernel = "winograd"
+    assert.close(m(x), expected, { atol = 1e-12, rtol = 0 })
+    m.kernel = "im2col"
+    assert.close(m(x), expected, { atol = 1e-12, rtol = 0 })
   end)
 end)
 

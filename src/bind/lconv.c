@@ -2,6 +2,8 @@
  * modules live in lua/attn/nn/conv.lua, which passes contiguous operands and checked sizes. */
 #include "bind/lbind.h"
 
+#include <string.h>
+
 /* n integers from the table at arg (read raw: no Lua code runs) into v. */
 static void check_ints(lua_State *L, int arg, int n, int64_t *v, const char *what) {
   attn_l_checktable(L, arg, what);
@@ -23,6 +25,16 @@ static attn_conv2d_params conv_params(lua_State *L, int arg) {
   return p;
 }
 
+/* The path at arg: "auto" (or nil), "reference", "im2col" or "winograd" (attn_conv.h). */
+static attn_conv2d_kernel conv_kernel(lua_State *L, int arg) {
+  static const char *const names[] = {"auto", "reference", "im2col", "winograd"};
+  if (lua_isnoneornil(L, arg)) return ATTN_CONV_AUTO;
+  const char *s = attn_l_checklstring(L, arg, "kernel", NULL);
+  for (int i = 0; i < 4; i++)
+    if (strcmp(s, names[i]) == 0) return (attn_conv2d_kernel)i;
+  return (attn_conv2d_kernel)attn_l_argerror(L, arg, "kernel", "'auto', 'reference', 'im2col' or 'winograd'");
+}
+
 /* {kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w}, count_include_pad */
 static attn_pool2d_params pool_params(lua_State *L, int arg, int count_include_pad) {
   int64_t v[6];
@@ -31,27 +43,27 @@ static attn_pool2d_params pool_params(lua_State *L, int arg, int count_include_p
   return p;
 }
 
-/* conv2d_forward(x, weight, bias|nil, params, reference) -> y (N, O, Ho, Wo) */
+/* conv2d_forward(x, weight, bias|nil, params, kernel) -> y (N, O, Ho, Wo) */
 static int l_conv2d_forward(lua_State *L) {
   attn_tensor *x = attn_l_check(L, 1), *w = attn_l_check(L, 2);
   attn_tensor *b = lua_toboolean(L, 3) ? attn_l_check(L, 3) : NULL;
   attn_conv2d_params p = conv_params(L, 4);
-  int reference = lua_toboolean(L, 5);
+  attn_conv2d_kernel kernel = conv_kernel(L, 5);
   int64_t ys[4];
   ATTN_L_TRY(L, attn_conv2d_shape("conv2d", x, w, &p, ys));
   lua_settop(L, 5);
   attn_tensor *y = attn_l_push_alloc(L, x->dtype, 4, ys);
-  ATTN_L_TRY(L, attn_conv2d_forward(x, w, b, &p, reference, y));
+  ATTN_L_TRY(L, attn_conv2d_forward(x, w, b, &p, kernel, y));
   return 1;
 }
 
-/* conv2d_backward(x, weight, dy, params, want_dx, want_dweight, want_dbias, reference)
+/* conv2d_backward(x, weight, dy, params, want_dx, want_dweight, want_dbias, kernel)
  * -> dx|nil, dweight|nil, dbias|nil */
 static int l_conv2d_backward(lua_State *L) {
   attn_tensor *x = attn_l_check(L, 1), *w = attn_l_check(L, 2), *dy = attn_l_check(L, 3);
   attn_conv2d_params p = conv_params(L, 4);
   int want_dx = lua_toboolean(L, 5), want_dw = lua_toboolean(L, 6), want_db = lua_toboolean(L, 7);
-  int reference = lua_toboolean(L, 8);
+  attn_conv2d_kernel kernel = conv_kernel(L, 8);
   int64_t ys[4];
   ATTN_L_TRY(L, attn_conv2d_shape("conv2d backward", x, w, &p, ys));
   lua_settop(L, 8);
@@ -59,7 +71,7 @@ static int l_conv2d_backward(lua_State *L) {
   if (want_dx) dx = attn_l_push_like(L, x); else lua_pushnil(L);
   if (want_dw) dw = attn_l_push_like(L, w); else lua_pushnil(L);
   if (want_db) db = attn_l_push_alloc(L, x->dtype, 1, &ys[1]); else lua_pushnil(L);
-  ATTN_L_TRY(L, attn_conv2d_backward(x, w, &p, dy, reference, dx, dw, db));
+  ATTN_L_TRY(L, attn_conv2d_backward(x, w, &p, dy, kernel, dx, dw, db));
   return 3;
 }
 

@@ -7,6 +7,7 @@
 #include "core/attn_alloc.h"
 #include "core/attn_gemm.h"
 #include "core/attn_parallel.h"
+#include "nn/attn_conv_internal.h"
 
 /* Work below about this many multiply-adds stays on the calling thread. */
 #define GRAIN_FLOPS 200000
@@ -438,17 +439,41 @@ static int64_t grain(const conv_job *J, int64_t images) {
   return work >= GRAIN_FLOPS ? 1 : GRAIN_FLOPS / (work > 0 ? work : 1) + 1;
 }
 
+/* Whether kernel runs Winograd on J (attn_conv.h), in *wino; fails when WINOGRAD was asked for
+ * and does not apply. */
+static attn_status pick_winograd(const char *op, const conv_job *J, attn_conv2d_kernel kernel, const attn_tensor *x,
+                                 const attn_tensor *weight, int *wino) {
+  int applies = attn_conv2d_winograd_applies(J->kh, J->kw, J->p.stride, J->p.padding, J->p.dilation, J->G);
+  if (kernel == ATTN_CONV_WINOGRAD && !applies)
+    return attn_error(ATTN_ERR_ARG,
+                      "%s: kernel 'winograd' takes 3x3 kernels at stride 1, dilation 1, groups 1 and padding <= 2, "
+                      "got input %s, weight %s, stride %lldx%lld, dilation %lldx%lld, groups %lld, padding %lldx%lld",
+                      op, attn_tensor_shape_str(x), attn_tensor_shape_str(weight), (long long)J->p.stride[0],
+                      (long long)J->p.stride[1], (long long)J->p.dilation[0], (long long)J->p.dilation[1],
+                      (long long)J->G, (long long)J->p.padding[0], (long long)J->p.padding[1]);
+  *wino = kernel == ATTN_CONV_WINOGRAD;
+  return ATTN_OK;
+}
+
 attn_status attn_conv2d_forward(const attn_tensor *x, const attn_tensor *weight, const attn_tensor *bias,
-                                const attn_conv2d_params *p, int reference, attn_tensor *y) {
+                                const attn_conv2d_params *p, attn_conv2d_kernel kernel, attn_tensor *y) {
   const char *op = "conv2d";
   conv_job J;
   int64_t ys[4];
+  int wino = 0;
   attn_status st = setup(op, x, weight, p, &J, ys);
+  if (st == ATTN_OK) st = pick_winograd(op, &J, kernel, x, weight, &wino);
   if (st == ATTN_OK && bias) st = check_operand(op, "bias", bias, x->dtype, 1, &ys[1]);
   if (st == ATTN_OK) st = check_operand(op, "output", y, x->dtype, 4, ys);
   if (st != ATTN_OK) return st;
   J.b = bias ? attn_tensor_data(bias) : NULL, J.y = attn_tensor_data(y);
-  if (reference) {
+  if (wino) {
+    if (attn_conv2d_winograd(J.dt, J.x, J.N, J.C, J.H, J.W, J.w, 0, J.b, J.O, J.p.padding[0], J.p.padding[1], J.y))
+      return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the Winograd tiles of input %s", op,
+                        attn_tensor_shape_str(x));
+    return ATTN_OK;
+  }
+  if (kernel == ATTN_CONV_REFERENCE) {
     size_t cap;
     int64_t ny = attn_tensor_numel(y);
     double *acc = zeros(op, ny, &cap);
@@ -466,12 +491,14 @@ attn_status attn_conv2d_forward(const attn_tensor *x, const attn_tensor *weight,
 }
 
 attn_status attn_conv2d_backward(const attn_tensor *x, const attn_tensor *weight, const attn_conv2d_params *p,
-                                 const attn_tensor *dy, int reference, attn_tensor *dx, attn_tensor *dweight,
-                                 attn_tensor *dbias) {
+                                 const attn_tensor *dy, attn_conv2d_kernel kernel, attn_tensor *dx,
+                                 attn_tensor *dweight, attn_tensor *dbias) {
   const char *op = "conv2d backward";
   conv_job J;
   int64_t ys[4];
+  int wino = 0;
   attn_status st = setup(op, x, weight, p, &J, ys);
+  if (st == ATTN_OK) st = pick_winograd(op, &J, kernel, x, weight, &wino);
   if (st == ATTN_OK) st = check_operand(op, "output gradient", dy, x->dtype, 4, ys);
   if (st == ATTN_OK && dx) st = check_operand(op, "input gradient", dx, x->dtype, 4, x->shape);
   if (st == ATTN_OK && dweight) st = check_operand(op, "weight gradient", dweight, x->dtype, 4, weight->shape);
@@ -480,7 +507,17 @@ attn_status attn_conv2d_backward(const attn_tensor *x, const attn_tensor *weight
   J.dy = attn_tensor_data(dy), J.dx = dx ? attn_tensor_data(dx) : NULL;
   reduce_job R = {&J, dweight ? attn_tensor_data(dweight) : NULL, dbias ? attn_tensor_data(dbias) : NULL};
   int64_t wn = J.O * J.Kg;
-  if (reference) {
+  if (wino) {
+    /* dx: the same kernel on dy (O channels, Ho x Wo) with the flipped weight, padding 2 - p */
+    int64_t ph = J.p.padding[0], pw = J.p.padding[1];
+    if ((dx && attn_conv2d_winograd(J.dt, J.dy, J.N, J.O, J.Ho, J.Wo, J.w, 1, NULL, J.C, 2 - ph, 2 - pw, J.dx)) ||
+        (dweight && attn_conv2d_winograd_dweight(J.dt, J.x, J.N, J.C, J.H, J.W, J.dy, J.O, ph, pw, R.dw)))
+      return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the Winograd tiles of input %s", op,
+                        attn_tensor_shape_str(x));
+    if (dbias) attn_parallel_for(J.O, 64, fast_db, &R);
+    return ATTN_OK;
+  }
+  if (kernel == ATTN_CONV_REFERENCE) {
     size_t cap[2];
     int64_t nx = attn_tensor_numel(x);
     ref_job F = {&J, dx ? zeros(op, nx, &cap[0]) : NULL, dweight ? zeros(op, wn, &cap[1]) : NULL, NULL};

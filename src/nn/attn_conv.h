@@ -13,9 +13,17 @@
  * the bits do not depend on the thread count. db sums dY over images and positions in a fixed
  * order (eight lanes in double, one output channel per task).
  *
- * The reference path (reference != 0) is the formula above as plain loops with double sums, on
- * the calling thread: the specs compare the fast path with it. Every operand must be contiguous
- * and share x's float dtype. Errors name the op, the shapes and the offending values. */
+ * 3x3 kernels at stride 1, dilation 1, groups 1 and padding <= 2 run Winograd F(2x2, 3x3)
+ * instead (attn_conv_internal.h): 16 products per 2x2 outputs and channel pair against 36, the
+ * input gradient as the same kernel on dy with the flipped kernel, the weight gradient as its
+ * transpose; its float32 rounding is a small multiple of the direct sum's (bound there). It runs
+ * only when asked for (WINOGRAD): AUTO stays on im2col, because on the machine it was measured
+ * on (Conv2d 16->32, 14x14, batch 64, one thread) the transforms, in portable C on runs of 7
+ * tiles, cost more than the products they save (forward 1.6 ms against im2col's 1.0 ms).
+ *
+ * The reference path is the formula above as plain loops with double sums, on the calling
+ * thread: the specs compare the other paths with it. Every operand must be contiguous and share
+ * x's float dtype. Errors name the op, the shapes and the offending values. */
 #ifndef ATTN_CONV_H
 #define ATTN_CONV_H
 
@@ -28,6 +36,10 @@ typedef struct attn_conv2d_params {
   int64_t groups;      /* >= 1, divides C and O */
 } attn_conv2d_params;
 
+/* Which path runs: AUTO is im2col (above); WINOGRAD fails naming the shapes where it does not
+ * apply. */
+typedef enum { ATTN_CONV_AUTO = 0, ATTN_CONV_REFERENCE, ATTN_CONV_IM2COL, ATTN_CONV_WINOGRAD } attn_conv2d_kernel;
+
 /* The output shape (N, O, Ho, Wo) of conv2d on x and weight, in out; fails naming op, the
  * shapes and the values when ranks, channel counts, groups, strides, padding or dilation do not
  * fit, or the dilated kernel is larger than the padded input. */
@@ -36,12 +48,13 @@ attn_status attn_conv2d_shape(const char *op, const attn_tensor *x, const attn_t
 
 /* y (attn_conv2d_shape) = conv2d(x, weight) + bias (bias may be NULL). */
 attn_status attn_conv2d_forward(const attn_tensor *x, const attn_tensor *weight, const attn_tensor *bias,
-                                const attn_conv2d_params *p, int reference, attn_tensor *y);
+                                const attn_conv2d_params *p, attn_conv2d_kernel kernel, attn_tensor *y);
 
 /* Gradients of the forward above from dy (N, O, Ho, Wo): dx (x's shape), dweight (weight's
  * shape), dbias (O); each may be NULL to skip it. */
 attn_status attn_conv2d_backward(const attn_tensor *x, const attn_tensor *weight, const attn_conv2d_params *p,
-                                 const attn_tensor *dy, int reference, attn_tensor *dx, attn_tensor *dweight,
+                                 const attn_tensor *dy, attn_conv2d_kernel kernel, attn_tensor *dx,
+                                 attn_tensor *dweight,
                                  attn_tensor *dbias);
 
 #endif
