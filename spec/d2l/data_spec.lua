@@ -156,6 +156,17 @@ describe("data.Vocab", function()
     assert.are.same({ "<unk>", "<eos>", "y", "x" }, f.idx_to_token)
   end)
 
+  it("builds token_freqs when first read: the same pairs, with tokens of any bytes, one table each", function()
+    local odd = { "a\0b", "", "\n", "a\0b", string.rep("z", 300) }
+    local v = data.Vocab({ odd, { "", "a\0b" } }, { min_freq = 3 })
+    assert.is_nil(rawget(v, "token_freqs")) -- not held as tables before it is read
+    local expected = { { "a\0b", 3 }, { "", 2 }, { "\n", 1 }, { string.rep("z", 300), 1 } }
+    assert.are.same(expected, v.token_freqs)
+    assert.are.equal(v.token_freqs, rawget(v, "token_freqs")) -- kept once built
+    assert.are.same({ "<unk>", "a\0b" }, v.idx_to_token)
+    assert.are.same({}, data.Vocab({}).token_freqs)
+  end)
+
   it("looks tokens and ids up both ways, 1-based", function()
     local v = data.Vocab({ { "go", "." }, { "go", "!" }, { "ids", "." } }, { reserved = BOOK_RESERVED })
     -- The book's ids: <unk> 0, <pad> 1, <bos> 2, <eos> 3; here each is one more.

@@ -266,11 +266,30 @@ end
 local Vocab = {}
 local vocab_methods = {}
 
+-- A vocabulary's token counts until `token_freqs` is first read: the tokens by descending count
+-- and their counts packed in one string. The list of `{token, count}` pairs is one table per
+-- distinct token (44,000 for the whole fra-eng file, and the tokens under min_freq are strings
+-- kept only by it), and every full collection traverses them: a training loop whose tensors
+-- trigger collections paid ~17 ms for each. Built on demand, only a program that reads the field
+-- keeps them. Weak keys: the entry goes with its vocabulary.
+local pending_freqs = setmetatable({}, { __mode = "k" })
+
 -- Methods first (so vocab:ids works), then the token lookup: vocab["go"], or
 -- vocab[{"go", "."}] for a list, as the book's `vocab[tokens]`.
 Vocab.__index = function(self, key)
   local m = vocab_methods[key]
   if m ~= nil then return m end
+  if key == "token_freqs" and pending_freqs[self] then
+    local packed, list, pos = pending_freqs[self], {}, 1
+    while pos <= #packed do
+      local tok, count
+      tok, count, pos = string.unpack("<s4j", packed, pos)
+      list[#list + 1] = { tok, count }
+    end
+    pending_freqs[self] = nil
+    rawset(self, "token_freqs", list)
+    return list
+  end
   if type(key) == "string" then return self.token_to_idx[key] or self.unk end
   if type(key) == "table" then return vocab_methods.ids(self, key) end
   return nil
@@ -328,13 +347,14 @@ local function new_vocab(_, tokens, opts)
     end
   end
   for _, tok in ipairs(reserved) do add(tok) end
-  local token_freqs = {}
+  local packed = {}
   for i, tok in ipairs(order) do
-    token_freqs[i] = { tok, counts[tok] }
+    packed[i] = string.pack("<s4j", tok, counts[tok])
     if counts[tok] >= min_freq then add(tok) end
   end
-  return setmetatable({ idx_to_token = idx_to_token, token_to_idx = token_to_idx, unk = 1,
-    token_freqs = token_freqs }, Vocab)
+  local vocab = setmetatable({ idx_to_token = idx_to_token, token_to_idx = token_to_idx, unk = 1 }, Vocab)
+  pending_freqs[vocab] = table.concat(packed)
+  return vocab
 end
 
 --- A vocabulary (the book's `d2l.Vocab`): `<unk>` has id 1, the reserved tokens
@@ -342,7 +362,8 @@ end
 -- frequency with ties in first-appearance order.
 -- `vocab[token]` is the token's id (`vocab.unk` = 1 for an unknown token),
 -- `vocab[list]` a table of ids, `#vocab` the size. Fields: `idx_to_token`,
--- `token_to_idx`, `unk`, `token_freqs` (`{token, count}` by descending count).
+-- `token_to_idx`, `unk`, `token_freqs` (`{token, count}` by descending count, every token counted;
+-- built when first read, so a training loop's collections do not traverse it).
 -- A token spelled like a method or field (`ids`, `tokens`, `unk`, ...) is
 -- shadowed in `vocab[token]`; `vocab:id(token)` always looks the token up.
 -- @function Vocab
@@ -764,6 +785,48 @@ function data.vocab_from_tokens(tokens)
   return vocab_from_tokens(table.move(tokens, 1, #tokens, 1, {}))
 end
 
+-- load_corpus's reading, split, vocabularies and id arrays. Its token lists (about 100 MB of Lua
+-- heap for the whole corpus) are garbage once it returns, so the caller's collection frees them
+-- instead of leaving them for the first training steps' collections to sweep.
+local function corpus_arrays(path, num_steps, opts, log, who)
+  local clock = require("attn.progress").clock
+  local t0 = clock()
+  log(string.format("reading and tokenising %s ...", path))
+  local source, target, report = data.read_fra_eng(path, { num_examples = opts.num_examples or math.huge })
+  if not source then return nil, target end
+  local t1 = clock()
+  log(string.format("read %s in %.1f s", tostring(report), t1 - t0))
+  local valid, test = opts.valid or 0, opts.test or 0
+  if valid + test >= #source then
+    return nil, string.format("%s: %d validation + %d test pairs leave none of the %d pairs of %s for training", who,
+      valid, test, #source, path)
+  end
+  local split = data.split_indices(#source, opts.seed or 0, valid, test)
+  local train_src, train_tgt = pick(source, split.train), pick(target, split.train)
+  local src_vocab, tgt_vocab
+  if opts.vocabs then
+    src_vocab, tgt_vocab = data.vocab_from_tokens(opts.vocabs.src), data.vocab_from_tokens(opts.vocabs.tgt)
+  else
+    local reserved = { "<pad>", "<bos>", "<eos>" }
+    src_vocab = data.Vocab(train_src, { min_freq = 2, reserved = reserved })
+    tgt_vocab = data.Vocab(train_tgt, { min_freq = 2, reserved = reserved })
+  end
+  local t2 = clock()
+  log(string.format("vocabularies of the %d training pairs: %d (English) and %d (French) tokens, %.1f s", #train_src,
+    #src_vocab, #tgt_vocab, t2 - t1))
+  local X, X_len = data.build_array(train_src, src_vocab, num_steps)
+  local Y, Y_len = data.build_array(train_tgt, tgt_vocab, num_steps)
+  local lengths = {}
+  local xl, yl = X_len:totable(), Y_len:totable()
+  for i = 1, #xl do lengths[i] = math.max(xl[i], yl[i]) end
+  local t3 = clock()
+  log(string.format("id arrays (%d x %d) in %.1f s", X:size(1), num_steps, t3 - t2))
+  return { dataset = { X, X_len, Y, Y_len }, lengths = lengths, src_vocab = src_vocab, tgt_vocab = tgt_vocab,
+    report = report, valid = { source = pick(source, split.valid), target = pick(target, split.valid) },
+    test = { source = pick(source, split.test), target = pick(target, split.test) },
+    sizes = { valid = valid, test = test }, seconds = { read = t1 - t0, vocab = t2 - t1, arrays = t3 - t2 } }
+end
+
 --- Loads a corpus for a real run: reads and tokenises the file (reporting each
 -- stage and its time through `log`), splits the pairs with `split_indices`,
 -- builds the vocabularies from the training pairs only (`min_freq = 2`, the
@@ -784,56 +847,22 @@ function data.load_corpus(batch_size, num_steps, opts)
   check.positive_int(who, "num_steps", num_steps)
   opts = check.options(who, opts, { path = true, num_examples = true, seed = true, valid = true, test = true,
     bucket = true, vocabs = true, log = true })
-  local log = opts.log or function() end
   local path, err = path_or_sample(opts.path)
   if not path then return nil, err end
-  local seed = opts.seed or 0
-  local clock = require("attn.progress").clock
-  local t0 = clock()
-  log(string.format("reading and tokenising %s ...", path))
-  local source, target, report = data.read_fra_eng(path, { num_examples = opts.num_examples or math.huge })
-  if not source then return nil, target end
-  local t1 = clock()
-  log(string.format("read %s in %.1f s", tostring(report), t1 - t0))
-  local valid, test = opts.valid or 0, opts.test or 0
-  if valid + test >= #source then
-    return nil, string.format("%s: %d validation + %d test pairs leave none of the %d pairs of %s for training", who,
-      valid, test, #source, path)
-  end
-  local split = data.split_indices(#source, seed, valid, test)
-  local train_src, train_tgt = pick(source, split.train), pick(target, split.train)
-  local src_vocab, tgt_vocab
-  if opts.vocabs then
-    src_vocab, tgt_vocab = data.vocab_from_tokens(opts.vocabs.src), data.vocab_from_tokens(opts.vocabs.tgt)
-  else
-    local reserved = { "<pad>", "<bos>", "<eos>" }
-    src_vocab = data.Vocab(train_src, { min_freq = 2, reserved = reserved })
-    tgt_vocab = data.Vocab(train_tgt, { min_freq = 2, reserved = reserved })
-  end
-  local t2 = clock()
-  log(string.format("vocabularies of the %d training pairs: %d (English) and %d (French) tokens, %.1f s", #train_src,
-    #src_vocab, #tgt_vocab, t2 - t1))
-  local X, X_len = data.build_array(train_src, src_vocab, num_steps)
-  local Y, Y_len = data.build_array(train_tgt, tgt_vocab, num_steps)
-  local lengths = {}
-  local xl, yl = X_len:totable(), Y_len:totable()
-  for i = 1, #xl do lengths[i] = math.max(xl[i], yl[i]) end
-  local t3 = clock()
-  log(string.format("id arrays (%d x %d) in %.1f s", X:size(1), num_steps, t3 - t2))
-  local n = X:size(1)
+  local c, cerr = corpus_arrays(path, num_steps, opts, opts.log or function() end, who)
+  if not c then return nil, cerr end
+  local n = c.dataset[1]:size(1)
   local loader = setmetatable({ batch_size = batch_size, num_steps = num_steps, num_examples = n,
-    num_batches = 0, bucket = opts.bucket ~= false, dataset = { X, X_len, Y, Y_len }, lengths = lengths,
-    rng = pcg_new(seed) }, BucketLoader)
+    num_batches = 0, bucket = opts.bucket ~= false, dataset = c.dataset, lengths = c.lengths,
+    rng = pcg_new(opts.seed or 0) }, BucketLoader)
   -- the batch count of a bucketed epoch depends only on the pool sizes, not the draw
   local count, pool = 0, batch_size * 50
   for p = 1, n, pool do count = count + (math.min(pool, n - p + 1) + batch_size - 1) // batch_size end
   loader.num_batches = loader.bucket and count or (n + batch_size - 1) // batch_size
   collectgarbage()
-  return { train = loader, src_vocab = src_vocab, tgt_vocab = tgt_vocab, report = report,
-    valid = { source = pick(source, split.valid), target = pick(target, split.valid) },
-    test = { source = pick(source, split.test), target = pick(target, split.test) },
-    sizes = { train = n, valid = valid, test = test }, path = path,
-    seconds = { read = t1 - t0, vocab = t2 - t1, arrays = t3 - t2 } }
+  return { train = loader, src_vocab = c.src_vocab, tgt_vocab = c.tgt_vocab, report = c.report, valid = c.valid,
+    test = c.test, sizes = { train = n, valid = c.sizes.valid, test = c.sizes.test }, path = path,
+    seconds = c.seconds }
 end
 
 return data
