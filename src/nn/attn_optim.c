@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "core/attn_alloc.h"
 #include "core/attn_ops.h"
 #include "core/attn_parallel.h"
 
@@ -303,15 +304,52 @@ attn_status attn_grads_clamp_(int64_t n, attn_tensor *const *grads, double lo, d
   return ATTN_OK;
 }
 
+/* attn_grads_norm cuts each tensor into blocks of this many entries, whatever the thread count:
+ * a block's squares are one sumsq, a tensor's sum adds its blocks in order, and the norm adds the
+ * tensors in order, so the bits do not depend on the threads (and a tensor of one block sums as
+ * it did before the cut). */
+#define NORM_BLOCK 65536
+
+typedef struct {
+  const attn_tensor *const *grads;
+  const int64_t *first; /* first[i]: the index of tensor i's first block; first[n]: all blocks */
+  double *partial;      /* one sum of squares per block */
+} norm_job;
+
+static void norm_blocks(void *arg, int64_t begin, int64_t end) {
+  const norm_job *j = arg;
+  int64_t t = 0;
+  while (j->first[t + 1] <= begin) t++;
+  for (int64_t b = begin; b < end; b++) {
+    while (j->first[t + 1] <= b) t++;
+    const attn_tensor *g = j->grads[t];
+    int64_t at = (b - j->first[t]) * NORM_BLOCK, k = attn_tensor_numel(g) - at;
+    if (k > NORM_BLOCK) k = NORM_BLOCK;
+    j->partial[b] = g->dtype == ATTN_F32 ? sumsq_f32((const float *)attn_tensor_data(g) + at, k)
+                                         : sumsq_f64((const double *)attn_tensor_data(g) + at, k);
+  }
+}
+
 attn_status attn_grads_norm(int64_t n, const attn_tensor *const *grads, double *norm) {
-  double total = 0;
   attn_status st = check_grads("grads_norm", n, grads);
   if (st != ATTN_OK) return st;
+  int64_t blocks = 0;
+  for (int64_t i = 0; i < n; i++) blocks += (attn_tensor_numel(grads[i]) + NORM_BLOCK - 1) / NORM_BLOCK;
+  size_t cap = 0;
+  int64_t *first = attn_alloc((size_t)(n + 1 + blocks) * sizeof(int64_t), &cap); /* the partials after it */
+  if (!first)
+    return attn_error(ATTN_ERR_MEMORY, "grads_norm: out of memory for %lld partial sums", (long long)blocks);
+  norm_job j = {grads, first, (double *)(first + n + 1)};
+  first[0] = 0;
+  for (int64_t i = 0; i < n; i++) first[i + 1] = first[i] + (attn_tensor_numel(grads[i]) + NORM_BLOCK - 1) / NORM_BLOCK;
+  attn_parallel_for(blocks, 1, norm_blocks, &j);
+  double total = 0;
   for (int64_t i = 0; i < n; i++) {
-    const attn_tensor *g = grads[i];
-    int64_t k = attn_tensor_numel(g);
-    total += g->dtype == ATTN_F32 ? sumsq_f32(attn_tensor_data(g), k) : sumsq_f64(attn_tensor_data(g), k);
+    double sum = 0;
+    for (int64_t b = first[i]; b < first[i + 1]; b++) sum += j.partial[b];
+    total += sum;
   }
+  attn_free(first, cap);
   *norm = sqrt(total);
   return ATTN_OK;
 }

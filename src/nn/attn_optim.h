@@ -65,7 +65,9 @@ attn_status attn_sgd_steps(int64_t n, attn_tensor *const *p, const attn_tensor *
                            const unsigned char *first, const attn_sgd_options *o);
 
 /* The L2 norm of n tensors taken together (any shapes, float dtypes, any
- * strides), squares summed in double, in *norm. */
+ * strides), squares summed in double, in *norm: over the worker pool in blocks
+ * fixed by the sizes alone, added in order, so the same bits on any thread
+ * count. */
 attn_status attn_grads_norm(int64_t n, const attn_tensor *const *grads, double *norm);
 
 /* The p-norm of n tensors taken together, (sum |x|^p)^(1/p) with the sum in
