@@ -78,6 +78,14 @@ describe("nn.clip_grad_norm_ (fused)", function()
     assert.are.equal(norms[1], norms[3])
     local composed = clip.clip_grad_norm_composed(clone_grads(ps), 1e30)
     assert.is_true(math.abs(norms[1] - composed) <= 1e-12 * composed, norms[1] .. " vs " .. composed)
+    -- the scaling (one pool job over the list) is each grad's own mul by max_norm / (norm + 1e-6)
+    for n = 1, 3 do
+      attn.set_num_threads(n)
+      local qs = clone_grads(ps)
+      clip.clip_grad_norm_(qs, 2)
+      for i = 1, 3 do helper.assert_identical(qs[i].grad, ps[i].grad * (2 / (norms[1] + 1e-6))) end
+    end
+    attn.set_num_threads(threads)
   end)
 
   it("leaves grads under the threshold bit for bit", function()

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/attn_ops.h"
 #include "core/attn_parallel.h"
@@ -448,7 +449,46 @@ attn_status attn_grads_norm(int64_t n, const attn_tensor *const *grads, double *
   return ATTN_OK;
 }
 
+typedef struct {
+  const attn_tensor *const *grads;
+  float f32;
+  double f64;
+} scale_job;
+
+/* x * s in x's dtype, attn_binary_scalar's ATTN_MUL. */
+static void scale_block(void *ctx, int64_t t, int64_t b, int64_t i0, int64_t i1) {
+  const scale_job *j = ctx;
+  const attn_tensor *g = j->grads[t];
+  (void)b;
+  if (g->dtype == ATTN_F32) {
+    float *x = attn_tensor_data(g), s = j->f32;
+    for (int64_t i = i0; i < i1; i++) x[i] = x[i] * s;
+  } else {
+    double *x = attn_tensor_data(g), s = j->f64;
+    for (int64_t i = i0; i < i1; i++) x[i] = x[i] * s;
+  }
+}
+
 attn_status attn_grads_scale_(int64_t n, attn_tensor *const *grads, double scale) {
+  /* contiguous float grads that share no storage (clip_grad_norm_'s): one pool job, as Adam's */
+  scale_job j = {(const attn_tensor *const *)grads, 0, 0};
+  char b32[8], b64[8]; /* the scalar as attn_binary_scalar rounds it */
+  int batch = attn_scalar_to("mul", ATTN_F32, scale, b32) == ATTN_OK &&
+              attn_scalar_to("mul", ATTN_F64, scale, b64) == ATTN_OK;
+  memcpy(&j.f32, b32, sizeof j.f32);
+  memcpy(&j.f64, b64, sizeof j.f64);
+  for (int64_t i = 0; batch && i < n; i++)
+    batch = (grads[i]->dtype == ATTN_F32 || grads[i]->dtype == ATTN_F64) && attn_tensor_is_contiguous(grads[i]);
+  int failed = 0;
+  int64_t *first = batch && !entries_share(n, 1, &j.grads, 1, &failed) && !failed
+                       ? malloc((size_t)(n + 1) * sizeof *first)
+                       : NULL;
+  if (first) {
+    block_index(n, j.grads, GRAIN_ELEMENTS, first);
+    run_tensor_blocks(n, j.grads, first, GRAIN_ELEMENTS, scale_block, &j);
+    free(first);
+    return ATTN_OK;
+  }
   for (int64_t i = 0; i < n; i++) {
     attn_status st = attn_binary_scalar(ATTN_MUL, grads[i], scale, 0, grads[i]);
     if (st != ATTN_OK) return st;

@@ -81,7 +81,8 @@ attn_status attn_grads_norm_p(int64_t n, const attn_tensor *const *grads, double
  * NaN entries stay NaN), any strides. */
 attn_status attn_grads_clamp_(int64_t n, attn_tensor *const *grads, double lo, double hi);
 
-/* Every one of n tensors multiplied in place by scale (rounded to its dtype). */
+/* Every one of n tensors multiplied in place by scale (rounded to its dtype);
+ * contiguous float tensors sharing no storage as one job of the worker pool. */
 attn_status attn_grads_scale_(int64_t n, attn_tensor *const *grads, double scale);
 
 #endif
