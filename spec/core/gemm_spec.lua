@@ -157,6 +157,23 @@ describe("small float32 products", function()
     end
   end)
 
+  it("gemm_'s default path cuts a large product into matmul's row blocks: matmul's bits on any thread count", function()
+    -- 1280 x 256 x 256 (a projection's input gradient added into another's, beta 1): four blocks
+    -- of 320 rows over the worker pool, each a BLAS call of its own height
+    local a, w, c0 = attn.randn(1280, 256), attn.randn(256, 256), attn.randn(1280, 256)
+    local want = core.matmul(a, w:t())
+    local threads = attn.get_num_threads()
+    for _, n in ipairs { 1, 2, 3 } do
+      attn.set_num_threads(n)
+      helper.assert_identical(core.gemm_(attn.zeros(1280, 256), a, w:t()), want)
+      local acc = core.gemm_(c0:clone(), a, w:t(), 1, 1)
+      assert_rel(acc, c0 + want, "1280 x 256 x 256 + C on " .. n .. " threads")
+      helper.assert_identical(acc, core.gemm_(c0:clone(), a, w:t(), 1, 1))
+    end
+    attn.set_num_threads(threads)
+    assert_rel(want, core.gemm_(attn.zeros(1280, 256), a, w:t(), 1, 0, "blas"), "against one BLAS call")
+  end)
+
   it("addmm is matmul then a broadcast add of the bias, in one pass", function()
     for _, s in ipairs { { 640, 32, 32, "float32" }, { 7, 45, 13, "float32" }, { 9, 20, 6, "float64" } } do
       local M, N, K, dtype = s[1], s[2], s[3], s[4]

@@ -58,6 +58,36 @@ describe("nn.clip_grad_norm_ (fused)", function()
     end)
   end
 
+  it("sums grads of many blocks the same on any thread count, as the composed path", function()
+    -- 2 x 65536 + 7 and 65536 entries: the C pass cuts tensors into blocks of 65536 summed over
+    -- the worker pool, then adds them in order
+    attn.manual_seed(5)
+    local function params()
+      local ps = { attn.zeros(2 * 65536 + 7), attn.zeros(256, 256), attn.zeros(5) }
+      ps[1].grad, ps[2].grad, ps[3].grad = attn.randn(2 * 65536 + 7), attn.randn(256, 256), attn.randn(5)
+      return ps
+    end
+    local ps = params()
+    local threads, norms = attn.get_num_threads(), {}
+    for n = 1, 3 do
+      attn.set_num_threads(n)
+      norms[n] = clip.clip_grad_norm_(clone_grads(ps), 1e30)
+    end
+    attn.set_num_threads(threads)
+    assert.are.equal(norms[1], norms[2])
+    assert.are.equal(norms[1], norms[3])
+    local composed = clip.clip_grad_norm_composed(clone_grads(ps), 1e30)
+    assert.is_true(math.abs(norms[1] - composed) <= 1e-12 * composed, norms[1] .. " vs " .. composed)
+    -- the scaling (one pool job over the list) is each grad's own mul by max_norm / (norm + 1e-6)
+    for n = 1, 3 do
+      attn.set_num_threads(n)
+      local qs = clone_grads(ps)
+      clip.clip_grad_norm_(qs, 2)
+      for i = 1, 3 do helper.assert_identical(qs[i].grad, ps[i].grad * (2 / (norms[1] + 1e-6))) end
+    end
+    attn.set_num_threads(threads)
+  end)
+
   it("leaves grads under the threshold bit for bit", function()
     local ps = make_params(0.01)
     local before = clone_grads(ps)

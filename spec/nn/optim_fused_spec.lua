@@ -97,6 +97,30 @@ describe("fused optimizer steps", function()
     helper.assert_identical(p3, p1)
   end)
 
+  it("update a list of parameters as one pool job: the composed path's bits on 1 and 3 threads", function()
+    -- sizes below, at and past the pool's blocks (32768 entries); the last two parameters are
+    -- views of one storage, which the core updates one after the other instead
+    local function run(n, fused)
+      attn.set_num_threads(n)
+      attn.manual_seed(17)
+      local shared = attn.randn(2 * 40000)
+      local ps = { attn.randn(256), attn.randn(128, 256), attn.randn(300, 400), attn.randn(7),
+        shared:narrow(1, 1, 40000), shared:narrow(1, 40001, 40000) }
+      local opt = optim.Adam(ps, { lr = 0.01, fused = fused })
+      for _ = 1, 3 do
+        for _, p in ipairs(ps) do p.grad = attn.randn(p:shape()) end
+        opt:step()
+      end
+      return ps
+    end
+    local want = run(1, false)
+    for _, n in ipairs { 1, 3 } do
+      local got = run(n, true)
+      for i = 1, #want do helper.assert_identical(got[i], want[i]) end
+    end
+    attn.set_num_threads(2)
+  end)
+
   it("allocate nothing once the state exists", function()
     local p = attn.randn({ 64, 64 })
     p.grad = attn.randn({ 64, 64 })

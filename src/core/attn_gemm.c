@@ -4,6 +4,7 @@
 #include <cblas.h>
 
 #include "core/attn_alloc.h"
+#include "core/attn_parallel.h"
 #include "core/attn_vmath.h"
 
 /* The kernel's workspace on the stack: 64 KiB, a panel of 32 columns for K up to 512. */
@@ -48,6 +49,42 @@ void attn_gemm(attn_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K, d
       small(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
     return;
   blas(dt, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+int64_t attn_gemm_row_block(int64_t M, int64_t N, int64_t K) {
+  if (2.0 * (double)M * (double)N * (double)K < 2e6 || M < 16) return M;
+  int64_t rows = 16 * ((M + 4 * 16 - 1) / (4 * 16));
+  return rows < 64 ? 64 : rows;
+}
+
+typedef struct {
+  attn_dtype dt;
+  int ta, tb;
+  int64_t M, N, K, lda, ldb, ldc, rows;
+  double alpha, beta;
+  const char *A, *B;
+  char *C;
+} rows_job;
+
+/* One attn_gemm per block, whatever range of blocks a thread is given. */
+static void run_row_blocks(void *arg, int64_t begin, int64_t end) {
+  const rows_job *j = arg;
+  size_t es = attn_dtype_size(j->dt);
+  for (int64_t b = begin; b < end; b++) {
+    int64_t r0 = b * j->rows, m = r0 + j->rows < j->M ? j->rows : j->M - r0;
+    attn_gemm(j->dt, j->ta, j->tb, m, j->N, j->K, j->alpha, j->A + (size_t)(j->ta ? r0 : r0 * j->lda) * es, j->lda,
+              j->B, j->ldb, j->beta, j->C + (size_t)(r0 * j->ldc) * es, j->ldc);
+  }
+}
+
+void attn_gemm_split(attn_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
+                     int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc) {
+  rows_job j = {dt, ta, tb, M, N, K, lda, ldb, ldc, attn_gemm_row_block(M, N, K), alpha, beta, A, B, C};
+  if (j.rows >= M) {
+    attn_gemm(dt, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  attn_parallel_for((M + j.rows - 1) / j.rows, 1, run_row_blocks, &j);
 }
 
 int attn_gemm_layout(const attn_tensor *t, int *trans, int64_t *ld) {
@@ -106,7 +143,8 @@ attn_status attn_gemm_views(attn_gemm_path path, double alpha, const attn_tensor
   } else if (path == ATTN_GEMM_BLAS) {
     blas(a->dtype, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   } else {
-    attn_gemm(a->dtype, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    attn_get_num_threads(); /* first use pins OpenBLAS to one thread */
+    attn_gemm_split(a->dtype, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
   return ATTN_OK;
 }

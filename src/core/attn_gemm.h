@@ -21,6 +21,17 @@ typedef enum { ATTN_GEMM_AUTO = 0, ATTN_GEMM_SMALL, ATTN_GEMM_BLAS } attn_gemm_p
 void attn_gemm(attn_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
                int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
 
+/* The height of the row blocks attn_gemm_split cuts an M x N x K product into: M (one block) below
+ * 2e6 FLOPs or 16 rows, else a quarter of M rounded up to 16 rows, at least 64. It depends on the
+ * shape alone, as OpenBLAS's bits for a row depend on the height of the call it comes in. */
+int64_t attn_gemm_row_block(int64_t M, int64_t N, int64_t K);
+
+/* attn_gemm over the worker pool: one attn_gemm per block of attn_gemm_row_block(M, N, K) rows
+ * (each re-packs B, a few per cent of a large product on one thread), blocks spread over the
+ * threads, so the result is the same bits on any thread count. Same operands as attn_gemm. */
+void attn_gemm_split(attn_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
+                     int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
+
 /* 1 when attn_gemm runs a float32 product of this shape (tb: B transposed) on the small path: at
  * most attn_vmath_gemm_small_max() multiply-adds (M N K; the active instruction set's measured
  * limit, see src/cpu/gemm_<isa>.c and bench/gemm_bench.lua) and B's panel fits the kernel's stack
@@ -32,8 +43,8 @@ int attn_gemm_is_small(int tb, int64_t M, int64_t N, int64_t K);
 int attn_gemm_layout(const attn_tensor *t, int *trans, int64_t *ld);
 
 /* c (M, N) = alpha a b + beta c in place on 2-D float views (a (M, K), b (K, N), one dtype), by
- * the given path (AUTO: as attn_gemm; SMALL: float32 only): the specs and benchmarks compare the
- * paths with it. a and b need a unit stride in one dim (transposed views are read as such), c in
+ * the given path (AUTO: as matmul, attn_gemm_split over the worker pool; SMALL, BLAS: one call on
+ * the calling thread, SMALL float32 only): the specs and benchmarks compare the paths with it. a and b need a unit stride in one dim (transposed views are read as such), c in
  * its columns, and c shares storage with neither. Fails naming the shapes. */
 attn_status attn_gemm_views(attn_gemm_path path, double alpha, const attn_tensor *a, const attn_tensor *b, double beta,
                             attn_tensor *c);

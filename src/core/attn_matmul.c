@@ -1,6 +1,6 @@
 /* Batched, broadcasting matrix product through attn_gemm (the engine's small-product kernel or
  * OpenBLAS, by size). Both run single-threaded inside the engine's worker pool: batches are spread
- * over workers, and a single large product is split by rows of the output. */
+ * over workers, and a single large product is split by rows of the output (attn_gemm_split). */
 #include <string.h>
 
 #include "core/attn_gemm.h"
@@ -64,7 +64,6 @@ typedef struct {
   attn_tensor *out;
   int batch_ndim;
   int64_t batches, m, n, k;
-  int64_t row_split; /* > 0: one batch, split into row blocks of this size */
   double beta;       /* 0: out = a b; 1: out += a b (addmm) */
 } matmul_job;
 
@@ -81,13 +80,13 @@ static int64_t batch_offset(const attn_tensor *t, const attn_tensor *out, int ba
   return off;
 }
 
-static void gemm(const matmul_job *j, int64_t batch, int64_t row0, int64_t rows) {
+static void gemm(const matmul_job *j, int64_t batch) {
   const attn_tensor *A = j->a.t, *B = j->b.t;
-  int64_t aoff = batch_offset(A, j->out, j->batch_ndim, batch) + row0 * A->stride[A->ndim - 2];
+  int64_t aoff = batch_offset(A, j->out, j->batch_ndim, batch);
   int64_t boff = batch_offset(B, j->out, j->batch_ndim, batch);
-  int64_t ooff = batch * j->m * j->n + row0 * j->n;
+  int64_t ooff = batch * j->m * j->n;
   const size_t es = attn_dtype_size(j->out->dtype);
-  attn_gemm(j->out->dtype, j->a.trans, j->b.trans, rows, j->n, j->k, 1.0,
+  attn_gemm(j->out->dtype, j->a.trans, j->b.trans, j->m, j->n, j->k, 1.0,
             (const char *)attn_tensor_data(A) + (size_t)aoff * es, j->a.ld > 0 ? j->a.ld : 1,
             (const char *)attn_tensor_data(B) + (size_t)boff * es, j->b.ld > 0 ? j->b.ld : 1, j->beta,
             (char *)attn_tensor_data(j->out) + (size_t)ooff * es, j->n > 0 ? j->n : 1);
@@ -95,16 +94,7 @@ static void gemm(const matmul_job *j, int64_t batch, int64_t row0, int64_t rows)
 
 static void run_batches(void *arg, int64_t begin, int64_t end) {
   const matmul_job *j = arg;
-  for (int64_t b = begin; b < end; b++) gemm(j, b, 0, j->m);
-}
-
-/* One gemm per block, whatever range of blocks a thread is given (see attn_matmul). */
-static void run_row_blocks(void *arg, int64_t begin, int64_t end) {
-  const matmul_job *j = arg;
-  for (int64_t b = begin; b < end; b++) {
-    int64_t r0 = b * j->row_split;
-    gemm(j, 0, r0, r0 + j->row_split < j->m ? j->row_split : j->m - r0);
-  }
+  for (int64_t b = begin; b < end; b++) gemm(j, b);
 }
 
 /* out = a b + beta out, beta 0 or 1. */
@@ -133,7 +123,7 @@ static attn_status product(const attn_tensor *a, const attn_tensor *b, attn_tens
   if (numel == 0) return ATTN_OK;
   if (k == 0) return beta == 0 ? attn_fill(out, 0) : ATTN_OK;
   attn_tensor ac = {0}, bc = {0};
-  matmul_job j = {{a, 0, 0}, {b, 0, 0}, out, nd - 2, numel / (m * n), m, n, k, 0, beta};
+  matmul_job j = {{a, 0, 0}, {b, 0, 0}, out, nd - 2, numel / (m * n), m, n, k, beta};
   if (!attn_gemm_layout(a, &j.a.trans, &j.a.ld)) {
     if ((st = attn_tensor_clone(&ac, a, a->dtype)) != ATTN_OK) return st;
     j.a.t = &ac;
@@ -150,16 +140,11 @@ static attn_status product(const attn_tensor *a, const attn_tensor *b, attn_tens
   double flops = 2.0 * (double)m * (double)n * (double)k;
   if (j.batches > 1) {
     attn_parallel_for(j.batches, flops >= 4e6 ? 1 : (int64_t)(4e6 / flops) + 1, run_batches, &j);
-  } else if (flops >= 2e6 && m >= 16) {
-    /* Row blocks sized by m alone (four, of 64 rows at least): OpenBLAS's bits for a row
-     * depend on the height of the call it comes in, so blocks that followed the thread count
-     * would make the result depend on it too. Each block re-packs b, which costs one thread
-     * a few per cent on large products. */
-    j.row_split = 16 * ((m + 4 * 16 - 1) / (4 * 16));
-    if (j.row_split < 64) j.row_split = 64;
-    attn_parallel_for((m + j.row_split - 1) / j.row_split, 1, run_row_blocks, &j);
   } else {
-    gemm(&j, 0, 0, m);
+    /* row blocks sized by the shape alone (attn_gemm_row_block), so the bits do not follow the
+     * thread count */
+    attn_gemm_split(out->dtype, j.a.trans, j.b.trans, m, n, k, 1.0, attn_tensor_data(j.a.t), j.a.ld > 0 ? j.a.ld : 1,
+                    attn_tensor_data(j.b.t), j.b.ld > 0 ? j.b.ld : 1, beta, attn_tensor_data(out), n);
   }
   attn_tensor_free(&ac);
   attn_tensor_free(&bc);

@@ -3,6 +3,8 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "core/attn_ops.h"
 #include "core/attn_parallel.h"
@@ -50,6 +52,72 @@ static attn_status check_operands(const char *op, int count, const attn_tensor *
       if (i != j && ((written >> i) & 1) && overlap(t[i], t[j], n))
         return attn_error(ATTN_ERR_ARG, "%s: operand %d shares memory with operand %d", op, i + 1, j + 1);
   return ATTN_OK;
+}
+
+/* A list of tensors cut into blocks of a fixed number of entries (first[i]: tensor i's first block;
+ * first[n]: all blocks), the blocks spread over the worker pool: one pool job for a whole list, so
+ * a training step's small parameters need no job (and no wake-up of the workers) each. The cut
+ * depends on the sizes alone. */
+typedef void (*block_fn)(void *ctx, int64_t tensor, int64_t block, int64_t i0, int64_t i1);
+typedef struct {
+  const attn_tensor *const *t;
+  const int64_t *first;
+  int64_t size;
+  block_fn fn;
+  void *ctx;
+} blocks_job;
+
+static void run_blocks(void *arg, int64_t begin, int64_t end) {
+  const blocks_job *j = arg;
+  int64_t t = 0;
+  for (int64_t b = begin; b < end; b++) {
+    while (j->first[t + 1] <= b) t++;
+    int64_t i0 = (b - j->first[t]) * j->size, i1 = attn_tensor_numel(j->t[t]);
+    j->fn(j->ctx, t, b, i0, i1 - i0 > j->size ? i0 + j->size : i1);
+  }
+}
+
+/* Fills first (n + 1 entries) for blocks of size entries; returns the number of blocks. */
+static int64_t block_index(int64_t n, const attn_tensor *const *t, int64_t size, int64_t *first) {
+  first[0] = 0;
+  for (int64_t i = 0; i < n; i++) first[i + 1] = first[i] + (attn_tensor_numel(t[i]) + size - 1) / size;
+  return first[n];
+}
+
+static void run_tensor_blocks(int64_t n, const attn_tensor *const *t, const int64_t *first, int64_t size,
+                              block_fn fn, void *ctx) {
+  blocks_job j = {t, first, size, fn, ctx};
+  attn_parallel_for(first[n], 1, run_blocks, &j);
+}
+
+/* Whether two entries of a list of updates share a storage that one of them writes (rows: n
+ * entries of `count` operands, operand k of entry i at t[k][i], NULL skipped; written: a bit per
+ * operand): then the updates must run one after the other, in list order. */
+typedef struct {
+  const attn_storage *s;
+  int64_t entry;
+  int written;
+} operand_ref;
+
+static int by_storage(const void *a, const void *b) {
+  const operand_ref *x = a, *y = b;
+  return x->s < y->s ? -1 : x->s > y->s;
+}
+
+static int entries_share(int64_t n, int count, const attn_tensor *const *const *t, int written, int *failed) {
+  operand_ref *r = malloc((size_t)(n * count) * sizeof *r + 1);
+  if (!r) return *failed = 1;
+  int64_t m = 0;
+  for (int k = 0; k < count; k++)
+    for (int64_t i = 0; t[k] && i < n; i++)
+      if (t[k][i]) r[m++] = (operand_ref){t[k][i]->storage, i, (written >> k) & 1};
+  qsort(r, (size_t)m, sizeof *r, by_storage);
+  int shared = 0;
+  for (int64_t a = 0; a < m && !shared; a++) /* within a run of one storage: two entries, one writing */
+    for (int64_t b = a + 1; b < m && r[b].s == r[a].s && !shared; b++)
+      shared = r[b].entry != r[a].entry && (r[a].written || r[b].written);
+  free(r);
+  return shared;
 }
 
 typedef struct {
@@ -129,9 +197,9 @@ static attn_status adam_check(const char *op, attn_tensor *p, const attn_tensor 
   return ATTN_OK;
 }
 
-/* One checked update at step t. */
-static void adam_run(attn_tensor *p, const attn_tensor *grad, attn_tensor *exp_avg, attn_tensor *exp_avg_sq,
-                     attn_tensor *vmax, const attn_adam_options *o, int64_t step) {
+/* The job of one checked update at step t. */
+static adam_job adam_make(attn_tensor *p, const attn_tensor *grad, attn_tensor *exp_avg, attn_tensor *exp_avg_sq,
+                          attn_tensor *vmax, const attn_adam_options *o, int64_t step) {
   double t = (double)step;
   adam_job J = {attn_tensor_data(p), attn_tensor_data(exp_avg), attn_tensor_data(exp_avg_sq),
                 attn_tensor_data(grad), o->weight_decay,
@@ -139,7 +207,25 @@ static void adam_run(attn_tensor *p, const attn_tensor *grad, attn_tensor *exp_a
                 o->beta1, 1 - o->beta1, o->beta2, 1 - o->beta2, sqrt(1 - lua_pow(o->beta2, t)), o->eps,
                 o->lr / (1 - lua_pow(o->beta1, t)), !o->decoupled && o->weight_decay != 0, o->maximize,
                 vmax ? attn_tensor_data(vmax) : NULL};
+  return J;
+}
+
+/* One checked update at step t. */
+static void adam_run(attn_tensor *p, const attn_tensor *grad, attn_tensor *exp_avg, attn_tensor *exp_avg_sq,
+                     attn_tensor *vmax, const attn_adam_options *o, int64_t step) {
+  adam_job J = adam_make(p, grad, exp_avg, exp_avg_sq, vmax, o, step);
   attn_parallel_for(attn_tensor_numel(p), GRAIN_ELEMENTS, p->dtype == ATTN_F32 ? adam_f32 : adam_f64, &J);
+}
+
+typedef struct {
+  adam_job *jobs;
+  attn_tensor *const *p;
+} adam_list;
+
+static void adam_block(void *ctx, int64_t t, int64_t b, int64_t i0, int64_t i1) {
+  const adam_list *L = ctx;
+  (void)b;
+  (L->p[t]->dtype == ATTN_F32 ? adam_f32 : adam_f64)(&L->jobs[t], i0, i1);
 }
 
 attn_status attn_adam_step(attn_tensor *p, const attn_tensor *grad, attn_tensor *exp_avg, attn_tensor *exp_avg_sq,
@@ -159,8 +245,27 @@ attn_status attn_adam_steps(int64_t n, attn_tensor *const *p, const attn_tensor 
     if (st == ATTN_OK) st = same_shape("adam_steps", p[i], grad[i]);
     if (st != ATTN_OK) return at_parameter(st, i);
   }
+  const attn_tensor *const *ops[5] = {(const attn_tensor *const *)p, grad, (const attn_tensor *const *)exp_avg,
+                                      (const attn_tensor *const *)exp_avg_sq,
+                                      (const attn_tensor *const *)max_exp_avg_sq};
+  int failed = 0;
+  /* the jobs, then the blocks' index (bookkeeping, outside the tensors' allocator and its counts) */
+  adam_job *jobs = entries_share(n, 5, ops, 1 | 4 | 8 | 16, &failed) || failed
+                       ? NULL
+                       : malloc((size_t)n * sizeof *jobs + (size_t)(n + 1) * sizeof(int64_t));
+  if (!jobs) { /* one after the other, each over the pool */
+    for (int64_t i = 0; i < n; i++)
+      adam_run(p[i], grad[i], exp_avg[i], exp_avg_sq[i], max_exp_avg_sq ? max_exp_avg_sq[i] : NULL, o, step[i]);
+    return ATTN_OK;
+  }
   for (int64_t i = 0; i < n; i++)
-    adam_run(p[i], grad[i], exp_avg[i], exp_avg_sq[i], max_exp_avg_sq ? max_exp_avg_sq[i] : NULL, o, step[i]);
+    jobs[i] = adam_make(p[i], grad[i], exp_avg[i], exp_avg_sq[i], max_exp_avg_sq ? max_exp_avg_sq[i] : NULL, o,
+                        step[i]);
+  int64_t *first = (int64_t *)(jobs + n);
+  adam_list L = {jobs, p};
+  block_index(n, ops[0], GRAIN_ELEMENTS, first);
+  run_tensor_blocks(n, ops[0], first, GRAIN_ELEMENTS, adam_block, &L);
+  free(jobs);
   return ATTN_OK;
 }
 
@@ -303,20 +408,87 @@ attn_status attn_grads_clamp_(int64_t n, attn_tensor *const *grads, double lo, d
   return ATTN_OK;
 }
 
+/* attn_grads_norm cuts each tensor into blocks of this many entries, whatever the thread count:
+ * a block's squares are one sumsq, a tensor's sum adds its blocks in order, and the norm adds the
+ * tensors in order, so the bits do not depend on the threads (and a tensor of one block sums as
+ * it did before the cut). */
+#define NORM_BLOCK 65536
+
+typedef struct {
+  const attn_tensor *const *grads;
+  double *partial; /* one sum of squares per block */
+} norm_job;
+
+static void norm_block(void *ctx, int64_t t, int64_t b, int64_t i0, int64_t i1) {
+  const norm_job *j = ctx;
+  const attn_tensor *g = j->grads[t];
+  j->partial[b] = g->dtype == ATTN_F32 ? sumsq_f32((const float *)attn_tensor_data(g) + i0, i1 - i0)
+                                       : sumsq_f64((const double *)attn_tensor_data(g) + i0, i1 - i0);
+}
+
 attn_status attn_grads_norm(int64_t n, const attn_tensor *const *grads, double *norm) {
-  double total = 0;
   attn_status st = check_grads("grads_norm", n, grads);
   if (st != ATTN_OK) return st;
+  int64_t blocks = 0; /* counted before the index exists: the partials follow it */
+  for (int64_t i = 0; i < n; i++) blocks += (attn_tensor_numel(grads[i]) + NORM_BLOCK - 1) / NORM_BLOCK;
+  int64_t *first = malloc((size_t)(n + 1 + blocks) * sizeof(int64_t)); /* the partials after it */
+  if (!first)
+    return attn_error(ATTN_ERR_MEMORY, "grads_norm: out of memory for %lld partial sums", (long long)blocks);
+  double *partial = (double *)(first + n + 1);
+  norm_job j = {grads, partial};
+  block_index(n, grads, NORM_BLOCK, first);
+  run_tensor_blocks(n, grads, first, NORM_BLOCK, norm_block, &j);
+  double total = 0;
   for (int64_t i = 0; i < n; i++) {
-    const attn_tensor *g = grads[i];
-    int64_t k = attn_tensor_numel(g);
-    total += g->dtype == ATTN_F32 ? sumsq_f32(attn_tensor_data(g), k) : sumsq_f64(attn_tensor_data(g), k);
+    double sum = 0;
+    for (int64_t b = first[i]; b < first[i + 1]; b++) sum += partial[b];
+    total += sum;
   }
+  free(first);
   *norm = sqrt(total);
   return ATTN_OK;
 }
 
+typedef struct {
+  const attn_tensor *const *grads;
+  float f32;
+  double f64;
+} scale_job;
+
+/* x * s in x's dtype, attn_binary_scalar's ATTN_MUL. */
+static void scale_block(void *ctx, int64_t t, int64_t b, int64_t i0, int64_t i1) {
+  const scale_job *j = ctx;
+  const attn_tensor *g = j->grads[t];
+  (void)b;
+  if (g->dtype == ATTN_F32) {
+    float *x = attn_tensor_data(g), s = j->f32;
+    for (int64_t i = i0; i < i1; i++) x[i] = x[i] * s;
+  } else {
+    double *x = attn_tensor_data(g), s = j->f64;
+    for (int64_t i = i0; i < i1; i++) x[i] = x[i] * s;
+  }
+}
+
 attn_status attn_grads_scale_(int64_t n, attn_tensor *const *grads, double scale) {
+  /* contiguous float grads that share no storage (clip_grad_norm_'s): one pool job, as Adam's */
+  scale_job j = {(const attn_tensor *const *)grads, 0, 0};
+  char b32[8], b64[8]; /* the scalar as attn_binary_scalar rounds it */
+  int batch = attn_scalar_to("mul", ATTN_F32, scale, b32) == ATTN_OK &&
+              attn_scalar_to("mul", ATTN_F64, scale, b64) == ATTN_OK;
+  memcpy(&j.f32, b32, sizeof j.f32);
+  memcpy(&j.f64, b64, sizeof j.f64);
+  for (int64_t i = 0; batch && i < n; i++)
+    batch = (grads[i]->dtype == ATTN_F32 || grads[i]->dtype == ATTN_F64) && attn_tensor_is_contiguous(grads[i]);
+  int failed = 0;
+  int64_t *first = batch && !entries_share(n, 1, &j.grads, 1, &failed) && !failed
+                       ? malloc((size_t)(n + 1) * sizeof *first)
+                       : NULL;
+  if (first) {
+    block_index(n, j.grads, GRAIN_ELEMENTS, first);
+    run_tensor_blocks(n, j.grads, first, GRAIN_ELEMENTS, scale_block, &j);
+    free(first);
+    return ATTN_OK;
+  }
   for (int64_t i = 0; i < n; i++) {
     attn_status st = attn_binary_scalar(ATTN_MUL, grads[i], scale, 0, grads[i]);
     if (st != ATTN_OK) return st;

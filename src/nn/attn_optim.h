@@ -35,8 +35,10 @@ attn_status attn_adam_step(attn_tensor *p, const attn_tensor *grad, attn_tensor 
  * exp_avg[i], exp_avg_sq[i] (and max_exp_avg_sq[i], the list NULL when
  * amsgrad is off) as attn_adam_step's operands, at step step[i] (o->step is
  * not read); grad[i] has exactly p[i]'s shape. Every parameter's operands are
- * checked before any is written (an error names the position); the updates
- * run in list order, each with attn_adam_step's bits. */
+ * checked before any is written (an error names the position); each update
+ * has attn_adam_step's bits. The whole list is one job of the worker pool, in
+ * blocks fixed by the sizes, unless two entries share a storage one of them
+ * writes: then the updates run in list order. */
 attn_status attn_adam_steps(int64_t n, attn_tensor *const *p, const attn_tensor *const *grad,
                             attn_tensor *const *exp_avg, attn_tensor *const *exp_avg_sq,
                             attn_tensor *const *max_exp_avg_sq, const int64_t *step, const attn_adam_options *o);
@@ -65,7 +67,9 @@ attn_status attn_sgd_steps(int64_t n, attn_tensor *const *p, const attn_tensor *
                            const unsigned char *first, const attn_sgd_options *o);
 
 /* The L2 norm of n tensors taken together (any shapes, float dtypes, any
- * strides), squares summed in double, in *norm. */
+ * strides), squares summed in double, in *norm: over the worker pool in blocks
+ * fixed by the sizes alone, added in order, so the same bits on any thread
+ * count. */
 attn_status attn_grads_norm(int64_t n, const attn_tensor *const *grads, double *norm);
 
 /* The p-norm of n tensors taken together, (sum |x|^p)^(1/p) with the sum in
@@ -77,7 +81,8 @@ attn_status attn_grads_norm_p(int64_t n, const attn_tensor *const *grads, double
  * NaN entries stay NaN), any strides. */
 attn_status attn_grads_clamp_(int64_t n, attn_tensor *const *grads, double lo, double hi);
 
-/* Every one of n tensors multiplied in place by scale (rounded to its dtype). */
+/* Every one of n tensors multiplied in place by scale (rounded to its dtype);
+ * contiguous float tensors sharing no storage as one job of the worker pool. */
 attn_status attn_grads_scale_(int64_t n, attn_tensor *const *grads, double scale);
 
 #endif
