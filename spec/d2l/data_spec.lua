@@ -442,11 +442,16 @@ describe("data.split_indices and data.load_corpus", function()
     local plan = c.train:plan()
     assert.are.equal(#c.train, #plan)
     local rows, X_len = {}, c.train.dataset[2]:totable()
-    for _, batch in ipairs(plan) do
+    local lists = plan:totable()
+    for b, batch in ipairs(plan) do
+      assert.are.same(lists[b], batch:totable())
       local x, xl, y, yl = c.train:batch(batch)
+      local x2, _, y2 = c.train:batch(lists[b]) -- a list of rows gives the same batch
+      assert.are.same(x:totable(), x2:totable())
+      assert.are.same(y:totable(), y2:totable())
       assert.are.equal(xl:max():item(), x:size(2))
       assert.are.equal(yl:max():item(), y:size(2))
-      for i, r in ipairs(batch) do
+      for i, r in ipairs(lists[b]) do
         assert.is_nil(rows[r])
         rows[r] = true
         assert.are.equal(X_len[r], xl:totable()[i])
@@ -455,10 +460,13 @@ describe("data.split_indices and data.load_corpus", function()
     local count = 0
     for _ in pairs(rows) do count = count + 1 end
     assert.are.equal(231, count)
+    -- the bucketing key: each pair's longer valid length
+    local Y_len, lengths = c.train.dataset[4]:totable(), c.train.lengths:totable()
+    for r = 1, 231 do assert.are.equal(math.max(X_len[r], Y_len[r]), lengths[r]) end
     -- the generator's state replays the epoch
     c.train:set_state(state)
-    assert.are.same(plan, c.train:plan())
-    assert.are_not.same(plan, c.train:plan())
+    assert.are.same(lists, c.train:plan():totable())
+    assert.are_not.same(lists, c.train:plan():totable())
   end)
 
   it("reports each stage of reading with its time", function()

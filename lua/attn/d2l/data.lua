@@ -515,24 +515,38 @@ local Loader = {}
 Loader.__index = Loader
 Loader.__len = function(self) return self.num_batches end
 
--- One epoch: a fresh permutation (Fisher-Yates) unless shuffle is off.
-Loader.__call = function(self)
-  local n, bs = self.num_examples, self.batch_size
+-- 1..n shuffled by Fisher-Yates with g's draws (1..n in order without g).
+local function permutation(g, n)
   local order = {}
   for i = 1, n do order[i] = i end
-  if self.shuffle then
+  if g then
     for i = n, 2, -1 do
-      local j = pcg_below(self.rng, i)
+      local j = pcg_below(g, i)
       order[i], order[j] = order[j], order[i]
     end
   end
+  return order
+end
+
+-- A list of row numbers as an id tensor (the empty list too).
+local function id_tensor(list)
+  if #list == 0 then return attn.zeros({ 0 }, ID_DTYPE) end
+  return attn.tensor(list, ID_DTYPE)
+end
+
+-- One epoch: a fresh permutation (Fisher-Yates) unless shuffle is off. The permutation is held as
+-- an id tensor, not a Lua table: a table of every row stays in the Lua heap for the epoch, and
+-- every full collection the step's tensors trigger traverses it.
+Loader.__call = function(self)
+  local n, bs = self.num_examples, self.batch_size
+  local order = id_tensor(permutation(self.shuffle and self.rng or nil, n))
   local X, X_len, Y, Y_len = table.unpack(self.dataset)
   local b = 0
   return function()
     b = b + 1
     if b > self.num_batches then return nil end
     local first = (b - 1) * bs + 1
-    local rows = attn.tensor(table.move(order, first, math.min(first + bs - 1, n), 1, {}), ID_DTYPE)
+    local rows = order:narrow(1, first, math.min(bs, n - first + 1))
     return X:index_select(1, rows), X_len:index_select(1, rows), Y:index_select(1, rows), Y_len:index_select(1, rows)
   end
 end
@@ -641,16 +655,6 @@ end
 -- way, so the split must differ from it by the stream, not by the seed).
 local SPLIT_STREAM = 0x53504C4954 -- "SPLIT"
 
-local function permutation(g, n)
-  local order = {}
-  for i = 1, n do order[i] = i end
-  for i = n, 2, -1 do
-    local j = pcg_below(g, i)
-    order[i], order[j] = order[j], order[i]
-  end
-  return order
-end
-
 --- A deterministic split of `n` items into test, validation and training
 -- index lists: one permutation of 1..n drawn from a PCG32 stream seeded by
 -- `seed` (its own stream, independent of the batch order), the first `test`
@@ -698,47 +702,81 @@ BucketLoader.__len = function(self) return self.num_batches end
 -- into batches, the batches shuffled again, and each batch's columns cut to its
 -- longest sequence, so little time goes into padding. Without `bucket` the
 -- batches are `load_fra_eng`'s.
--- `loader:plan()` draws one epoch's batches (lists of row numbers) and advances
+-- `loader:plan()` draws one epoch's batches (a `Plan`) and advances
 -- the generator; `loader:batch(rows)` gives `X, X_valid_len, Y, Y_valid_len`;
 -- `loader:get_state()` / `loader:set_state(s)` save and restore the generator
 -- (a resumed run re-draws its epoch's plan from the state at the epoch's start).
+-- `loader.lengths` is an id tensor: each pair's longer valid length (the bucketing key).
 -- @type BucketLoader
 data.BucketLoader = BucketLoader
 
---- One epoch's batches as lists of row numbers (advances the generator).
--- @treturn table
+-- One epoch's batches: every row number in batch order in one id tensor, and where each batch
+-- starts in it. Not a table of row lists: the plan lives through the epoch, and its thousands of
+-- tables (a whole-file epoch's) made every full collection of the training steps slower.
+local Plan = {}
+local plan_methods = {}
+Plan.__len = function(self) return #self.starts - 1 end
+Plan.__index = function(self, key)
+  if math.type(key) == "integer" then
+    local starts = self.starts
+    if key < 1 or key >= #starts then return nil end
+    return self.rows:narrow(1, starts[key], starts[key + 1] - starts[key])
+  end
+  return plan_methods[key]
+end
+
+--- The plan's batches as lists of row numbers.
+-- @treturn {{integer,...},...}
+function plan_methods.totable(self)
+  local all, out = self.rows:totable(), {}
+  for b = 1, #self.starts - 1 do out[b] = table.move(all, self.starts[b], self.starts[b + 1] - 1, 1, {}) end
+  return out
+end
+
+--- One epoch's batches (advances the generator): a `Plan`, whose `#plan` is the number of
+-- batches and `plan[b]` batch b's row numbers as a 1-D id tensor (for `loader:batch`);
+-- `plan:totable()` gives them as lists.
+-- @treturn Plan
 function BucketLoader:plan()
   local n, bs = self.num_examples, self.batch_size
   local order = permutation(self.rng, n)
   local batches = {}
   if not self.bucket then
     for first = 1, n, bs do batches[#batches + 1] = table.move(order, first, math.min(first + bs - 1, n), 1, {}) end
-    return batches
+  else
+    local len, pool = self.lengths:totable(), bs * 50
+    for p = 1, n, pool do
+      local rows = table.move(order, p, math.min(p + pool - 1, n), 1, {})
+      local pos = {}
+      for i, r in ipairs(rows) do pos[r] = i end
+      table.sort(rows, function(a, b)
+        if len[a] ~= len[b] then return len[a] < len[b] end
+        return pos[a] < pos[b]
+      end)
+      for first = 1, #rows, bs do
+        batches[#batches + 1] = table.move(rows, first, math.min(first + bs - 1, #rows), 1, {})
+      end
+    end
+    for i = #batches, 2, -1 do
+      local j = pcg_below(self.rng, i)
+      batches[i], batches[j] = batches[j], batches[i]
+    end
   end
-  local len, pool = self.lengths, bs * 50
-  for p = 1, n, pool do
-    local rows = table.move(order, p, math.min(p + pool - 1, n), 1, {})
-    local pos = {}
-    for i, r in ipairs(rows) do pos[r] = i end
-    table.sort(rows, function(a, b)
-      if len[a] ~= len[b] then return len[a] < len[b] end
-      return pos[a] < pos[b]
-    end)
-    for first = 1, #rows, bs do batches[#batches + 1] = table.move(rows, first, math.min(first + bs - 1, #rows), 1, {}) end
+  local flat, starts = {}, {}
+  for b, rows in ipairs(batches) do
+    starts[b] = #flat + 1
+    table.move(rows, 1, #rows, #flat + 1, flat)
   end
-  for i = #batches, 2, -1 do
-    local j = pcg_below(self.rng, i)
-    batches[i], batches[j] = batches[j], batches[i]
-  end
-  return batches
+  starts[#batches + 1] = #flat + 1
+  return setmetatable({ rows = id_tensor(flat), starts = starts }, Plan)
 end
 
 --- The tensors of one batch: `X, X_valid_len, Y, Y_valid_len`, the columns cut
 -- to the longest valid length in the batch when bucketing.
--- @tparam table rows row numbers from `plan`
+-- @param rows row numbers: `plan[b]` (a 1-D id tensor) or a list
 function BucketLoader:batch(rows)
   local X, X_len, Y, Y_len = table.unpack(self.dataset)
-  local idx = attn.tensor(rows, ID_DTYPE)
+  local idx = attn.is_tensor(rows) and rows or attn.tensor(rows, ID_DTYPE)
   local x, xl, y, yl = X:index_select(1, idx), X_len:index_select(1, idx), Y:index_select(1, idx),
     Y_len:index_select(1, idx)
   if self.bucket then
@@ -816,9 +854,7 @@ local function corpus_arrays(path, num_steps, opts, log, who)
     #src_vocab, #tgt_vocab, t2 - t1))
   local X, X_len = data.build_array(train_src, src_vocab, num_steps)
   local Y, Y_len = data.build_array(train_tgt, tgt_vocab, num_steps)
-  local lengths = {}
-  local xl, yl = X_len:totable(), Y_len:totable()
-  for i = 1, #xl do lengths[i] = math.max(xl[i], yl[i]) end
+  local lengths = X_len:maximum(Y_len) -- a tensor: a table of every pair would stay in the Lua heap
   local t3 = clock()
   log(string.format("id arrays (%d x %d) in %.1f s", X:size(1), num_steps, t3 - t2))
   return { dataset = { X, X_len, Y, Y_len }, lengths = lengths, src_vocab = src_vocab, tgt_vocab = tgt_vocab,
