@@ -321,7 +321,8 @@ end
 --   take the steps one would; the losses are totals over ranks; only rank 1 validates, writes
 --   checkpoints and logs)
 -- @treturn table `{steps = {loss per step}, epochs = {{epoch =, loss =, tokens =, seconds =, tokens_per_sec =}},
---   best =, stopped = boolean, checkpoint = path of the last checkpoint written}`
+--   tokens = the target tokens of every step this call ran (a partial epoch's too), best =, stopped = boolean,
+--   checkpoint = path of the last checkpoint written}`
 -- @raise on bad options or a checkpoint that does not fit the model
 function run.fit(net, corpus, opts)
   opts = check.options("fit", opts, { lr = true, epochs = true, clip = true, label_smoothing = true, accum = true,
@@ -376,7 +377,7 @@ function run.fit(net, corpus, opts)
     for k, v in pairs(type(opts.progress) == "table" and opts.progress or {}) do p[k] = v end
     show = progress.new(p)
   end
-  local result = { steps = {}, epochs = {}, stopped = false }
+  local result = { steps = {}, epochs = {}, tokens = 0, stopped = false }
   local step = position.step
   local valid_every = opts.valid_every or 0
   local has_valid = root and corpus.valid and #corpus.valid.source > 0
@@ -436,6 +437,7 @@ function run.fit(net, corpus, opts)
       local step_loss = sum / tokens
       result.steps[#result.steps + 1] = step_loss
       ep_loss, ep_tokens = ep_loss + sum, ep_tokens + tokens
+      result.tokens = result.tokens + tokens
       if opts.on_step then opts.on_step(step, step_loss, lr) end
       local shown = { loss = step_loss, tokens = tokens, lr = lr }
       if has_valid and valid_every > 0 and step % valid_every == 0 then
