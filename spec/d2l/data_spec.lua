@@ -1,5 +1,6 @@
 local attn = require "attn"
 local data = require "attn.d2l.data"
+local core = require "attn.core"
 local helper = require "helper"
 
 local SAMPLE = "data/fra-eng-sample.txt"
@@ -165,6 +166,40 @@ describe("data.Vocab", function()
     assert.are.equal(v.token_freqs, rawget(v, "token_freqs")) -- kept once built
     assert.are.same({ "<unk>", "a\0b" }, v.idx_to_token)
     assert.are.same({}, data.Vocab({}).token_freqs)
+  end)
+
+  it("holds its tokens in one token index: lookups agree with a plain table, the lists are built only when read",
+    function()
+    -- tokens of any bytes, a repeat (keeps its first id), many tokens (probe chains in the hash)
+    local tokens = { "<unk>", "a\0b", "", "\n", string.rep("z", 300), "a\0b" }
+    for i = 1, 3000 do tokens[#tokens + 1] = "t" .. i end
+    local ix, want = core.token_index(tokens), {}
+    for i, tok in ipairs(tokens) do want[tok] = want[tok] or i end
+    assert.are.equal(#tokens, core.token_count(ix))
+    for i, tok in ipairs(tokens) do
+      assert.are.equal(want[tok], core.token_id(ix, tok))
+      assert.are.equal(tok, core.token_at(ix, i))
+    end
+    assert.is_nil(core.token_id(ix, "t3001"))
+    assert.is_nil(core.token_id(ix, 5))
+    assert.is_nil(core.token_at(ix, 0))
+    assert.is_nil(core.token_at(ix, #tokens + 1))
+    assert.are.same({ 2, 1, 3, 1 }, core.token_ids(ix, { "a\0b", "nope", "", 7 }, 1))
+    assert.are.same({ 2, 3 }, core.token_ids(ix, { "a\0b", "", "\n" }, 1, 2))
+    assert.are.same(tokens, core.token_list(ix))
+    assert.error_matches(function() core.token_index({ "a", 1 }) end, "token 2 is a number")
+    assert.error_matches(function() core.token_id({}, "a") end, "must be a token index")
+    -- a Vocab keeps no token tables until a program reads idx_to_token or token_to_idx
+    local v = data.Vocab({ { "b", "c", "a", "b" } })
+    assert.are.equal(2, v["b"])
+    assert.are.same({ 2, 1 }, v:ids({ "b", "q" }))
+    assert.are.equal("c", v:token(3))
+    assert.are.same({ "<unk>", "b", "c", "a" }, v:token_list())
+    assert.is_nil(rawget(v, "idx_to_token"))
+    assert.is_nil(rawget(v, "token_to_idx"))
+    assert.are.same({ ["<unk>"] = 1, b = 2, c = 3, a = 4 }, v.token_to_idx)
+    assert.are.equal(v.token_to_idx, rawget(v, "token_to_idx"))
+    assert.are.equal("Vocab(4 tokens: <unk> b c a)", tostring(v))
   end)
 
   it("looks tokens and ids up both ways, 1-based", function()

@@ -23,6 +23,7 @@
 -- @module attn.d2l.data
 local attn = require "attn"
 local check = require "attn.check"
+local core = require "attn.core"
 
 --- The dtype of id and length tensors (one place, so the whole pipeline follows it).
 local ID_DTYPE = "int64"
@@ -274,11 +275,25 @@ local vocab_methods = {}
 -- keeps them. Weak keys: the entry goes with its vocabulary.
 local pending_freqs = setmetatable({}, { __mode = "k" })
 
--- Methods first (so vocab:ids works), then the token lookup: vocab["go"], or
--- vocab[{"go", "."}] for a list, as the book's `vocab[tokens]`.
+-- Methods first (so vocab:ids works), then the fields built when first read, then the token
+-- lookup: vocab["go"], or vocab[{"go", "."}] for a list, as the book's `vocab[tokens]`.
+-- The tokens live in one token index (attn.core.token_index, src/bind/ltokens.c), not in Lua
+-- tables: a table of 30,000 strings is 30,000 objects every full collection marks and sweeps
+-- (~8 ms for a whole-file vocabulary pair, in a training loop whose tensors trigger about one
+-- full collection per step). `idx_to_token` and `token_to_idx` are built from it when read.
 Vocab.__index = function(self, key)
   local m = vocab_methods[key]
   if m ~= nil then return m end
+  if key == "idx_to_token" or key == "token_to_idx" then
+    local list = core.token_list(self.index)
+    if key == "token_to_idx" then
+      local t2i = {}
+      for i, tok in ipairs(list) do t2i[tok] = i end
+      list = t2i
+    end
+    rawset(self, key, list)
+    return list
+  end
   if key == "token_freqs" and pending_freqs[self] then
     local packed, list, pos = pending_freqs[self], {}, 1
     while pos <= #packed do
@@ -290,15 +305,15 @@ Vocab.__index = function(self, key)
     rawset(self, "token_freqs", list)
     return list
   end
-  if type(key) == "string" then return self.token_to_idx[key] or self.unk end
+  if type(key) == "string" then return core.token_id(self.index, key) or self.unk end
   if type(key) == "table" then return vocab_methods.ids(self, key) end
   return nil
 end
-Vocab.__len = function(self) return #self.idx_to_token end
+Vocab.__len = function(self) return core.token_count(self.index) end
 Vocab.__tostring = function(self)
-  local head = table.move(self.idx_to_token, 1, math.min(#self.idx_to_token, 10), 1, {})
-  return string.format("Vocab(%d tokens: %s%s)", #self.idx_to_token, table.concat(head, " "),
-    #self.idx_to_token > 10 and " ..." or "")
+  local n, head = core.token_count(self.index), {}
+  for i = 1, math.min(n, 10) do head[i] = core.token_at(self.index, i) end
+  return string.format("Vocab(%d tokens: %s%s)", n, table.concat(head, " "), n > 10 and " ..." or "")
 end
 
 local function count_token(counts, order, tok, who)
@@ -352,7 +367,7 @@ local function new_vocab(_, tokens, opts)
     packed[i] = string.pack("<s4j", tok, counts[tok])
     if counts[tok] >= min_freq then add(tok) end
   end
-  local vocab = setmetatable({ idx_to_token = idx_to_token, token_to_idx = token_to_idx, unk = 1 }, Vocab)
+  local vocab = setmetatable({ index = core.token_index(idx_to_token), unk = 1 }, Vocab)
   pending_freqs[vocab] = table.concat(packed)
   return vocab
 end
@@ -361,9 +376,10 @@ end
 -- follow in order, then every token seen at least `min_freq` times, by descending
 -- frequency with ties in first-appearance order.
 -- `vocab[token]` is the token's id (`vocab.unk` = 1 for an unknown token),
--- `vocab[list]` a table of ids, `#vocab` the size. Fields: `idx_to_token`,
--- `token_to_idx`, `unk`, `token_freqs` (`{token, count}` by descending count, every token counted;
--- built when first read, so a training loop's collections do not traverse it).
+-- `vocab[list]` a table of ids, `#vocab` the size. Fields: `unk`, and built when first read (so a
+-- training loop's collections do not traverse them unless the program reads them; the lookups
+-- and `vocab:token_list()` do not build them): `idx_to_token`, `token_to_idx`, `token_freqs`
+-- (`{token, count}` by descending count, every token counted).
 -- A token spelled like a method or field (`ids`, `tokens`, `unk`, ...) is
 -- shadowed in `vocab[token]`; `vocab:id(token)` always looks the token up.
 -- @function Vocab
@@ -374,29 +390,30 @@ end
 data.Vocab = setmetatable({}, { __call = new_vocab })
 
 --- The id of one token (`vocab.unk` when unknown).
-function vocab_methods.id(self, token) return self.token_to_idx[token] or self.unk end
+function vocab_methods.id(self, token) return core.token_id(self.index, token) or self.unk end
 
 --- A table of ids for a list of tokens.
 function vocab_methods.ids(self, list)
   if type(list) ~= "table" then error("Vocab:ids: expected a list of tokens, got a " .. type(list), 2) end
-  local t2i, unk, out = self.token_to_idx, self.unk, {}
-  for i, tok in ipairs(list) do out[i] = t2i[tok] or unk end
-  return out
+  return core.token_ids(self.index, list, self.unk)
 end
+
+--- A new list of every token, in id order (as `idx_to_token`, without keeping it).
+-- @treturn {string,...}
+function vocab_methods.token_list(self) return core.token_list(self.index) end
 
 -- An id as a Lua integer in 1..#vocab, or a raised error naming the position.
 local function check_id(self, v, i, who)
-  local id = math.tointeger(v)
-  if not id or id < 1 or id > #self.idx_to_token then
-    error(string.format("%s: id %s%s is not in 1..%d", who, tostring(v), i and (" at position " .. i) or "",
-      #self.idx_to_token), 3)
+  local id, n = math.tointeger(v), core.token_count(self.index)
+  if not id or id < 1 or id > n then
+    error(string.format("%s: id %s%s is not in 1..%d", who, tostring(v), i and (" at position " .. i) or "", n), 3)
   end
   return id
 end
 
 --- The token of one id.
 -- @raise when the id is not in 1..#vocab
-function vocab_methods.token(self, id) return self.idx_to_token[check_id(self, id, nil, "Vocab:token")] end
+function vocab_methods.token(self, id) return core.token_at(self.index, check_id(self, id, nil, "Vocab:token")) end
 
 --- The tokens of a table or 1-D tensor of ids (the book's `to_tokens`).
 -- @raise when an id is not in 1..#vocab
@@ -410,7 +427,7 @@ function vocab_methods.tokens(self, ids)
     error("Vocab:tokens: expected a table or a 1-D tensor of ids, got a " .. type(ids), 2)
   end
   local out = {}
-  for i, v in ipairs(ids) do out[i] = self.idx_to_token[check_id(self, v, i, "Vocab:tokens")] end
+  for i, v in ipairs(ids) do out[i] = core.token_at(self.index, check_id(self, v, i, "Vocab:tokens")) end
   return out
 end
 vocab_methods.to_tokens = vocab_methods.tokens
@@ -455,12 +472,11 @@ function data.build_array(lines, vocab, num_steps)
   end
   local eos, pad = vocab:id("<eos>"), vocab:id("<pad>")
   if eos == vocab.unk or pad == vocab.unk then error("build_array: the vocabulary has no <eos> or no <pad>", 2) end
-  local flat, lens, t2i, unk = {}, {}, vocab.token_to_idx, vocab.unk
+  local flat, lens, index, unk = {}, {}, vocab.index, vocab.unk
   local k = 0
   for i, line in ipairs(lines) do
     local n = 0
-    for j = 1, math.min(#line, num_steps) do
-      local id = t2i[line[j]] or unk
+    for j, id in ipairs(core.token_ids(index, line, unk, num_steps)) do
       flat[k + j] = id
       if id ~= pad then n = n + 1 end
     end
@@ -801,9 +817,7 @@ end
 
 -- A vocabulary from its token list (ids in list order), as saved with a checkpoint.
 local function vocab_from_tokens(tokens)
-  local t2i = {}
-  for i, tok in ipairs(tokens) do t2i[tok] = i end
-  return setmetatable({ idx_to_token = tokens, token_to_idx = t2i, unk = 1, token_freqs = {} }, Vocab)
+  return setmetatable({ index = core.token_index(tokens), unk = 1, token_freqs = {} }, Vocab)
 end
 
 --- A vocabulary whose ids are the positions of `tokens` (`<unk>` first), e.g. one
@@ -820,7 +834,7 @@ function data.vocab_from_tokens(tokens)
     if seen[tok] then error(string.format("vocab_from_tokens: token %q repeats (ids %d and %d)", tok, seen[tok], i), 2) end
     seen[tok] = i
   end
-  return vocab_from_tokens(table.move(tokens, 1, #tokens, 1, {}))
+  return vocab_from_tokens(tokens)
 end
 
 -- load_corpus's reading, split, vocabularies and id arrays. Its token lists (about 100 MB of Lua

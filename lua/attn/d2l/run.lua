@@ -110,8 +110,8 @@ function run.save_checkpoint(path, c)
   meta.rng = string.format("%d,%d,%d,%d", rng[1], rng[2], rng[3], rng[4])
   meta.loader = string.format("%d,%d", c.loader_state[1], c.loader_state[2])
   meta.position = string.format("%d,%d,%d", c.position.epoch, c.position.batch, c.position.step)
-  meta.src_vocab = table.concat(c.src_vocab.idx_to_token, "\n") -- tokens hold no newline (lines are split on it)
-  meta.tgt_vocab = table.concat(c.tgt_vocab.idx_to_token, "\n")
+  meta.src_vocab = table.concat(c.src_vocab:token_list(), "\n") -- tokens hold no newline (lines are split on it)
+  meta.tgt_vocab = table.concat(c.tgt_vocab:token_list(), "\n")
   if c.best then meta.best = encode(c.best) end
   for k, v in pairs(c.config or {}) do meta["config." .. k] = tostring(v) end
   return attn.save(path, tensors, meta)
@@ -194,7 +194,7 @@ end
 -- @tparam string side the vocabulary's name in the message ("English")
 -- @treturn nil|string
 function run.vocab_mismatch(saved, built, side)
-  local a, b = saved.idx_to_token, built.idx_to_token
+  local a, b = saved:token_list(), built:token_list() -- not the fields: reading them keeps them
   for i = 1, math.max(#a, #b) do
     if a[i] ~= b[i] then
       return string.format("the %s vocabulary differs (%d tokens saved, %d from this data; first difference at id %d: " ..
