@@ -1,5 +1,6 @@
 local attn = require "attn"
 local data = require "attn.d2l.data"
+local core = require "attn.core"
 local helper = require "helper"
 
 local SAMPLE = "data/fra-eng-sample.txt"
@@ -165,6 +166,40 @@ describe("data.Vocab", function()
     assert.are.equal(v.token_freqs, rawget(v, "token_freqs")) -- kept once built
     assert.are.same({ "<unk>", "a\0b" }, v.idx_to_token)
     assert.are.same({}, data.Vocab({}).token_freqs)
+  end)
+
+  it("holds its tokens in one token index: lookups agree with a plain table, the lists are built only when read",
+    function()
+    -- tokens of any bytes, a repeat (keeps its first id), many tokens (probe chains in the hash)
+    local tokens = { "<unk>", "a\0b", "", "\n", string.rep("z", 300), "a\0b" }
+    for i = 1, 3000 do tokens[#tokens + 1] = "t" .. i end
+    local ix, want = core.token_index(tokens), {}
+    for i, tok in ipairs(tokens) do want[tok] = want[tok] or i end
+    assert.are.equal(#tokens, core.token_count(ix))
+    for i, tok in ipairs(tokens) do
+      assert.are.equal(want[tok], core.token_id(ix, tok))
+      assert.are.equal(tok, core.token_at(ix, i))
+    end
+    assert.is_nil(core.token_id(ix, "t3001"))
+    assert.is_nil(core.token_id(ix, 5))
+    assert.is_nil(core.token_at(ix, 0))
+    assert.is_nil(core.token_at(ix, #tokens + 1))
+    assert.are.same({ 2, 1, 3, 1 }, core.token_ids(ix, { "a\0b", "nope", "", 7 }, 1))
+    assert.are.same({ 2, 3 }, core.token_ids(ix, { "a\0b", "", "\n" }, 1, 2))
+    assert.are.same(tokens, core.token_list(ix))
+    assert.error_matches(function() core.token_index({ "a", 1 }) end, "token 2 is a number")
+    assert.error_matches(function() core.token_id({}, "a") end, "must be a token index")
+    -- a Vocab keeps no token tables until a program reads idx_to_token or token_to_idx
+    local v = data.Vocab({ { "b", "c", "a", "b" } })
+    assert.are.equal(2, v["b"])
+    assert.are.same({ 2, 1 }, v:ids({ "b", "q" }))
+    assert.are.equal("c", v:token(3))
+    assert.are.same({ "<unk>", "b", "c", "a" }, v:token_list())
+    assert.is_nil(rawget(v, "idx_to_token"))
+    assert.is_nil(rawget(v, "token_to_idx"))
+    assert.are.same({ ["<unk>"] = 1, b = 2, c = 3, a = 4 }, v.token_to_idx)
+    assert.are.equal(v.token_to_idx, rawget(v, "token_to_idx"))
+    assert.are.equal("Vocab(4 tokens: <unk> b c a)", tostring(v))
   end)
 
   it("looks tokens and ids up both ways, 1-based", function()
@@ -442,11 +477,16 @@ describe("data.split_indices and data.load_corpus", function()
     local plan = c.train:plan()
     assert.are.equal(#c.train, #plan)
     local rows, X_len = {}, c.train.dataset[2]:totable()
-    for _, batch in ipairs(plan) do
+    local lists = plan:totable()
+    for b, batch in ipairs(plan) do
+      assert.are.same(lists[b], batch:totable())
       local x, xl, y, yl = c.train:batch(batch)
+      local x2, _, y2 = c.train:batch(lists[b]) -- a list of rows gives the same batch
+      assert.are.same(x:totable(), x2:totable())
+      assert.are.same(y:totable(), y2:totable())
       assert.are.equal(xl:max():item(), x:size(2))
       assert.are.equal(yl:max():item(), y:size(2))
-      for i, r in ipairs(batch) do
+      for i, r in ipairs(lists[b]) do
         assert.is_nil(rows[r])
         rows[r] = true
         assert.are.equal(X_len[r], xl:totable()[i])
@@ -455,10 +495,13 @@ describe("data.split_indices and data.load_corpus", function()
     local count = 0
     for _ in pairs(rows) do count = count + 1 end
     assert.are.equal(231, count)
+    -- the bucketing key: each pair's longer valid length
+    local Y_len, lengths = c.train.dataset[4]:totable(), c.train.lengths:totable()
+    for r = 1, 231 do assert.are.equal(math.max(X_len[r], Y_len[r]), lengths[r]) end
     -- the generator's state replays the epoch
     c.train:set_state(state)
-    assert.are.same(plan, c.train:plan())
-    assert.are_not.same(plan, c.train:plan())
+    assert.are.same(lists, c.train:plan():totable())
+    assert.are_not.same(lists, c.train:plan():totable())
   end)
 
   it("reports each stage of reading with its time", function()

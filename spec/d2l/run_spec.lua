@@ -47,6 +47,13 @@ describe("attn.d2l.run", function()
     local first = fit(transformer(c, 0.3), c, { max_steps = 4, out = dir, name = "r" })
     assert.is_true(first.stopped)
     for i = 1, 4 do assert.are.equal(whole.steps[i], first.steps[i]) end
+    -- its tokens: the target lengths of the 8 batches of its 4 steps (accum 2), from a fresh loader's plan
+    local plan, y_len, want = corpus().train:plan():totable(), c.train.dataset[4]:totable(), 0
+    for b = 1, 8 do
+      for _, r in ipairs(plan[b]) do want = want + y_len[r] end
+    end
+    assert.are.equal(want, first.tokens)
+    assert.are.equal(whole.epochs[1].tokens + whole.epochs[2].tokens, whole.tokens)
     local ckpt = assert(run.load_checkpoint(first.checkpoint))
     assert.are.same({ epoch = 1, batch = 8, step = 4 }, ckpt.position)
     attn.manual_seed(99) -- other weights and another generator state: the checkpoint must restore both

@@ -106,6 +106,10 @@ describe("attn.d2l.translation real runs", function()
     end
     local res, log = run(with { "--epochs", "2", "--test", "40", "--max_steps", "3" })
     assert.is_true(res.result.stopped)
+    -- the summary counts the tokens of the steps run, though no epoch finished
+    local rate = log:match("tiny: 3 steps in [^\n]-, ([%d.]+) tokens/sec on")
+    assert(rate and tonumber(rate) > 0, log)
+    assert.are.equal(0, #res.result.epochs)
     assert.truthy(log:find("stopped after step 3; resume with --resume " .. dir .. "/tiny-last.safetensors", 1, true))
     res, log = run(with { "--epochs", "2", "--test", "40", "--resume", dir .. "/tiny-last.safetensors" })
     assert.truthy(log:find("resuming " .. dir .. "/tiny-last.safetensors at epoch 1, batch 3, step 3", 1, true))

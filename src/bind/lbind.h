@@ -153,6 +153,7 @@ void attn_l_open_loss(lua_State *L);
 void attn_l_open_conv(lua_State *L);
 void attn_l_open_linear(lua_State *L);
 void attn_l_open_rope(lua_State *L);
+void attn_l_open_tokens(lua_State *L);
 
 #define ATTN_L_TRY(L, call)                         \
   do {                                              \

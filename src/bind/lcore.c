@@ -799,6 +799,7 @@ ATTN_EXPORT int luaopen_attn_core(lua_State *L) {
   attn_l_open_conv(L);
   attn_l_open_linear(L);
   attn_l_open_rope(L);
+  attn_l_open_tokens(L);
   lua_pushfstring(L, "%d.%d.%d", ATTN_VERSION_MAJOR, ATTN_VERSION_MINOR, ATTN_VERSION_PATCH);
   lua_setfield(L, -2, "_VERSION");
 #ifdef ATTN_SANITIZED_BUILD

@@ -23,6 +23,7 @@
 -- @module attn.d2l.data
 local attn = require "attn"
 local check = require "attn.check"
+local core = require "attn.core"
 
 --- The dtype of id and length tensors (one place, so the whole pipeline follows it).
 local ID_DTYPE = "int64"
@@ -274,11 +275,25 @@ local vocab_methods = {}
 -- keeps them. Weak keys: the entry goes with its vocabulary.
 local pending_freqs = setmetatable({}, { __mode = "k" })
 
--- Methods first (so vocab:ids works), then the token lookup: vocab["go"], or
--- vocab[{"go", "."}] for a list, as the book's `vocab[tokens]`.
+-- Methods first (so vocab:ids works), then the fields built when first read, then the token
+-- lookup: vocab["go"], or vocab[{"go", "."}] for a list, as the book's `vocab[tokens]`.
+-- The tokens live in one token index (attn.core.token_index, src/bind/ltokens.c), not in Lua
+-- tables: a table of 30,000 strings is 30,000 objects every full collection marks and sweeps
+-- (~8 ms for a whole-file vocabulary pair, in a training loop whose tensors trigger about one
+-- full collection per step). `idx_to_token` and `token_to_idx` are built from it when read.
 Vocab.__index = function(self, key)
   local m = vocab_methods[key]
   if m ~= nil then return m end
+  if key == "idx_to_token" or key == "token_to_idx" then
+    local list = core.token_list(self.index)
+    if key == "token_to_idx" then
+      local t2i = {}
+      for i, tok in ipairs(list) do t2i[tok] = i end
+      list = t2i
+    end
+    rawset(self, key, list)
+    return list
+  end
   if key == "token_freqs" and pending_freqs[self] then
     local packed, list, pos = pending_freqs[self], {}, 1
     while pos <= #packed do
@@ -290,15 +305,15 @@ Vocab.__index = function(self, key)
     rawset(self, "token_freqs", list)
     return list
   end
-  if type(key) == "string" then return self.token_to_idx[key] or self.unk end
+  if type(key) == "string" then return core.token_id(self.index, key) or self.unk end
   if type(key) == "table" then return vocab_methods.ids(self, key) end
   return nil
 end
-Vocab.__len = function(self) return #self.idx_to_token end
+Vocab.__len = function(self) return core.token_count(self.index) end
 Vocab.__tostring = function(self)
-  local head = table.move(self.idx_to_token, 1, math.min(#self.idx_to_token, 10), 1, {})
-  return string.format("Vocab(%d tokens: %s%s)", #self.idx_to_token, table.concat(head, " "),
-    #self.idx_to_token > 10 and " ..." or "")
+  local n, head = core.token_count(self.index), {}
+  for i = 1, math.min(n, 10) do head[i] = core.token_at(self.index, i) end
+  return string.format("Vocab(%d tokens: %s%s)", n, table.concat(head, " "), n > 10 and " ..." or "")
 end
 
 local function count_token(counts, order, tok, who)
@@ -352,7 +367,7 @@ local function new_vocab(_, tokens, opts)
     packed[i] = string.pack("<s4j", tok, counts[tok])
     if counts[tok] >= min_freq then add(tok) end
   end
-  local vocab = setmetatable({ idx_to_token = idx_to_token, token_to_idx = token_to_idx, unk = 1 }, Vocab)
+  local vocab = setmetatable({ index = core.token_index(idx_to_token), unk = 1 }, Vocab)
   pending_freqs[vocab] = table.concat(packed)
   return vocab
 end
@@ -361,9 +376,10 @@ end
 -- follow in order, then every token seen at least `min_freq` times, by descending
 -- frequency with ties in first-appearance order.
 -- `vocab[token]` is the token's id (`vocab.unk` = 1 for an unknown token),
--- `vocab[list]` a table of ids, `#vocab` the size. Fields: `idx_to_token`,
--- `token_to_idx`, `unk`, `token_freqs` (`{token, count}` by descending count, every token counted;
--- built when first read, so a training loop's collections do not traverse it).
+-- `vocab[list]` a table of ids, `#vocab` the size. Fields: `unk`, and built when first read (so a
+-- training loop's collections do not traverse them unless the program reads them; the lookups
+-- and `vocab:token_list()` do not build them): `idx_to_token`, `token_to_idx`, `token_freqs`
+-- (`{token, count}` by descending count, every token counted).
 -- A token spelled like a method or field (`ids`, `tokens`, `unk`, ...) is
 -- shadowed in `vocab[token]`; `vocab:id(token)` always looks the token up.
 -- @function Vocab
@@ -374,29 +390,30 @@ end
 data.Vocab = setmetatable({}, { __call = new_vocab })
 
 --- The id of one token (`vocab.unk` when unknown).
-function vocab_methods.id(self, token) return self.token_to_idx[token] or self.unk end
+function vocab_methods.id(self, token) return core.token_id(self.index, token) or self.unk end
 
 --- A table of ids for a list of tokens.
 function vocab_methods.ids(self, list)
   if type(list) ~= "table" then error("Vocab:ids: expected a list of tokens, got a " .. type(list), 2) end
-  local t2i, unk, out = self.token_to_idx, self.unk, {}
-  for i, tok in ipairs(list) do out[i] = t2i[tok] or unk end
-  return out
+  return core.token_ids(self.index, list, self.unk)
 end
+
+--- A new list of every token, in id order (as `idx_to_token`, without keeping it).
+-- @treturn {string,...}
+function vocab_methods.token_list(self) return core.token_list(self.index) end
 
 -- An id as a Lua integer in 1..#vocab, or a raised error naming the position.
 local function check_id(self, v, i, who)
-  local id = math.tointeger(v)
-  if not id or id < 1 or id > #self.idx_to_token then
-    error(string.format("%s: id %s%s is not in 1..%d", who, tostring(v), i and (" at position " .. i) or "",
-      #self.idx_to_token), 3)
+  local id, n = math.tointeger(v), core.token_count(self.index)
+  if not id or id < 1 or id > n then
+    error(string.format("%s: id %s%s is not in 1..%d", who, tostring(v), i and (" at position " .. i) or "", n), 3)
   end
   return id
 end
 
 --- The token of one id.
 -- @raise when the id is not in 1..#vocab
-function vocab_methods.token(self, id) return self.idx_to_token[check_id(self, id, nil, "Vocab:token")] end
+function vocab_methods.token(self, id) return core.token_at(self.index, check_id(self, id, nil, "Vocab:token")) end
 
 --- The tokens of a table or 1-D tensor of ids (the book's `to_tokens`).
 -- @raise when an id is not in 1..#vocab
@@ -410,7 +427,7 @@ function vocab_methods.tokens(self, ids)
     error("Vocab:tokens: expected a table or a 1-D tensor of ids, got a " .. type(ids), 2)
   end
   local out = {}
-  for i, v in ipairs(ids) do out[i] = self.idx_to_token[check_id(self, v, i, "Vocab:tokens")] end
+  for i, v in ipairs(ids) do out[i] = core.token_at(self.index, check_id(self, v, i, "Vocab:tokens")) end
   return out
 end
 vocab_methods.to_tokens = vocab_methods.tokens
@@ -455,12 +472,11 @@ function data.build_array(lines, vocab, num_steps)
   end
   local eos, pad = vocab:id("<eos>"), vocab:id("<pad>")
   if eos == vocab.unk or pad == vocab.unk then error("build_array: the vocabulary has no <eos> or no <pad>", 2) end
-  local flat, lens, t2i, unk = {}, {}, vocab.token_to_idx, vocab.unk
+  local flat, lens, index, unk = {}, {}, vocab.index, vocab.unk
   local k = 0
   for i, line in ipairs(lines) do
     local n = 0
-    for j = 1, math.min(#line, num_steps) do
-      local id = t2i[line[j]] or unk
+    for j, id in ipairs(core.token_ids(index, line, unk, num_steps)) do
       flat[k + j] = id
       if id ~= pad then n = n + 1 end
     end
@@ -515,24 +531,38 @@ local Loader = {}
 Loader.__index = Loader
 Loader.__len = function(self) return self.num_batches end
 
--- One epoch: a fresh permutation (Fisher-Yates) unless shuffle is off.
-Loader.__call = function(self)
-  local n, bs = self.num_examples, self.batch_size
+-- 1..n shuffled by Fisher-Yates with g's draws (1..n in order without g).
+local function permutation(g, n)
   local order = {}
   for i = 1, n do order[i] = i end
-  if self.shuffle then
+  if g then
     for i = n, 2, -1 do
-      local j = pcg_below(self.rng, i)
+      local j = pcg_below(g, i)
       order[i], order[j] = order[j], order[i]
     end
   end
+  return order
+end
+
+-- A list of row numbers as an id tensor (the empty list too).
+local function id_tensor(list)
+  if #list == 0 then return attn.zeros({ 0 }, ID_DTYPE) end
+  return attn.tensor(list, ID_DTYPE)
+end
+
+-- One epoch: a fresh permutation (Fisher-Yates) unless shuffle is off. The permutation is held as
+-- an id tensor, not a Lua table: a table of every row stays in the Lua heap for the epoch, and
+-- every full collection the step's tensors trigger traverses it.
+Loader.__call = function(self)
+  local n, bs = self.num_examples, self.batch_size
+  local order = id_tensor(permutation(self.shuffle and self.rng or nil, n))
   local X, X_len, Y, Y_len = table.unpack(self.dataset)
   local b = 0
   return function()
     b = b + 1
     if b > self.num_batches then return nil end
     local first = (b - 1) * bs + 1
-    local rows = attn.tensor(table.move(order, first, math.min(first + bs - 1, n), 1, {}), ID_DTYPE)
+    local rows = order:narrow(1, first, math.min(bs, n - first + 1))
     return X:index_select(1, rows), X_len:index_select(1, rows), Y:index_select(1, rows), Y_len:index_select(1, rows)
   end
 end
@@ -641,16 +671,6 @@ end
 -- way, so the split must differ from it by the stream, not by the seed).
 local SPLIT_STREAM = 0x53504C4954 -- "SPLIT"
 
-local function permutation(g, n)
-  local order = {}
-  for i = 1, n do order[i] = i end
-  for i = n, 2, -1 do
-    local j = pcg_below(g, i)
-    order[i], order[j] = order[j], order[i]
-  end
-  return order
-end
-
 --- A deterministic split of `n` items into test, validation and training
 -- index lists: one permutation of 1..n drawn from a PCG32 stream seeded by
 -- `seed` (its own stream, independent of the batch order), the first `test`
@@ -698,47 +718,81 @@ BucketLoader.__len = function(self) return self.num_batches end
 -- into batches, the batches shuffled again, and each batch's columns cut to its
 -- longest sequence, so little time goes into padding. Without `bucket` the
 -- batches are `load_fra_eng`'s.
--- `loader:plan()` draws one epoch's batches (lists of row numbers) and advances
+-- `loader:plan()` draws one epoch's batches (a `Plan`) and advances
 -- the generator; `loader:batch(rows)` gives `X, X_valid_len, Y, Y_valid_len`;
 -- `loader:get_state()` / `loader:set_state(s)` save and restore the generator
 -- (a resumed run re-draws its epoch's plan from the state at the epoch's start).
+-- `loader.lengths` is an id tensor: each pair's longer valid length (the bucketing key).
 -- @type BucketLoader
 data.BucketLoader = BucketLoader
 
---- One epoch's batches as lists of row numbers (advances the generator).
--- @treturn table
+-- One epoch's batches: every row number in batch order in one id tensor, and where each batch
+-- starts in it. Not a table of row lists: the plan lives through the epoch, and its thousands of
+-- tables (a whole-file epoch's) made every full collection of the training steps slower.
+local Plan = {}
+local plan_methods = {}
+Plan.__len = function(self) return #self.starts - 1 end
+Plan.__index = function(self, key)
+  if math.type(key) == "integer" then
+    local starts = self.starts
+    if key < 1 or key >= #starts then return nil end
+    return self.rows:narrow(1, starts[key], starts[key + 1] - starts[key])
+  end
+  return plan_methods[key]
+end
+
+--- The plan's batches as lists of row numbers.
+-- @treturn {{integer,...},...}
+function plan_methods.totable(self)
+  local all, out = self.rows:totable(), {}
+  for b = 1, #self.starts - 1 do out[b] = table.move(all, self.starts[b], self.starts[b + 1] - 1, 1, {}) end
+  return out
+end
+
+--- One epoch's batches (advances the generator): a `Plan`, whose `#plan` is the number of
+-- batches and `plan[b]` batch b's row numbers as a 1-D id tensor (for `loader:batch`);
+-- `plan:totable()` gives them as lists.
+-- @treturn Plan
 function BucketLoader:plan()
   local n, bs = self.num_examples, self.batch_size
   local order = permutation(self.rng, n)
   local batches = {}
   if not self.bucket then
     for first = 1, n, bs do batches[#batches + 1] = table.move(order, first, math.min(first + bs - 1, n), 1, {}) end
-    return batches
+  else
+    local len, pool = self.lengths:totable(), bs * 50
+    for p = 1, n, pool do
+      local rows = table.move(order, p, math.min(p + pool - 1, n), 1, {})
+      local pos = {}
+      for i, r in ipairs(rows) do pos[r] = i end
+      table.sort(rows, function(a, b)
+        if len[a] ~= len[b] then return len[a] < len[b] end
+        return pos[a] < pos[b]
+      end)
+      for first = 1, #rows, bs do
+        batches[#batches + 1] = table.move(rows, first, math.min(first + bs - 1, #rows), 1, {})
+      end
+    end
+    for i = #batches, 2, -1 do
+      local j = pcg_below(self.rng, i)
+      batches[i], batches[j] = batches[j], batches[i]
+    end
   end
-  local len, pool = self.lengths, bs * 50
-  for p = 1, n, pool do
-    local rows = table.move(order, p, math.min(p + pool - 1, n), 1, {})
-    local pos = {}
-    for i, r in ipairs(rows) do pos[r] = i end
-    table.sort(rows, function(a, b)
-      if len[a] ~= len[b] then return len[a] < len[b] end
-      return pos[a] < pos[b]
-    end)
-    for first = 1, #rows, bs do batches[#batches + 1] = table.move(rows, first, math.min(first + bs - 1, #rows), 1, {}) end
+  local flat, starts = {}, {}
+  for b, rows in ipairs(batches) do
+    starts[b] = #flat + 1
+    table.move(rows, 1, #rows, #flat + 1, flat)
   end
-  for i = #batches, 2, -1 do
-    local j = pcg_below(self.rng, i)
-    batches[i], batches[j] = batches[j], batches[i]
-  end
-  return batches
+  starts[#batches + 1] = #flat + 1
+  return setmetatable({ rows = id_tensor(flat), starts = starts }, Plan)
 end
 
 --- The tensors of one batch: `X, X_valid_len, Y, Y_valid_len`, the columns cut
 -- to the longest valid length in the batch when bucketing.
--- @tparam table rows row numbers from `plan`
+-- @param rows row numbers: `plan[b]` (a 1-D id tensor) or a list
 function BucketLoader:batch(rows)
   local X, X_len, Y, Y_len = table.unpack(self.dataset)
-  local idx = attn.tensor(rows, ID_DTYPE)
+  local idx = attn.is_tensor(rows) and rows or attn.tensor(rows, ID_DTYPE)
   local x, xl, y, yl = X:index_select(1, idx), X_len:index_select(1, idx), Y:index_select(1, idx),
     Y_len:index_select(1, idx)
   if self.bucket then
@@ -763,9 +817,7 @@ end
 
 -- A vocabulary from its token list (ids in list order), as saved with a checkpoint.
 local function vocab_from_tokens(tokens)
-  local t2i = {}
-  for i, tok in ipairs(tokens) do t2i[tok] = i end
-  return setmetatable({ idx_to_token = tokens, token_to_idx = t2i, unk = 1, token_freqs = {} }, Vocab)
+  return setmetatable({ index = core.token_index(tokens), unk = 1, token_freqs = {} }, Vocab)
 end
 
 --- A vocabulary whose ids are the positions of `tokens` (`<unk>` first), e.g. one
@@ -782,7 +834,7 @@ function data.vocab_from_tokens(tokens)
     if seen[tok] then error(string.format("vocab_from_tokens: token %q repeats (ids %d and %d)", tok, seen[tok], i), 2) end
     seen[tok] = i
   end
-  return vocab_from_tokens(table.move(tokens, 1, #tokens, 1, {}))
+  return vocab_from_tokens(tokens)
 end
 
 -- load_corpus's reading, split, vocabularies and id arrays. Its token lists (about 100 MB of Lua
@@ -816,9 +868,7 @@ local function corpus_arrays(path, num_steps, opts, log, who)
     #src_vocab, #tgt_vocab, t2 - t1))
   local X, X_len = data.build_array(train_src, src_vocab, num_steps)
   local Y, Y_len = data.build_array(train_tgt, tgt_vocab, num_steps)
-  local lengths = {}
-  local xl, yl = X_len:totable(), Y_len:totable()
-  for i = 1, #xl do lengths[i] = math.max(xl[i], yl[i]) end
+  local lengths = X_len:maximum(Y_len) -- a tensor: a table of every pair would stay in the Lua heap
   local t3 = clock()
   log(string.format("id arrays (%d x %d) in %.1f s", X:size(1), num_steps, t3 - t2))
   return { dataset = { X, X_len, Y, Y_len }, lengths = lengths, src_vocab = src_vocab, tgt_vocab = tgt_vocab,

@@ -110,8 +110,8 @@ function run.save_checkpoint(path, c)
   meta.rng = string.format("%d,%d,%d,%d", rng[1], rng[2], rng[3], rng[4])
   meta.loader = string.format("%d,%d", c.loader_state[1], c.loader_state[2])
   meta.position = string.format("%d,%d,%d", c.position.epoch, c.position.batch, c.position.step)
-  meta.src_vocab = table.concat(c.src_vocab.idx_to_token, "\n") -- tokens hold no newline (lines are split on it)
-  meta.tgt_vocab = table.concat(c.tgt_vocab.idx_to_token, "\n")
+  meta.src_vocab = table.concat(c.src_vocab:token_list(), "\n") -- tokens hold no newline (lines are split on it)
+  meta.tgt_vocab = table.concat(c.tgt_vocab:token_list(), "\n")
   if c.best then meta.best = encode(c.best) end
   for k, v in pairs(c.config or {}) do meta["config." .. k] = tostring(v) end
   return attn.save(path, tensors, meta)
@@ -194,7 +194,7 @@ end
 -- @tparam string side the vocabulary's name in the message ("English")
 -- @treturn nil|string
 function run.vocab_mismatch(saved, built, side)
-  local a, b = saved.idx_to_token, built.idx_to_token
+  local a, b = saved:token_list(), built:token_list() -- not the fields: reading them keeps them
   for i = 1, math.max(#a, #b) do
     if a[i] ~= b[i] then
       return string.format("the %s vocabulary differs (%d tokens saved, %d from this data; first difference at id %d: " ..
@@ -321,7 +321,8 @@ end
 --   take the steps one would; the losses are totals over ranks; only rank 1 validates, writes
 --   checkpoints and logs)
 -- @treturn table `{steps = {loss per step}, epochs = {{epoch =, loss =, tokens =, seconds =, tokens_per_sec =}},
---   best =, stopped = boolean, checkpoint = path of the last checkpoint written}`
+--   tokens = the target tokens of every step this call ran (a partial epoch's too), best =, stopped = boolean,
+--   checkpoint = path of the last checkpoint written}`
 -- @raise on bad options or a checkpoint that does not fit the model
 function run.fit(net, corpus, opts)
   opts = check.options("fit", opts, { lr = true, epochs = true, clip = true, label_smoothing = true, accum = true,
@@ -376,7 +377,7 @@ function run.fit(net, corpus, opts)
     for k, v in pairs(type(opts.progress) == "table" and opts.progress or {}) do p[k] = v end
     show = progress.new(p)
   end
-  local result = { steps = {}, epochs = {}, stopped = false }
+  local result = { steps = {}, epochs = {}, tokens = 0, stopped = false }
   local step = position.step
   local valid_every = opts.valid_every or 0
   local has_valid = root and corpus.valid and #corpus.valid.source > 0
@@ -436,6 +437,7 @@ function run.fit(net, corpus, opts)
       local step_loss = sum / tokens
       result.steps[#result.steps + 1] = step_loss
       ep_loss, ep_tokens = ep_loss + sum, ep_tokens + tokens
+      result.tokens = result.tokens + tokens
       if opts.on_step then opts.on_step(step, step_loss, lr) end
       local shown = { loss = step_loss, tokens = tokens, lr = lr }
       if has_valid and valid_every > 0 and step % valid_every == 0 then

@@ -152,8 +152,7 @@ local function real_run(spec, opts, model_meta, dist)
     end
     if not root then return { opts = opts, net = net, result = result } end
     local seconds = require("attn.progress").clock() - t0
-    local tokens = 0
-    for _, e in ipairs(result.epochs) do tokens = tokens + e.tokens end
+    local tokens = result.tokens -- every step's, a partial epoch's too (stopped by --max_steps)
     local line = string.format("%s: %d steps in %.1f s (%s), last step's per-token cross-entropy %.3f, %.0f tokens/sec " ..
       "on %d thread%s%s", name, #result.steps, seconds, require("attn.progress").format_time(seconds),
       result.steps[#result.steps] or 0 / 0, seconds > 0 and tokens / seconds or 0, attn.get_num_threads(),
