@@ -294,6 +294,24 @@ static void add_outer(attn_dtype dt, int64_t B, int64_t H, const void *dpre, con
   }
 }
 
+/* C (M, N) = A^T X over TB = T B rows, A (TB, M) and X (TB, N) with leading dims lda, ldx: a
+ * weight's gradient summed over the steps. In chunks of whole steps as large as the small product
+ * kernel takes (attn_gemm_is_small), which reads the transposed A in place, at these sizes about
+ * twice as fast as one OpenBLAS product over all rows; one product when not even a step fits
+ * (and in float64, which is always OpenBLAS's). */
+static void weight_grad(attn_dtype dt, int64_t T, int64_t B, int64_t M, int64_t N, const char *A, int64_t lda,
+                        const char *X, int64_t ldx, void *C) {
+  int64_t steps = T;
+  while (dt == ATTN_F32 && steps > 1 && !attn_gemm_is_small(0, M, N, steps * B)) steps--;
+  if (dt != ATTN_F32 || !attn_gemm_is_small(0, M, N, steps * B)) steps = T;
+  size_t es = attn_dtype_size(dt);
+  for (int64_t t = 0; t < T; t += steps) {
+    int64_t rows = (T - t < steps ? T - t : steps) * B;
+    gemm(dt, 1, 0, M, N, rows, A + (size_t)(t * B * lda) * es, lda, X + (size_t)(t * B * ldx) * es, ldx, t ? 1 : 0,
+         C, N);
+  }
+}
+
 attn_status attn_caption_backward(const attn_caption_args *a, const attn_tensor *saved, const attn_tensor *dout,
                                   const attn_tensor *dalphas, const attn_tensor *dbetas, const attn_caption_grads *g) {
   const char *op = "show_attend_tell backward";
@@ -409,7 +427,7 @@ attn_status attn_caption_backward(const attn_caption_args *a, const attn_tensor 
     if (g->w_q) gemm(dt, 1, 0, A, H, TB, at(&ws, w_dqh), A, hs, H, 0, attn_tensor_data(g->w_q), H);
     if (g->w_beta) gemm(dt, 1, 0, 1, H, TB, dpres, 1, hs, H, 0, attn_tensor_data(g->w_beta), H);
     if (g->b_beta) attn_colsum_rows(dt, dpres, TB, 1, attn_tensor_data(g->b_beta));
-    if (g->w_hh) gemm(dt, 1, 0, 4 * H, H, TB, dGs, 4 * H, hs, H, 0, attn_tensor_data(g->w_hh), H);
+    if (g->w_hh) weight_grad(dt, T, B, 4 * H, H, dGs, 4 * H, hs, H, attn_tensor_data(g->w_hh));
     if (g->b_ih) attn_colsum_rows(dt, dGs, TB, 4 * H, attn_tensor_data(g->b_ih));
     if (g->b_hh) attn_colsum_rows(dt, dGs, TB, 4 * H, attn_tensor_data(g->b_hh));
     if (g->w_ih) { /* the inputs cat(emb, beta ctx) of every step again */
@@ -418,7 +436,7 @@ attn_status attn_caption_backward(const attn_caption_args *a, const attn_tensor 
       for (int64_t t = 0; t < T; t++)
         gate_rows(dt, B, D, at(saved, lay.ctx + t * B * D), at(saved, lay.beta + t * B),
                   X + (size_t)(t * B * IN + E) * es, IN);
-      gemm(dt, 1, 0, 4 * H, IN, TB, dGs, 4 * H, X, IN, 0, attn_tensor_data(g->w_ih), IN);
+      weight_grad(dt, T, B, 4 * H, IN, dGs, 4 * H, X, IN, attn_tensor_data(g->w_ih));
     }
     if (g->emb) gemm(dt, 0, 0, TB, E, 4 * H, dGs, 4 * H, w_ih, IN, 0, attn_tensor_data(g->emb), E);
   }
