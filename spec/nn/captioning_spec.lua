@@ -179,6 +179,26 @@ describe("nn.ShowAttendTell", function()
     end)
   end
 
+  it("as one fused node, gives the same bits as the step-by-step composition over the fused cell (float32)",
+    function()
+      attn.manual_seed(9)
+      local dec = nn.ShowAttendTell { vocab_size = 9, feature_size = 16, num_cells = 9, embed_size = 8,
+        num_hiddens = 24, attention_size = 12 }
+      local feats = attn.rand(6, 9, 16)
+      local inputs = attn.tensor({ { 3, 4, 5, 6 }, { 3, 7, 8, 9 }, { 3, 5, 5, 4 }, { 3, 9, 2, 1 }, { 3, 6, 4, 2 },
+        { 3, 8, 7, 6 } }, "int64")
+      local trace = {}
+      local before = require("attn.nn.fused").set_trace(function(who, path)
+        if who == dec then trace[#trace + 1] = path end
+      end)
+      local fused_out = { dec(feats, inputs) }
+      dec.fused = false -- the composition; the LSTM cell and the attention keep their own kernels
+      local composed_out = { dec(feats, inputs) }
+      require("attn.nn.fused").set_trace(before)
+      assert.are.same({ "fused", "composed" }, trace)
+      for i = 1, 3 do helper.assert_identical(fused_out[i], composed_out[i]) end
+    end)
+
   it("as one fused node, raises naming the operand and the shapes", function()
     local f = attn.rand(2, 4, 3)
     local function call(keys)

@@ -35,6 +35,13 @@
 -- `<pad>` steps masked by the valid lengths) plus the doubly stochastic regulariser
 -- lambda * mean_b sum_i (1 - sum_{t <= valid_len_b} alpha_bti)^2 (the authors' form: summed
 -- over cells, averaged over the batch).
+--
+-- **Fused path.** With an LSTM and attention, teacher forcing (`forward`) runs the step loop
+-- (query, scores, softmax and context, gate, LSTM cell) as one C call and one autograd node
+-- (`M.show_attend_tell`, src/nn/attn_caption.h), its backward one C call; the output layer runs
+-- once over all steps outside it. `fused = false`, `attn.nn.set_fused(false)`, a GRU or the
+-- baseline take the step-by-step composition (`composed_forward`), whose forward (over the
+-- fused LSTM cell) gives the same bits. Decoding (`step`) stays step by step.
 -- @module attn.nn.captioning
 -- @usage
 -- local cnn = nn.CaptionCNN()                                   -- 28 x 28 items -> 10 classes
