@@ -9,6 +9,7 @@
 
 #include "core/attn_alloc.h"
 #include "attention/attn_attention.h"
+#include "nn/attn_caption.h"
 #include "nn/attn_conv.h"
 #include "nn/attn_decoder.h"
 #include "core/attn_dropout.h"

@@ -149,6 +149,67 @@ describe("nn.ShowAttendTell", function()
     end)
   end
 
+  for _, biases in ipairs { true, false } do
+    it("as one fused node (show_attend_tell), has gradients of every operand that match finite differences"
+      .. (biases and "" or " (no biases)") .. " (float64)", function()
+      attn.manual_seed(8)
+      local B, T, L, D, A, E, H = 2, 3, 4, 3, 5, 2, 4
+      local function r(...) return (attn.rand({ ... }, "float64") - 0.5):requires_grad_() end
+      local xs = { r(B, L, D), r(B, L, A), r(A), r(T, B, E), r(B, H), r(B, H), r(A, H), r(1, H), r(1), r(4 * H, E + D),
+        r(4 * H, H), r(4 * H), r(4 * H) }
+      if not biases then xs[9], xs[12], xs[13] = nil, nil, nil end
+      -- every output takes part, each entry weighted differently
+      local p1, p2, p3 = attn.randn({ B, T, H + D }, "float64"), attn.randn({ B, T, L }, "float64"),
+        attn.randn({ B, T }, "float64")
+      local used = {}
+      for i = 1, 13 do
+        if xs[i] then used[#used + 1] = xs[i] end
+      end
+      helper.gradcheck(function(...)
+        local args, k = {}, 0
+        for i = 1, 13 do
+          if xs[i] then
+            k = k + 1
+            args[i] = select(k, ...)
+          end
+        end
+        local out, alphas, betas = captioning.show_attend_tell(table.unpack(args, 1, 13))
+        return (out * p1):sum() + (alphas * p2):sum() + (betas * p3):sum()
+      end, used)
+    end)
+  end
+
+  it("as one fused node, gives the same bits as the step-by-step composition over the fused cell (float32)",
+    function()
+      attn.manual_seed(9)
+      local dec = nn.ShowAttendTell { vocab_size = 9, feature_size = 16, num_cells = 9, embed_size = 8,
+        num_hiddens = 24, attention_size = 12 }
+      local feats = attn.rand(6, 9, 16)
+      local inputs = attn.tensor({ { 3, 4, 5, 6 }, { 3, 7, 8, 9 }, { 3, 5, 5, 4 }, { 3, 9, 2, 1 }, { 3, 6, 4, 2 },
+        { 3, 8, 7, 6 } }, "int64")
+      local trace = {}
+      local before = require("attn.nn.fused").set_trace(function(who, path)
+        if who == dec then trace[#trace + 1] = path end
+      end)
+      local fused_out = { dec(feats, inputs) }
+      dec.fused = false -- the composition; the LSTM cell and the attention keep their own kernels
+      local composed_out = { dec(feats, inputs) }
+      require("attn.nn.fused").set_trace(before)
+      assert.are.same({ "fused", "composed" }, trace)
+      for i = 1, 3 do helper.assert_identical(fused_out[i], composed_out[i]) end
+    end)
+
+  it("as one fused node, raises naming the operand and the shapes", function()
+    local f = attn.rand(2, 4, 3)
+    local function call(keys)
+      return captioning.show_attend_tell(f, keys, attn.rand(5), attn.rand(3, 2, 2), attn.rand(2, 4), attn.rand(2, 4),
+        attn.rand(5, 4), attn.rand(1, 4), nil, attn.rand(16, 5), attn.rand(16, 4))
+    end
+    call(attn.rand(2, 4, 5))
+    assert.error_matches(function() call(attn.rand(2, 3, 5)) end,
+      "show_attend_tell: keys is [2x3x5], expected [2x4x5]", nil, true)
+  end)
+
   it("as the baseline, ignores where the features are (and the attention model does not)", function()
     attn.manual_seed(7)
     local feats = attn.rand(3, 4, 5)

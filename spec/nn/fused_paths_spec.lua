@@ -175,6 +175,29 @@ local ROWS = {
     },
   },
   {
+    name = "nn.ShowAttendTell (the captioning decoder's step loop)",
+    build = function(dtype, case)
+      local m = nn.ShowAttendTell { vocab_size = 9, feature_size = 6, num_cells = 5, embed_size = 4, num_hiddens = 7,
+        attention_size = 5, rnn = case.rnn, attention = case.attention }
+      if case.no_bias then m.rnn = nn.LSTMCell(10, 7, { bias = false }) end
+      if case.rnn_fused ~= nil then m.rnn.fused = case.rnn_fused end
+      return mode(m:to(dtype), case)
+    end,
+    inputs = function(dtype) return { leaves(dtype, { 3, 5, 6 })[1], ids(3, 4, 9) } end,
+    call = function(m, a)
+      local logits, alphas, betas = m(a[1], a[2])
+      if alphas == nil then return { logits, betas } end
+      return { logits, alphas, betas }
+    end,
+    cases = {
+      { "LSTM with attention, training", train = true, eligible = true },
+      { "an LSTM cell without biases, eval", no_bias = true, eligible = true },
+      { "GRU", rnn = "gru", eligible = false },
+      { "the baseline without attention", attention = false, eligible = false },
+      { "an LSTMCell with fused = false", rnn_fused = false, eligible = false },
+    },
+  },
+  {
     name = "nn.AdditiveAttention",
     build = function(dtype, case)
       local m = nn.AdditiveAttention { key_size = 3, query_size = 5, num_hiddens = 7, dropout = 0.3 }

@@ -1,7 +1,8 @@
-/* Binding: the fused GRU (attn_rnn.h), the fused LSTM (attn_lstm.h) and the fused Bahdanau
- * decoder (attn_decoder.h). Weights arrive as one flat table of 4 entries per layer, {weight_ih,
- * weight_hh, bias_ih, bias_hh, ...}, with false for a missing bias; the autograd nodes live in
- * lua/attn/nn/gru.lua and lua/attn/nn/lstm.lua. */
+/* Binding: the fused GRU (attn_rnn.h), the fused LSTM (attn_lstm.h), the fused Bahdanau
+ * decoder (attn_decoder.h) and the fused captioning decoder (attn_caption.h). Weights arrive as
+ * one flat table of 4 entries per layer, {weight_ih, weight_hh, bias_ih, bias_hh, ...}, with false
+ * for a missing bias (the captioning decoder's one cell: its own arguments); the autograd nodes
+ * live in lua/attn/nn/gru.lua, lua/attn/nn/lstm.lua and lua/attn/nn/captioning.lua. */
 #include "bind/lbind.h"
 
 #define MAX_LAYERS 64
@@ -291,7 +292,79 @@ static int l_decoder_backward(lua_State *L) {
   return 7;
 }
 
+/* The captioning decoder's operands at args 1..13: feats, keys, w_v, emb, h0, c0, W_q, w_beta,
+ * b_beta|nil, w_ih, w_hh, b_ih|nil, b_hh|nil. */
+static void read_caption(lua_State *L, attn_caption_args *a) {
+  a->feats = attn_l_check(L, 1);
+  a->keys = attn_l_check(L, 2);
+  a->w_v = attn_l_check(L, 3);
+  a->emb = attn_l_check(L, 4);
+  a->h0 = attn_l_check(L, 5);
+  a->c0 = attn_l_check(L, 6);
+  a->w_q = attn_l_check(L, 7);
+  a->w_beta = attn_l_check(L, 8);
+  a->b_beta = opt_tensor(L, 9);
+  a->w_ih = attn_l_check(L, 10);
+  a->w_hh = attn_l_check(L, 11);
+  a->b_ih = opt_tensor(L, 12);
+  a->b_hh = opt_tensor(L, 13);
+}
+
+/* caption_forward(feats, keys, w_v, emb, h0, c0, W_q, w_beta, b_beta|nil, w_ih, w_hh, b_ih|nil,
+ * b_hh|nil) -> out (B, T, H + D), alphas (B, T, L), betas (B, T), saved (table of the parts of
+ * attn_caption_saved_layout) */
+static int l_caption_forward(lua_State *L) {
+  const char *fn = "show_attend_tell";
+  attn_caption_args a;
+  attn_caption_dims d;
+  read_caption(L, &a);
+  lua_settop(L, 13);
+  ATTN_L_TRY(L, attn_caption_check(fn, &a, &d)); /* shapes first: the outputs' sizes come from them */
+  int64_t out_shape[3] = {d.B, d.T, d.H + d.D}, a_shape[3] = {d.B, d.T, d.L};
+  attn_saved_layout lay;
+  ATTN_L_TRY(L, attn_caption_saved_layout(&d, &lay));
+  attn_dtype dt = a.emb->dtype;
+  attn_tensor *out = attn_l_push_alloc(L, dt, 3, out_shape);
+  attn_tensor *alphas = attn_l_push_alloc(L, dt, 3, a_shape);
+  attn_tensor *betas = attn_l_push_alloc(L, dt, 2, a_shape);
+  attn_tensor saved = attn_l_push_saved(L, &lay, dt);
+  ATTN_L_TRY(L, attn_caption_forward(&a, out, alphas, betas, &saved));
+  return 4;
+}
+
+/* caption_backward(feats, ..., b_hh|nil (as caption_forward), saved, dout|nil, dalphas|nil,
+ * dbetas|nil) -> dfeats, dkeys, dw_v, demb, dh0, dc0, dW_q, dw_beta, db_beta|nil, dw_ih, dw_hh,
+ * db_ih|nil, db_hh|nil */
+static int l_caption_backward(lua_State *L) {
+  const char *fn = "show_attend_tell backward";
+  attn_caption_args a;
+  attn_caption_dims d;
+  read_caption(L, &a);
+  attn_tensor *dout = opt_tensor(L, 15), *dalphas = opt_tensor(L, 16), *dbetas = opt_tensor(L, 17);
+  lua_settop(L, 17);
+  ATTN_L_TRY(L, attn_caption_check(fn, &a, &d));
+  attn_saved_layout lay;
+  ATTN_L_TRY(L, attn_caption_saved_layout(&d, &lay));
+  attn_tensor saved = attn_l_check_saved(L, 14, &lay, a.emb->dtype, fn);
+  const attn_tensor *x[13] = {a.feats, a.keys, a.w_v, a.emb, a.h0, a.c0, a.w_q, a.w_beta, a.b_beta,
+                              a.w_ih, a.w_hh, a.b_ih, a.b_hh};
+  attn_tensor *gx[13];
+  for (int i = 0; i < 13; i++) {
+    if (x[i]) {
+      gx[i] = attn_l_push_like(L, x[i]);
+    } else {
+      gx[i] = NULL;
+      lua_pushnil(L);
+    }
+  }
+  attn_caption_grads g = {gx[0], gx[1], gx[2], gx[3], gx[4], gx[5], gx[6], gx[7], gx[8], gx[9], gx[10], gx[11], gx[12]};
+  ATTN_L_TRY(L, attn_caption_backward(&a, &saved, dout, dalphas, dbetas, &g));
+  return 13;
+}
+
 static const luaL_Reg rnn_functions[] = {
+    {"caption_backward", l_caption_backward},
+    {"caption_forward", l_caption_forward},
     {"decoder_forward", l_decoder_forward},
     {"decoder_backward", l_decoder_backward},
     {"gru_forward", l_gru_forward},

@@ -1,13 +1,14 @@
 /* attn_saved: the layout of the buffer a fused op's forward fills for its backward.
  *
- * A fused op (additive and multi-head attention, the GRU, the LSTM, the Bahdanau decoder,
- * LayerNorm and AddNorm, the softmax cross-entropy) keeps what its backward needs in one flat
- * contiguous tensor: named parts, each a contiguous block of that buffer, one after the other.
- * Each op describes its layout in ONE function computed from its operands' shapes
- * (attn_additive_saved_layout, attn_mha_saved_layout in attn_attention.h, attn_gru_saved_layout
- * in attn_rnn.h, attn_lstm_saved_layout in attn_lstm.h, attn_decoder_saved_layout in
- * attn_decoder.h, attn_layer_norm_saved_layout in attn_layernorm.h, attn_softmax_ce_saved_layout
- * in attn_loss.h). The kernel
+ * A fused op (additive and multi-head attention, the GRU, the LSTM, the Bahdanau and the
+ * captioning decoders, LayerNorm and AddNorm, the softmax cross-entropy) keeps what its backward
+ * needs in one flat contiguous tensor: named parts, each a contiguous block of that buffer, one
+ * after the other. Each op describes its layout in ONE function computed from its operands'
+ * shapes (attn_additive_saved_layout, attn_mha_saved_layout in attn_attention.h,
+ * attn_gru_saved_layout in attn_rnn.h, attn_lstm_saved_layout in attn_lstm.h,
+ * attn_decoder_saved_layout in attn_decoder.h, attn_caption_saved_layout in attn_caption.h,
+ * attn_layer_norm_saved_layout in attn_layernorm.h, attn_softmax_ce_saved_layout in
+ * attn_loss.h). The kernel
  * finds its parts through it, the binding allocates the buffer and hands Lua one view per part
  * from it, and the backward's binding checks the parts it is given against the layout
  * recomputed from the backward's operands. So the layout is written once.

@@ -93,16 +93,16 @@ static void gates_fwd_f32(int64_t B, int64_t H, const float *pre, const float *c
 LSTM_GATES_BWD(float)
 LSTM_GATES_BWD(double)
 
-static void gates_forward(attn_dtype dt, int64_t B, int64_t H, const void *pre, const void *cp, void *gates, void *cn,
-                          void *tc, void *hn) {
+void attn_lstm_gates_forward(attn_dtype dt, int64_t B, int64_t H, const void *pre, const void *cp, void *gates,
+                             void *cn, void *tc, void *hn) {
   if (dt == ATTN_F32)
     gates_fwd_f32(B, H, pre, cp, gates, cn, tc, hn);
   else
     gates_fwd_f64(B, H, pre, cp, gates, cn, tc, hn);
 }
 
-static void gates_backward(attn_dtype dt, int64_t B, int64_t H, const void *dh, void *dc, const void *dy,
-                           const void *cp, const void *gates, const void *tc, void *dG) {
+void attn_lstm_gates_backward(attn_dtype dt, int64_t B, int64_t H, const void *dh, void *dc, const void *dy,
+                              const void *cp, const void *gates, const void *tc, void *dG) {
   if (dt == ATTN_F32)
     gates_bwd_float(B, H, dh, dc, dy, cp, gates, tc, dG);
   else
@@ -178,7 +178,7 @@ attn_status attn_lstm_forward(const attn_tensor *x, const attn_tensor *h0, const
       size_t off = (size_t)t * n_state;
       char *pt = pre + 4 * off;
       if (t > 0 || h0) gemm(dt, 0, 1, B, 4 * H, H, s.hs + off, H, whh, H, 1, pt, 4 * H); /* zero h0: no product */
-      gates_forward(dt, B, H, pt, s.cs + off, s.gates + 4 * off, s.cs + off + n_state, s.tc + off,
+      attn_lstm_gates_forward(dt, B, H, pt, s.cs + off, s.gates + 4 * off, s.cs + off + n_state, s.tc + off,
                     s.hs + off + n_state);
     }
     memcpy((char *)attn_tensor_data(hn) + (size_t)k * n_state, s.hs + (size_t)T * n_state, n_state);
@@ -236,7 +236,7 @@ attn_status attn_lstm_backward(const attn_tensor *x, int layers, const attn_tens
       size_t off = (size_t)t * n_state;
       char *dGt = dG + 4 * off;
       /* the step's pre-activation gradient; dc becomes the previous cell's; dh = dG W_hh */
-      gates_backward(dt, B, H, dh, dc, gy + off, s.cs + off, s.gates + 4 * off, s.tc + off, dGt);
+      attn_lstm_gates_backward(dt, B, H, dh, dc, gy + off, s.cs + off, s.gates + 4 * off, s.tc + off, dGt);
       if (t > 0 || dh0) gemm(dt, 0, 0, B, H, 4 * H, dGt, 4 * H, whh, H, 0, dh, H);
     }
     if (dh0) memcpy((char *)attn_tensor_data(dh0) + (size_t)k * n_state, dh, n_state);

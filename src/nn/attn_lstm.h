@@ -55,4 +55,21 @@ attn_status attn_lstm_backward(const attn_tensor *x, int layers, const attn_tens
                                attn_tensor *const *dw_ih, attn_tensor *const *dw_hh, attn_tensor *const *db_ih,
                                attn_tensor *const *db_hh);
 
+/* ---- one step's gate math, shared with the fused captioning decoder (attn_caption.c) ----
+ * Raw contiguous buffers of dtype dt; float32 runs attn_vmath's sigmoid and tanh rows, float64
+ * plain loops. */
+
+/* pre (B, 4H) the pre-activations (both projections and biases, gate order i, f, g, o) and the
+ * previous cells cp (B, H) -> the activated gates (B, 4H), the new cells cn, tanh(cn) in tc and
+ * the new states hn (B, H). */
+void attn_lstm_gates_forward(attn_dtype dt, int64_t B, int64_t H, const void *pre, const void *cp, void *gates,
+                             void *cn, void *tc, void *hn);
+
+/* Its gradient: dh (B, H) the new state's gradient from the step after, plus dy (B, H) (this
+ * step's output gradient); dc (B, H) the new cell's gradient, replaced by the previous cell's.
+ * Writes dG (B, 4H), the pre-activations' gradient (the caller adds dG W_hh to the previous
+ * state's). */
+void attn_lstm_gates_backward(attn_dtype dt, int64_t B, int64_t H, const void *dh, void *dc, const void *dy,
+                              const void *cp, const void *gates, const void *tc, void *dG);
+
 #endif

@@ -35,6 +35,13 @@
 -- `<pad>` steps masked by the valid lengths) plus the doubly stochastic regulariser
 -- lambda * mean_b sum_i (1 - sum_{t <= valid_len_b} alpha_bti)^2 (the authors' form: summed
 -- over cells, averaged over the batch).
+--
+-- **Fused path.** With an LSTM and attention, teacher forcing (`forward`) runs the step loop
+-- (query, scores, softmax and context, gate, LSTM cell) as one C call and one autograd node
+-- (`M.show_attend_tell`, src/nn/attn_caption.h), its backward one C call; the output layer runs
+-- once over all steps outside it. `fused = false`, `attn.nn.set_fused(false)`, a GRU or the
+-- baseline take the step-by-step composition (`composed_forward`), whose forward (over the
+-- fused LSTM cell) gives the same bits. Decoding (`step`) stays step by step.
 -- @module attn.nn.captioning
 -- @usage
 -- local cnn = nn.CaptionCNN()                                   -- 28 x 28 items -> 10 classes
@@ -42,6 +49,8 @@
 -- local dec = nn.ShowAttendTell { vocab_size = #vocab, feature_size = 64, num_cells = 9 }
 -- local loss = dec:loss(feats, captions, valid_len, { bos = vocab:id("<bos>") })
 local attn = require "attn"
+local autograd = require "attn.autograd"
+local fused = require "attn.nn.fused"
 local module = require "attn.nn.module"
 local linear = require "attn.nn.linear"
 local layers = require "attn.nn.layers"
@@ -219,10 +228,36 @@ end
 
 --- Teacher forcing: feats (B, L, D), inputs (B, T) token ids (`<bos>` then the caption's first
 -- T - 1 tokens) -> logits (B, T, vocab_size), the attention weights (B, T, L) (nil in the
--- baseline) and the gates (B, T). The output layer runs once over every step.
+-- baseline) and the gates (B, T). The output layer runs once over every step. With an LSTM and
+-- attention the step loop is one fused node (`M.show_attend_tell`, `fused_forward`); otherwise,
+-- or with fused paths off (attn.nn.fused), the step-by-step composition (`composed_forward`).
 -- @raise naming the shape when inputs is not (B, T)
 function ShowAttendTell:forward(feats, inputs)
   check.tensor("ShowAttendTell", "inputs", inputs, 2, "(B, T)")
+  return fused.forward(self, feats, inputs)
+end
+
+--- Whether the fused node can run (attn.nn.fused): attention and an LSTM cell, with stock
+-- children (LSTMCell, AdditiveAttention, Linear gate) that may fuse themselves.
+function ShowAttendTell:can_fuse()
+  local rnn, att = self.rnn, self.attention
+  return self.attend and self.kind == "lstm" and getmetatable(rnn) == lstm.LSTMCell and fused.allowed(rnn)
+    and getmetatable(att) == attention.AdditiveAttention and fused.allowed(att)
+    and getmetatable(self.f_beta) == Linear and att.W_q.bias == nil
+end
+
+--- The fused path of forward: `start`'s state, the embeddings of every step, the step loop as
+-- one node (`M.show_attend_tell`) and the output layer over all steps.
+function ShowAttendTell:fused_forward(feats, inputs)
+  local s, rnn = self:start(feats), self.rnn
+  local out, alphas, betas = M.show_attend_tell(s.feats, s.keys, s.w_v, self.embedding(inputs:t()), s.h, s.c,
+    self.attention.W_q.weight, self.f_beta.weight, self.f_beta.bias, rnn.weight_ih, rnn.weight_hh, rnn.bias_ih,
+    rnn.bias_hh)
+  return self.fc(out), alphas, betas
+end
+
+--- The composed path of forward: `start`, then one `step` (without the output layer) per word.
+function ShowAttendTell:composed_forward(feats, inputs)
   local state = self:start(feats)
   local outs, alphas, betas = {}, {}, {}
   for t = 1, inputs:size(2) do
@@ -232,6 +267,31 @@ function ShowAttendTell:forward(feats, inputs)
   end
   local logits = self.fc(attn.stack(outs, 2))
   return logits, self.attend and attn.cat(alphas, 2) or nil, attn.cat(betas, 2)
+end
+
+local function contiguous(t) return t and core.contiguous(t) or nil end
+
+--- The Show, Attend and Tell step loop (LSTM, attention) as one autograd node
+-- (src/nn/attn_caption.h): feats (B, L, D), keys (B, L, A) (W_k feats plus the location term),
+-- w_v (A) or (1, A), emb (T, B, E) the steps' embeddings (time-major), h0 and c0 (B, H), W_q
+-- (A, H), w_beta (1, H) and b_beta (1) or nil (the gate), and the LSTM cell's weight_ih
+-- (4H, E + D), weight_hh (4H, H), bias_ih and bias_hh (4H) or nil. Returns cat(h_t, z_t) for
+-- every step (B, T, H + D), the attention weights (B, T, L) and the gates (B, T), all
+-- differentiable: the numbers of `ShowAttendTell:composed_forward` before its output layer.
+-- @usage local out, alphas, betas = captioning.show_attend_tell(feats, keys, w_v, emb, h0, c0, W_q, w_b, b_b,
+--   w_ih, w_hh, b_ih, b_hh)
+function M.show_attend_tell(feats, keys, w_v, emb, h0, c0, W_q, w_beta, b_beta, w_ih, w_hh, b_ih, b_hh)
+  local c = core.contiguous
+  local args = { c(feats), c(keys), c(w_v), c(emb), c(h0), c(c0), c(W_q), c(w_beta), contiguous(b_beta), c(w_ih),
+    c(w_hh), contiguous(b_ih), contiguous(b_hh) }
+  local out, alphas, betas, saved = core.caption_forward(table.unpack(args, 1, 13))
+  local inputs = { feats, keys, w_v, emb, h0, c0, W_q, w_beta, b_beta or false, w_ih, w_hh, b_ih or false,
+    b_hh or false }
+  autograd.record("show_attend_tell", { out, alphas, betas }, inputs, function(gout, galphas, gbetas)
+    args[14], args[15], args[16], args[17] = saved, contiguous(gout), contiguous(galphas), contiguous(gbetas)
+    return core.caption_backward(table.unpack(args, 1, 17))
+  end)
+  return out, alphas, betas
 end
 
 --- The decoder inputs of teacher forcing: `<bos>` then every caption token but the last.
