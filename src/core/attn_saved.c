@@ -17,44 +17,16 @@ void attn_saved_set_dtype(attn_saved_layout *l, attn_dtype dt) { l->fixed = 1, l
 
 attn_dtype attn_saved_dtype(const attn_saved_layout *l, attn_dtype op_dtype) { return l->fixed ? l->dtype : op_dtype; }
 
-/* The refusals' messages, out of the common path. */
-static attn_status refuse_part(const attn_saved_layout *l, const char *name, int ndim, const int64_t *shape,
-                               int negative) {
-  if (negative)
-    return attn_error(ATTN_ERR_SHAPE, "%s: saved part %s would have the negative shape %s", l->op, name,
-                      attn_shape_str(ndim, shape));
-  return attn_error(ATTN_ERR_SHAPE, "%s: saved part %s %s makes the saved buffer too large (over %lld entries)", l->op,
-                    name, attn_shape_str(ndim, shape), (long long)ATTN_SAVED_MAX_NUMEL);
-}
-
-attn_status attn_saved_add(attn_saved_layout *l, const char *name, int ndim, const int64_t *shape) {
+attn_status attn_saved_refuse(const attn_saved_layout *l, const char *name, int ndim, const int64_t *shape) {
   if (l->nparts >= ATTN_SAVED_MAX_PARTS || ndim < 0 || ndim > ATTN_SAVED_MAX_DIMS)
     return attn_error(ATTN_ERR_ARG, "%s: saved part %s: at most %d parts of %d dims", l->op, name,
                       ATTN_SAVED_MAX_PARTS, ATTN_SAVED_MAX_DIMS);
-  attn_saved_part *p = &l->part[l->nparts];
-  /* one pass: copy, sign, emptiness and the product's overflow together */
-  int64_t n = 1;
-  int over = 0, negative = 0, empty = 0;
-  for (int d = 0; d < ndim; d++) {
-    int64_t s = shape[d];
-    p->shape[d] = s;
-    negative |= s < 0;
-    empty |= s == 0;
-    over |= __builtin_mul_overflow(n, s, &n);
-  }
-  if (negative) return refuse_part(l, name, ndim, shape, 1);
-  int64_t end;
-  if (over || __builtin_add_overflow(l->numel, n, &end) || end > ATTN_SAVED_MAX_NUMEL) {
-    if (!empty) return refuse_part(l, name, ndim, shape, 0);
-    n = 0, end = l->numel; /* an empty dim makes the part empty whatever the others are */
-  }
-  p->name = name;
-  p->ndim = ndim;
-  p->offset = l->numel;
-  p->numel = n;
-  l->numel = end;
-  l->nparts++;
-  return ATTN_OK;
+  for (int d = 0; d < ndim; d++)
+    if (shape[d] < 0)
+      return attn_error(ATTN_ERR_SHAPE, "%s: saved part %s would have the negative shape %s", l->op, name,
+                        attn_shape_str(ndim, shape));
+  return attn_error(ATTN_ERR_SHAPE, "%s: saved part %s %s makes the saved buffer too large (over %lld entries)", l->op,
+                    name, attn_shape_str(ndim, shape), (long long)ATTN_SAVED_MAX_NUMEL);
 }
 
 int attn_saved_find(const attn_saved_layout *l, const char *name) {
