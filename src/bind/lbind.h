@@ -58,6 +58,11 @@ attn_tensor *attn_l_check(lua_State *L, int idx);
 attn_tensor *attn_l_test(lua_State *L, int idx);
 /* Pushes a new contiguous tensor (contents uninitialised); raises on failure. */
 attn_tensor *attn_l_push_alloc(lua_State *L, attn_dtype dtype, int ndim, const int64_t *shape);
+/* attn_l_push_alloc with `tail` bytes of the binding's own after the struct in the same
+ * userdata (at attn_l_tail; the saved buffer keeps its layout there, src/bind/lsaved.c). */
+attn_tensor *attn_l_push_alloc_tail(lua_State *L, attn_dtype dtype, int ndim, const int64_t *shape, size_t tail);
+/* The tail of a tensor pushed by attn_l_push_alloc_tail. */
+#define attn_l_tail(t) ((void *)((attn_tensor *)(t) + 1))
 /* Pushes a new tensor with x's dtype and shape. */
 attn_tensor *attn_l_push_like(lua_State *L, const attn_tensor *x);
 /* A tensor of dtype dt made from the number or nested table of numbers at idx (as attn.tensor),

@@ -229,11 +229,20 @@ void attn_l_checktable(lua_State *L, int arg, const char *what) {
   if (lua_type(L, arg) != LUA_TTABLE) attn_l_argerror(L, arg, what, "a table");
 }
 
-static attn_tensor *push_empty(lua_State *L) {
-  attn_tensor *t = lua_newuserdatauv(L, sizeof(attn_tensor), ATTN_L_USER_VALUES);
+static attn_tensor *push_empty_tail(lua_State *L, size_t tail) {
+  attn_tensor *t = lua_newuserdatauv(L, sizeof(attn_tensor) + tail, ATTN_L_USER_VALUES);
   memset(t, 0, sizeof *t);
   push_tensor_mt(L);
   lua_setmetatable(L, -2);
+  return t;
+}
+
+static attn_tensor *push_empty(lua_State *L) { return push_empty_tail(L, 0); }
+
+attn_tensor *attn_l_push_alloc_tail(lua_State *L, attn_dtype dtype, int ndim, const int64_t *shape, size_t tail) {
+  attn_tensor *t = push_empty_tail(L, tail);
+  if (attn_tensor_init(t, dtype, ndim, shape) != ATTN_OK) attn_l_raise(L);
+  account(L, t->storage->capacity);
   return t;
 }
 

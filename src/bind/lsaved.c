@@ -1,18 +1,20 @@
 /* Binding: a fused op's saved buffer (attn_saved.h) as a Lua table of named views, and back.
  *
- * The views are lazy: the forward pushes a table holding only saved.buffer and a small state
- * userdata (no finalizer) with the layout's parts and the buffer as its user value; the shared
- * metatable's __index makes a part's view of that buffer on its first read and stores it, and
- * __pairs makes them all first. An eval call whose saved table nobody reads so pays for no
- * views, and the parts read are what the eager table held: views of the forward's buffer, even
- * when saved.buffer was reassigned since. */
+ * The views are lazy: the forward pushes a table holding saved.buffer and, under a hidden key, the
+ * same buffer again; the layout's parts ride in that buffer's userdata, after its tensor struct
+ * (attn_l_push_alloc_tail), so the table costs no object besides itself. The shared metatable's
+ * __index makes a part's view of that buffer on its first read and stores it, and __pairs makes
+ * them all first. An eval call whose saved table nobody reads so pays for no views, and the parts
+ * read are what the eager table held: views of the forward's buffer, even when saved.buffer was
+ * reassigned since. */
 #include <string.h>
 
 #include "bind/lbind.h"
 
-/* The layout, its parts cut to the ones it has: a call's state is a few hundred bytes, not the
- * ten parts' worth of attn_saved_layout (the GC paces itself by bytes). */
+/* The layout, its parts cut to the ones it has: a call's buffer grows by a few hundred bytes,
+ * not the ten parts' worth of attn_saved_layout (the GC paces itself by bytes). */
 typedef struct saved_state {
+  uint64_t magic; /* STATE_MAGIC: a tensor with this tail is a saved buffer */
   const char *op;
   int nparts, fixed;
   attn_dtype layout_dtype, dtype; /* the layout's fixed one, and the buffer's (resolved) */
@@ -20,19 +22,25 @@ typedef struct saved_state {
   attn_saved_part part[]; /* nparts */
 } saved_state;
 
-static const char table_mt_key = 't'; /* registry keys: the saved tables' metatable, */
-static const char state_mt_key = 's'; /* the state userdata's, */
-static const char state_key = 'k';    /* and the (light userdata) field holding the state */
+#define STATE_MAGIC UINT64_C(0x6174746e73617665) /* "attnsave" */
 
-/* Pushes the state userdata of the saved table at idx (absolute) and returns it when the table is
- * one of ours; else pushes nothing and returns NULL. */
+static const char table_mt_key = 't'; /* registry key: the saved tables' metatable, */
+static const char state_key = 'k';    /* and the (light userdata) field holding the forward's buffer */
+
+static size_t state_size(int nparts) { return sizeof(saved_state) + sizeof(attn_saved_part) * (size_t)nparts; }
+
+/* Pushes the forward's buffer of the saved table at idx (absolute) and returns its state when the
+ * table is one of ours; else pushes nothing and returns NULL. Only a buffer made by
+ * attn_l_push_saved has a tail of its size with the mark (a plain tensor has no tail). */
 static const saved_state *push_state(lua_State *L, int idx) {
   lua_rawgetp(L, idx, &state_key);
-  if (lua_type(L, -1) == LUA_TUSERDATA && lua_getmetatable(L, -1)) {
-    lua_rawgetp(L, LUA_REGISTRYINDEX, &state_mt_key);
-    int ours = lua_rawequal(L, -1, -2);
-    lua_pop(L, 2);
-    if (ours) return lua_touserdata(L, -1);
+  if (attn_l_is_tensor(L, -1)) {
+    size_t len = lua_rawlen(L, -1);
+    attn_tensor *t = lua_touserdata(L, -1);
+    const saved_state *s = attn_l_tail(t);
+    if (len >= sizeof(attn_tensor) + sizeof(saved_state) && s->magic == STATE_MAGIC &&
+        len == sizeof(attn_tensor) + state_size(s->nparts))
+      return s;
   }
   lua_pop(L, 1);
   return NULL;
@@ -48,13 +56,8 @@ static void state_layout(const saved_state *s, attn_saved_layout *l) {
   memcpy(l->part, s->part, sizeof s->part[0] * (size_t)s->nparts);
 }
 
-/* The forward's buffer of the state userdata at -1 (its user value; the userdata keeps it alive). */
-static attn_tensor *state_buffer(lua_State *L) {
-  lua_getiuservalue(L, -1, 1);
-  attn_tensor *buf = attn_l_test(L, -1);
-  lua_pop(L, 1);
-  return buf;
-}
+/* The forward's buffer at -1 (pushed by push_state). */
+static attn_tensor *state_buffer(lua_State *L) { return attn_l_test(L, -1); }
 
 /* Whether the table at idx (absolute) has the lazy saved tables' metatable. */
 static int is_lazy(lua_State *L, int idx) {
@@ -80,7 +83,7 @@ static int saved_index(lua_State *L) {
   return 1;
 }
 
-/* next over the table itself (raw), leaving out the state's field */
+/* next over the table itself (raw), leaving out the hidden field */
 static int saved_next(lua_State *L) {
   lua_settop(L, 2);
   while (lua_next(L, 1)) {
@@ -106,30 +109,25 @@ static int saved_pairs(lua_State *L) {
   return 3;
 }
 
-/* Pushes the registry table at key (a metatable), made on first use. */
-static void push_registry(lua_State *L, const void *key, int with_methods) {
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, key) != LUA_TNIL) return;
+/* Pushes the saved tables' metatable, made on first use. */
+static void push_table_mt(lua_State *L) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &table_mt_key) != LUA_TNIL) return;
   lua_pop(L, 1);
   lua_createtable(L, 0, 2);
-  if (with_methods) {
-    lua_pushcfunction(L, saved_index);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, saved_pairs);
-    lua_setfield(L, -2, "__pairs");
-  }
+  lua_pushcfunction(L, saved_index);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, saved_pairs);
+  lua_setfield(L, -2, "__pairs");
   lua_pushvalue(L, -1);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, key);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &table_mt_key);
 }
 
 attn_tensor attn_l_push_saved(lua_State *L, const attn_saved_layout *l, attn_dtype dt) {
-  luaL_checkstack(L, 5, l->op);
+  luaL_checkstack(L, 4, l->op);
   dt = attn_saved_dtype(l, dt);
-  attn_tensor *buf = attn_l_push_alloc(L, dt, 1, &l->numel);
-  /* buffer, state and what an op adds (flash, lse, index); the parts read later rehash it */
-  lua_createtable(L, 0, 4);
-  lua_pushvalue(L, -2);
-  lua_setfield(L, -2, "buffer");
-  saved_state *s = lua_newuserdatauv(L, sizeof *s + sizeof s->part[0] * (size_t)l->nparts, 1);
+  attn_tensor *buf = attn_l_push_alloc_tail(L, dt, 1, &l->numel, state_size(l->nparts));
+  saved_state *s = attn_l_tail(buf);
+  s->magic = STATE_MAGIC;
   s->op = l->op;
   s->nparts = l->nparts;
   s->fixed = l->fixed;
@@ -137,15 +135,17 @@ attn_tensor attn_l_push_saved(lua_State *L, const attn_saved_layout *l, attn_dty
   s->dtype = dt;
   s->numel = l->numel;
   memcpy(s->part, l->part, sizeof s->part[0] * (size_t)l->nparts);
-  lua_pushvalue(L, -3);
-  lua_setiuservalue(L, -2, 1);
-  push_registry(L, &state_mt_key, 0);
-  lua_setmetatable(L, -2);
+  /* buffer, the hidden buffer and what an op adds (flash, lse, index); the parts read later
+   * rehash it */
+  lua_createtable(L, 0, 4);
+  lua_pushvalue(L, -2);
+  lua_setfield(L, -2, "buffer");
+  lua_pushvalue(L, -2);
   lua_rawsetp(L, -2, &state_key);
-  push_registry(L, &table_mt_key, 1);
+  push_table_mt(L);
   lua_setmetatable(L, -2);
   lua_remove(L, -2);
-  return *buf; /* the table keeps the userdata, and the struct in it, alive */
+  return *buf; /* the table keeps the buffer, and its storage, alive */
 }
 
 /* The tensor t[key] of the table at idx (pushed), else raises naming fn, what and key. */

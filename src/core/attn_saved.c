@@ -3,43 +3,30 @@
 
 #include <string.h>
 
+/* Only the header: parts past nparts are never read, and clearing all ten cost more than a small
+ * op's whole layout. */
 void attn_saved_begin(attn_saved_layout *l, const char *op) {
-  memset(l, 0, sizeof *l);
   l->op = op;
+  l->nparts = 0;
+  l->numel = 0;
+  l->fixed = 0;
+  l->dtype = ATTN_F32;
 }
 
 void attn_saved_set_dtype(attn_saved_layout *l, attn_dtype dt) { l->fixed = 1, l->dtype = dt; }
 
 attn_dtype attn_saved_dtype(const attn_saved_layout *l, attn_dtype op_dtype) { return l->fixed ? l->dtype : op_dtype; }
 
-attn_status attn_saved_add(attn_saved_layout *l, const char *name, int ndim, const int64_t *shape) {
+attn_status attn_saved_refuse(const attn_saved_layout *l, const char *name, int ndim, const int64_t *shape) {
   if (l->nparts >= ATTN_SAVED_MAX_PARTS || ndim < 0 || ndim > ATTN_SAVED_MAX_DIMS)
     return attn_error(ATTN_ERR_ARG, "%s: saved part %s: at most %d parts of %d dims", l->op, name,
                       ATTN_SAVED_MAX_PARTS, ATTN_SAVED_MAX_DIMS);
-  int64_t n = 1;
-  int over = 0;
   for (int d = 0; d < ndim; d++)
     if (shape[d] < 0)
       return attn_error(ATTN_ERR_SHAPE, "%s: saved part %s would have the negative shape %s", l->op, name,
                         attn_shape_str(ndim, shape));
-  for (int d = 0; d < ndim; d++) over |= __builtin_mul_overflow(n, shape[d], &n);
-  int64_t end;
-  if (over || __builtin_add_overflow(l->numel, n, &end) || end > ATTN_SAVED_MAX_NUMEL) {
-    int empty = 0; /* an empty dim makes the part empty whatever the others are */
-    for (int d = 0; d < ndim; d++) empty |= shape[d] == 0;
-    if (!empty)
-      return attn_error(ATTN_ERR_SHAPE, "%s: saved part %s %s makes the saved buffer too large (over %lld entries)",
-                        l->op, name, attn_shape_str(ndim, shape), (long long)ATTN_SAVED_MAX_NUMEL);
-    n = 0, end = l->numel;
-  }
-  attn_saved_part *p = &l->part[l->nparts++];
-  p->name = name;
-  p->ndim = ndim;
-  for (int d = 0; d < ndim; d++) p->shape[d] = shape[d];
-  p->offset = l->numel;
-  p->numel = n;
-  l->numel = end;
-  return ATTN_OK;
+  return attn_error(ATTN_ERR_SHAPE, "%s: saved part %s %s makes the saved buffer too large (over %lld entries)", l->op,
+                    name, attn_shape_str(ndim, shape), (long long)ATTN_SAVED_MAX_NUMEL);
 }
 
 int attn_saved_find(const attn_saved_layout *l, const char *name) {

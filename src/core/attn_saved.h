@@ -57,10 +57,41 @@ void attn_saved_set_dtype(attn_saved_layout *l, attn_dtype dt);
  * take a dtype all resolve it through here, so callers pass the op's. */
 attn_dtype attn_saved_dtype(const attn_saved_layout *l, attn_dtype op_dtype);
 
+/* attn_saved_add's refusal of a part (its message); for attn_saved_add only. */
+attn_status attn_saved_refuse(const attn_saved_layout *l, const char *name, int ndim, const int64_t *shape);
+
 /* Appends the part `name` of shape (ndim <= ATTN_SAVED_MAX_DIMS dims) after the others. Refuses
  * a negative size, too many parts or dims, and a buffer past ATTN_SAVED_MAX_NUMEL entries (the
- * message names the op, the part and its shape). */
-attn_status attn_saved_add(attn_saved_layout *l, const char *name, int ndim, const int64_t *shape);
+ * message names the op, the part and its shape).
+ * Inline: a layout function's shapes are mostly constants there, and a small op's layout is
+ * built on every call (by its binding and again by its kernel). One pass copies the shape and
+ * checks sign, emptiness and the product's overflow together; refusals go out of line. */
+static inline attn_status attn_saved_add(attn_saved_layout *l, const char *name, int ndim, const int64_t *shape) {
+  if (l->nparts >= ATTN_SAVED_MAX_PARTS || ndim < 0 || ndim > ATTN_SAVED_MAX_DIMS)
+    return attn_saved_refuse(l, name, ndim, shape);
+  attn_saved_part *p = &l->part[l->nparts];
+  int64_t n = 1, end;
+  int over = 0, negative = 0, empty = 0;
+  for (int d = 0; d < ndim; d++) {
+    int64_t s = shape[d];
+    p->shape[d] = s;
+    negative |= s < 0;
+    empty |= s == 0;
+    over |= __builtin_mul_overflow(n, s, &n);
+  }
+  if (negative) return attn_saved_refuse(l, name, ndim, shape);
+  if (over || __builtin_add_overflow(l->numel, n, &end) || end > ATTN_SAVED_MAX_NUMEL) {
+    if (!empty) return attn_saved_refuse(l, name, ndim, shape);
+    n = 0, end = l->numel; /* an empty dim makes the part empty whatever the others are */
+  }
+  p->name = name;
+  p->ndim = ndim;
+  p->offset = l->numel;
+  p->numel = n;
+  l->numel = end;
+  l->nparts++;
+  return ATTN_OK;
+}
 
 /* Index of the part called name, -1 when there is none. */
 int attn_saved_find(const attn_saved_layout *l, const char *name);

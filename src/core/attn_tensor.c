@@ -213,8 +213,11 @@ void *attn_tensor_data(const attn_tensor *t) {
   /* An empty view's offset may lie anywhere, even near 2^63 (the last row of a [2^63-1 x 0]
    * tensor): no element is read through it, so its pointer is the storage's and the offset is
    * never scaled to bytes (signed overflow, and a pointer past the allocation). */
-  if (attn_tensor_numel(t) == 0) return t->storage->data;
-  return (char *)t->storage->data + t->offset * (int64_t)attn_dtype_size(t->dtype);
+  char *data = t->storage->data;
+  if (t->offset == 0) return data; /* (most tensors: no loop over the dims) */
+  for (int d = 0; d < t->ndim; d++)
+    if (t->shape[d] == 0) return data;
+  return data + t->offset * (int64_t)attn_dtype_size(t->dtype);
 }
 
 const char *attn_tensor_shape_str(const attn_tensor *t) { return attn_shape_str(t->ndim, t->shape); }

@@ -701,6 +701,10 @@ end
 -- would then escape as an error table.
 local depths = setmetatable({}, { __mode = "k" })
 local running = coroutine.running
+-- The main coroutine's depth in an upvalue instead (it never yields, so it cannot be left
+-- raised): the book's calls run there, and two weak-table lookups cost more than the rest of
+-- a call's bookkeeping.
+local main_depth = 0
 
 local ModuleError = {}
 ModuleError.__index = ModuleError
@@ -746,21 +750,36 @@ local function capture(err)
   return setmetatable({ chain = {}, msg = err, traceback = tb }, ModuleError)
 end
 
-local function finish_call(self, co, ok, ...)
-  local depth = depths[co] - 1
-  depths[co] = depth -- (0 stays, a weak key: no new entry per top-level call)
-  if ok then return ... end
-  local err = ...
+-- err: the captured ModuleError; depth: the calls still on this coroutine's stack.
+local function fail(self, depth, err)
   table.insert(err.chain, 1, self)
   if depth > 0 then error(err, 0) end
   if #err.chain == 1 and type(err.msg) ~= "string" then error(err.msg, 0) end -- a user's error object
   error(err:message(), 0)
 end
 
+local function finish_call(self, co, ok, ...)
+  local depth = depths[co] - 1
+  depths[co] = depth -- (0 stays, a weak key: no new entry per top-level call)
+  if ok then return ... end
+  return fail(self, depth, ...)
+end
+
+local function finish_main(self, ok, ...)
+  local depth = main_depth - 1
+  main_depth = depth
+  if ok then return ... end
+  return fail(self, depth, ...)
+end
+
 --- `m(...)` runs `m:forward(...)`, adding the module path and the traceback of
 -- the error site to errors.
 function Module.__call(self, ...)
-  local co = running()
+  local co, main = running()
+  if main then
+    main_depth = main_depth + 1
+    return finish_main(self, xpcall(self.forward, capture, self, ...))
+  end
   depths[co] = (depths[co] or 0) + 1
   return finish_call(self, co, xpcall(self.forward, capture, self, ...))
 end
