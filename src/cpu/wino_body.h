@@ -17,21 +17,21 @@
 #define WINO_FN(name) WINO_CAT(name, WINO_SUFFIX)
 
 #define WINO_DEFINE(S, T)                                                                                   \
-  /* rows k = 0 .. rows - 1 (and rows + extra) of the zero-padded plane src (h, w) starting at padded   */  \
-  /* row r0, step 2, as Wp entries each from dst; src column q - pl at padded column q */                   \
+  /* a short row (a dozen entries) in 16-byte moves: a call to memcpy per row cost more than the */       \
+  /* transforms (GCC turns a plain copy loop into that call) */                                             \
+  static void WINO_FN(copy_##S)(const T *restrict src, int64_t n, T *restrict dst) {                        \
+    int64_t j = 0, k = 16 / (int64_t)sizeof(T);                                                             \
+    for (; j + k <= n; j += k) memcpy(dst + j, src + j, 16);                                                \
+    for (; j < n; j++) dst[j] = src[j];                                                                     \
+  }                                                                                                         \
+  /* n rows of the zero-padded plane src (h, w) from padded row r0, step 2, Wp entries each from dst: */   \
+  /* src's row r - pt, column q - pl at padded row r, column q (pl + w <= Wp) */                           \
   static void WINO_FN(pad_rows_##S)(const T *src, int64_t h, int64_t w, int64_t pt, int64_t pl, int64_t r0,     \
                                     int64_t n, int64_t Wp, T *dst) {                                        \
+    memset(dst, 0, (size_t)(n * Wp) * sizeof(T)); /* one call, then one copy per row inside the plane */  \
     for (int64_t k = 0; k < n; k++) {                                                                       \
-      T *d = dst + k * Wp;                                                                                  \
       int64_t r = r0 + 2 * k - pt;                                                                          \
-      if (r < 0 || r >= h) {                                                                                \
-        memset(d, 0, (size_t)Wp * sizeof(T));                                                              \
-        continue;                                                                                           \
-      }                                                                                                     \
-      int64_t lo = pl < Wp ? pl : Wp, hi = pl + w < Wp ? pl + w : Wp;                                       \
-      memset(d, 0, (size_t)lo * sizeof(T));                                                                 \
-      if (hi > lo) memcpy(d + lo, src + r * w, (size_t)(hi - lo) * sizeof(T));                              \
-      if (hi < Wp) memset(d + (hi > lo ? hi : lo), 0, (size_t)(Wp - (hi > lo ? hi : lo)) * sizeof(T));      \
+      if (r >= 0 && r < h) WINO_FN(copy_##S)(src + r * w, w, dst + k * Wp + pl);                            \
     }                                                                                                       \
   }                                                                                                         \
   /* The loops sit in functions of restrict parameters: GCC trusts restrict on parameters, not on */       \
@@ -69,8 +69,6 @@
     WINO_FN(in_cols_##S)(p + n, p + 3 * n, L, Tr, u + us, 2 * us); /* odd columns: rows 1, 3, 5, 7 */       \
     for (int j = 0; j < 8; j++) u[j * us + L] = 0;                 /* read by the last dummy tile */       \
     for (int i = 0; i < 4; i++) WINO_FN(in_rows_##S)(u + 2 * i * us, u + (2 * i + 1) * us, L, V + 4 * i * ps, ps); \
-    for (int xi = 0; xi < 16; xi++) /* the dummy tiles */                                                   \
-      for (int64_t k = 0; k < rows; k++) V[xi * ps + k * Tr + g->tw] = 0;                                   \
   }                                                                                                         \
   /* ye (rows of 2 (tw + 1)) and ye + 2 P (the odd output rows) = A^T m A + bias of M's P tiles */          \
   static void WINO_FN(out_tiles_##S)(const T *restrict M, int64_t ps, int64_t P, T bias, T *restrict ye) {  \
@@ -95,27 +93,30 @@
       if (r + 1 < g->Ho) memcpy(y + (r + 1) * g->Wo, yo + k * Wp, (size_t)g->Wo * sizeof(T));               \
     }                                                                                                       \
   }                                                                                                         \
-  /* z (16 planes ps apart) = A e A^T of the P tiles with rows (e0, e1) and (o0, o1) */                     \
-  static void WINO_FN(grad_tiles_##S)(const T *restrict e0, const T *restrict e1, const T *restrict o0,      \
-                                      const T *restrict o1, int64_t P, T *restrict z, int64_t ps) {         \
-    for (int64_t s = 0; s < P; s++) { /* A e (rows r0, r0 + r1, r0 - r1, -r1), then the same along rows */  \
-      T a0 = e0[s], a1 = e1[s], c0 = o0[s], c1 = o1[s];                                                     \
-      T u[4][2] = {{a0, a1}, {a0 + c0, a1 + c1}, {a0 - c0, a1 - c1}, {-c0, -c1}};                           \
-      for (int i = 0; i < 4; i++) {                                                                         \
-        z[(4 * i) * ps + s] = u[i][0], z[(4 * i + 1) * ps + s] = u[i][0] + u[i][1];                         \
-        z[(4 * i + 2) * ps + s] = u[i][0] - u[i][1], z[(4 * i + 3) * ps + s] = -u[i][1];                    \
-      }                                                                                                     \
+  /* z (4 planes ps apart) = row (w0, w1) of A e times A^T, for P tiles */                                  \
+  static void WINO_FN(grad_row_##S)(const T *restrict w0, const T *restrict w1, int64_t P, T *restrict z,    \
+                                    int64_t ps) {                                                           \
+    for (int64_t s = 0; s < P; s++) {                                                                       \
+      T a = w0[s], b = w1[s];                                                                               \
+      z[s] = a, z[ps + s] = a + b, z[2 * ps + s] = a - b, z[3 * ps + s] = -b;                               \
     }                                                                                                       \
+  }                                                                                                         \
+  /* u (6 arrays of P) = rows 1 - 3 of A e: r0 + r1, r0 - r1, -r1 from the tiles' rows r0 = (e0, e1), */    \
+  /* r1 = (o0, o1) */                                                                                       \
+  static void WINO_FN(grad_cols_##S)(const T *restrict e, const T *restrict o, int64_t P, T *restrict u) {  \
+    for (int64_t s = 0; s < 2 * P; s++) u[s] = e[s] + o[s], u[2 * P + s] = e[s] - o[s], u[4 * P + s] = -o[s]; \
   }                                                                                                         \
   static void WINO_FN(grad_##S)(const attn_wino_geom *g, const T *dy, int64_t ti0, int64_t rows, T *Z,        \
                                 int64_t ps, T *scratch) {                                                   \
     int64_t Wp = 2 * g->tw + 2, P = rows * (g->tw + 1);                                                      \
-    T *E = scratch, *Od = E + rows * Wp, *p = Od + rows * Wp;                                               \
+    T *E = scratch, *Od = E + rows * Wp, *p = Od + rows * Wp, *u = p + 4 * P;                               \
     WINO_FN(pad_rows_##S)(dy, g->Ho, g->Wo, 0, 0, 2 * ti0, rows, Wp, E);                                    \
     WINO_FN(pad_rows_##S)(dy, g->Ho, g->Wo, 0, 0, 2 * ti0 + 1, rows, Wp, Od);                               \
-    WINO_FN(split_##S)(E, P, p, p + P);                                                                     \
-    WINO_FN(split_##S)(Od, P, p + 2 * P, p + 3 * P);                                                        \
-    WINO_FN(grad_tiles_##S)(p, p + P, p + 2 * P, p + 3 * P, P, Z, ps);                                      \
+    WINO_FN(split_##S)(E, P, p, p + P);          /* e0, e1: the tiles' top row */                           \
+    WINO_FN(split_##S)(Od, P, p + 2 * P, p + 3 * P); /* o0, o1: the bottom row */                           \
+    WINO_FN(grad_cols_##S)(p, p + 2 * P, P, u);                                                             \
+    WINO_FN(grad_row_##S)(p, p + P, P, Z, ps);                                                              \
+    for (int i = 1; i < 4; i++) WINO_FN(grad_row_##S)(u + (2 * i - 2) * P, u + (2 * i - 1) * P, P, Z + 4 * i * ps, ps); \
   }
 
 WINO_DEFINE(f32, float)

@@ -5,8 +5,9 @@
  *
  * Layout: tile (ti, tj) of the band sits at column (ti - ti0) (tw + 1) + tj of each of the 16
  * planes (entry (i, j) of a tile in plane 4 i + j, planes ps entries apart): one dummy tile per
- * tile row, tj = tw, lets the row's tiles be read and written as one flat run. The input and
- * gradient transforms write zero into the dummy tiles, the output transform ignores them.
+ * tile row, tj = tw, lets the row's tiles be read and written as one flat run. The gradient
+ * transform writes zeros there (so the weight gradient's products add exact zeros), the input
+ * transform whatever the flat run gives, the output transform ignores them.
  * scratch holds attn_wino_scratch(rows, tw) entries of the plane's type. The AVX2 and AVX-512
  * sets exist only on x86-64. */
 #ifndef ATTN_WINO_CPU_H
