@@ -89,8 +89,8 @@
     WINO_FN(out_tiles_##S)(M, ps, rows * (g->tw + 1), bias, ye);                                            \
     for (int64_t k = 0; k < rows; k++) {                                                                    \
       int64_t r = 2 * (ti0 + k);                                                                            \
-      memcpy(y + r * g->Wo, ye + k * Wp, (size_t)g->Wo * sizeof(T));                                        \
-      if (r + 1 < g->Ho) memcpy(y + (r + 1) * g->Wo, yo + k * Wp, (size_t)g->Wo * sizeof(T));               \
+      WINO_FN(copy_##S)(ye + k * Wp, g->Wo, y + r * g->Wo);                                                 \
+      if (r + 1 < g->Ho) WINO_FN(copy_##S)(yo + k * Wp, g->Wo, y + (r + 1) * g->Wo);                        \
     }                                                                                                       \
   }                                                                                                         \
   /* z (4 planes ps apart) = row (w0, w1) of A e times A^T, for P tiles */                                  \
