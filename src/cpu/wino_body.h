@@ -12,17 +12,20 @@
 
 #include "cpu/wino_cpu.h"
 
+/* GCC turns the copy of a short row (a dozen entries) into a call to memmove, which cost more
+ * than all the transforms together; the copies stay inline loops. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-tree-loop-distribute-patterns")
+#endif
+
 #define WINO_CAT2(a, b) a##b
 #define WINO_CAT(a, b) WINO_CAT2(a, b)
 #define WINO_FN(name) WINO_CAT(name, WINO_SUFFIX)
 
 #define WINO_DEFINE(S, T)                                                                                   \
-  /* a short row (a dozen entries) in 16-byte moves: a call to memcpy per row cost more than the */       \
-  /* transforms (GCC turns a plain copy loop into that call) */                                             \
+  /* a short row, in an inline loop (not a call to memcpy) */                                              \
   static void WINO_FN(copy_##S)(const T *restrict src, int64_t n, T *restrict dst) {                        \
-    int64_t j = 0, k = 16 / (int64_t)sizeof(T);                                                             \
-    for (; j + k <= n; j += k) memcpy(dst + j, src + j, 16);                                                \
-    for (; j < n; j++) dst[j] = src[j];                                                                     \
+    for (int64_t j = 0; j < n; j++) dst[j] = src[j];                                                        \
   }                                                                                                         \
   /* n rows of the zero-padded plane src (h, w) from padded row r0, step 2, Wp entries each from dst: */   \
   /* src's row r - pt, column q - pl at padded row r, column q (pl + w <= Wp) */                           \
