@@ -3,9 +3,9 @@
  * small float32 product (gemm), its short-row attention (sdpa_small), its flash attention
  * kernels and its Winograd convolution transforms (wino). One set is active for the whole
  * engine: chosen once, at first use, from the environment variable ATTN_ISA (a set this CPU
- * runs) or else the fastest set this CPU runs, and
- * changed only by attn_cpu_select (attn_vmath_set_isa, core.isa()). Every caller reads the
- * active set or a named one from here; there is no other chooser.
+ * runs) or else the fastest set this CPU runs, and changed only by attn_cpu_select
+ * (attn_vmath_set_isa, core.isa()). Every caller reads the active set or a named one from here;
+ * there is no other chooser.
  *
  * Lower than the core: this header names the core's and the attention layer's types only by
  * their struct tags, so it needs no other header of the engine. */

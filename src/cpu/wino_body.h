@@ -3,10 +3,12 @@
  * per row of tiles) so that the compiler vectorises them; each src/cpu/wino_<isa>.c includes it
  * with its own WINO_SUFFIX and is compiled with that ISA's flags (see the Makefile).
  *
- * The padded plane (2 th + 2 rows of Wp = 2 tw + 2 entries) is split into its even and odd rows:
- * tile row ti's 4x4 patches then lie in rows ti and ti + 1 of both, so B^T d (along columns) is
- * one flat loop over the band, and d B (along rows) reads pairs of entries at stride 2, which
- * with tw + 1 pairs per row gives the dummy tile at tj = tw. */
+ * The padded plane (2 th + 2 rows of Wp = 2 tw + 2 entries) is split into its even and odd rows,
+ * and those into their even and odd columns: tile (ti, tj)'s 4x4 patch then lies in rows ti and
+ * ti + 1, columns tj and tj + 1 of the four parts, so B^T d (along columns) and then B (along
+ * rows) are flat loops at stride 1 over the band; with tw + 1 column pairs per row the flat run
+ * has one dummy tile per tile row, at tj = tw (it straddles two rows). The gradient transform
+ * reads dy's 2x2 tiles the same way. */
 #include <stdint.h>
 #include <string.h>
 
