@@ -216,14 +216,16 @@ end)
 
 -- Winograd F(2x2, 3x3) (kernel = "winograd"): odd sizes (a last tile row and column of one output),
 -- padding 0, 1, 2, batch 1 and many, channel counts that are no multiple of anything, an image
--- smaller than a tile, and one with more tiles than a block holds (blocks end inside a row of tiles).
+-- smaller than a tile, several images per block, and an image larger than a block (bands of tile
+-- rows, the last one short: 23 tile rows, 21 per band in float32 and 10 in float64).
 local wino_cases = {
   { name = "odd 7x5, padding 1", x = { 2, 3, 7, 5 }, w = { 5, 3, 3, 3 }, o = { padding = 1 } },
   { name = "padding 0, batch 1", x = { 1, 5, 8, 9 }, w = { 3, 5, 3, 3 }, o = {} },
   { name = "padding 2, {2, 0}", x = { 3, 2, 5, 6 }, w = { 7, 2, 3, 3 }, o = { padding = { 2, 0 } } },
   { name = "1x1 image, padding 1", x = { 2, 9, 1, 1 }, w = { 4, 9, 3, 3 }, o = { padding = 1 } },
   { name = "3x3 image, padding 0 (one output)", x = { 1, 2, 3, 3 }, w = { 2, 2, 3, 3 }, o = {} },
-  { name = "many tiles: blocks end inside a row", x = { 2, 2, 41, 37 }, w = { 3, 2, 3, 3 }, o = { padding = 1 } },
+  { name = "many tiles: several images per block", x = { 2, 2, 41, 37 }, w = { 3, 2, 3, 3 }, o = { padding = 1 } },
+  { name = "an image larger than a block: bands", x = { 1, 6, 45, 45 }, w = { 6, 6, 3, 3 }, o = { padding = 1 } },
 }
 
 -- The float32 Winograd error bound of attn_conv_internal.h for a convolution over C channels of
@@ -300,6 +302,54 @@ describe("nn.conv2d with kernel = 'winograd'", function()
       y:backward(y:detach())
       return { y, xl.grad, wl.grad, bl.grad }
     end)
+  end)
+
+  it("has every ISA set's transforms match the reference path (float64, 1e-12)", function()
+    local saved = attn.core.isa()
+    for _, isa in ipairs(helper.isa_paths()) do
+      attn.core.isa(isa)
+      for _, case in ipairs { wino_cases[1], wino_cases[3], wino_cases[7] } do
+        attn.manual_seed(17)
+        local x, w, b = attn.randn(case.x, "float64"), attn.randn(case.w, "float64"), attn.randn({ case.w[1] }, "float64")
+        local res = {}
+        for _, kernel in ipairs { "winograd", "reference" } do
+          local xl, wl, bl = x:detach():requires_grad_(), w:detach():requires_grad_(), b:detach():requires_grad_()
+          local y = nn.conv2d(xl, wl, bl, with_kernel(case.o, kernel))
+          y:backward(y:detach())
+          res[kernel] = { y, xl.grad, wl.grad, bl.grad }
+        end
+        for i = 1, 4 do assert.close(res.winograd[i], res.reference[i], { atol = 1e-10, rtol = 1e-12 }) end
+      end
+    end
+    attn.core.isa(saved)
+  end)
+
+  it("is what 'auto' runs from 8 input and output channels and 12x12 outputs up, im2col below", function()
+    attn.manual_seed(18)
+    local function run(xs, ws, kernel)
+      attn.manual_seed(19)
+      local x, w = attn.randn(xs):requires_grad_(), attn.randn(ws):requires_grad_()
+      local y = nn.conv2d(x, w, nil, { padding = 1, kernel = kernel })
+      y:backward(y:detach())
+      return { y, x.grad, w.grad }
+    end
+    local function same(a, b)
+      for i = 1, 3 do
+        if attn.core.tensor_to_bytes(a[i]) ~= attn.core.tensor_to_bytes(b[i]) then return false end
+      end
+      return true
+    end
+    for _, case in ipairs {
+      { x = { 2, 8, 12, 12 }, w = { 8, 8, 3, 3 }, want = "winograd" },
+      { x = { 2, 7, 12, 12 }, w = { 8, 7, 3, 3 }, want = "im2col" },
+      { x = { 2, 8, 12, 12 }, w = { 7, 8, 3, 3 }, want = "im2col" },
+      { x = { 2, 8, 11, 14 }, w = { 8, 8, 3, 3 }, want = "im2col" },
+    } do
+      local auto, wino, im2col = run(case.x, case.w, "auto"), run(case.x, case.w, "winograd"),
+        run(case.x, case.w, "im2col")
+      assert.is_false(same(wino, im2col)) -- the two paths round differently: the test can tell them apart
+      assert.is_true(same(auto, case.want == "winograd" and wino or im2col))
+    end
   end)
 
   it("is picked by a Conv2d's field kernel", function()

@@ -8,6 +8,7 @@
 #include "cpu/flash_cpu.h"
 #include "cpu/sdpa_small_cpu.h"
 #include "cpu/vmath_cpu.h"
+#include "cpu/wino_cpu.h"
 
 #define CPU_SET(isa)                                                                                        \
   {                                                                                                         \
@@ -15,7 +16,8 @@
         attn_vmath_sigmoid_f32_##isa, attn_vmath_exp_row_f32_##isa, attn_vmath_dropout_f32_##isa,           \
         attn_vmath_dropout_f64_##isa, attn_vmath_gru_fwd_f32_##isa, attn_vmath_gru_bwd_f32_##isa,           \
         attn_vmath_colsum_f32_##isa, attn_vmath_gemm_small_f32_##isa, &attn_vmath_gemm_small_max_##isa,     \
-        attn_sdpa_small_forward_##isa, attn_sdpa_small_backward_##isa, &attn_flash_kernels_##isa            \
+        attn_sdpa_small_forward_##isa, attn_sdpa_small_backward_##isa, &attn_flash_kernels_##isa,           \
+        &attn_wino_kernels_##isa                                                                            \
   }
 
 /* From the most portable to the fastest. */

@@ -1,10 +1,11 @@
 /* attn_cpu: the one table of per-instruction-set kernels. Every ISA this build has (generic
  * always; avx2 and avx512 on x86-64) fills one attn_cpu_kernels with its row math (vmath), its
- * small float32 product (gemm), its short-row attention (sdpa_small) and its flash attention
- * kernels. One set is active for the whole engine: chosen once, at first use, from the
- * environment variable ATTN_ISA (a set this CPU runs) or else the fastest set this CPU runs, and
- * changed only by attn_cpu_select (attn_vmath_set_isa, core.isa()). Every caller reads the
- * active set or a named one from here; there is no other chooser.
+ * small float32 product (gemm), its short-row attention (sdpa_small), its flash attention
+ * kernels and its Winograd convolution transforms (wino). One set is active for the whole
+ * engine: chosen once, at first use, from the environment variable ATTN_ISA (a set this CPU
+ * runs) or else the fastest set this CPU runs, and changed only by attn_cpu_select
+ * (attn_vmath_set_isa, core.isa()). Every caller reads the active set or a named one from here;
+ * there is no other chooser.
  *
  * Lower than the core: this header names the core's and the attention layer's types only by
  * their struct tags, so it needs no other header of the engine. */
@@ -16,6 +17,7 @@
 struct attn_dropout_rule;   /* core/attn_dropout.h */
 struct attn_attention_job;  /* attention/attn_attention_internal.h */
 struct attn_flash_kernels;  /* attention/attn_attention_internal.h */
+struct attn_wino_kernels;   /* cpu/wino_cpu.h */
 
 typedef struct attn_cpu_kernels {
   const char *name; /* "generic", "avx2", "avx512" */
@@ -42,6 +44,8 @@ typedef struct attn_cpu_kernels {
                              float *acc_v);
   /* flash attention (cpu/flash_body.h) */
   const struct attn_flash_kernels *flash;
+  /* the Winograd convolution's transforms (cpu/wino_body.h) */
+  const struct attn_wino_kernels *wino;
 } attn_cpu_kernels;
 
 /* The active set. */

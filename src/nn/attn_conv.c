@@ -17,6 +17,11 @@
 /* Backward sums dW over at most this many chunks of blocks: fixed by the shape alone, so the sum's order
  * (chunk partials added in chunk order) is the same on every thread count. */
 #define DW_CHUNKS 8
+/* AUTO runs Winograd (where it applies) from this many input and output channels and output
+ * rows and columns up, where it measured faster than im2col forward and forward+backward
+ * (attn_conv.h); below, the transforms and the dummy tile per tile row cost more than they save. */
+#define WINO_MIN_CHANNELS 8
+#define WINO_MIN_SIDE 12
 
 typedef struct {
   attn_dtype dt;
@@ -451,7 +456,9 @@ static attn_status pick_winograd(const char *op, const conv_job *J, attn_conv2d_
                       op, attn_tensor_shape_str(x), attn_tensor_shape_str(weight), (long long)J->p.stride[0],
                       (long long)J->p.stride[1], (long long)J->p.dilation[0], (long long)J->p.dilation[1],
                       (long long)J->G, (long long)J->p.padding[0], (long long)J->p.padding[1]);
-  *wino = kernel == ATTN_CONV_WINOGRAD;
+  *wino = kernel == ATTN_CONV_WINOGRAD ||
+          (kernel == ATTN_CONV_AUTO && applies && J->C >= WINO_MIN_CHANNELS && J->O >= WINO_MIN_CHANNELS &&
+           J->Ho >= WINO_MIN_SIDE && J->Wo >= WINO_MIN_SIDE);
   return ATTN_OK;
 }
 

@@ -13,13 +13,16 @@
  * the bits do not depend on the thread count. db sums dY over images and positions in a fixed
  * order (eight lanes in double, one output channel per task).
  *
- * 3x3 kernels at stride 1, dilation 1, groups 1 and padding <= 2 run Winograd F(2x2, 3x3)
+ * 3x3 kernels at stride 1, dilation 1, groups 1 and padding <= 2 can run Winograd F(2x2, 3x3)
  * instead (attn_conv_internal.h): 16 products per 2x2 outputs and channel pair against 36, the
  * input gradient as the same kernel on dy with the flipped kernel, the weight gradient as its
- * transpose; its float32 rounding is a small multiple of the direct sum's (bound there). It runs
- * only when asked for (WINOGRAD): AUTO stays on im2col, because on the machine it was measured
- * on (Conv2d 16->32, 14x14, batch 64, one thread) the transforms, in portable C on runs of 7
- * tiles, cost more than the products they save (forward 1.6 ms against im2col's 1.0 ms).
+ * transpose; its float32 rounding is a small multiple of the direct sum's (bound there). AUTO
+ * takes it where it applies with at least 8 input and 8 output channels and outputs of at least
+ * 12 x 12; elsewhere im2col. Measured on one thread (AVX-512, float32), forward and
+ * forward+backward against im2col: Winograd 1.5x and 1.15-1.3x faster at 16->32 channels on
+ * 14x14 (batch 64), about 2x at 32->32 on 28x28 and 64->64 on 14x14 and 56x56, 1.5x at 8->8 on
+ * 14x14; slower with 1, 3 or 6 input channels (the transforms cost more than the products they
+ * save) and on 7x7 outputs (a dummy tile per row of 4 tiles, and short products).
  *
  * The reference path is the formula above as plain loops with double sums, on the calling
  * thread: the specs compare the other paths with it. Every operand must be contiguous and share
@@ -36,8 +39,8 @@ typedef struct attn_conv2d_params {
   int64_t groups;      /* >= 1, divides C and O */
 } attn_conv2d_params;
 
-/* Which path runs: AUTO is im2col (above); WINOGRAD fails naming the shapes where it does not
- * apply. */
+/* Which path runs: AUTO is Winograd or im2col (above); WINOGRAD fails naming the shapes where it
+ * does not apply. */
 typedef enum { ATTN_CONV_AUTO = 0, ATTN_CONV_REFERENCE, ATTN_CONV_IM2COL, ATTN_CONV_WINOGRAD } attn_conv2d_kernel;
 
 /* The output shape (N, O, Ho, Wo) of conv2d on x and weight, in out; fails naming op, the

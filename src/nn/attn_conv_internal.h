@@ -5,7 +5,10 @@
  * Each 2x2 block of outputs ("tile") is y = A^T [sum_c (G g G^T) .* (B^T d B)] A with d the 4x4
  * input patch under it (zero outside the image) and g the 3x3 kernel: 16 products per tile and
  * pair of channels instead of 36, done as 16 GEMMs over channels (the engine's attn_gemm) per
- * block of tiles, the transforms fused around them. The backward of the input is the same
+ * block of tiles (whole images, or bands of tile rows of a large one, sized to stay in L2), the
+ * transforms around them. The transforms are the active ISA set's (cpu/wino_cpu.h): each runs
+ * over a whole band of one (image, channel) plane at once, with one dummy tile per tile row that
+ * the GEMMs carry along (1 / (tw + 1) of their columns) and the outputs drop. The backward of the input is the same
  * kernel on dy with the flipped, transposed weight (padding 2 - p); the weight gradient is the
  * transpose: dg = G^T [sum_tiles (A dy A^T) .* (B^T d B)] G.
  *

@@ -90,8 +90,9 @@ end
 -- (`kernel`): "im2col" unfolds each image and runs the engine's GEMM; "winograd" (3x3 kernels at
 -- stride 1, dilation 1, groups 1, padding <= 2) runs Winograd F(2x2, 3x3), 16 GEMMs over
 -- channels per block of 2x2 output tiles, with 2.25 times fewer multiply-adds and a float32
--- rounding error up to about 7 times the direct sum's bound, only when asked for (its
--- transforms still cost more than they save); "auto" is im2col; "reference" runs plain loops.
+-- rounding error up to about 7 times the direct sum's bound; "auto" takes "winograd" where it
+-- applies with at least 8 input and 8 output channels and outputs of at least 12x12 (where it
+-- measured faster), else "im2col"; "reference" runs plain loops.
 -- @tparam Tensor x
 -- @tparam Tensor weight
 -- @tparam[opt] Tensor bias

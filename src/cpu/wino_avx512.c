@@ -1,0 +1,6 @@
+/* The Winograd transforms for the avx512 path, compiled with its own flags
+ * (see CPU_FLAGS_avx512 in the Makefile); only on x86-64. */
+#if defined(__x86_64__)
+#define WINO_SUFFIX avx512
+#include "cpu/wino_body.h"
+#endif

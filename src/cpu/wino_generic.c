@@ -1,0 +1,3 @@
+/* The Winograd transforms for the generic path (flags in the Makefile). */
+#define WINO_SUFFIX generic
+#include "cpu/wino_body.h"
