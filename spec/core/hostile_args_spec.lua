@@ -159,6 +159,19 @@ describe("hostile arguments", function()
     assert.error_matches(function() attn.zeros({ 1 << 40, 0 }):totable() end, "more than memory allows")
   end)
 
+  it("pooling an empty input to a huge output size makes an empty output, no size product", function()
+    -- make fuzz under UBSan: adaptive_avg_pool2d([0x2x3], {2^62, 2^62}) multiplied the output's
+    -- 2^62 x 2^62 plane size (signed overflow) before finding there were no planes to pool
+    local huge = 1 << 62
+    local y = attn.nn.adaptive_avg_pool2d(attn.zeros({ 0, 2, 3 }), { huge, huge })
+    assert.are.same({ 0, huge, huge }, y:shape())
+    local x = attn.zeros({ 0, 2, 3, 3 }, "float64"):requires_grad_()
+    y = attn.nn.adaptive_avg_pool2d(x, { huge, huge })
+    assert.are.same({ 0, 2, huge, huge }, y:shape())
+    y:sum():backward()
+    assert.are.same({ 0, 2, 3, 3 }, x.grad:shape())
+  end)
+
   it("an empty view far into its storage is usable: its data pointer is not built from the offset", function()
     -- make fuzz under UBSan: maximum([2^63-1 x 0], its last row) multiplied the row's offset,
     -- 2^63 - 2, by the element size (signed overflow) when the operands were set up

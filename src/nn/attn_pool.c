@@ -230,7 +230,11 @@ static attn_status run(pool_job J, const attn_tensor *big, const attn_tensor *sm
     J.dx = attn_tensor_data(big), J.dy = attn_tensor_data(small);
   else
     J.x = attn_tensor_data(big), J.y = attn_tensor_data(small);
-  int64_t planes = big->shape[0] * big->shape[1], per = J.H * J.W + J.Ho * J.Wo;
+  int64_t planes = big->shape[0] * big->shape[1];
+  /* No planes, no work: and an empty tensor's other dims may be anything (2^62 each), whose
+   * products below would overflow. Any tensor with planes holds H*W and Ho*Wo elements. */
+  if (planes == 0) return ATTN_OK;
+  int64_t per = J.H * J.W + J.Ho * J.Wo;
   attn_task_fn fn = J.dt == ATTN_F32 ? (backward ? backward_f32 : forward_f32)
                                      : (backward ? backward_f64 : forward_f64);
   attn_parallel_for(planes, GRAIN_ELEMENTS / (per > 0 ? per : 1) + 1, fn, &J);
