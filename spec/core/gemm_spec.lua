@@ -178,7 +178,7 @@ describe("small float32 products", function()
     -- the output layer of one decoded sentence, (1, 32) x (32, 17851) with the weight read
     -- transposed, and of a few beams or sentences: on the small path, the row blocks too few, so
     -- matmul cuts columns (64-aligned, by the shape alone); every entry must keep one call's bits
-    local threads, saved = attn.get_num_threads(), core.isa()
+    local threads = attn.get_num_threads() -- the ISA is restored by after_each
     for _, isa in ipairs(paths) do
       core.isa(isa)
       for _, s in ipairs { { 1, 17851, 32, true }, { 3, 4001, 45, false }, { 2, 1000, 300, true } } do
@@ -196,7 +196,6 @@ describe("small float32 products", function()
         attn.set_num_threads(threads)
       end
     end
-    core.isa(saved)
   end)
 
   it("addmm is matmul then a broadcast add of the bias, in one pass", function()
