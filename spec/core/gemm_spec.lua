@@ -174,6 +174,30 @@ describe("small float32 products", function()
     assert_rel(want, core.gemm_(attn.zeros(1280, 256), a, w:t(), 1, 0, "blas"), "against one BLAS call")
   end)
 
+  it("cuts a product of few rows and many columns into column blocks: one call's bits on any thread count", function()
+    -- the output layer of one decoded sentence, (1, 32) x (32, 17851) with the weight read
+    -- transposed, and of a few beams or sentences: on the small path, the row blocks too few, so
+    -- matmul cuts columns (64-aligned, by the shape alone); every entry must keep one call's bits
+    local threads = attn.get_num_threads() -- the ISA is restored by after_each
+    for _, isa in ipairs(paths) do
+      core.isa(isa)
+      for _, s in ipairs { { 1, 17851, 32, true }, { 3, 4001, 45, false }, { 2, 1000, 300, true } } do
+        local M, N, K, tb = s[1], s[2], s[3], s[4]
+        local a, w, c0 = attn.randn(M, K), operand(K, N, tb, 0), attn.randn(M, N)
+        local path = isa == "generic" and "blas" or "small" -- as attn_gemm's size rule (see above)
+        local one = core.gemm_(attn.zeros(M, N), a, w, 1, 0, path)
+        local acc = core.gemm_(c0:clone(), a, w, 0.5, 1, path)
+        assert_rel(one, helper.naive_matmul(a:totable(), w:totable()), ("%d x %d x %d (%s)"):format(M, N, K, isa))
+        for _, n in ipairs { 1, 2, 3 } do
+          attn.set_num_threads(n)
+          helper.assert_identical(core.matmul(a, w), one)
+          helper.assert_identical(core.gemm_(c0:clone(), a, w, 0.5, 1), acc)
+        end
+        attn.set_num_threads(threads)
+      end
+    end
+  end)
+
   it("addmm is matmul then a broadcast add of the bias, in one pass", function()
     for _, s in ipairs { { 640, 32, 32, "float32" }, { 7, 45, 13, "float32" }, { 9, 20, 6, "float64" } } do
       local M, N, K, dtype = s[1], s[2], s[3], s[4]

@@ -9,6 +9,13 @@
 
 /* The kernel's workspace on the stack: 64 KiB, a panel of 32 columns for K up to 512. */
 #define STACK_PACK 16384
+/* attn_gemm_split's grid: about this many blocks (row blocks first, see attn_gemm_row_block) */
+#define GRID_BLOCKS 4
+/* Column blocks: a multiple of the small kernel's panels (16 or 32 columns), at least COL_MIN wide,
+ * from products of COL_MIN_FLOPS up (one (1, 32) x (32, V) output-layer row at batch 1). */
+#define COL_ALIGN 64
+#define COL_MIN 256
+#define COL_MIN_FLOPS 5e5
 
 /* Floats the small kernel packs for this shape (see attn_vmath.h): only a transposed B. */
 static int64_t pack_floats(int tb, int64_t N, int64_t K) {
@@ -57,34 +64,50 @@ int64_t attn_gemm_row_block(int64_t M, int64_t N, int64_t K) {
   return rows < 64 ? 64 : rows;
 }
 
+int64_t attn_gemm_col_block(attn_dtype dt, int tb, int64_t M, int64_t N, int64_t K) {
+  int64_t rows = attn_gemm_row_block(M, N, K), row_blocks = (M + rows - 1) / rows;
+  if (row_blocks >= GRID_BLOCKS || 2.0 * (double)M * (double)N * (double)K < COL_MIN_FLOPS || dt != ATTN_F32 ||
+      !attn_gemm_is_small(tb, rows < M ? rows : M, N, K))
+    return N;
+  int64_t parts = (GRID_BLOCKS + row_blocks - 1) / row_blocks, cols = (N + parts - 1) / parts;
+  cols = (cols + COL_ALIGN - 1) / COL_ALIGN * COL_ALIGN;
+  if (cols < COL_MIN) cols = COL_MIN;
+  return cols < N ? cols : N;
+}
+
 typedef struct {
   attn_dtype dt;
   int ta, tb;
-  int64_t M, N, K, lda, ldb, ldc, rows;
+  int64_t M, N, K, lda, ldb, ldc, rows, cols, col_blocks;
   double alpha, beta;
   const char *A, *B;
   char *C;
-} rows_job;
+} grid_job;
 
-/* One attn_gemm per block, whatever range of blocks a thread is given. */
-static void run_row_blocks(void *arg, int64_t begin, int64_t end) {
-  const rows_job *j = arg;
+/* One attn_gemm per block, whatever range of blocks a thread is given. Column blocks come only
+ * from row blocks on the small path, so they are on it too (fewer multiply-adds, the same K). */
+static void run_blocks(void *arg, int64_t begin, int64_t end) {
+  const grid_job *j = arg;
   size_t es = attn_dtype_size(j->dt);
   for (int64_t b = begin; b < end; b++) {
-    int64_t r0 = b * j->rows, m = r0 + j->rows < j->M ? j->rows : j->M - r0;
-    attn_gemm(j->dt, j->ta, j->tb, m, j->N, j->K, j->alpha, j->A + (size_t)(j->ta ? r0 : r0 * j->lda) * es, j->lda,
-              j->B, j->ldb, j->beta, j->C + (size_t)(r0 * j->ldc) * es, j->ldc);
+    int64_t r0 = b / j->col_blocks * j->rows, c0 = b % j->col_blocks * j->cols;
+    int64_t m = r0 + j->rows < j->M ? j->rows : j->M - r0, n = c0 + j->cols < j->N ? j->cols : j->N - c0;
+    attn_gemm(j->dt, j->ta, j->tb, m, n, j->K, j->alpha, j->A + (size_t)(j->ta ? r0 : r0 * j->lda) * es, j->lda,
+              j->B + (size_t)(j->tb ? c0 * j->ldb : c0) * es, j->ldb, j->beta, j->C + (size_t)(r0 * j->ldc + c0) * es,
+              j->ldc);
   }
 }
 
 void attn_gemm_split(attn_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
                      int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc) {
-  rows_job j = {dt, ta, tb, M, N, K, lda, ldb, ldc, attn_gemm_row_block(M, N, K), alpha, beta, A, B, C};
-  if (j.rows >= M) {
+  grid_job j = {dt, ta, tb, M, N, K, lda, ldb, ldc, attn_gemm_row_block(M, N, K), attn_gemm_col_block(dt, tb, M, N, K),
+                1, alpha, beta, A, B, C};
+  if (j.rows >= M && j.cols >= N) {
     attn_gemm(dt, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-  attn_parallel_for((M + j.rows - 1) / j.rows, 1, run_row_blocks, &j);
+  j.col_blocks = (N + j.cols - 1) / j.cols;
+  attn_parallel_for((M + j.rows - 1) / j.rows * j.col_blocks, 1, run_blocks, &j);
 }
 
 int attn_gemm_layout(const attn_tensor *t, int *trans, int64_t *ld) {

@@ -26,9 +26,19 @@ void attn_gemm(attn_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K, d
  * shape alone, as OpenBLAS's bits for a row depend on the height of the call it comes in. */
 int64_t attn_gemm_row_block(int64_t M, int64_t N, int64_t K);
 
-/* attn_gemm over the worker pool: one attn_gemm per block of attn_gemm_row_block(M, N, K) rows
- * (each re-packs B, a few per cent of a large product on one thread), blocks spread over the
- * threads, so the result is the same bits on any thread count. Same operands as attn_gemm. */
+/* The width of the column blocks attn_gemm_split cuts each row block into: N (no cut) below 5e5
+ * FLOPs, with four row blocks, or when the row blocks go to OpenBLAS, else N over the blocks still
+ * wanted (four over the row blocks), rounded up to 64 columns, at least 256. Also by the shape
+ * alone (and the active instruction set's small-path limit, as attn_gemm's own choice). Only the
+ * small kernel is cut: its entries are the same multiply-adds in any panel (src/cpu/gemm_body.h),
+ * while OpenBLAS 0.3.21's bits for a column follow where the call's column range starts and ends
+ * (its packing grid), so a cut there would change results. */
+int64_t attn_gemm_col_block(attn_dtype dt, int tb, int64_t M, int64_t N, int64_t K);
+
+/* attn_gemm over the worker pool: one attn_gemm per block of attn_gemm_row_block(M, N, K) rows by
+ * attn_gemm_col_block(dt, tb, M, N, K) columns (each re-packs its part of B, a few per cent of a
+ * large product on one thread), blocks spread over the threads, so the result is the same bits on
+ * any thread count, and the same as one attn_gemm per row block. Same operands as attn_gemm. */
 void attn_gemm_split(attn_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
                      int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
 

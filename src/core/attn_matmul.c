@@ -1,6 +1,7 @@
 /* Batched, broadcasting matrix product through attn_gemm (the engine's small-product kernel or
  * OpenBLAS, by size). Both run single-threaded inside the engine's worker pool: batches are spread
- * over workers, and a single large product is split by rows of the output (attn_gemm_split). */
+ * over workers, and a single large product is split into blocks of rows and columns of the output
+ * (attn_gemm_split). */
 #include <string.h>
 
 #include "core/attn_gemm.h"
@@ -141,8 +142,8 @@ static attn_status product(const attn_tensor *a, const attn_tensor *b, attn_tens
   if (j.batches > 1) {
     attn_parallel_for(j.batches, flops >= 4e6 ? 1 : (int64_t)(4e6 / flops) + 1, run_batches, &j);
   } else {
-    /* row blocks sized by the shape alone (attn_gemm_row_block), so the bits do not follow the
-     * thread count */
+    /* row and column blocks sized by the shape alone (attn_gemm_row_block, _col_block), so the bits
+     * do not follow the thread count */
     attn_gemm_split(out->dtype, j.a.trans, j.b.trans, m, n, k, 1.0, attn_tensor_data(j.a.t), j.a.ld > 0 ? j.a.ld : 1,
                     attn_tensor_data(j.b.t), j.b.ld > 0 ? j.b.ld : 1, beta, attn_tensor_data(out), n);
   }

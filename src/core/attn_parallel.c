@@ -26,7 +26,13 @@ static pthread_cond_t work_done = PTHREAD_COND_INITIALIZER;
 static int num_threads;            /* 0 until first use */
 static int workers_started;        /* worker threads alive */
 static _Atomic uint64_t generation; /* bumped per job (written under pool_lock, polled without it) */
-static atomic_int pending;         /* workers still in the current job (likewise) */
+/* The current job's crew: its generation's low 32 bits, CREW_CLOSED once the caller has run out of
+ * ranges, and the count of workers inside it. A worker joins only while the job is open, so the
+ * caller waits for the workers that took part, never for one the scheduler has not run yet (on a
+ * loaded machine that wait was a time slice, longer than a small job). */
+static _Atomic uint64_t crew;
+#define CREW_CLOSED ((uint64_t)1 << 31)
+#define CREW_COUNT (CREW_CLOSED - 1)
 static attn_task_fn job_fn;
 static void *job_ctx;
 static int64_t job_n, job_grain, job_div;
@@ -81,7 +87,16 @@ static int job_posted(uint64_t seen) {
 
 static int job_finished(uint64_t unused) {
   (void)unused;
-  return atomic_load_explicit(&pending, memory_order_acquire) == 0;
+  return (atomic_load_explicit(&crew, memory_order_acquire) & CREW_COUNT) == 0;
+}
+
+/* Enters the job of generation gen if it is still open; 0 when it is closed or already replaced. */
+static int crew_join(uint64_t gen) {
+  uint64_t s = atomic_load_explicit(&crew, memory_order_acquire);
+  do {
+    if (s >> 32 != (gen & 0xffffffffu) || (s & CREW_CLOSED)) return 0;
+  } while (!atomic_compare_exchange_weak_explicit(&crew, &s, s + 1, memory_order_acq_rel, memory_order_acquire));
+  return 1;
 }
 
 static void *worker_main(void *arg) {
@@ -98,9 +113,9 @@ static void *worker_main(void *arg) {
     seen = atomic_load(&generation);
     int takes_part = id < job_chunks;
     pthread_mutex_unlock(&pool_lock);
-    if (!takes_part) continue;
+    if (!takes_part || !crew_join(seen)) continue;
     run_ranges();
-    if (atomic_fetch_sub_explicit(&pending, 1, memory_order_acq_rel) == 1) {
+    if ((atomic_fetch_sub_explicit(&crew, 1, memory_order_acq_rel) & (CREW_CLOSED | CREW_COUNT)) == (CREW_CLOSED | 1)) {
       pthread_mutex_lock(&pool_lock); /* the caller may be asleep: wake it under the lock it waits with */
       pthread_cond_signal(&work_done);
       pthread_mutex_unlock(&pool_lock);
@@ -165,16 +180,19 @@ void attn_parallel_for(int64_t n, int64_t grain, attn_task_fn fn, void *ctx) {
   job_div = (int64_t)threads * GUIDE_DIV;
   atomic_store(&job_next, 0);
   job_chunks = threads;
-  atomic_store(&pending, threads - 1);
-  atomic_fetch_add_explicit(&generation, 1, memory_order_release);
+  uint64_t gen = atomic_load(&generation) + 1;
+  atomic_store_explicit(&crew, (gen & 0xffffffffu) << 32, memory_order_release);
+  atomic_store_explicit(&generation, gen, memory_order_release);
   pthread_cond_broadcast(&work_ready);
   pthread_mutex_unlock(&pool_lock);
   inside_worker = 1; /* nested calls from the caller's ranges run serially */
   run_ranges();
   inside_worker = 0;
-  if (!spin_until(job_finished, 0)) {
+  /* no range is left: close the job to workers not yet in it, then wait for those inside */
+  if ((atomic_fetch_or_explicit(&crew, CREW_CLOSED, memory_order_acq_rel) & CREW_COUNT) != 0 &&
+      !spin_until(job_finished, 0)) {
     pthread_mutex_lock(&pool_lock);
-    while (atomic_load(&pending) > 0) pthread_cond_wait(&work_done, &pool_lock);
+    while (!job_finished(0)) pthread_cond_wait(&work_done, &pool_lock);
     pthread_mutex_unlock(&pool_lock);
   }
   pthread_mutex_unlock(&job_lock);

@@ -16,7 +16,8 @@
  * least grain items (the last may be shorter), on at most num_threads threads:
  * the caller and the workers take the next range from a shared counter until
  * none is left (guided: each range is the items left over twice the thread
- * count, at least grain), then the caller returns. How [0, n)
+ * count, at least grain), then the caller waits for the workers still running a
+ * range (not for one that had not started: it skips the job) and returns. How [0, n)
  * is cut and which thread runs a range vary, so fn must treat every item
  * independently of the range it comes in. Called from inside a worker (nested)
  * or while the pool is busy, it runs fn(ctx, 0, n) on the calling thread. */
