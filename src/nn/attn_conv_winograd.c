@@ -79,7 +79,8 @@ static int64_t plane_stride(const wino_job *J, int64_t rows) {
 /* V (16 planes of (C, tb)): the input transforms of block bl's planes of src (N, C, H, W). */
 static void input_block(const wino_job *J, const char *src, int64_t bl, char *V, int64_t ps, char *scratch) {
   int64_t n0, ni, ti0, rows, C = J->C, HW = J->g.H * J->g.W;
-  int64_t per = block_of(J, bl, &n0, &ni, &ti0, &rows) / (ni > 0 ? ni : 1);
+  int64_t cols = block_of(J, bl, &n0, &ni, &ti0, &rows); /* sets ni: read it after the call */
+  int64_t per = cols / (ni > 0 ? ni : 1);
   for (int64_t i = 0; i < ni; i++)
     for (int64_t c = 0; c < C; c++) {
       size_t at = (size_t)((n0 + i) * C + c) * HW, col = (size_t)(c * J->tb + i * per);
