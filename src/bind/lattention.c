@@ -647,7 +647,7 @@ static int l_additive_layer_forward(lua_State *L) {
   push_seed(L, &o);
   attn_saved_layout lay;
   ATTN_L_TRY(L, attn_additive_saved_layout(B, Nq, Nk, h, &lay));
-  attn_tensor saved = attn_l_push_saved(L, &lay, q->dtype);
+  attn_tensor saved = attn_l_push_saved(L, &lay, q->dtype, 0);
   ATTN_L_TRY(L, attn_attention_additive_layer_forward(q, k, v, wq, wk, wv, &o, out, w, &saved));
   return lua_gettop(L) - top;
 }
@@ -718,7 +718,7 @@ static int l_mha_forward(lua_State *L) {
   int lse_idx = lua_gettop(L);
   attn_saved_layout lay;
   ATTN_L_TRY(L, attn_mha_saved_layout(B, Nq, Nk, h, ok ? H : 1, &lay));
-  attn_tensor saved = attn_l_push_saved(L, &lay, q->dtype);
+  attn_tensor saved = attn_l_push_saved(L, &lay, q->dtype, 2);
   int flash_ran;
   ATTN_L_TRY(L, attn_attention_mha_forward(q, k, v, &p, &o, out, w, lse, &saved, &flash_ran));
   /* which path ran, said explicitly; the lse rides along only when the flash backward can use it */

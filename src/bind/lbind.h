@@ -130,9 +130,9 @@ void attn_l_release(lua_State *L, attn_tensor *t);
  * flat tensor as saved.buffer. The views are made on first read (and by pairs), so a forward
  * whose parts nobody reads makes none; they view the forward's buffer even after saved.buffer
  * is reassigned, as eager views would. Returns the flat tensor for the kernel (a struct copy: the table
- * keeps the storage alive). Push every output before taking raw pointers, as for
- * attn_l_push_alloc. */
-attn_tensor attn_l_push_saved(lua_State *L, const attn_saved_layout *l, attn_dtype dt);
+ * keeps the storage alive). `extra`: the fields the op sets in the table after (its size). Push every
+ * output before taking raw pointers, as for attn_l_push_alloc. */
+attn_tensor attn_l_push_saved(lua_State *L, const attn_saved_layout *l, attn_dtype dt, int extra);
 /* saved.buffer of the saved table at idx, for a backward: each part must be the forward's view
  * of it with the shape of l (the layout recomputed from the backward's operands; a part never
  * read is checked through the forward's layout kept in the table); raises naming

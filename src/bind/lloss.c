@@ -34,7 +34,7 @@ static int l_softmax_ce_forward(lua_State *L) {
   ATTN_L_TRY(L, attn_softmax_ce_saved_layout(attn_tensor_numel(labels), &lay));
   lua_settop(L, 6);
   attn_tensor *loss = attn_l_push_alloc(L, x->dtype, labels->ndim, labels->shape);
-  attn_tensor saved = attn_l_push_saved(L, &lay, x->dtype);
+  attn_tensor saved = attn_l_push_saved(L, &lay, x->dtype, 1);
   attn_tensor *index = attn_l_push_alloc(L, ATTN_I64, labels->ndim, labels->shape);
   ATTN_L_TRY(L, attn_index_convert(op, "label", ctx, labels, 1, x->shape[x->ndim - 1], index));
   int64_t count;

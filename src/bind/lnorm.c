@@ -21,7 +21,7 @@ static int norm_forward(lua_State *L, int rms) {
   ATTN_L_TRY(L, attn_layer_norm_saved_layout(rows, &lay));
   lua_settop(L, 5);
   attn_tensor *out = attn_l_push_like(L, x);
-  attn_tensor saved = attn_l_push_saved(L, &lay, x->dtype);
+  attn_tensor saved = attn_l_push_saved(L, &lay, x->dtype, 0);
   if (rms) ATTN_L_TRY(L, attn_rms_norm_forward(x, n, w, eps, out, &saved));
   else ATTN_L_TRY(L, attn_layer_norm_forward(x, n, w, b, eps, out, &saved));
   return 2;

@@ -77,7 +77,7 @@ static int l_gru_forward(lua_State *L) {
   ATTN_L_TRY(L, attn_gru_saved_layout(T, B, H, layers, &lay));
   attn_tensor *out = attn_l_push_alloc(L, x->dtype, 3, out_shape);
   attn_tensor *hn = attn_l_push_alloc(L, x->dtype, 3, hn_shape);
-  attn_tensor saved = attn_l_push_saved(L, &lay, x->dtype);
+  attn_tensor saved = attn_l_push_saved(L, &lay, x->dtype, 0);
   ATTN_L_TRY(L, attn_gru_forward(x, h0, layers, w_ih, w_hh, b_ih, b_hh, p, seed, out, hn, &saved));
   lua_pushinteger(L, (lua_Integer)seed);
   return 4;
@@ -175,7 +175,7 @@ static int l_lstm_forward(lua_State *L) {
   hn = as_sequence(L, hn, &v[3], step, fn, "final state");
   cn = as_sequence(L, cn, &v[4], step, fn, "final cell");
   if (step) out = hn; /* one step: the output is the final state */
-  attn_tensor saved = attn_l_push_saved(L, &lay, x->dtype);
+  attn_tensor saved = attn_l_push_saved(L, &lay, x->dtype, 0);
   ATTN_L_TRY(L, attn_lstm_forward(x, h0, c0, layers, w_ih, w_hh, b_ih, b_hh, p, seed, out, hn, cn, &saved));
   lua_pushinteger(L, (lua_Integer)seed);
   return 5;
@@ -256,7 +256,7 @@ static int l_decoder_forward(lua_State *L) {
   attn_tensor *out = attn_l_push_alloc(L, dt, 3, out_shape);
   attn_tensor *hn = attn_l_push_alloc(L, dt, 3, hn_shape);
   attn_tensor *weights = attn_l_push_alloc(L, dt, 3, w_shape);
-  attn_tensor saved = attn_l_push_saved(L, &lay, dt);
+  attn_tensor saved = attn_l_push_saved(L, &lay, dt, 0);
   ATTN_L_TRY(L, attn_decoder_forward(&a, out, hn, weights, &saved));
   lua_pushinteger(L, (lua_Integer)a.seed);
   return 5;
@@ -327,7 +327,7 @@ static int l_caption_forward(lua_State *L) {
   attn_tensor *out = attn_l_push_alloc(L, dt, 3, out_shape);
   attn_tensor *alphas = attn_l_push_alloc(L, dt, 3, a_shape);
   attn_tensor *betas = attn_l_push_alloc(L, dt, 2, a_shape);
-  attn_tensor saved = attn_l_push_saved(L, &lay, dt);
+  attn_tensor saved = attn_l_push_saved(L, &lay, dt, 0);
   ATTN_L_TRY(L, attn_caption_forward(&a, out, alphas, betas, &saved));
   return 4;
 }

@@ -11,15 +11,22 @@
 
 #include "bind/lbind.h"
 
-/* The layout, its parts cut to the ones it has: a call's buffer grows by a few hundred bytes,
- * not the ten parts' worth of attn_saved_layout (the GC paces itself by bytes). */
+/* A part as the state keeps it: its offset and size follow from the shapes (state_layout). */
+typedef struct saved_shape {
+  const char *name;
+  int64_t ndim;
+  int64_t shape[ATTN_SAVED_MAX_DIMS];
+} saved_shape;
+
+/* The layout, its parts cut to the ones it has and to their shapes: a call's buffer grows by
+ * a few hundred bytes, not the ten parts' worth of attn_saved_layout (the GC paces itself by
+ * bytes, so every byte kept per call costs collector work). */
 typedef struct saved_state {
   uint64_t magic; /* STATE_MAGIC: a tensor with this tail is a saved buffer */
   const char *op;
   int nparts, fixed;
   attn_dtype layout_dtype, dtype; /* the layout's fixed one, and the buffer's (resolved) */
-  int64_t numel;
-  attn_saved_part part[]; /* nparts */
+  saved_shape part[];             /* nparts */
 } saved_state;
 
 #define STATE_MAGIC UINT64_C(0x6174746e73617665) /* "attnsave" */
@@ -27,7 +34,7 @@ typedef struct saved_state {
 static const char table_mt_key = 't'; /* registry key: the saved tables' metatable, */
 static const char state_key = 'k';    /* and the (light userdata) field holding the forward's buffer */
 
-static size_t state_size(int nparts) { return sizeof(saved_state) + sizeof(attn_saved_part) * (size_t)nparts; }
+static size_t state_size(int nparts) { return sizeof(saved_state) + sizeof(saved_shape) * (size_t)nparts; }
 
 /* Pushes the forward's buffer of the saved table at idx (absolute) and returns its state when the
  * table is one of ours; else pushes nothing and returns NULL. Only a buffer made by
@@ -46,14 +53,13 @@ static const saved_state *push_state(lua_State *L, int idx) {
   return NULL;
 }
 
-/* The layout of state s, whole again. */
+/* The layout of state s, whole again: the same additions as the forward's layout function made
+ * (which succeeded, so these do). */
 static void state_layout(const saved_state *s, attn_saved_layout *l) {
   attn_saved_begin(l, s->op);
-  l->nparts = s->nparts;
+  for (int i = 0; i < s->nparts; i++) attn_saved_add(l, s->part[i].name, (int)s->part[i].ndim, s->part[i].shape);
   l->fixed = s->fixed;
   l->dtype = s->layout_dtype;
-  l->numel = s->numel;
-  memcpy(l->part, s->part, sizeof s->part[0] * (size_t)s->nparts);
 }
 
 /* The forward's buffer at -1 (pushed by push_state). */
@@ -122,7 +128,7 @@ static void push_table_mt(lua_State *L) {
   lua_rawsetp(L, LUA_REGISTRYINDEX, &table_mt_key);
 }
 
-attn_tensor attn_l_push_saved(lua_State *L, const attn_saved_layout *l, attn_dtype dt) {
+attn_tensor attn_l_push_saved(lua_State *L, const attn_saved_layout *l, attn_dtype dt, int extra) {
   luaL_checkstack(L, 4, l->op);
   dt = attn_saved_dtype(l, dt);
   attn_tensor *buf = attn_l_push_alloc_tail(L, dt, 1, &l->numel, state_size(l->nparts));
@@ -133,11 +139,15 @@ attn_tensor attn_l_push_saved(lua_State *L, const attn_saved_layout *l, attn_dty
   s->fixed = l->fixed;
   s->layout_dtype = l->dtype;
   s->dtype = dt;
-  s->numel = l->numel;
-  memcpy(s->part, l->part, sizeof s->part[0] * (size_t)l->nparts);
-  /* buffer, the hidden buffer and what an op adds (flash, lse, index); the parts read later
-   * rehash it */
-  lua_createtable(L, 0, 4);
+  for (int i = 0; i < l->nparts; i++) {
+    const attn_saved_part *p = &l->part[i];
+    s->part[i].name = p->name;
+    s->part[i].ndim = p->ndim;
+    memcpy(s->part[i].shape, p->shape, sizeof p->shape[0] * (size_t)p->ndim);
+  }
+  /* buffer, the hidden buffer and the `extra` fields the op adds (flash, lse, index); the parts
+   * read later (a backward's) rehash it */
+  lua_createtable(L, 0, 2 + extra);
   lua_pushvalue(L, -2);
   lua_setfield(L, -2, "buffer");
   lua_pushvalue(L, -2);

@@ -59,15 +59,19 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static void choose(void) {
   const char *env = getenv("ATTN_ISA");
   const attn_cpu_kernels *k = env && *env ? attn_cpu_find(env) : NULL;
-  active = k && attn_cpu_supported(k) ? k : attn_cpu_best();
+  __atomic_store_n(&active, k && attn_cpu_supported(k) ? k : attn_cpu_best(), __ATOMIC_RELEASE);
 }
 
+/* Once chosen, the set is read without pthread_once: a small call asks for it several times
+ * (the sets are static constants, so seeing the pointer is seeing them). */
 const attn_cpu_kernels *attn_cpu(void) {
+  const attn_cpu_kernels *k = __atomic_load_n(&active, __ATOMIC_ACQUIRE);
+  if (k) return k;
   pthread_once(&once, choose);
-  return active;
+  return __atomic_load_n(&active, __ATOMIC_ACQUIRE);
 }
 
 void attn_cpu_select(const attn_cpu_kernels *k) {
   pthread_once(&once, choose); /* a later first use must not replace the choice with ATTN_ISA's */
-  active = k;
+  __atomic_store_n(&active, k, __ATOMIC_RELEASE);
 }
