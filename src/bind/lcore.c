@@ -821,9 +821,9 @@ ATTN_EXPORT int luaopen_attn_core(lua_State *L) {
   }
   lua_getfield(L, -1, "__methods");
   lua_setfield(L, -3, "methods");
+  lua_getfield(L, -1, "__close"); /* the same function: an error names it as Lua finds it (attn.tensor.free) */
+  lua_setfield(L, -3, "free");
   lua_setfield(L, -2, "metatable");
-  attn_l_pushclosure(L, tensor_free);
-  lua_setfield(L, -2, "free");
 
   attn_l_setfuncs(L, core_functions);
   attn_l_open_tensor(L);
