@@ -155,14 +155,15 @@ void attn_l_setfuncs(lua_State *L, const luaL_Reg *fns);
 #define ATTN_L_UP_SAVED_MT 4  /* the saved tables' metatable (nil in its own metamethods) */
 #define ATTN_L_UPVALUES 4
 
+/* Whether the running function is a binding closure. Upvalue 1 a light userdata marks one: the
+ * binding's other C closures (the tensor __index, __newindex) hold tables there. */
+static inline int attn_l_bound(lua_State *L) {
+  return lua_type(L, lua_upvalueindex(ATTN_L_UP_REG)) == LUA_TLIGHTUSERDATA;
+}
 /* The pseudo-index of the running function's upvalue `slot` when it is a binding closure that
- * holds a table there, else 0 (read the registry). Upvalue 1 a light userdata marks a binding
- * closure: the binding's other C closures (the tensor __index, __newindex) hold tables there. */
+ * holds a table there, else 0 (read the registry). */
 static inline int attn_l_kept(lua_State *L, int slot) {
-  return lua_type(L, lua_upvalueindex(ATTN_L_UP_REG)) == LUA_TLIGHTUSERDATA &&
-                 lua_type(L, lua_upvalueindex(slot)) == LUA_TTABLE
-             ? lua_upvalueindex(slot)
-             : 0;
+  return attn_l_bound(L) && lua_type(L, lua_upvalueindex(slot)) == LUA_TTABLE ? lua_upvalueindex(slot) : 0;
 }
 /* Pushes f as a binding closure (ATTN_L_UP_*, no luaL_Reg, no saved tables' metatable): for
  * metamethods, which attn_l_setfuncs does not wrap. Needs the tensor metatable made. */

@@ -30,12 +30,11 @@ static pthread_mutex_t states_lock = PTHREAD_MUTEX_INITIALIZER;
 static int open_states;
 
 static binding_state *get_state(lua_State *L) {
-  if (lua_type(L, lua_upvalueindex(ATTN_L_UP_REG)) == LUA_TLIGHTUSERDATA) {
-    binding_state *s = lua_touserdata(L, lua_upvalueindex(ATTN_L_UP_STATE));
-    if (s) return s;
-  }
+  /* upvalue 2 of the binding's other C closures is a table or none: NULL here */
+  binding_state *s = lua_touserdata(L, lua_upvalueindex(ATTN_L_UP_STATE));
+  if (s) return s;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &state_key);
-  binding_state *s = lua_touserdata(L, -1);
+  s = lua_touserdata(L, -1);
   lua_pop(L, 1);
   return s;
 }
@@ -150,9 +149,8 @@ static int guarded_call(lua_State *L) {
  * in Lua's string cache) on every tensor test and creation. A binding closure
  * holds it as an upvalue (ATTN_L_UP_TENSOR_MT), cheaper still. */
 static void push_tensor_mt(lua_State *L) {
-  int up = attn_l_kept(L, ATTN_L_UP_TENSOR_MT);
-  if (up)
-    lua_pushvalue(L, up);
+  if (attn_l_bound(L)) /* every binding closure holds it */
+    lua_pushvalue(L, lua_upvalueindex(ATTN_L_UP_TENSOR_MT));
   else
     lua_rawgetp(L, LUA_REGISTRYINDEX, &tensor_mt_key);
 }
@@ -183,11 +181,12 @@ void attn_l_pushclosure(lua_State *L, lua_CFunction f) {
 
 int attn_l_is_tensor(lua_State *L, int idx) {
   if (lua_type(L, idx) != LUA_TUSERDATA || !lua_getmetatable(L, idx)) return 0;
-  int up = attn_l_kept(L, ATTN_L_UP_TENSOR_MT);
-  if (up) {
-    int is = lua_rawequal(L, -1, up);
+  /* One comparison when it is a tensor in a binding closure. Upvalue 3 of the binding's other C
+   * functions is none or a table that is no userdata's metatable: the registry decides there, as
+   * it does for a foreign userdata. */
+  if (lua_rawequal(L, -1, lua_upvalueindex(ATTN_L_UP_TENSOR_MT))) {
     lua_pop(L, 1);
-    return is;
+    return 1;
   }
   lua_rawgetp(L, LUA_REGISTRYINDEX, &tensor_mt_key);
   int is = lua_rawequal(L, -1, -2);
