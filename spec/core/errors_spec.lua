@@ -134,4 +134,16 @@ describe("errors", function()
     raises("tensor: element at [1] is 9.2233720368548e+18, outside the int64 range",
       function() return attn.tensor({ 2 ^ 63 }, "int64") end)
   end)
+
+  -- a tensor test compares the metatable with the one the binding keeps; another library's userdata
+  -- (a file handle) must fail it in a call, in the tensor metamethods and in a saved-table read
+  it("another library's userdata is not a tensor", function()
+    raises("exp: argument 1 must be a tensor, got a userdata", attn.exp, io.stdout)
+    raises("matmul: argument 2 must be a tensor, got a userdata", attn.matmul, attn.ones(2, 2), io.stdout)
+    local mt = getmetatable(attn.ones(1))
+    raises("attn.Tensor expected, got FILE*", mt.__gc, io.stdout)
+    raises("attn.Tensor expected, got FILE*", mt.__close, io.stdout)
+    raises("attn.Tensor expected, got FILE*", require("attn.core").free, io.stdout)
+    assert.are.equal(io.type(io.stdout), "file") -- untouched
+  end)
 end)

@@ -144,6 +144,33 @@ attn_tensor attn_l_check_saved(lua_State *L, int idx, const attn_saved_layout *l
  * only after the function has returned and its results are on the stack. */
 void attn_l_setfuncs(lua_State *L, const luaL_Reg *fns);
 
+/* The upvalues of every binding closure (attn_l_setfuncs, attn_l_pushclosure): the per-state
+ * values the binding reads on every call ride in them, where reading one is an index. In the
+ * registry they sat under static pointer keys, whose lookup cost depended on where the addresses
+ * hashed (a tensor check and creation each read the metatable). A function registered otherwise
+ * reads the registry (attn_l_kept). */
+#define ATTN_L_UP_REG 1       /* its luaL_Reg entry (light userdata; NULL for a metamethod) */
+#define ATTN_L_UP_STATE 2     /* the per-state data (light userdata) */
+#define ATTN_L_UP_TENSOR_MT 3 /* the tensor metatable */
+#define ATTN_L_UP_SAVED_MT 4  /* the saved tables' metatable (nil in its own metamethods) */
+#define ATTN_L_UPVALUES 4
+
+/* Whether the running function is a binding closure. Upvalue 1 a light userdata marks one: the
+ * binding's other C closures (the tensor __index, __newindex) hold tables there. */
+static inline int attn_l_bound(lua_State *L) {
+  return lua_type(L, lua_upvalueindex(ATTN_L_UP_REG)) == LUA_TLIGHTUSERDATA;
+}
+/* The pseudo-index of the running function's upvalue `slot` when it is a binding closure that
+ * holds a table there, else 0 (read the registry). */
+static inline int attn_l_kept(lua_State *L, int slot) {
+  return attn_l_bound(L) && lua_type(L, lua_upvalueindex(slot)) == LUA_TTABLE ? lua_upvalueindex(slot) : 0;
+}
+/* Pushes f as a binding closure (ATTN_L_UP_*, no luaL_Reg, no saved tables' metatable): for
+ * metamethods, which attn_l_setfuncs does not wrap. Needs the tensor metatable made. */
+void attn_l_pushclosure(lua_State *L, lua_CFunction f);
+/* Pushes the saved tables' metatable, made on first use (src/bind/lsaved.c). */
+void attn_l_push_saved_mt(lua_State *L);
+
 /* Registration of each binding file's functions into the table on top. */
 void attn_l_open_tensor(lua_State *L);
 void attn_l_open_graph(lua_State *L);

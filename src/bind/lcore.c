@@ -30,8 +30,11 @@ static pthread_mutex_t states_lock = PTHREAD_MUTEX_INITIALIZER;
 static int open_states;
 
 static binding_state *get_state(lua_State *L) {
+  /* upvalue 2 of the binding's other C closures is a table or none: NULL here */
+  binding_state *s = lua_touserdata(L, lua_upvalueindex(ATTN_L_UP_STATE));
+  if (s) return s;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &state_key);
-  binding_state *s = lua_touserdata(L, -1);
+  s = lua_touserdata(L, -1);
   lua_pop(L, 1);
   return s;
 }
@@ -134,31 +137,58 @@ static void settle(lua_State *L, binding_state *s) {
 }
 
 static int guarded_call(lua_State *L) {
-  const luaL_Reg *reg = lua_touserdata(L, lua_upvalueindex(1));
+  const luaL_Reg *reg = lua_touserdata(L, lua_upvalueindex(ATTN_L_UP_REG));
   int n = reg->func(L);
-  binding_state *s = lua_touserdata(L, lua_upvalueindex(2));
+  binding_state *s = lua_touserdata(L, lua_upvalueindex(ATTN_L_UP_STATE));
   if (s->gc_debt >= STEP_BYTES || s->held > s->trigger || s->deferred) settle(L, s);
   return n;
 }
 
+/* The tensor metatable is also kept under a light userdata key: luaL_testudata
+ * and luaL_setmetatable look it up by name, which interns the name (a strcmp
+ * in Lua's string cache) on every tensor test and creation. A binding closure
+ * holds it as an upvalue (ATTN_L_UP_TENSOR_MT), cheaper still. */
+static void push_tensor_mt(lua_State *L) {
+  if (attn_l_bound(L)) /* every binding closure holds it */
+    lua_pushvalue(L, lua_upvalueindex(ATTN_L_UP_TENSOR_MT));
+  else
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &tensor_mt_key);
+}
+
+/* Pushes reg, then the per-state values a binding closure keeps (ATTN_L_UP_*). */
+static void push_upvalues(lua_State *L, const luaL_Reg *reg, int saved_mt) {
+  lua_pushlightuserdata(L, (void *)reg);
+  lua_pushlightuserdata(L, get_state(L));
+  push_tensor_mt(L);
+  if (saved_mt)
+    attn_l_push_saved_mt(L);
+  else
+    lua_pushnil(L);
+}
+
 void attn_l_setfuncs(lua_State *L, const luaL_Reg *fns) {
-  binding_state *s = get_state(L);
   for (; fns->name; fns++) {
-    lua_pushlightuserdata(L, (void *)fns);
-    lua_pushlightuserdata(L, s);
-    lua_pushcclosure(L, guarded_call, 2);
+    push_upvalues(L, fns, 1);
+    lua_pushcclosure(L, guarded_call, ATTN_L_UPVALUES);
     lua_setfield(L, -2, fns->name);
   }
 }
 
-/* The tensor metatable is also kept under a light userdata key: luaL_testudata
- * and luaL_setmetatable look it up by name, which interns the name (a strcmp
- * in Lua's string cache) on every tensor test and creation. */
-static void push_tensor_mt(lua_State *L) { lua_rawgetp(L, LUA_REGISTRYINDEX, &tensor_mt_key); }
+void attn_l_pushclosure(lua_State *L, lua_CFunction f) {
+  push_upvalues(L, NULL, 0);
+  lua_pushcclosure(L, f, ATTN_L_UPVALUES);
+}
 
 int attn_l_is_tensor(lua_State *L, int idx) {
   if (lua_type(L, idx) != LUA_TUSERDATA || !lua_getmetatable(L, idx)) return 0;
-  push_tensor_mt(L);
+  /* One comparison when it is a tensor in a binding closure. Upvalue 3 of the binding's other C
+   * functions is none or a table that is no userdata's metatable: the registry decides there, as
+   * it does for a foreign userdata. */
+  if (lua_rawequal(L, -1, lua_upvalueindex(ATTN_L_UP_TENSOR_MT))) {
+    lua_pop(L, 1);
+    return 1;
+  }
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &tensor_mt_key);
   int is = lua_rawequal(L, -1, -2);
   lua_pop(L, 2);
   return is;
@@ -781,18 +811,18 @@ ATTN_EXPORT int luaopen_attn_core(lua_State *L) {
     lua_getfield(L, -2, "__hooks");
     lua_pushcclosure(L, tensor_newindex, 2);
     lua_setfield(L, -2, "__newindex");
-    lua_pushcfunction(L, tensor_gc);
+    attn_l_pushclosure(L, tensor_gc);
     lua_setfield(L, -2, "__gc");
-    lua_pushcfunction(L, tensor_free);
+    attn_l_pushclosure(L, tensor_free);
     lua_setfield(L, -2, "__close");
     lua_pushstring(L, "attn.Tensor");
     lua_setfield(L, -2, "__name");
   }
   lua_getfield(L, -1, "__methods");
   lua_setfield(L, -3, "methods");
+  lua_getfield(L, -1, "__close"); /* the same function: an error names it as Lua finds it (attn.tensor.free) */
+  lua_setfield(L, -3, "free");
   lua_setfield(L, -2, "metatable");
-  lua_pushcfunction(L, tensor_free);
-  lua_setfield(L, -2, "free");
 
   attn_l_setfuncs(L, core_functions);
   attn_l_open_tensor(L);

@@ -68,7 +68,7 @@ static attn_tensor *state_buffer(lua_State *L) { return attn_l_test(L, -1); }
 /* Whether the table at idx (absolute) has the lazy saved tables' metatable. */
 static int is_lazy(lua_State *L, int idx) {
   if (!lua_getmetatable(L, idx)) return 0;
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &table_mt_key);
+  attn_l_push_saved_mt(L);
   int same = lua_rawequal(L, -1, -2);
   lua_pop(L, 2);
   return same;
@@ -115,14 +115,20 @@ static int saved_pairs(lua_State *L) {
   return 3;
 }
 
-/* Pushes the saved tables' metatable, made on first use. */
-static void push_table_mt(lua_State *L) {
+/* A binding closure keeps the metatable as an upvalue (lbind.h); the registry holds it for the
+ * others, and for registering them. */
+void attn_l_push_saved_mt(lua_State *L) {
+  int up = attn_l_kept(L, ATTN_L_UP_SAVED_MT);
+  if (up) {
+    lua_pushvalue(L, up);
+    return;
+  }
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &table_mt_key) != LUA_TNIL) return;
   lua_pop(L, 1);
   lua_createtable(L, 0, 2);
-  lua_pushcfunction(L, saved_index);
+  attn_l_pushclosure(L, saved_index);
   lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, saved_pairs);
+  attn_l_pushclosure(L, saved_pairs);
   lua_setfield(L, -2, "__pairs");
   lua_pushvalue(L, -1);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &table_mt_key);
@@ -152,7 +158,7 @@ attn_tensor attn_l_push_saved(lua_State *L, const attn_saved_layout *l, attn_dty
   lua_setfield(L, -2, "buffer");
   lua_pushvalue(L, -2);
   lua_rawsetp(L, -2, &state_key);
-  push_table_mt(L);
+  attn_l_push_saved_mt(L);
   lua_setmetatable(L, -2);
   lua_remove(L, -2);
   return *buf; /* the table keeps the buffer, and its storage, alive */
