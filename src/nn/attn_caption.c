@@ -2,7 +2,8 @@
  * are the engine's own kernels (attn_gemm, the additive scores, attention over given scores, the
  * LSTM's gate math), called in the order and on the shapes of the step-by-step composition
  * (nn.Linear's products with the bias rows first, the LSTM cell's x W_ih^T then h W_hh^T), so
- * the forward numbers are those of the composition. */
+ * the forward numbers are those of the composition. The backward's additive scores are its own
+ * small kernel (tanh_bwd_job) on the tanh values the forward kept. */
 #include "nn/attn_caption.h"
 
 #include <math.h>

@@ -18,7 +18,7 @@
  *
  * Outputs, batch-major: out (B, T, H + D) = cat(hs[t+1], z_t) (what the output layer reads),
  * alphas (B, T, L), betas (B, T); all three are differentiable. The products run on attn_gemm
- * and the attention kernels are the engine's own, all in a fixed order, so results do not depend
+ * and the forward's attention kernels are the engine's own, all in a fixed order, so results do not depend
  * on the thread count. All tensors share a float dtype and must be contiguous. */
 #ifndef ATTN_CAPTION_H
 #define ATTN_CAPTION_H
