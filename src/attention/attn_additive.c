@@ -19,6 +19,7 @@ typedef struct {
   const double *q, *k, *w, *g; /* contiguous float64 copies */
   attn_dtype dt;
   char *out, *dq, *dk; /* outputs in dt (contiguous) */
+  char *tanh_out;      /* NULL or (B, Nq, Nk, h) in dt: the forward's tanh values */
   double *dw_rows;     /* (B * Nq, h) partial sums of dw */
   int skip_zero;       /* finite qh and kh: a pair with grad 0 contributes exactly 0 */
 } additive_job;
@@ -39,7 +40,11 @@ static void additive_forward_task(void *ctx, int64_t begin, int64_t end) {
     for (int64_t j = 0; j < J->Nk; j++) {
       const double *k = J->k + (b * J->Nk + j) * h;
       double s = 0;
-      for (int64_t c = 0; c < h; c++) s += J->w[c] * tanh(q[c] + k[c]);
+      for (int64_t c = 0; c < h; c++) {
+        double t = tanh(q[c] + k[c]);
+        s += J->w[c] * t;
+        if (J->tanh_out) store(J->tanh_out, J->dt, (row * J->Nk + j) * h + c, t);
+      }
       store(J->out, J->dt, row * J->Nk + j, s);
     }
   }
@@ -132,6 +137,7 @@ typedef struct {
   int64_t B, Nq, Nk, h;
   const float *q, *k, *w, *g; /* contiguous */
   float *out, *dq, *dk;       /* contiguous outputs, or NULL */
+  float *tanh_out;            /* NULL or (B, Nq, Nk, h): the forward's tanh values */
   float *dw_b;                /* (B, h) partial sums of dw */
   int skip_zero;              /* as additive_job's */
 } additive32_job;
@@ -150,7 +156,7 @@ static int64_t block_cols(int64_t h) { return h < ADDITIVE_BLOCK ? h : ADDITIVE_
 static void additive32_forward_task(void *ctx, int64_t begin, int64_t end) {
   const additive32_job *J = ctx;
   const int64_t h = J->h, hc = block_cols(h), jb = ADDITIVE_BLOCK / hc;
-  float t[ADDITIVE_BLOCK];
+  float tbuf[ADDITIVE_BLOCK];
   const float *kp[ADDITIVE_BLOCK];
   for (int64_t row = begin; row < end; row++) { /* row = b * Nq + i */
     int64_t b = row / J->Nq;
@@ -162,7 +168,13 @@ static void additive32_forward_task(void *ctx, int64_t begin, int64_t end) {
       for (int64_t j0 = 0; j0 < J->Nk; j0 += jb) {
         int64_t np = J->Nk - j0 < jb ? J->Nk - j0 : jb;
         for (int64_t p = 0; p < np; p++) kp[p] = J->k + (b * J->Nk + j0 + p) * h;
+        /* whole rows: the block is the tanh output's rows j0 .. j0 + np - 1 as they are, so it is
+         * written there (the same call on the same values: the same bits) */
+        float *t = J->tanh_out && nc == h ? J->tanh_out + (row * J->Nk + j0) * h : tbuf;
         tanh_pairs(q, kp, np, c0, nc, t);
+        if (J->tanh_out && t == tbuf)
+          for (int64_t p = 0; p < np; p++)
+            memcpy(J->tanh_out + (row * J->Nk + j0 + p) * h + c0, t + p * nc, sizeof(float) * (size_t)nc);
         for (int64_t p = 0; p < np; p++) {
           float s[4] = {0, 0, 0, 0}; /* four lanes the compiler can keep in one register */
           int64_t c = 0;
@@ -257,14 +269,28 @@ static attn_status f32_data(const attn_tensor *t, attn_tensor *tmp, const float 
 
 attn_status attn_attention_additive_scores_forward(const attn_tensor *qh, const attn_tensor *kh, const attn_tensor *wv,
                                                    attn_tensor *out) {
+  return attn_attention_additive_scores_forward_tanh(qh, kh, wv, out, NULL);
+}
+
+attn_status attn_attention_additive_scores_forward_tanh(const attn_tensor *qh, const attn_tensor *kh,
+                                                        const attn_tensor *wv, attn_tensor *out,
+                                                        attn_tensor *tanh_out) {
   const char *op = "additive_scores";
   attn_status st = additive_check(op, qh, kh, wv);
   if (st != ATTN_OK) return st;
   int64_t os[3] = {qh->shape[0], qh->shape[1], kh->shape[1]};
-  if ((st = check_out3(op, "scores", out, qh->dtype, 3, os)) != ATTN_OK) return st;
+  const int64_t ts[4] = {os[0], os[1], os[2], qh->shape[2]};
+  if ((st = check_out3(op, "scores", out, qh->dtype, 3, os)) != ATTN_OK ||
+      (tanh_out && (st = check_out3(op, "tanh", tanh_out, qh->dtype, 4, ts)) != ATTN_OK))
+    return st;
   attn_tensor q = {0}, k = {0}, w = {0};
   if (qh->dtype == ATTN_F32) {
-    additive32_job J = {.B = os[0], .Nq = os[1], .Nk = os[2], .h = qh->shape[2], .out = attn_tensor_data(out)};
+    additive32_job J = {.B = os[0],
+                        .Nq = os[1],
+                        .Nk = os[2],
+                        .h = qh->shape[2],
+                        .out = attn_tensor_data(out),
+                        .tanh_out = tanh_out ? attn_tensor_data(tanh_out) : NULL};
     if ((st = f32_data(qh, &q, &J.q)) == ATTN_OK && (st = f32_data(kh, &k, &J.k)) == ATTN_OK &&
         (st = f32_data(wv, &w, &J.w)) == ATTN_OK)
       attn_parallel_for(J.B * J.Nq, additive_grain(J.Nk * J.h, 4), additive32_forward_task, &J);
@@ -283,7 +309,8 @@ attn_status attn_attention_additive_scores_forward(const attn_tensor *qh, const 
                       .k = attn_tensor_data(&k),
                       .w = attn_tensor_data(&w),
                       .dt = qh->dtype,
-                      .out = attn_tensor_data(out)};
+                      .out = attn_tensor_data(out),
+                      .tanh_out = tanh_out ? attn_tensor_data(tanh_out) : NULL};
     attn_parallel_for(J.B * J.Nq, additive_grain(J.Nk * J.h, 20), additive_forward_task, &J);
   }
   attn_tensor_free(&q);

@@ -271,6 +271,13 @@ attn_status attn_attention_sequence_mask(const attn_tensor *x, const attn_tensor
 attn_status attn_attention_additive_scores_forward(const attn_tensor *qh, const attn_tensor *kh, const attn_tensor *wv,
                                                    attn_tensor *out);
 
+/* The same scores (the same bits), also writing the tanh values it sums, tanh_out (B, Nq, Nk, h)
+ * contiguous [b,i,j,c] = tanh(qh[b,i,c] + kh[b,j,c]), or NULL: a backward that keeps them needs
+ * no tanh of its own (the captioning decoder, attn_caption.h). */
+attn_status attn_attention_additive_scores_forward_tanh(const attn_tensor *qh, const attn_tensor *kh,
+                                                        const attn_tensor *wv, attn_tensor *out,
+                                                        attn_tensor *tanh_out);
+
 /* dscores (B, Nq, Nk) -> dqh (B, Nq, h), dkh (B, Nk, h), dwv (h); any output
  * may be NULL. When qh and kh are finite, entries with an exactly-zero
  * dscores (masked) are skipped: they contribute exactly 0 and their tanh is

@@ -2,7 +2,8 @@
  * are the engine's own kernels (attn_gemm, the additive scores, attention over given scores, the
  * LSTM's gate math), called in the order and on the shapes of the step-by-step composition
  * (nn.Linear's products with the bias rows first, the LSTM cell's x W_ih^T then h W_hh^T), so
- * the forward numbers are those of the composition. */
+ * the forward numbers are those of the composition. The backward's additive scores are its own
+ * small kernel (tanh_bwd_job) on the tanh values the forward kept. */
 #include "nn/attn_caption.h"
 
 #include <math.h>
@@ -11,6 +12,7 @@
 #include "attention/attn_attention.h"
 #include "core/attn_gemm.h"
 #include "core/attn_ops.h"
+#include "core/attn_parallel.h"
 #include "core/attn_vmath.h"
 #include "nn/attn_lstm.h"
 
@@ -56,19 +58,20 @@ attn_status attn_caption_saved_layout(const attn_caption_dims *d, attn_saved_lay
                       (long long)d->T, (long long)d->H);
   const int64_t T = d->T, B = d->B;
   const int64_t hs[3] = {T1, B, d->H}, gates[3] = {T, B, H4}, tc[3] = {T, B, d->H}, qh[3] = {T, B, d->A};
-  const int64_t scores[3] = {T, B, d->L}, ctx[3] = {T, B, d->D}, beta[2] = {T, B};
+  const int64_t scores[3] = {T, B, d->L}, ctx[3] = {T, B, d->D}, beta[2] = {T, B}, th[4] = {T, B, d->L, d->A};
   attn_status st;
   if ((st = attn_saved_add(l, "hs", 3, hs)) != ATTN_OK || (st = attn_saved_add(l, "cs", 3, hs)) != ATTN_OK ||
       (st = attn_saved_add(l, "gates", 3, gates)) != ATTN_OK || (st = attn_saved_add(l, "tc", 3, tc)) != ATTN_OK ||
       (st = attn_saved_add(l, "qh", 3, qh)) != ATTN_OK || (st = attn_saved_add(l, "scores", 3, scores)) != ATTN_OK ||
-      (st = attn_saved_add(l, "weights", 3, scores)) != ATTN_OK || (st = attn_saved_add(l, "ctx", 3, ctx)) != ATTN_OK)
+      (st = attn_saved_add(l, "weights", 3, scores)) != ATTN_OK || (st = attn_saved_add(l, "ctx", 3, ctx)) != ATTN_OK ||
+      (st = attn_saved_add(l, "beta", 2, beta)) != ATTN_OK)
     return st;
-  return attn_saved_add(l, "beta", 2, beta);
+  return attn_saved_add(l, "tanh", 4, th);
 }
 
 /* The parts' offsets in `saved`. */
 typedef struct {
-  int64_t hs, cs, gates, tc, qh, scores, weights, ctx, beta;
+  int64_t hs, cs, gates, tc, qh, scores, weights, ctx, beta, tanh;
 } layout;
 
 static layout layout_of(const attn_saved_layout *s) {
@@ -76,7 +79,7 @@ static layout layout_of(const attn_saved_layout *s) {
               s->part[ATTN_CAPTION_SAVED_GATES].offset,  s->part[ATTN_CAPTION_SAVED_TC].offset,
               s->part[ATTN_CAPTION_SAVED_QH].offset,     s->part[ATTN_CAPTION_SAVED_SCORES].offset,
               s->part[ATTN_CAPTION_SAVED_WEIGHTS].offset, s->part[ATTN_CAPTION_SAVED_CTX].offset,
-              s->part[ATTN_CAPTION_SAVED_BETA].offset};
+              s->part[ATTN_CAPTION_SAVED_BETA].offset,    s->part[ATTN_CAPTION_SAVED_TANH].offset};
   return l;
 }
 
@@ -221,7 +224,10 @@ attn_status attn_caption_forward(const attn_caption_args *a, attn_tensor *out, a
     gemm(dt, 0, 1, B, A, H, hp, H, attn_tensor_data(a->w_q), H, 0, at(saved, lay.qh + tb * A), A);
     attn_tensor qv = view3(saved, lay.qh + tb * A, B, 1, A), sv = view3(saved, lay.scores + tb * L, B, 1, L);
     attn_tensor wtv = view3(saved, lay.weights + tb * L, B, 1, L), cv = view3(saved, lay.ctx + tb * D, B, 1, D);
-    if ((st = attn_attention_additive_scores_forward(&qv, a->keys, &wv, &sv)) != ATTN_OK ||
+    const int64_t th_shape[4] = {B, 1, L, A}, th_stride[4] = {L * A, L * A, A, 1};
+    attn_tensor thv = attn_view_as_strided(saved, 4, th_shape, th_stride);
+    thv.offset = saved->offset + lay.tanh + tb * L * A;
+    if ((st = attn_attention_additive_scores_forward_tanh(&qv, a->keys, &wv, &sv, &thv)) != ATTN_OK ||
         (st = attn_attention_scores_forward(op, &sv, a->feats, &o, &cv, &wtv)) != ATTN_OK)
       break;
     /* the gate: sigmoid(h w_beta^T + b_beta), the bias rows first (nn.Linear's addmm) */
@@ -312,6 +318,76 @@ static void weight_grad(attn_dtype dt, int64_t T, int64_t B, int64_t M, int64_t 
   }
 }
 
+/* The additive scores' backward of one step from the forward's tanh values th (B, L, A) and the
+ * scores' gradient ds (B, L): with p = ds[b,j] (1 - th[b,j,c]^2), dq[b,c] = w[c] sum_j p (written),
+ * dk[b,j,c] += p and dwb[b,c] += ds[b,j] th[b,j,c] (summed over the steps; the keys' gradient is
+ * w times its sum, w_v's the sum of dwb's rows, both after the loop). No tanh is evaluated, and
+ * no pair is skipped, so a NaN in the scores' inputs reaches the gradients (there is no mask here).
+ * Rows b are independent: the same bits on any thread count. */
+typedef struct {
+  attn_dtype dt;
+  int64_t L, A;
+  const void *th, *ds, *w;
+  void *dq, *dk, *dwb;
+} tanh_bwd_job;
+
+#define TANH_BWD(T_)                                                                                           \
+  static void tanh_bwd_##T_(const tanh_bwd_job *J, int64_t b0, int64_t b1) {                                 \
+    const int64_t L = J->L, A = J->A;                                                                         \
+    const T_ *w = J->w;                                                                                       \
+    for (int64_t b = b0; b < b1; b++) {                                                                       \
+      T_ *restrict q = (T_ *)J->dq + b * A, *restrict wb = (T_ *)J->dwb + b * A;                              \
+      for (int64_t c = 0; c < A; c++) q[c] = 0;                                                               \
+      for (int64_t j = 0; j < L; j++) {                                                                       \
+        const T_ g = ((const T_ *)J->ds)[b * L + j], *restrict t = (const T_ *)J->th + (b * L + j) * A;       \
+        T_ *restrict k = (T_ *)J->dk + (b * L + j) * A;                                                       \
+        for (int64_t c = 0; c < A; c++) {                                                                     \
+          T_ p = g * (1 - t[c] * t[c]);                                                                       \
+          q[c] += p;                                                                                          \
+          k[c] += p;                                                                                          \
+          wb[c] += g * t[c];                                                                                  \
+        }                                                                                                     \
+      }                                                                                                       \
+      for (int64_t c = 0; c < A; c++) q[c] *= w[c];                                                           \
+    }                                                                                                         \
+  }
+TANH_BWD(float)
+TANH_BWD(double)
+
+/* After the loop: dkeys (B, L, A) = dks times w per column, dw_v (A) = the sum of dwb's rows in
+ * order, in double (either may be NULL). */
+#define WV_GRADS(T_)                                                                                          \
+  static void wv_grads_##T_(int64_t B, int64_t L, int64_t A, const T_ *w, const T_ *dks, const T_ *dwb,      \
+                            T_ *dkeys, T_ *dwv) {                                                            \
+    if (dkeys)                                                                                               \
+      for (int64_t r = 0; r < B * L; r++)                                                                    \
+        for (int64_t c = 0; c < A; c++) dkeys[r * A + c] = dks[r * A + c] * w[c];                            \
+    if (dwv)                                                                                                 \
+      for (int64_t c = 0; c < A; c++) {                                                                      \
+        double s = 0;                                                                                        \
+        for (int64_t b = 0; b < B; b++) s += dwb[b * A + c];                                                 \
+        dwv[c] = (T_)s;                                                                                      \
+      }                                                                                                      \
+  }
+WV_GRADS(float)
+WV_GRADS(double)
+
+static void wv_grads(attn_dtype dt, int64_t B, int64_t L, int64_t A, const void *w, const void *dks,
+                     const void *dwb, void *dkeys, void *dwv) {
+  if (dt == ATTN_F32)
+    wv_grads_float(B, L, A, w, dks, dwb, dkeys, dwv);
+  else
+    wv_grads_double(B, L, A, w, dks, dwb, dkeys, dwv);
+}
+
+static void tanh_bwd_task(void *ctx, int64_t begin, int64_t end) {
+  const tanh_bwd_job *J = ctx;
+  if (J->dt == ATTN_F32)
+    tanh_bwd_float(J, begin, end);
+  else
+    tanh_bwd_double(J, begin, end);
+}
+
 attn_status attn_caption_backward(const attn_caption_args *a, const attn_tensor *saved, const attn_tensor *dout,
                                   const attn_tensor *dalphas, const attn_tensor *dbetas, const attn_caption_grads *g) {
   const char *op = "show_attend_tell backward";
@@ -343,28 +419,24 @@ attn_status attn_caption_backward(const attn_caption_args *a, const attn_tensor 
   size_t es = attn_dtype_size(dt);
   layout lay = layout_of(&sl);
   /* workspace: the state and cell gradients dh, dc (B, H), a step's output gradient gy (B, H),
-   * dz (B, D), dctx (B, D), dweights (B, L), dscores (B, L), one step's dkh (B, L, A), dfeats
-   * (B, L, D) and dw_v (A); every step's gate pre-activation gradients dG (T, B, 4H), dqh (T, B,
-   * A), dpre (T, B) (the gate's), the LSTM inputs X (T, B, E + D) and the keys' gradient summed
-   * over the steps (B, L, A) */
+   * dz (B, D), dctx (B, D), dweights (B, L), dscores (B, L) and dfeats (B, L, D); every step's
+   * gate pre-activation gradients dG (T, B, 4H), dqh (T, B, A), dpre (T, B) (the gate's), the
+   * LSTM inputs X (T, B, E + D), and over the steps the keys' gradient before its w_v factor
+   * (B, L, A) and w_v's per row (B, A) (tanh_bwd_job) */
   int64_t w_dh = 0, w_dc = w_dh + BH, w_gy = w_dc + BH, w_dz = w_gy + BH, w_dctx = w_dz + B * D;
-  int64_t w_dw = w_dctx + B * D, w_ds = w_dw + B * L, w_dk = w_ds + B * L, w_df = w_dk + B * L * A;
-  int64_t w_dwv = w_df + B * L * D, w_dG = w_dwv + A, w_dqh = w_dG + TB * 4 * H, w_dpre = w_dqh + TB * A;
-  int64_t w_X = w_dpre + TB, w_dks = w_X + TB * IN, wn = w_dks + B * L * A;
+  int64_t w_dw = w_dctx + B * D, w_ds = w_dw + B * L, w_df = w_ds + B * L;
+  int64_t w_dG = w_df + B * L * D, w_dqh = w_dG + TB * 4 * H, w_dpre = w_dqh + TB * A;
+  int64_t w_X = w_dpre + TB, w_dks = w_X + TB * IN, w_dwb = w_dks + B * L * A, wn = w_dwb + B * A;
   attn_tensor ws = {0};
   if ((st = attn_tensor_init(&ws, dt, 1, &wn)) != ATTN_OK) return st;
-  attn_tensor wv = wv_view(a->w_v, A);
-  int want_dk = g->keys != NULL;
-  attn_tensor dk_t = view3(&ws, w_dk, B, L, A), df_t = view3(&ws, w_df, B, L, D);
-  const int64_t wv_shape = A, wv_stride = 1;
-  attn_tensor dwv_t = attn_view_as_strided(&ws, 1, &wv_shape, &wv_stride);
-  dwv_t.offset = ws.offset + w_dwv;
+  attn_tensor df_t = view3(&ws, w_df, B, L, D);
   memset(at(&ws, w_dh), 0, (size_t)(2 * BH) * es);
   if (!dout) memset(at(&ws, w_gy), 0, (size_t)BH * es);
-  attn_tensor *sums[2] = {g->feats, g->w_v}; /* accumulated over the steps */
-  for (int i = 0; i < 2; i++)
-    if (sums[i]) memset(attn_tensor_data(sums[i]), 0, (size_t)attn_tensor_numel(sums[i]) * es);
-  if (want_dk) memset(at(&ws, w_dks), 0, (size_t)(B * L * A) * es);
+  if (g->feats) memset(attn_tensor_data(g->feats), 0, (size_t)attn_tensor_numel(g->feats) * es);
+  memset(at(&ws, w_dks), 0, (size_t)(B * L * A + B * A) * es); /* dks and dwb, accumulated */
+  tanh_bwd_job tj = {.dt = dt, .L = L, .A = A, .w = attn_tensor_data(a->w_v), .ds = at(&ws, w_ds),
+                     .dk = at(&ws, w_dks), .dwb = at(&ws, w_dwb)};
+  const int64_t tanh_grain = (int64_t)(2e5 / (4.0 * L * A)) + 1; /* rows of about 2e5 flops a chunk */
   attn_attention_opts o;
   attn_attention_opts_init(&o);
   o.training = 0;
@@ -404,24 +476,25 @@ attn_status attn_caption_backward(const attn_caption_args *a, const attn_tensor 
     if (dalphas)
       for (int64_t b = 0; b < B; b++)
         memcpy(at(&ws, w_dw + b * L), at(dalphas, (b * T + t) * L), (size_t)L * es);
-    attn_tensor qv = view3(saved, lay.qh + tb * A, B, 1, A), sv = view3(saved, lay.scores + tb * L, B, 1, L);
+    attn_tensor sv = view3(saved, lay.scores + tb * L, B, 1, L);
     attn_tensor wtv = view3(saved, lay.weights + tb * L, B, 1, L), dcv = view3(&ws, w_dctx, B, 1, D);
-    attn_tensor dsv = view3(&ws, w_ds, B, 1, L), dqv = view3(&ws, w_dqh + tb * A, B, 1, A);
+    attn_tensor dsv = view3(&ws, w_ds, B, 1, L);
     if ((st = attn_attention_scores_backward(op, &sv, a->feats, &o, &wtv, &dcv, dalphas ? &dwv : NULL, &dsv,
-                                             g->feats ? &df_t : NULL)) != ATTN_OK ||
-        (st = attn_attention_additive_scores_backward(&qv, a->keys, &wv, &dsv, &dqv, want_dk ? &dk_t : NULL,
-                                                      g->w_v ? &dwv_t : NULL)) != ATTN_OK)
+                                             g->feats ? &df_t : NULL)) != ATTN_OK)
       break;
+    tj.th = at(saved, lay.tanh + tb * L * A);
+    tj.dq = at(&ws, w_dqh + tb * A);
+    attn_parallel_for(B, tanh_grain, tanh_bwd_task, &tj);
     if (g->feats) add_into(dt, attn_tensor_data(g->feats), at(&ws, w_df), B * L * D);
-    if (want_dk) add_into(dt, at(&ws, w_dks), at(&ws, w_dk), B * L * A);
-    if (g->w_v) add_into(dt, attn_tensor_data(g->w_v), at(&ws, w_dwv), A);
     /* the query was the previous state */
     gemm(dt, 0, 0, B, H, A, at(&ws, w_dqh + tb * A), A, attn_tensor_data(a->w_q), H, 1, dh, H);
   }
   if (st == ATTN_OK) {
     if (g->h0) memcpy(attn_tensor_data(g->h0), dh, (size_t)BH * es);
     if (g->c0) memcpy(attn_tensor_data(g->c0), dc, (size_t)BH * es);
-    if (g->keys) memcpy(attn_tensor_data(g->keys), at(&ws, w_dks), (size_t)(B * L * A) * es);
+    if (g->keys || g->w_v) wv_grads(dt, B, L, A, attn_tensor_data(a->w_v), at(&ws, w_dks), at(&ws, w_dwb),
+                                    g->keys ? attn_tensor_data(g->keys) : NULL,
+                                    g->w_v ? attn_tensor_data(g->w_v) : NULL);
     const char *hs = at(saved, lay.hs); /* the previous states h_0 .. h_{T-1} (T B x H) */
     const char *dGs = at(&ws, w_dG), *dpres = at(&ws, w_dpre);
     if (g->w_q) gemm(dt, 1, 0, A, H, TB, at(&ws, w_dqh), A, hs, H, 0, attn_tensor_data(g->w_q), H);

@@ -18,7 +18,7 @@
  *
  * Outputs, batch-major: out (B, T, H + D) = cat(hs[t+1], z_t) (what the output layer reads),
  * alphas (B, T, L), betas (B, T); all three are differentiable. The products run on attn_gemm
- * and the attention kernels are the engine's own, all in a fixed order, so results do not depend
+ * and the forward's attention kernels are the engine's own, all in a fixed order, so results do not depend
  * on the thread count. All tensors share a float dtype and must be contiguous. */
 #ifndef ATTN_CAPTION_H
 #define ATTN_CAPTION_H
@@ -50,7 +50,10 @@ attn_status attn_caption_check(const char *op, const attn_caption_args *a, attn_
 /* The buffer forward fills and backward reads (attn_saved.h): the states hs and cells cs
  * (T+1, B, H), the activated gates (T, B, 4H) and tanh of the cells tc (T, B, H) (attn_lstm.h's
  * planes), the queries qh (T, B, A), scores and weights (T, B, L), the contexts ctx (T, B, D)
- * (before the gate) and the gates beta (T, B); parts in that order (ATTN_CAPTION_SAVED_*). */
+ * (before the gate), the gates beta (T, B) and the attention's tanh(qh + keys) (T, B, L, A), which
+ * the backward reads instead of evaluating it again (T B L A entries: 720 KiB in float32 at 64 x
+ * 5 words x 9 cells x 64 units, about as much as the other parts together); parts in that order
+ * (ATTN_CAPTION_SAVED_*). */
 enum {
   ATTN_CAPTION_SAVED_HS,
   ATTN_CAPTION_SAVED_CS,
@@ -60,7 +63,8 @@ enum {
   ATTN_CAPTION_SAVED_SCORES,
   ATTN_CAPTION_SAVED_WEIGHTS,
   ATTN_CAPTION_SAVED_CTX,
-  ATTN_CAPTION_SAVED_BETA
+  ATTN_CAPTION_SAVED_BETA,
+  ATTN_CAPTION_SAVED_TANH
 };
 attn_status attn_caption_saved_layout(const attn_caption_dims *d, attn_saved_layout *l);
 
