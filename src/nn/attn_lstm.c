@@ -11,12 +11,7 @@
 #include "core/attn_ops.h"
 #include "core/attn_vmath.h"
 #include "nn/attn_rnn_internal.h"
-
-/* C = op(A) op(B) + beta C, row-major (attn_gemm.h). */
-static void gemm(attn_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
-                 const void *B, int64_t ldb, double beta, void *C, int64_t ldc) {
-  attn_gemm(dt, ta, tb, M, N, K, 1.0, A, lda, B, ldb, beta, C, ldc);
-}
+#include "nn/attn_steps_internal.h"
 
 attn_status attn_lstm_saved_layout(int64_t T, int64_t B, int64_t H, int layers, attn_saved_layout *l) {
   static const attn_rnn_saved_part parts[] = {{"hs", 1, 1}, {"cs", 1, 1}, {"gates", 0, 4}, {"tc", 0, 1}};

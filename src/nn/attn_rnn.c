@@ -11,12 +11,7 @@
 #include "core/attn_gemm.h"
 #include "core/attn_ops.h"
 #include "core/attn_vmath.h"
-
-/* C = op(A) op(B) + beta C, row-major: the engine's small-product kernel or BLAS (attn_gemm.h). */
-static void gemm(attn_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
-                 const void *B, int64_t ldb, double beta, void *C, int64_t ldc) {
-  attn_gemm(dt, ta, tb, M, N, K, 1.0, A, lda, B, ldb, beta, C, ldc);
-}
+#include "nn/attn_steps_internal.h"
 
 /* The float64 step kernels; float32 runs the per-ISA ones of attn_vmath (same arguments, the
  * model in attn_vmath.h), vectorised with the ISA's own sigmoid and tanh. */
