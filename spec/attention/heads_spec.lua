@@ -62,6 +62,35 @@ describe("split_heads and merge_heads", function()
     end
   end)
 
+  it("split copies past 32768 elements over the threads, with the same layout on 1, 2 and 3 threads", function()
+    -- a decoder step's (B, 10, 32) keys at B = 256 (rows of 32 bytes), rows of 64 bytes, and a
+    -- transposed view (strided rows): each run of rows is its own stretch of the output
+    local before = attn.get_num_threads()
+    local cases = {
+      { attn.randn { 256, 10, 32 }, 4, 8 },
+      { attn.randn({ 128, 10, 64 }, "float64"), 4, 16 },
+      { attn.randn({ 64, 32, 40 }):transpose(2, 3), 4, 8 },
+    }
+    for _, c in ipairs(cases) do
+      local X, H, dh = c[1], c[2], c[3]
+      local Z = attn.split_heads(X, H):contiguous()
+      local first
+      for _, n in ipairs { 1, 2, 3 } do
+        attn.set_num_threads(n)
+        local Y, M = attn.split_heads(X, H), attn.merge_heads(Z, H)
+        if n == 1 then
+          assert_heads(X, Y, H, dh)
+          assert_heads(M, Z, H, dh)
+          first = { Y, M }
+        else
+          helper.assert_close(Y, first[1], { atol = 0 })
+          helper.assert_close(M, first[2], { atol = 0 })
+        end
+      end
+    end
+    attn.set_num_threads(before)
+  end)
+
   it("are differentiable", function()
     helper.gradcheck(function(x) return attn.merge_heads(attn.split_heads(x, 3):pow(2), 3) end,
       { helper.param({ 2, 4, 6 }) })

@@ -141,6 +141,31 @@ describe("tiny-head dot-product attention", function()
     assert.are.equal(0, (a - t):abs():max():item())
   end)
 
+  it("splits a decoder step's one-query rows over the threads, the same bits on 1, 2 and 3", function()
+    -- (1024, 1, 8) queries on 10 keys: each row costs little in products, but 1024 of them are
+    -- worth two threads (the grain counts a fixed cost per row); each kernel against the reference
+    local q, k, v = inputs("float32", 1024, 1, 10, 8, 8)
+    local lens = {}
+    for i = 1, 1024 do lens[i] = 1 + i % 10 end
+    local before = attn.get_num_threads()
+    for _, kernel in ipairs { "tiny", "reference" } do
+      local opts = { valid_lens = lens, kernel = kernel }
+      local first
+      for _, n in ipairs { 1, 2, 3 } do
+        attn.set_num_threads(n)
+        local out, w = core.sdpa_forward(q, k, v, opts)
+        if n == 1 then
+          first = { out, w }
+        else
+          assert.are.equal(0, (out - first[1]):abs():max():item())
+          assert.are.equal(0, (w - first[2]):abs():max():item())
+        end
+      end
+    end
+    attn.set_num_threads(before)
+    compare(q, k, v, { valid_lens = lens })
+  end)
+
   it("gives the same bits on 1, 2 and 3 threads (dropout included)", function()
     local q, k, v = inputs("float32", 64, 10, 10, 8, 8)
     local dout = attn.randn { 64, 10, 8 }

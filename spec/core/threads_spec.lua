@@ -27,6 +27,34 @@ describe("threads", function()
     assert.are.same(run(1), run(2))
   end)
 
+  it("splits a decoder step's (256, 1, 32) LayerNorm rows with the bits of one thread and the row formula", function()
+    local helper = require "helper"
+    local ln = attn.nn.LayerNorm(32)
+    ln.weight = attn.randn({ 32 }):requires_grad_()
+    ln.bias = attn.randn({ 32 }):requires_grad_()
+    local x = attn.randn { 256, 1, 32 }
+    local before = attn.get_num_threads()
+    local first
+    for _, n in ipairs { 1, 2, 3 } do
+      attn.set_num_threads(n)
+      local y = attn.no_grad(function() return ln(x) end)
+      if n == 1 then first = y else helper.assert_identical(y, first) end
+    end
+    attn.set_num_threads(before)
+    -- (x - mean) / sqrt(var + eps) * weight + bias, row by row in Lua numbers
+    local xs, ys, w, b = x:reshape(256, 32):totable(), first:reshape(256, 32):totable(), ln.weight:totable(),
+      ln.bias:totable()
+    for r = 1, 256 do
+      local mu, var = 0, 0
+      for j = 1, 32 do mu = mu + xs[r][j] / 32 end
+      for j = 1, 32 do var = var + (xs[r][j] - mu) ^ 2 / 32 end
+      for j = 1, 32 do
+        local want = (xs[r][j] - mu) / math.sqrt(var + 1e-5) * w[j] + b[j]
+        assert(math.abs(ys[r][j] - want) <= 1e-5 * (1 + math.abs(want)), string.format("row %d col %d", r, j))
+      end
+    end
+  end)
+
   -- The pool hands out ranges of items to whichever thread is free, so how the work is cut and
   -- who runs what change from call to call and with the thread count; the bits must not.
   it("gives bit-identical seeded tensors on 1, 2 and 3 threads: attention, GRU, LayerNorm, matmul", function()

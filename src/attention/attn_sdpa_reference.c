@@ -12,6 +12,11 @@
 #include "cpu/cpu_dispatch.h"
 
 #define BLK ATTN_SDPA_BLOCK
+/* The fixed cost of a forward item in multiply-add terms: a decoder step's one-query rows
+ * ((1024, 1, 8) x (1024, 10, 8)) cost ~125 ns each on the short-row kernels, about 5000 flops
+ * at the big tiles' rate, where their products count 480; by those alone all 1024 rows stayed
+ * on one thread (130 us). */
+#define ITEM_FLOPS 4096.0
 
 /* ------------------------------------------------------------ short rows */
 
@@ -296,7 +301,9 @@ static void reduce_task(void *ctx, int64_t begin, int64_t end) {
 attn_status attn_attention_run_forward(attn_attention_job *J, const char *op) {
   int64_t items = J->B * J->nblk;
   if (items > 0 && J->Nk > 0) {
-    double flops = 2.0 * (double)(J->Nq < BLK ? J->Nq : BLK) * (double)J->Nk * (double)(J->d + J->dv + 8);
+    /* an item's cost: its products, plus ITEM_FLOPS for what every item pays (packing, the
+     * softmax's setup), which dominates short rows */
+    double flops = 2.0 * (double)(J->Nq < BLK ? J->Nq : BLK) * (double)J->Nk * (double)(J->d + J->dv + 8) + ITEM_FLOPS;
     atomic_init(&J->failed, 0);
     attn_parallel_for(items, (int64_t)(1e6 / flops) + 1, forward_task, J);
     if (atomic_load(&J->failed)) return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the workspace", op);
