@@ -168,6 +168,40 @@ describe("data.Vocab", function()
     assert.are.same({}, data.Vocab({}).token_freqs)
   end)
 
+  it("a token index never copies a token that a finalizer changed while the index was built", function()
+    -- Allocating the index can run finalizers; one that lengthened a token between the measuring
+    -- pass and the copy made the copy run past the allocation (a heap overflow). In generational
+    -- mode with the debt reset, the index's own allocation runs a minor collection, which calls
+    -- the finalizers of the tables just dropped: the change lands inside the build every time.
+    local mode = collectgarbage("generational")
+    local long = string.rep("x", 4096)
+    for _ = 1, 20 do
+      local tokens = { "a", "b", "c" }
+      for _ = 1, 5 do
+        setmetatable({}, { __gc = function() tokens[1] = long end })
+      end
+      collectgarbage("stop")
+      collectgarbage("restart") -- GC debt 0: the next allocation steps the collector
+      local before = tokens[1]
+      local ok, err = pcall(core.token_index, tokens)
+      assert.are.equal("a", before)
+      assert.are.equal(long, tokens[1], "the finalizers ran inside the build")
+      assert.is_false(ok, "a token changed during the build was copied")
+      assert.matches("token 1 grew while the index was built", err, 1, true)
+    end
+    collectgarbage(mode)
+    -- a finalizer that makes a token a non-string is refused the same way
+    local tokens = { "a", "b" }
+    setmetatable({}, { __gc = function() tokens[2] = 7 end })
+    collectgarbage("generational")
+    collectgarbage("stop")
+    collectgarbage("restart")
+    local ok, err = pcall(core.token_index, tokens)
+    collectgarbage(mode)
+    assert.is_false(ok)
+    assert.matches("token 2 changed to a number while the index was built", err, 1, true)
+  end)
+
   it("holds its tokens in one token index: lookups agree with a plain table, the lists are built only when read",
     function()
     -- tokens of any bytes, a repeat (keeps its first id), many tokens (probe chains in the hash)

@@ -75,8 +75,14 @@ static int l_token_index(lua_State *L) {
   ix->offsets[0] = 0;
   for (lua_Integer i = 1; i <= n; i++) {
     size_t len;
-    lua_rawgeti(L, 1, i);
+    /* Allocating ix may have run finalizers (Lua code) that changed the table since it was
+     * measured: a token that is no longer a string, or longer, must not be copied. */
+    if (lua_rawgeti(L, 1, i) != LUA_TSTRING)
+      attn_l_error(L, "%s: token %d changed to a %s while the index was built", attn_l_fname(L), (int)i,
+                   luaL_typename(L, -1));
     const char *s = lua_tolstring(L, -1, &len);
+    if (len > total - pos)
+      attn_l_error(L, "%s: token %d grew while the index was built", attn_l_fname(L), (int)i);
     memcpy(ix->bytes + pos, s, len);
     pos += len;
     ix->offsets[i] = pos;
