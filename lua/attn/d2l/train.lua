@@ -314,6 +314,25 @@ local function by_logp(a, b)
   return a.r < b.r
 end
 
+-- One step's survivors of a sentence: its k best candidates, those ending in <eos> moved to
+-- done (their length the step), the others returned as live hypotheses {ids, logp, last, from}
+-- (from: the candidate, for what the caller carries over).
+local function keep_best(cands, k, eos, step, done)
+  table.sort(cands, by_logp)
+  local kept = {}
+  for i = 1, math.min(k, #cands) do
+    local c = cands[i]
+    local ids = { table.unpack(c.parent.ids) }
+    if c.tok == eos then
+      done[#done + 1] = { ids = ids, logp = c.logp, length = step }
+    else
+      ids[#ids + 1] = c.tok
+      kept[#kept + 1] = { ids = ids, logp = c.logp, last = c.tok, from = c }
+    end
+  end
+  return kept
+end
+
 -- A sentence's beam result: the live hypotheses join the finished ones (their length the
 -- tokens emitted, no <eos>), each scored log P / L^alpha, best first.
 local function finish_beam(done, live, alpha, tgt_vocab)
@@ -370,18 +389,8 @@ function M.beam_search(net, src_sentence, src_vocab, tgt_vocab, num_steps, opts)
         cands[#cands + 1] = { h = h, r = r, tok = tok, logp = hyp.logp + logp[tok], parent = hyp, state = st }
       end
     end
-    table.sort(cands, by_logp)
-    live = {}
-    for i = 1, math.min(k, #cands) do
-      local c = cands[i]
-      local ids = { table.unpack(c.parent.ids) }
-      if c.tok == eos then
-        done[#done + 1] = { ids = ids, logp = c.logp, length = step }
-      else
-        ids[#ids + 1] = c.tok
-        live[#live + 1] = { ids = ids, logp = c.logp, state = c.state, last = c.tok }
-      end
-    end
+    live = keep_best(cands, k, eos, step, done)
+    for _, hyp in ipairs(live) do hyp.state, hyp.from = hyp.from.state, nil end
     if #live == 0 then break end
   end
   finish_beam(done, live, alpha, tgt_vocab)
@@ -459,18 +468,10 @@ function M.beam_search_batch(net, sources, src_vocab, tgt_vocab, num_steps, opts
             end
             i = i + 1
           end
-          table.sort(cands, by_logp)
-          local kept, finished = {}, done[sent]
-          for j = 1, math.min(k, #cands) do
-            local c = cands[j]
-            local ids = { table.unpack(c.parent.ids) }
-            if c.tok == eos then
-              finished[#finished + 1] = { ids = ids, logp = c.logp, length = step }
-            else
-              ids[#ids + 1] = c.tok
-              kept[#kept + 1] = { sent = sent, ids = ids, logp = c.logp, last = c.tok }
-              next_rows[#next_rows + 1], parents[#parents + 1] = kept[#kept], c.row
-            end
+          local kept = keep_best(cands, k, eos, step, done[sent])
+          for _, hyp in ipairs(kept) do
+            next_rows[#next_rows + 1], parents[#parents + 1] = hyp, hyp.from.row
+            hyp.sent, hyp.from = sent, nil
           end
           live[sent] = kept
         end
