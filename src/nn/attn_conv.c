@@ -111,20 +111,25 @@ static void valid_range(int64_t n, int64_t s, int64_t off, int64_t size, int64_t
     for (int64_t o = 0; o < J->O; o++)                                                                \
       for (int64_t l = 0; l < cols; l++) yb[o * cols + l] = b[o];                                     \
   }                                                                                                   \
-  /* db[o] for o in [o0, o1): dy summed over images, then positions, in eight lanes (position l */  \
-  /* in lane l mod 8, then the lanes pairwise): a fixed order the compiler can vectorise */         \
+  /* db[o] for o in [o0, o1): each image's row of dy summed in 32 lanes of T (position l in lane */ \
+  /* l mod 32: at most a few terms per lane, vector adds even on the baseline ISA), the lanes */      \
+  /* added into doubles image by image, then pairwise: a fixed order */                             \
   static void sum_db_##S(const conv_job *J, T *db, int64_t o0, int64_t o1) {                          \
     const T *dy = (const T *)J->dy;                                                                   \
     for (int64_t o = o0; o < o1; o++) {                                                               \
-      double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                       \
+      double acc[32] = {0};                                                                           \
       for (int64_t n = 0; n < J->N; n++) {                                                            \
         const T *row = dy + (n * J->O + o) * J->L;                                                    \
+        T lane[32] = {0};                                                                             \
         int64_t l = 0;                                                                                \
-        for (; l + 8 <= J->L; l += 8)                                                                 \
-          for (int i = 0; i < 8; i++) acc[i] += (double)row[l + i];                                   \
-        for (int i = 0; l + i < J->L; i++) acc[i] += (double)row[l + i];                              \
+        for (; l + 32 <= J->L; l += 32)                                                               \
+          for (int i = 0; i < 32; i++) lane[i] += row[l + i];                                         \
+        for (int i = 0; l + i < J->L; i++) lane[i] += row[l + i];                                     \
+        for (int i = 0; i < 32; i++) acc[i] += (double)lane[i];                                       \
       }                                                                                               \
-      db[o] = (T)(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))); \
+      for (int w = 16; w > 0; w /= 2)                                                                 \
+        for (int i = 0; i < w; i++) acc[i] += acc[i + w];                                             \
+      db[o] = (T)acc[0];                                                                              \
     }                                                                                                 \
   }
 

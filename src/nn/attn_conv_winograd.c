@@ -224,26 +224,36 @@ typedef struct {
   void *dw;
 } reduce_job;
 
-/* dw[o, c] for pairs [e0, e1): the chunks' partials added in chunk order, then G^T D G (in double). */
+/* dw[o, c] for pairs [e0, e1): the chunks' partials added in chunk order, then G^T D G (in double).
+ * Sixteen pairs at a time, so that the sums run along contiguous pairs (vector loads), not across
+ * the chunks' far-apart planes one entry at a time. */
 static void reduce_dweight(void *ctx, int64_t e0, int64_t e1) {
   const reduce_job *R = ctx;
   const wino_job *J = R->J;
   int64_t oc = J->O * J->C;
-  for (int64_t e = e0; e < e1; e++) {
-    double d[4][4], f[3][4];
-    for (int xi = 0; xi < 16; xi++) {
-      double s = 0;
-      for (int64_t k = 0; k < J->chunks; k++) s += load(J->dt, J->partial, (k * 16 + xi) * oc + e);
-      d[xi / 4][xi % 4] = s;
-    }
-    for (int j = 0; j < 4; j++) {
-      f[0][j] = d[0][j] + 0.5 * (d[1][j] + d[2][j]);
-      f[1][j] = 0.5 * (d[1][j] - d[2][j]);
-      f[2][j] = 0.5 * (d[1][j] + d[2][j]) + d[3][j];
-    }
-    for (int i = 0; i < 3; i++) {
-      double g[3] = {f[i][0] + 0.5 * (f[i][1] + f[i][2]), 0.5 * (f[i][1] - f[i][2]), 0.5 * (f[i][1] + f[i][2]) + f[i][3]};
-      for (int j = 0; j < 3; j++) store(J->dt, R->dw, e * 9 + i * 3 + j, g[j]);
+  for (int64_t eb = e0; eb < e1; eb += 16) {
+    int n = e1 - eb < 16 ? (int)(e1 - eb) : 16;
+    double d[16][16]; /* [position][pair] */
+    memset(d, 0, sizeof d);
+    for (int xi = 0; xi < 16; xi++)
+      for (int64_t k = 0; k < J->chunks; k++) {
+        size_t at = (size_t)((k * 16 + xi) * oc + eb);
+        if (J->dt == ATTN_F32)
+          for (int j = 0; j < n; j++) d[xi][j] += (double)((const float *)J->partial)[at + j];
+        else
+          for (int j = 0; j < n; j++) d[xi][j] += ((const double *)J->partial)[at + j];
+      }
+    for (int j = 0; j < n; j++) {
+      double f[3][4];
+      for (int q = 0; q < 4; q++) {
+        f[0][q] = d[q][j] + 0.5 * (d[4 + q][j] + d[8 + q][j]);
+        f[1][q] = 0.5 * (d[4 + q][j] - d[8 + q][j]);
+        f[2][q] = 0.5 * (d[4 + q][j] + d[8 + q][j]) + d[12 + q][j];
+      }
+      for (int i = 0; i < 3; i++) {
+        double g[3] = {f[i][0] + 0.5 * (f[i][1] + f[i][2]), 0.5 * (f[i][1] - f[i][2]), 0.5 * (f[i][1] + f[i][2]) + f[i][3]};
+        for (int q = 0; q < 3; q++) store(J->dt, R->dw, (eb + j) * 9 + i * 3 + q, g[q]);
+      }
     }
   }
 }
