@@ -124,10 +124,20 @@
     for (int i = 1; i < 4; i++) WINO_FN(grad_row_##S)(u + (2 * i - 2) * P, u + (2 * i - 1) * P, P, Z + 4 * i * ps, ps); \
   }
 
+#ifndef WINO_OWN_F32
 WINO_DEFINE(f32, float)
+#endif
 WINO_DEFINE(f64, double)
 
+/* An ISA file may bring its own float32 transforms (the same arithmetic in the same order, so the
+ * same bits): it defines WINO_OWN_F32 and the three functions before including this file. */
+#ifdef WINO_OWN_F32
+#define WINO_F32(name) WINO_CAT(name, _own)
+#else
+#define WINO_F32(name) WINO_FN(name)
+#endif
+
 const attn_wino_kernels WINO_FN(attn_wino_kernels_) = {
-    WINO_FN(input_f32), WINO_FN(input_f64), WINO_FN(output_f32), WINO_FN(output_f64), WINO_FN(grad_f32),
+    WINO_F32(input_f32), WINO_FN(input_f64), WINO_F32(output_f32), WINO_FN(output_f64), WINO_F32(grad_f32),
     WINO_FN(grad_f64),
 };
