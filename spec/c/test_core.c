@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include "attn.h"
+#include "cpu/cpu_dispatch.h"
+#include "cpu/wino_cpu.h"
 
 static int passed, failed;
 
@@ -1137,6 +1139,48 @@ static void lin_formula(const double *q, const double *k, const double *v, int N
   }
 }
 
+/* Every ISA set's float32 Winograd transforms (AVX-512 has its own, wino_avx512.c) give the same
+ * bits as the generic set's loops, over plane shapes of 1 to 24 tiles a row and every band. The
+ * input transform's dummy tile (tj = tw) holds whatever each path reads there: not compared. */
+static int wino_same(const float *a, const float *b, int64_t n) { return memcmp(a, b, (size_t)n * sizeof *a) == 0; }
+
+static void test_wino_transforms(void) {
+  const int shapes[][4] = {{14, 14, 1, 1}, {7, 5, 1, 1}, {8, 9, 0, 0}, {29, 31, 0, 2}, {45, 47, 1, 1}, {1, 1, 1, 1}, {6, 6, 2, 2}};
+  const char *paths[2] = {"avx2", "avx512"};
+  const attn_wino_kernels *ref = &attn_wino_kernels_generic;
+  for (int p = 0; p < 2; p++) {
+    const attn_cpu_kernels *set = attn_cpu_find(paths[p]);
+    if (!set || !attn_cpu_supported(set)) continue;
+    const attn_wino_kernels *k = set->wino;
+    int mismatches = 0, bands = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+      attn_wino_geom g = {shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 0, 0, 0, 0};
+      g.Ho = g.H + 2 * g.ph - 2, g.Wo = g.W + 2 * g.pw - 2, g.th = (g.Ho + 1) / 2, g.tw = (g.Wo + 1) / 2;
+      int64_t Tr = g.tw + 1, ps = g.th * Tr + 19, nx = g.H * g.W, ny = g.Ho * g.Wo;
+      float *x = malloc((size_t)nx * sizeof *x), *dy = malloc((size_t)ny * sizeof *dy);
+      float *V[2], *y[2], *sc = malloc((size_t)attn_wino_scratch(g.th, g.tw) * sizeof *sc);
+      for (int i = 0; i < 2; i++) V[i] = calloc((size_t)(16 * ps), sizeof *V[i]), y[i] = calloc((size_t)ny, sizeof *y[i]);
+      for (int64_t i = 0; i < nx; i++) x[i] = (float)sin(0.7 * (double)i) * 3.0f;
+      for (int64_t i = 0; i < ny; i++) dy[i] = (float)cos(0.3 * (double)i);
+      for (int64_t rows = 1; rows <= g.th; rows++)
+        for (int64_t ti0 = 0; ti0 + rows <= g.th; ti0 += rows) {
+          bands++;
+          for (int i = 0; i < 2; i++) (i ? k : ref)->input_f32(&g, x, ti0, rows, V[i], ps, sc);
+          for (int64_t q = 0; q < 16; q++)
+            for (int64_t t = 0; t < rows; t++) mismatches += !wino_same(V[0] + q * ps + t * Tr, V[1] + q * ps + t * Tr, g.tw);
+          for (int i = 0; i < 2; i++) (i ? k : ref)->output_f32(&g, V[0], ps, ti0, rows, 0.25f, y[i], sc);
+          mismatches += !wino_same(y[0], y[1], ny);
+          for (int i = 0; i < 2; i++) (i ? k : ref)->grad_f32(&g, dy, ti0, rows, V[i], ps, sc);
+          mismatches += !wino_same(V[0], V[1], 16 * ps);
+        }
+      free(x), free(dy), free(sc);
+      for (int i = 0; i < 2; i++) free(V[i]), free(y[i]);
+    }
+    CHECK(mismatches == 0 && bands > 100, "%s float32 Winograd transforms: %d of %d bands differ from generic", paths[p],
+          mismatches, bands);
+  }
+}
+
 static void test_linear_attention(void) {
   enum { N = 4, D = 3, DV = 2 };
   int64_t sq[3] = {1, N, D}, sv[3] = {1, N, DV};
@@ -1418,6 +1462,7 @@ int main(void) {
   test_optim_and_loss();
   test_parity_kernels();
   test_conv_and_pool();
+  test_wino_transforms();
   test_linear_attention();
   test_rope();
   test_rms_norm();
