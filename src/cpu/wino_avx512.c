@@ -160,10 +160,11 @@ static void output_f32_own(const attn_wino_geom *g, const float *M, int64_t ps, 
       const int64_t col = 2 * tj0;
       const __mmask16 m0 = lanes_below(Wo - col), m1 = lanes_below(Wo - col - 16);
       _mm512_mask_storeu_ps(y0 + col, m0, _mm512_permutex2var_ps(o[0], z0, o[1]));
-      _mm512_mask_storeu_ps(y0 + col + 16, m1, _mm512_permutex2var_ps(o[0], z1, o[1]));
+      if (m1) /* (y0 + col + 16 may lie past the plane when no lane is stored) */
+        _mm512_mask_storeu_ps(y0 + col + 16, m1, _mm512_permutex2var_ps(o[0], z1, o[1]));
       if (r + 1 < g->Ho) {
         _mm512_mask_storeu_ps(y0 + Wo + col, m0, _mm512_permutex2var_ps(o[2], z0, o[3]));
-        _mm512_mask_storeu_ps(y0 + Wo + col + 16, m1, _mm512_permutex2var_ps(o[2], z1, o[3]));
+        if (m1) _mm512_mask_storeu_ps(y0 + Wo + col + 16, m1, _mm512_permutex2var_ps(o[2], z1, o[3]));
       }
     }
   }
