@@ -162,6 +162,25 @@ describe("nn.conv2d", function()
     end
   end)
 
+  -- The bias gradient sums dy in 32 lanes of float32 flushed into doubles every 256 positions: on
+  -- a 512x512 plane it is the float64 sum rounded (within one ulp); lanes over a whole row of the
+  -- plane (8192 terms each) were 4x past that.
+  it("has a float32 bias gradient within one ulp of the float64 sum on a 512x512 plane, every path", function()
+    attn.manual_seed(21)
+    local x, w = attn.randn({ 1, 1, 512, 512 }), attn.randn({ 2, 1, 3, 3 })
+    local g = attn.rand({ 1, 2, 512, 512 })
+    local exact = g:to("float64"):sum(4):sum(3):sum(1):view({ 2 })
+    for _, kernel in ipairs { "im2col", "winograd", "reference" } do
+      local b = attn.zeros({ 2 }):requires_grad_()
+      nn.conv2d(x, w, b, { padding = 1, kernel = kernel }):backward(g)
+      for o = 1, 2 do
+        local s = exact[o]
+        local ulp = 2 ^ (math.floor(math.log(s, 2)) - 23)
+        assert.is_true(math.abs(b.grad[o] - s) <= ulp, kernel .. ": " .. b.grad[o] .. " vs " .. s)
+      end
+    end
+  end)
+
   it("takes a 3-D input as one image", function()
     attn.manual_seed(7)
     local x, w = attn.randn({ 2, 5, 5 }, "float64"), attn.randn({ 3, 2, 3, 3 }, "float64")
@@ -275,6 +294,7 @@ describe("nn.conv2d with kernel = 'winograd'", function()
     function()
       attn.manual_seed(14)
       local saved = attn.core.isa()
+      finally(function() attn.core.isa(saved) end)
       local f32_cases = helper.with(wino_cases, {
         { x = { 4, 16, 14, 14 }, w = { 32, 16, 3, 3 }, o = { padding = 1 } },
         { x = { 3, 3, 29, 31 }, w = { 4, 3, 3, 3 }, o = { padding = { 0, 2 } } },
@@ -301,7 +321,6 @@ describe("nn.conv2d with kernel = 'winograd'", function()
           assert.is_true(wino_bound(C, w, x) < 0.05 * y64:abs():max():item())
         end
       end
-      attn.core.isa(saved)
     end)
 
   it("gives the same bits on 1 and 2 threads (float32, forward and backward)", function()

@@ -112,20 +112,24 @@ static void valid_range(int64_t n, int64_t s, int64_t off, int64_t size, int64_t
       for (int64_t l = 0; l < cols; l++) yb[o * cols + l] = b[o];                                     \
   }                                                                                                   \
   /* db[o] for o in [o0, o1): each image's row of dy summed in 32 lanes of T (position l in lane */ \
-  /* l mod 32: at most a few terms per lane, vector adds even on the baseline ISA), the lanes */      \
-  /* added into doubles image by image, then pairwise: a fixed order */                             \
+  /* l mod 32; vector adds even on the baseline ISA), the lanes added into doubles after every 256 */ \
+  /* positions (at most 8 terms per lane in T, whatever the plane's size), then pairwise: a fixed */ \
+  /* order */                                                                                       \
   static void sum_db_##S(const conv_job *J, T *db, int64_t o0, int64_t o1) {                          \
     const T *dy = (const T *)J->dy;                                                                   \
     for (int64_t o = o0; o < o1; o++) {                                                               \
       double acc[32] = {0};                                                                           \
       for (int64_t n = 0; n < J->N; n++) {                                                            \
         const T *row = dy + (n * J->O + o) * J->L;                                                    \
-        T lane[32] = {0};                                                                             \
-        int64_t l = 0;                                                                                \
-        for (; l + 32 <= J->L; l += 32)                                                               \
-          for (int i = 0; i < 32; i++) lane[i] += row[l + i];                                         \
-        for (int i = 0; l + i < J->L; i++) lane[i] += row[l + i];                                     \
-        for (int i = 0; i < 32; i++) acc[i] += (double)lane[i];                                       \
+        for (int64_t l0 = 0; l0 < J->L; l0 += 256) {                                                  \
+          const int64_t end = J->L - l0 < 256 ? J->L : l0 + 256;                                      \
+          T lane[32] = {0};                                                                           \
+          int64_t l = l0;                                                                             \
+          for (; l + 32 <= end; l += 32)                                                              \
+            for (int i = 0; i < 32; i++) lane[i] += row[l + i];                                       \
+          for (int i = 0; l + i < end; i++) lane[i] += row[l + i];                                    \
+          for (int i = 0; i < 32; i++) acc[i] += (double)lane[i];                                     \
+        }                                                                                             \
       }                                                                                               \
       for (int w = 16; w > 0; w /= 2)                                                                 \
         for (int i = 0; i < w; i++) acc[i] += acc[i + w];                                             \
