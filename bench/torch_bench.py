@@ -228,7 +228,8 @@ class Seq2SeqAttention(nn.Module):
 
 class ShowAttendTell(nn.Module):
     """attn.nn.captioning's decoder (Xu et al. 2015): LSTM cell, additive attention over the cells
-    with a location term, the scalar gate, the output layer on [h, z]."""
+    with location terms on the scores and on the annotation vectors, the scalar gate, the output
+    layer on [h, z]."""
     def __init__(self, V, D, L, E, H, A):
         super().__init__()
         self.embedding = nn.Embedding(V, E)
@@ -236,6 +237,7 @@ class ShowAttendTell(nn.Module):
         self.W_k, self.W_q = nn.Linear(D, A, bias=False), nn.Linear(H, A, bias=False)
         self.w_v = nn.Linear(A, 1, bias=False)
         self.position = nn.Parameter(torch.randn(L, A) * 0.1)
+        self.location = nn.Parameter(torch.zeros(L, D))
         self.f_beta = nn.Linear(H, 1)
         self.rnn = nn.LSTMCell(E + D, H)
         self.fc = nn.Linear(H + D, V)
@@ -243,6 +245,7 @@ class ShowAttendTell(nn.Module):
     def forward(self, feats, inputs):
         mean = feats.mean(1)
         h, c = torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean))
+        feats = feats + self.location
         keys = self.W_k(feats) + self.position
         logits, alphas = [], []
         for t in range(inputs.shape[1]):

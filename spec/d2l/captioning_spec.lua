@@ -20,6 +20,31 @@ describe("attn.d2l.captioning", function()
     assert.same({ 0, 0, 0, 0, 0, 0, 0, 0, 1 }, cap.cell_overlap({ 57, 84, 57, 84 }, 84, 84, 3, 3))
     -- a box over the middle of a 2 x 2 grid of 8 x 8: a quarter of each cell
     assert.same({ 0.25, 0.25, 0.25, 0.25 }, cap.cell_overlap({ 3, 6, 3, 6 }, 8, 8, 2, 2))
+    -- off the diagonal, row by row: top right is cell 3, middle left cell 4 (not 7 and 2)
+    assert.same({ 0, 0, 1, 0, 0, 0, 0, 0, 0 }, cap.cell_overlap({ 1, 28, 57, 84 }, 84, 84, 3, 3))
+    assert.same({ 0, 0, 0, 1, 0, 0, 0, 0, 0 }, cap.cell_overlap({ 29, 56, 1, 28 }, 84, 84, 3, 3))
+  end)
+
+  it("pairs the weights of step t with the word of step t, on a hand-made 3 x 3 scene", function()
+    -- items at the top right (cell 3, word 1) and the middle left (cell 4, word 2), then <eos>
+    local scene = { canvases = attn.zeros(1, 1, 84, 84), captions = attn.tensor({ { 7, 9, 4 } }, "int64"),
+      valid_len = attn.tensor({ 3 }, "int64"), boxes = { { { 29, 56, 1, 28 }, { 1, 28, 57, 84 } } },
+      word_item = { { 2, 1 } } }
+    local function at(cells) -- weights over the 9 cells, row by row
+      local a = { 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+      for cell, w in pairs(cells) do a[cell] = w end
+      return a
+    end
+    -- word 1 looks at its item; word 2 puts 0.8 on its item and 0.2 on cell 2 (its transpose);
+    -- <eos> looks at cell 7 (word 1's transpose), which a metric one step late would count
+    local decoded = { ids = { { 7, 9 } }, alphas = { { at { [3] = 1 }, at { [4] = 0.8, [2] = 0.2 }, at { [7] = 1 } } } }
+    local share, uniform, counted = cap.attention_correctness(decoded, scene)
+    assert.near((1 + 0.8) / 2, share, 1e-12)
+    assert.near(1 / 9, uniform, 1e-12)
+    assert.equal(2, counted)
+    decoded.ids[1][1] = 8 -- a wrong first word is not counted
+    local again = { cap.attention_correctness(decoded, scene) }
+    assert.same({ 0.8, 1 }, { again[1], again[3] })
   end)
 
   it("scores captions: corpus BLEU, exact matches and attention on the named item", function()

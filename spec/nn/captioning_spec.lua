@@ -65,14 +65,15 @@ describe("nn.ShowAttendTell", function()
     assert.is_true(betas:min():item() > 0 and betas:max():item() < 1)
   end)
 
-  it("scores cells as w_v^T tanh(W_k a_i + p_i + W_q h_0) at the first step", function()
+  it("scores cells as w_v^T tanh(W_k (a_i + l_i) + p_i + W_q h_0) at the first step", function()
     attn.manual_seed(4)
     local dec = tiny():to("float64")
+    attn.no_grad(function() dec.location:copy_(attn.rand({ 4, 5 }, "float64")) end) -- it starts at zeros
     local feats = attn.rand({ 2, 4, 5 }, "float64")
     local _, alphas = dec(feats, attn.tensor({ { 3 }, { 3 } }, "int64"))
     local Wk, Wq, wv = dec.attention.W_k.weight:totable(), dec.attention.W_q.weight:totable(),
       dec.attention.w_v.weight:totable()[1]
-    local P, f = dec.position:totable(), feats:totable()
+    local P, f, loc = dec.position:totable(), feats:totable(), dec.location:totable()
     local mean = feats:mean(2)
     local h0 = dec.init_h(mean):tanh():totable()
     for b = 1, 2 do
@@ -81,7 +82,7 @@ describe("nn.ShowAttendTell", function()
         e[i] = 0
         for a = 1, 4 do
           local u = P[i][a]
-          for d = 1, 5 do u = u + Wk[a][d] * f[b][i][d] end
+          for d = 1, 5 do u = u + Wk[a][d] * (f[b][i][d] + loc[i][d]) end
           for j = 1, 6 do u = u + Wq[a][j] * h0[b][j] end
           e[i] = e[i] + wv[a] * (1 - 2 / (math.exp(2 * u) + 1)) -- tanh u
         end
@@ -89,6 +90,43 @@ describe("nn.ShowAttendTell", function()
       end
       for i = 1, 4 do assert.near(math.exp(e[i]) / z, alphas:totable()[b][1][i], 1e-12) end
     end
+  end)
+
+  -- The annotation vectors carry their cell's location l_i: the context says where the decoder
+  -- looked, so it can tell which item comes next in reading order. Without l_i, cells that
+  -- hold the same vector give the same context wherever the attention goes.
+  it("puts the location term in the context: z_1 = beta_1 sum_i alpha_1i (a_i + l_i)", function()
+    attn.manual_seed(9)
+    local dec = tiny():to("float64")
+    attn.no_grad(function() dec.location:copy_(attn.rand({ 4, 5 }, "float64")) end)
+    local item = attn.rand({ 1, 1, 5 }, "float64")
+    local feats = item:expand({ 1, 4, 5 }):contiguous() -- the same vector in every cell
+    local tok = attn.tensor({ 3 }, "int64")
+    -- scores saturated by the location term of the keys: +-sum |w_v| on the favoured cell or not
+    local function favour(cell)
+      local sign = dec.attention.w_v.weight:reshape({ 4 }):sign():totable()
+      local p = {}
+      for i = 1, 4 do
+        p[i] = {}
+        for k = 1, 4 do p[i][k] = (i == cell and 20 or -20) * sign[k] end
+      end
+      attn.no_grad(function() dec.position:copy_(attn.tensor(p, "float64")) end)
+    end
+    favour(1)
+    local logits, state, alpha, beta = dec:step(dec:start(feats), tok)
+    local a, l, bt = alpha:totable()[1], dec.location:totable(), beta:item()
+    local z = {}
+    for d = 1, 5 do
+      z[d] = 0
+      for i = 1, 4 do z[d] = z[d] + a[i] * (item:totable()[1][1][d] + l[i][d]) end
+      z[d] = bt * z[d]
+    end
+    assert.close(dec.fc(attn.cat({ state.h, attn.tensor({ z }, "float64") }, 2)), logits, { atol = 1e-12 })
+    -- attention on another cell of the same vector changes the context, hence the words
+    favour(4)
+    local moved, _, alpha2 = dec:step(dec:start(feats), tok)
+    assert.same({ 1, 4 }, { alpha:argmax(2):item(), alpha2:argmax(2):item() })
+    assert.is_true((moved - logits):abs():max():item() > 1e-3)
   end)
 
   it("computes the doubly stochastic regulariser over the real steps only", function()
