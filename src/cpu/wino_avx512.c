@@ -215,7 +215,90 @@ static void grad_f32_own(const attn_wino_geom *g, const float *dy, int64_t ti0, 
   }
 }
 
+/* B v B^T of 16 tiles (v: 16 planes ps apart, lanes n read): the patches' rows a, split into the
+ * entries p[a][b] at columns b = 0..3. Along i with B's rows (v0, v1 - v2 + v3, v1 + v2 - v0, -v3),
+ * then along k the same. */
+static inline __attribute__((always_inline)) void adjoint16(const float *m, int64_t ps, __mmask16 n, __m512 p[4][4]) {
+  __m512 v[16], w[4][4];
+  #pragma GCC unroll 16
+  for (int k = 0; k < 16; k++) v[k] = _mm512_maskz_loadu_ps(n, m + k * ps);
+  #pragma GCC unroll 16
+  for (int k = 0; k < 4; k++) {
+    w[0][k] = v[k], w[1][k] = _mm512_add_ps(_mm512_sub_ps(v[4 + k], v[8 + k]), v[12 + k]);
+    w[2][k] = _mm512_sub_ps(_mm512_add_ps(v[4 + k], v[8 + k]), v[k]), w[3][k] = neg(v[12 + k]);
+  }
+  #pragma GCC unroll 16
+  for (int a = 0; a < 4; a++) {
+    p[a][0] = w[a][0], p[a][1] = _mm512_add_ps(_mm512_sub_ps(w[a][1], w[a][2]), w[a][3]);
+    p[a][2] = _mm512_sub_ps(_mm512_add_ps(w[a][1], w[a][2]), w[a][0]), p[a][3] = neg(w[a][3]);
+  }
+}
+
+/* Row y of dx (h, w) from the padded columns in lanes [0, 16) of r, first padded column q, padding
+ * pl: written, or added to what the tile row above left there. Rows outside the plane are skipped;
+ * the address may lie before or past the row where no lane is stored. */
+static inline __attribute__((always_inline)) void put_row(float *dx, int64_t h, int64_t w, int64_t y, int64_t q, int64_t pl, int add,
+                                      __m512 r) {
+  if (y < 0 || y >= h) return;
+  const __mmask16 m = in_row16(w, q - pl);
+  float *at = (float *)((uintptr_t)(dx + y * w) + (uintptr_t)((q - pl) * (int64_t)sizeof(float)));
+  if (add) r = _mm512_add_ps(_mm512_maskz_loadu_ps(m, at), r);
+  _mm512_mask_storeu_ps(at, m, r);
+}
+
+/* The padded rows' even (e) and odd (o) columns of 16 tiles whose left neighbours' patches end in
+ * the lanes below (the lane before lane 0 from prev's last: the tile to the left of the vector). */
+static inline __attribute__((always_inline)) void adjoint_cols(const __m512 p[4][4], const __m512 prev[4][4], __m512 e[4], __m512 o[4]) {
+  const __m512i up = _mm512_setr_epi32(31, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14);
+  #pragma GCC unroll 16
+  for (int a = 0; a < 4; a++) {
+    e[a] = _mm512_add_ps(p[a][0], _mm512_permutex2var_ps(p[a][2], up, prev[a][2]));
+    o[a] = _mm512_add_ps(p[a][1], _mm512_permutex2var_ps(p[a][3], up, prev[a][3]));
+  }
+}
+
+static void adjoint_f32_own(const attn_wino_geom *g, const float *M, int64_t ps, int64_t ti0, int64_t rows, float *dx,
+                            float *scratch) {
+  (void)scratch;
+  const int64_t Tr = g->tw + 1, H = g->H, W = g->W, ph = g->ph, pw = g->pw, pair = Tr <= 8;
+  const __m512i z0 = zip_index(0), z1 = zip_index(pair ? Tr : 8);
+  __m512 p[4][4], prev[4][4], e[4], o[4];
+  for (int64_t t = 0; t < rows; t += pair ? 2 : 1) {
+    const int64_t y = 2 * (ti0 + t) - ph; /* dx row of the tile row's padded row 0 */
+    const int top = t > 0 || ti0 > 0;      /* the tile row above left its rows 2 and 3 in rows 0 and 1 */
+    if (pair) { /* tile row t in lanes [0, Tr), t + 1 in [Tr, 2 Tr) (the dummy lane between holds zeros) */
+      const int both = t + 1 < rows;
+      #pragma GCC unroll 16
+      for (int a = 0; a < 4; a++) prev[a][2] = prev[a][3] = _mm512_setzero_ps();
+      adjoint16(M + t * Tr, ps, lanes_below(both ? 2 * Tr : Tr), p);
+      adjoint_cols(p, prev, e, o);
+      __m512 r0[4], r1[4]; /* padded rows a of tile rows t (r0) and t + 1 (r1), 2 Tr columns */
+      #pragma GCC unroll 16
+      for (int a = 0; a < 4; a++) r0[a] = _mm512_permutex2var_ps(e[a], z0, o[a]), r1[a] = _mm512_permutex2var_ps(e[a], z1, o[a]);
+      put_row(dx, H, W, y, 0, pw, top, r0[0]);
+      put_row(dx, H, W, y + 1, 0, pw, top, r0[1]);
+      put_row(dx, H, W, y + 2, 0, pw, 0, both ? _mm512_add_ps(r0[2], r1[0]) : r0[2]);
+      put_row(dx, H, W, y + 3, 0, pw, 0, both ? _mm512_add_ps(r0[3], r1[1]) : r0[3]);
+      if (both) put_row(dx, H, W, y + 4, 0, pw, 0, r1[2]), put_row(dx, H, W, y + 5, 0, pw, 0, r1[3]);
+      continue;
+    }
+    #pragma GCC unroll 16
+    for (int a = 0; a < 4; a++) prev[a][2] = prev[a][3] = _mm512_setzero_ps();
+    for (int64_t tj0 = 0; tj0 < Tr; tj0 += 16) {
+      adjoint16(M + t * Tr + tj0, ps, lanes_below(Tr - tj0), p);
+      adjoint_cols(p, prev, e, o);
+      #pragma GCC unroll 16
+      for (int a = 0; a < 4; a++) {
+        prev[a][2] = p[a][2], prev[a][3] = p[a][3];
+        put_row(dx, H, W, y + a, 2 * tj0, pw, a < 2 && top, _mm512_permutex2var_ps(e[a], z0, o[a]));
+        put_row(dx, H, W, y + a, 2 * tj0 + 16, pw, a < 2 && top, _mm512_permutex2var_ps(e[a], z1, o[a]));
+      }
+    }
+  }
+}
+
 #define WINO_OWN_F32
+#define WINO_OWN_ADJOINT_F32
 #define WINO_SUFFIX avx512
 #include "cpu/wino_body.h"
 #endif

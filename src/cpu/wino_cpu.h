@@ -22,7 +22,7 @@ typedef struct attn_wino_geom {
 } attn_wino_geom;
 
 /* Entries of scratch one call needs for a band of rows tile rows. */
-static inline int64_t attn_wino_scratch(int64_t rows, int64_t tw) { return 10 * (rows + 1) * (2 * tw + 2) + 16; }
+static inline int64_t attn_wino_scratch(int64_t rows, int64_t tw) { return 20 * (rows + 2) * (tw + 1) + 16; }
 
 typedef struct attn_wino_kernels {
   /* V (16 planes): B^T d B of the band's 4x4 input patches d of x (H, W), zero outside it */
@@ -41,6 +41,14 @@ typedef struct attn_wino_kernels {
                    float *scratch);
   void (*grad_f64)(const attn_wino_geom *g, const double *dy, int64_t ti0, int64_t rows, double *Z, int64_t ps,
                    double *scratch);
+  /* dx (H, W): the adjoint of the input transform, B v B^T of the band's 4x4 tiles v of dV (16
+   * planes) added up where the tiles' patches overlap, clipped to (H, W). The band writes its
+   * padded rows [2 ti0, 2 (ti0 + rows) + 2) and adds into the top two when ti0 > 0 (the band above
+   * wrote them): an image's bands run in order. Dummy tiles must hold zeros. */
+  void (*adjoint_f32)(const attn_wino_geom *g, const float *M, int64_t ps, int64_t ti0, int64_t rows, float *dx,
+                      float *scratch);
+  void (*adjoint_f64)(const attn_wino_geom *g, const double *M, int64_t ps, int64_t ti0, int64_t rows, double *dx,
+                      double *scratch);
 } attn_wino_kernels;
 
 extern const attn_wino_kernels attn_wino_kernels_generic;

@@ -484,7 +484,7 @@ attn_status attn_conv2d_forward(const attn_tensor *x, const attn_tensor *weight,
   if (st != ATTN_OK) return st;
   J.b = bias ? attn_tensor_data(bias) : NULL, J.y = attn_tensor_data(y);
   if (wino) {
-    if (attn_conv2d_winograd(J.dt, J.x, J.N, J.C, J.H, J.W, J.w, 0, J.b, J.O, J.p.padding[0], J.p.padding[1], J.y))
+    if (attn_conv2d_winograd(J.dt, J.x, J.N, J.C, J.H, J.W, J.w, J.b, J.O, J.p.padding[0], J.p.padding[1], J.y))
       return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the Winograd tiles of input %s", op,
                         attn_tensor_shape_str(x));
     return ATTN_OK;
@@ -524,10 +524,8 @@ attn_status attn_conv2d_backward(const attn_tensor *x, const attn_tensor *weight
   reduce_job R = {&J, dweight ? attn_tensor_data(dweight) : NULL, dbias ? attn_tensor_data(dbias) : NULL};
   int64_t wn = J.O * J.Kg;
   if (wino) {
-    /* dx: the same kernel on dy (O channels, Ho x Wo) with the flipped weight, padding 2 - p */
-    int64_t ph = J.p.padding[0], pw = J.p.padding[1];
-    if ((dx && attn_conv2d_winograd(J.dt, J.dy, J.N, J.O, J.Ho, J.Wo, J.w, 1, NULL, J.C, 2 - ph, 2 - pw, J.dx)) ||
-        (dweight && attn_conv2d_winograd_dweight(J.dt, J.x, J.N, J.C, J.H, J.W, J.dy, J.O, ph, pw, R.dw)))
+    if ((dx || dweight) && attn_conv2d_winograd_backward(J.dt, J.x, J.N, J.C, J.H, J.W, J.w, J.dy, J.O,
+                                                         J.p.padding[0], J.p.padding[1], J.dx, R.dw))
       return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the Winograd tiles of input %s", op,
                         attn_tensor_shape_str(x));
     if (dbias) attn_parallel_for(J.O, 64, fast_db, &R);

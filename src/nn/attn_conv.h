@@ -15,8 +15,8 @@
  *
  * 3x3 kernels at stride 1, dilation 1, groups 1 and padding <= 2 can run Winograd F(2x2, 3x3)
  * instead (attn_conv_internal.h): 16 products per 2x2 outputs and channel pair against 36, the
- * input gradient as the same kernel on dy with the flipped kernel, the weight gradient as its
- * transpose; its float32 rounding is a small multiple of the direct sum's (bound there). AUTO
+ * input gradient as the forward's adjoint and the weight gradient as its transpose, both from one
+ * transform of dy's tiles; its float32 rounding is a small multiple of the direct sum's (bound there). AUTO
  * takes it where it applies with at least 8 input and 8 output channels and outputs of at least
  * 12 x 12; elsewhere im2col. Measured on one thread (AVX-512, float32), forward and
  * forward+backward against im2col: Winograd 1.5x and 1.15-1.3x faster at 16->32 channels on

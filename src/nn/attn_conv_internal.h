@@ -8,9 +8,12 @@
  * block of tiles (whole images, or bands of tile rows of a large one, sized to stay in L2), the
  * transforms around them. The transforms are the active ISA set's (cpu/wino_cpu.h): each runs
  * over a whole band of one (image, channel) plane at once, with one dummy tile per tile row that
- * the GEMMs carry along (1 / (tw + 1) of their columns) and the outputs drop. The backward of the input is the same
- * kernel on dy with the flipped, transposed weight (padding 2 - p); the weight gradient is the
- * transpose: dg = G^T [sum_tiles (A dy A^T) .* (B^T d B)] G.
+ * the GEMMs carry along (1 / (tw + 1) of their columns) and the outputs drop. The backward
+ * transforms dy's tiles once, Z = A dy A^T, and uses them twice: the weight gradient is
+ * dg = G^T [sum_tiles Z .* (B^T d B)] G, and the input gradient is the forward's adjoint,
+ * dd = B [sum_o U_o .* Z_o] B^T added up where the tiles' 4x4 patches overlap (16 products per
+ * tile and channel pair, as forward; an image's bands run in order on one thread, each adding
+ * into the two rows the band above wrote).
  *
  * Rounding: the transforms' coefficients are 0, +-1/2, +-1 and every entry of a tile's result
  * is a signed sum of at most 64 products of a weight and an input per input channel (against 9
@@ -30,13 +33,13 @@
 int attn_conv2d_winograd_applies(int64_t kh, int64_t kw, const int64_t stride[2], const int64_t padding[2],
                                  const int64_t dilation[2], int64_t groups);
 
-/* y (N, O, H + 2 ph - 2, W + 2 pw - 2) = conv(x (N, C, H, W), w (O, C, 3, 3)) + b (O or NULL);
- * flip: use w (C, O, 3, 3) rotated by 180 degrees and transposed (the input gradient's kernel). */
+/* y (N, O, H + 2 ph - 2, W + 2 pw - 2) = conv(x (N, C, H, W), w (O, C, 3, 3)) + b (O or NULL). */
 int attn_conv2d_winograd(attn_dtype dt, const void *x, int64_t N, int64_t C, int64_t H, int64_t W, const void *w,
-                         int flip, const void *b, int64_t O, int64_t ph, int64_t pw, void *y);
+                         const void *b, int64_t O, int64_t ph, int64_t pw, void *y);
 
-/* dw (O, C, 3, 3) = the weight gradient of the convolution above from dy (N, O, Ho, Wo). */
-int attn_conv2d_winograd_dweight(attn_dtype dt, const void *x, int64_t N, int64_t C, int64_t H, int64_t W,
-                                 const void *dy, int64_t O, int64_t ph, int64_t pw, void *dw);
+/* The gradients of the convolution above from dy (N, O, Ho, Wo): dx (N, C, H, W) and dw (O, C,
+ * 3, 3), either may be NULL (not computed). */
+int attn_conv2d_winograd_backward(attn_dtype dt, const void *x, int64_t N, int64_t C, int64_t H, int64_t W,
+                                  const void *w, const void *dy, int64_t O, int64_t ph, int64_t pw, void *dx, void *dw);
 
 #endif

@@ -23,7 +23,7 @@ typedef struct {
   const attn_wino_kernels *ks;
   attn_wino_geom g;
   const char *x, *b, *dy;
-  char *U, *y, *partial;
+  char *U, *y, *dx, *partial;
   int64_t N, C, O;
   /* blocks: nb whole images each (band == th), or one band of band tile rows of one image (nb 1,
    * bands per image); tb columns at most (tw + 1 per tile row: the transforms' dummy tile) */
@@ -109,22 +109,23 @@ static void store(attn_dtype dt, void *base, int64_t i, double v) {
     ((double *)base)[i] = v;
 }
 
-/* U (16, O, C) = G g G^T for every pair of channels (in double, then rounded once). */
-static void weight_transform(const wino_job *J, const void *w, int flip) {
+/* U (16, O, C) = G g G^T for every pair of channels (in double, then rounded once), or its
+ * transpose (16, C, O) for the input gradient's products U^T Z. */
+static void weight_transform(const wino_job *J, const void *w, int transposed) {
   for (int64_t o = 0; o < J->O; o++)
     for (int64_t c = 0; c < J->C; c++) {
       double g[3][3], e[4][3];
       for (int p = 0; p < 3; p++)
-        for (int q = 0; q < 3; q++)
-          g[p][q] = flip ? load(J->dt, w, ((c * J->O + o) * 3 + 2 - p) * 3 + 2 - q)
-                         : load(J->dt, w, ((o * J->C + c) * 3 + p) * 3 + q);
+        for (int q = 0; q < 3; q++) g[p][q] = load(J->dt, w, ((o * J->C + c) * 3 + p) * 3 + q);
       for (int q = 0; q < 3; q++) {
         e[0][q] = g[0][q], e[1][q] = 0.5 * (g[0][q] + g[1][q] + g[2][q]);
         e[2][q] = 0.5 * (g[0][q] - g[1][q] + g[2][q]), e[3][q] = g[2][q];
       }
       for (int i = 0; i < 4; i++) {
         double u[4] = {e[i][0], 0.5 * (e[i][0] + e[i][1] + e[i][2]), 0.5 * (e[i][0] - e[i][1] + e[i][2]), e[i][2]};
-        for (int j = 0; j < 4; j++) store(J->dt, J->U, ((4 * i + j) * J->O + o) * J->C + c, u[j]);
+        for (int j = 0; j < 4; j++)
+          store(J->dt, J->U, transposed ? ((4 * i + j) * J->C + c) * J->O + o : ((4 * i + j) * J->O + o) * J->C + c,
+                u[j]);
       }
     }
 }
@@ -172,7 +173,7 @@ static int64_t grain(const wino_job *J) {
 }
 
 int attn_conv2d_winograd(attn_dtype dt, const void *x, int64_t N, int64_t C, int64_t H, int64_t W, const void *w,
-                         int flip, const void *b, int64_t O, int64_t ph, int64_t pw, void *y) {
+                         const void *b, int64_t O, int64_t ph, int64_t pw, void *y) {
   wino_job J;
   memset(&J, 0, sizeof J);
   J.dt = dt, J.x = x, J.b = b, J.y = y, J.N = N, J.C = C, J.O = O;
@@ -181,25 +182,25 @@ int attn_conv2d_winograd(attn_dtype dt, const void *x, int64_t N, int64_t C, int
   size_t cap;
   J.U = attn_alloc((size_t)(16 * O * C) * J.es, &cap);
   if (!J.U) return -1;
-  weight_transform(&J, w, flip);
+  weight_transform(&J, w, 0);
   attn_parallel_for(J.blocks, grain(&J), forward_blocks, &J);
   attn_free(J.U, cap);
   return atomic_load(&J.failed) ? -1 : 0;
 }
 
-/* Chunks [k0, k1) of the weight gradient: per chunk, sum over its blocks' tiles of the 16
- * products Z V^T (O, C), in block order, into the chunk's partial (16, O, C). */
-static void dweight_chunks(void *ctx, int64_t k0, int64_t k1) {
+/* Chunks [k0, k1) of the backward, block by block in order: Z = the gradient transforms of dy;
+ * for the weight gradient, V = the input transforms of x and the chunk's partial (16, O, C) +=
+ * Z V^T; for the input gradient, dV = U^T Z (in V's place) and its adjoint transforms into dx. */
+static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
   wino_job *J = ctx;
   size_t es = J->es, cap[3] = {0, 0, 0};
-  int64_t pv = plane_stride(J, J->C), pz = plane_stride(J, J->O), HoWo = J->g.Ho * J->g.Wo;
+  int64_t pv = plane_stride(J, J->C), pz = plane_stride(J, J->O), HoWo = J->g.Ho * J->g.Wo, HW = J->g.H * J->g.W;
   char *V = workspace(J, J->C, &cap[0]), *Z = workspace(J, J->O, &cap[1]);
   char *buf = scratch_buffer(J, &cap[2]);
   for (int64_t k = k0; V && Z && buf && k < k1; k++) {
     int64_t bend = (k + 1) * J->chunk < J->blocks ? (k + 1) * J->chunk : J->blocks;
     for (int64_t bl = k * J->chunk; bl < bend; bl++) {
       int64_t n0, ni, ti0, rows, nt = block_of(J, bl, &n0, &ni, &ti0, &rows), per = nt / ni;
-      input_block(J, J->x, bl, V, pv, buf);
       for (int64_t i = 0; i < ni; i++)
         for (int64_t o = 0; o < J->O; o++) {
           size_t col = (size_t)(o * J->tb + i * per), at = (size_t)((n0 + i) * J->O + o) * HoWo;
@@ -208,10 +209,25 @@ static void dweight_chunks(void *ctx, int64_t k0, int64_t k1) {
           else
             J->ks->grad_f64(&J->g, (const double *)J->dy + at, ti0, rows, (double *)Z + col, pz, (double *)buf);
         }
+      if (J->partial) {
+        input_block(J, J->x, bl, V, pv, buf);
+        for (int xi = 0; xi < 16; xi++)
+          attn_gemm(J->dt, 0, 1, J->O, J->C, nt, 1.0, Z + (size_t)(xi * pz) * es, J->tb, V + (size_t)(xi * pv) * es,
+                    J->tb, bl == k * J->chunk ? 0.0 : 1.0, J->partial + (size_t)((k * 16 + xi) * J->O * J->C) * es,
+                    J->C);
+      }
+      if (!J->dx) continue;
       for (int xi = 0; xi < 16; xi++)
-        attn_gemm(J->dt, 0, 1, J->O, J->C, nt, 1.0, Z + (size_t)(xi * pz) * es, J->tb, V + (size_t)(xi * pv) * es,
-                  J->tb, bl == k * J->chunk ? 0.0 : 1.0, J->partial + (size_t)((k * 16 + xi) * J->O * J->C) * es,
-                  J->C);
+        attn_gemm(J->dt, 0, 0, J->C, nt, J->O, 1.0, J->U + (size_t)(xi * J->C * J->O) * es, J->O,
+                  Z + (size_t)(xi * pz) * es, J->tb, 0.0, V + (size_t)(xi * pv) * es, J->tb);
+      for (int64_t i = 0; i < ni; i++)
+        for (int64_t c = 0; c < J->C; c++) {
+          size_t col = (size_t)(c * J->tb + i * per), at = (size_t)((n0 + i) * J->C + c) * HW;
+          if (J->dt == ATTN_F32)
+            J->ks->adjoint_f32(&J->g, (const float *)V + col, pv, ti0, rows, (float *)J->dx + at, (float *)buf);
+          else
+            J->ks->adjoint_f64(&J->g, (const double *)V + col, pv, ti0, rows, (double *)J->dx + at, (double *)buf);
+        }
     }
   }
   if (V) attn_free(V, cap[0]);
@@ -258,22 +274,33 @@ static void reduce_dweight(void *ctx, int64_t e0, int64_t e1) {
   }
 }
 
-int attn_conv2d_winograd_dweight(attn_dtype dt, const void *x, int64_t N, int64_t C, int64_t H, int64_t W,
-                                 const void *dy, int64_t O, int64_t ph, int64_t pw, void *dw) {
+int attn_conv2d_winograd_backward(attn_dtype dt, const void *x, int64_t N, int64_t C, int64_t H, int64_t W,
+                                  const void *w, const void *dy, int64_t O, int64_t ph, int64_t pw, void *dx, void *dw) {
   wino_job J;
   memset(&J, 0, sizeof J);
-  J.dt = dt, J.x = x, J.dy = dy, J.N = N, J.C = C, J.O = O;
+  J.dt = dt, J.x = x, J.dy = dy, J.dx = dx, J.N = N, J.C = C, J.O = O;
   tiling(&J, H, W, ph, pw);
-  if (J.g.th == 0 || J.g.tw == 0) J.blocks = 0;
+  if (J.g.th == 0 || J.g.tw == 0) J.blocks = 0; /* no outputs: dx and dw are zero */
   int64_t chunks = J.blocks < DW_CHUNKS ? J.blocks : DW_CHUNKS;
   J.chunk = chunks > 0 ? (J.blocks + chunks - 1) / chunks : 1;
-  J.chunks = (J.blocks + J.chunk - 1) / J.chunk; /* no tiles: no chunks, dw is zero */
-  size_t cap;
-  J.partial = attn_alloc((size_t)((J.chunks > 0 ? J.chunks : 1) * 16 * O * C) * J.es, &cap);
-  if (!J.partial) return -1;
-  attn_parallel_for(J.chunks, 1, dweight_chunks, &J);
+  J.chunk = (J.chunk + J.bands - 1) / J.bands * J.bands; /* an image's bands in one chunk, in order */
+  J.chunks = (J.blocks + J.chunk - 1) / J.chunk;
+  if (J.blocks == 0) {
+    if (dx) memset(dx, 0, (size_t)(N * C * H * W) * J.es);
+    if (dw) memset(dw, 0, (size_t)(O * C * 9) * J.es);
+    return 0;
+  }
+  size_t cap[2] = {0, 0};
+  if (dw && !(J.partial = attn_alloc((size_t)(J.chunks * 16 * O * C) * J.es, &cap[0]))) return -1;
+  if (dx && !(J.U = attn_alloc((size_t)(16 * O * C) * J.es, &cap[1]))) {
+    if (J.partial) attn_free(J.partial, cap[0]);
+    return -1;
+  }
+  if (dx) weight_transform(&J, w, 1);
+  attn_parallel_for(J.chunks, 1, backward_chunks, &J);
   reduce_job R = {&J, dw};
-  if (!atomic_load(&J.failed)) attn_parallel_for(O * C, 512, reduce_dweight, &R);
-  attn_free(J.partial, cap);
+  if (dw && !atomic_load(&J.failed)) attn_parallel_for(O * C, 512, reduce_dweight, &R);
+  if (J.partial) attn_free(J.partial, cap[0]);
+  if (J.U) attn_free(J.U, cap[1]);
   return atomic_load(&J.failed) ? -1 : 0;
 }
