@@ -222,7 +222,7 @@ describe("nn.conv2d", function()
     assert.has_error(function() nn.conv2d(x, w:to("float64"), nil, { groups = 2 }) end,
       "conv2d: weight [6x2x3x3] is float64, expected float32")
     assert.has_error(function() nn.conv2d(x, w, nil, { groups = 2, kernel = "fast" }) end,
-      "conv2d: kernel must be 'auto', 'im2col', 'winograd' or 'reference', got fast")
+      "conv2d: kernel must be 'auto', 'im2col', 'winograd', 'winograd4' or 'reference', got fast")
     assert.has_error(function() nn.conv2d(x, w, nil, { groups = 2, kernel = "winograd" }) end,
       "conv2d: kernel 'winograd' takes 3x3 kernels at stride 1, dilation 1, groups 1 and padding <= 2, got input "
         .. "[1x4x5x5], weight [6x2x3x3], stride 1x1, dilation 1x1, groups 2, padding 0x0")

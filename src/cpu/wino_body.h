@@ -181,9 +181,15 @@
       }                                                                                                     \
   }
 
+#include "cpu/wino4_body.h"
+
 #ifndef WINO_OWN_F32
 WINO_DEFINE(f32, float)
 #endif
+#ifndef WINO_OWN4_F32
+WINO4_DEFINE(f32, float)
+#endif
+WINO4_DEFINE(f64, double)
 WINO_DEFINE(f64, double)
 #ifndef WINO_OWN_ADJOINT_F32
 WINO_DEFINE_ADJOINT(f32, float)
@@ -203,7 +209,18 @@ WINO_DEFINE_ADJOINT(f64, double)
 #define WINO_ADJOINT_F32 WINO_FN(adjoint_f32)
 #endif
 
+#ifdef WINO_OWN4_F32
+#define WINO4_F32(name) WINO_CAT(WINO_CAT(attn_wino4_, name), _f32_avx512)
+#define WINO4_OWN 1
+#else
+#define WINO4_F32(name) WINO_FN(WINO_CAT(name, 4_f32))
+#define WINO4_OWN 0
+#endif
+
 const attn_wino_kernels WINO_FN(attn_wino_kernels_) = {
-    WINO_F32(input_f32), WINO_FN(input_f64),   WINO_F32(output_f32),  WINO_FN(output_f64),
-    WINO_F32(grad_f32),  WINO_FN(grad_f64),    WINO_ADJOINT_F32, WINO_FN(adjoint_f64),
+    WINO_F32(input_f32),  WINO_FN(input_f64),   WINO_F32(output_f32), WINO_FN(output_f64),
+    WINO_F32(grad_f32),   WINO_FN(grad_f64),    WINO_ADJOINT_F32,     WINO_FN(adjoint_f64),
+    WINO4_F32(input),     WINO_FN(input4_f64),  WINO4_F32(output),    WINO_FN(output4_f64),
+    WINO4_F32(grad),      WINO_FN(grad4_f64),   WINO4_F32(adjoint),   WINO_FN(adjoint4_f64),
+    WINO4_OWN,
 };

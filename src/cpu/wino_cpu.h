@@ -49,11 +49,41 @@ typedef struct attn_wino_kernels {
                       float *scratch);
   void (*adjoint_f64)(const attn_wino_geom *g, const double *M, int64_t ps, int64_t ti0, int64_t rows, double *dx,
                       double *scratch);
+  /* F(4x4, 3x3) (cpu/wino4_body.h): the same four transforms over 36 planes, th and tw counting
+   * groups of 4x4 tiles (16 columns each), y's tiles 4x4; the adjoint's band writes its padded rows
+   * [16 ti0, 16 (ti0 + rows) + 2), adding into the top two when ti0 > 0. */
+  void (*input4_f32)(const attn_wino_geom *g, const float *x, int64_t ti0, int64_t rows, float *V, int64_t ps,
+                     float *scratch);
+  void (*input4_f64)(const attn_wino_geom *g, const double *x, int64_t ti0, int64_t rows, double *V, int64_t ps,
+                     double *scratch);
+  void (*output4_f32)(const attn_wino_geom *g, const float *M, int64_t ps, int64_t ti0, int64_t rows, float bias,
+                      float *y, float *scratch);
+  void (*output4_f64)(const attn_wino_geom *g, const double *M, int64_t ps, int64_t ti0, int64_t rows, double bias,
+                      double *y, double *scratch);
+  void (*grad4_f32)(const attn_wino_geom *g, const float *dy, int64_t ti0, int64_t rows, float *Z, int64_t ps,
+                    float *scratch);
+  void (*grad4_f64)(const attn_wino_geom *g, const double *dy, int64_t ti0, int64_t rows, double *Z, int64_t ps,
+                    double *scratch);
+  void (*adjoint4_f32)(const attn_wino_geom *g, const float *M, int64_t ps, int64_t ti0, int64_t rows, float *dx,
+                       float *scratch);
+  void (*adjoint4_f64)(const attn_wino_geom *g, const double *M, int64_t ps, int64_t ti0, int64_t rows, double *dx,
+                       double *scratch);
+  /* 1 when the float32 F(4x4) transforms are the set's own vector code (AUTO then prefers them) */
+  int own4_f32;
 } attn_wino_kernels;
 
 extern const attn_wino_kernels attn_wino_kernels_generic;
 #if defined(__x86_64__)
 extern const attn_wino_kernels attn_wino_kernels_avx2, attn_wino_kernels_avx512;
+/* the AVX-512 set's own float32 F(4x4) transforms (wino4_avx512.c) */
+void attn_wino4_input_f32_avx512(const attn_wino_geom *g, const float *x, int64_t ti0, int64_t rows, float *V,
+                                 int64_t ps, float *scratch);
+void attn_wino4_output_f32_avx512(const attn_wino_geom *g, const float *M, int64_t ps, int64_t ti0, int64_t rows,
+                                  float bias, float *y, float *scratch);
+void attn_wino4_grad_f32_avx512(const attn_wino_geom *g, const float *dy, int64_t ti0, int64_t rows, float *Z,
+                                int64_t ps, float *scratch);
+void attn_wino4_adjoint_f32_avx512(const attn_wino_geom *g, const float *M, int64_t ps, int64_t ti0, int64_t rows,
+                                   float *dx, float *scratch);
 #endif
 
 #endif

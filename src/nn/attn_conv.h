@@ -41,7 +41,13 @@ typedef struct attn_conv2d_params {
 
 /* Which path runs: AUTO is Winograd or im2col (above); WINOGRAD fails naming the shapes where it
  * does not apply. */
-typedef enum { ATTN_CONV_AUTO = 0, ATTN_CONV_REFERENCE, ATTN_CONV_IM2COL, ATTN_CONV_WINOGRAD } attn_conv2d_kernel;
+typedef enum {
+  ATTN_CONV_AUTO = 0,
+  ATTN_CONV_REFERENCE,
+  ATTN_CONV_IM2COL,
+  ATTN_CONV_WINOGRAD, /* F(2x2, 3x3) */
+  ATTN_CONV_WINOGRAD4 /* F(4x4, 3x3) */
+} attn_conv2d_kernel;
 
 /* The output shape (N, O, Ho, Wo) of conv2d on x and weight, in out; fails naming op, the
  * shapes and the values when ranks, channel counts, groups, strides, padding or dilation do not

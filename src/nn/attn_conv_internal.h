@@ -33,13 +33,14 @@
 int attn_conv2d_winograd_applies(int64_t kh, int64_t kw, const int64_t stride[2], const int64_t padding[2],
                                  const int64_t dilation[2], int64_t groups);
 
-/* y (N, O, H + 2 ph - 2, W + 2 pw - 2) = conv(x (N, C, H, W), w (O, C, 3, 3)) + b (O or NULL). */
-int attn_conv2d_winograd(attn_dtype dt, const void *x, int64_t N, int64_t C, int64_t H, int64_t W, const void *w,
-                         const void *b, int64_t O, int64_t ph, int64_t pw, void *y);
+/* y (N, O, H + 2 ph - 2, W + 2 pw - 2) = conv(x (N, C, H, W), w (O, C, 3, 3)) + b (O or NULL), by
+ * F(m x m, 3x3), m 2 or 4. */
+int attn_conv2d_winograd(attn_dtype dt, int m, const void *x, int64_t N, int64_t C, int64_t H, int64_t W,
+                         const void *w, const void *b, int64_t O, int64_t ph, int64_t pw, void *y);
 
 /* The gradients of the convolution above from dy (N, O, Ho, Wo): dx (N, C, H, W) and dw (O, C,
  * 3, 3), either may be NULL (not computed). */
-int attn_conv2d_winograd_backward(attn_dtype dt, const void *x, int64_t N, int64_t C, int64_t H, int64_t W,
+int attn_conv2d_winograd_backward(attn_dtype dt, int m, const void *x, int64_t N, int64_t C, int64_t H, int64_t W,
                                   const void *w, const void *dy, int64_t O, int64_t ph, int64_t pw, void *dx, void *dw);
 
 #endif

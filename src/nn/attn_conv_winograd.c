@@ -1,4 +1,4 @@
-/* Winograd F(2x2, 3x3) convolution: see attn_conv_internal.h for the model. */
+/* Winograd F(2x2, 3x3) and F(4x4, 3x3) convolution: see attn_conv_internal.h for the model. */
 #include <stdatomic.h>
 #include <string.h>
 
@@ -25,8 +25,10 @@ typedef struct {
   const char *x, *b, *dy;
   char *U, *y, *dx, *partial;
   int64_t N, C, O;
+  int m, np;    /* outputs per tile side (2 or 4), planes (16 or 36) */
+  int64_t cpr;  /* columns per tile row: tw + 1 (F(2x2): a dummy tile), 16 tw (F(4x4): groups) */
   /* blocks: nb whole images each (band == th), or one band of band tile rows of one image (nb 1,
-   * bands per image); tb columns at most (tw + 1 per tile row: the transforms' dummy tile) */
+   * bands per image); tb columns at most */
   int64_t nb, band, bands, tb, blocks;
   int64_t chunk, chunks; /* weight gradient: blocks per chunk, chunks */
   atomic_int failed;
@@ -40,13 +42,17 @@ int attn_conv2d_winograd_applies(int64_t kh, int64_t kw, const int64_t stride[2]
 
 /* The job's tiling from the shape alone: output (Ho, Wo) from input (H, W) and padding, blocks
  * of whole images or of bands of tile rows. */
-static void tiling(wino_job *J, int64_t H, int64_t W, int64_t ph, int64_t pw) {
+static void tiling(wino_job *J, int m, int64_t H, int64_t W, int64_t ph, int64_t pw) {
   attn_wino_geom *g = &J->g;
   J->es = attn_dtype_size(J->dt);
   J->ks = attn_cpu()->wino;
+  J->m = m, J->np = (m + 2) * (m + 2);
   g->H = H, g->W = W, g->ph = ph, g->pw = pw, g->Ho = H + 2 * ph - 2, g->Wo = W + 2 * pw - 2;
-  g->th = (g->Ho + 1) / 2, g->tw = (g->Wo + 1) / 2;
-  int64_t per_tile = 16 * (J->C + J->O) * (int64_t)J->es, row = (g->tw + 1) * per_tile, image = g->th * row;
+  if (m == 2)
+    g->th = (g->Ho + 1) / 2, g->tw = (g->Wo + 1) / 2, J->cpr = g->tw + 1;
+  else /* groups of 4x4 tiles of 4x4 outputs */
+    g->th = (g->Ho + 15) / 16, g->tw = (g->Wo + 15) / 16, J->cpr = 16 * g->tw;
+  int64_t per_tile = J->np * (J->C + J->O) * (int64_t)J->es, row = J->cpr * per_tile, image = g->th * row;
   if (image <= BLOCK_BYTES) {
     J->band = g->th, J->bands = 1, J->nb = BLOCK_BYTES / (image > 0 ? image : 1);
     if (J->nb > J->N) J->nb = J->N > 0 ? J->N : 1;
@@ -55,7 +61,7 @@ static void tiling(wino_job *J, int64_t H, int64_t W, int64_t ph, int64_t pw) {
     J->nb = 1, J->band = BLOCK_BYTES / row > 0 ? BLOCK_BYTES / row : 1;
     J->bands = (g->th + J->band - 1) / J->band, J->blocks = J->N * J->bands;
   }
-  J->tb = J->nb * J->band * (g->tw + 1);
+  J->tb = J->nb * J->band * J->cpr;
   atomic_init(&J->failed, 0);
 }
 
@@ -66,29 +72,59 @@ static int64_t block_of(const wino_job *J, int64_t bl, int64_t *n0, int64_t *ni,
   else
     *n0 = bl / J->bands, *ni = 1, *ti0 = bl % J->bands * J->band,
     *rows = J->g.th - *ti0 < J->band ? J->g.th - *ti0 : J->band;
-  return *ni * *rows * (J->g.tw + 1);
+  return *ni * *rows * J->cpr;
 }
 
-/* The distance between a workspace's 16 planes of rows x tb entries: rounded up to an odd
+/* The distance between a workspace's planes of rows x tb entries: rounded up to an odd
  * number of cache lines, so that the planes' streams fall in different cache sets. */
 static int64_t plane_stride(const wino_job *J, int64_t rows) {
   int64_t per_line = 64 / (int64_t)J->es, lines = (rows * J->tb + per_line - 1) / per_line;
   return (lines | 1) * per_line;
 }
 
-/* V (16 planes of (C, tb)): the input transforms of block bl's planes of src (N, C, H, W). */
+/* The transforms of the job's dtype and tile size on one plane's band (cpu/wino_cpu.h). */
+static void xf_input(const wino_job *J, const char *x, int64_t ti0, int64_t rows, char *V, int64_t ps, char *buf) {
+  const attn_wino_kernels *k = J->ks;
+  if (J->dt == ATTN_F32)
+    (J->m == 2 ? k->input_f32 : k->input4_f32)(&J->g, (const float *)x, ti0, rows, (float *)V, ps, (float *)buf);
+  else
+    (J->m == 2 ? k->input_f64 : k->input4_f64)(&J->g, (const double *)x, ti0, rows, (double *)V, ps, (double *)buf);
+}
+static void xf_output(const wino_job *J, const char *M, int64_t ps, int64_t ti0, int64_t rows, int64_t o, char *y,
+                      char *buf) {
+  const attn_wino_kernels *k = J->ks;
+  if (J->dt == ATTN_F32)
+    (J->m == 2 ? k->output_f32 : k->output4_f32)(&J->g, (const float *)M, ps, ti0, rows,
+                                                 J->b ? ((const float *)J->b)[o] : 0.0f, (float *)y, (float *)buf);
+  else
+    (J->m == 2 ? k->output_f64 : k->output4_f64)(&J->g, (const double *)M, ps, ti0, rows,
+                                                 J->b ? ((const double *)J->b)[o] : 0.0, (double *)y, (double *)buf);
+}
+static void xf_grad(const wino_job *J, const char *dy, int64_t ti0, int64_t rows, char *Z, int64_t ps, char *buf) {
+  const attn_wino_kernels *k = J->ks;
+  if (J->dt == ATTN_F32)
+    (J->m == 2 ? k->grad_f32 : k->grad4_f32)(&J->g, (const float *)dy, ti0, rows, (float *)Z, ps, (float *)buf);
+  else
+    (J->m == 2 ? k->grad_f64 : k->grad4_f64)(&J->g, (const double *)dy, ti0, rows, (double *)Z, ps, (double *)buf);
+}
+static void xf_adjoint(const wino_job *J, const char *M, int64_t ps, int64_t ti0, int64_t rows, char *dx, char *buf) {
+  const attn_wino_kernels *k = J->ks;
+  if (J->dt == ATTN_F32)
+    (J->m == 2 ? k->adjoint_f32 : k->adjoint4_f32)(&J->g, (const float *)M, ps, ti0, rows, (float *)dx, (float *)buf);
+  else
+    (J->m == 2 ? k->adjoint_f64 : k->adjoint4_f64)(&J->g, (const double *)M, ps, ti0, rows, (double *)dx,
+                                                   (double *)buf);
+}
+
+/* V (np planes of (C, tb)): the input transforms of block bl's planes of src (N, C, H, W). */
 static void input_block(const wino_job *J, const char *src, int64_t bl, char *V, int64_t ps, char *scratch) {
   int64_t n0, ni, ti0, rows, C = J->C, HW = J->g.H * J->g.W;
   int64_t cols = block_of(J, bl, &n0, &ni, &ti0, &rows); /* sets ni: read it after the call */
   int64_t per = cols / (ni > 0 ? ni : 1);
   for (int64_t i = 0; i < ni; i++)
-    for (int64_t c = 0; c < C; c++) {
-      size_t at = (size_t)((n0 + i) * C + c) * HW, col = (size_t)(c * J->tb + i * per);
-      if (J->dt == ATTN_F32)
-        J->ks->input_f32(&J->g, (const float *)src + at, ti0, rows, (float *)V + col, ps, (float *)scratch);
-      else
-        J->ks->input_f64(&J->g, (const double *)src + at, ti0, rows, (double *)V + col, ps, (double *)scratch);
-    }
+    for (int64_t c = 0; c < C; c++)
+      xf_input(J, src + (size_t)((n0 + i) * C + c) * HW * J->es, ti0, rows, V + (size_t)(c * J->tb + i * per) * J->es,
+               ps, scratch);
 }
 
 /* Per-task scratch for the transforms (attn_wino_scratch entries), or NULL after marking the job
@@ -109,36 +145,42 @@ static void store(attn_dtype dt, void *base, int64_t i, double v) {
     ((double *)base)[i] = v;
 }
 
-/* U (16, O, C) = G g G^T for every pair of channels (in double, then rounded once), or its
- * transpose (16, C, O) for the input gradient's products U^T Z. */
+/* The kernel transform G (m + 2 rows of 3) of F(2x2, 3x3) and F(4x4, 3x3). */
+static const double G2[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
+static const double G4[6][3] = {{1.0 / 4, 0, 0},           {-1.0 / 6, -1.0 / 6, -1.0 / 6}, {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                                {1.0 / 24, 1.0 / 12, 1.0 / 6}, {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0, 0, 1}};
+static const double *g_row(const wino_job *J, int i) { return J->m == 2 ? G2[i] : G4[i]; }
+
+/* U (np, O, C) = G g G^T for every pair of channels (in double, then rounded once), or its
+ * transpose (np, C, O) for the input gradient's products U^T Z. */
 static void weight_transform(const wino_job *J, const void *w, int transposed) {
+  int a = J->m + 2;
   for (int64_t o = 0; o < J->O; o++)
     for (int64_t c = 0; c < J->C; c++) {
-      double g[3][3], e[4][3];
+      double g[3][3], e[6][3];
       for (int p = 0; p < 3; p++)
         for (int q = 0; q < 3; q++) g[p][q] = load(J->dt, w, ((o * J->C + c) * 3 + p) * 3 + q);
-      for (int q = 0; q < 3; q++) {
-        e[0][q] = g[0][q], e[1][q] = 0.5 * (g[0][q] + g[1][q] + g[2][q]);
-        e[2][q] = 0.5 * (g[0][q] - g[1][q] + g[2][q]), e[3][q] = g[2][q];
-      }
-      for (int i = 0; i < 4; i++) {
-        double u[4] = {e[i][0], 0.5 * (e[i][0] + e[i][1] + e[i][2]), 0.5 * (e[i][0] - e[i][1] + e[i][2]), e[i][2]};
-        for (int j = 0; j < 4; j++)
-          store(J->dt, J->U, transposed ? ((4 * i + j) * J->C + c) * J->O + o : ((4 * i + j) * J->O + o) * J->C + c,
-                u[j]);
-      }
+      for (int i = 0; i < a; i++)
+        for (int q = 0; q < 3; q++) e[i][q] = g_row(J, i)[0] * g[0][q] + g_row(J, i)[1] * g[1][q] + g_row(J, i)[2] * g[2][q];
+      for (int i = 0; i < a; i++)
+        for (int j = 0; j < a; j++) {
+          const double *r = g_row(J, j);
+          double u = r[0] * e[i][0] + r[1] * e[i][1] + r[2] * e[i][2];
+          int64_t xi = a * i + j;
+          store(J->dt, J->U, transposed ? (xi * J->C + c) * J->O + o : (xi * J->O + o) * J->C + c, u);
+        }
     }
 }
 
-/* A block's workspace of 16 planes of rows x tb entries (plane_stride apart), or NULL after
+/* A block's workspace of np planes of rows x tb entries (plane_stride apart), or NULL after
  * marking the job failed. */
 static char *workspace(wino_job *J, int64_t rows, size_t *cap) {
-  char *ws = attn_alloc((size_t)(16 * plane_stride(J, rows)) * J->es, cap);
+  char *ws = attn_alloc((size_t)(J->np * plane_stride(J, rows)) * J->es, cap);
   if (!ws) atomic_store(&J->failed, 1);
   return ws;
 }
 
-/* Blocks [b0, b1): input transforms, 16 products over channels, output transforms. */
+/* Blocks [b0, b1): input transforms, np products over channels, output transforms. */
 static void forward_blocks(void *ctx, int64_t b0, int64_t b1) {
   wino_job *J = ctx;
   size_t es = J->es, cap[3] = {0, 0, 0};
@@ -148,19 +190,13 @@ static void forward_blocks(void *ctx, int64_t b0, int64_t b1) {
   for (int64_t bl = b0; V && M && buf && bl < b1; bl++) {
     int64_t n0, ni, ti0, rows, nt = block_of(J, bl, &n0, &ni, &ti0, &rows), per = nt / ni;
     input_block(J, J->x, bl, V, pv, buf);
-    for (int xi = 0; xi < 16; xi++)
+    for (int xi = 0; xi < J->np; xi++)
       attn_gemm(J->dt, 0, 0, J->O, nt, J->C, 1.0, J->U + (size_t)(xi * J->O * J->C) * es, J->C,
                 V + (size_t)(xi * pv) * es, J->tb, 0.0, M + (size_t)(xi * pm) * es, J->tb);
     for (int64_t i = 0; i < ni; i++)
-      for (int64_t o = 0; o < J->O; o++) {
-        size_t col = (size_t)(o * J->tb + i * per), at = (size_t)((n0 + i) * J->O + o) * HoWo;
-        if (J->dt == ATTN_F32)
-          J->ks->output_f32(&J->g, (const float *)M + col, pm, ti0, rows, J->b ? ((const float *)J->b)[o] : 0.0f,
-                            (float *)J->y + at, (float *)buf);
-        else
-          J->ks->output_f64(&J->g, (const double *)M + col, pm, ti0, rows, J->b ? ((const double *)J->b)[o] : 0.0,
-                            (double *)J->y + at, (double *)buf);
-      }
+      for (int64_t o = 0; o < J->O; o++)
+        xf_output(J, M + (size_t)(o * J->tb + i * per) * es, pm, ti0, rows, o,
+                  J->y + (size_t)((n0 + i) * J->O + o) * HoWo * es, buf);
   }
   if (V) attn_free(V, cap[0]);
   if (M) attn_free(M, cap[1]);
@@ -168,19 +204,19 @@ static void forward_blocks(void *ctx, int64_t b0, int64_t b1) {
 }
 
 static int64_t grain(const wino_job *J) {
-  int64_t work = 16 * J->tb * J->O * J->C;
+  int64_t work = J->np * J->tb * J->O * J->C;
   return work >= GRAIN_FLOPS ? 1 : GRAIN_FLOPS / (work > 0 ? work : 1) + 1;
 }
 
-int attn_conv2d_winograd(attn_dtype dt, const void *x, int64_t N, int64_t C, int64_t H, int64_t W, const void *w,
-                         const void *b, int64_t O, int64_t ph, int64_t pw, void *y) {
+int attn_conv2d_winograd(attn_dtype dt, int m, const void *x, int64_t N, int64_t C, int64_t H, int64_t W,
+                         const void *w, const void *b, int64_t O, int64_t ph, int64_t pw, void *y) {
   wino_job J;
   memset(&J, 0, sizeof J);
   J.dt = dt, J.x = x, J.b = b, J.y = y, J.N = N, J.C = C, J.O = O;
-  tiling(&J, H, W, ph, pw);
+  tiling(&J, m, H, W, ph, pw);
   if (J.blocks == 0 || J.g.th == 0 || J.g.tw == 0) return 0;
   size_t cap;
-  J.U = attn_alloc((size_t)(16 * O * C) * J.es, &cap);
+  J.U = attn_alloc((size_t)(J.np * O * C) * J.es, &cap);
   if (!J.U) return -1;
   weight_transform(&J, w, 0);
   attn_parallel_for(J.blocks, grain(&J), forward_blocks, &J);
@@ -189,7 +225,7 @@ int attn_conv2d_winograd(attn_dtype dt, const void *x, int64_t N, int64_t C, int
 }
 
 /* Chunks [k0, k1) of the backward, block by block in order: Z = the gradient transforms of dy;
- * for the weight gradient, V = the input transforms of x and the chunk's partial (16, O, C) +=
+ * for the weight gradient, V = the input transforms of x and the chunk's partial (np, O, C) +=
  * Z V^T; for the input gradient, dV = U^T Z (in V's place) and its adjoint transforms into dx. */
 static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
   wino_job *J = ctx;
@@ -202,32 +238,24 @@ static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
     for (int64_t bl = k * J->chunk; bl < bend; bl++) {
       int64_t n0, ni, ti0, rows, nt = block_of(J, bl, &n0, &ni, &ti0, &rows), per = nt / ni;
       for (int64_t i = 0; i < ni; i++)
-        for (int64_t o = 0; o < J->O; o++) {
-          size_t col = (size_t)(o * J->tb + i * per), at = (size_t)((n0 + i) * J->O + o) * HoWo;
-          if (J->dt == ATTN_F32)
-            J->ks->grad_f32(&J->g, (const float *)J->dy + at, ti0, rows, (float *)Z + col, pz, (float *)buf);
-          else
-            J->ks->grad_f64(&J->g, (const double *)J->dy + at, ti0, rows, (double *)Z + col, pz, (double *)buf);
-        }
+        for (int64_t o = 0; o < J->O; o++)
+          xf_grad(J, J->dy + (size_t)((n0 + i) * J->O + o) * HoWo * es, ti0, rows, Z + (size_t)(o * J->tb + i * per) * es,
+                  pz, buf);
       if (J->partial) {
         input_block(J, J->x, bl, V, pv, buf);
-        for (int xi = 0; xi < 16; xi++)
+        for (int xi = 0; xi < J->np; xi++)
           attn_gemm(J->dt, 0, 1, J->O, J->C, nt, 1.0, Z + (size_t)(xi * pz) * es, J->tb, V + (size_t)(xi * pv) * es,
-                    J->tb, bl == k * J->chunk ? 0.0 : 1.0, J->partial + (size_t)((k * 16 + xi) * J->O * J->C) * es,
-                    J->C);
+                    J->tb, bl == k * J->chunk ? 0.0 : 1.0,
+                    J->partial + (size_t)((k * J->np + xi) * J->O * J->C) * es, J->C);
       }
       if (!J->dx) continue;
-      for (int xi = 0; xi < 16; xi++)
+      for (int xi = 0; xi < J->np; xi++)
         attn_gemm(J->dt, 0, 0, J->C, nt, J->O, 1.0, J->U + (size_t)(xi * J->C * J->O) * es, J->O,
                   Z + (size_t)(xi * pz) * es, J->tb, 0.0, V + (size_t)(xi * pv) * es, J->tb);
       for (int64_t i = 0; i < ni; i++)
-        for (int64_t c = 0; c < J->C; c++) {
-          size_t col = (size_t)(c * J->tb + i * per), at = (size_t)((n0 + i) * J->C + c) * HW;
-          if (J->dt == ATTN_F32)
-            J->ks->adjoint_f32(&J->g, (const float *)V + col, pv, ti0, rows, (float *)J->dx + at, (float *)buf);
-          else
-            J->ks->adjoint_f64(&J->g, (const double *)V + col, pv, ti0, rows, (double *)J->dx + at, (double *)buf);
-        }
+        for (int64_t c = 0; c < J->C; c++)
+          xf_adjoint(J, V + (size_t)(c * J->tb + i * per) * es, pv, ti0, rows,
+                     J->dx + (size_t)((n0 + i) * J->C + c) * HW * es, buf);
     }
   }
   if (V) attn_free(V, cap[0]);
@@ -247,39 +275,42 @@ static void reduce_dweight(void *ctx, int64_t e0, int64_t e1) {
   const reduce_job *R = ctx;
   const wino_job *J = R->J;
   int64_t oc = J->O * J->C;
+  int a = J->m + 2;
   for (int64_t eb = e0; eb < e1; eb += 16) {
     int n = e1 - eb < 16 ? (int)(e1 - eb) : 16;
-    double d[16][16]; /* [position][pair] */
+    double d[36][16]; /* [position][pair] */
     memset(d, 0, sizeof d);
-    for (int xi = 0; xi < 16; xi++)
+    for (int xi = 0; xi < J->np; xi++)
       for (int64_t k = 0; k < J->chunks; k++) {
-        size_t at = (size_t)((k * 16 + xi) * oc + eb);
+        size_t at = (size_t)((k * J->np + xi) * oc + eb);
         if (J->dt == ATTN_F32)
           for (int j = 0; j < n; j++) d[xi][j] += (double)((const float *)J->partial)[at + j];
         else
           for (int j = 0; j < n; j++) d[xi][j] += ((const double *)J->partial)[at + j];
       }
     for (int j = 0; j < n; j++) {
-      double f[3][4];
-      for (int q = 0; q < 4; q++) {
-        f[0][q] = d[q][j] + 0.5 * (d[4 + q][j] + d[8 + q][j]);
-        f[1][q] = 0.5 * (d[4 + q][j] - d[8 + q][j]);
-        f[2][q] = 0.5 * (d[4 + q][j] + d[8 + q][j]) + d[12 + q][j];
-      }
-      for (int i = 0; i < 3; i++) {
-        double g[3] = {f[i][0] + 0.5 * (f[i][1] + f[i][2]), 0.5 * (f[i][1] - f[i][2]), 0.5 * (f[i][1] + f[i][2]) + f[i][3]};
-        for (int q = 0; q < 3; q++) store(J->dt, R->dw, (eb + j) * 9 + i * 3 + q, g[q]);
-      }
+      double f[3][6]; /* G^T D, then (G^T D) G */
+      for (int p = 0; p < 3; p++)
+        for (int q = 0; q < a; q++) {
+          f[p][q] = 0;
+          for (int i = 0; i < a; i++) f[p][q] += g_row(J, i)[p] * d[a * i + q][j];
+        }
+      for (int p = 0; p < 3; p++)
+        for (int q = 0; q < 3; q++) {
+          double v = 0;
+          for (int i = 0; i < a; i++) v += f[p][i] * g_row(J, i)[q];
+          store(J->dt, R->dw, (eb + j) * 9 + p * 3 + q, v);
+        }
     }
   }
 }
 
-int attn_conv2d_winograd_backward(attn_dtype dt, const void *x, int64_t N, int64_t C, int64_t H, int64_t W,
+int attn_conv2d_winograd_backward(attn_dtype dt, int m, const void *x, int64_t N, int64_t C, int64_t H, int64_t W,
                                   const void *w, const void *dy, int64_t O, int64_t ph, int64_t pw, void *dx, void *dw) {
   wino_job J;
   memset(&J, 0, sizeof J);
   J.dt = dt, J.x = x, J.dy = dy, J.dx = dx, J.N = N, J.C = C, J.O = O;
-  tiling(&J, H, W, ph, pw);
+  tiling(&J, m, H, W, ph, pw);
   if (J.g.th == 0 || J.g.tw == 0) J.blocks = 0; /* no outputs: dx and dw are zero */
   int64_t chunks = J.blocks < DW_CHUNKS ? J.blocks : DW_CHUNKS;
   J.chunk = chunks > 0 ? (J.blocks + chunks - 1) / chunks : 1;
@@ -291,8 +322,8 @@ int attn_conv2d_winograd_backward(attn_dtype dt, const void *x, int64_t N, int64
     return 0;
   }
   size_t cap[2] = {0, 0};
-  if (dw && !(J.partial = attn_alloc((size_t)(J.chunks * 16 * O * C) * J.es, &cap[0]))) return -1;
-  if (dx && !(J.U = attn_alloc((size_t)(16 * O * C) * J.es, &cap[1]))) {
+  if (dw && !(J.partial = attn_alloc((size_t)(J.chunks * J.np * O * C) * J.es, &cap[0]))) return -1;
+  if (dx && !(J.U = attn_alloc((size_t)(J.np * O * C) * J.es, &cap[1]))) {
     if (J.partial) attn_free(J.partial, cap[0]);
     return -1;
   }

@@ -52,7 +52,7 @@ local function unbatch(y, was3) return was3 and y:squeeze(1) or y end
 local function conv_params(o) return { o.stride[1], o.stride[2], o.padding[1], o.padding[2], o.dilation[1],
   o.dilation[2], o.groups } end
 
-local KERNELS = { auto = true, im2col = true, winograd = true, reference = true }
+local KERNELS = { auto = true, im2col = true, winograd = true, winograd4 = true, reference = true }
 
 -- Checked conv options (stride, padding, dilation: pairs; groups; kernel) of fn.
 local function conv_options(fn, opts, level)
@@ -66,7 +66,7 @@ local function conv_options(fn, opts, level)
     kernel = opts.kernel or "auto",
   }
   if not KERNELS[o.kernel] then
-    error(string.format("%s: kernel must be 'auto', 'im2col', 'winograd' or 'reference', got %s", fn,
+    error(string.format("%s: kernel must be 'auto', 'im2col', 'winograd', 'winograd4' or 'reference', got %s", fn,
       tostring(o.kernel)), level)
   end
   return o
