@@ -10,30 +10,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "cpu/wino_avx512.h"
 #include "cpu/wino_cpu.h"
-
-/* The first n lanes (none for n <= 0, all for n >= 16). */
-static inline __attribute__((always_inline)) __mmask16 lanes_below(int64_t n) {
-  return n <= 0 ? 0 : n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
-}
-
-/* The lanes of entries [q, q + 16) that lie in a row of n entries. */
-static inline __attribute__((always_inline)) __mmask16 in_row16(int64_t n, int64_t q) { return (__mmask16)(lanes_below(n - q) & ~lanes_below(-q)); }
-
-/* Entries [q, q + 16) of row under mask m, zeros elsewhere. Masked lanes are not read, so the
- * address may lie before or past the row. */
-static inline __attribute__((always_inline)) __m512 load16(const float *row, int64_t q, __mmask16 m) {
-  return _mm512_maskz_loadu_ps(m, (const float *)((uintptr_t)row + (uintptr_t)(q * (int64_t)sizeof(float))));
-}
-
-/* Row r of a plane (h, w), with a mask that keeps it (all lanes) or drops it (none: outside). */
-static inline __attribute__((always_inline)) const float *plane_row(const float *x, int64_t h, int64_t w, int64_t r, __mmask16 *keep) {
-  *keep = r >= 0 && r < h ? (__mmask16)0xffff : 0;
-  return r >= 0 && r < h ? x + r * w : x;
-}
-
-/* -v by its sign bit, as C's unary minus (-0 for +0). */
-static inline __attribute__((always_inline)) __m512 neg(__m512 v) { return _mm512_xor_ps(v, _mm512_set1_ps(-0.0f)); }
 
 /* Permute indices that take the even (odd = 1) entries of tile columns from two rows of 16: lanes
  * [0, tr) from the first row's entries, lanes [tr, 16) from the second's (tr 16: the first row's
@@ -234,18 +212,6 @@ static inline __attribute__((always_inline)) void adjoint16(const float *m, int6
   }
 }
 
-/* Row y of dx (h, w) from the padded columns in lanes [0, 16) of r, first padded column q, padding
- * pl: written, or added to what the tile row above left there. Rows outside the plane are skipped;
- * the address may lie before or past the row where no lane is stored. */
-static inline __attribute__((always_inline)) void put_row(float *dx, int64_t h, int64_t w, int64_t y, int64_t q, int64_t pl, int add,
-                                      __m512 r) {
-  if (y < 0 || y >= h) return;
-  const __mmask16 m = in_row16(w, q - pl);
-  float *at = (float *)((uintptr_t)(dx + y * w) + (uintptr_t)((q - pl) * (int64_t)sizeof(float)));
-  if (add) r = _mm512_add_ps(_mm512_maskz_loadu_ps(m, at), r);
-  _mm512_mask_storeu_ps(at, m, r);
-}
-
 /* The padded rows' even (e) and odd (o) columns of 16 tiles whose left neighbours' patches end in
  * the lanes below (the lane before lane 0 from prev's last: the tile to the left of the vector). */
 static inline __attribute__((always_inline)) void adjoint_cols(const __m512 p[4][4], const __m512 prev[4][4], __m512 e[4], __m512 o[4]) {
@@ -299,6 +265,7 @@ static void adjoint_f32_own(const attn_wino_geom *g, const float *M, int64_t ps,
 
 #define WINO_OWN_F32
 #define WINO_OWN_ADJOINT_F32
+#define WINO_OWN4_F32
 #define WINO_SUFFIX avx512
 #include "cpu/wino_body.h"
 #endif

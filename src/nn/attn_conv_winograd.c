@@ -75,12 +75,11 @@ static int64_t block_of(const wino_job *J, int64_t bl, int64_t *n0, int64_t *ni,
   return *ni * *rows * J->cpr;
 }
 
-/* The distance between a workspace's planes of rows x tb entries: rounded up to an odd
- * number of cache lines, so that the planes' streams fall in different cache sets. */
-static int64_t plane_stride(const wino_job *J, int64_t rows) {
-  int64_t per_line = 64 / (int64_t)J->es, lines = (rows * J->tb + per_line - 1) / per_line;
-  return (lines | 1) * per_line;
-}
+/* A workspace holds np planes of (rows, tb) entries channel by channel: entry (plane xi, channel
+ * c, column) at (c np + xi) tb + column. A channel's planes are then adjacent (tb apart), so a
+ * transform reads or writes one run of np tb entries per channel (which the prefetchers follow)
+ * rather than np runs far apart; the GEMMs see each plane as a matrix of leading dimension np tb. */
+static int64_t ws_ld(const wino_job *J) { return J->np * J->tb; }
 
 /* The transforms of the job's dtype and tile size on one plane's band (cpu/wino_cpu.h). */
 static void xf_input(const wino_job *J, const char *x, int64_t ti0, int64_t rows, char *V, int64_t ps, char *buf) {
@@ -117,14 +116,14 @@ static void xf_adjoint(const wino_job *J, const char *M, int64_t ps, int64_t ti0
 }
 
 /* V (np planes of (C, tb)): the input transforms of block bl's planes of src (N, C, H, W). */
-static void input_block(const wino_job *J, const char *src, int64_t bl, char *V, int64_t ps, char *scratch) {
+static void input_block(const wino_job *J, const char *src, int64_t bl, char *V, char *scratch) {
   int64_t n0, ni, ti0, rows, C = J->C, HW = J->g.H * J->g.W;
   int64_t cols = block_of(J, bl, &n0, &ni, &ti0, &rows); /* sets ni: read it after the call */
   int64_t per = cols / (ni > 0 ? ni : 1);
   for (int64_t i = 0; i < ni; i++)
     for (int64_t c = 0; c < C; c++)
-      xf_input(J, src + (size_t)((n0 + i) * C + c) * HW * J->es, ti0, rows, V + (size_t)(c * J->tb + i * per) * J->es,
-               ps, scratch);
+      xf_input(J, src + (size_t)((n0 + i) * C + c) * HW * J->es, ti0, rows, V + (size_t)(c * ws_ld(J) + i * per) * J->es,
+               J->tb, scratch);
 }
 
 /* Per-task scratch for the transforms (attn_wino_scratch entries), or NULL after marking the job
@@ -149,33 +148,50 @@ static void store(attn_dtype dt, void *base, int64_t i, double v) {
 static const double G2[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
 static const double G4[6][3] = {{1.0 / 4, 0, 0},           {-1.0 / 6, -1.0 / 6, -1.0 / 6}, {-1.0 / 6, 1.0 / 6, -1.0 / 6},
                                 {1.0 / 24, 1.0 / 12, 1.0 / 6}, {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0, 0, 1}};
-static const double *g_row(const wino_job *J, int i) { return J->m == 2 ? G2[i] : G4[i]; }
+
+/* Transforms of up to LANES pairs of channels at once, the pairs innermost: the loops then run
+ * as vector operations (one pair at a time, they were a tenth of the convolution's time). */
+#define LANES 16
+
+/* u[a i + j] (a x a) = G g G^T per lane; a is a constant where it is inlined, so the loops unroll. */
+static inline void g_g_gt(int a, const double (*G)[3], const double g[9][LANES], double u[36][LANES]) {
+  double e[6][3][LANES];
+  for (int i = 0; i < a; i++)
+    for (int q = 0; q < 3; q++)
+      for (int l = 0; l < LANES; l++) e[i][q][l] = G[i][0] * g[q][l] + G[i][1] * g[3 + q][l] + G[i][2] * g[6 + q][l];
+  for (int i = 0; i < a; i++)
+    for (int j = 0; j < a; j++)
+      for (int l = 0; l < LANES; l++) u[a * i + j][l] = G[j][0] * e[i][0][l] + G[j][1] * e[i][1][l] + G[j][2] * e[i][2][l];
+}
 
 /* U (np, O, C) = G g G^T for every pair of channels (in double, then rounded once), or its
  * transpose (np, C, O) for the input gradient's products U^T Z. */
 static void weight_transform(const wino_job *J, const void *w, int transposed) {
-  int a = J->m + 2;
-  for (int64_t o = 0; o < J->O; o++)
-    for (int64_t c = 0; c < J->C; c++) {
-      double g[3][3], e[6][3];
-      for (int p = 0; p < 3; p++)
-        for (int q = 0; q < 3; q++) g[p][q] = load(J->dt, w, ((o * J->C + c) * 3 + p) * 3 + q);
-      for (int i = 0; i < a; i++)
-        for (int q = 0; q < 3; q++) e[i][q] = g_row(J, i)[0] * g[0][q] + g_row(J, i)[1] * g[1][q] + g_row(J, i)[2] * g[2][q];
-      for (int i = 0; i < a; i++)
-        for (int j = 0; j < a; j++) {
-          const double *r = g_row(J, j);
-          double u = r[0] * e[i][0] + r[1] * e[i][1] + r[2] * e[i][2];
-          int64_t xi = a * i + j;
-          store(J->dt, J->U, transposed ? (xi * J->C + c) * J->O + o : (xi * J->O + o) * J->C + c, u);
-        }
-    }
+  int64_t oc = J->O * J->C;
+  for (int64_t e0 = 0; e0 < oc; e0 += LANES) {
+    int n = oc - e0 < LANES ? (int)(oc - e0) : LANES;
+    double g[9][LANES], u[36][LANES];
+    memset(g, 0, sizeof g);
+    for (int l = 0; l < n; l++)
+      for (int p = 0; p < 9; p++) g[p][l] = load(J->dt, w, (e0 + l) * 9 + p);
+    if (J->m == 2)
+      g_g_gt(4, G2, g, u);
+    else
+      g_g_gt(6, G4, g, u);
+    int64_t at[LANES]; /* the lanes' places in a plane of U: runs of adjacent entries when not transposed */
+    for (int l = 0; l < n; l++) at[l] = transposed ? (e0 + l) % J->C * J->O + (e0 + l) / J->C : e0 + l;
+    for (int xi = 0; xi < J->np; xi++)
+      if (J->dt == ATTN_F32)
+        for (int l = 0; l < n; l++) ((float *)J->U)[xi * oc + at[l]] = (float)u[xi][l];
+      else
+        for (int l = 0; l < n; l++) ((double *)J->U)[xi * oc + at[l]] = u[xi][l];
+  }
 }
 
-/* A block's workspace of np planes of rows x tb entries (plane_stride apart), or NULL after
- * marking the job failed. */
+/* A block's workspace of np planes of rows x tb entries (ws_ld), or NULL after marking the job
+ * failed. */
 static char *workspace(wino_job *J, int64_t rows, size_t *cap) {
-  char *ws = attn_alloc((size_t)(J->np * plane_stride(J, rows)) * J->es, cap);
+  char *ws = attn_alloc((size_t)(rows * ws_ld(J)) * J->es, cap);
   if (!ws) atomic_store(&J->failed, 1);
   return ws;
 }
@@ -184,18 +200,18 @@ static char *workspace(wino_job *J, int64_t rows, size_t *cap) {
 static void forward_blocks(void *ctx, int64_t b0, int64_t b1) {
   wino_job *J = ctx;
   size_t es = J->es, cap[3] = {0, 0, 0};
-  int64_t pv = plane_stride(J, J->C), pm = plane_stride(J, J->O), HoWo = J->g.Ho * J->g.Wo;
+  int64_t ld = ws_ld(J), tb = J->tb, HoWo = J->g.Ho * J->g.Wo;
   char *V = workspace(J, J->C, &cap[0]), *M = workspace(J, J->O, &cap[1]);
   char *buf = scratch_buffer(J, &cap[2]);
   for (int64_t bl = b0; V && M && buf && bl < b1; bl++) {
     int64_t n0, ni, ti0, rows, nt = block_of(J, bl, &n0, &ni, &ti0, &rows), per = nt / ni;
-    input_block(J, J->x, bl, V, pv, buf);
+    input_block(J, J->x, bl, V, buf);
     for (int xi = 0; xi < J->np; xi++)
       attn_gemm(J->dt, 0, 0, J->O, nt, J->C, 1.0, J->U + (size_t)(xi * J->O * J->C) * es, J->C,
-                V + (size_t)(xi * pv) * es, J->tb, 0.0, M + (size_t)(xi * pm) * es, J->tb);
+                V + (size_t)(xi * tb) * es, ld, 0.0, M + (size_t)(xi * tb) * es, ld);
     for (int64_t i = 0; i < ni; i++)
       for (int64_t o = 0; o < J->O; o++)
-        xf_output(J, M + (size_t)(o * J->tb + i * per) * es, pm, ti0, rows, o,
+        xf_output(J, M + (size_t)(o * ld + i * per) * es, tb, ti0, rows, o,
                   J->y + (size_t)((n0 + i) * J->O + o) * HoWo * es, buf);
   }
   if (V) attn_free(V, cap[0]);
@@ -230,7 +246,7 @@ int attn_conv2d_winograd(attn_dtype dt, int m, const void *x, int64_t N, int64_t
 static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
   wino_job *J = ctx;
   size_t es = J->es, cap[3] = {0, 0, 0};
-  int64_t pv = plane_stride(J, J->C), pz = plane_stride(J, J->O), HoWo = J->g.Ho * J->g.Wo, HW = J->g.H * J->g.W;
+  int64_t ld = ws_ld(J), tb = J->tb, HoWo = J->g.Ho * J->g.Wo, HW = J->g.H * J->g.W;
   char *V = workspace(J, J->C, &cap[0]), *Z = workspace(J, J->O, &cap[1]);
   char *buf = scratch_buffer(J, &cap[2]);
   for (int64_t k = k0; V && Z && buf && k < k1; k++) {
@@ -239,22 +255,22 @@ static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
       int64_t n0, ni, ti0, rows, nt = block_of(J, bl, &n0, &ni, &ti0, &rows), per = nt / ni;
       for (int64_t i = 0; i < ni; i++)
         for (int64_t o = 0; o < J->O; o++)
-          xf_grad(J, J->dy + (size_t)((n0 + i) * J->O + o) * HoWo * es, ti0, rows, Z + (size_t)(o * J->tb + i * per) * es,
-                  pz, buf);
+          xf_grad(J, J->dy + (size_t)((n0 + i) * J->O + o) * HoWo * es, ti0, rows, Z + (size_t)(o * ld + i * per) * es,
+                  tb, buf);
       if (J->partial) {
-        input_block(J, J->x, bl, V, pv, buf);
+        input_block(J, J->x, bl, V, buf);
         for (int xi = 0; xi < J->np; xi++)
-          attn_gemm(J->dt, 0, 1, J->O, J->C, nt, 1.0, Z + (size_t)(xi * pz) * es, J->tb, V + (size_t)(xi * pv) * es,
-                    J->tb, bl == k * J->chunk ? 0.0 : 1.0,
+          attn_gemm(J->dt, 0, 1, J->O, J->C, nt, 1.0, Z + (size_t)(xi * tb) * es, ld, V + (size_t)(xi * tb) * es, ld,
+                    bl == k * J->chunk ? 0.0 : 1.0,
                     J->partial + (size_t)((k * J->np + xi) * J->O * J->C) * es, J->C);
       }
       if (!J->dx) continue;
       for (int xi = 0; xi < J->np; xi++)
         attn_gemm(J->dt, 0, 0, J->C, nt, J->O, 1.0, J->U + (size_t)(xi * J->C * J->O) * es, J->O,
-                  Z + (size_t)(xi * pz) * es, J->tb, 0.0, V + (size_t)(xi * pv) * es, J->tb);
+                  Z + (size_t)(xi * tb) * es, ld, 0.0, V + (size_t)(xi * tb) * es, ld);
       for (int64_t i = 0; i < ni; i++)
         for (int64_t c = 0; c < J->C; c++)
-          xf_adjoint(J, V + (size_t)(c * J->tb + i * per) * es, pv, ti0, rows,
+          xf_adjoint(J, V + (size_t)(c * ld + i * per) * es, tb, ti0, rows,
                      J->dx + (size_t)((n0 + i) * J->C + c) * HW * es, buf);
     }
   }
@@ -268,17 +284,35 @@ typedef struct {
   void *dw;
 } reduce_job;
 
+/* g[3 p + q] = G^T D G per lane, for D (a x a) */
+static inline void gt_d_g(int a, const double (*G)[3], const double D[36][LANES], double g[9][LANES]) {
+  double f[3][6][LANES];
+  for (int p = 0; p < 3; p++)
+    for (int q = 0; q < a; q++)
+      for (int l = 0; l < LANES; l++) {
+        double v = 0;
+        for (int i = 0; i < a; i++) v += G[i][p] * D[a * i + q][l];
+        f[p][q][l] = v;
+      }
+  for (int p = 0; p < 3; p++)
+    for (int q = 0; q < 3; q++)
+      for (int l = 0; l < LANES; l++) {
+        double v = 0;
+        for (int i = 0; i < a; i++) v += f[p][i][l] * G[i][q];
+        g[3 * p + q][l] = v;
+      }
+}
+
 /* dw[o, c] for pairs [e0, e1): the chunks' partials added in chunk order, then G^T D G (in double).
- * Sixteen pairs at a time, so that the sums run along contiguous pairs (vector loads), not across
+ * LANES pairs at a time, so that the sums run along contiguous pairs (vector loads), not across
  * the chunks' far-apart planes one entry at a time. */
 static void reduce_dweight(void *ctx, int64_t e0, int64_t e1) {
   const reduce_job *R = ctx;
   const wino_job *J = R->J;
   int64_t oc = J->O * J->C;
-  int a = J->m + 2;
-  for (int64_t eb = e0; eb < e1; eb += 16) {
-    int n = e1 - eb < 16 ? (int)(e1 - eb) : 16;
-    double d[36][16]; /* [position][pair] */
+  for (int64_t eb = e0; eb < e1; eb += LANES) {
+    int n = e1 - eb < LANES ? (int)(e1 - eb) : LANES;
+    double d[36][LANES], g[9][LANES]; /* [position][pair] */
     memset(d, 0, sizeof d);
     for (int xi = 0; xi < J->np; xi++)
       for (int64_t k = 0; k < J->chunks; k++) {
@@ -288,20 +322,12 @@ static void reduce_dweight(void *ctx, int64_t e0, int64_t e1) {
         else
           for (int j = 0; j < n; j++) d[xi][j] += ((const double *)J->partial)[at + j];
       }
-    for (int j = 0; j < n; j++) {
-      double f[3][6]; /* G^T D, then (G^T D) G */
-      for (int p = 0; p < 3; p++)
-        for (int q = 0; q < a; q++) {
-          f[p][q] = 0;
-          for (int i = 0; i < a; i++) f[p][q] += g_row(J, i)[p] * d[a * i + q][j];
-        }
-      for (int p = 0; p < 3; p++)
-        for (int q = 0; q < 3; q++) {
-          double v = 0;
-          for (int i = 0; i < a; i++) v += f[p][i] * g_row(J, i)[q];
-          store(J->dt, R->dw, (eb + j) * 9 + p * 3 + q, v);
-        }
-    }
+    if (J->m == 2)
+      gt_d_g(4, G2, d, g);
+    else
+      gt_d_g(6, G4, d, g);
+    for (int j = 0; j < n; j++)
+      for (int p = 0; p < 9; p++) store(J->dt, R->dw, (eb + j) * 9 + p, g[p][j]);
   }
 }
 
