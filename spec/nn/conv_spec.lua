@@ -248,6 +248,10 @@ local wino_cases = {
   { name = "an image larger than a block: bands", x = { 1, 6, 45, 45 }, w = { 6, 6, 3, 3 }, o = { padding = 1 } },
   { name = "an image larger than an F(4x4) block: bands", x = { 1, 8, 70, 70 }, w = { 5, 8, 3, 3 },
     o = { padding = 1 } },
+  -- outputs a multiple of 16 wide: F(4x4)'s last group spills its patches' last two columns into
+  -- the plane (the input gradient's extra group)
+  { name = "16 wide, padding 1", x = { 2, 3, 16, 16 }, w = { 4, 3, 3, 3 }, o = { padding = 1 } },
+  { name = "18 wide, padding 0", x = { 1, 2, 10, 18 }, w = { 3, 2, 3, 3 }, o = {} },
 }
 
 -- Per kernel: outputs per tile side, the float32 bound's magnitude factor and extra roundings

@@ -173,7 +173,8 @@ INLINE __m512 from_left(__m512 v, __m512 prev) {
 
 /* The group row's padded rows 16 R + 4 t + a: a patch's rows 4 and 5 are the next tile row's rows
  * 0 and 1, a group's columns 16 and 17 the next group's 0 and 1 (carried in registers: one more
- * group past the last takes the final two). Rows 0 and 1 add to what the group row above left. */
+ * group past the last takes the final two, when they lie inside dx). Rows 0 and 1 add to what the
+ * group row above left. */
 void attn_wino4_adjoint_f32_avx512(const attn_wino_geom *g, const float *M, int64_t ps, int64_t ti0, int64_t rows,
                                    float *dx, float *scratch) {
   (void)scratch;
@@ -183,7 +184,9 @@ void attn_wino4_adjoint_f32_avx512(const attn_wino_geom *g, const float *M, int6
     const int64_t y0 = 16 * (ti0 + R) - g->ph;
     __m512 carry[6][2];
     for (int a = 0; a < 6; a++) carry[a][0] = carry[a][1] = _mm512_setzero_ps();
-    for (int64_t G = 0; G <= g->tw; G++) {
+    /* the group past the last only when the final two columns fall inside dx */
+    const int64_t groups = 16 * g->tw - pw < W ? g->tw + 1 : g->tw;
+    for (int64_t G = 0; G < groups; G++) {
       __m512 p[6][6]; /* B v B^T: p[a][b] */
       if (G < g->tw) {
         const float *in = M + R * Tr + 16 * G;
