@@ -1,24 +1,29 @@
-/* Internal to attn_conv: the Winograd F(2x2, 3x3) kernels behind attn_conv2d_forward and
- * attn_conv2d_backward for 3x3 kernels at stride 1, dilation 1, groups 1 (attn_conv.h has the
- * model and the choice between paths).
+/* Internal to attn_conv: the Winograd F(2x2, 3x3) and F(4x4, 3x3) kernels behind
+ * attn_conv2d_forward and attn_conv2d_backward for 3x3 kernels at stride 1, dilation 1, groups 1
+ * (attn_conv.h has the model and the choice between paths).
  *
- * Each 2x2 block of outputs ("tile") is y = A^T [sum_c (G g G^T) .* (B^T d B)] A with d the 4x4
- * input patch under it (zero outside the image) and g the 3x3 kernel: 16 products per tile and
- * pair of channels instead of 36, done as 16 GEMMs over channels (the engine's attn_gemm) per
- * block of tiles (whole images, or bands of tile rows of a large one, sized to stay in L2), the
- * transforms around them. The transforms are the active ISA set's (cpu/wino_cpu.h): each runs
- * over a whole band of one (image, channel) plane at once, with one dummy tile per tile row that
- * the GEMMs carry along (1 / (tw + 1) of their columns) and the outputs drop. The backward
- * transforms dy's tiles once, Z = A dy A^T, and uses them twice: the weight gradient is
- * dg = G^T [sum_tiles Z .* (B^T d B)] G, and the input gradient is the forward's adjoint,
- * dd = B [sum_o U_o .* Z_o] B^T added up where the tiles' 4x4 patches overlap (16 products per
- * tile and channel pair, as forward; an image's bands run in order on one thread, each adding
- * into the two rows the band above wrote).
+ * Each m x m block of outputs ("tile", m 2 or 4) is y = A^T [sum_c (G g G^T) .* (B^T d B)] A with
+ * d the (m + 2) x (m + 2) input patch under it (zero outside the image) and g the 3x3 kernel:
+ * (m + 2)^2 products per tile and pair of channels instead of 9 m^2 (16 against 36, 36 against
+ * 144), done as (m + 2)^2 GEMMs over channels (the engine's attn_gemm) per block of tiles (whole
+ * images, or bands of tile rows of a large one, sized to stay in L2), the transforms around them.
+ * The transforms are the active ISA set's (cpu/wino_cpu.h): each runs over a whole band of one
+ * (image, channel) plane at once. F(2x2) lays a band's tiles out row by row with one dummy tile
+ * per tile row that the GEMMs carry along (1 / (tw + 1) of their columns) and the outputs drop;
+ * F(4x4) in groups of 4x4 tiles, 16 columns each (one vector), whose tiles past the outputs the
+ * GEMMs carry along. The backward transforms dy's tiles once, Z = A dy A^T, and uses them twice:
+ * the weight gradient is dg = G^T [sum_tiles Z .* (B^T d B)] G, and the input gradient is the
+ * forward's adjoint, dd = B [sum_o U_o .* Z_o] B^T added up where the tiles' patches overlap (as
+ * many products as forward; an image's bands run in order on one thread, each adding into the two
+ * rows the band above wrote).
  *
- * Rounding: the transforms' coefficients are 0, +-1/2, +-1 and every entry of a tile's result
- * is a signed sum of at most 64 products of a weight and an input per input channel (against 9
- * for the direct sum), so the error bound grows by that factor: |err| <= (C + 10) u 64 sum_c
- * max|g_c| max|d| (u the unit roundoff); the specs compare float32 with it and float64 tight.
+ * Rounding: F(2x2)'s coefficients are 0, +-1/2, +-1, and every entry of a tile's result is a
+ * signed sum of products of a weight and an input whose coefficients add up to at most 64 per
+ * input channel (against 9 for the direct sum): |err| <= (C + 10) u 64 sum_c max|g_c| max|d| (u
+ * the unit roundoff). F(4x4)'s reach 5 in B^T, 1/4 and 1/6 in G and 8 in A^T, and the sums' at most
+ * 54^2 = 2916 (48^2 forward, less for the gradients), with up to C + 16 roundings: a bound 45
+ * times F(2x2)'s, which the specs compare float32 with (the errors measured stay below a
+ * thousandth of it), float64 tight.
  *
  * Results do not depend on the thread count: outputs are cut into blocks of tiles by the shape
  * alone, each block's sums run in a fixed order, and the weight gradient is summed per fixed
