@@ -64,6 +64,12 @@ INLINE void b6(const __m512 v[6], __m512 p[6]) {
   p[4] = _mm512_add_ps(_mm512_add_ps(v[0], s12), s34), p[5] = v[5];
 }
 
+/* Column kk of a group's 6x6 transformed values: planes 6 i + kk (ps apart), i = 0..5. */
+INLINE void load_column(const float *in, int64_t ps, int kk, __m512 v[6]) {
+  #pragma GCC unroll 6
+  for (int i = 0; i < 6; i++) v[i] = _mm512_loadu_ps(in + (6 * i + kk) * ps);
+}
+
 void attn_wino4_input_f32_avx512(const attn_wino_geom *g, const float *x, int64_t ti0, int64_t rows, float *V,
                                  int64_t ps, float *scratch) {
   (void)scratch;
@@ -110,8 +116,7 @@ void attn_wino4_output_f32_avx512(const attn_wino_geom *g, const float *M, int64
       #pragma GCC unroll 6
       for (int kk = 0; kk < 6; kk++) {
         __m512 m[6], o[4];
-        #pragma GCC unroll 6
-        for (int i = 0; i < 6; i++) m[i] = _mm512_loadu_ps(in + (6 * i + kk) * ps);
+        load_column(in, ps, kk, m);
         at6(m, o);
         for (int r = 0; r < 4; r++) w[r][kk] = o[r];
       }
@@ -194,8 +199,7 @@ void attn_wino4_adjoint_f32_avx512(const attn_wino_geom *g, const float *M, int6
         #pragma GCC unroll 6
         for (int kk = 0; kk < 6; kk++) {
           __m512 v[6], o[6];
-          #pragma GCC unroll 6
-          for (int i = 0; i < 6; i++) v[i] = _mm512_loadu_ps(in + (6 * i + kk) * ps);
+          load_column(in, ps, kk, v);
           b6(v, o);
           for (int a = 0; a < 6; a++) w[a][kk] = o[a];
         }
