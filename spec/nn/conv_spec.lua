@@ -162,21 +162,32 @@ describe("nn.conv2d", function()
     end
   end)
 
-  -- The bias gradient sums dy in 32 lanes of float32 flushed into doubles every 256 positions: on
-  -- a 512x512 plane it is the float64 sum rounded (within one ulp); lanes over a whole row of the
-  -- plane (8192 terms each) were 4x past that.
+  -- The bias gradient sums dy in float32 partials of at most 8 entries each, flushed into doubles
+  -- (attn_conv's own sum in 32 lanes every 256 positions; the Winograd paths as their gradient
+  -- transforms read dy, or by that sum when dx and dW are not asked for): on a 512x512 plane it is
+  -- the float64 sum rounded (within one ulp); lanes over a whole row of the plane (8192 terms
+  -- each) were 4x past that. Every path and ISA set, alone and beside the other gradients.
   it("has a float32 bias gradient within one ulp of the float64 sum on a 512x512 plane, every path", function()
     attn.manual_seed(21)
+    local saved = attn.core.isa()
+    finally(function() attn.core.isa(saved) end)
     local x, w = attn.randn({ 1, 1, 512, 512 }), attn.randn({ 2, 1, 3, 3 })
     local g = attn.rand({ 1, 2, 512, 512 })
     local exact = g:to("float64"):sum(4):sum(3):sum(1):view({ 2 })
-    for _, kernel in ipairs { "im2col", "winograd", "reference" } do
-      local b = attn.zeros({ 2 }):requires_grad_()
-      nn.conv2d(x, w, b, { padding = 1, kernel = kernel }):backward(g)
-      for o = 1, 2 do
-        local s = exact[o]
-        local ulp = 2 ^ (math.floor(math.log(s, 2)) - 23)
-        assert.is_true(math.abs(b.grad[o] - s) <= ulp, kernel .. ": " .. b.grad[o] .. " vs " .. s)
+    for _, isa in ipairs(helper.isa_paths()) do
+      attn.core.isa(isa)
+      for _, kernel in ipairs { "im2col", "winograd", "winograd4", "reference" } do
+        for _, alone in ipairs { false, true } do
+          local b = attn.zeros({ 2 }):requires_grad_()
+          local xl = alone and x or x:detach():requires_grad_()
+          nn.conv2d(xl, w, b, { padding = 1, kernel = kernel }):backward(g)
+          for o = 1, 2 do
+            local s = exact[o]
+            local ulp = 2 ^ (math.floor(math.log(s, 2)) - 23)
+            assert.is_true(math.abs(b.grad[o] - s) <= ulp,
+              isa .. " " .. kernel .. (alone and " alone" or "") .. ": " .. b.grad[o] .. " vs " .. s)
+          end
+        end
       end
     end
   end)

@@ -136,9 +136,10 @@ void attn_wino4_output_f32_avx512(const attn_wino_geom *g, const float *M, int64
 }
 
 void attn_wino4_grad_f32_avx512(const attn_wino_geom *g, const float *dy, int64_t ti0, int64_t rows, float *Z,
-                                int64_t ps, float *scratch) {
+                                int64_t ps, float *scratch, double *sum) {
   (void)scratch;
   const int64_t Tr = 16 * g->tw, Wo = g->Wo;
+  wino_dsum db = {_mm512_setzero_pd(), _mm512_setzero_pd()}; /* four rows' entries per add */
   for (int64_t R = 0; R < rows; R++)
     for (int64_t G = 0; G < g->tw; G++) {
       const __mmask16 cols = in_row16(Wo, 16 * G);
@@ -150,6 +151,7 @@ void attn_wino4_grad_f32_avx512(const attn_wino_geom *g, const float *dy, int64_
           const int64_t yr = 16 * (ti0 + R) + 4 * t + r;
           in[t] = yr < g->Ho ? _mm512_maskz_loadu_ps(cols, dy + yr * Wo + 16 * G) : _mm512_setzero_ps();
         }
+        if (sum) dsum_add(&db, _mm512_add_ps(_mm512_add_ps(in[0], in[1]), _mm512_add_ps(in[2], in[3])));
         transpose4(in, e[r]);
       }
       __m512 z[6][4]; /* A along the rows, for each column q */
@@ -168,6 +170,7 @@ void attn_wino4_grad_f32_avx512(const attn_wino_geom *g, const float *dy, int64_
         for (int j = 0; j < 6; j++) _mm512_storeu_ps(out + (6 * i + j) * ps, zz[j]);
       }
     }
+  dsum_done(&db, sum);
 }
 
 /* Lanes 4 j + t from lane 4 (j - 1) + t: the tile to the left; for j = 0, lanes 12 + t of prev. */

@@ -74,8 +74,9 @@
       }                                                                                                     \
   }                                                                                                         \
   static void WINO_FN(grad4_##S)(const attn_wino_geom *g, const T *dy, int64_t ti0, int64_t rows, T *Z,      \
-                                 int64_t ps, T *scratch) {                                                  \
+                                 int64_t ps, T *scratch, double *sum) {                                     \
     (void)scratch;                                                                                          \
+    if (sum) WINO_FN(sum_rows_##S)(dy, g->Ho, g->Wo, 16 * ti0, 16 * (ti0 + rows), sum);                      \
     for (int64_t R = 0; R < rows; R++)                                                                      \
       for (int64_t col = 0; col < 16 * g->tw; col++) {                                                      \
         int64_t G = col / 16, j = col / 4 % 4, t = col % 4;                                                 \

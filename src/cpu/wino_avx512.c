@@ -163,8 +163,9 @@ static inline __attribute__((always_inline)) void grad16(float *z, int64_t ps, _
 }
 
 static void grad_f32_own(const attn_wino_geom *g, const float *dy, int64_t ti0, int64_t rows, float *Z, int64_t ps,
-                         float *scratch) {
+                         float *scratch, double *sum) {
   (void)scratch;
+  wino_dsum db = {_mm512_setzero_pd(), _mm512_setzero_pd()}; /* the four rows' entries, per load */
   const int64_t Tr = g->tw + 1, Wo = g->Wo, pair = Tr <= 8;
   const __m512i ev = split_index(pair ? Tr : 16, 0), od = split_index(pair ? Tr : 16, 1);
   for (int64_t t = 0; t < rows; t += pair ? 2 : 1) {
@@ -178,6 +179,7 @@ static void grad_f32_own(const attn_wino_geom *g, const float *dy, int64_t ti0, 
       const __mmask16 m = lanes_below(Wo), m2 = both ? m : 0;
       const __m512 t0 = load16(row[0], 0, m & k[0]), t1 = load16(row[1], 0, m & k[1]);
       const __m512 t2 = load16(row[2], 0, m2 & k[2]), t3 = load16(row[3], 0, m2 & k[3]);
+      if (sum) dsum_add(&db, _mm512_add_ps(_mm512_add_ps(t0, t1), _mm512_add_ps(t2, t3)));
       grad16(Z + t * Tr, ps, lanes_below(both ? 2 * Tr : Tr), _mm512_permutex2var_ps(t0, ev, t2),
              _mm512_permutex2var_ps(t0, od, t2), _mm512_permutex2var_ps(t1, ev, t3), _mm512_permutex2var_ps(t1, od, t3));
       continue;
@@ -187,10 +189,12 @@ static void grad_f32_own(const attn_wino_geom *g, const float *dy, int64_t ti0, 
       const __mmask16 m0 = in_row16(Wo, q), m1 = in_row16(Wo, q + 16);
       const __m512 t0 = load16(row[0], q, m0 & k[0]), t1 = load16(row[0], q + 16, m1 & k[0]);
       const __m512 b0 = load16(row[1], q, m0 & k[1]), b1 = load16(row[1], q + 16, m1 & k[1]);
+      if (sum) dsum_add(&db, _mm512_add_ps(_mm512_add_ps(t0, t1), _mm512_add_ps(b0, b1)));
       grad16(Z + t * Tr + tj0, ps, lanes_below(Tr - tj0), _mm512_permutex2var_ps(t0, ev, t1),
              _mm512_permutex2var_ps(t0, od, t1), _mm512_permutex2var_ps(b0, ev, b1), _mm512_permutex2var_ps(b0, od, b1));
     }
   }
+  dsum_done(&db, sum);
 }
 
 /* B v B^T of 16 tiles (v: 16 planes ps apart, lanes n read): the patches' rows a, split into the

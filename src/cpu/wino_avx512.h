@@ -42,4 +42,19 @@ static inline __attribute__((always_inline)) void put_row(float *dx, int64_t h, 
   _mm512_mask_storeu_ps(at, m, r);
 }
 
+/* The bias gradient's sum in the gradient transforms: float32 vectors of at most 8 entries per
+ * lane each (as attn_conv's own sum), flushed into double lanes, added up once per call. */
+typedef struct {
+  __m512d lo, hi;
+} wino_dsum;
+
+static inline __attribute__((always_inline)) void dsum_add(wino_dsum *d, __m512 f) {
+  d->lo = _mm512_add_pd(d->lo, _mm512_cvtps_pd(_mm512_castps512_ps256(f)));
+  d->hi = _mm512_add_pd(d->hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1))));
+}
+
+static inline __attribute__((always_inline)) void dsum_done(const wino_dsum *d, double *sum) {
+  if (sum) *sum += _mm512_reduce_add_pd(_mm512_add_pd(d->lo, d->hi));
+}
+
 #endif

@@ -112,8 +112,9 @@
     for (int64_t s = 0; s < 2 * P; s++) u[s] = e[s] + o[s], u[2 * P + s] = e[s] - o[s], u[4 * P + s] = -o[s]; \
   }                                                                                                         \
   static void WINO_FN(grad_##S)(const attn_wino_geom *g, const T *dy, int64_t ti0, int64_t rows, T *Z,        \
-                                int64_t ps, T *scratch) {                                                   \
+                                int64_t ps, T *scratch, double *sum) {                                      \
     int64_t Wp = 2 * g->tw + 2, P = rows * (g->tw + 1);                                                      \
+    if (sum) WINO_FN(sum_rows_##S)(dy, g->Ho, g->Wo, 2 * ti0, 2 * (ti0 + rows), sum);                        \
     T *E = scratch, *Od = E + rows * Wp, *p = Od + rows * Wp, *u = p + 4 * P;                               \
     WINO_FN(pad_rows_##S)(dy, g->Ho, g->Wo, 0, 0, 2 * ti0, rows, Wp, E);                                    \
     WINO_FN(pad_rows_##S)(dy, g->Ho, g->Wo, 0, 0, 2 * ti0 + 1, rows, Wp, Od);                               \
@@ -180,6 +181,18 @@
                                i == 0 && ti0 > 0, dx + y * g->W);                                           \
       }                                                                                                     \
   }
+
+/* *sum += dy's rows [r0, r1) clipped to the plane (h, w), in double (the generic grads' bias
+ * gradient: exact enough, any speed). */
+#define WINO_DEFINE_SUM(S, T)                                                                               \
+  static inline void WINO_FN(sum_rows_##S)(const T *dy, int64_t h, int64_t w, int64_t r0, int64_t r1, double *sum) { \
+    double s = 0;                                                                                           \
+    for (int64_t r = r0; r < r1 && r < h; r++)                                                              \
+      for (int64_t c = 0; c < w; c++) s += (double)dy[r * w + c];                                           \
+    *sum += s;                                                                                              \
+  }
+WINO_DEFINE_SUM(f32, float)
+WINO_DEFINE_SUM(f64, double)
 
 #include "cpu/wino4_body.h"
 

@@ -32,7 +32,7 @@ static inline int64_t attn_wino_scratch(int64_t rows, int64_t tw) { return 20 * 
   typedef void (*attn_wino_output_##S)(const attn_wino_geom *g, const T *M, int64_t ps, int64_t ti0,          \
                                        int64_t rows, T bias, T *y, T *scratch);                             \
   typedef void (*attn_wino_grad_##S)(const attn_wino_geom *g, const T *dy, int64_t ti0, int64_t rows, T *Z,     \
-                                     int64_t ps, T *scratch);                                               \
+                                     int64_t ps, T *scratch, double *sum);                                  \
   typedef void (*attn_wino_adjoint_##S)(const attn_wino_geom *g, const T *M, int64_t ps, int64_t ti0,         \
                                         int64_t rows, T *dx, T *scratch);
 ATTN_WINO_TRANSFORMS(float, f32)
@@ -42,7 +42,9 @@ typedef struct attn_wino_kernels {
   /* input: V (16 planes): B^T d B of the band's 4x4 input patches d of x (H, W), zero outside it.
    * output: y (Ho, Wo): the band's 2x2 output tiles A^T m A + bias from the products M (16
    * planes), clipped to (Ho, Wo).
-   * grad: Z (16 planes): A e A^T of the band's 2x2 tiles e of dy (Ho, Wo), zero outside it.
+   * grad: Z (16 planes): A e A^T of the band's 2x2 tiles e of dy (Ho, Wo), zero outside it;
+   * with sum not NULL, adds the band's entries of dy to *sum (the bias gradient: float32 adds at
+   * most 8 entries per partial before a double takes it, as attn_conv's own sum).
    * adjoint: dx (H, W): the adjoint of the input transform, B v B^T of the band's 4x4 tiles v of
    * dV (16 planes) added up where the tiles' patches overlap, clipped to (H, W). The band writes
    * its padded rows [2 ti0, 2 (ti0 + rows) + 2) and adds into the top two when ti0 > 0 (the band
@@ -79,7 +81,7 @@ void attn_wino4_input_f32_avx512(const attn_wino_geom *g, const float *x, int64_
 void attn_wino4_output_f32_avx512(const attn_wino_geom *g, const float *M, int64_t ps, int64_t ti0, int64_t rows,
                                   float bias, float *y, float *scratch);
 void attn_wino4_grad_f32_avx512(const attn_wino_geom *g, const float *dy, int64_t ti0, int64_t rows, float *Z,
-                                int64_t ps, float *scratch);
+                                int64_t ps, float *scratch, double *sum);
 void attn_wino4_adjoint_f32_avx512(const attn_wino_geom *g, const float *M, int64_t ps, int64_t ti0, int64_t rows,
                                    float *dx, float *scratch);
 #endif

@@ -530,11 +530,12 @@ attn_status attn_conv2d_backward(const attn_tensor *x, const attn_tensor *weight
   reduce_job R = {&J, dweight ? attn_tensor_data(dweight) : NULL, dbias ? attn_tensor_data(dbias) : NULL};
   int64_t wn = J.O * J.Kg;
   if (wino) {
+    /* the bias gradient as the gradient transforms read dy; alone, by its own sum */
     if ((dx || dweight) && attn_conv2d_winograd_backward(J.dt, wino, J.x, J.N, J.C, J.H, J.W, J.w, J.dy, J.O,
-                                                         J.p.padding[0], J.p.padding[1], J.dx, R.dw))
+                                                         J.p.padding[0], J.p.padding[1], J.dx, R.dw, R.db))
       return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the Winograd tiles of input %s", op,
                         attn_tensor_shape_str(x));
-    if (dbias) attn_parallel_for(J.O, 64, fast_db, &R);
+    if (dbias && !dx && !dweight) attn_parallel_for(J.O, 64, fast_db, &R);
     return ATTN_OK;
   }
   if (kernel == ATTN_CONV_REFERENCE) {

@@ -43,9 +43,11 @@ int attn_conv2d_winograd_applies(int64_t kh, int64_t kw, const int64_t stride[2]
 int attn_conv2d_winograd(attn_dtype dt, int m, const void *x, int64_t N, int64_t C, int64_t H, int64_t W,
                          const void *w, const void *b, int64_t O, int64_t ph, int64_t pw, void *y);
 
-/* The gradients of the convolution above from dy (N, O, Ho, Wo): dx (N, C, H, W) and dw (O, C,
- * 3, 3), either may be NULL (not computed). */
+/* The gradients of the convolution above from dy (N, O, Ho, Wo): dx (N, C, H, W), dw (O, C, 3, 3)
+ * and db (O), any may be NULL (not computed). db is summed as the gradient transforms read dy:
+ * in float32, at most 8 entries per float partial before a double takes it. */
 int attn_conv2d_winograd_backward(attn_dtype dt, int m, const void *x, int64_t N, int64_t C, int64_t H, int64_t W,
-                                  const void *w, const void *dy, int64_t O, int64_t ph, int64_t pw, void *dx, void *dw);
+                                  const void *w, const void *dy, int64_t O, int64_t ph, int64_t pw, void *dx, void *dw,
+                                  void *db);
 
 #endif

@@ -24,6 +24,7 @@ typedef struct {
   attn_wino_geom g;
   const char *x, *b, *dy;
   char *U, *y, *dx, *partial;
+  double *dbp; /* the bias gradient's sums per chunk and output channel (chunks, O), or NULL */
   int64_t N, C, O;
   int m, np;    /* outputs per tile side (2 or 4), planes (16 or 36) */
   int64_t cpr;  /* columns per tile row: tw + 1 (F(2x2): a dummy tile), 16 tw (F(4x4): groups) */
@@ -99,12 +100,14 @@ static void xf_output(const wino_job *J, const char *M, int64_t ps, int64_t ti0,
     (J->m == 2 ? k->output_f64 : k->output4_f64)(&J->g, (const double *)M, ps, ti0, rows,
                                                  J->b ? ((const double *)J->b)[o] : 0.0, (double *)y, (double *)buf);
 }
-static void xf_grad(const wino_job *J, const char *dy, int64_t ti0, int64_t rows, char *Z, int64_t ps, char *buf) {
+static void xf_grad(const wino_job *J, const char *dy, int64_t ti0, int64_t rows, char *Z, int64_t ps, char *buf,
+                    double *sum) {
   const attn_wino_kernels *k = J->ks;
   if (J->dt == ATTN_F32)
-    (J->m == 2 ? k->grad_f32 : k->grad4_f32)(&J->g, (const float *)dy, ti0, rows, (float *)Z, ps, (float *)buf);
+    (J->m == 2 ? k->grad_f32 : k->grad4_f32)(&J->g, (const float *)dy, ti0, rows, (float *)Z, ps, (float *)buf, sum);
   else
-    (J->m == 2 ? k->grad_f64 : k->grad4_f64)(&J->g, (const double *)dy, ti0, rows, (double *)Z, ps, (double *)buf);
+    (J->m == 2 ? k->grad_f64 : k->grad4_f64)(&J->g, (const double *)dy, ti0, rows, (double *)Z, ps, (double *)buf,
+                                             sum);
 }
 static void xf_adjoint(const wino_job *J, const char *M, int64_t ps, int64_t ti0, int64_t rows, char *dx, char *buf) {
   const attn_wino_kernels *k = J->ks;
@@ -240,7 +243,8 @@ int attn_conv2d_winograd(attn_dtype dt, int m, const void *x, int64_t N, int64_t
   return atomic_load(&J.failed) ? -1 : 0;
 }
 
-/* Chunks [k0, k1) of the backward, block by block in order: Z = the gradient transforms of dy;
+/* Chunks [k0, k1) of the backward, block by block in order: Z = the gradient transforms of dy
+ * (and the chunk's bias gradient sums);
  * for the weight gradient, V = the input transforms of x and the chunk's partial (np, O, C) +=
  * Z V^T; for the input gradient, dV = U^T Z (in V's place) and its adjoint transforms into dx. */
 static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
@@ -256,7 +260,7 @@ static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
       for (int64_t i = 0; i < ni; i++)
         for (int64_t o = 0; o < J->O; o++)
           xf_grad(J, J->dy + (size_t)((n0 + i) * J->O + o) * HoWo * es, ti0, rows, Z + (size_t)(o * ld + i * per) * es,
-                  tb, buf);
+                  tb, buf, J->dbp ? J->dbp + k * J->O + o : NULL);
       if (J->partial) {
         input_block(J, J->x, bl, V, buf);
         for (int xi = 0; xi < J->np; xi++)
@@ -332,7 +336,8 @@ static void reduce_dweight(void *ctx, int64_t e0, int64_t e1) {
 }
 
 int attn_conv2d_winograd_backward(attn_dtype dt, int m, const void *x, int64_t N, int64_t C, int64_t H, int64_t W,
-                                  const void *w, const void *dy, int64_t O, int64_t ph, int64_t pw, void *dx, void *dw) {
+                                  const void *w, const void *dy, int64_t O, int64_t ph, int64_t pw, void *dx, void *dw,
+                                  void *db) {
   wino_job J;
   memset(&J, 0, sizeof J);
   J.dt = dt, J.x = x, J.dy = dy, J.dx = dx, J.N = N, J.C = C, J.O = O;
@@ -345,19 +350,28 @@ int attn_conv2d_winograd_backward(attn_dtype dt, int m, const void *x, int64_t N
   if (J.blocks == 0) {
     if (dx) memset(dx, 0, (size_t)(N * C * H * W) * J.es);
     if (dw) memset(dw, 0, (size_t)(O * C * 9) * J.es);
+    if (db) memset(db, 0, (size_t)O * J.es);
     return 0;
   }
-  size_t cap[2] = {0, 0};
-  if (dw && !(J.partial = attn_alloc((size_t)(J.chunks * J.np * O * C) * J.es, &cap[0]))) return -1;
-  if (dx && !(J.U = attn_alloc((size_t)(J.np * O * C) * J.es, &cap[1]))) {
-    if (J.partial) attn_free(J.partial, cap[0]);
-    return -1;
+  size_t cap[3] = {0, 0, 0};
+  J.partial = dw ? attn_alloc((size_t)(J.chunks * J.np * O * C) * J.es, &cap[0]) : NULL;
+  J.U = dx ? attn_alloc((size_t)(J.np * O * C) * J.es, &cap[1]) : NULL;
+  J.dbp = db ? attn_alloc((size_t)(J.chunks * O) * sizeof(double), &cap[2]) : NULL;
+  if ((dw && !J.partial) || (dx && !J.U) || (db && !J.dbp)) atomic_store(&J.failed, 1);
+  if (!atomic_load(&J.failed)) {
+    if (J.dbp) memset(J.dbp, 0, (size_t)(J.chunks * O) * sizeof(double));
+    if (dx) weight_transform(&J, w, 1);
+    attn_parallel_for(J.chunks, 1, backward_chunks, &J);
   }
-  if (dx) weight_transform(&J, w, 1);
-  attn_parallel_for(J.chunks, 1, backward_chunks, &J);
   reduce_job R = {&J, dw};
   if (dw && !atomic_load(&J.failed)) attn_parallel_for(O * C, 512, reduce_dweight, &R);
+  for (int64_t o = 0; db && !atomic_load(&J.failed) && o < O; o++) { /* the chunks' sums, in chunk order */
+    double s = 0;
+    for (int64_t k = 0; k < J.chunks; k++) s += J.dbp[k * O + o];
+    store(dt, db, o, s);
+  }
   if (J.partial) attn_free(J.partial, cap[0]);
   if (J.U) attn_free(J.U, cap[1]);
+  if (J.dbp) attn_free(J.dbp, cap[2]);
   return atomic_load(&J.failed) ? -1 : 0;
 }
