@@ -182,13 +182,14 @@ INLINE __m512 from_left(__m512 v, __m512 prev) {
 /* The group row's padded rows 16 R + 4 t + a: a patch's rows 4 and 5 are the next tile row's rows
  * 0 and 1, a group's columns 16 and 17 the next group's 0 and 1 (carried in registers: one more
  * group past the last takes the final two, when they lie inside dx). Rows 0 and 1 add to what the
- * group row above left. */
+ * group row above left (the band's first and last two as seams says). */
 void attn_wino4_adjoint_f32_avx512(const attn_wino_geom *g, const float *M, int64_t ps, int64_t ti0, int64_t rows,
-                                   float *dx, float *scratch) {
+                                   float *dx, float *scratch, int seams) {
   (void)scratch;
   const int64_t Tr = 16 * g->tw, H = g->H, W = g->W, pw = g->pw;
   for (int64_t R = 0; R < rows; R++) {
-    const int top = R > 0 || ti0 > 0;
+    const int top = R > 0 || (seams & ATTN_WINO_ADD_TOP);
+    const int bottom = R + 1 == rows && (seams & ATTN_WINO_ADD_BOTTOM);
     const int64_t y0 = 16 * (ti0 + R) - g->ph;
     __m512 carry[6][2];
     for (int a = 0; a < 6; a++) carry[a][0] = carry[a][1] = _mm512_setzero_ps();
@@ -231,8 +232,8 @@ void attn_wino4_adjoint_f32_avx512(const attn_wino_geom *g, const float *M, int6
         put_row(dx, H, W, y0 + 4 * t + 2, q, pw, 0, rw[2][t]);
         put_row(dx, H, W, y0 + 4 * t + 3, q, pw, 0, rw[3][t]);
       }
-      put_row(dx, H, W, y0 + 16, q, pw, 0, rw[4][3]);
-      put_row(dx, H, W, y0 + 17, q, pw, 0, rw[5][3]);
+      put_row(dx, H, W, y0 + 16, q, pw, bottom, rw[4][3]);
+      put_row(dx, H, W, y0 + 17, q, pw, bottom, rw[5][3]);
     }
   }
 }

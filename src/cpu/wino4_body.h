@@ -89,12 +89,14 @@
         for (int i = 0; i < 6; i++) WINO_FN(a4_##S)(u + 4 * i, 1, Z + 6 * i * ps + R * 16 * g->tw + col, ps); \
       }                                                                                                     \
   }                                                                                                         \
-  /* The band writes its padded rows [16 ti0, 16 (ti0 + rows) + 2) and adds into the top two when */        \
-  /* ti0 > 0: here by clearing them first and adding every tile's patch. */                                 \
+  /* The band writes its padded rows [16 ti0, 16 (ti0 + rows) + 2) but for the seams it adds into: */      \
+  /* here by clearing the rows it writes first and adding every tile's patch. */                            \
   static void WINO_FN(adjoint4_##S)(const attn_wino_geom *g, const T *M, int64_t ps, int64_t ti0, int64_t rows, \
-                                    T *dx, T *scratch) {                                                    \
+                                    T *dx, T *scratch, int seams) {                                         \
     (void)scratch;                                                                                          \
-    for (int64_t p = 16 * ti0 + (ti0 > 0 ? 2 : 0); p < 16 * (ti0 + rows) + 2; p++)                         \
+    int64_t p0 = 16 * ti0 + (seams & ATTN_WINO_ADD_TOP ? 2 : 0);                                            \
+    int64_t p1 = 16 * (ti0 + rows) + (seams & ATTN_WINO_ADD_BOTTOM ? 0 : 2);                                \
+    for (int64_t p = p0; p < p1; p++)                                                                       \
       if (p - g->ph >= 0 && p - g->ph < g->H)                                                               \
         for (int64_t c = 0; c < g->W; c++) dx[(p - g->ph) * g->W + c] = 0;                                  \
     for (int64_t R = 0; R < rows; R++)                                                                      \

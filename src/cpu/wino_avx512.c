@@ -228,14 +228,16 @@ static inline __attribute__((always_inline)) void adjoint_cols(const __m512 p[4]
 }
 
 static void adjoint_f32_own(const attn_wino_geom *g, const float *M, int64_t ps, int64_t ti0, int64_t rows, float *dx,
-                            float *scratch) {
+                            float *scratch, int seams) {
   (void)scratch;
   const int64_t Tr = g->tw + 1, H = g->H, W = g->W, ph = g->ph, pw = g->pw, pair = Tr <= 8;
   const __m512i z0 = zip_index(0), z1 = zip_index(pair ? Tr : 8);
   __m512 p[4][4], prev[4][4], e[4], o[4];
   for (int64_t t = 0; t < rows; t += pair ? 2 : 1) {
     const int64_t y = 2 * (ti0 + t) - ph; /* dx row of the tile row's padded row 0 */
-    const int top = t > 0 || ti0 > 0;      /* the tile row above left its rows 2 and 3 in rows 0 and 1 */
+    /* the tile row above left its rows 2 and 3 in rows 0 and 1 (the band above, with the seam) */
+    const int top = t > 0 || (seams & ATTN_WINO_ADD_TOP);
+    const int add_last = seams & ATTN_WINO_ADD_BOTTOM; /* the band's last rows 2 and 3, likewise below */
     if (pair) { /* tile row t in lanes [0, Tr), t + 1 in [Tr, 2 Tr) (the dummy lane between holds zeros) */
       const int both = t + 1 < rows;
       #pragma GCC unroll 16
@@ -247,9 +249,11 @@ static void adjoint_f32_own(const attn_wino_geom *g, const float *M, int64_t ps,
       for (int a = 0; a < 4; a++) r0[a] = _mm512_permutex2var_ps(e[a], z0, o[a]), r1[a] = _mm512_permutex2var_ps(e[a], z1, o[a]);
       put_row(dx, H, W, y, 0, pw, top, r0[0]);
       put_row(dx, H, W, y + 1, 0, pw, top, r0[1]);
-      put_row(dx, H, W, y + 2, 0, pw, 0, both ? _mm512_add_ps(r0[2], r1[0]) : r0[2]);
-      put_row(dx, H, W, y + 3, 0, pw, 0, both ? _mm512_add_ps(r0[3], r1[1]) : r0[3]);
-      if (both) put_row(dx, H, W, y + 4, 0, pw, 0, r1[2]), put_row(dx, H, W, y + 5, 0, pw, 0, r1[3]);
+      const int last = both ? t + 2 == rows : t + 1 == rows;
+      put_row(dx, H, W, y + 2, 0, pw, !both && last && add_last, both ? _mm512_add_ps(r0[2], r1[0]) : r0[2]);
+      put_row(dx, H, W, y + 3, 0, pw, !both && last && add_last, both ? _mm512_add_ps(r0[3], r1[1]) : r0[3]);
+      if (both)
+        put_row(dx, H, W, y + 4, 0, pw, last && add_last, r1[2]), put_row(dx, H, W, y + 5, 0, pw, last && add_last, r1[3]);
       continue;
     }
     #pragma GCC unroll 16
@@ -260,8 +264,9 @@ static void adjoint_f32_own(const attn_wino_geom *g, const float *M, int64_t ps,
       #pragma GCC unroll 16
       for (int a = 0; a < 4; a++) {
         prev[a][2] = p[a][2], prev[a][3] = p[a][3];
-        put_row(dx, H, W, y + a, 2 * tj0, pw, a < 2 && top, _mm512_permutex2var_ps(e[a], z0, o[a]));
-        put_row(dx, H, W, y + a, 2 * tj0 + 16, pw, a < 2 && top, _mm512_permutex2var_ps(e[a], z1, o[a]));
+        const int add = a < 2 ? top : t + 1 == rows && add_last;
+        put_row(dx, H, W, y + a, 2 * tj0, pw, add, _mm512_permutex2var_ps(e[a], z0, o[a]));
+        put_row(dx, H, W, y + a, 2 * tj0 + 16, pw, add, _mm512_permutex2var_ps(e[a], z1, o[a]));
       }
     }
   }

@@ -160,7 +160,7 @@
     }                                                                                                       \
   }                                                                                                         \
   static void WINO_FN(adjoint_##S)(const attn_wino_geom *g, const T *M, int64_t ps, int64_t ti0, int64_t rows, \
-                                   T *dx, T *scratch) {                                                     \
+                                   T *dx, T *scratch, int seams) {                                          \
     int64_t Tr = g->tw + 1, P = rows * Tr, n = (rows + 1) * Tr, pn = P + 2 * Tr + 1;                        \
     T *p = scratch + Tr + 1, *q = scratch + 16 * pn; /* p: Tr + 1 zeros, P tiles, Tr zeros; q: 4 of n */    \
     for (int k = 0; k < 16; k++) {                                                                          \
@@ -173,12 +173,14 @@
         const T *pa = p + (4 * r + c) * pn, *pb = p + (4 * (r + 2) + c) * pn;                              \
         WINO_FN(adj_gather_##S)(pa, pa + 2 * pn, pb, pb + 2 * pn, n, Tr, q + (2 * r + c) * n);              \
       }                                                                                                     \
-    for (int64_t i = 0; i <= rows; i++) /* padded rows 2 (ti0 + i) + r: the top pair adds to the band above */ \
+    for (int64_t i = 0; i <= rows; i++) /* padded rows 2 (ti0 + i) + r: the seams' pairs first and last */ \
       for (int r = 0; r < 2; r++) {                                                                         \
         int64_t y = 2 * (ti0 + i) + r - g->ph;                                                              \
         if (y >= 0 && y < g->H)                                                                             \
           WINO_FN(adj_row_##S)(q + (2 * r) * n + i * Tr, q + (2 * r + 1) * n + i * Tr, g->pw, g->W,          \
-                               i == 0 && ti0 > 0, dx + y * g->W);                                           \
+                               (i == 0 && (seams & ATTN_WINO_ADD_TOP)) ||                                   \
+                                   (i == rows && (seams & ATTN_WINO_ADD_BOTTOM)),                           \
+                               dx + y * g->W);                                                              \
       }                                                                                                     \
   }
 

@@ -22,6 +22,9 @@ typedef struct attn_wino_geom {
   int64_t th, tw;       /* tile rows and columns: (Ho + 1) / 2, (Wo + 1) / 2; F(4x4): groups, (Ho + 15) / 16, (Wo + 15) / 16 */
 } attn_wino_geom;
 
+/* The adjoint's seams: add into the band's first (last) two padded rows rather than write them. */
+enum { ATTN_WINO_ADD_TOP = 1, ATTN_WINO_ADD_BOTTOM = 2 };
+
 /* Entries of scratch one call needs for a band of rows tile rows. */
 static inline int64_t attn_wino_scratch(int64_t rows, int64_t tw) { return 20 * (rows + 2) * (tw + 1) + 16; }
 
@@ -34,7 +37,7 @@ static inline int64_t attn_wino_scratch(int64_t rows, int64_t tw) { return 20 * 
   typedef void (*attn_wino_grad_##S)(const attn_wino_geom *g, const T *dy, int64_t ti0, int64_t rows, T *Z,     \
                                      int64_t ps, T *scratch, double *sum);                                  \
   typedef void (*attn_wino_adjoint_##S)(const attn_wino_geom *g, const T *M, int64_t ps, int64_t ti0,         \
-                                        int64_t rows, T *dx, T *scratch);
+                                        int64_t rows, T *dx, T *scratch, int seams);
 ATTN_WINO_TRANSFORMS(float, f32)
 ATTN_WINO_TRANSFORMS(double, f64)
 
@@ -47,8 +50,9 @@ typedef struct attn_wino_kernels {
    * most 8 entries per partial before a double takes it, as attn_conv's own sum).
    * adjoint: dx (H, W): the adjoint of the input transform, B v B^T of the band's 4x4 tiles v of
    * dV (16 planes) added up where the tiles' patches overlap, clipped to (H, W). The band writes
-   * its padded rows [2 ti0, 2 (ti0 + rows) + 2) and adds into the top two when ti0 > 0 (the band
-   * above wrote them): an image's bands run in order. Dummy tiles must hold zeros. */
+   * its padded rows [2 ti0, 2 (ti0 + rows) + 2); the first two and the last two, which it shares
+   * with the bands above and below, it adds to instead when seams has ATTN_WINO_ADD_TOP or
+   * ATTN_WINO_ADD_BOTTOM (the other band wrote them first). Dummy tiles must hold zeros. */
   attn_wino_input_f32 input_f32;
   attn_wino_input_f64 input_f64;
   attn_wino_output_f32 output_f32;
@@ -58,8 +62,8 @@ typedef struct attn_wino_kernels {
   attn_wino_adjoint_f32 adjoint_f32;
   attn_wino_adjoint_f64 adjoint_f64;
   /* F(4x4, 3x3) (cpu/wino4_body.h): the same four transforms over 36 planes, th and tw counting
-   * groups of 4x4 tiles (16 columns each), y's tiles 4x4; the adjoint's band writes its padded rows
-   * [16 ti0, 16 (ti0 + rows) + 2), adding into the top two when ti0 > 0. */
+   * groups of 4x4 tiles (16 columns each), y's tiles 4x4; the adjoint's band covers its padded
+   * rows [16 ti0, 16 (ti0 + rows) + 2), with the same seams. */
   attn_wino_input_f32 input4_f32;
   attn_wino_input_f64 input4_f64;
   attn_wino_output_f32 output4_f32;
@@ -83,7 +87,7 @@ void attn_wino4_output_f32_avx512(const attn_wino_geom *g, const float *M, int64
 void attn_wino4_grad_f32_avx512(const attn_wino_geom *g, const float *dy, int64_t ti0, int64_t rows, float *Z,
                                 int64_t ps, float *scratch, double *sum);
 void attn_wino4_adjoint_f32_avx512(const attn_wino_geom *g, const float *M, int64_t ps, int64_t ti0, int64_t rows,
-                                   float *dx, float *scratch);
+                                   float *dx, float *scratch, int seams);
 #endif
 
 #endif

@@ -459,16 +459,15 @@ static int64_t grain(const conv_job *J, int64_t images) {
  * when WINOGRAD or WINOGRAD4 was asked for and does not apply. */
 static attn_status pick_winograd(const char *op, const conv_job *J, attn_conv2d_kernel kernel, const attn_tensor *x,
                                  const attn_tensor *weight, int *wino) {
-  int applies = attn_conv2d_winograd_applies(J->kh, J->kw, J->p.stride, J->p.padding, J->p.dilation, J->G);
+  int applies = attn_conv2d_winograd_applies(J->kh, J->kw, J->p.stride, J->p.dilation, J->G);
   int asked = kernel == ATTN_CONV_WINOGRAD || kernel == ATTN_CONV_WINOGRAD4;
   if (asked && !applies)
     return attn_error(ATTN_ERR_ARG,
-                      "%s: kernel '%s' takes 3x3 kernels at stride 1, dilation 1, groups 1 and padding <= 2, "
-                      "got input %s, weight %s, stride %lldx%lld, dilation %lldx%lld, groups %lld, padding %lldx%lld",
+                      "%s: kernel '%s' takes 3x3 kernels at stride 1, dilation 1 and groups 1, got input %s, weight %s, "
+                      "stride %lldx%lld, dilation %lldx%lld, groups %lld",
                       op, kernel == ATTN_CONV_WINOGRAD ? "winograd" : "winograd4", attn_tensor_shape_str(x),
                       attn_tensor_shape_str(weight), (long long)J->p.stride[0], (long long)J->p.stride[1],
-                      (long long)J->p.dilation[0], (long long)J->p.dilation[1], (long long)J->G,
-                      (long long)J->p.padding[0], (long long)J->p.padding[1]);
+                      (long long)J->p.dilation[0], (long long)J->p.dilation[1], (long long)J->G);
   int automatic = kernel == ATTN_CONV_AUTO && applies && J->C >= WINO_MIN_CHANNELS && J->O >= WINO_MIN_CHANNELS &&
                   J->Ho >= WINO_MIN_SIDE && J->Wo >= WINO_MIN_SIDE;
   /* AUTO takes F(4x4) where the active set has its own float32 transforms for it */

@@ -13,7 +13,7 @@
  * the bits do not depend on the thread count. db sums dY over images and positions in a fixed
  * order (eight lanes in double, one output channel per task).
  *
- * 3x3 kernels at stride 1, dilation 1, groups 1 and padding <= 2 can run Winograd F(2x2, 3x3)
+ * 3x3 kernels at stride 1, dilation 1 and groups 1 (any padding) can run Winograd F(2x2, 3x3)
  * or F(4x4, 3x3) instead (attn_conv_internal.h): 16 products per 2x2 outputs and channel pair
  * against 36, or 36 per 4x4 against 144, the input gradient as the forward's adjoint and the
  * weight gradient as its transpose, both from one transform of dy's tiles; their float32 rounding

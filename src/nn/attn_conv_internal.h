@@ -14,14 +14,15 @@
  * GEMMs carry along. The backward transforms dy's tiles once, Z = A dy A^T, and uses them twice:
  * the weight gradient is dg = G^T [sum_tiles Z .* (B^T d B)] G, and the input gradient is the
  * forward's adjoint, dd = B [sum_o U_o .* Z_o] B^T added up where the tiles' patches overlap (as
- * many products as forward; an image's bands run in order on one thread, each adding into the two
- * rows the band above wrote).
+ * many products as forward). Neighbouring bands of a large image share two rows of dd: the even
+ * bands write them, and after those the odd bands add into them, each phase's bands in parallel.
+ * The bias gradient is summed as the gradient transforms read dy.
  *
  * Rounding: F(2x2)'s coefficients are 0, +-1/2, +-1, and every entry of a tile's result is a
  * signed sum of products of a weight and an input whose coefficients add up to at most 64 per
  * input channel (against 9 for the direct sum): |err| <= (C + 10) u 64 sum_c max|g_c| max|d| (u
  * the unit roundoff). F(4x4)'s reach 5 in B^T, 1/4 and 1/6 in G and 8 in A^T, and the sums' at most
- * 54^2 = 2916 (48^2 forward, less for the gradients), with up to C + 16 roundings: a bound 45
+ * 54^2 = 2916 (48^2 forward, 38.5^2 for the input gradient, 53.3^2 for the weight gradient), with up to C + 16 roundings: a bound 45
  * times F(2x2)'s, which the specs compare float32 with (the errors measured stay below a
  * thousandth of it), float64 tight.
  *
@@ -33,10 +34,10 @@
 
 #include "core/attn_tensor.h"
 
-/* 1 when the Winograd kernels compute this convolution: 3x3, stride 1, dilation 1, groups 1,
- * padding <= 2 (the input gradient's padding 2 - p is then >= 0). */
-int attn_conv2d_winograd_applies(int64_t kh, int64_t kw, const int64_t stride[2], const int64_t padding[2],
-                                 const int64_t dilation[2], int64_t groups);
+/* 1 when the Winograd kernels compute this convolution: 3x3, stride 1, dilation 1, groups 1 (any
+ * padding: the tiles cover the outputs, and the input gradient is the forward's adjoint). */
+int attn_conv2d_winograd_applies(int64_t kh, int64_t kw, const int64_t stride[2], const int64_t dilation[2],
+                                 int64_t groups);
 
 /* y (N, O, H + 2 ph - 2, W + 2 pw - 2) = conv(x (N, C, H, W), w (O, C, 3, 3)) + b (O or NULL), by
  * F(m x m, 3x3), m 2 or 4. */

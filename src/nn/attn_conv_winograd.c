@@ -31,14 +31,15 @@ typedef struct {
   /* blocks: nb whole images each (band == th), or one band of band tile rows of one image (nb 1,
    * bands per image); tb columns at most */
   int64_t nb, band, bands, tb, blocks;
-  int64_t chunk, chunks; /* weight gradient: blocks per chunk, chunks */
+  int64_t chunk, chunks; /* backward: blocks per chunk, chunks */
+  int phase;              /* backward: 0 runs the images' even bands, 1 the odd ones */
+  char *started;          /* backward: per chunk, whether its partial holds a block yet */
   atomic_int failed;
 } wino_job;
 
-int attn_conv2d_winograd_applies(int64_t kh, int64_t kw, const int64_t stride[2], const int64_t padding[2],
-                                 const int64_t dilation[2], int64_t groups) {
-  return kh == 3 && kw == 3 && stride[0] == 1 && stride[1] == 1 && dilation[0] == 1 && dilation[1] == 1 &&
-         groups == 1 && padding[0] <= 2 && padding[1] <= 2;
+int attn_conv2d_winograd_applies(int64_t kh, int64_t kw, const int64_t stride[2], const int64_t dilation[2],
+                                 int64_t groups) {
+  return kh == 3 && kw == 3 && stride[0] == 1 && stride[1] == 1 && dilation[0] == 1 && dilation[1] == 1 && groups == 1;
 }
 
 /* The job's tiling from the shape alone: output (Ho, Wo) from input (H, W) and padding, blocks
@@ -109,13 +110,15 @@ static void xf_grad(const wino_job *J, const char *dy, int64_t ti0, int64_t rows
     (J->m == 2 ? k->grad_f64 : k->grad4_f64)(&J->g, (const double *)dy, ti0, rows, (double *)Z, ps, (double *)buf,
                                              sum);
 }
-static void xf_adjoint(const wino_job *J, const char *M, int64_t ps, int64_t ti0, int64_t rows, char *dx, char *buf) {
+static void xf_adjoint(const wino_job *J, const char *M, int64_t ps, int64_t ti0, int64_t rows, char *dx, char *buf,
+                       int seams) {
   const attn_wino_kernels *k = J->ks;
   if (J->dt == ATTN_F32)
-    (J->m == 2 ? k->adjoint_f32 : k->adjoint4_f32)(&J->g, (const float *)M, ps, ti0, rows, (float *)dx, (float *)buf);
+    (J->m == 2 ? k->adjoint_f32 : k->adjoint4_f32)(&J->g, (const float *)M, ps, ti0, rows, (float *)dx, (float *)buf,
+                                                   seams);
   else
     (J->m == 2 ? k->adjoint_f64 : k->adjoint4_f64)(&J->g, (const double *)M, ps, ti0, rows, (double *)dx,
-                                                   (double *)buf);
+                                                   (double *)buf, seams);
 }
 
 /* V (np planes of (C, tb)): the input transforms of block bl's planes of src (N, C, H, W). */
@@ -243,8 +246,11 @@ int attn_conv2d_winograd(attn_dtype dt, int m, const void *x, int64_t N, int64_t
   return atomic_load(&J.failed) ? -1 : 0;
 }
 
-/* Chunks [k0, k1) of the backward, block by block in order: Z = the gradient transforms of dy
- * (and the chunk's bias gradient sums);
+/* Chunks [k0, k1) of the backward in the job's phase, their blocks of that phase in order (an
+ * image's even bands in phase 0, its odd bands in phase 1, whole images in phase 0): the bands
+ * next to each other share two rows of dx (the seams), which the even band writes and the odd
+ * band then adds into, so the bands of one phase run in parallel and the sums keep one order.
+ * Z = the gradient transforms of dy (and the chunk's bias gradient sums);
  * for the weight gradient, V = the input transforms of x and the chunk's partial (np, O, C) +=
  * Z V^T; for the input gradient, dV = U^T Z (in V's place) and its adjoint transforms into dx. */
 static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
@@ -256,7 +262,10 @@ static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
   for (int64_t k = k0; V && Z && buf && k < k1; k++) {
     int64_t bend = (k + 1) * J->chunk < J->blocks ? (k + 1) * J->chunk : J->blocks;
     for (int64_t bl = k * J->chunk; bl < bend; bl++) {
+      int64_t band = J->bands > 1 ? bl % J->bands : 0;
+      if (band % 2 != J->phase) continue;
       int64_t n0, ni, ti0, rows, nt = block_of(J, bl, &n0, &ni, &ti0, &rows), per = nt / ni;
+      int seams = band % 2 ? ATTN_WINO_ADD_TOP | (band + 1 < J->bands ? ATTN_WINO_ADD_BOTTOM : 0) : 0;
       for (int64_t i = 0; i < ni; i++)
         for (int64_t o = 0; o < J->O; o++)
           xf_grad(J, J->dy + (size_t)((n0 + i) * J->O + o) * HoWo * es, ti0, rows, Z + (size_t)(o * ld + i * per) * es,
@@ -265,8 +274,8 @@ static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
         input_block(J, J->x, bl, V, buf);
         for (int xi = 0; xi < J->np; xi++)
           attn_gemm(J->dt, 0, 1, J->O, J->C, nt, 1.0, Z + (size_t)(xi * tb) * es, ld, V + (size_t)(xi * tb) * es, ld,
-                    bl == k * J->chunk ? 0.0 : 1.0,
-                    J->partial + (size_t)((k * J->np + xi) * J->O * J->C) * es, J->C);
+                    J->started[k] ? 1.0 : 0.0, J->partial + (size_t)((k * J->np + xi) * J->O * J->C) * es, J->C);
+        J->started[k] = 1;
       }
       if (!J->dx) continue;
       for (int xi = 0; xi < J->np; xi++)
@@ -275,7 +284,7 @@ static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
       for (int64_t i = 0; i < ni; i++)
         for (int64_t c = 0; c < J->C; c++)
           xf_adjoint(J, V + (size_t)(c * ld + i * per) * es, tb, ti0, rows,
-                     J->dx + (size_t)((n0 + i) * J->C + c) * HW * es, buf);
+                     J->dx + (size_t)((n0 + i) * J->C + c) * HW * es, buf, seams);
     }
   }
   if (V) attn_free(V, cap[0]);
@@ -345,7 +354,6 @@ int attn_conv2d_winograd_backward(attn_dtype dt, int m, const void *x, int64_t N
   if (J.g.th == 0 || J.g.tw == 0) J.blocks = 0; /* no outputs: dx and dw are zero */
   int64_t chunks = J.blocks < DW_CHUNKS ? J.blocks : DW_CHUNKS;
   J.chunk = chunks > 0 ? (J.blocks + chunks - 1) / chunks : 1;
-  J.chunk = (J.chunk + J.bands - 1) / J.bands * J.bands; /* an image's bands in one chunk, in order */
   J.chunks = (J.blocks + J.chunk - 1) / J.chunk;
   if (J.blocks == 0) {
     if (dx) memset(dx, 0, (size_t)(N * C * H * W) * J.es);
@@ -353,15 +361,17 @@ int attn_conv2d_winograd_backward(attn_dtype dt, int m, const void *x, int64_t N
     if (db) memset(db, 0, (size_t)O * J.es);
     return 0;
   }
-  size_t cap[3] = {0, 0, 0};
+  size_t cap[4] = {0, 0, 0, 0};
   J.partial = dw ? attn_alloc((size_t)(J.chunks * J.np * O * C) * J.es, &cap[0]) : NULL;
   J.U = dx ? attn_alloc((size_t)(J.np * O * C) * J.es, &cap[1]) : NULL;
   J.dbp = db ? attn_alloc((size_t)(J.chunks * O) * sizeof(double), &cap[2]) : NULL;
-  if ((dw && !J.partial) || (dx && !J.U) || (db && !J.dbp)) atomic_store(&J.failed, 1);
+  J.started = attn_alloc((size_t)J.chunks, &cap[3]);
+  if ((dw && !J.partial) || (dx && !J.U) || (db && !J.dbp) || !J.started) atomic_store(&J.failed, 1);
   if (!atomic_load(&J.failed)) {
     if (J.dbp) memset(J.dbp, 0, (size_t)(J.chunks * O) * sizeof(double));
+    memset(J.started, 0, (size_t)J.chunks);
     if (dx) weight_transform(&J, w, 1);
-    attn_parallel_for(J.chunks, 1, backward_chunks, &J);
+    for (J.phase = 0; J.phase < (J.bands > 1 ? 2 : 1); J.phase++) attn_parallel_for(J.chunks, 1, backward_chunks, &J);
   }
   reduce_job R = {&J, dw};
   if (dw && !atomic_load(&J.failed)) attn_parallel_for(O * C, 512, reduce_dweight, &R);
@@ -373,5 +383,6 @@ int attn_conv2d_winograd_backward(attn_dtype dt, int m, const void *x, int64_t N
   if (J.partial) attn_free(J.partial, cap[0]);
   if (J.U) attn_free(J.U, cap[1]);
   if (J.dbp) attn_free(J.dbp, cap[2]);
+  if (J.started) attn_free(J.started, cap[3]);
   return atomic_load(&J.failed) ? -1 : 0;
 }

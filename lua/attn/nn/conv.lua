@@ -7,7 +7,7 @@
 -- (out_channels, in_channels / groups, kh, kw), so a PyTorch CNN's state dict loads unchanged.
 -- The functional forms (`conv2d`, `max_pool2d`, ...) take the same options; `conv2d`'s option
 -- `kernel` (or a module's field `kernel`) picks the C path: "auto", "im2col", "winograd" or
--- "winograd4" (3x3, stride 1, dilation 1, groups 1, padding <= 2) or "reference", the plain loops
+-- "winograd4" (3x3, stride 1, dilation 1, groups 1) or "reference", the plain loops
 -- the specs compare the others with.
 -- @module attn.nn.conv
 local attn = require "attn"
@@ -88,7 +88,7 @@ end
 -- weight (O, C / groups, kh, kw), bias (O) or nil -> (N, O, Ho, Wo) with
 -- Ho = floor((H + 2 padding - dilation (kh - 1) - 1) / stride) + 1. One autograd node. Paths
 -- (`kernel`): "im2col" unfolds each image and runs the engine's GEMM; "winograd" (3x3 kernels at
--- stride 1, dilation 1, groups 1, padding <= 2) runs Winograd F(2x2, 3x3), 16 GEMMs over
+-- stride 1, dilation 1, groups 1) runs Winograd F(2x2, 3x3), 16 GEMMs over
 -- channels per block of 2x2 output tiles, with 2.25 times fewer multiply-adds and a float32
 -- rounding bound about 7 times the direct sum's; "winograd4" runs F(4x4, 3x3), 36 GEMMs per
 -- block of 4x4 tiles, 4 times fewer multiply-adds, a bound about 45 times F(2x2)'s; "auto"
