@@ -47,7 +47,8 @@ typedef struct attn_wino_kernels {
    * planes), clipped to (Ho, Wo).
    * grad: Z (16 planes): A e A^T of the band's 2x2 tiles e of dy (Ho, Wo), zero outside it;
    * with sum not NULL, adds the band's entries of dy to *sum (the bias gradient: float32 adds at
-   * most 8 entries per partial before a double takes it, as attn_conv's own sum).
+   * most 8 entries per partial before a double takes it, as attn_conv's own sum; the AVX-512
+   * transforms add 4).
    * adjoint: dx (H, W): the adjoint of the input transform, B v B^T of the band's 4x4 tiles v of
    * dV (16 planes) added up where the tiles' patches overlap, clipped to (H, W). The band writes
    * its padded rows [2 ti0, 2 (ti0 + rows) + 2); the first two and the last two, which it shares

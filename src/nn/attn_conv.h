@@ -11,7 +11,9 @@
  * for dx, and dW_g^T = sum_n col_g dY_g^T. Images are split over the worker pool; dW is summed per
  * fixed chunk of images (the chunking depends on N alone) and the chunks are added in order, so
  * the bits do not depend on the thread count. db sums dY over images and positions in a fixed
- * order (eight lanes in double, one output channel per task).
+ * order (float32 partials of at most 8 entries in 32 lanes, flushed into doubles; one output
+ * channel per task); the Winograd paths sum it as their gradient transforms read dY when dx or
+ * dW is asked for too.
  *
  * 3x3 kernels at stride 1, dilation 1 and groups 1 (any padding) can run Winograd F(2x2, 3x3)
  * or F(4x4, 3x3) instead (attn_conv_internal.h): 16 products per 2x2 outputs and channel pair

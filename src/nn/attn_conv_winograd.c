@@ -263,7 +263,7 @@ static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
     int64_t bend = (k + 1) * J->chunk < J->blocks ? (k + 1) * J->chunk : J->blocks;
     for (int64_t bl = k * J->chunk; bl < bend; bl++) {
       int64_t band = J->bands > 1 ? bl % J->bands : 0;
-      if (band % 2 != J->phase) continue;
+      if ((J->dx ? band % 2 : 0) != J->phase) continue; /* without dx, no seams: one phase */
       int64_t n0, ni, ti0, rows, nt = block_of(J, bl, &n0, &ni, &ti0, &rows), per = nt / ni;
       int seams = band % 2 ? ATTN_WINO_ADD_TOP | (band + 1 < J->bands ? ATTN_WINO_ADD_BOTTOM : 0) : 0;
       for (int64_t i = 0; i < ni; i++)
@@ -371,7 +371,8 @@ int attn_conv2d_winograd_backward(attn_dtype dt, int m, const void *x, int64_t N
     if (J.dbp) memset(J.dbp, 0, (size_t)(J.chunks * O) * sizeof(double));
     memset(J.started, 0, (size_t)J.chunks);
     if (dx) weight_transform(&J, w, 1);
-    for (J.phase = 0; J.phase < (J.bands > 1 ? 2 : 1); J.phase++) attn_parallel_for(J.chunks, 1, backward_chunks, &J);
+    for (J.phase = 0; J.phase < (J.bands > 1 && dx ? 2 : 1); J.phase++)
+      attn_parallel_for(J.chunks, 1, backward_chunks, &J);
   }
   reduce_job R = {&J, dw};
   if (dw && !atomic_load(&J.failed)) attn_parallel_for(O * C, 512, reduce_dweight, &R);
