@@ -249,6 +249,7 @@ local function child(seed, seconds, hb_path)
     function() return { dtype = dtypes[R(3)] } end,
     function() return { requires_grad = true } end,
     function() return { causal = true, valid_lens = { 1, 2 }, dropout = 0.5, training = true } end,
+    function() return { padding = R(0, 2), kernel = ({ "winograd", "winograd4", "im2col", "reference" })[R(4)] } end,
     function() return { lr = 0 / 0, params = { any_tensor() } } end,
     function() return { any_tensor(), any_tensor() } end,
     function() return { w = any_tensor(), [1] = any_tensor() } end,

@@ -162,21 +162,32 @@ describe("nn.conv2d", function()
     end
   end)
 
-  -- The bias gradient sums dy in 32 lanes of float32 flushed into doubles every 256 positions: on
-  -- a 512x512 plane it is the float64 sum rounded (within one ulp); lanes over a whole row of the
-  -- plane (8192 terms each) were 4x past that.
+  -- The bias gradient sums dy in float32 partials of at most 8 entries each, flushed into doubles
+  -- (attn_conv's own sum in 32 lanes every 256 positions; the Winograd paths as their gradient
+  -- transforms read dy, or by that sum when dx and dW are not asked for): on a 512x512 plane it is
+  -- the float64 sum rounded (within one ulp); lanes over a whole row of the plane (8192 terms
+  -- each) were 4x past that. Every path and ISA set, alone and beside the other gradients.
   it("has a float32 bias gradient within one ulp of the float64 sum on a 512x512 plane, every path", function()
     attn.manual_seed(21)
+    local saved = attn.core.isa()
+    finally(function() attn.core.isa(saved) end)
     local x, w = attn.randn({ 1, 1, 512, 512 }), attn.randn({ 2, 1, 3, 3 })
     local g = attn.rand({ 1, 2, 512, 512 })
     local exact = g:to("float64"):sum(4):sum(3):sum(1):view({ 2 })
-    for _, kernel in ipairs { "im2col", "winograd", "reference" } do
-      local b = attn.zeros({ 2 }):requires_grad_()
-      nn.conv2d(x, w, b, { padding = 1, kernel = kernel }):backward(g)
-      for o = 1, 2 do
-        local s = exact[o]
-        local ulp = 2 ^ (math.floor(math.log(s, 2)) - 23)
-        assert.is_true(math.abs(b.grad[o] - s) <= ulp, kernel .. ": " .. b.grad[o] .. " vs " .. s)
+    for _, isa in ipairs(helper.isa_paths()) do
+      attn.core.isa(isa)
+      for _, kernel in ipairs { "im2col", "winograd", "winograd4", "reference" } do
+        for _, alone in ipairs { false, true } do
+          local b = attn.zeros({ 2 }):requires_grad_()
+          local xl = alone and x or x:detach():requires_grad_()
+          nn.conv2d(xl, w, b, { padding = 1, kernel = kernel }):backward(g)
+          for o = 1, 2 do
+            local s = exact[o]
+            local ulp = 2 ^ (math.floor(math.log(s, 2)) - 23)
+            assert.is_true(math.abs(b.grad[o] - s) <= ulp,
+              isa .. " " .. kernel .. (alone and " alone" or "") .. ": " .. b.grad[o] .. " vs " .. s)
+          end
+        end
       end
     end
   end)
@@ -222,21 +233,21 @@ describe("nn.conv2d", function()
     assert.has_error(function() nn.conv2d(x, w:to("float64"), nil, { groups = 2 }) end,
       "conv2d: weight [6x2x3x3] is float64, expected float32")
     assert.has_error(function() nn.conv2d(x, w, nil, { groups = 2, kernel = "fast" }) end,
-      "conv2d: kernel must be 'auto', 'im2col', 'winograd' or 'reference', got fast")
+      "conv2d: kernel must be 'auto', 'im2col', 'winograd', 'winograd4' or 'reference', got fast")
     assert.has_error(function() nn.conv2d(x, w, nil, { groups = 2, kernel = "winograd" }) end,
-      "conv2d: kernel 'winograd' takes 3x3 kernels at stride 1, dilation 1, groups 1 and padding <= 2, got input "
-        .. "[1x4x5x5], weight [6x2x3x3], stride 1x1, dilation 1x1, groups 2, padding 0x0")
+      "conv2d: kernel 'winograd' takes 3x3 kernels at stride 1, dilation 1 and groups 1, got input "
+        .. "[1x4x5x5], weight [6x2x3x3], stride 1x1, dilation 1x1, groups 2")
     assert.has_error(function() nn.conv2d(attn.randn({ 1, 2, 5, 5 }), attn.randn({ 3, 2, 3, 3 }), nil,
-      { kernel = "winograd", stride = 2 }) end, "conv2d: kernel 'winograd' takes 3x3 kernels at stride 1, dilation 1, "
-        .. "groups 1 and padding <= 2, got input [1x2x5x5], weight [3x2x3x3], stride 2x2, dilation 1x1, groups 1, "
-        .. "padding 0x0")
+      { kernel = "winograd4", stride = 2 }) end, "conv2d: kernel 'winograd4' takes 3x3 kernels at stride 1, dilation 1 "
+        .. "and groups 1, got input [1x2x5x5], weight [3x2x3x3], stride 2x2, dilation 1x1, groups 1")
   end)
 end)
 
--- Winograd F(2x2, 3x3) (kernel = "winograd"): odd sizes (a last tile row and column of one output),
--- padding 0, 1, 2, batch 1 and many, channel counts that are no multiple of anything, an image
--- smaller than a tile, several images per block, and an image larger than a block (bands of tile
--- rows, the last one short: 23 tile rows, 21 per band in float32 and 10 in float64).
+-- Winograd F(2x2, 3x3) (kernel = "winograd") and F(4x4, 3x3) ("winograd4"): odd sizes (a last tile
+-- row and column of one output), padding 0, 1, 2, batch 1 and many, channel counts that are no
+-- multiple of anything, an image smaller than a tile, several images per block, and images larger
+-- than a block (bands of tile rows, the last one short: 23 tile rows, 21 per band in float32 and 10
+-- in float64 for F(2x2); 5 groups of 4x4 tiles, 2 per band, for F(4x4)).
 local wino_cases = {
   { name = "odd 7x5, padding 1", x = { 2, 3, 7, 5 }, w = { 5, 3, 3, 3 }, o = { padding = 1 } },
   { name = "padding 0, batch 1", x = { 1, 5, 8, 9 }, w = { 3, 5, 3, 3 }, o = {} },
@@ -245,51 +256,77 @@ local wino_cases = {
   { name = "3x3 image, padding 0 (one output)", x = { 1, 2, 3, 3 }, w = { 2, 2, 3, 3 }, o = {} },
   { name = "many tiles: several images per block", x = { 2, 2, 41, 37 }, w = { 3, 2, 3, 3 }, o = { padding = 1 } },
   { name = "an image larger than a block: bands", x = { 1, 6, 45, 45 }, w = { 6, 6, 3, 3 }, o = { padding = 1 } },
+  { name = "an image larger than an F(4x4) block: bands", x = { 1, 8, 70, 70 }, w = { 5, 8, 3, 3 },
+    o = { padding = 1 } },
+  -- outputs a multiple of 16 wide: F(4x4)'s last group spills its patches' last two columns into
+  -- the plane (the input gradient's extra group)
+  { name = "16 wide, padding 1", x = { 2, 3, 16, 16 }, w = { 4, 3, 3, 3 }, o = { padding = 1 } },
+  { name = "18 wide, padding 0", x = { 1, 2, 10, 18 }, w = { 3, 2, 3, 3 }, o = {} },
+  { name = "the same in bands (64 wide, padding 1)", x = { 1, 8, 64, 64 }, w = { 5, 8, 3, 3 }, o = { padding = 1 } },
+  { name = "padding {3, 4}", x = { 2, 3, 6, 5 }, w = { 4, 3, 3, 3 }, o = { padding = { 3, 4 } } },
 }
 
+-- Per kernel: outputs per tile side, the float32 bound's magnitude factor and extra roundings
+-- (below), the float64 tolerance against naive loops. F(2x2)'s transforms have coefficients 0,
+-- +-1/2, +-1: a tile's sums weigh a weight times an input by at most 8 along each side, 64 in all;
+-- F(4x4)'s (up to 5 in B^T, 1/4 and 1/6 in G, 8 in A^T) by at most 54 along a side for any of the
+-- three passes (48 forward, 38.5 for the input gradient, 53.3 for the weight gradient).
+local WINO = {
+  winograd = { m = 2, factor = 64, depth = 10, f64 = 1e-12 },
+  winograd4 = { m = 4, factor = 54 ^ 2, depth = 16, f64 = 1e-10 },
+}
+local WINO_KERNELS = { "winograd", "winograd4" }
+
 -- The float32 Winograd error bound of attn_conv_internal.h for a convolution over C channels of
--- weights w and inputs x: every output is a signed sum of at most 64 C products of a weight and an
--- input (the transforms' coefficients are 0, +-1/2, +-1), each reaching it through at most C + 10
--- roundings: |err| <= (C + 10) u 64 C max|w| max|x|, u = 2^-24. For the weight gradient, a sum
--- over every tile of the batch, the worst case (tiles + 10 roundings) is vacuous; it takes the
--- random-walk form of the same bound, sqrt(tiles) + 10 roundings (rounds: the count of roundings).
-local function wino_bound(C, w, x, rounds)
-  return (rounds or C + 10) * 2 ^ -24 * 64 * C * w:abs():max():item() * x:abs():max():item()
+-- weights w and inputs x: every output is a signed sum of at most factor C products of a weight and
+-- an input, each reaching it through at most C + depth roundings: |err| <= (C + depth) u factor C
+-- max|w| max|x|, u = 2^-24. For the weight gradient, a sum over every tile of the batch, the worst
+-- case (tiles + depth roundings) is vacuous; it takes the random-walk form of the same bound,
+-- sqrt(tiles) + depth roundings (rounds: the count of roundings).
+local function wino_bound(kernel, C, w, x, rounds)
+  local k = WINO[kernel]
+  return (rounds or C + k.depth) * 2 ^ -24 * k.factor * C * w:abs():max():item() * x:abs():max():item()
 end
 
-describe("nn.conv2d with kernel = 'winograd'", function()
-  for _, case in ipairs(wino_cases) do
-    it("matches naive loops and the reference path to 1e-12 in float64, values and gradients: " .. case.name,
-      function()
-        attn.manual_seed(11)
-        local x, w, b = attn.randn(case.x, "float64"), attn.randn(case.w, "float64"), attn.randn({ case.w[1] }, "float64")
-        local o = with_kernel(case.o, "winograd")
-        assert.close(nn.conv2d(x, w, b, o), naive_conv(x, w, b, case.o), { atol = 1e-12, rtol = 0 })
-        local grads = {}
-        for _, kernel in ipairs { "winograd", "reference", "im2col" } do
-          local xl, wl, bl = x:detach():requires_grad_(), w:detach():requires_grad_(), b:detach():requires_grad_()
-          local y = nn.conv2d(xl, wl, bl, with_kernel(case.o, kernel))
-          attn.manual_seed(12)
-          y:backward(attn.randn(y:shape(), "float64"))
-          grads[kernel] = { y, xl.grad, wl.grad, bl.grad }
-        end
-        for i = 1, 4 do
-          assert.close(grads.winograd[i], grads.reference[i], { atol = 1e-12, rtol = 0 })
-          assert.close(grads.im2col[i], grads.reference[i], { atol = 1e-12, rtol = 0 })
-        end
-      end)
+describe("nn.conv2d with kernel = 'winograd' and 'winograd4'", function()
+  for _, kernel in ipairs(WINO_KERNELS) do
+    for _, case in ipairs(wino_cases) do
+      it(kernel .. " matches naive loops and the reference path in float64, values and gradients: " .. case.name,
+        function()
+          attn.manual_seed(11)
+          local x, w = attn.randn(case.x, "float64"), attn.randn(case.w, "float64")
+          local b = attn.randn({ case.w[1] }, "float64")
+          local tol = { atol = WINO[kernel].f64, rtol = 0 }
+          assert.close(nn.conv2d(x, w, b, with_kernel(case.o, kernel)), naive_conv(x, w, b, case.o), tol)
+          local grads = {}
+          for _, k in ipairs { kernel, "reference", "im2col" } do
+            local xl, wl, bl = x:detach():requires_grad_(), w:detach():requires_grad_(), b:detach():requires_grad_()
+            local y = nn.conv2d(xl, wl, bl, with_kernel(case.o, k))
+            attn.manual_seed(12)
+            y:backward(attn.randn(y:shape(), "float64"))
+            grads[k] = { y, xl.grad, wl.grad, bl.grad }
+          end
+          for i = 1, 4 do
+            assert.close(grads[kernel][i], grads.reference[i], tol)
+            assert.close(grads.im2col[i], grads.reference[i], { atol = 1e-12, rtol = 0 })
+          end
+        end)
+    end
   end
 
   it("has gradients that pass gradcheck (float64)", function()
     attn.manual_seed(13)
-    for _, case in ipairs { wino_cases[1], wino_cases[3], wino_cases[5] } do
-      local x, w, b = helper.param(case.x), helper.param(case.w), helper.param({ case.w[1] })
-      helper.gradcheck(function(a, c, d) return nn.conv2d(a, c, d, with_kernel(case.o, "winograd")) end, { x, w, b })
+    for _, kernel in ipairs(WINO_KERNELS) do
+      for _, case in ipairs { wino_cases[1], wino_cases[3], wino_cases[5] } do
+        local x, w, b = helper.param(case.x), helper.param(case.w), helper.param({ case.w[1] })
+        helper.gradcheck(function(a, c, d) return nn.conv2d(a, c, d, with_kernel(case.o, kernel)) end, { x, w, b })
+      end
     end
   end)
 
-  -- every ISA set: AVX-512 has its own float32 transforms (two short tile rows per vector up to 8
-  -- tiles a row, 16 tiles of one row above; the cases cover 1 to 24 tiles a row, odd tile rows)
+  -- every ISA set: AVX-512 has its own float32 transforms for both (F(2x2): two short tile rows per
+  -- vector up to 8 tiles a row, 16 tiles of one row above; F(4x4): one group of 4x4 tiles per
+  -- vector; the cases cover 1 to 24 tiles a row, odd tile rows, bands)
   it("stays within its error bound in float32 on every ISA set (values, input and weight gradients against float64)",
     function()
       attn.manual_seed(14)
@@ -301,64 +338,85 @@ describe("nn.conv2d with kernel = 'winograd'", function()
       })
       for _, isa in ipairs(helper.isa_paths()) do
         attn.core.isa(isa)
-        for _, case in ipairs(f32_cases) do
-          local x, w = attn.randn(case.x), attn.randn(case.w)
-          local xl, wl = x:detach():requires_grad_(), w:detach():requires_grad_()
-          local y = nn.conv2d(xl, wl, nil, with_kernel(case.o, "winograd"))
-          local g = attn.randn(y:shape())
-          y:backward(g)
-          local x64, w64 = x:to("float64"):requires_grad_(), w:to("float64"):requires_grad_()
-          local y64 = nn.conv2d(x64, w64, nil, with_kernel(case.o, "reference"))
-          y64:backward(g:to("float64"))
-          local C, O = case.x[2], case.w[1]
-          -- dx: the same kernel over O channels of dy with the flipped weight; dW: sums over every tile
-          -- of the batch, the same bound with the tiles as the channels
-          local tiles = case.x[1] * math.ceil(y:shape()[3] / 2) * math.ceil(y:shape()[4] / 2)
-          assert.close(y, y64, { atol = wino_bound(C, w, x), rtol = 0 })
-          assert.close(xl.grad, x64.grad, { atol = wino_bound(O, w, g), rtol = 0 })
-          assert.close(wl.grad, w64.grad, { atol = wino_bound(tiles, g, x, math.sqrt(tiles) + 10), rtol = 0 })
-          -- and the bound is not vacuous: it is below the outputs' own scale
-          assert.is_true(wino_bound(C, w, x) < 0.05 * y64:abs():max():item())
+        for _, kernel in ipairs(WINO_KERNELS) do
+          for _, case in ipairs(f32_cases) do
+            local x, w = attn.randn(case.x), attn.randn(case.w)
+            local xl, wl = x:detach():requires_grad_(), w:detach():requires_grad_()
+            local y = nn.conv2d(xl, wl, nil, with_kernel(case.o, kernel))
+            local g = attn.randn(y:shape())
+            y:backward(g)
+            local x64, w64 = x:to("float64"):requires_grad_(), w:to("float64"):requires_grad_()
+            local y64 = nn.conv2d(x64, w64, nil, with_kernel(case.o, "reference"))
+            y64:backward(g:to("float64"))
+            local C, O, m = case.x[2], case.w[1], WINO[kernel].m
+            -- dx: sums over the O channels of dy with the same magnitudes; dW: sums over every tile
+            -- of the batch, the same bound with the tiles as the channels
+            local tiles = case.x[1] * math.ceil(y:shape()[3] / m) * math.ceil(y:shape()[4] / m)
+            local depth = WINO[kernel].depth
+            assert.close(y, y64, { atol = wino_bound(kernel, C, w, x), rtol = 0 })
+            assert.close(xl.grad, x64.grad, { atol = wino_bound(kernel, O, w, g), rtol = 0 })
+            assert.close(wl.grad, w64.grad,
+              { atol = wino_bound(kernel, tiles, g, x, math.sqrt(tiles) + depth), rtol = 0 })
+            -- and the bound is not vacuous: it is below the outputs' own scale
+            -- (F(4x4)'s is up to a tenth of it, on a 1x1 image; F(2x2)'s a thousandth)
+            assert.is_true(wino_bound(kernel, C, w, x) < 0.25 * y64:abs():max():item())
+          end
         end
       end
     end)
 
-  it("gives the same bits on 1 and 2 threads (float32, forward and backward)", function()
+  -- whole images per block, and images cut into bands (neighbouring bands share two rows of the
+  -- input gradient: the even bands write them, then the odd ones add into them, each phase's bands
+  -- in parallel)
+  it("gives the same bits on 1 and 2 threads (float32, forward and backward, whole images and bands)", function()
     attn.manual_seed(15)
-    local x, w, b = attn.randn({ 5, 6, 23, 19 }), attn.randn({ 7, 6, 3, 3 }), attn.randn({ 7 })
-    helper.assert_same_bits_on_threads(function()
-      local xl, wl, bl = x:detach():requires_grad_(), w:detach():requires_grad_(), b:detach():requires_grad_()
-      local y = nn.conv2d(xl, wl, bl, { padding = 1, kernel = "winograd" })
-      y:backward(y:detach())
-      return { y, xl.grad, wl.grad, bl.grad }
-    end)
-  end)
-
-  it("has every ISA set's transforms match the reference path (float64, 1e-12)", function()
-    local saved = attn.core.isa()
-    for _, isa in ipairs(helper.isa_paths()) do
-      attn.core.isa(isa)
-      for _, case in ipairs { wino_cases[1], wino_cases[3], wino_cases[7] } do
-        attn.manual_seed(17)
-        local x, w, b = attn.randn(case.x, "float64"), attn.randn(case.w, "float64"), attn.randn({ case.w[1] }, "float64")
-        local res = {}
-        for _, kernel in ipairs { "winograd", "reference" } do
+    for _, kernel in ipairs(WINO_KERNELS) do
+      for _, shapes in ipairs {
+        { { 5, 6, 23, 19 }, { 7, 6, 3, 3 } }, { { 3, 6, 45, 45 }, { 6, 6, 3, 3 } }, { { 2, 8, 70, 70 }, { 5, 8, 3, 3 } },
+        { { 1, 4, 130, 130 }, { 4, 4, 3, 3 } }, -- one image in 5 or 6 bands: its bands in parallel
+      } do
+        local x, w, b = attn.randn(shapes[1]), attn.randn(shapes[2]), attn.randn({ shapes[2][1] })
+        helper.assert_same_bits_on_threads(function()
           local xl, wl, bl = x:detach():requires_grad_(), w:detach():requires_grad_(), b:detach():requires_grad_()
-          local y = nn.conv2d(xl, wl, bl, with_kernel(case.o, kernel))
+          local y = nn.conv2d(xl, wl, bl, { padding = 1, kernel = kernel })
           y:backward(y:detach())
-          res[kernel] = { y, xl.grad, wl.grad, bl.grad }
-        end
-        for i = 1, 4 do assert.close(res.winograd[i], res.reference[i], { atol = 1e-10, rtol = 1e-12 }) end
+          return { y, xl.grad, wl.grad, bl.grad }
+        end)
       end
     end
-    attn.core.isa(saved)
   end)
 
+  it("has every ISA set's transforms match the reference path (float64)", function()
+    local saved = attn.core.isa()
+    finally(function() attn.core.isa(saved) end)
+    for _, isa in ipairs(helper.isa_paths()) do
+      attn.core.isa(isa)
+      for _, kernel in ipairs(WINO_KERNELS) do
+        for _, case in ipairs { wino_cases[1], wino_cases[3], wino_cases[7], wino_cases[8] } do
+          attn.manual_seed(17)
+          local x, w = attn.randn(case.x, "float64"), attn.randn(case.w, "float64")
+          local b = attn.randn({ case.w[1] }, "float64")
+          local res = {}
+          for _, k in ipairs { kernel, "reference" } do
+            local xl, wl, bl = x:detach():requires_grad_(), w:detach():requires_grad_(), b:detach():requires_grad_()
+            local y = nn.conv2d(xl, wl, bl, with_kernel(case.o, k))
+            y:backward(y:detach())
+            res[k] = { y, xl.grad, wl.grad, bl.grad }
+          end
+          for i = 1, 4 do assert.close(res[kernel][i], res.reference[i], { atol = 100 * WINO[kernel].f64, rtol = 1e-12 }) end
+        end
+      end
+    end
+  end)
+
+  -- AUTO's tile: F(4x4) in float32 where the active set has its own F(4x4) transforms (AVX-512),
+  -- F(2x2) otherwise and in float64
   it("is what 'auto' runs from 8 input and output channels and 12x12 outputs up, im2col below", function()
-    attn.manual_seed(18)
-    local function run(xs, ws, kernel)
+    local saved = attn.core.isa()
+    finally(function() attn.core.isa(saved) end)
+    local function run(xs, ws, kernel, dtype)
       attn.manual_seed(19)
-      local x, w = attn.randn(xs):requires_grad_(), attn.randn(ws):requires_grad_()
+      local x, w = attn.randn(xs, dtype):requires_grad_(), attn.randn(ws, dtype):requires_grad_()
       local y = nn.conv2d(x, w, nil, { padding = 1, kernel = kernel })
       y:backward(y:detach())
       return { y, x.grad, w.grad }
@@ -369,16 +427,24 @@ describe("nn.conv2d with kernel = 'winograd'", function()
       end
       return true
     end
-    for _, case in ipairs {
-      { x = { 2, 8, 12, 12 }, w = { 8, 8, 3, 3 }, want = "winograd" },
-      { x = { 2, 7, 12, 12 }, w = { 8, 7, 3, 3 }, want = "im2col" },
-      { x = { 2, 8, 12, 12 }, w = { 7, 8, 3, 3 }, want = "im2col" },
-      { x = { 2, 8, 11, 14 }, w = { 8, 8, 3, 3 }, want = "im2col" },
-    } do
-      local auto, wino, im2col = run(case.x, case.w, "auto"), run(case.x, case.w, "winograd"),
-        run(case.x, case.w, "im2col")
-      assert.is_false(same(wino, im2col)) -- the two paths round differently: the test can tell them apart
-      assert.is_true(same(auto, case.want == "winograd" and wino or im2col))
+    for _, isa in ipairs(helper.isa_paths()) do
+      attn.core.isa(isa)
+      for _, dtype in ipairs { "float32", "float64" } do
+        local tile = (isa == "avx512" and dtype == "float32") and "winograd4" or "winograd"
+        for _, case in ipairs {
+          { x = { 2, 8, 12, 12 }, w = { 8, 8, 3, 3 }, want = tile },
+          { x = { 2, 7, 12, 12 }, w = { 8, 7, 3, 3 }, want = "im2col" },
+          { x = { 2, 8, 12, 12 }, w = { 7, 8, 3, 3 }, want = "im2col" },
+          { x = { 2, 8, 11, 14 }, w = { 8, 8, 3, 3 }, want = "im2col" },
+        } do
+          local res = {}
+          for _, k in ipairs { "auto", "winograd", "winograd4", "im2col" } do res[k] = run(case.x, case.w, k, dtype) end
+          -- the paths round differently: the test can tell them apart
+          assert.is_false(same(res.winograd, res.im2col) or same(res.winograd4, res.im2col)
+            or same(res.winograd, res.winograd4))
+          assert.is_true(same(res.auto, res[case.want]), isa .. " " .. dtype .. " wants " .. case.want)
+        end
+      end
     end
   end)
 
@@ -387,10 +453,10 @@ describe("nn.conv2d with kernel = 'winograd'", function()
     local m = nn.Conv2d(3, 4, 3, { padding = 1, dtype = "float64" })
     local x = attn.randn({ 2, 3, 5, 6 }, "float64")
     local expected = naive_conv(x, m.weight, m.bias, { padding = 1 })
-    m.kernel = "winograd"
-    assert.close(m(x), expected, { atol = 1e-12, rtol = 0 })
-    m.kernel = "im2col"
-    assert.close(m(x), expected, { atol = 1e-12, rtol = 0 })
+    for _, kernel in ipairs { "winograd", "winograd4", "im2col" } do
+      m.kernel = kernel
+      assert.close(m(x), expected, { atol = 1e-12, rtol = 0 })
+    end
   end)
 end)
 

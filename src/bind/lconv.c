@@ -25,14 +25,15 @@ static attn_conv2d_params conv_params(lua_State *L, int arg) {
   return p;
 }
 
-/* The path at arg: "auto" (or nil), "reference", "im2col" or "winograd" (attn_conv.h). */
+/* The path at arg: "auto" (or nil), "reference", "im2col", "winograd" or "winograd4" (attn_conv.h). */
 static attn_conv2d_kernel conv_kernel(lua_State *L, int arg) {
-  static const char *const names[] = {"auto", "reference", "im2col", "winograd"};
+  static const char *const names[] = {"auto", "reference", "im2col", "winograd", "winograd4"};
   if (lua_isnoneornil(L, arg)) return ATTN_CONV_AUTO;
   const char *s = attn_l_checklstring(L, arg, "kernel", NULL);
-  for (int i = 0; i < 4; i++)
+  for (int i = 0; i < 5; i++)
     if (strcmp(s, names[i]) == 0) return (attn_conv2d_kernel)i;
-  return (attn_conv2d_kernel)attn_l_argerror(L, arg, "kernel", "'auto', 'reference', 'im2col' or 'winograd'");
+  return (attn_conv2d_kernel)attn_l_argerror(L, arg, "kernel",
+                                             "'auto', 'reference', 'im2col', 'winograd' or 'winograd4'");
 }
 
 /* {kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w}, count_include_pad */

@@ -10,30 +10,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "cpu/wino_avx512.h"
 #include "cpu/wino_cpu.h"
-
-/* The first n lanes (none for n <= 0, all for n >= 16). */
-static inline __attribute__((always_inline)) __mmask16 lanes_below(int64_t n) {
-  return n <= 0 ? 0 : n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
-}
-
-/* The lanes of entries [q, q + 16) that lie in a row of n entries. */
-static inline __attribute__((always_inline)) __mmask16 in_row16(int64_t n, int64_t q) { return (__mmask16)(lanes_below(n - q) & ~lanes_below(-q)); }
-
-/* Entries [q, q + 16) of row under mask m, zeros elsewhere. Masked lanes are not read, so the
- * address may lie before or past the row. */
-static inline __attribute__((always_inline)) __m512 load16(const float *row, int64_t q, __mmask16 m) {
-  return _mm512_maskz_loadu_ps(m, (const float *)((uintptr_t)row + (uintptr_t)(q * (int64_t)sizeof(float))));
-}
-
-/* Row r of a plane (h, w), with a mask that keeps it (all lanes) or drops it (none: outside). */
-static inline __attribute__((always_inline)) const float *plane_row(const float *x, int64_t h, int64_t w, int64_t r, __mmask16 *keep) {
-  *keep = r >= 0 && r < h ? (__mmask16)0xffff : 0;
-  return r >= 0 && r < h ? x + r * w : x;
-}
-
-/* -v by its sign bit, as C's unary minus (-0 for +0). */
-static inline __attribute__((always_inline)) __m512 neg(__m512 v) { return _mm512_xor_ps(v, _mm512_set1_ps(-0.0f)); }
 
 /* Permute indices that take the even (odd = 1) entries of tile columns from two rows of 16: lanes
  * [0, tr) from the first row's entries, lanes [tr, 16) from the second's (tr 16: the first row's
@@ -185,8 +163,9 @@ static inline __attribute__((always_inline)) void grad16(float *z, int64_t ps, _
 }
 
 static void grad_f32_own(const attn_wino_geom *g, const float *dy, int64_t ti0, int64_t rows, float *Z, int64_t ps,
-                         float *scratch) {
+                         float *scratch, double *sum) {
   (void)scratch;
+  wino_dsum db = {_mm512_setzero_pd(), _mm512_setzero_pd()}; /* the four rows' entries, per load */
   const int64_t Tr = g->tw + 1, Wo = g->Wo, pair = Tr <= 8;
   const __m512i ev = split_index(pair ? Tr : 16, 0), od = split_index(pair ? Tr : 16, 1);
   for (int64_t t = 0; t < rows; t += pair ? 2 : 1) {
@@ -200,6 +179,7 @@ static void grad_f32_own(const attn_wino_geom *g, const float *dy, int64_t ti0, 
       const __mmask16 m = lanes_below(Wo), m2 = both ? m : 0;
       const __m512 t0 = load16(row[0], 0, m & k[0]), t1 = load16(row[1], 0, m & k[1]);
       const __m512 t2 = load16(row[2], 0, m2 & k[2]), t3 = load16(row[3], 0, m2 & k[3]);
+      if (sum) dsum_add(&db, _mm512_add_ps(_mm512_add_ps(t0, t1), _mm512_add_ps(t2, t3)));
       grad16(Z + t * Tr, ps, lanes_below(both ? 2 * Tr : Tr), _mm512_permutex2var_ps(t0, ev, t2),
              _mm512_permutex2var_ps(t0, od, t2), _mm512_permutex2var_ps(t1, ev, t3), _mm512_permutex2var_ps(t1, od, t3));
       continue;
@@ -209,13 +189,92 @@ static void grad_f32_own(const attn_wino_geom *g, const float *dy, int64_t ti0, 
       const __mmask16 m0 = in_row16(Wo, q), m1 = in_row16(Wo, q + 16);
       const __m512 t0 = load16(row[0], q, m0 & k[0]), t1 = load16(row[0], q + 16, m1 & k[0]);
       const __m512 b0 = load16(row[1], q, m0 & k[1]), b1 = load16(row[1], q + 16, m1 & k[1]);
+      if (sum) dsum_add(&db, _mm512_add_ps(_mm512_add_ps(t0, t1), _mm512_add_ps(b0, b1)));
       grad16(Z + t * Tr + tj0, ps, lanes_below(Tr - tj0), _mm512_permutex2var_ps(t0, ev, t1),
              _mm512_permutex2var_ps(t0, od, t1), _mm512_permutex2var_ps(b0, ev, b1), _mm512_permutex2var_ps(b0, od, b1));
+    }
+  }
+  dsum_done(&db, sum);
+}
+
+/* B v B^T of 16 tiles (v: 16 planes ps apart, lanes n read): the patches' rows a, split into the
+ * entries p[a][b] at columns b = 0..3. Along i with B's rows (v0, v1 - v2 + v3, v1 + v2 - v0, -v3),
+ * then along k the same. */
+static inline __attribute__((always_inline)) void adjoint16(const float *m, int64_t ps, __mmask16 n, __m512 p[4][4]) {
+  __m512 v[16], w[4][4];
+  #pragma GCC unroll 16
+  for (int k = 0; k < 16; k++) v[k] = _mm512_maskz_loadu_ps(n, m + k * ps);
+  #pragma GCC unroll 16
+  for (int k = 0; k < 4; k++) {
+    w[0][k] = v[k], w[1][k] = _mm512_add_ps(_mm512_sub_ps(v[4 + k], v[8 + k]), v[12 + k]);
+    w[2][k] = _mm512_sub_ps(_mm512_add_ps(v[4 + k], v[8 + k]), v[k]), w[3][k] = neg(v[12 + k]);
+  }
+  #pragma GCC unroll 16
+  for (int a = 0; a < 4; a++) {
+    p[a][0] = w[a][0], p[a][1] = _mm512_add_ps(_mm512_sub_ps(w[a][1], w[a][2]), w[a][3]);
+    p[a][2] = _mm512_sub_ps(_mm512_add_ps(w[a][1], w[a][2]), w[a][0]), p[a][3] = neg(w[a][3]);
+  }
+}
+
+/* The padded rows' even (e) and odd (o) columns of 16 tiles whose left neighbours' patches end in
+ * the lanes below (the lane before lane 0 from prev's last: the tile to the left of the vector). */
+static inline __attribute__((always_inline)) void adjoint_cols(const __m512 p[4][4], const __m512 prev[4][4], __m512 e[4], __m512 o[4]) {
+  const __m512i up = _mm512_setr_epi32(31, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14);
+  #pragma GCC unroll 16
+  for (int a = 0; a < 4; a++) {
+    e[a] = _mm512_add_ps(p[a][0], _mm512_permutex2var_ps(p[a][2], up, prev[a][2]));
+    o[a] = _mm512_add_ps(p[a][1], _mm512_permutex2var_ps(p[a][3], up, prev[a][3]));
+  }
+}
+
+static void adjoint_f32_own(const attn_wino_geom *g, const float *M, int64_t ps, int64_t ti0, int64_t rows, float *dx,
+                            float *scratch, int seams) {
+  (void)scratch;
+  const int64_t Tr = g->tw + 1, H = g->H, W = g->W, ph = g->ph, pw = g->pw, pair = Tr <= 8;
+  const __m512i z0 = zip_index(0), z1 = zip_index(pair ? Tr : 8);
+  __m512 p[4][4], prev[4][4], e[4], o[4];
+  for (int64_t t = 0; t < rows; t += pair ? 2 : 1) {
+    const int64_t y = 2 * (ti0 + t) - ph; /* dx row of the tile row's padded row 0 */
+    /* the tile row above left its rows 2 and 3 in rows 0 and 1 (the band above, with the seam) */
+    const int top = t > 0 || (seams & ATTN_WINO_ADD_TOP);
+    const int add_last = seams & ATTN_WINO_ADD_BOTTOM; /* the band's last rows 2 and 3, likewise below */
+    if (pair) { /* tile row t in lanes [0, Tr), t + 1 in [Tr, 2 Tr) (the dummy lane between holds zeros) */
+      const int both = t + 1 < rows;
+      #pragma GCC unroll 16
+      for (int a = 0; a < 4; a++) prev[a][2] = prev[a][3] = _mm512_setzero_ps();
+      adjoint16(M + t * Tr, ps, lanes_below(both ? 2 * Tr : Tr), p);
+      adjoint_cols(p, prev, e, o);
+      __m512 r0[4], r1[4]; /* padded rows a of tile rows t (r0) and t + 1 (r1), 2 Tr columns */
+      #pragma GCC unroll 16
+      for (int a = 0; a < 4; a++) r0[a] = _mm512_permutex2var_ps(e[a], z0, o[a]), r1[a] = _mm512_permutex2var_ps(e[a], z1, o[a]);
+      put_row(dx, H, W, y, 0, pw, top, r0[0]);
+      put_row(dx, H, W, y + 1, 0, pw, top, r0[1]);
+      const int last = both ? t + 2 == rows : t + 1 == rows;
+      put_row(dx, H, W, y + 2, 0, pw, !both && last && add_last, both ? _mm512_add_ps(r0[2], r1[0]) : r0[2]);
+      put_row(dx, H, W, y + 3, 0, pw, !both && last && add_last, both ? _mm512_add_ps(r0[3], r1[1]) : r0[3]);
+      if (both)
+        put_row(dx, H, W, y + 4, 0, pw, last && add_last, r1[2]), put_row(dx, H, W, y + 5, 0, pw, last && add_last, r1[3]);
+      continue;
+    }
+    #pragma GCC unroll 16
+    for (int a = 0; a < 4; a++) prev[a][2] = prev[a][3] = _mm512_setzero_ps();
+    for (int64_t tj0 = 0; tj0 < Tr; tj0 += 16) {
+      adjoint16(M + t * Tr + tj0, ps, lanes_below(Tr - tj0), p);
+      adjoint_cols(p, prev, e, o);
+      #pragma GCC unroll 16
+      for (int a = 0; a < 4; a++) {
+        prev[a][2] = p[a][2], prev[a][3] = p[a][3];
+        const int add = a < 2 ? top : t + 1 == rows && add_last;
+        put_row(dx, H, W, y + a, 2 * tj0, pw, add, _mm512_permutex2var_ps(e[a], z0, o[a]));
+        put_row(dx, H, W, y + a, 2 * tj0 + 16, pw, add, _mm512_permutex2var_ps(e[a], z1, o[a]));
+      }
     }
   }
 }
 
 #define WINO_OWN_F32
+#define WINO_OWN_ADJOINT_F32
+#define WINO_OWN4_F32
 #define WINO_SUFFIX avx512
 #include "cpu/wino_body.h"
 #endif

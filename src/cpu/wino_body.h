@@ -112,8 +112,9 @@
     for (int64_t s = 0; s < 2 * P; s++) u[s] = e[s] + o[s], u[2 * P + s] = e[s] - o[s], u[4 * P + s] = -o[s]; \
   }                                                                                                         \
   static void WINO_FN(grad_##S)(const attn_wino_geom *g, const T *dy, int64_t ti0, int64_t rows, T *Z,        \
-                                int64_t ps, T *scratch) {                                                   \
+                                int64_t ps, T *scratch, double *sum) {                                      \
     int64_t Wp = 2 * g->tw + 2, P = rows * (g->tw + 1);                                                      \
+    if (sum) WINO_FN(sum_rows_##S)(dy, g->Ho, g->Wo, 2 * ti0, 2 * (ti0 + rows), sum);                        \
     T *E = scratch, *Od = E + rows * Wp, *p = Od + rows * Wp, *u = p + 4 * P;                               \
     WINO_FN(pad_rows_##S)(dy, g->Ho, g->Wo, 0, 0, 2 * ti0, rows, Wp, E);                                    \
     WINO_FN(pad_rows_##S)(dy, g->Ho, g->Wo, 0, 0, 2 * ti0 + 1, rows, Wp, Od);                               \
@@ -124,10 +125,91 @@
     for (int i = 1; i < 4; i++) WINO_FN(grad_row_##S)(u + (2 * i - 2) * P, u + (2 * i - 1) * P, P, Z + 4 * i * ps, ps); \
   }
 
+/* The adjoint of the input transform (the input gradient), apart: an ISA file may bring its own. */
+#define WINO_DEFINE_ADJOINT(S, T)                                                                           \
+  /* p (16 arrays pn apart, entry (a, b) in array 4 a + b) = B v B^T of the P tiles v (16 planes ps */      \
+  /* apart): along i with B's rows (v0, v1 - v2 + v3, v1 + v2 - v0, -v3), then along k the same */           \
+  static void WINO_FN(adj_tiles_##S)(const T *restrict M, int64_t ps, int64_t P, T *restrict p, int64_t pn) { \
+    for (int64_t s = 0; s < P; s++) {                                                                       \
+      const T *v = M + s;                                                                                   \
+      T w[4][4];                                                                                            \
+      for (int k = 0; k < 4; k++) {                                                                         \
+        T v0 = v[k * ps], v1 = v[(4 + k) * ps], v2 = v[(8 + k) * ps], v3 = v[(12 + k) * ps];                \
+        w[0][k] = v0, w[1][k] = v1 - v2 + v3, w[2][k] = v1 + v2 - v0, w[3][k] = -v3;                        \
+      }                                                                                                     \
+      for (int a = 0; a < 4; a++) {                                                                         \
+        p[(4 * a) * pn + s] = w[a][0], p[(4 * a + 1) * pn + s] = w[a][1] - w[a][2] + w[a][3];               \
+        p[(4 * a + 2) * pn + s] = w[a][1] + w[a][2] - w[a][0], p[(4 * a + 3) * pn + s] = -w[a][3];          \
+      }                                                                                                     \
+    }                                                                                                       \
+  }                                                                                                         \
+  /* q[f] = the patch entries of the tiles that land on split position f: (a, b) = (r, c) + 0 or 2, */      \
+  /* from tiles f - Tr (one up), f - Tr - 1, f, f - 1 (one to the left; zeros before p): the tile row */   \
+  /* above's sum first, as the AVX-512 set adds a row to what the row above wrote */                        \
+  static void WINO_FN(adj_gather_##S)(const T *restrict p0, const T *restrict p1, const T *restrict p2,      \
+                                      const T *restrict p3, int64_t n, int64_t Tr, T *restrict q) {         \
+    for (int64_t f = 0; f < n; f++) q[f] = (p2[f - Tr] + p3[f - Tr - 1]) + (p0[f] + p1[f - 1]);            \
+  }                                                                                                         \
+  /* dst[j] (+)= the interleaved (e[0], o[0], e[1], ...) from entry q on, n entries */                      \
+  static void WINO_FN(adj_row_##S)(const T *restrict e, const T *restrict o, int64_t q, int64_t n, int add,  \
+                                   T *restrict dst) {                                                       \
+    for (int64_t j = 0; j < n; j++) {                                                                       \
+      int64_t c = q + j;                                                                                    \
+      T v = c & 1 ? o[c >> 1] : e[c >> 1];                                                                  \
+      dst[j] = add ? dst[j] + v : v;                                                                        \
+    }                                                                                                       \
+  }                                                                                                         \
+  static void WINO_FN(adjoint_##S)(const attn_wino_geom *g, const T *M, int64_t ps, int64_t ti0, int64_t rows, \
+                                   T *dx, T *scratch, int seams) {                                          \
+    int64_t Tr = g->tw + 1, P = rows * Tr, n = (rows + 1) * Tr, pn = P + 2 * Tr + 1;                        \
+    T *p = scratch + Tr + 1, *q = scratch + 16 * pn; /* p: Tr + 1 zeros, P tiles, Tr zeros; q: 4 of n */    \
+    for (int k = 0; k < 16; k++) {                                                                          \
+      for (int64_t j = 1; j <= Tr + 1; j++) p[k * pn - j] = 0;                                              \
+      for (int64_t j = 0; j < Tr; j++) p[k * pn + P + j] = 0;                                               \
+    }                                                                                                       \
+    WINO_FN(adj_tiles_##S)(M, ps, P, p, pn);                                                                \
+    for (int r = 0; r < 2; r++)                                                                             \
+      for (int c = 0; c < 2; c++) {                                                                         \
+        const T *pa = p + (4 * r + c) * pn, *pb = p + (4 * (r + 2) + c) * pn;                              \
+        WINO_FN(adj_gather_##S)(pa, pa + 2 * pn, pb, pb + 2 * pn, n, Tr, q + (2 * r + c) * n);              \
+      }                                                                                                     \
+    for (int64_t i = 0; i <= rows; i++) /* padded rows 2 (ti0 + i) + r: the seams' pairs first and last */ \
+      for (int r = 0; r < 2; r++) {                                                                         \
+        int64_t y = 2 * (ti0 + i) + r - g->ph;                                                              \
+        if (y >= 0 && y < g->H)                                                                             \
+          WINO_FN(adj_row_##S)(q + (2 * r) * n + i * Tr, q + (2 * r + 1) * n + i * Tr, g->pw, g->W,          \
+                               (i == 0 && (seams & ATTN_WINO_ADD_TOP)) ||                                   \
+                                   (i == rows && (seams & ATTN_WINO_ADD_BOTTOM)),                           \
+                               dx + y * g->W);                                                              \
+      }                                                                                                     \
+  }
+
+/* *sum += dy's rows [r0, r1) clipped to the plane (h, w), in double (the generic grads' bias
+ * gradient: exact enough, any speed). */
+#define WINO_DEFINE_SUM(S, T)                                                                               \
+  static inline void WINO_FN(sum_rows_##S)(const T *dy, int64_t h, int64_t w, int64_t r0, int64_t r1, double *sum) { \
+    double s = 0;                                                                                           \
+    for (int64_t r = r0; r < r1 && r < h; r++)                                                              \
+      for (int64_t c = 0; c < w; c++) s += (double)dy[r * w + c];                                           \
+    *sum += s;                                                                                              \
+  }
+WINO_DEFINE_SUM(f32, float)
+WINO_DEFINE_SUM(f64, double)
+
+#include "cpu/wino4_body.h"
+
 #ifndef WINO_OWN_F32
 WINO_DEFINE(f32, float)
 #endif
+#ifndef WINO_OWN4_F32
+WINO4_DEFINE(f32, float)
+#endif
+WINO4_DEFINE(f64, double)
 WINO_DEFINE(f64, double)
+#ifndef WINO_OWN_ADJOINT_F32
+WINO_DEFINE_ADJOINT(f32, float)
+#endif
+WINO_DEFINE_ADJOINT(f64, double)
 
 /* An ISA file may bring its own float32 transforms (the same arithmetic in the same order, so the
  * same bits): it defines WINO_OWN_F32 and the three functions before including this file. */
@@ -136,8 +218,24 @@ WINO_DEFINE(f64, double)
 #else
 #define WINO_F32(name) WINO_FN(name)
 #endif
+#ifdef WINO_OWN_ADJOINT_F32
+#define WINO_ADJOINT_F32 adjoint_f32_own
+#else
+#define WINO_ADJOINT_F32 WINO_FN(adjoint_f32)
+#endif
+
+#ifdef WINO_OWN4_F32
+#define WINO4_F32(name) WINO_CAT(WINO_CAT(attn_wino4_, name), _f32_avx512)
+#define WINO4_OWN 1
+#else
+#define WINO4_F32(name) WINO_FN(WINO_CAT(name, 4_f32))
+#define WINO4_OWN 0
+#endif
 
 const attn_wino_kernels WINO_FN(attn_wino_kernels_) = {
-    WINO_F32(input_f32), WINO_FN(input_f64), WINO_F32(output_f32), WINO_FN(output_f64), WINO_F32(grad_f32),
-    WINO_FN(grad_f64),
+    WINO_F32(input_f32),  WINO_FN(input_f64),   WINO_F32(output_f32), WINO_FN(output_f64),
+    WINO_F32(grad_f32),   WINO_FN(grad_f64),    WINO_ADJOINT_F32,     WINO_FN(adjoint_f64),
+    WINO4_F32(input),     WINO_FN(input4_f64),  WINO4_F32(output),    WINO_FN(output4_f64),
+    WINO4_F32(grad),      WINO_FN(grad4_f64),   WINO4_F32(adjoint),   WINO_FN(adjoint4_f64),
+    WINO4_OWN,
 };

@@ -1,5 +1,5 @@
-/* The per-ISA transforms of the Winograd F(2x2, 3x3) convolution (src/nn/attn_conv_winograd.c),
- * gathered in cpu_dispatch.c. One call transforms one (image, channel) plane's band of tile
+/* The per-ISA transforms of the Winograd F(2x2, 3x3) and F(4x4, 3x3) convolutions
+ * (src/nn/attn_conv_winograd.c), gathered in cpu_dispatch.c. One call transforms one (image, channel) plane's band of tile
  * rows [ti0, ti0 + rows), so that every loop runs over the whole band at once (vectorised along
  * it, not along one short row of tiles).
  *
@@ -7,7 +7,8 @@
  * planes (entry (i, j) of a tile in plane 4 i + j, planes ps entries apart): one dummy tile per
  * tile row, tj = tw, lets the row's tiles be read and written as one flat run. The gradient
  * transform writes zeros there (so the weight gradient's products add exact zeros), the input
- * transform whatever the flat run gives, the output transform ignores them.
+ * transform whatever the flat run gives, the output transform ignores them. F(4x4) lays tiles
+ * out in groups of 4x4 (wino4_body.h), with no dummy tiles within a group.
  * scratch holds attn_wino_scratch(rows, tw) entries of the plane's type. The AVX2 and AVX-512
  * sets exist only on x86-64. */
 #ifndef ATTN_WINO_CPU_H
@@ -18,34 +19,76 @@
 typedef struct attn_wino_geom {
   int64_t H, W, ph, pw; /* input plane and padding */
   int64_t Ho, Wo;       /* output plane: H + 2 ph - 2, W + 2 pw - 2 */
-  int64_t th, tw;       /* tiles per column and row: (Ho + 1) / 2, (Wo + 1) / 2 */
+  int64_t th, tw;       /* tile rows and columns: (Ho + 1) / 2, (Wo + 1) / 2; F(4x4): groups, (Ho + 15) / 16, (Wo + 15) / 16 */
 } attn_wino_geom;
 
+/* The adjoint's seams: add into the band's first (last) two padded rows rather than write them. */
+enum { ATTN_WINO_ADD_TOP = 1, ATTN_WINO_ADD_BOTTOM = 2 };
+
 /* Entries of scratch one call needs for a band of rows tile rows. */
-static inline int64_t attn_wino_scratch(int64_t rows, int64_t tw) { return 10 * (rows + 1) * (2 * tw + 2) + 16; }
+static inline int64_t attn_wino_scratch(int64_t rows, int64_t tw) { return 20 * (rows + 2) * (tw + 1) + 16; }
+
+/* The four transforms on one plane's band, per float type T (signatures below). */
+#define ATTN_WINO_TRANSFORMS(T, S)                                                                          \
+  typedef void (*attn_wino_input_##S)(const attn_wino_geom *g, const T *x, int64_t ti0, int64_t rows, T *V,     \
+                                      int64_t ps, T *scratch);                                              \
+  typedef void (*attn_wino_output_##S)(const attn_wino_geom *g, const T *M, int64_t ps, int64_t ti0,          \
+                                       int64_t rows, T bias, T *y, T *scratch);                             \
+  typedef void (*attn_wino_grad_##S)(const attn_wino_geom *g, const T *dy, int64_t ti0, int64_t rows, T *Z,     \
+                                     int64_t ps, T *scratch, double *sum);                                  \
+  typedef void (*attn_wino_adjoint_##S)(const attn_wino_geom *g, const T *M, int64_t ps, int64_t ti0,         \
+                                        int64_t rows, T *dx, T *scratch, int seams);
+ATTN_WINO_TRANSFORMS(float, f32)
+ATTN_WINO_TRANSFORMS(double, f64)
 
 typedef struct attn_wino_kernels {
-  /* V (16 planes): B^T d B of the band's 4x4 input patches d of x (H, W), zero outside it */
-  void (*input_f32)(const attn_wino_geom *g, const float *x, int64_t ti0, int64_t rows, float *V, int64_t ps,
-                    float *scratch);
-  void (*input_f64)(const attn_wino_geom *g, const double *x, int64_t ti0, int64_t rows, double *V, int64_t ps,
-                    double *scratch);
-  /* y (Ho, Wo): the band's 2x2 output tiles A^T m A + bias from the products M (16 planes),
-   * clipped to (Ho, Wo) */
-  void (*output_f32)(const attn_wino_geom *g, const float *M, int64_t ps, int64_t ti0, int64_t rows, float bias,
-                     float *y, float *scratch);
-  void (*output_f64)(const attn_wino_geom *g, const double *M, int64_t ps, int64_t ti0, int64_t rows, double bias,
-                     double *y, double *scratch);
-  /* Z (16 planes): A e A^T of the band's 2x2 tiles e of dy (Ho, Wo), zero outside it */
-  void (*grad_f32)(const attn_wino_geom *g, const float *dy, int64_t ti0, int64_t rows, float *Z, int64_t ps,
-                   float *scratch);
-  void (*grad_f64)(const attn_wino_geom *g, const double *dy, int64_t ti0, int64_t rows, double *Z, int64_t ps,
-                   double *scratch);
+  /* input: V (16 planes): B^T d B of the band's 4x4 input patches d of x (H, W), zero outside it.
+   * output: y (Ho, Wo): the band's 2x2 output tiles A^T m A + bias from the products M (16
+   * planes), clipped to (Ho, Wo).
+   * grad: Z (16 planes): A e A^T of the band's 2x2 tiles e of dy (Ho, Wo), zero outside it;
+   * with sum not NULL, adds the band's entries of dy to *sum (the bias gradient: float32 adds at
+   * most 8 entries per partial before a double takes it, as attn_conv's own sum; the AVX-512
+   * transforms add 4).
+   * adjoint: dx (H, W): the adjoint of the input transform, B v B^T of the band's 4x4 tiles v of
+   * dV (16 planes) added up where the tiles' patches overlap, clipped to (H, W). The band writes
+   * its padded rows [2 ti0, 2 (ti0 + rows) + 2); the first two and the last two, which it shares
+   * with the bands above and below, it adds to instead when seams has ATTN_WINO_ADD_TOP or
+   * ATTN_WINO_ADD_BOTTOM (the other band wrote them first). Dummy tiles must hold zeros. */
+  attn_wino_input_f32 input_f32;
+  attn_wino_input_f64 input_f64;
+  attn_wino_output_f32 output_f32;
+  attn_wino_output_f64 output_f64;
+  attn_wino_grad_f32 grad_f32;
+  attn_wino_grad_f64 grad_f64;
+  attn_wino_adjoint_f32 adjoint_f32;
+  attn_wino_adjoint_f64 adjoint_f64;
+  /* F(4x4, 3x3) (cpu/wino4_body.h): the same four transforms over 36 planes, th and tw counting
+   * groups of 4x4 tiles (16 columns each), y's tiles 4x4; the adjoint's band covers its padded
+   * rows [16 ti0, 16 (ti0 + rows) + 2), with the same seams. */
+  attn_wino_input_f32 input4_f32;
+  attn_wino_input_f64 input4_f64;
+  attn_wino_output_f32 output4_f32;
+  attn_wino_output_f64 output4_f64;
+  attn_wino_grad_f32 grad4_f32;
+  attn_wino_grad_f64 grad4_f64;
+  attn_wino_adjoint_f32 adjoint4_f32;
+  attn_wino_adjoint_f64 adjoint4_f64;
+  /* 1 when the float32 F(4x4) transforms are the set's own vector code (AUTO then prefers them) */
+  int own4_f32;
 } attn_wino_kernels;
 
 extern const attn_wino_kernels attn_wino_kernels_generic;
 #if defined(__x86_64__)
 extern const attn_wino_kernels attn_wino_kernels_avx2, attn_wino_kernels_avx512;
+/* the AVX-512 set's own float32 F(4x4) transforms (wino4_avx512.c) */
+void attn_wino4_input_f32_avx512(const attn_wino_geom *g, const float *x, int64_t ti0, int64_t rows, float *V,
+                                 int64_t ps, float *scratch);
+void attn_wino4_output_f32_avx512(const attn_wino_geom *g, const float *M, int64_t ps, int64_t ti0, int64_t rows,
+                                  float bias, float *y, float *scratch);
+void attn_wino4_grad_f32_avx512(const attn_wino_geom *g, const float *dy, int64_t ti0, int64_t rows, float *Z,
+                                int64_t ps, float *scratch, double *sum);
+void attn_wino4_adjoint_f32_avx512(const attn_wino_geom *g, const float *M, int64_t ps, int64_t ti0, int64_t rows,
+                                   float *dx, float *scratch, int seams);
 #endif
 
 #endif

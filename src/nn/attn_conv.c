@@ -7,6 +7,8 @@
 #include "core/attn_alloc.h"
 #include "core/attn_gemm.h"
 #include "core/attn_parallel.h"
+#include "cpu/cpu_dispatch.h"
+#include "cpu/wino_cpu.h"
 #include "nn/attn_conv_internal.h"
 
 /* Work below about this many multiply-adds stays on the calling thread. */
@@ -453,21 +455,24 @@ static int64_t grain(const conv_job *J, int64_t images) {
   return work >= GRAIN_FLOPS ? 1 : GRAIN_FLOPS / (work > 0 ? work : 1) + 1;
 }
 
-/* Whether kernel runs Winograd on J (attn_conv.h), in *wino; fails when WINOGRAD was asked for
- * and does not apply. */
+/* Whether kernel runs Winograd on J (attn_conv.h): in *wino its tile side (2 or 4), or 0; fails
+ * when WINOGRAD or WINOGRAD4 was asked for and does not apply. */
 static attn_status pick_winograd(const char *op, const conv_job *J, attn_conv2d_kernel kernel, const attn_tensor *x,
                                  const attn_tensor *weight, int *wino) {
-  int applies = attn_conv2d_winograd_applies(J->kh, J->kw, J->p.stride, J->p.padding, J->p.dilation, J->G);
-  if (kernel == ATTN_CONV_WINOGRAD && !applies)
+  int applies = attn_conv2d_winograd_applies(J->kh, J->kw, J->p.stride, J->p.dilation, J->G);
+  int asked = kernel == ATTN_CONV_WINOGRAD || kernel == ATTN_CONV_WINOGRAD4;
+  if (asked && !applies)
     return attn_error(ATTN_ERR_ARG,
-                      "%s: kernel 'winograd' takes 3x3 kernels at stride 1, dilation 1, groups 1 and padding <= 2, "
-                      "got input %s, weight %s, stride %lldx%lld, dilation %lldx%lld, groups %lld, padding %lldx%lld",
-                      op, attn_tensor_shape_str(x), attn_tensor_shape_str(weight), (long long)J->p.stride[0],
-                      (long long)J->p.stride[1], (long long)J->p.dilation[0], (long long)J->p.dilation[1],
-                      (long long)J->G, (long long)J->p.padding[0], (long long)J->p.padding[1]);
-  *wino = kernel == ATTN_CONV_WINOGRAD ||
-          (kernel == ATTN_CONV_AUTO && applies && J->C >= WINO_MIN_CHANNELS && J->O >= WINO_MIN_CHANNELS &&
-           J->Ho >= WINO_MIN_SIDE && J->Wo >= WINO_MIN_SIDE);
+                      "%s: kernel '%s' takes 3x3 kernels at stride 1, dilation 1 and groups 1, got input %s, weight %s, "
+                      "stride %lldx%lld, dilation %lldx%lld, groups %lld",
+                      op, kernel == ATTN_CONV_WINOGRAD ? "winograd" : "winograd4", attn_tensor_shape_str(x),
+                      attn_tensor_shape_str(weight), (long long)J->p.stride[0], (long long)J->p.stride[1],
+                      (long long)J->p.dilation[0], (long long)J->p.dilation[1], (long long)J->G);
+  int automatic = kernel == ATTN_CONV_AUTO && applies && J->C >= WINO_MIN_CHANNELS && J->O >= WINO_MIN_CHANNELS &&
+                  J->Ho >= WINO_MIN_SIDE && J->Wo >= WINO_MIN_SIDE;
+  /* AUTO takes F(4x4) where the active set has its own float32 transforms for it */
+  int four = kernel == ATTN_CONV_WINOGRAD4 || (automatic && J->dt == ATTN_F32 && attn_cpu()->wino->own4_f32);
+  *wino = four ? 4 : asked || automatic ? 2 : 0;
   return ATTN_OK;
 }
 
@@ -484,7 +489,7 @@ attn_status attn_conv2d_forward(const attn_tensor *x, const attn_tensor *weight,
   if (st != ATTN_OK) return st;
   J.b = bias ? attn_tensor_data(bias) : NULL, J.y = attn_tensor_data(y);
   if (wino) {
-    if (attn_conv2d_winograd(J.dt, J.x, J.N, J.C, J.H, J.W, J.w, 0, J.b, J.O, J.p.padding[0], J.p.padding[1], J.y))
+    if (attn_conv2d_winograd(J.dt, wino, J.x, J.N, J.C, J.H, J.W, J.w, J.b, J.O, J.p.padding[0], J.p.padding[1], J.y))
       return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the Winograd tiles of input %s", op,
                         attn_tensor_shape_str(x));
     return ATTN_OK;
@@ -524,13 +529,12 @@ attn_status attn_conv2d_backward(const attn_tensor *x, const attn_tensor *weight
   reduce_job R = {&J, dweight ? attn_tensor_data(dweight) : NULL, dbias ? attn_tensor_data(dbias) : NULL};
   int64_t wn = J.O * J.Kg;
   if (wino) {
-    /* dx: the same kernel on dy (O channels, Ho x Wo) with the flipped weight, padding 2 - p */
-    int64_t ph = J.p.padding[0], pw = J.p.padding[1];
-    if ((dx && attn_conv2d_winograd(J.dt, J.dy, J.N, J.O, J.Ho, J.Wo, J.w, 1, NULL, J.C, 2 - ph, 2 - pw, J.dx)) ||
-        (dweight && attn_conv2d_winograd_dweight(J.dt, J.x, J.N, J.C, J.H, J.W, J.dy, J.O, ph, pw, R.dw)))
+    /* the bias gradient as the gradient transforms read dy; alone, by its own sum */
+    if ((dx || dweight) && attn_conv2d_winograd_backward(J.dt, wino, J.x, J.N, J.C, J.H, J.W, J.w, J.dy, J.O,
+                                                         J.p.padding[0], J.p.padding[1], J.dx, R.dw, R.db))
       return attn_error(ATTN_ERR_MEMORY, "%s: out of memory for the Winograd tiles of input %s", op,
                         attn_tensor_shape_str(x));
-    if (dbias) attn_parallel_for(J.O, 64, fast_db, &R);
+    if (dbias && !dx && !dweight) attn_parallel_for(J.O, 64, fast_db, &R);
     return ATTN_OK;
   }
   if (kernel == ATTN_CONV_REFERENCE) {

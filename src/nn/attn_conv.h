@@ -11,18 +11,22 @@
  * for dx, and dW_g^T = sum_n col_g dY_g^T. Images are split over the worker pool; dW is summed per
  * fixed chunk of images (the chunking depends on N alone) and the chunks are added in order, so
  * the bits do not depend on the thread count. db sums dY over images and positions in a fixed
- * order (eight lanes in double, one output channel per task).
+ * order (float32 partials of at most 8 entries in 32 lanes, flushed into doubles; one output
+ * channel per task); the Winograd paths sum it as their gradient transforms read dY when dx or
+ * dW is asked for too.
  *
- * 3x3 kernels at stride 1, dilation 1, groups 1 and padding <= 2 can run Winograd F(2x2, 3x3)
- * instead (attn_conv_internal.h): 16 products per 2x2 outputs and channel pair against 36, the
- * input gradient as the same kernel on dy with the flipped kernel, the weight gradient as its
- * transpose; its float32 rounding is a small multiple of the direct sum's (bound there). AUTO
- * takes it where it applies with at least 8 input and 8 output channels and outputs of at least
- * 12 x 12; elsewhere im2col. Measured on one thread (AVX-512, float32), forward and
- * forward+backward against im2col: Winograd 1.5x and 1.15-1.3x faster at 16->32 channels on
- * 14x14 (batch 64), about 2x at 32->32 on 28x28 and 64->64 on 14x14 and 56x56, 1.5x at 8->8 on
- * 14x14; slower with 1, 3 or 6 input channels (the transforms cost more than the products they
- * save) and on 7x7 outputs (a dummy tile per row of 4 tiles, and short products).
+ * 3x3 kernels at stride 1, dilation 1 and groups 1 (any padding) can run Winograd F(2x2, 3x3)
+ * or F(4x4, 3x3) instead (attn_conv_internal.h): 16 products per 2x2 outputs and channel pair
+ * against 36, or 36 per 4x4 against 144, the input gradient as the forward's adjoint and the
+ * weight gradient as its transpose, both from one transform of dy's tiles; their float32 rounding
+ * is a multiple of the direct sum's (bounds there). AUTO takes Winograd where it applies with at
+ * least 8 input and 8 output channels and outputs of at least 12 x 12, F(4x4) in float32 on a set
+ * with its own F(4x4) transforms (AVX-512), else F(2x2); elsewhere im2col. Measured on one thread
+ * (AVX-512, float32), forward+backward, im2col / F(2x2) / F(4x4): 16->32 channels on 14x14
+ * (batch 64) 3.2 / 1.49 / 1.46 ms; 32->32 on 28x28 16.9 / 8.5 / 5.9 ms; 64->64 on 56x56 56 / 23 /
+ * 17 ms; 8->8 on 14x14 0.88 / 0.40 / 0.35 ms; on 7x7 outputs F(4x4) is slower than F(2x2) (a
+ * group of 4x4 tiles for 2x2 of them), below 8 channels Winograd slower than im2col (the
+ * transforms cost more than the products they save).
  *
  * The reference path is the formula above as plain loops with double sums, on the calling
  * thread: the specs compare the other paths with it. Every operand must be contiguous and share
@@ -39,9 +43,15 @@ typedef struct attn_conv2d_params {
   int64_t groups;      /* >= 1, divides C and O */
 } attn_conv2d_params;
 
-/* Which path runs: AUTO is Winograd or im2col (above); WINOGRAD fails naming the shapes where it
- * does not apply. */
-typedef enum { ATTN_CONV_AUTO = 0, ATTN_CONV_REFERENCE, ATTN_CONV_IM2COL, ATTN_CONV_WINOGRAD } attn_conv2d_kernel;
+/* Which path runs: AUTO is Winograd or im2col (above); WINOGRAD and WINOGRAD4 fail naming the
+ * shapes where they do not apply. */
+typedef enum {
+  ATTN_CONV_AUTO = 0,
+  ATTN_CONV_REFERENCE,
+  ATTN_CONV_IM2COL,
+  ATTN_CONV_WINOGRAD, /* F(2x2, 3x3) */
+  ATTN_CONV_WINOGRAD4 /* F(4x4, 3x3) */
+} attn_conv2d_kernel;
 
 /* The output shape (N, O, Ho, Wo) of conv2d on x and weight, in out; fails naming op, the
  * shapes and the values when ranks, channel counts, groups, strides, padding or dilation do not

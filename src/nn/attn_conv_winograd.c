@@ -1,4 +1,4 @@
-/* Winograd F(2x2, 3x3) convolution: see attn_conv_internal.h for the model. */
+/* Winograd F(2x2, 3x3) and F(4x4, 3x3) convolution: see attn_conv_internal.h for the model. */
 #include <stdatomic.h>
 #include <string.h>
 
@@ -23,30 +23,38 @@ typedef struct {
   const attn_wino_kernels *ks;
   attn_wino_geom g;
   const char *x, *b, *dy;
-  char *U, *y, *partial;
+  char *U, *y, *dx, *partial;
+  double *dbp; /* the bias gradient's sums per chunk and output channel (chunks, O), or NULL */
   int64_t N, C, O;
+  int m, np;    /* outputs per tile side (2 or 4), planes (16 or 36) */
+  int64_t cpr;  /* columns per tile row: tw + 1 (F(2x2): a dummy tile), 16 tw (F(4x4): groups) */
   /* blocks: nb whole images each (band == th), or one band of band tile rows of one image (nb 1,
-   * bands per image); tb columns at most (tw + 1 per tile row: the transforms' dummy tile) */
+   * bands per image); tb columns at most */
   int64_t nb, band, bands, tb, blocks;
-  int64_t chunk, chunks; /* weight gradient: blocks per chunk, chunks */
+  int64_t chunk, chunks; /* backward: blocks per chunk, chunks */
+  int phase;              /* backward: 0 runs the images' even bands, 1 the odd ones */
+  char *started;          /* backward: per chunk, whether its partial holds a block yet */
   atomic_int failed;
 } wino_job;
 
-int attn_conv2d_winograd_applies(int64_t kh, int64_t kw, const int64_t stride[2], const int64_t padding[2],
-                                 const int64_t dilation[2], int64_t groups) {
-  return kh == 3 && kw == 3 && stride[0] == 1 && stride[1] == 1 && dilation[0] == 1 && dilation[1] == 1 &&
-         groups == 1 && padding[0] <= 2 && padding[1] <= 2;
+int attn_conv2d_winograd_applies(int64_t kh, int64_t kw, const int64_t stride[2], const int64_t dilation[2],
+                                 int64_t groups) {
+  return kh == 3 && kw == 3 && stride[0] == 1 && stride[1] == 1 && dilation[0] == 1 && dilation[1] == 1 && groups == 1;
 }
 
 /* The job's tiling from the shape alone: output (Ho, Wo) from input (H, W) and padding, blocks
  * of whole images or of bands of tile rows. */
-static void tiling(wino_job *J, int64_t H, int64_t W, int64_t ph, int64_t pw) {
+static void tiling(wino_job *J, int m, int64_t H, int64_t W, int64_t ph, int64_t pw) {
   attn_wino_geom *g = &J->g;
   J->es = attn_dtype_size(J->dt);
   J->ks = attn_cpu()->wino;
+  J->m = m, J->np = (m + 2) * (m + 2);
   g->H = H, g->W = W, g->ph = ph, g->pw = pw, g->Ho = H + 2 * ph - 2, g->Wo = W + 2 * pw - 2;
-  g->th = (g->Ho + 1) / 2, g->tw = (g->Wo + 1) / 2;
-  int64_t per_tile = 16 * (J->C + J->O) * (int64_t)J->es, row = (g->tw + 1) * per_tile, image = g->th * row;
+  if (m == 2)
+    g->th = (g->Ho + 1) / 2, g->tw = (g->Wo + 1) / 2, J->cpr = g->tw + 1;
+  else /* groups of 4x4 tiles of 4x4 outputs */
+    g->th = (g->Ho + 15) / 16, g->tw = (g->Wo + 15) / 16, J->cpr = 16 * g->tw;
+  int64_t per_tile = J->np * (J->C + J->O) * (int64_t)J->es, row = J->cpr * per_tile, image = g->th * row;
   if (image <= BLOCK_BYTES) {
     J->band = g->th, J->bands = 1, J->nb = BLOCK_BYTES / (image > 0 ? image : 1);
     if (J->nb > J->N) J->nb = J->N > 0 ? J->N : 1;
@@ -55,7 +63,7 @@ static void tiling(wino_job *J, int64_t H, int64_t W, int64_t ph, int64_t pw) {
     J->nb = 1, J->band = BLOCK_BYTES / row > 0 ? BLOCK_BYTES / row : 1;
     J->bands = (g->th + J->band - 1) / J->band, J->blocks = J->N * J->bands;
   }
-  J->tb = J->nb * J->band * (g->tw + 1);
+  J->tb = J->nb * J->band * J->cpr;
   atomic_init(&J->failed, 0);
 }
 
@@ -66,29 +74,62 @@ static int64_t block_of(const wino_job *J, int64_t bl, int64_t *n0, int64_t *ni,
   else
     *n0 = bl / J->bands, *ni = 1, *ti0 = bl % J->bands * J->band,
     *rows = J->g.th - *ti0 < J->band ? J->g.th - *ti0 : J->band;
-  return *ni * *rows * (J->g.tw + 1);
+  return *ni * *rows * J->cpr;
 }
 
-/* The distance between a workspace's 16 planes of rows x tb entries: rounded up to an odd
- * number of cache lines, so that the planes' streams fall in different cache sets. */
-static int64_t plane_stride(const wino_job *J, int64_t rows) {
-  int64_t per_line = 64 / (int64_t)J->es, lines = (rows * J->tb + per_line - 1) / per_line;
-  return (lines | 1) * per_line;
+/* A workspace holds np planes of (rows, tb) entries channel by channel: entry (plane xi, channel
+ * c, column) at (c np + xi) tb + column. A channel's planes are then adjacent (tb apart), so a
+ * transform reads or writes one run of np tb entries per channel (which the prefetchers follow)
+ * rather than np runs far apart; the GEMMs see each plane as a matrix of leading dimension np tb. */
+static int64_t ws_ld(const wino_job *J) { return J->np * J->tb; }
+
+/* The transforms of the job's dtype and tile size on one plane's band (cpu/wino_cpu.h). */
+static void xf_input(const wino_job *J, const char *x, int64_t ti0, int64_t rows, char *V, int64_t ps, char *buf) {
+  const attn_wino_kernels *k = J->ks;
+  if (J->dt == ATTN_F32)
+    (J->m == 2 ? k->input_f32 : k->input4_f32)(&J->g, (const float *)x, ti0, rows, (float *)V, ps, (float *)buf);
+  else
+    (J->m == 2 ? k->input_f64 : k->input4_f64)(&J->g, (const double *)x, ti0, rows, (double *)V, ps, (double *)buf);
+}
+static void xf_output(const wino_job *J, const char *M, int64_t ps, int64_t ti0, int64_t rows, int64_t o, char *y,
+                      char *buf) {
+  const attn_wino_kernels *k = J->ks;
+  if (J->dt == ATTN_F32)
+    (J->m == 2 ? k->output_f32 : k->output4_f32)(&J->g, (const float *)M, ps, ti0, rows,
+                                                 J->b ? ((const float *)J->b)[o] : 0.0f, (float *)y, (float *)buf);
+  else
+    (J->m == 2 ? k->output_f64 : k->output4_f64)(&J->g, (const double *)M, ps, ti0, rows,
+                                                 J->b ? ((const double *)J->b)[o] : 0.0, (double *)y, (double *)buf);
+}
+static void xf_grad(const wino_job *J, const char *dy, int64_t ti0, int64_t rows, char *Z, int64_t ps, char *buf,
+                    double *sum) {
+  const attn_wino_kernels *k = J->ks;
+  if (J->dt == ATTN_F32)
+    (J->m == 2 ? k->grad_f32 : k->grad4_f32)(&J->g, (const float *)dy, ti0, rows, (float *)Z, ps, (float *)buf, sum);
+  else
+    (J->m == 2 ? k->grad_f64 : k->grad4_f64)(&J->g, (const double *)dy, ti0, rows, (double *)Z, ps, (double *)buf,
+                                             sum);
+}
+static void xf_adjoint(const wino_job *J, const char *M, int64_t ps, int64_t ti0, int64_t rows, char *dx, char *buf,
+                       int seams) {
+  const attn_wino_kernels *k = J->ks;
+  if (J->dt == ATTN_F32)
+    (J->m == 2 ? k->adjoint_f32 : k->adjoint4_f32)(&J->g, (const float *)M, ps, ti0, rows, (float *)dx, (float *)buf,
+                                                   seams);
+  else
+    (J->m == 2 ? k->adjoint_f64 : k->adjoint4_f64)(&J->g, (const double *)M, ps, ti0, rows, (double *)dx,
+                                                   (double *)buf, seams);
 }
 
-/* V (16 planes of (C, tb)): the input transforms of block bl's planes of src (N, C, H, W). */
-static void input_block(const wino_job *J, const char *src, int64_t bl, char *V, int64_t ps, char *scratch) {
+/* V (np planes of (C, tb)): the input transforms of block bl's planes of src (N, C, H, W). */
+static void input_block(const wino_job *J, const char *src, int64_t bl, char *V, char *scratch) {
   int64_t n0, ni, ti0, rows, C = J->C, HW = J->g.H * J->g.W;
   int64_t cols = block_of(J, bl, &n0, &ni, &ti0, &rows); /* sets ni: read it after the call */
   int64_t per = cols / (ni > 0 ? ni : 1);
   for (int64_t i = 0; i < ni; i++)
-    for (int64_t c = 0; c < C; c++) {
-      size_t at = (size_t)((n0 + i) * C + c) * HW, col = (size_t)(c * J->tb + i * per);
-      if (J->dt == ATTN_F32)
-        J->ks->input_f32(&J->g, (const float *)src + at, ti0, rows, (float *)V + col, ps, (float *)scratch);
-      else
-        J->ks->input_f64(&J->g, (const double *)src + at, ti0, rows, (double *)V + col, ps, (double *)scratch);
-    }
+    for (int64_t c = 0; c < C; c++)
+      xf_input(J, src + (size_t)((n0 + i) * C + c) * HW * J->es, ti0, rows, V + (size_t)(c * ws_ld(J) + i * per) * J->es,
+               J->tb, scratch);
 }
 
 /* Per-task scratch for the transforms (attn_wino_scratch entries), or NULL after marking the job
@@ -109,57 +150,75 @@ static void store(attn_dtype dt, void *base, int64_t i, double v) {
     ((double *)base)[i] = v;
 }
 
-/* U (16, O, C) = G g G^T for every pair of channels (in double, then rounded once). */
-static void weight_transform(const wino_job *J, const void *w, int flip) {
-  for (int64_t o = 0; o < J->O; o++)
-    for (int64_t c = 0; c < J->C; c++) {
-      double g[3][3], e[4][3];
-      for (int p = 0; p < 3; p++)
-        for (int q = 0; q < 3; q++)
-          g[p][q] = flip ? load(J->dt, w, ((c * J->O + o) * 3 + 2 - p) * 3 + 2 - q)
-                         : load(J->dt, w, ((o * J->C + c) * 3 + p) * 3 + q);
-      for (int q = 0; q < 3; q++) {
-        e[0][q] = g[0][q], e[1][q] = 0.5 * (g[0][q] + g[1][q] + g[2][q]);
-        e[2][q] = 0.5 * (g[0][q] - g[1][q] + g[2][q]), e[3][q] = g[2][q];
-      }
-      for (int i = 0; i < 4; i++) {
-        double u[4] = {e[i][0], 0.5 * (e[i][0] + e[i][1] + e[i][2]), 0.5 * (e[i][0] - e[i][1] + e[i][2]), e[i][2]};
-        for (int j = 0; j < 4; j++) store(J->dt, J->U, ((4 * i + j) * J->O + o) * J->C + c, u[j]);
-      }
-    }
+/* The kernel transform G (m + 2 rows of 3) of F(2x2, 3x3) and F(4x4, 3x3). */
+static const double G2[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
+static const double G4[6][3] = {{1.0 / 4, 0, 0},           {-1.0 / 6, -1.0 / 6, -1.0 / 6}, {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                                {1.0 / 24, 1.0 / 12, 1.0 / 6}, {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0, 0, 1}};
+
+/* Transforms of up to LANES pairs of channels at once, the pairs innermost: the loops then run
+ * as vector operations (one pair at a time, they were a tenth of the convolution's time). */
+#define LANES 16
+
+/* u[a i + j] (a x a) = G g G^T per lane; a is a constant where it is inlined, so the loops unroll. */
+static inline void g_g_gt(int a, const double (*G)[3], const double g[9][LANES], double u[36][LANES]) {
+  double e[6][3][LANES];
+  for (int i = 0; i < a; i++)
+    for (int q = 0; q < 3; q++)
+      for (int l = 0; l < LANES; l++) e[i][q][l] = G[i][0] * g[q][l] + G[i][1] * g[3 + q][l] + G[i][2] * g[6 + q][l];
+  for (int i = 0; i < a; i++)
+    for (int j = 0; j < a; j++)
+      for (int l = 0; l < LANES; l++) u[a * i + j][l] = G[j][0] * e[i][0][l] + G[j][1] * e[i][1][l] + G[j][2] * e[i][2][l];
 }
 
-/* A block's workspace of 16 planes of rows x tb entries (plane_stride apart), or NULL after
- * marking the job failed. */
+/* U (np, O, C) = G g G^T for every pair of channels (in double, then rounded once), or its
+ * transpose (np, C, O) for the input gradient's products U^T Z. */
+static void weight_transform(const wino_job *J, const void *w, int transposed) {
+  int64_t oc = J->O * J->C;
+  for (int64_t e0 = 0; e0 < oc; e0 += LANES) {
+    int n = oc - e0 < LANES ? (int)(oc - e0) : LANES;
+    double g[9][LANES], u[36][LANES];
+    memset(g, 0, sizeof g);
+    for (int l = 0; l < n; l++)
+      for (int p = 0; p < 9; p++) g[p][l] = load(J->dt, w, (e0 + l) * 9 + p);
+    if (J->m == 2)
+      g_g_gt(4, G2, g, u);
+    else
+      g_g_gt(6, G4, g, u);
+    int64_t at[LANES]; /* the lanes' places in a plane of U: runs of adjacent entries when not transposed */
+    for (int l = 0; l < n; l++) at[l] = transposed ? (e0 + l) % J->C * J->O + (e0 + l) / J->C : e0 + l;
+    for (int xi = 0; xi < J->np; xi++)
+      if (J->dt == ATTN_F32)
+        for (int l = 0; l < n; l++) ((float *)J->U)[xi * oc + at[l]] = (float)u[xi][l];
+      else
+        for (int l = 0; l < n; l++) ((double *)J->U)[xi * oc + at[l]] = u[xi][l];
+  }
+}
+
+/* A block's workspace of np planes of rows x tb entries (ws_ld), or NULL after marking the job
+ * failed. */
 static char *workspace(wino_job *J, int64_t rows, size_t *cap) {
-  char *ws = attn_alloc((size_t)(16 * plane_stride(J, rows)) * J->es, cap);
+  char *ws = attn_alloc((size_t)(rows * ws_ld(J)) * J->es, cap);
   if (!ws) atomic_store(&J->failed, 1);
   return ws;
 }
 
-/* Blocks [b0, b1): input transforms, 16 products over channels, output transforms. */
+/* Blocks [b0, b1): input transforms, np products over channels, output transforms. */
 static void forward_blocks(void *ctx, int64_t b0, int64_t b1) {
   wino_job *J = ctx;
   size_t es = J->es, cap[3] = {0, 0, 0};
-  int64_t pv = plane_stride(J, J->C), pm = plane_stride(J, J->O), HoWo = J->g.Ho * J->g.Wo;
+  int64_t ld = ws_ld(J), tb = J->tb, HoWo = J->g.Ho * J->g.Wo;
   char *V = workspace(J, J->C, &cap[0]), *M = workspace(J, J->O, &cap[1]);
   char *buf = scratch_buffer(J, &cap[2]);
   for (int64_t bl = b0; V && M && buf && bl < b1; bl++) {
     int64_t n0, ni, ti0, rows, nt = block_of(J, bl, &n0, &ni, &ti0, &rows), per = nt / ni;
-    input_block(J, J->x, bl, V, pv, buf);
-    for (int xi = 0; xi < 16; xi++)
+    input_block(J, J->x, bl, V, buf);
+    for (int xi = 0; xi < J->np; xi++)
       attn_gemm(J->dt, 0, 0, J->O, nt, J->C, 1.0, J->U + (size_t)(xi * J->O * J->C) * es, J->C,
-                V + (size_t)(xi * pv) * es, J->tb, 0.0, M + (size_t)(xi * pm) * es, J->tb);
+                V + (size_t)(xi * tb) * es, ld, 0.0, M + (size_t)(xi * tb) * es, ld);
     for (int64_t i = 0; i < ni; i++)
-      for (int64_t o = 0; o < J->O; o++) {
-        size_t col = (size_t)(o * J->tb + i * per), at = (size_t)((n0 + i) * J->O + o) * HoWo;
-        if (J->dt == ATTN_F32)
-          J->ks->output_f32(&J->g, (const float *)M + col, pm, ti0, rows, J->b ? ((const float *)J->b)[o] : 0.0f,
-                            (float *)J->y + at, (float *)buf);
-        else
-          J->ks->output_f64(&J->g, (const double *)M + col, pm, ti0, rows, J->b ? ((const double *)J->b)[o] : 0.0,
-                            (double *)J->y + at, (double *)buf);
-      }
+      for (int64_t o = 0; o < J->O; o++)
+        xf_output(J, M + (size_t)(o * ld + i * per) * es, tb, ti0, rows, o,
+                  J->y + (size_t)((n0 + i) * J->O + o) * HoWo * es, buf);
   }
   if (V) attn_free(V, cap[0]);
   if (M) attn_free(M, cap[1]);
@@ -167,51 +226,65 @@ static void forward_blocks(void *ctx, int64_t b0, int64_t b1) {
 }
 
 static int64_t grain(const wino_job *J) {
-  int64_t work = 16 * J->tb * J->O * J->C;
+  int64_t work = J->np * J->tb * J->O * J->C;
   return work >= GRAIN_FLOPS ? 1 : GRAIN_FLOPS / (work > 0 ? work : 1) + 1;
 }
 
-int attn_conv2d_winograd(attn_dtype dt, const void *x, int64_t N, int64_t C, int64_t H, int64_t W, const void *w,
-                         int flip, const void *b, int64_t O, int64_t ph, int64_t pw, void *y) {
+int attn_conv2d_winograd(attn_dtype dt, int m, const void *x, int64_t N, int64_t C, int64_t H, int64_t W,
+                         const void *w, const void *b, int64_t O, int64_t ph, int64_t pw, void *y) {
   wino_job J;
   memset(&J, 0, sizeof J);
   J.dt = dt, J.x = x, J.b = b, J.y = y, J.N = N, J.C = C, J.O = O;
-  tiling(&J, H, W, ph, pw);
+  tiling(&J, m, H, W, ph, pw);
   if (J.blocks == 0 || J.g.th == 0 || J.g.tw == 0) return 0;
   size_t cap;
-  J.U = attn_alloc((size_t)(16 * O * C) * J.es, &cap);
+  J.U = attn_alloc((size_t)(J.np * O * C) * J.es, &cap);
   if (!J.U) return -1;
-  weight_transform(&J, w, flip);
+  weight_transform(&J, w, 0);
   attn_parallel_for(J.blocks, grain(&J), forward_blocks, &J);
   attn_free(J.U, cap);
   return atomic_load(&J.failed) ? -1 : 0;
 }
 
-/* Chunks [k0, k1) of the weight gradient: per chunk, sum over its blocks' tiles of the 16
- * products Z V^T (O, C), in block order, into the chunk's partial (16, O, C). */
-static void dweight_chunks(void *ctx, int64_t k0, int64_t k1) {
+/* Chunks [k0, k1) of the backward in the job's phase, their blocks of that phase in order (an
+ * image's even bands in phase 0, its odd bands in phase 1, whole images in phase 0): the bands
+ * next to each other share two rows of dx (the seams), which the even band writes and the odd
+ * band then adds into, so the bands of one phase run in parallel and the sums keep one order.
+ * Z = the gradient transforms of dy (and the chunk's bias gradient sums);
+ * for the weight gradient, V = the input transforms of x and the chunk's partial (np, O, C) +=
+ * Z V^T; for the input gradient, dV = U^T Z (in V's place) and its adjoint transforms into dx. */
+static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
   wino_job *J = ctx;
   size_t es = J->es, cap[3] = {0, 0, 0};
-  int64_t pv = plane_stride(J, J->C), pz = plane_stride(J, J->O), HoWo = J->g.Ho * J->g.Wo;
+  int64_t ld = ws_ld(J), tb = J->tb, HoWo = J->g.Ho * J->g.Wo, HW = J->g.H * J->g.W;
   char *V = workspace(J, J->C, &cap[0]), *Z = workspace(J, J->O, &cap[1]);
   char *buf = scratch_buffer(J, &cap[2]);
   for (int64_t k = k0; V && Z && buf && k < k1; k++) {
     int64_t bend = (k + 1) * J->chunk < J->blocks ? (k + 1) * J->chunk : J->blocks;
     for (int64_t bl = k * J->chunk; bl < bend; bl++) {
+      int64_t band = J->bands > 1 ? bl % J->bands : 0;
+      if ((J->dx ? band % 2 : 0) != J->phase) continue; /* without dx, no seams: one phase */
       int64_t n0, ni, ti0, rows, nt = block_of(J, bl, &n0, &ni, &ti0, &rows), per = nt / ni;
-      input_block(J, J->x, bl, V, pv, buf);
+      int seams = band % 2 ? ATTN_WINO_ADD_TOP | (band + 1 < J->bands ? ATTN_WINO_ADD_BOTTOM : 0) : 0;
       for (int64_t i = 0; i < ni; i++)
-        for (int64_t o = 0; o < J->O; o++) {
-          size_t col = (size_t)(o * J->tb + i * per), at = (size_t)((n0 + i) * J->O + o) * HoWo;
-          if (J->dt == ATTN_F32)
-            J->ks->grad_f32(&J->g, (const float *)J->dy + at, ti0, rows, (float *)Z + col, pz, (float *)buf);
-          else
-            J->ks->grad_f64(&J->g, (const double *)J->dy + at, ti0, rows, (double *)Z + col, pz, (double *)buf);
-        }
-      for (int xi = 0; xi < 16; xi++)
-        attn_gemm(J->dt, 0, 1, J->O, J->C, nt, 1.0, Z + (size_t)(xi * pz) * es, J->tb, V + (size_t)(xi * pv) * es,
-                  J->tb, bl == k * J->chunk ? 0.0 : 1.0, J->partial + (size_t)((k * 16 + xi) * J->O * J->C) * es,
-                  J->C);
+        for (int64_t o = 0; o < J->O; o++)
+          xf_grad(J, J->dy + (size_t)((n0 + i) * J->O + o) * HoWo * es, ti0, rows, Z + (size_t)(o * ld + i * per) * es,
+                  tb, buf, J->dbp ? J->dbp + k * J->O + o : NULL);
+      if (J->partial) {
+        input_block(J, J->x, bl, V, buf);
+        for (int xi = 0; xi < J->np; xi++)
+          attn_gemm(J->dt, 0, 1, J->O, J->C, nt, 1.0, Z + (size_t)(xi * tb) * es, ld, V + (size_t)(xi * tb) * es, ld,
+                    J->started[k] ? 1.0 : 0.0, J->partial + (size_t)((k * J->np + xi) * J->O * J->C) * es, J->C);
+        J->started[k] = 1;
+      }
+      if (!J->dx) continue;
+      for (int xi = 0; xi < J->np; xi++)
+        attn_gemm(J->dt, 0, 0, J->C, nt, J->O, 1.0, J->U + (size_t)(xi * J->C * J->O) * es, J->O,
+                  Z + (size_t)(xi * tb) * es, ld, 0.0, V + (size_t)(xi * tb) * es, ld);
+      for (int64_t i = 0; i < ni; i++)
+        for (int64_t c = 0; c < J->C; c++)
+          xf_adjoint(J, V + (size_t)(c * ld + i * per) * es, tb, ti0, rows,
+                     J->dx + (size_t)((n0 + i) * J->C + c) * HW * es, buf, seams);
     }
   }
   if (V) attn_free(V, cap[0]);
@@ -224,56 +297,93 @@ typedef struct {
   void *dw;
 } reduce_job;
 
+/* g[3 p + q] = G^T D G per lane, for D (a x a) */
+static inline void gt_d_g(int a, const double (*G)[3], const double D[36][LANES], double g[9][LANES]) {
+  double f[3][6][LANES];
+  for (int p = 0; p < 3; p++)
+    for (int q = 0; q < a; q++)
+      for (int l = 0; l < LANES; l++) {
+        double v = 0;
+        for (int i = 0; i < a; i++) v += G[i][p] * D[a * i + q][l];
+        f[p][q][l] = v;
+      }
+  for (int p = 0; p < 3; p++)
+    for (int q = 0; q < 3; q++)
+      for (int l = 0; l < LANES; l++) {
+        double v = 0;
+        for (int i = 0; i < a; i++) v += f[p][i][l] * G[i][q];
+        g[3 * p + q][l] = v;
+      }
+}
+
 /* dw[o, c] for pairs [e0, e1): the chunks' partials added in chunk order, then G^T D G (in double).
- * Sixteen pairs at a time, so that the sums run along contiguous pairs (vector loads), not across
+ * LANES pairs at a time, so that the sums run along contiguous pairs (vector loads), not across
  * the chunks' far-apart planes one entry at a time. */
 static void reduce_dweight(void *ctx, int64_t e0, int64_t e1) {
   const reduce_job *R = ctx;
   const wino_job *J = R->J;
   int64_t oc = J->O * J->C;
-  for (int64_t eb = e0; eb < e1; eb += 16) {
-    int n = e1 - eb < 16 ? (int)(e1 - eb) : 16;
-    double d[16][16]; /* [position][pair] */
+  for (int64_t eb = e0; eb < e1; eb += LANES) {
+    int n = e1 - eb < LANES ? (int)(e1 - eb) : LANES;
+    double d[36][LANES], g[9][LANES]; /* [position][pair] */
     memset(d, 0, sizeof d);
-    for (int xi = 0; xi < 16; xi++)
+    for (int xi = 0; xi < J->np; xi++)
       for (int64_t k = 0; k < J->chunks; k++) {
-        size_t at = (size_t)((k * 16 + xi) * oc + eb);
+        size_t at = (size_t)((k * J->np + xi) * oc + eb);
         if (J->dt == ATTN_F32)
           for (int j = 0; j < n; j++) d[xi][j] += (double)((const float *)J->partial)[at + j];
         else
           for (int j = 0; j < n; j++) d[xi][j] += ((const double *)J->partial)[at + j];
       }
-    for (int j = 0; j < n; j++) {
-      double f[3][4];
-      for (int q = 0; q < 4; q++) {
-        f[0][q] = d[q][j] + 0.5 * (d[4 + q][j] + d[8 + q][j]);
-        f[1][q] = 0.5 * (d[4 + q][j] - d[8 + q][j]);
-        f[2][q] = 0.5 * (d[4 + q][j] + d[8 + q][j]) + d[12 + q][j];
-      }
-      for (int i = 0; i < 3; i++) {
-        double g[3] = {f[i][0] + 0.5 * (f[i][1] + f[i][2]), 0.5 * (f[i][1] - f[i][2]), 0.5 * (f[i][1] + f[i][2]) + f[i][3]};
-        for (int q = 0; q < 3; q++) store(J->dt, R->dw, (eb + j) * 9 + i * 3 + q, g[q]);
-      }
-    }
+    if (J->m == 2)
+      gt_d_g(4, G2, d, g);
+    else
+      gt_d_g(6, G4, d, g);
+    for (int j = 0; j < n; j++)
+      for (int p = 0; p < 9; p++) store(J->dt, R->dw, (eb + j) * 9 + p, g[p][j]);
   }
 }
 
-int attn_conv2d_winograd_dweight(attn_dtype dt, const void *x, int64_t N, int64_t C, int64_t H, int64_t W,
-                                 const void *dy, int64_t O, int64_t ph, int64_t pw, void *dw) {
+int attn_conv2d_winograd_backward(attn_dtype dt, int m, const void *x, int64_t N, int64_t C, int64_t H, int64_t W,
+                                  const void *w, const void *dy, int64_t O, int64_t ph, int64_t pw, void *dx, void *dw,
+                                  void *db) {
   wino_job J;
   memset(&J, 0, sizeof J);
-  J.dt = dt, J.x = x, J.dy = dy, J.N = N, J.C = C, J.O = O;
-  tiling(&J, H, W, ph, pw);
-  if (J.g.th == 0 || J.g.tw == 0) J.blocks = 0;
+  J.dt = dt, J.x = x, J.dy = dy, J.dx = dx, J.N = N, J.C = C, J.O = O;
+  tiling(&J, m, H, W, ph, pw);
+  if (J.g.th == 0 || J.g.tw == 0) J.blocks = 0; /* no outputs: dx and dw are zero */
   int64_t chunks = J.blocks < DW_CHUNKS ? J.blocks : DW_CHUNKS;
   J.chunk = chunks > 0 ? (J.blocks + chunks - 1) / chunks : 1;
-  J.chunks = (J.blocks + J.chunk - 1) / J.chunk; /* no tiles: no chunks, dw is zero */
-  size_t cap;
-  J.partial = attn_alloc((size_t)((J.chunks > 0 ? J.chunks : 1) * 16 * O * C) * J.es, &cap);
-  if (!J.partial) return -1;
-  attn_parallel_for(J.chunks, 1, dweight_chunks, &J);
+  J.chunks = (J.blocks + J.chunk - 1) / J.chunk;
+  if (J.blocks == 0) {
+    if (dx) memset(dx, 0, (size_t)(N * C * H * W) * J.es);
+    if (dw) memset(dw, 0, (size_t)(O * C * 9) * J.es);
+    if (db) memset(db, 0, (size_t)O * J.es);
+    return 0;
+  }
+  size_t cap[4] = {0, 0, 0, 0};
+  J.partial = dw ? attn_alloc((size_t)(J.chunks * J.np * O * C) * J.es, &cap[0]) : NULL;
+  J.U = dx ? attn_alloc((size_t)(J.np * O * C) * J.es, &cap[1]) : NULL;
+  J.dbp = db ? attn_alloc((size_t)(J.chunks * O) * sizeof(double), &cap[2]) : NULL;
+  J.started = attn_alloc((size_t)J.chunks, &cap[3]);
+  if ((dw && !J.partial) || (dx && !J.U) || (db && !J.dbp) || !J.started) atomic_store(&J.failed, 1);
+  if (!atomic_load(&J.failed)) {
+    if (J.dbp) memset(J.dbp, 0, (size_t)(J.chunks * O) * sizeof(double));
+    memset(J.started, 0, (size_t)J.chunks);
+    if (dx) weight_transform(&J, w, 1);
+    for (J.phase = 0; J.phase < (J.bands > 1 && dx ? 2 : 1); J.phase++)
+      attn_parallel_for(J.chunks, 1, backward_chunks, &J);
+  }
   reduce_job R = {&J, dw};
-  if (!atomic_load(&J.failed)) attn_parallel_for(O * C, 512, reduce_dweight, &R);
-  attn_free(J.partial, cap);
+  if (dw && !atomic_load(&J.failed)) attn_parallel_for(O * C, 512, reduce_dweight, &R);
+  for (int64_t o = 0; db && !atomic_load(&J.failed) && o < O; o++) { /* the chunks' sums, in chunk order */
+    double s = 0;
+    for (int64_t k = 0; k < J.chunks; k++) s += J.dbp[k * O + o];
+    store(dt, db, o, s);
+  }
+  if (J.partial) attn_free(J.partial, cap[0]);
+  if (J.U) attn_free(J.U, cap[1]);
+  if (J.dbp) attn_free(J.dbp, cap[2]);
+  if (J.started) attn_free(J.started, cap[3]);
   return atomic_load(&J.failed) ? -1 : 0;
 }

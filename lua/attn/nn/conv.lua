@@ -6,9 +6,9 @@
 -- dilation, output size) are a number or a table `{h, w}`. `Conv2d.weight` is
 -- (out_channels, in_channels / groups, kh, kw), so a PyTorch CNN's state dict loads unchanged.
 -- The functional forms (`conv2d`, `max_pool2d`, ...) take the same options; `conv2d`'s option
--- `kernel` (or a module's field `kernel`) picks the C path: "auto", "im2col", "winograd" (3x3,
--- stride 1, dilation 1, groups 1, padding <= 2) or "reference", the plain loops the specs
--- compare the others with.
+-- `kernel` (or a module's field `kernel`) picks the C path: "auto", "im2col", "winograd" or
+-- "winograd4" (3x3, stride 1, dilation 1, groups 1) or "reference", the plain loops
+-- the specs compare the others with.
 -- @module attn.nn.conv
 local attn = require "attn"
 local module = require "attn.nn.module"
@@ -52,7 +52,7 @@ local function unbatch(y, was3) return was3 and y:squeeze(1) or y end
 local function conv_params(o) return { o.stride[1], o.stride[2], o.padding[1], o.padding[2], o.dilation[1],
   o.dilation[2], o.groups } end
 
-local KERNELS = { auto = true, im2col = true, winograd = true, reference = true }
+local KERNELS = { auto = true, im2col = true, winograd = true, winograd4 = true, reference = true }
 
 -- Checked conv options (stride, padding, dilation: pairs; groups; kernel) of fn.
 local function conv_options(fn, opts, level)
@@ -66,7 +66,7 @@ local function conv_options(fn, opts, level)
     kernel = opts.kernel or "auto",
   }
   if not KERNELS[o.kernel] then
-    error(string.format("%s: kernel must be 'auto', 'im2col', 'winograd' or 'reference', got %s", fn,
+    error(string.format("%s: kernel must be 'auto', 'im2col', 'winograd', 'winograd4' or 'reference', got %s", fn,
       tostring(o.kernel)), level)
   end
   return o
@@ -88,16 +88,18 @@ end
 -- weight (O, C / groups, kh, kw), bias (O) or nil -> (N, O, Ho, Wo) with
 -- Ho = floor((H + 2 padding - dilation (kh - 1) - 1) / stride) + 1. One autograd node. Paths
 -- (`kernel`): "im2col" unfolds each image and runs the engine's GEMM; "winograd" (3x3 kernels at
--- stride 1, dilation 1, groups 1, padding <= 2) runs Winograd F(2x2, 3x3), 16 GEMMs over
+-- stride 1, dilation 1, groups 1) runs Winograd F(2x2, 3x3), 16 GEMMs over
 -- channels per block of 2x2 output tiles, with 2.25 times fewer multiply-adds and a float32
--- rounding error up to about 7 times the direct sum's bound; "auto" takes "winograd" where it
--- applies with at least 8 input and 8 output channels and outputs of at least 12x12 (where it
--- measured faster), else "im2col"; "reference" runs plain loops.
+-- rounding bound about 7 times the direct sum's; "winograd4" runs F(4x4, 3x3), 36 GEMMs per
+-- block of 4x4 tiles, 4 times fewer multiply-adds, a bound about 45 times F(2x2)'s; "auto"
+-- takes Winograd where it applies with at least 8 input and 8 output channels and outputs of
+-- at least 12x12 (where it measured faster), "winograd4" in float32 on AVX-512 (which has its
+-- own F(4x4) transforms), "winograd" otherwise, else "im2col"; "reference" runs plain loops.
 -- @tparam Tensor x
 -- @tparam Tensor weight
 -- @tparam[opt] Tensor bias
 -- @tparam[opt] table opts `stride` (1), `padding` (0), `dilation` (1), `groups` (1),
---   `kernel` ("auto", "im2col", "winograd" or "reference")
+--   `kernel` ("auto", "im2col", "winograd", "winograd4" or "reference")
 -- @treturn Tensor
 -- @raise naming the shapes or values: wrong ranks, channel counts, groups, zero strides, a
 --   kernel larger than the padded input
@@ -114,7 +116,8 @@ end
 -- groups = 1, bias = true, padding_mode = "zeros"}])`: `conv2d` with parameters weight
 -- (out, in / groups, kh, kw) and bias (out), both initialised as PyTorch's (weight kaiming-uniform
 -- with a = sqrt(5), bias U(-1/sqrt(fan_in), 1/sqrt(fan_in))). Only zero padding. The field
--- `kernel` ("auto", "im2col", "winograd", or "reference" for the plain loops) picks the C path.
+-- `kernel` ("auto", "im2col", "winograd", "winograd4", or "reference" for the plain loops) picks
+-- the C path.
 -- @type Conv2d
 local Conv2d = Module:extend("Conv2d")
 M.Conv2d = Conv2d
