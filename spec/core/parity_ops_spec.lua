@@ -320,6 +320,24 @@ describe("repeat_interleave (PyTorch's)", function()
     end)
   end
 
+  -- per-entry counts build their index in C (a mark at each nonzero count's first position,
+  -- summed along): zero counts first, last and in runs, all zero, and counts of a million
+  it("takes zero counts anywhere and counts of millions (per-entry counts)", function()
+    local rows = { { 1, 2, 3, 4, 5, 6 } }
+    local x = attn.tensor(rows, "float64")
+    for _, counts in ipairs { { 0, 0, 2, 0, 0, 1 }, { 3, 0, 0, 0, 1, 0 }, { 0, 0, 0, 0, 0, 0 }, { 1, 1, 1, 1, 1, 1 } } do
+      local y = attn.repeat_interleave(x, counts, 2)
+      local want = naive(rows, counts, 2)
+      assert.same(#want[1], y:shape()[2])
+      if #want[1] > 0 then assert.same(want, y:totable()) end
+    end
+    local big = attn.repeat_interleave(attn.tensor({ 7, 8, 9 }), attn.tensor({ 1000000, 0, 2000000 }, "int64"))
+    assert.same({ 3000000 }, big:shape())
+    -- closed forms: the sum, and the entries at the boundary
+    assert.are.equal(7 * 1000000 + 9 * 2000000, big:to("float64"):sum():item())
+    assert.same({ 7, 9 }, { big[1000000], big[1000001] })
+  end)
+
   it("differentiates: the gradient sums the repeats back", function()
     attn.manual_seed(8)
     helper.gradcheck(function(t) return attn.repeat_interleave(t, 3, 2) end, { helper.param({ 2, 3 }) })
