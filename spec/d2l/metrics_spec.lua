@@ -150,6 +150,22 @@ describe("metrics.corpus_bleu", function()
     assert.is_true(bleu > 0)
   end)
 
+  -- orders past the longest prediction have no candidate n-grams: p_n = 0 and the score 0, and the
+  -- lists stop at the first such order, however large max_n (2^40 looped for ever: the fuzzer)
+  it("stops its lists at the first order longer than every prediction", function()
+    local preds, refs = { "a b c", "a b" }, { "a b c", "a b" }
+    assert.are.equal(1, (metrics.corpus_bleu(preds, refs, 3)))
+    for _, max_n in ipairs { 4, 5, 1 << 40 } do
+      local bleu, d = metrics.corpus_bleu(preds, refs, max_n)
+      assert.are.equal(0, bleu)
+      assert.are.same({ 5, 3, 1, 0 }, d.totals)
+      assert.are.same({ 1, 1, 1, 0 }, d.precisions)
+    end
+    local bleu, d = metrics.corpus_bleu({ "" }, { "a" }, 1 << 40)
+    assert.are.equal(0, bleu)
+    assert.are.same({ 0 }, d.totals)
+  end)
+
   it("raises on lists of different lengths and a bad max_n", function()
     assert.has_error(function() metrics.corpus_bleu({ "a" }, {}) end, "corpus_bleu: 1 predictions for 0 references")
     assert.has_error(function() metrics.corpus_bleu({}, {}, 0) end, "corpus_bleu: max_n must be a positive integer, got 0")

@@ -70,7 +70,8 @@ end
 -- @tparam table refs the references, the same way, in the same order
 -- @tparam[opt] integer max_n the longest n-gram (4)
 -- @treturn number BLEU in [0, 1] (multiply by 100 for the usual figure)
--- @treturn table `{precisions = {p_1, ...}, matches = {...}, totals = {...}, bp =, pred_len =, ref_len =}`
+-- @treturn table `{precisions = {p_1, ...}, matches = {...}, totals = {...}, bp =, pred_len =, ref_len =}`;
+--   the lists stop at max_n or at the first order longer than every prediction (0 from there on)
 -- @raise on a bad argument or lists of different lengths
 -- @usage metrics.corpus_bleu({"il est calme ."}, {"il est calme ."}) --> 1
 function metrics.corpus_bleu(preds, refs, max_n)
@@ -82,13 +83,21 @@ function metrics.corpus_bleu(preds, refs, max_n)
   if math.type(max_n) ~= "integer" or max_n < 1 then
     error("corpus_bleu: max_n must be a positive integer, got " .. tostring(max_n), 2)
   end
-  local matches, totals, c, r = {}, {}, 0, 0
-  for n = 1, max_n do matches[n], totals[n] = 0, 0 end
+  -- orders past the longest prediction have no candidates: p_n is 0 there, and so the score;
+  -- the lists stop at the first such order (a huge max_n costs nothing)
+  local pred_tokens, ref_tokens, longest = {}, {}, 0
   for s = 1, #preds do
-    local pred = as_tokens(preds[s], "corpus_bleu", "a prediction")
-    local ref = as_tokens(refs[s], "corpus_bleu", "a reference")
+    pred_tokens[s] = as_tokens(preds[s], "corpus_bleu", "a prediction")
+    ref_tokens[s] = as_tokens(refs[s], "corpus_bleu", "a reference")
+    longest = math.max(longest, #pred_tokens[s])
+  end
+  local orders = math.min(max_n, longest + 1)
+  local matches, totals, c, r = {}, {}, 0, 0
+  for n = 1, orders do matches[n], totals[n] = 0, 0 end
+  for s = 1, #preds do
+    local pred, ref = pred_tokens[s], ref_tokens[s]
     c, r = c + #pred, r + #ref
-    for n = 1, max_n do
+    for n = 1, orders do
       local counts = {}
       for i = 1, #ref - n + 1 do
         local g = ngram(ref, i, n)
@@ -106,7 +115,7 @@ function metrics.corpus_bleu(preds, refs, max_n)
   end
   local bp = c == 0 and 0 or math.min(1, math.exp(1 - r / c))
   local precisions, log_sum = {}, 0
-  for n = 1, max_n do
+  for n = 1, orders do
     precisions[n] = totals[n] > 0 and matches[n] / totals[n] or 0
     log_sum = log_sum + (precisions[n] > 0 and math.log(precisions[n]) or -math.huge)
   end
