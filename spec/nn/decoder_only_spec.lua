@@ -133,5 +133,8 @@ describe("nn.filter_logits", function()
     local out = nn.filter_logits({ 2, 4, 0 }, { temperature = 2, top_k = 2, top_p = 1 })
     assert.same({ 1, 2, inf }, out)
     assert.has_error(function() nn.filter_logits({ 1 }, { top_p = 0 }) end, "filter_logits: top_p must be in (0, 1], got 0")
+    assert.has_error(function() nn.filter_logits(attn.zeros({ 3 })) end,
+      "filter_logits: logits must be a list of numbers, got a tensor [3]")
+    assert.has_error(function() nn.filter_logits("1 2") end, "filter_logits: logits must be a list of numbers, got a string")
   end)
 end)

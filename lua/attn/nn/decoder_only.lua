@@ -245,6 +245,12 @@ end
 -- @treturn table the filtered logits (-math.huge where removed)
 function M.filter_logits(logits, opts)
   opts = check.options("filter_logits", opts, { temperature = true, top_k = true, top_p = true })
+  -- a Lua list as documented (a tensor's length is its first dim, whatever its other ones: one of
+  -- 2^63 - 1 rows looped for ever, the fuzzer)
+  if type(logits) ~= "table" or getmetatable(logits) ~= nil then
+    error(string.format("filter_logits: logits must be a list of numbers, got %s",
+      attn.is_tensor(logits) and "a tensor " .. attn.core.shape_str(logits:shape()) or "a " .. type(logits)), 2)
+  end
   local V = #logits
   local t = opts.temperature or 1
   if type(t) ~= "number" or t ~= t or t <= 0 then
