@@ -1147,11 +1147,11 @@ static int wino_same(const float *a, const float *b, int64_t n) { return memcmp(
 static void test_wino_transforms(void) {
   const int shapes[][4] = {{14, 14, 1, 1}, {7, 5, 1, 1}, {8, 9, 0, 0}, {29, 31, 0, 2}, {45, 47, 1, 1}, {1, 1, 1, 1}, {6, 6, 2, 2}};
   const char *paths[2] = {"avx2", "avx512"};
-  const attn_wino_kernels *ref = &attn_wino_kernels_generic;
+  const attn_wino_transforms *ref = &attn_wino_kernels_generic.f2;
   for (int p = 0; p < 2; p++) {
     const attn_cpu_kernels *set = attn_cpu_find(paths[p]);
     if (!set || !attn_cpu_supported(set)) continue;
-    const attn_wino_kernels *k = set->wino;
+    const attn_wino_transforms *k = &set->wino->f2;
     int mismatches = 0, bands = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
       attn_wino_geom g = {shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 0, 0, 0, 0};

@@ -238,10 +238,10 @@ static void adjoint_f32_own(const attn_wino_geom *g, const float *M, int64_t ps,
     /* the tile row above left its rows 2 and 3 in rows 0 and 1 (the band above, with the seam) */
     const int top = t > 0 || (seams & ATTN_WINO_ADD_TOP);
     const int add_last = seams & ATTN_WINO_ADD_BOTTOM; /* the band's last rows 2 and 3, likewise below */
+    #pragma GCC unroll 16
+    for (int a = 0; a < 4; a++) prev[a][2] = prev[a][3] = _mm512_setzero_ps(); /* no tile left of a row */
     if (pair) { /* tile row t in lanes [0, Tr), t + 1 in [Tr, 2 Tr) (the dummy lane between holds zeros) */
       const int both = t + 1 < rows;
-      #pragma GCC unroll 16
-      for (int a = 0; a < 4; a++) prev[a][2] = prev[a][3] = _mm512_setzero_ps();
       adjoint16(M + t * Tr, ps, lanes_below(both ? 2 * Tr : Tr), p);
       adjoint_cols(p, prev, e, o);
       __m512 r0[4], r1[4]; /* padded rows a of tile rows t (r0) and t + 1 (r1), 2 Tr columns */
@@ -256,8 +256,6 @@ static void adjoint_f32_own(const attn_wino_geom *g, const float *M, int64_t ps,
         put_row(dx, H, W, y + 4, 0, pw, last && add_last, r1[2]), put_row(dx, H, W, y + 5, 0, pw, last && add_last, r1[3]);
       continue;
     }
-    #pragma GCC unroll 16
-    for (int a = 0; a < 4; a++) prev[a][2] = prev[a][3] = _mm512_setzero_ps();
     for (int64_t tj0 = 0; tj0 < Tr; tj0 += 16) {
       adjoint16(M + t * Tr + tj0, ps, lanes_below(Tr - tj0), p);
       adjoint_cols(p, prev, e, o);

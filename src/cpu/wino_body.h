@@ -233,9 +233,9 @@ WINO_DEFINE_ADJOINT(f64, double)
 #endif
 
 const attn_wino_kernels WINO_FN(attn_wino_kernels_) = {
-    WINO_F32(input_f32),  WINO_FN(input_f64),   WINO_F32(output_f32), WINO_FN(output_f64),
-    WINO_F32(grad_f32),   WINO_FN(grad_f64),    WINO_ADJOINT_F32,     WINO_FN(adjoint_f64),
-    WINO4_F32(input),     WINO_FN(input4_f64),  WINO4_F32(output),    WINO_FN(output4_f64),
-    WINO4_F32(grad),      WINO_FN(grad4_f64),   WINO4_F32(adjoint),   WINO_FN(adjoint4_f64),
+    {WINO_F32(input_f32), WINO_FN(input_f64), WINO_F32(output_f32), WINO_FN(output_f64), WINO_F32(grad_f32),
+     WINO_FN(grad_f64), WINO_ADJOINT_F32, WINO_FN(adjoint_f64)},
+    {WINO4_F32(input), WINO_FN(input4_f64), WINO4_F32(output), WINO_FN(output4_f64), WINO4_F32(grad),
+     WINO_FN(grad4_f64), WINO4_F32(adjoint), WINO_FN(adjoint4_f64)},
     WINO4_OWN,
 };

@@ -41,19 +41,23 @@ static inline int64_t attn_wino_scratch(int64_t rows, int64_t tw) { return 20 * 
 ATTN_WINO_TRANSFORMS(float, f32)
 ATTN_WINO_TRANSFORMS(double, f64)
 
-typedef struct attn_wino_kernels {
-  /* input: V (16 planes): B^T d B of the band's 4x4 input patches d of x (H, W), zero outside it.
-   * output: y (Ho, Wo): the band's 2x2 output tiles A^T m A + bias from the products M (16
-   * planes), clipped to (Ho, Wo).
-   * grad: Z (16 planes): A e A^T of the band's 2x2 tiles e of dy (Ho, Wo), zero outside it;
-   * with sum not NULL, adds the band's entries of dy to *sum (the bias gradient: float32 adds at
-   * most 8 entries per partial before a double takes it, as attn_conv's own sum; the AVX-512
-   * transforms add 4).
-   * adjoint: dx (H, W): the adjoint of the input transform, B v B^T of the band's 4x4 tiles v of
-   * dV (16 planes) added up where the tiles' patches overlap, clipped to (H, W). The band writes
-   * its padded rows [2 ti0, 2 (ti0 + rows) + 2); the first two and the last two, which it shares
-   * with the bands above and below, it adds to instead when seams has ATTN_WINO_ADD_TOP or
-   * ATTN_WINO_ADD_BOTTOM (the other band wrote them first). Dummy tiles must hold zeros. */
+/* One tile size's transforms.
+ * input: V (16 planes): B^T d B of the band's 4x4 input patches d of x (H, W), zero outside it.
+ * output: y (Ho, Wo): the band's 2x2 output tiles A^T m A + bias from the products M (16 planes),
+ * clipped to (Ho, Wo).
+ * grad: Z (16 planes): A e A^T of the band's 2x2 tiles e of dy (Ho, Wo), zero outside it; with
+ * sum not NULL, adds the band's entries of dy to *sum (the bias gradient: float32 adds at most 8
+ * entries per partial before a double takes it, as attn_conv's own sum; the AVX-512 transforms
+ * add 4).
+ * adjoint: dx (H, W): the adjoint of the input transform, B v B^T of the band's 4x4 tiles v of dV
+ * (16 planes) added up where the tiles' patches overlap, clipped to (H, W). The band writes its
+ * padded rows [2 ti0, 2 (ti0 + rows) + 2); the first two and the last two, which it shares with
+ * the bands above and below, it adds to instead when seams has ATTN_WINO_ADD_TOP or
+ * ATTN_WINO_ADD_BOTTOM (the other band wrote them first). Dummy tiles must hold zeros.
+ * (As written for F(2x2); F(4x4), cpu/wino4_body.h: the same over 36 planes, th and tw counting
+ * groups of 4x4 tiles (16 columns each), y's tiles 4x4, the adjoint's band covering its padded
+ * rows [16 ti0, 16 (ti0 + rows) + 2) with the same seams.) */
+typedef struct attn_wino_transforms {
   attn_wino_input_f32 input_f32;
   attn_wino_input_f64 input_f64;
   attn_wino_output_f32 output_f32;
@@ -62,17 +66,10 @@ typedef struct attn_wino_kernels {
   attn_wino_grad_f64 grad_f64;
   attn_wino_adjoint_f32 adjoint_f32;
   attn_wino_adjoint_f64 adjoint_f64;
-  /* F(4x4, 3x3) (cpu/wino4_body.h): the same four transforms over 36 planes, th and tw counting
-   * groups of 4x4 tiles (16 columns each), y's tiles 4x4; the adjoint's band covers its padded
-   * rows [16 ti0, 16 (ti0 + rows) + 2), with the same seams. */
-  attn_wino_input_f32 input4_f32;
-  attn_wino_input_f64 input4_f64;
-  attn_wino_output_f32 output4_f32;
-  attn_wino_output_f64 output4_f64;
-  attn_wino_grad_f32 grad4_f32;
-  attn_wino_grad_f64 grad4_f64;
-  attn_wino_adjoint_f32 adjoint4_f32;
-  attn_wino_adjoint_f64 adjoint4_f64;
+} attn_wino_transforms;
+
+typedef struct attn_wino_kernels {
+  attn_wino_transforms f2, f4; /* F(2x2, 3x3) and F(4x4, 3x3) */
   /* 1 when the float32 F(4x4) transforms are the set's own vector code (AUTO then prefers them) */
   int own4_f32;
 } attn_wino_kernels;

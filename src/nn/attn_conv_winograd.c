@@ -20,7 +20,7 @@
 typedef struct {
   attn_dtype dt;
   size_t es;
-  const attn_wino_kernels *ks;
+  const attn_wino_transforms *t; /* the active set's transforms of the job's tile size */
   attn_wino_geom g;
   const char *x, *b, *dy;
   char *U, *y, *dx, *partial;
@@ -47,7 +47,7 @@ int attn_conv2d_winograd_applies(int64_t kh, int64_t kw, const int64_t stride[2]
 static void tiling(wino_job *J, int m, int64_t H, int64_t W, int64_t ph, int64_t pw) {
   attn_wino_geom *g = &J->g;
   J->es = attn_dtype_size(J->dt);
-  J->ks = attn_cpu()->wino;
+  J->t = m == 2 ? &attn_cpu()->wino->f2 : &attn_cpu()->wino->f4;
   J->m = m, J->np = (m + 2) * (m + 2);
   g->H = H, g->W = W, g->ph = ph, g->pw = pw, g->Ho = H + 2 * ph - 2, g->Wo = W + 2 * pw - 2;
   if (m == 2)
@@ -83,42 +83,35 @@ static int64_t block_of(const wino_job *J, int64_t bl, int64_t *n0, int64_t *ni,
  * rather than np runs far apart; the GEMMs see each plane as a matrix of leading dimension np tb. */
 static int64_t ws_ld(const wino_job *J) { return J->np * J->tb; }
 
-/* The transforms of the job's dtype and tile size on one plane's band (cpu/wino_cpu.h). */
+/* The job's transforms of its dtype on one plane's band (cpu/wino_cpu.h). */
 static void xf_input(const wino_job *J, const char *x, int64_t ti0, int64_t rows, char *V, int64_t ps, char *buf) {
-  const attn_wino_kernels *k = J->ks;
   if (J->dt == ATTN_F32)
-    (J->m == 2 ? k->input_f32 : k->input4_f32)(&J->g, (const float *)x, ti0, rows, (float *)V, ps, (float *)buf);
+    J->t->input_f32(&J->g, (const float *)x, ti0, rows, (float *)V, ps, (float *)buf);
   else
-    (J->m == 2 ? k->input_f64 : k->input4_f64)(&J->g, (const double *)x, ti0, rows, (double *)V, ps, (double *)buf);
+    J->t->input_f64(&J->g, (const double *)x, ti0, rows, (double *)V, ps, (double *)buf);
 }
 static void xf_output(const wino_job *J, const char *M, int64_t ps, int64_t ti0, int64_t rows, int64_t o, char *y,
                       char *buf) {
-  const attn_wino_kernels *k = J->ks;
   if (J->dt == ATTN_F32)
-    (J->m == 2 ? k->output_f32 : k->output4_f32)(&J->g, (const float *)M, ps, ti0, rows,
-                                                 J->b ? ((const float *)J->b)[o] : 0.0f, (float *)y, (float *)buf);
+    J->t->output_f32(&J->g, (const float *)M, ps, ti0, rows, J->b ? ((const float *)J->b)[o] : 0.0f, (float *)y,
+                     (float *)buf);
   else
-    (J->m == 2 ? k->output_f64 : k->output4_f64)(&J->g, (const double *)M, ps, ti0, rows,
-                                                 J->b ? ((const double *)J->b)[o] : 0.0, (double *)y, (double *)buf);
+    J->t->output_f64(&J->g, (const double *)M, ps, ti0, rows, J->b ? ((const double *)J->b)[o] : 0.0, (double *)y,
+                     (double *)buf);
 }
 static void xf_grad(const wino_job *J, const char *dy, int64_t ti0, int64_t rows, char *Z, int64_t ps, char *buf,
                     double *sum) {
-  const attn_wino_kernels *k = J->ks;
   if (J->dt == ATTN_F32)
-    (J->m == 2 ? k->grad_f32 : k->grad4_f32)(&J->g, (const float *)dy, ti0, rows, (float *)Z, ps, (float *)buf, sum);
+    J->t->grad_f32(&J->g, (const float *)dy, ti0, rows, (float *)Z, ps, (float *)buf, sum);
   else
-    (J->m == 2 ? k->grad_f64 : k->grad4_f64)(&J->g, (const double *)dy, ti0, rows, (double *)Z, ps, (double *)buf,
-                                             sum);
+    J->t->grad_f64(&J->g, (const double *)dy, ti0, rows, (double *)Z, ps, (double *)buf, sum);
 }
 static void xf_adjoint(const wino_job *J, const char *M, int64_t ps, int64_t ti0, int64_t rows, char *dx, char *buf,
                        int seams) {
-  const attn_wino_kernels *k = J->ks;
   if (J->dt == ATTN_F32)
-    (J->m == 2 ? k->adjoint_f32 : k->adjoint4_f32)(&J->g, (const float *)M, ps, ti0, rows, (float *)dx, (float *)buf,
-                                                   seams);
+    J->t->adjoint_f32(&J->g, (const float *)M, ps, ti0, rows, (float *)dx, (float *)buf, seams);
   else
-    (J->m == 2 ? k->adjoint_f64 : k->adjoint4_f64)(&J->g, (const double *)M, ps, ti0, rows, (double *)dx,
-                                                   (double *)buf, seams);
+    J->t->adjoint_f64(&J->g, (const double *)M, ps, ti0, rows, (double *)dx, (double *)buf, seams);
 }
 
 /* V (np planes of (C, tb)): the input transforms of block bl's planes of src (N, C, H, W). */
