@@ -68,10 +68,27 @@ typedef struct attn_wino_transforms {
   attn_wino_adjoint_f64 adjoint_f64;
 } attn_wino_transforms;
 
+/* A block's float32 products, plane after plane (an ISA set's own, or NULL: attn_gemm per plane).
+ * nn: for p < np, C_p (M, N) = A_p (M, K) B_p (K, N); A_p at A + p M K (rows of K entries), B_p at
+ * B + p bps (rows ldb apart), C_p at C + p cps (rows ldc apart).
+ * nt: for p < np, C_p (M, N) = beta C_p + A_p (M, K) B_p^T, B_p (N, K); A_p at A + p aps (rows lda
+ * apart), B_p at B + p bps (rows ldb apart), C_p at C + p M N (rows of N entries); beta 0 or 1;
+ * pack holds attn_wino_gemm_pack(K) floats, 64-byte aligned.
+ * Each entry is its sum over k in order by fused multiply-adds from zero, then added to C's entry
+ * for beta 1: the bits of the small GEMM (cpu/gemm_body.h) on each plane. */
+typedef void (*attn_wino_gemm_nn_f32)(int64_t np, int64_t M, int64_t N, int64_t K, const float *A, const float *B,
+                                      int64_t bps, int64_t ldb, float *C, int64_t cps, int64_t ldc);
+typedef void (*attn_wino_gemm_nt_f32)(int64_t np, int64_t M, int64_t N, int64_t K, const float *A, int64_t aps,
+                                      int64_t lda, const float *B, int64_t bps, int64_t ldb, float beta, float *C,
+                                      float *pack);
+static inline int64_t attn_wino_gemm_pack(int64_t K) { return 16 * (K + 15); }
+
 typedef struct attn_wino_kernels {
   attn_wino_transforms f2, f4; /* F(2x2, 3x3) and F(4x4, 3x3) */
   /* 1 when the float32 F(4x4) transforms are the set's own vector code (AUTO then prefers them) */
   int own4_f32;
+  attn_wino_gemm_nn_f32 gemm_nn_f32; /* the set's own block products, or NULL */
+  attn_wino_gemm_nt_f32 gemm_nt_f32;
 } attn_wino_kernels;
 
 extern const attn_wino_kernels attn_wino_kernels_generic;
@@ -86,6 +103,12 @@ void attn_wino4_grad_f32_avx512(const attn_wino_geom *g, const float *dy, int64_
                                 int64_t ps, float *scratch, double *sum);
 void attn_wino4_adjoint_f32_avx512(const attn_wino_geom *g, const float *M, int64_t ps, int64_t ti0, int64_t rows,
                                    float *dx, float *scratch, int seams);
+/* the AVX-512 set's block products (wino_gemm_avx512.c) */
+void attn_wino_gemm_nn_f32_avx512(int64_t np, int64_t M, int64_t N, int64_t K, const float *A, const float *B,
+                                  int64_t bps, int64_t ldb, float *C, int64_t cps, int64_t ldc);
+void attn_wino_gemm_nt_f32_avx512(int64_t np, int64_t M, int64_t N, int64_t K, const float *A, int64_t aps,
+                                  int64_t lda, const float *B, int64_t bps, int64_t ldb, float beta, float *C,
+                                  float *pack);
 #endif
 
 #endif

@@ -187,6 +187,36 @@ static void weight_transform(const wino_job *J, const void *w, int transposed) {
   }
 }
 
+/* C_p (M, N) = A_p (M, K) B_p over the np planes: A_p at A + p M K (rows of K), B_p and C_p planes
+ * of workspaces. The active set's own block products in float32 (cpu/wino_cpu.h), else attn_gemm
+ * plane by plane (the small GEMM's bits either way where it takes the planes). */
+static void products(const wino_job *J, int64_t M, int64_t N, int64_t K, const char *A, const char *B, char *C) {
+  int64_t ld = ws_ld(J), tb = J->tb;
+  attn_wino_gemm_nn_f32 own = J->dt == ATTN_F32 ? attn_cpu()->wino->gemm_nn_f32 : NULL;
+  if (own) {
+    own(J->np, M, N, K, (const float *)A, (const float *)B, tb, ld, (float *)C, tb, ld);
+    return;
+  }
+  for (int xi = 0; xi < J->np; xi++)
+    attn_gemm(J->dt, 0, 0, M, N, K, 1.0, A + (size_t)(xi * M * K) * J->es, K, B + (size_t)(xi * tb) * J->es, ld, 0.0,
+              C + (size_t)(xi * tb) * J->es, ld);
+}
+
+/* P_p (O, C) = beta P_p + Z_p V_p^T over the np planes (Z's and V's planes of workspaces, K
+ * columns), P_p at P + p O C: as products(), the set's own with pack (attn_wino_gemm_pack(tb)
+ * floats) when it has them. */
+static void products_t(const wino_job *J, int64_t K, const char *Z, const char *V, double beta, char *P, float *pack) {
+  int64_t ld = ws_ld(J), tb = J->tb, O = J->O, C = J->C;
+  attn_wino_gemm_nt_f32 own = J->dt == ATTN_F32 ? attn_cpu()->wino->gemm_nt_f32 : NULL;
+  if (own && pack) {
+    own(J->np, O, C, K, (const float *)Z, tb, ld, (const float *)V, tb, ld, (float)beta, (float *)P, pack);
+    return;
+  }
+  for (int xi = 0; xi < J->np; xi++)
+    attn_gemm(J->dt, 0, 1, O, C, K, 1.0, Z + (size_t)(xi * tb) * J->es, ld, V + (size_t)(xi * tb) * J->es, ld, beta,
+              P + (size_t)(xi * O * C) * J->es, C);
+}
+
 /* A block's workspace of np planes of rows x tb entries (ws_ld), or NULL after marking the job
  * failed. */
 static char *workspace(wino_job *J, int64_t rows, size_t *cap) {
@@ -205,9 +235,7 @@ static void forward_blocks(void *ctx, int64_t b0, int64_t b1) {
   for (int64_t bl = b0; V && M && buf && bl < b1; bl++) {
     int64_t n0, ni, ti0, rows, nt = block_of(J, bl, &n0, &ni, &ti0, &rows), per = nt / ni;
     input_block(J, J->x, bl, V, buf);
-    for (int xi = 0; xi < J->np; xi++)
-      attn_gemm(J->dt, 0, 0, J->O, nt, J->C, 1.0, J->U + (size_t)(xi * J->O * J->C) * es, J->C,
-                V + (size_t)(xi * tb) * es, ld, 0.0, M + (size_t)(xi * tb) * es, ld);
+    products(J, J->O, nt, J->C, J->U, V, M);
     for (int64_t i = 0; i < ni; i++)
       for (int64_t o = 0; o < J->O; o++)
         xf_output(J, M + (size_t)(o * ld + i * per) * es, tb, ti0, rows, o,
@@ -252,7 +280,12 @@ static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
   int64_t ld = ws_ld(J), tb = J->tb, HoWo = J->g.Ho * J->g.Wo, HW = J->g.H * J->g.W;
   char *V = workspace(J, J->C, &cap[0]), *Z = workspace(J, J->O, &cap[1]);
   char *buf = scratch_buffer(J, &cap[2]);
-  for (int64_t k = k0; V && Z && buf && k < k1; k++) {
+  /* the set's own weight-gradient products pack V's planes here */
+  size_t pack_cap = 0;
+  int packs = J->partial && J->dt == ATTN_F32 && attn_cpu()->wino->gemm_nt_f32;
+  float *pack = packs ? attn_alloc((size_t)attn_wino_gemm_pack(J->tb) * sizeof(float), &pack_cap) : NULL;
+  if (packs && !pack) atomic_store(&J->failed, 1);
+  for (int64_t k = k0; V && Z && buf && (pack || !packs) && k < k1; k++) {
     int64_t bend = (k + 1) * J->chunk < J->blocks ? (k + 1) * J->chunk : J->blocks;
     for (int64_t bl = k * J->chunk; bl < bend; bl++) {
       int64_t band = J->bands > 1 ? bl % J->bands : 0;
@@ -265,15 +298,11 @@ static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
                   tb, buf, J->dbp ? J->dbp + k * J->O + o : NULL);
       if (J->partial) {
         input_block(J, J->x, bl, V, buf);
-        for (int xi = 0; xi < J->np; xi++)
-          attn_gemm(J->dt, 0, 1, J->O, J->C, nt, 1.0, Z + (size_t)(xi * tb) * es, ld, V + (size_t)(xi * tb) * es, ld,
-                    J->started[k] ? 1.0 : 0.0, J->partial + (size_t)((k * J->np + xi) * J->O * J->C) * es, J->C);
+        products_t(J, nt, Z, V, J->started[k] ? 1.0 : 0.0, J->partial + (size_t)(k * J->np * J->O * J->C) * es, pack);
         J->started[k] = 1;
       }
       if (!J->dx) continue;
-      for (int xi = 0; xi < J->np; xi++)
-        attn_gemm(J->dt, 0, 0, J->C, nt, J->O, 1.0, J->U + (size_t)(xi * J->C * J->O) * es, J->O,
-                  Z + (size_t)(xi * tb) * es, ld, 0.0, V + (size_t)(xi * tb) * es, ld);
+      products(J, J->C, nt, J->O, J->U, Z, V);
       for (int64_t i = 0; i < ni; i++)
         for (int64_t c = 0; c < J->C; c++)
           xf_adjoint(J, V + (size_t)(c * ld + i * per) * es, tb, ti0, rows,
@@ -283,6 +312,7 @@ static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
   if (V) attn_free(V, cap[0]);
   if (Z) attn_free(Z, cap[1]);
   if (buf) attn_free(buf, cap[2]);
+  if (pack) attn_free(pack, pack_cap);
 }
 
 typedef struct {
