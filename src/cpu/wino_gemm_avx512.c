@@ -18,15 +18,15 @@
 
 /* One tile of C = A B: rows r < mr (unless full, rows past m repeat row m - 1 and are not stored)
  * by nv vectors of columns, the last one under mask last. */
-INLINE void nn_tile(const int mr, const int nv, const int full, int64_t m, int64_t K, const float *A, int64_t lda, const float *B,
-                    int64_t ldb, float *C, int64_t ldc, __mmask16 last) {
+INLINE void nn_tile(const int mr, const int nv, const int full, const int part, int64_t m, int64_t K, const float *A,
+                    int64_t lda, const float *B, int64_t ldb, float *C, int64_t ldc, __mmask16 last) {
   __m512 acc[16][3];
   for (int r = 0; r < mr; r++)
     for (int v = 0; v < nv; v++) acc[r][v] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; k++) {
     __m512 b[3];
     for (int v = 0; v < nv; v++)
-      b[v] = v + 1 < nv ? _mm512_loadu_ps(B + k * ldb + 16 * v) : _mm512_maskz_loadu_ps(last, B + k * ldb + 16 * v);
+      b[v] = part && v + 1 == nv ? _mm512_maskz_loadu_ps(last, B + k * ldb + 16 * v) : _mm512_loadu_ps(B + k * ldb + 16 * v);
     #pragma GCC unroll 16
     for (int r = 0; r < mr; r++) {
       const __m512 x = _mm512_set1_ps(A[(full ? r : r < m ? r : m - 1) * lda + k]);
@@ -35,21 +35,31 @@ INLINE void nn_tile(const int mr, const int nv, const int full, int64_t m, int64
   }
   for (int r = 0; r < mr && r < m; r++)
     for (int v = 0; v < nv; v++)
-      if (v + 1 < nv)
-        _mm512_storeu_ps(C + r * ldc + 16 * v, acc[r][v]);
-      else
+      if (part && v + 1 == nv)
         _mm512_mask_storeu_ps(C + r * ldc + 16 * v, last, acc[r][v]);
+      else
+        _mm512_storeu_ps(C + r * ldc + 16 * v, acc[r][v]);
 }
 
-/* The rows of one panel of nv vectors: tiles of 8 rows (16 for a one-vector panel). */
-INLINE void nn_panel(const int nv, int64_t M, int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
-                     float *C, int64_t ldc, __mmask16 last) {
+/* The rows of one panel of nv vectors, the last one partial (under mask last) when part is set:
+ * tiles of 8 rows (16 for a one-vector panel). */
+INLINE void nn_panel(const int nv, const int part, int64_t M, int64_t K, const float *A, int64_t lda, const float *B,
+                     int64_t ldb, float *C, int64_t ldc, __mmask16 last) {
   const int mr = nv == 1 ? 16 : 8;
   for (int64_t m0 = 0; m0 < M; m0 += mr)
     if (M - m0 >= mr)
-      nn_tile(mr, nv, 1, mr, K, A + m0 * lda, lda, B, ldb, C + m0 * ldc, ldc, last);
+      nn_tile(mr, nv, 1, part, mr, K, A + m0 * lda, lda, B, ldb, C + m0 * ldc, ldc, last);
     else
-      nn_tile(mr, nv, 0, M - m0, K, A + m0 * lda, lda, B, ldb, C + m0 * ldc, ldc, last);
+      nn_tile(mr, nv, 0, part, M - m0, K, A + m0 * lda, lda, B, ldb, C + m0 * ldc, ldc, last);
+}
+
+/* A panel of nv vectors, whole or with a partial last one. */
+INLINE void nn_panel_any(const int nv, int64_t M, int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
+                         float *C, int64_t ldc, __mmask16 last) {
+  if (last == (__mmask16)0xffff)
+    nn_panel(nv, 0, M, K, A, lda, B, ldb, C, ldc, last);
+  else
+    nn_panel(nv, 1, M, K, A, lda, B, ldb, C, ldc, last);
 }
 
 void attn_wino_gemm_nn_f32_avx512(int64_t np, int64_t M, int64_t N, int64_t K, const float *A, const float *B,
@@ -61,11 +71,11 @@ void attn_wino_gemm_nn_f32_avx512(int64_t np, int64_t M, int64_t N, int64_t K, c
       const int64_t w = N - n0 < 48 ? N - n0 : 48;
       const __mmask16 last = lanes_below(w - 16 * ((w - 1) / 16));
       if (w > 32)
-        nn_panel(3, M, K, a, K, b + n0, ldb, c + n0, ldc, last);
+        nn_panel_any(3, M, K, a, K, b + n0, ldb, c + n0, ldc, last);
       else if (w > 16)
-        nn_panel(2, M, K, a, K, b + n0, ldb, c + n0, ldc, last);
+        nn_panel_any(2, M, K, a, K, b + n0, ldb, c + n0, ldc, last);
       else
-        nn_panel(1, M, K, a, K, b + n0, ldb, c + n0, ldc, last);
+        nn_panel_any(1, M, K, a, K, b + n0, ldb, c + n0, ldc, last);
     }
   }
 }
