@@ -197,6 +197,7 @@ WINO_DEFINE_SUM(f32, float)
 WINO_DEFINE_SUM(f64, double)
 
 #include "cpu/wino4_body.h"
+#include "cpu/wino_weights_body.h"
 
 #ifndef WINO_OWN_F32
 WINO_DEFINE(f32, float)
@@ -241,6 +242,10 @@ const attn_wino_kernels WINO_FN(attn_wino_kernels_) = {
      WINO_FN(grad_f64), WINO_ADJOINT_F32, WINO_FN(adjoint_f64)},
     {WINO4_F32(input), WINO_FN(input4_f64), WINO4_F32(output), WINO_FN(output4_f64), WINO4_F32(grad),
      WINO_FN(grad4_f64), WINO4_F32(adjoint), WINO_FN(adjoint4_f64)},
+    WINO_FN(weights_f32),
+    WINO_FN(weights_f64),
+    WINO_FN(reduce_f32),
+    WINO_FN(reduce_f64),
     WINO4_OWN,
     WINO_GEMM_NN,
     WINO_GEMM_NT,

@@ -83,8 +83,25 @@ typedef void (*attn_wino_gemm_nt_f32)(int64_t np, int64_t M, int64_t N, int64_t 
                                       float *pack);
 static inline int64_t attn_wino_gemm_pack(int64_t K) { return 16 * (K + 15); }
 
+/* The kernel transform and the weight gradient's reduction, for m = 2 (F(2x2)) or 4 (F(4x4)), np =
+ * (m + 2)^2 planes, in double, rounded once (cpu/wino_weights_body.h: the same bits on every set).
+ * weights: U (np, O, C) = G g G^T for the O C kernels g (3x3) of w (O, C, 3, 3), or its transpose
+ * (np, C, O) when transposed is set.
+ * reduce: dw's kernels [e0, e1) (of the O C in (O, C, 3, 3)) = G^T D G, D the sum over the chunks
+ * of partial (chunks, np, O, C) in chunk order. */
+#define ATTN_WINO_WEIGHTS(T, S)                                                                             \
+  typedef void (*attn_wino_weights_##S)(int m, const T *w, int64_t O, int64_t C, int transposed, T *U);     \
+  typedef void (*attn_wino_reduce_##S)(int m, const T *partial, int64_t chunks, int64_t O, int64_t C,       \
+                                       int64_t e0, int64_t e1, T *dw);
+ATTN_WINO_WEIGHTS(float, f32)
+ATTN_WINO_WEIGHTS(double, f64)
+
 typedef struct attn_wino_kernels {
   attn_wino_transforms f2, f4; /* F(2x2, 3x3) and F(4x4, 3x3) */
+  attn_wino_weights_f32 weights_f32;
+  attn_wino_weights_f64 weights_f64;
+  attn_wino_reduce_f32 reduce_f32;
+  attn_wino_reduce_f64 reduce_f64;
   /* 1 when the float32 F(4x4) transforms are the set's own vector code (AUTO then prefers them) */
   int own4_f32;
   attn_wino_gemm_nn_f32 gemm_nn_f32; /* the set's own block products, or NULL */

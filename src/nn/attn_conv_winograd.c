@@ -133,9 +133,6 @@ static char *scratch_buffer(wino_job *J, size_t *cap) {
   return buf;
 }
 
-static double load(attn_dtype dt, const void *base, int64_t i) {
-  return dt == ATTN_F32 ? (double)((const float *)base)[i] : ((const double *)base)[i];
-}
 static void store(attn_dtype dt, void *base, int64_t i, double v) {
   if (dt == ATTN_F32)
     ((float *)base)[i] = (float)v;
@@ -143,48 +140,14 @@ static void store(attn_dtype dt, void *base, int64_t i, double v) {
     ((double *)base)[i] = v;
 }
 
-/* The kernel transform G (m + 2 rows of 3) of F(2x2, 3x3) and F(4x4, 3x3). */
-static const double G2[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
-static const double G4[6][3] = {{1.0 / 4, 0, 0},           {-1.0 / 6, -1.0 / 6, -1.0 / 6}, {-1.0 / 6, 1.0 / 6, -1.0 / 6},
-                                {1.0 / 24, 1.0 / 12, 1.0 / 6}, {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0, 0, 1}};
-
-/* Transforms of up to LANES pairs of channels at once, the pairs innermost: the loops then run
- * as vector operations (one pair at a time, they were a tenth of the convolution's time). */
-#define LANES 16
-
-/* u[a i + j] (a x a) = G g G^T per lane; a is a constant where it is inlined, so the loops unroll. */
-static inline void g_g_gt(int a, const double (*G)[3], const double g[9][LANES], double u[36][LANES]) {
-  double e[6][3][LANES];
-  for (int i = 0; i < a; i++)
-    for (int q = 0; q < 3; q++)
-      for (int l = 0; l < LANES; l++) e[i][q][l] = G[i][0] * g[q][l] + G[i][1] * g[3 + q][l] + G[i][2] * g[6 + q][l];
-  for (int i = 0; i < a; i++)
-    for (int j = 0; j < a; j++)
-      for (int l = 0; l < LANES; l++) u[a * i + j][l] = G[j][0] * e[i][0][l] + G[j][1] * e[i][1][l] + G[j][2] * e[i][2][l];
-}
-
-/* U (np, O, C) = G g G^T for every pair of channels (in double, then rounded once), or its
- * transpose (np, C, O) for the input gradient's products U^T Z. */
+/* U (np, O, C) = G g G^T for every pair of channels, or its transpose (np, C, O) for the input
+ * gradient's products U^T Z: the active set's loops (cpu/wino_weights_body.h). */
 static void weight_transform(const wino_job *J, const void *w, int transposed) {
-  int64_t oc = J->O * J->C;
-  for (int64_t e0 = 0; e0 < oc; e0 += LANES) {
-    int n = oc - e0 < LANES ? (int)(oc - e0) : LANES;
-    double g[9][LANES], u[36][LANES];
-    memset(g, 0, sizeof g);
-    for (int l = 0; l < n; l++)
-      for (int p = 0; p < 9; p++) g[p][l] = load(J->dt, w, (e0 + l) * 9 + p);
-    if (J->m == 2)
-      g_g_gt(4, G2, g, u);
-    else
-      g_g_gt(6, G4, g, u);
-    int64_t at[LANES]; /* the lanes' places in a plane of U: runs of adjacent entries when not transposed */
-    for (int l = 0; l < n; l++) at[l] = transposed ? (e0 + l) % J->C * J->O + (e0 + l) / J->C : e0 + l;
-    for (int xi = 0; xi < J->np; xi++)
-      if (J->dt == ATTN_F32)
-        for (int l = 0; l < n; l++) ((float *)J->U)[xi * oc + at[l]] = (float)u[xi][l];
-      else
-        for (int l = 0; l < n; l++) ((double *)J->U)[xi * oc + at[l]] = u[xi][l];
-  }
+  const attn_wino_kernels *k = attn_cpu()->wino;
+  if (J->dt == ATTN_F32)
+    k->weights_f32(J->m, w, J->O, J->C, transposed, (float *)J->U);
+  else
+    k->weights_f64(J->m, w, J->O, J->C, transposed, (double *)J->U);
 }
 
 /* C_p (M, N) = A_p (M, K) B_p over the np planes: A_p at A + p M K (rows of K), B_p and C_p planes
@@ -320,51 +283,16 @@ typedef struct {
   void *dw;
 } reduce_job;
 
-/* g[3 p + q] = G^T D G per lane, for D (a x a) */
-static inline void gt_d_g(int a, const double (*G)[3], const double D[36][LANES], double g[9][LANES]) {
-  double f[3][6][LANES];
-  for (int p = 0; p < 3; p++)
-    for (int q = 0; q < a; q++)
-      for (int l = 0; l < LANES; l++) {
-        double v = 0;
-        for (int i = 0; i < a; i++) v += G[i][p] * D[a * i + q][l];
-        f[p][q][l] = v;
-      }
-  for (int p = 0; p < 3; p++)
-    for (int q = 0; q < 3; q++)
-      for (int l = 0; l < LANES; l++) {
-        double v = 0;
-        for (int i = 0; i < a; i++) v += f[p][i][l] * G[i][q];
-        g[3 * p + q][l] = v;
-      }
-}
-
-/* dw[o, c] for pairs [e0, e1): the chunks' partials added in chunk order, then G^T D G (in double).
- * LANES pairs at a time, so that the sums run along contiguous pairs (vector loads), not across
- * the chunks' far-apart planes one entry at a time. */
+/* dw[o, c] for pairs [e0, e1): the chunks' partials added in chunk order, then G^T D G (the active
+ * set's loops, cpu/wino_weights_body.h). */
 static void reduce_dweight(void *ctx, int64_t e0, int64_t e1) {
   const reduce_job *R = ctx;
   const wino_job *J = R->J;
-  int64_t oc = J->O * J->C;
-  for (int64_t eb = e0; eb < e1; eb += LANES) {
-    int n = e1 - eb < LANES ? (int)(e1 - eb) : LANES;
-    double d[36][LANES], g[9][LANES]; /* [position][pair] */
-    memset(d, 0, sizeof d);
-    for (int xi = 0; xi < J->np; xi++)
-      for (int64_t k = 0; k < J->chunks; k++) {
-        size_t at = (size_t)((k * J->np + xi) * oc + eb);
-        if (J->dt == ATTN_F32)
-          for (int j = 0; j < n; j++) d[xi][j] += (double)((const float *)J->partial)[at + j];
-        else
-          for (int j = 0; j < n; j++) d[xi][j] += ((const double *)J->partial)[at + j];
-      }
-    if (J->m == 2)
-      gt_d_g(4, G2, d, g);
-    else
-      gt_d_g(6, G4, d, g);
-    for (int j = 0; j < n; j++)
-      for (int p = 0; p < 9; p++) store(J->dt, R->dw, (eb + j) * 9 + p, g[p][j]);
-  }
+  const attn_wino_kernels *k = attn_cpu()->wino;
+  if (J->dt == ATTN_F32)
+    k->reduce_f32(J->m, (const float *)J->partial, J->chunks, J->O, J->C, e0, e1, R->dw);
+  else
+    k->reduce_f64(J->m, (const double *)J->partial, J->chunks, J->O, J->C, e0, e1, R->dw);
 }
 
 int attn_conv2d_winograd_backward(attn_dtype dt, int m, const void *x, int64_t N, int64_t C, int64_t H, int64_t W,
