@@ -83,6 +83,32 @@ static int64_t block_of(const wino_job *J, int64_t bl, int64_t *n0, int64_t *ni,
  * rather than np runs far apart; the GEMMs see each plane as a matrix of leading dimension np tb. */
 static int64_t ws_ld(const wino_job *J) { return J->np * J->tb; }
 
+/* Planes ahead that the per-plane loops below ask the memory for. In a training loop the tensors
+ * a step writes (y, dx) and reads back (dy) were last touched steps before: Lua's collector frees
+ * a cycle's garbage at once, so several outputs of one size take turns, and they lie in memory or
+ * a far cache. A transform's row loads and stores then wait on one line after another (the output
+ * transform took twice its time); asked for a few planes ahead, the lines come while the planes in
+ * between are transformed. */
+#define PLANES_AHEAD 4
+
+/* Before plane q of a loop over planes up to end of a tensor of (h, w) planes: the lines of plane
+ * q + PLANES_AHEAD's rows [r0, r1) (clipped to it), to be written or read. */
+static void prefetch_ahead(const wino_job *J, const char *base, int64_t q, int64_t end, int64_t h, int64_t w,
+                           int64_t r0, int64_t r1, int write) {
+  if (q + PLANES_AHEAD >= end) return;
+  r0 = r0 < 0 ? 0 : r0, r1 = r1 > h ? h : r1;
+  const char *plane = base + (size_t)((q + PLANES_AHEAD) * h * w) * J->es;
+  for (size_t at = (size_t)(r0 * w) * J->es; at < (size_t)(r1 * w) * J->es; at += 64)
+    if (write)
+      __builtin_prefetch(plane + at, 1, 3);
+    else
+      __builtin_prefetch(plane + at, 0, 3);
+}
+
+/* A band's rows of the output planes (y, dy) and of the input planes (x, dx: the patches reach 2
+ * rows further and start ph rows before). */
+static int64_t band_rows(const wino_job *J) { return J->m == 2 ? 2 : 16; }
+
 /* The job's transforms of its dtype on one plane's band (cpu/wino_cpu.h). */
 static void xf_input(const wino_job *J, const char *x, int64_t ti0, int64_t rows, char *V, int64_t ps, char *buf) {
   if (J->dt == ATTN_F32)
@@ -119,10 +145,14 @@ static void input_block(const wino_job *J, const char *src, int64_t bl, char *V,
   int64_t n0, ni, ti0, rows, C = J->C, HW = J->g.H * J->g.W;
   int64_t cols = block_of(J, bl, &n0, &ni, &ti0, &rows); /* sets ni: read it after the call */
   int64_t per = cols / (ni > 0 ? ni : 1);
+  int64_t t = band_rows(J);
   for (int64_t i = 0; i < ni; i++)
-    for (int64_t c = 0; c < C; c++)
+    for (int64_t c = 0; c < C; c++) {
+      prefetch_ahead(J, src, (n0 + i) * C + c, (n0 + ni) * C, J->g.H, J->g.W, ti0 * t - J->g.ph,
+                     (ti0 + rows) * t + 2 - J->g.ph, 0);
       xf_input(J, src + (size_t)((n0 + i) * C + c) * HW * J->es, ti0, rows, V + (size_t)(c * ws_ld(J) + i * per) * J->es,
                J->tb, scratch);
+    }
 }
 
 /* Per-task scratch for the transforms (attn_wino_scratch entries), or NULL after marking the job
@@ -200,9 +230,12 @@ static void forward_blocks(void *ctx, int64_t b0, int64_t b1) {
     input_block(J, J->x, bl, V, buf);
     products(J, J->O, nt, J->C, J->U, V, M);
     for (int64_t i = 0; i < ni; i++)
-      for (int64_t o = 0; o < J->O; o++)
+      for (int64_t o = 0; o < J->O; o++) {
+        prefetch_ahead(J, J->y, (n0 + i) * J->O + o, (n0 + ni) * J->O, J->g.Ho, J->g.Wo, ti0 * band_rows(J),
+                       (ti0 + rows) * band_rows(J), 1);
         xf_output(J, M + (size_t)(o * ld + i * per) * es, tb, ti0, rows, o,
                   J->y + (size_t)((n0 + i) * J->O + o) * HoWo * es, buf);
+      }
   }
   if (V) attn_free(V, cap[0]);
   if (M) attn_free(M, cap[1]);
@@ -255,10 +288,13 @@ static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
       if ((J->dx ? band % 2 : 0) != J->phase) continue; /* without dx, no seams: one phase */
       int64_t n0, ni, ti0, rows, nt = block_of(J, bl, &n0, &ni, &ti0, &rows), per = nt / ni;
       int seams = band % 2 ? ATTN_WINO_ADD_TOP | (band + 1 < J->bands ? ATTN_WINO_ADD_BOTTOM : 0) : 0;
+      int64_t t = band_rows(J);
       for (int64_t i = 0; i < ni; i++)
-        for (int64_t o = 0; o < J->O; o++)
+        for (int64_t o = 0; o < J->O; o++) {
+          prefetch_ahead(J, J->dy, (n0 + i) * J->O + o, (n0 + ni) * J->O, J->g.Ho, J->g.Wo, ti0 * t, (ti0 + rows) * t, 0);
           xf_grad(J, J->dy + (size_t)((n0 + i) * J->O + o) * HoWo * es, ti0, rows, Z + (size_t)(o * ld + i * per) * es,
                   tb, buf, J->dbp ? J->dbp + k * J->O + o : NULL);
+        }
       if (J->partial) {
         input_block(J, J->x, bl, V, buf);
         products_t(J, nt, Z, V, J->started[k] ? 1.0 : 0.0, J->partial + (size_t)(k * J->np * J->O * J->C) * es, pack);
@@ -267,9 +303,12 @@ static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
       if (!J->dx) continue;
       products(J, J->C, nt, J->O, J->U, Z, V);
       for (int64_t i = 0; i < ni; i++)
-        for (int64_t c = 0; c < J->C; c++)
+        for (int64_t c = 0; c < J->C; c++) {
+          prefetch_ahead(J, J->dx, (n0 + i) * J->C + c, (n0 + ni) * J->C, J->g.H, J->g.W, ti0 * t - J->g.ph,
+                         (ti0 + rows) * t + 2 - J->g.ph, 1);
           xf_adjoint(J, V + (size_t)(c * ld + i * per) * es, tb, ti0, rows,
                      J->dx + (size_t)((n0 + i) * J->C + c) * HW * es, buf, seams);
+        }
     }
   }
   if (V) attn_free(V, cap[0]);
