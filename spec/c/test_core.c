@@ -1206,8 +1206,9 @@ static void test_wino_transforms(void) {
 
 /* The AVX-512 set's Winograd block products give, plane by plane, the bits of its small GEMM (the
  * products attn_gemm takes for such planes), over shapes with row tails (M of 1-40: tiles of 8 and
- * 16), column tails and panels of one to three vectors (N of 1-100), K of 1-70, both betas of the
- * transposed product, into outputs filled with NaN around what is written. */
+ * 16), column tails and panels of one to three vectors (N of 1-100), K of 1-70, A as stored and
+ * transposed, both betas of the product with B transposed, into outputs filled with NaN around
+ * what is written. */
 static void test_wino_products(void) {
   const attn_cpu_kernels *set = attn_cpu_find("avx512");
   if (!set || !attn_cpu_supported(set) || !set->wino->gemm_nn_f32) return;
@@ -1223,12 +1224,15 @@ static void test_wino_products(void) {
     float *C[2] = {malloc((size_t)(np * ps + M * ld) * sizeof(float)), malloc((size_t)(np * ps + M * ld) * sizeof(float))};
     for (int64_t i = 0; i < np * M * K; i++) A[i] = (float)sin(0.37 * (double)i + 0.2);
     for (int64_t i = 0; i < np * ps + K * ld; i++) B[i] = (float)cos(0.23 * (double)i);
-    for (int i = 0; i < 2; i++)
-      for (int64_t e = 0; e < np * ps + M * ld; e++) C[i][e] = NAN;
-    for (int64_t p = 0; p < np; p++)
-      set->gemm_small_f32(0, 0, M, N, K, 1.0f, A + p * M * K, K, B + p * ps, ld, 0.0f, C[0] + p * ps, ld, pack);
-    set->wino->gemm_nn_f32(np, M, N, K, A, B, ps, ld, C[1], ps, ld);
-    mismatches += memcmp(C[0], C[1], (size_t)(np * ps + M * ld) * sizeof(float)) != 0, cases++;
+    for (int ta = 0; ta < 2; ta++) { /* A_p (M, K), or (K, M) taken transposed */
+      for (int i = 0; i < 2; i++)
+        for (int64_t e = 0; e < np * ps + M * ld; e++) C[i][e] = NAN;
+      for (int64_t p = 0; p < np; p++)
+        set->gemm_small_f32(ta, 0, M, N, K, 1.0f, A + p * M * K, ta ? M : K, B + p * ps, ld, 0.0f, C[0] + p * ps, ld,
+                            pack);
+      set->wino->gemm_nn_f32(np, ta, M, N, K, A, B, ps, ld, C[1], ps, ld);
+      mismatches += memcmp(C[0], C[1], (size_t)(np * ps + M * ld) * sizeof(float)) != 0, cases++;
+    }
     /* nt: A and B planes of workspace layout (rows lda apart), C planes (M, N) packed */
     float *Z = malloc((size_t)(np * ps + M * lda) * sizeof *Z), *V = malloc((size_t)(np * ps + N * lda) * sizeof *V);
     float *P[2] = {malloc((size_t)(np * M * N) * sizeof(float)), malloc((size_t)(np * M * N) * sizeof(float))};

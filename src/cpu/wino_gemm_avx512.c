@@ -16,10 +16,11 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* One tile of C = A B: rows r < mr (unless full, rows past m repeat row m - 1 and are not stored)
- * by nv vectors of columns, the last one under mask last. */
-INLINE void nn_tile(const int mr, const int nv, const int full, const int part, int64_t m, int64_t K, const float *A,
-                    int64_t lda, const float *B, int64_t ldb, float *C, int64_t ldc, __mmask16 last) {
+/* One tile of C = op(A) B: rows r < mr (unless full, rows past m repeat row m - 1 and are not
+ * stored) by nv vectors of columns, the last one under mask last; op(A)'s entry (r, k) is A[r lda +
+ * k], or A[k lda + r] when ta is set (the tile's rows at fixed k are then adjacent). */
+INLINE void nn_tile(const int mr, const int nv, const int full, const int part, const int ta, int64_t m, int64_t K,
+                    const float *A, int64_t lda, const float *B, int64_t ldb, float *C, int64_t ldc, __mmask16 last) {
   __m512 acc[16][3];
   for (int r = 0; r < mr; r++)
     for (int v = 0; v < nv; v++) acc[r][v] = _mm512_setzero_ps();
@@ -29,7 +30,8 @@ INLINE void nn_tile(const int mr, const int nv, const int full, const int part, 
       b[v] = part && v + 1 == nv ? _mm512_maskz_loadu_ps(last, B + k * ldb + 16 * v) : _mm512_loadu_ps(B + k * ldb + 16 * v);
     #pragma GCC unroll 16
     for (int r = 0; r < mr; r++) {
-      const __m512 x = _mm512_set1_ps(A[(full ? r : r < m ? r : m - 1) * lda + k]);
+      const int64_t row = full ? r : r < m ? r : m - 1;
+      const __m512 x = _mm512_set1_ps(ta ? A[k * lda + row] : A[row * lda + k]);
       for (int v = 0; v < nv; v++) acc[r][v] = _mm512_fmadd_ps(x, b[v], acc[r][v]);
     }
   }
@@ -43,41 +45,50 @@ INLINE void nn_tile(const int mr, const int nv, const int full, const int part, 
 
 /* The rows of one panel of nv vectors, the last one partial (under mask last) when part is set:
  * tiles of 8 rows (16 for a one-vector panel). */
-INLINE void nn_panel(const int nv, const int part, int64_t M, int64_t K, const float *A, int64_t lda, const float *B,
-                     int64_t ldb, float *C, int64_t ldc, __mmask16 last) {
+INLINE void nn_panel(const int nv, const int part, const int ta, int64_t M, int64_t K, const float *A, int64_t lda,
+                     const float *B, int64_t ldb, float *C, int64_t ldc, __mmask16 last) {
   const int mr = nv == 1 ? 16 : 8;
-  for (int64_t m0 = 0; m0 < M; m0 += mr)
+  for (int64_t m0 = 0; m0 < M; m0 += mr) {
+    const float *a = A + (ta ? m0 : m0 * lda);
     if (M - m0 >= mr)
-      nn_tile(mr, nv, 1, part, mr, K, A + m0 * lda, lda, B, ldb, C + m0 * ldc, ldc, last);
+      nn_tile(mr, nv, 1, part, ta, mr, K, a, lda, B, ldb, C + m0 * ldc, ldc, last);
     else
-      nn_tile(mr, nv, 0, part, M - m0, K, A + m0 * lda, lda, B, ldb, C + m0 * ldc, ldc, last);
+      nn_tile(mr, nv, 0, part, ta, M - m0, K, a, lda, B, ldb, C + m0 * ldc, ldc, last);
+  }
 }
 
 /* A panel of nv vectors, whole or with a partial last one. */
-INLINE void nn_panel_any(const int nv, int64_t M, int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
-                         float *C, int64_t ldc, __mmask16 last) {
+INLINE void nn_panel_any(const int nv, const int ta, int64_t M, int64_t K, const float *A, int64_t lda, const float *B,
+                         int64_t ldb, float *C, int64_t ldc, __mmask16 last) {
   if (last == (__mmask16)0xffff)
-    nn_panel(nv, 0, M, K, A, lda, B, ldb, C, ldc, last);
+    nn_panel(nv, 0, ta, M, K, A, lda, B, ldb, C, ldc, last);
   else
-    nn_panel(nv, 1, M, K, A, lda, B, ldb, C, ldc, last);
+    nn_panel(nv, 1, ta, M, K, A, lda, B, ldb, C, ldc, last);
 }
 
-void attn_wino_gemm_nn_f32_avx512(int64_t np, int64_t M, int64_t N, int64_t K, const float *A, const float *B,
-                                  int64_t bps, int64_t ldb, float *C, int64_t cps, int64_t ldc) {
-  for (int64_t p = 0; p < np; p++) {
-    const float *a = A + p * M * K, *b = B + p * bps;
-    float *c = C + p * cps;
-    for (int64_t n0 = 0; n0 < N; n0 += 48) {
-      const int64_t w = N - n0 < 48 ? N - n0 : 48;
-      const __mmask16 last = lanes_below(w - 16 * ((w - 1) / 16));
-      if (w > 32)
-        nn_panel_any(3, M, K, a, K, b + n0, ldb, c + n0, ldc, last);
-      else if (w > 16)
-        nn_panel_any(2, M, K, a, K, b + n0, ldb, c + n0, ldc, last);
-      else
-        nn_panel_any(1, M, K, a, K, b + n0, ldb, c + n0, ldc, last);
-    }
+/* The panels of one plane, for a constant ta. */
+INLINE void nn_plane(const int ta, int64_t M, int64_t N, int64_t K, const float *a, const float *b, int64_t ldb,
+                     float *c, int64_t ldc) {
+  const int64_t lda = ta ? M : K;
+  for (int64_t n0 = 0; n0 < N; n0 += 48) {
+    const int64_t w = N - n0 < 48 ? N - n0 : 48;
+    const __mmask16 last = lanes_below(w - 16 * ((w - 1) / 16));
+    if (w > 32)
+      nn_panel_any(3, ta, M, K, a, lda, b + n0, ldb, c + n0, ldc, last);
+    else if (w > 16)
+      nn_panel_any(2, ta, M, K, a, lda, b + n0, ldb, c + n0, ldc, last);
+    else
+      nn_panel_any(1, ta, M, K, a, lda, b + n0, ldb, c + n0, ldc, last);
   }
+}
+
+void attn_wino_gemm_nn_f32_avx512(int64_t np, int ta, int64_t M, int64_t N, int64_t K, const float *A, const float *B,
+                                  int64_t bps, int64_t ldb, float *C, int64_t cps, int64_t ldc) {
+  for (int64_t p = 0; p < np; p++)
+    if (ta)
+      nn_plane(1, M, N, K, A + p * M * K, B + p * bps, ldb, C + p * cps, ldc);
+    else
+      nn_plane(0, M, N, K, A + p * M * K, B + p * bps, ldb, C + p * cps, ldc);
 }
 
 /* r[i] lane j = r[j] lane i: a 16 x 16 transpose in registers. */

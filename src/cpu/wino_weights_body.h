@@ -56,7 +56,7 @@ static inline void WINO_FN(gt_d_g)(int a, const double (*G)[3], const double D[3
 }
 
 #define WINO_WEIGHTS_DEFINE(S, T)                                                                           \
-  static void WINO_FN(weights_##S)(int m, const T *w, int64_t O, int64_t C, int transposed, T *U) {                \
+  static void WINO_FN(weights_##S)(int m, const T *w, int64_t O, int64_t C, T *U) {                               \
     const int64_t oc = O * C, np = (m + 2) * (m + 2);                                                       \
     for (int64_t e0 = 0; e0 < oc; e0 += WINO_LANES) {                                                       \
       const int n = oc - e0 < WINO_LANES ? (int)(oc - e0) : WINO_LANES;                                     \
@@ -68,10 +68,8 @@ static inline void WINO_FN(gt_d_g)(int a, const double (*G)[3], const double D[3
         WINO_FN(g_g_gt)(4, WINO_FN(wino_g2), g, u);                                                         \
       else                                                                                                  \
         WINO_FN(g_g_gt)(6, WINO_FN(wino_g4), g, u);                                                         \
-      int64_t at[WINO_LANES]; /* the lanes' places in a plane of U: adjacent unless transposed */          \
-      for (int l = 0; l < n; l++) at[l] = transposed ? (e0 + l) % C * O + (e0 + l) / C : e0 + l;            \
       for (int64_t xi = 0; xi < np; xi++)                                                                   \
-        for (int l = 0; l < n; l++) U[xi * oc + at[l]] = (T)u[xi][l];                                       \
+        for (int l = 0; l < n; l++) U[xi * oc + e0 + l] = (T)u[xi][l];                                      \
     }                                                                                                       \
   }                                                                                                         \
                                                                                                             \

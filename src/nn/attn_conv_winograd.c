@@ -170,29 +170,31 @@ static void store(attn_dtype dt, void *base, int64_t i, double v) {
     ((double *)base)[i] = v;
 }
 
-/* U (np, O, C) = G g G^T for every pair of channels, or its transpose (np, C, O) for the input
- * gradient's products U^T Z: the active set's loops (cpu/wino_weights_body.h). */
-static void weight_transform(const wino_job *J, const void *w, int transposed) {
+/* U (np, O, C) = G g G^T for every pair of channels: the active set's loops
+ * (cpu/wino_weights_body.h). */
+static void weight_transform(const wino_job *J, const void *w) {
   const attn_wino_kernels *k = attn_cpu()->wino;
   if (J->dt == ATTN_F32)
-    k->weights_f32(J->m, w, J->O, J->C, transposed, (float *)J->U);
+    k->weights_f32(J->m, w, J->O, J->C, (float *)J->U);
   else
-    k->weights_f64(J->m, w, J->O, J->C, transposed, (double *)J->U);
+    k->weights_f64(J->m, w, J->O, J->C, (double *)J->U);
 }
 
-/* C_p (M, N) = A_p (M, K) B_p over the np planes: A_p at A + p M K (rows of K), B_p and C_p planes
- * of workspaces. The active set's own block products in float32 (cpu/wino_cpu.h), else attn_gemm
- * plane by plane (the small GEMM's bits either way where it takes the planes). */
-static void products(const wino_job *J, int64_t M, int64_t N, int64_t K, const char *A, const char *B, char *C) {
+/* C_p (M, N) = op(A_p) B_p over the np planes: A_p at A + p M K, op(A_p) = A_p (M, K), or A_p^T
+ * (A_p (K, M)) with ta set (the input gradient's U^T Z from U); B_p and C_p planes of workspaces.
+ * The active set's own block products in float32 (cpu/wino_cpu.h), else attn_gemm plane by plane
+ * (the small GEMM's bits either way where it takes the planes). */
+static void products(const wino_job *J, int ta, int64_t M, int64_t N, int64_t K, const char *A, const char *B,
+                     char *C) {
   int64_t ld = ws_ld(J), tb = J->tb;
   attn_wino_gemm_nn_f32 own = J->dt == ATTN_F32 ? attn_cpu()->wino->gemm_nn_f32 : NULL;
   if (own) {
-    own(J->np, M, N, K, (const float *)A, (const float *)B, tb, ld, (float *)C, tb, ld);
+    own(J->np, ta, M, N, K, (const float *)A, (const float *)B, tb, ld, (float *)C, tb, ld);
     return;
   }
   for (int xi = 0; xi < J->np; xi++)
-    attn_gemm(J->dt, 0, 0, M, N, K, 1.0, A + (size_t)(xi * M * K) * J->es, K, B + (size_t)(xi * tb) * J->es, ld, 0.0,
-              C + (size_t)(xi * tb) * J->es, ld);
+    attn_gemm(J->dt, ta, 0, M, N, K, 1.0, A + (size_t)(xi * M * K) * J->es, ta ? M : K, B + (size_t)(xi * tb) * J->es,
+              ld, 0.0, C + (size_t)(xi * tb) * J->es, ld);
 }
 
 /* P_p (O, C) = beta P_p + Z_p V_p^T over the np planes (Z's and V's planes of workspaces, K
@@ -228,7 +230,7 @@ static void forward_blocks(void *ctx, int64_t b0, int64_t b1) {
   for (int64_t bl = b0; V && M && buf && bl < b1; bl++) {
     int64_t n0, ni, ti0, rows, nt = block_of(J, bl, &n0, &ni, &ti0, &rows), per = nt / ni;
     input_block(J, J->x, bl, V, buf);
-    products(J, J->O, nt, J->C, J->U, V, M);
+    products(J, 0, J->O, nt, J->C, J->U, V, M);
     for (int64_t i = 0; i < ni; i++)
       for (int64_t o = 0; o < J->O; o++) {
         prefetch_ahead(J, J->y, (n0 + i) * J->O + o, (n0 + ni) * J->O, J->g.Ho, J->g.Wo, ti0 * band_rows(J),
@@ -257,7 +259,7 @@ int attn_conv2d_winograd(attn_dtype dt, int m, const void *x, int64_t N, int64_t
   size_t cap;
   J.U = attn_alloc((size_t)(J.np * O * C) * J.es, &cap);
   if (!J.U) return -1;
-  weight_transform(&J, w, 0);
+  weight_transform(&J, w);
   attn_parallel_for(J.blocks, grain(&J), forward_blocks, &J);
   attn_free(J.U, cap);
   return atomic_load(&J.failed) ? -1 : 0;
@@ -301,7 +303,7 @@ static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
         J->started[k] = 1;
       }
       if (!J->dx) continue;
-      products(J, J->C, nt, J->O, J->U, Z, V);
+      products(J, 1, J->C, nt, J->O, J->U, Z, V);
       for (int64_t i = 0; i < ni; i++)
         for (int64_t c = 0; c < J->C; c++) {
           prefetch_ahead(J, J->dx, (n0 + i) * J->C + c, (n0 + ni) * J->C, J->g.H, J->g.W, ti0 * t - J->g.ph,
@@ -360,7 +362,7 @@ int attn_conv2d_winograd_backward(attn_dtype dt, int m, const void *x, int64_t N
   if (!atomic_load(&J.failed)) {
     if (J.dbp) memset(J.dbp, 0, (size_t)(J.chunks * O) * sizeof(double));
     memset(J.started, 0, (size_t)J.chunks);
-    if (dx) weight_transform(&J, w, 1);
+    if (dx) weight_transform(&J, w);
     for (J.phase = 0; J.phase < (J.bands > 1 && dx ? 2 : 1); J.phase++)
       attn_parallel_for(J.chunks, 1, backward_chunks, &J);
   }
