@@ -140,6 +140,11 @@ end
 
 local add, add_ = core.add, core.add_
 
+-- The tensors backward made some leaf's grad (weak keys): such a tensor, even if made during a
+-- later pass (a backward function that runs a backward of its own and returns a leaf's grad),
+-- is held by that leaf, so another leaf gets a copy of it.
+local given = setmetatable({}, { __mode = "k" })
+
 -- The node whose backward function is running (see autograd.backward).
 local failing
 
@@ -351,12 +356,16 @@ function autograd.backward(root, grad, opts)
     local g = leaf_grads[leaf]
     if leaf.grad == nil then
       -- A leaf keeps its gradient as is when nothing else can see it: a sum this pass made, or a
-      -- tensor made during the pass, over all of its storage, that came to this leaf alone (a
-      -- conv's dx, a matmul's dW). Anything else is copied: the caller's seed, a gradient passed
-      -- through to several inputs, a view of another tensor. (Copying every gradient cost a
-      -- tenth of a small conv's training step, through the extra memory it wrote.)
-      leaf.grad = (owned[leaf] or leaf_hits[g] == 1 and core.owns_new_storage(g, first_serial)) and g
-        or core.clone(g)
+      -- tensor made during the pass, over all of its storage, that came to this leaf alone and
+      -- is no leaf's grad already (a conv's dx, a matmul's dW). Anything else is copied: the
+      -- caller's seed, a gradient passed through to several inputs, a view of another tensor.
+      -- (Copying every gradient cost a tenth of a small conv's training step, through the extra
+      -- memory it wrote.)
+      if not (owned[leaf] or leaf_hits[g] == 1 and not given[g] and core.owns_new_storage(g, first_serial)) then
+        g = core.clone(g)
+      end
+      leaf.grad = g
+      given[g] = true
     else
       core.add_(leaf.grad, g)
     end

@@ -1218,8 +1218,10 @@ static void test_wino_products(void) {
   float pack[16384];
   int mismatches = 0, cases = 0;
   for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
-    const int64_t M = dims[d][0], N = dims[d][1], K = dims[d][2], ld = N + 5, ps = N + 3, lda = K + 2;
-    /* nn: A planes (M, K) packed, B and C planes of workspace layout (rows ld apart, planes ps apart) */
+    /* planes ps (or pk) apart, rows of all planes interleaved ld (or lda) apart, as in a workspace */
+    const int64_t M = dims[d][0], N = dims[d][1], K = dims[d][2], ps = N + 3, ld = np * ps + 2, pk = K + 2,
+                  lda = np * pk + 1;
+    /* nn: A planes (M, K) packed, B and C planes of workspace layout */
     float *A = malloc((size_t)(np * M * K) * sizeof *A), *B = malloc((size_t)(np * ps + K * ld) * sizeof *B);
     float *C[2] = {malloc((size_t)(np * ps + M * ld) * sizeof(float)), malloc((size_t)(np * ps + M * ld) * sizeof(float))};
     for (int64_t i = 0; i < np * M * K; i++) A[i] = (float)sin(0.37 * (double)i + 0.2);
@@ -1233,21 +1235,21 @@ static void test_wino_products(void) {
       set->wino->gemm_nn_f32(np, ta, M, N, K, A, B, ps, ld, C[1], ps, ld);
       mismatches += memcmp(C[0], C[1], (size_t)(np * ps + M * ld) * sizeof(float)) != 0, cases++;
     }
-    /* nt: A and B planes of workspace layout (rows lda apart), C planes (M, N) packed */
-    float *Z = malloc((size_t)(np * ps + M * lda) * sizeof *Z), *V = malloc((size_t)(np * ps + N * lda) * sizeof *V);
+    /* nt: A and B planes of workspace layout (planes pk apart, rows lda apart), C planes (M, N) packed */
+    float *Z = malloc((size_t)(np * pk + M * lda) * sizeof *Z), *V = malloc((size_t)(np * pk + N * lda) * sizeof *V);
     float *P[2] = {malloc((size_t)(np * M * N) * sizeof(float)), malloc((size_t)(np * M * N) * sizeof(float))};
-    float *pk = aligned_alloc(64, (size_t)attn_wino_gemm_pack(K) * sizeof *pk);
-    for (int64_t i = 0; i < np * ps + M * lda; i++) Z[i] = (float)sin(0.19 * (double)i);
-    for (int64_t i = 0; i < np * ps + N * lda; i++) V[i] = (float)cos(0.41 * (double)i + 1);
+    float *pkb = aligned_alloc(64, (size_t)attn_wino_gemm_pack(K) * sizeof *pkb);
+    for (int64_t i = 0; i < np * pk + M * lda; i++) Z[i] = (float)sin(0.19 * (double)i);
+    for (int64_t i = 0; i < np * pk + N * lda; i++) V[i] = (float)cos(0.41 * (double)i + 1);
     for (int beta = 0; beta < 2; beta++) {
       for (int i = 0; i < 2; i++)
         for (int64_t e = 0; e < np * M * N; e++) P[i][e] = beta ? (float)e * 0.01f : NAN;
       for (int64_t p = 0; p < np; p++)
-        set->gemm_small_f32(0, 1, M, N, K, 1.0f, Z + p * ps, lda, V + p * ps, lda, (float)beta, P[0] + p * M * N, N, pack);
-      set->wino->gemm_nt_f32(np, M, N, K, Z, ps, lda, V, ps, lda, (float)beta, P[1], pk);
+        set->gemm_small_f32(0, 1, M, N, K, 1.0f, Z + p * pk, lda, V + p * pk, lda, (float)beta, P[0] + p * M * N, N, pack);
+      set->wino->gemm_nt_f32(np, M, N, K, Z, pk, lda, V, pk, lda, (float)beta, P[1], pkb);
       mismatches += memcmp(P[0], P[1], (size_t)(np * M * N) * sizeof(float)) != 0, cases++;
     }
-    free(A), free(B), free(C[0]), free(C[1]), free(Z), free(V), free(P[0]), free(P[1]), free(pk);
+    free(A), free(B), free(C[0]), free(C[1]), free(Z), free(V), free(P[0]), free(P[1]), free(pkb);
   }
   CHECK(mismatches == 0, "avx512 Winograd block products: %d of %d cases differ from the small GEMM's bits", mismatches,
         cases);

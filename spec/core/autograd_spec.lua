@@ -204,6 +204,18 @@ describe("autograd", function()
     y:backward(attn.tensor({ 1, 1, 1 }, "float64"))
     assert.are.same({ 4, 4, 4 }, a.grad:totable())
     assert.are.equal(made:storage_id(), a.grad:storage_id())
+    -- a backward function that runs a backward of its own and returns that pass's leaf grad: the
+    -- tensor is new to the outer pass but W holds it, so x gets a copy
+    local W = attn.tensor({ 1, 2, 3 }, { dtype = "float64", requires_grad = true })
+    local x = attn.tensor({ 4, 5, 6 }, { dtype = "float64", requires_grad = true })
+    local z = attn.autograd.record("inner", core.mul(x, 1), { x }, function(g)
+      attn.enable_grad(function() (W * g):sum():backward() end)
+      return W.grad
+    end)
+    z:backward(attn.tensor({ 1, 1, 1 }, "float64"))
+    assert.are_not.equal(W.grad:storage_id(), x.grad:storage_id())
+    W.grad:mul_(0)
+    assert.are.same({ 1, 1, 1 }, x.grad:totable())
   end)
 
   it("detach and no_grad stop recording", function()

@@ -197,7 +197,6 @@ WINO_DEFINE_SUM(f32, float)
 WINO_DEFINE_SUM(f64, double)
 
 #include "cpu/wino4_body.h"
-#include "cpu/wino_weights_body.h"
 
 #ifndef WINO_OWN_F32
 WINO_DEFINE(f32, float)
@@ -236,6 +235,9 @@ WINO_DEFINE_ADJOINT(f64, double)
 #define WINO4_F32(name) WINO_FN(WINO_CAT(name, 4_f32))
 #define WINO4_OWN 0
 #endif
+
+/* last: under clang it leaves contraction off to the end of the file */
+#include "cpu/wino_weights_body.h"
 
 const attn_wino_kernels WINO_FN(attn_wino_kernels_) = {
     {WINO_F32(input_f32), WINO_FN(input_f64), WINO_F32(output_f32), WINO_FN(output_f64), WINO_F32(grad_f32),

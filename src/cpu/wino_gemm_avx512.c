@@ -1,12 +1,14 @@
 /* The AVX-512 set's float32 Winograd block products (cpu/wino_cpu.h): the 16 or 36 products of a
  * block, one plane after another, in one call. The small GEMM (cpu/gemm_body.h) tiles any product
  * in 8 x 32 blocks; on a block's planes (32 x 48 x 16 for 64 x 16->32 on 14x14) that leaves a
- * panel of 16 columns at 8 accumulators and a packed transpose per call, 170-225 GFLOP/s. Here
+ * panel of 16 columns at 8 accumulators and a packed transpose per call, 165-225 GFLOP/s. Here
  * the products with B as stored take tiles of 8 rows x 48 columns (24 accumulators; 16 rows x 16
  * columns where a panel is one vector wide), and the product with B transposed packs B^T once per
- * plane and 16 columns and keeps 16 rows x 16 columns of accumulators: 200-260 GFLOP/s on the same
- * planes (Zen 5). Each entry is still its sum over k in order by fused multiply-adds from zero
- * (then added to C's entry where beta is 1), as in the small GEMM: the same bits. */
+ * plane and 16 columns and keeps 16 rows x 16 columns of accumulators: 235-245 and 195 GFLOP/s
+ * on the same planes (Zen 5). Each entry is still its sum over k in order by fused multiply-adds
+ * from zero (then added to C's entry where beta is 1), as in the small GEMM: the same bits. Planes
+ * of any size come here (attn_gemm would send those above 2^22 multiply-adds to OpenBLAS): the
+ * blocks attn_conv_winograd.c makes keep a tile's operands in L1 and L2. */
 #if defined(__x86_64__)
 #include <immintrin.h>
 #include <stdint.h>
@@ -26,8 +28,10 @@ INLINE void nn_tile(const int mr, const int nv, const int full, const int part, 
     for (int v = 0; v < nv; v++) acc[r][v] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; k++) {
     __m512 b[3];
-    for (int v = 0; v < nv; v++)
-      b[v] = part && v + 1 == nv ? _mm512_maskz_loadu_ps(last, B + k * ldb + 16 * v) : _mm512_loadu_ps(B + k * ldb + 16 * v);
+    for (int v = 0; v < nv; v++) {
+      const float *at = B + k * ldb + 16 * v;
+      b[v] = part && v + 1 == nv ? _mm512_maskz_loadu_ps(last, at) : _mm512_loadu_ps(at);
+    }
     #pragma GCC unroll 16
     for (int r = 0; r < mr; r++) {
       const int64_t row = full ? r : r < m ? r : m - 1;
@@ -94,7 +98,8 @@ void attn_wino_gemm_nn_f32_avx512(int64_t np, int ta, int64_t M, int64_t N, int6
 /* r[i] lane j = r[j] lane i: a 16 x 16 transpose in registers. */
 INLINE void transpose16(__m512 r[16]) {
   __m512 t[16];
-  for (int i = 0; i < 16; i += 2) t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  for (int i = 0; i < 16; i += 2)
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
   for (int i = 0; i < 16; i += 4) {
     const __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
     const __m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
@@ -103,11 +108,13 @@ INLINE void transpose16(__m512 r[16]) {
   }
   for (int i = 0; i < 4; i++) {
     t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88), t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
-    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88), t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
   }
   for (int i = 0; i < 4; i++) {
     r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88), r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
-    r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88), r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xdd);
+    r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
+    r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xdd);
   }
 }
 
@@ -150,11 +157,14 @@ void attn_wino_gemm_nt_f32_avx512(int64_t np, int64_t M, int64_t N, int64_t K, c
     for (int64_t n0 = 0; n0 < N; n0 += 16) {
       const int64_t n = N - n0 < 16 ? N - n0 : 16;
       pack_t(B + p * bps + n0 * ldb, ldb, n, K, pack);
-      for (int64_t m0 = 0; m0 < M; m0 += 16)
+      for (int64_t m0 = 0; m0 < M; m0 += 16) {
+        const float *a = A + p * aps + m0 * lda;
+        float *c = C + p * M * N + m0 * N + n0;
         if (M - m0 >= 16)
-          nt_tile(1, 16, K, A + p * aps + m0 * lda, lda, pack, beta, C + p * M * N + m0 * N + n0, N, lanes_below(n));
+          nt_tile(1, 16, K, a, lda, pack, beta, c, N, lanes_below(n));
         else
-          nt_tile(0, M - m0, K, A + p * aps + m0 * lda, lda, pack, beta, C + p * M * N + m0 * N + n0, N, lanes_below(n));
+          nt_tile(0, M - m0, K, a, lda, pack, beta, c, N, lanes_below(n));
+      }
     }
 }
 #endif

@@ -1,8 +1,8 @@
 /* The Winograd kernel transform and the weight gradient's reduction (cpu/wino_cpu.h), for both tile
- * sizes, written once: included by wino_body.h, so each ISA file compiles them with its own flags
- * (the loops over 16 pairs of channels become 8-double vectors on AVX-512, pairs of doubles on the
- * generic path, where they took 6% of the convolution). The arithmetic is in double, rounded
- * once, and not contracted into fused multiply-adds, so every set gives the same bits. */
+ * sizes, written once: included by wino_body.h (last), so each ISA file compiles them with its own
+ * flags (the loops over 16 pairs of channels become 8-double vectors on AVX-512, pairs of doubles
+ * on the generic path, where they took 6% of the convolution). The arithmetic is in double,
+ * rounded once, and not contracted into fused multiply-adds, so every set gives the same bits. */
 
 /* The kernel transform G (m + 2 rows of 3) of F(2x2, 3x3) and F(4x4, 3x3). */
 static const double WINO_FN(wino_g2)[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
@@ -16,7 +16,9 @@ static const double WINO_FN(wino_g4)[6][3] = {{1.0 / 4, 0, 0},
 /* Pairs of channels per step, innermost in every loop. */
 #define WINO_LANES 16
 
-#if defined(__GNUC__) && !defined(__clang__)
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF /* to the end of the file (wino_body.h includes this last) */
+#elif defined(__GNUC__)
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 #endif

@@ -95,8 +95,8 @@ static int64_t ws_ld(const wino_job *J) { return J->np * J->tb; }
  * q + PLANES_AHEAD's rows [r0, r1) (clipped to it), to be written or read. */
 static void prefetch_ahead(const wino_job *J, const char *base, int64_t q, int64_t end, int64_t h, int64_t w,
                            int64_t r0, int64_t r1, int write) {
-  if (q + PLANES_AHEAD >= end) return;
   r0 = r0 < 0 ? 0 : r0, r1 = r1 > h ? h : r1;
+  if (q + PLANES_AHEAD >= end || r0 >= r1) return; /* a band may lie all in the padding */
   const char *plane = base + (size_t)((q + PLANES_AHEAD) * h * w) * J->es;
   for (size_t at = (size_t)(r0 * w) * J->es; at < (size_t)(r1 * w) * J->es; at += 64)
     if (write)
