@@ -1204,6 +1204,57 @@ static void test_wino_transforms(void) {
   }
 }
 
+/* The AVX-512 set's Winograd block products give, plane by plane, the bits of its small GEMM (the
+ * products attn_gemm takes for such planes), over shapes with row tails (M of 1-40: tiles of 8 and
+ * 16), column tails and panels of one to three vectors (N of 1-100), K of 1-70, A as stored and
+ * transposed, both betas of the product with B transposed, into outputs filled with NaN around
+ * what is written. */
+static void test_wino_products(void) {
+  const attn_cpu_kernels *set = attn_cpu_find("avx512");
+  if (!set || !attn_cpu_supported(set) || !set->wino->gemm_nn_f32) return;
+  const int64_t dims[][3] = {{32, 48, 16}, {16, 48, 32}, {32, 16, 48}, {7, 100, 5}, {40, 33, 9},
+                             {1, 1, 1},    {17, 64, 70}, {9, 17, 3},  {24, 96, 16}, {5, 49, 31}};
+  const int64_t np = 3;
+  float pack[16384];
+  int mismatches = 0, cases = 0;
+  for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
+    /* planes ps (or pk) apart, rows of all planes interleaved ld (or lda) apart, as in a workspace */
+    const int64_t M = dims[d][0], N = dims[d][1], K = dims[d][2], ps = N + 3, ld = np * ps + 2, pk = K + 2,
+                  lda = np * pk + 1;
+    /* nn: A planes (M, K) packed, B and C planes of workspace layout */
+    float *A = malloc((size_t)(np * M * K) * sizeof *A), *B = malloc((size_t)(np * ps + K * ld) * sizeof *B);
+    float *C[2] = {malloc((size_t)(np * ps + M * ld) * sizeof(float)), malloc((size_t)(np * ps + M * ld) * sizeof(float))};
+    for (int64_t i = 0; i < np * M * K; i++) A[i] = (float)sin(0.37 * (double)i + 0.2);
+    for (int64_t i = 0; i < np * ps + K * ld; i++) B[i] = (float)cos(0.23 * (double)i);
+    for (int ta = 0; ta < 2; ta++) { /* A_p (M, K), or (K, M) taken transposed */
+      for (int i = 0; i < 2; i++)
+        for (int64_t e = 0; e < np * ps + M * ld; e++) C[i][e] = NAN;
+      for (int64_t p = 0; p < np; p++)
+        set->gemm_small_f32(ta, 0, M, N, K, 1.0f, A + p * M * K, ta ? M : K, B + p * ps, ld, 0.0f, C[0] + p * ps, ld,
+                            pack);
+      set->wino->gemm_nn_f32(np, ta, M, N, K, A, B, ps, ld, C[1], ps, ld);
+      mismatches += memcmp(C[0], C[1], (size_t)(np * ps + M * ld) * sizeof(float)) != 0, cases++;
+    }
+    /* nt: A and B planes of workspace layout (planes pk apart, rows lda apart), C planes (M, N) packed */
+    float *Z = malloc((size_t)(np * pk + M * lda) * sizeof *Z), *V = malloc((size_t)(np * pk + N * lda) * sizeof *V);
+    float *P[2] = {malloc((size_t)(np * M * N) * sizeof(float)), malloc((size_t)(np * M * N) * sizeof(float))};
+    float *pkb = aligned_alloc(64, (size_t)attn_wino_gemm_pack(K) * sizeof *pkb);
+    for (int64_t i = 0; i < np * pk + M * lda; i++) Z[i] = (float)sin(0.19 * (double)i);
+    for (int64_t i = 0; i < np * pk + N * lda; i++) V[i] = (float)cos(0.41 * (double)i + 1);
+    for (int beta = 0; beta < 2; beta++) {
+      for (int i = 0; i < 2; i++)
+        for (int64_t e = 0; e < np * M * N; e++) P[i][e] = beta ? (float)e * 0.01f : NAN;
+      for (int64_t p = 0; p < np; p++)
+        set->gemm_small_f32(0, 1, M, N, K, 1.0f, Z + p * pk, lda, V + p * pk, lda, (float)beta, P[0] + p * M * N, N, pack);
+      set->wino->gemm_nt_f32(np, M, N, K, Z, pk, lda, V, pk, lda, (float)beta, P[1], pkb);
+      mismatches += memcmp(P[0], P[1], (size_t)(np * M * N) * sizeof(float)) != 0, cases++;
+    }
+    free(A), free(B), free(C[0]), free(C[1]), free(Z), free(V), free(P[0]), free(P[1]), free(pkb);
+  }
+  CHECK(mismatches == 0, "avx512 Winograd block products: %d of %d cases differ from the small GEMM's bits", mismatches,
+        cases);
+}
+
 static void test_linear_attention(void) {
   enum { N = 4, D = 3, DV = 2 };
   int64_t sq[3] = {1, N, D}, sv[3] = {1, N, DV};
@@ -1486,6 +1537,7 @@ int main(void) {
   test_parity_kernels();
   test_conv_and_pool();
   test_wino_transforms();
+  test_wino_products();
   test_linear_attention();
   test_rope();
   test_rms_norm();

@@ -159,6 +159,65 @@ describe("autograd", function()
     total:sum():backward()
     assert.are.same(expected, v.grad:totable())
   end)
+  it("keeps a new gradient that reached one leaf alone as its grad, and copies every other", function()
+    local core = attn.core
+    -- a gradient made in the pass, over all of its storage, for one leaf: kept as is
+    local made
+    local a = attn.tensor({ 1, 2, 3 }, { dtype = "float64", requires_grad = true })
+    local y = attn.autograd.record("fresh", core.mul(a, 2), { a }, function(g)
+      made = core.mul(g, 2)
+      return made
+    end)
+    y:backward(attn.tensor({ 1, 1, 1 }, "float64"))
+    assert.are.equal(made:storage_id(), a.grad:storage_id())
+    assert.are.same({ 2, 2, 2 }, a.grad:totable())
+    -- the caller's seed, passed straight to a leaf: copied, so the leaf's grad is not the seed
+    local b = attn.tensor({ 1, 2 }, { dtype = "float64", requires_grad = true })
+    local seed = attn.tensor({ 5, 6 }, "float64")
+    attn.autograd.record("pass", core.mul(b, 1), { b }, function(g) return g end):backward(seed)
+    assert.are_not.equal(seed:storage_id(), b.grad:storage_id())
+    b.grad:add_(attn.tensor({ 1, 1 }, "float64"))
+    assert.are.same({ 5, 6 }, seed:totable())
+    -- one new tensor handed to two leaves: each gets its own copy
+    local c1 = attn.tensor({ 1, 2 }, { dtype = "float64", requires_grad = true })
+    local c2 = attn.tensor({ 3, 4 }, { dtype = "float64", requires_grad = true })
+    local both = attn.autograd.record("both", core.add(c1, c2), { c1, c2 }, function(g)
+      local t = core.mul(g, 3)
+      return t, t
+    end)
+    both:backward(attn.tensor({ 1, 1 }, "float64"))
+    assert.are_not.equal(c1.grad:storage_id(), c2.grad:storage_id())
+    c1.grad:add_(attn.tensor({ 1, 1 }, "float64"))
+    assert.are.same({ 3, 3 }, c2.grad:totable())
+    -- a view of a new tensor (its first half): copied, not the larger storage kept alive
+    local d = attn.tensor({ 1, 2 }, { dtype = "float64", requires_grad = true })
+    local base
+    local half = attn.autograd.record("half", core.mul(d, 1), { d }, function(g)
+      base = core.cat({ g, g }, 1)
+      return base:narrow(1, 1, 2)
+    end)
+    half:backward(attn.tensor({ 7, 8 }, "float64"))
+    assert.are_not.equal(base:storage_id(), d.grad:storage_id())
+    assert.are.same({ 7, 8 }, d.grad:totable())
+    -- the kept grad is the leaf's own: a second pass adds into it
+    y = attn.autograd.record("again", core.mul(a, 2), { a }, function(g) return core.mul(g, 2) end)
+    y:backward(attn.tensor({ 1, 1, 1 }, "float64"))
+    assert.are.same({ 4, 4, 4 }, a.grad:totable())
+    assert.are.equal(made:storage_id(), a.grad:storage_id())
+    -- a backward function that runs a backward of its own and returns that pass's leaf grad: the
+    -- tensor is new to the outer pass but W holds it, so x gets a copy
+    local W = attn.tensor({ 1, 2, 3 }, { dtype = "float64", requires_grad = true })
+    local x = attn.tensor({ 4, 5, 6 }, { dtype = "float64", requires_grad = true })
+    local z = attn.autograd.record("inner", core.mul(x, 1), { x }, function(g)
+      attn.enable_grad(function() (W * g):sum():backward() end)
+      return W.grad
+    end)
+    z:backward(attn.tensor({ 1, 1, 1 }, "float64"))
+    assert.are_not.equal(W.grad:storage_id(), x.grad:storage_id())
+    W.grad:mul_(0)
+    assert.are.same({ 1, 1, 1 }, x.grad:totable())
+  end)
+
   it("detach and no_grad stop recording", function()
     local w = attn.ones({ 2 }, { requires_grad = true })
     local d = w:detach()

@@ -314,6 +314,31 @@ describe("nn.conv2d with kernel = 'winograd' and 'winograd4'", function()
     end
   end
 
+  -- Padding deeper than a band reaches: the first bands of tile rows read only padding (F(2x2) in
+  -- bands of one tile row, 2 output rows, under padding 6; F(4x4) in bands of one group row, 16
+  -- output rows, under padding 20). Their prefetch of rows past the end once looped for ever.
+  it("runs bands that lie wholly in the padding (values and gradients against im2col)", function()
+    local deep = {
+      { kernel = "winograd", dtype = "float64", x = { 1, 8, 2, 380 }, w = { 8, 8, 3, 3 }, padding = 6 },
+      { kernel = "winograd4", dtype = "float64", x = { 1, 8, 4, 4 }, w = { 8, 8, 3, 3 }, padding = 20 },
+      { kernel = "auto", dtype = "float32", x = { 1, 8, 4, 4 }, w = { 8, 8, 3, 3 }, padding = 20 },
+    }
+    for _, d in ipairs(deep) do
+      attn.manual_seed(21)
+      local x, w, b = attn.randn(d.x, d.dtype), attn.randn(d.w, d.dtype), attn.randn({ d.w[1] }, d.dtype)
+      local got = {}
+      for _, k in ipairs { d.kernel, "im2col" } do
+        local xl, wl, bl = x:detach():requires_grad_(), w:detach():requires_grad_(), b:detach():requires_grad_()
+        local y = nn.conv2d(xl, wl, bl, { padding = d.padding, kernel = k })
+        attn.manual_seed(22)
+        y:backward(attn.randn(y:shape(), d.dtype))
+        got[k] = { y, xl.grad, wl.grad, bl.grad }
+      end
+      local tol = d.dtype == "float64" and 1e-10 or 1e-3
+      for i = 1, 4 do assert.close(got[d.kernel][i], got.im2col[i], { atol = tol, rtol = tol }) end
+    end
+  end)
+
   it("has gradients that pass gradcheck (float64)", function()
     attn.manual_seed(13)
     for _, kernel in ipairs(WINO_KERNELS) do

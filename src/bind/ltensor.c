@@ -331,6 +331,25 @@ static int l_version(lua_State *L) {
   return 1;
 }
 
+/* The serial of the last storage made (attn_storage_serial). */
+static int l_storage_serial(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)attn_storage_serial());
+  return 1;
+}
+
+/* Whether t alone holds a storage made after serial s: the storage's one tensor, over all of it
+ * in order. Such a tensor is a result nothing else can see unless a Lua value was made to refer
+ * to it (autograd then keeps a new gradient as a leaf's grad without a copy). */
+static int l_owns_new_storage(lua_State *L) {
+  const attn_tensor *t = attn_l_check(L, 1);
+  lua_Integer s = attn_l_checkinteger(L, 2, "serial");
+  const attn_storage *st = t->storage;
+  lua_pushboolean(L, st && st->serial > (uint64_t)s && st->refcount == 1 && t->offset == 0 &&
+                         attn_tensor_is_contiguous(t) &&
+                         (size_t)attn_tensor_numel(t) * attn_dtype_size(t->dtype) == st->nbytes);
+  return 1;
+}
+
 static int l_storage_offset(lua_State *L) {
   lua_pushinteger(L, attn_l_check(L, 1)->offset);
   return 1;
@@ -634,6 +653,7 @@ static const luaL_Reg tensor_functions[] = {
     {"dim", l_dim},             {"numel", l_numel},
     {"dtype", l_dtype},         {"is_contiguous", l_is_contiguous},
     {"storage_id", l_storage_id}, {"storage_offset", l_storage_offset},
+    {"storage_serial", l_storage_serial}, {"owns_new_storage", l_owns_new_storage},
     {"totable", l_totable},     {"item", l_item},
     {"get", l_get},             {"set", l_set},
     {"transpose", l_transpose}, {"permute", l_permute},

@@ -1,6 +1,7 @@
 #include "core/attn_tensor.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -84,6 +85,10 @@ attn_status attn_tensor_check_size(const char *op, const char *what, attn_dtype 
   return ATTN_OK;
 }
 
+static _Atomic uint64_t last_serial;
+
+uint64_t attn_storage_serial(void) { return atomic_load(&last_serial); }
+
 attn_status attn_tensor_init(attn_tensor *t, attn_dtype dtype, int ndim, const int64_t *shape) {
   t->storage = NULL;
   if (ndim < 0 || ndim > ATTN_MAX_DIMS)
@@ -118,6 +123,7 @@ attn_status attn_tensor_init(attn_tensor *t, attn_dtype dtype, int ndim, const i
   s->nbytes = nbytes;
   s->refcount = 1;
   s->version = 0;
+  s->serial = atomic_fetch_add(&last_serial, 1) + 1;
   t->storage = s;
   t->dtype = dtype;
   t->ndim = ndim;

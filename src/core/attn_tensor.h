@@ -28,7 +28,12 @@ typedef struct attn_storage {
   size_t capacity; /* bytes of the allocator block */
   int64_t refcount;
   uint64_t version; /* bumped by every in-place write, so autograd can tell saved data changed */
+  uint64_t serial;  /* the order storages were made in (attn_storage_serial) */
 } attn_storage;
+
+/* The serial of the last storage made (0 before the first): a storage with a larger serial was
+ * made after the call, so no tensor that existed then can share it. */
+uint64_t attn_storage_serial(void);
 
 typedef struct attn_tensor {
   attn_storage *storage; /* NULL once released */

@@ -72,12 +72,17 @@ INLINE void load_column(const float *in, int64_t ps, int kk, __m512 v[6]) {
 
 void attn_wino4_input_f32_avx512(const attn_wino_geom *g, const float *x, int64_t ti0, int64_t rows, float *V,
                                  int64_t ps, float *scratch) {
-  (void)scratch;
   const int64_t Tr = 16 * g->tw;
+  /* rows above and below the plane read a row of zeros (scratch's first W entries): every load of
+   * a group then takes the same two column masks, not a mask per row (a third of the
+   * instructions went to combining them) */
+  for (int64_t i = 0; i < g->W; i += 16) _mm512_mask_storeu_ps(scratch + i, lanes_below(g->W - i), _mm512_setzero_ps());
   for (int64_t R = 0; R < rows; R++) {
     const float *row[18];
-    __mmask16 keep[18];
-    for (int a = 0; a < 18; a++) row[a] = plane_row(x, g->H, g->W, 16 * (ti0 + R) + a - g->ph, &keep[a]);
+    for (int a = 0; a < 18; a++) {
+      const int64_t r = 16 * (ti0 + R) + a - g->ph;
+      row[a] = r >= 0 && r < g->H ? x + r * g->W : scratch;
+    }
     for (int64_t G = 0; G < g->tw; G++) {
       const int64_t q = 16 * G - g->pw;
       const __mmask16 m0 = in_row16(g->W, q), m2 = in_row16(g->W, q + 2);
@@ -85,8 +90,7 @@ void attn_wino4_input_f32_avx512(const attn_wino_geom *g, const float *x, int64_
       for (int t = 0; t < 4; t++) {
         __m512 d[6], d2[6];
         #pragma GCC unroll 6
-        for (int a = 0; a < 6; a++)
-          d[a] = load16(row[4 * t + a], q, m0 & keep[4 * t + a]), d2[a] = load16(row[4 * t + a], q + 2, m2 & keep[4 * t + a]);
+        for (int a = 0; a < 6; a++) d[a] = load16(row[4 * t + a], q, m0), d2[a] = load16(row[4 * t + a], q + 2, m2);
         bt6(d, u[t]), bt6(d2, u2[t]);
       }
       float *out = V + R * Tr + 16 * G;

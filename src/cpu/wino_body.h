@@ -227,15 +227,28 @@ WINO_DEFINE_ADJOINT(f64, double)
 #ifdef WINO_OWN4_F32
 #define WINO4_F32(name) WINO_CAT(WINO_CAT(attn_wino4_, name), _f32_avx512)
 #define WINO4_OWN 1
+#define WINO_GEMM_NN attn_wino_gemm_nn_f32_avx512
+#define WINO_GEMM_NT attn_wino_gemm_nt_f32_avx512
 #else
+#define WINO_GEMM_NN NULL
+#define WINO_GEMM_NT NULL
 #define WINO4_F32(name) WINO_FN(WINO_CAT(name, 4_f32))
 #define WINO4_OWN 0
 #endif
+
+/* last: under clang it leaves contraction off to the end of the file */
+#include "cpu/wino_weights_body.h"
 
 const attn_wino_kernels WINO_FN(attn_wino_kernels_) = {
     {WINO_F32(input_f32), WINO_FN(input_f64), WINO_F32(output_f32), WINO_FN(output_f64), WINO_F32(grad_f32),
      WINO_FN(grad_f64), WINO_ADJOINT_F32, WINO_FN(adjoint_f64)},
     {WINO4_F32(input), WINO_FN(input4_f64), WINO4_F32(output), WINO_FN(output4_f64), WINO4_F32(grad),
      WINO_FN(grad4_f64), WINO4_F32(adjoint), WINO_FN(adjoint4_f64)},
+    WINO_FN(weights_f32),
+    WINO_FN(weights_f64),
+    WINO_FN(reduce_f32),
+    WINO_FN(reduce_f64),
     WINO4_OWN,
+    WINO_GEMM_NN,
+    WINO_GEMM_NT,
 };

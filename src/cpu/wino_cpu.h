@@ -68,10 +68,43 @@ typedef struct attn_wino_transforms {
   attn_wino_adjoint_f64 adjoint_f64;
 } attn_wino_transforms;
 
+/* A block's float32 products, plane after plane (an ISA set's own, or NULL: attn_gemm per plane).
+ * nn: for p < np, C_p (M, N) = op(A_p) B_p (K, N); A_p at A + p M K, op(A_p) = A_p (M, K) or, with ta
+ * set, A_p^T (A_p (K, M)); B_p at B + p bps (rows ldb apart), C_p at C + p cps (rows ldc apart).
+ * nt: for p < np, C_p (M, N) = beta C_p + A_p (M, K) B_p^T, B_p (N, K); A_p at A + p aps (rows lda
+ * apart), B_p at B + p bps (rows ldb apart), C_p at C + p M N (rows of N entries); beta 0 or 1;
+ * pack holds attn_wino_gemm_pack(K) floats, 64-byte aligned.
+ * Each entry is its sum over k in order by fused multiply-adds from zero, then added to C's entry
+ * for beta 1: the bits of the small GEMM (cpu/gemm_body.h) on each plane. */
+typedef void (*attn_wino_gemm_nn_f32)(int64_t np, int ta, int64_t M, int64_t N, int64_t K, const float *A,
+                                      const float *B, int64_t bps, int64_t ldb, float *C, int64_t cps, int64_t ldc);
+typedef void (*attn_wino_gemm_nt_f32)(int64_t np, int64_t M, int64_t N, int64_t K, const float *A, int64_t aps,
+                                      int64_t lda, const float *B, int64_t bps, int64_t ldb, float beta, float *C,
+                                      float *pack);
+static inline int64_t attn_wino_gemm_pack(int64_t K) { return 16 * (K + 15); }
+
+/* The kernel transform and the weight gradient's reduction, for m = 2 (F(2x2)) or 4 (F(4x4)), np =
+ * (m + 2)^2 planes, in double, rounded once (cpu/wino_weights_body.h: the same bits on every set).
+ * weights: U (np, O, C) = G g G^T for the O C kernels g (3x3) of w (O, C, 3, 3).
+ * reduce: dw's kernels [e0, e1) (of the O C in (O, C, 3, 3)) = G^T D G, D the sum over the chunks
+ * of partial (chunks, np, O, C) in chunk order. */
+#define ATTN_WINO_WEIGHTS(T, S)                                                                             \
+  typedef void (*attn_wino_weights_##S)(int m, const T *w, int64_t O, int64_t C, T *U);                    \
+  typedef void (*attn_wino_reduce_##S)(int m, const T *partial, int64_t chunks, int64_t O, int64_t C,       \
+                                       int64_t e0, int64_t e1, T *dw);
+ATTN_WINO_WEIGHTS(float, f32)
+ATTN_WINO_WEIGHTS(double, f64)
+
 typedef struct attn_wino_kernels {
   attn_wino_transforms f2, f4; /* F(2x2, 3x3) and F(4x4, 3x3) */
+  attn_wino_weights_f32 weights_f32;
+  attn_wino_weights_f64 weights_f64;
+  attn_wino_reduce_f32 reduce_f32;
+  attn_wino_reduce_f64 reduce_f64;
   /* 1 when the float32 F(4x4) transforms are the set's own vector code (AUTO then prefers them) */
   int own4_f32;
+  attn_wino_gemm_nn_f32 gemm_nn_f32; /* the set's own block products, or NULL */
+  attn_wino_gemm_nt_f32 gemm_nt_f32;
 } attn_wino_kernels;
 
 extern const attn_wino_kernels attn_wino_kernels_generic;
@@ -86,6 +119,12 @@ void attn_wino4_grad_f32_avx512(const attn_wino_geom *g, const float *dy, int64_
                                 int64_t ps, float *scratch, double *sum);
 void attn_wino4_adjoint_f32_avx512(const attn_wino_geom *g, const float *M, int64_t ps, int64_t ti0, int64_t rows,
                                    float *dx, float *scratch, int seams);
+/* the AVX-512 set's block products (wino_gemm_avx512.c) */
+void attn_wino_gemm_nn_f32_avx512(int64_t np, int ta, int64_t M, int64_t N, int64_t K, const float *A, const float *B,
+                                  int64_t bps, int64_t ldb, float *C, int64_t cps, int64_t ldc);
+void attn_wino_gemm_nt_f32_avx512(int64_t np, int64_t M, int64_t N, int64_t K, const float *A, int64_t aps,
+                                  int64_t lda, const float *B, int64_t bps, int64_t ldb, float beta, float *C,
+                                  float *pack);
 #endif
 
 #endif

@@ -83,6 +83,32 @@ static int64_t block_of(const wino_job *J, int64_t bl, int64_t *n0, int64_t *ni,
  * rather than np runs far apart; the GEMMs see each plane as a matrix of leading dimension np tb. */
 static int64_t ws_ld(const wino_job *J) { return J->np * J->tb; }
 
+/* Planes ahead that the per-plane loops below ask the memory for. In a training loop the tensors
+ * a step writes (y, dx) and reads back (dy) were last touched steps before: Lua's collector frees
+ * a cycle's garbage at once, so several outputs of one size take turns, and they lie in memory or
+ * a far cache. A transform's row loads and stores then wait on one line after another (the output
+ * transform took twice its time); asked for a few planes ahead, the lines come while the planes in
+ * between are transformed. */
+#define PLANES_AHEAD 4
+
+/* Before plane q of a loop over planes up to end of a tensor of (h, w) planes: the lines of plane
+ * q + PLANES_AHEAD's rows [r0, r1) (clipped to it), to be written or read. */
+static void prefetch_ahead(const wino_job *J, const char *base, int64_t q, int64_t end, int64_t h, int64_t w,
+                           int64_t r0, int64_t r1, int write) {
+  r0 = r0 < 0 ? 0 : r0, r1 = r1 > h ? h : r1;
+  if (q + PLANES_AHEAD >= end || r0 >= r1) return; /* a band may lie all in the padding */
+  const char *plane = base + (size_t)((q + PLANES_AHEAD) * h * w) * J->es;
+  for (size_t at = (size_t)(r0 * w) * J->es; at < (size_t)(r1 * w) * J->es; at += 64)
+    if (write)
+      __builtin_prefetch(plane + at, 1, 3);
+    else
+      __builtin_prefetch(plane + at, 0, 3);
+}
+
+/* A band's rows of the output planes (y, dy) and of the input planes (x, dx: the patches reach 2
+ * rows further and start ph rows before). */
+static int64_t band_rows(const wino_job *J) { return J->m == 2 ? 2 : 16; }
+
 /* The job's transforms of its dtype on one plane's band (cpu/wino_cpu.h). */
 static void xf_input(const wino_job *J, const char *x, int64_t ti0, int64_t rows, char *V, int64_t ps, char *buf) {
   if (J->dt == ATTN_F32)
@@ -119,10 +145,14 @@ static void input_block(const wino_job *J, const char *src, int64_t bl, char *V,
   int64_t n0, ni, ti0, rows, C = J->C, HW = J->g.H * J->g.W;
   int64_t cols = block_of(J, bl, &n0, &ni, &ti0, &rows); /* sets ni: read it after the call */
   int64_t per = cols / (ni > 0 ? ni : 1);
+  int64_t t = band_rows(J);
   for (int64_t i = 0; i < ni; i++)
-    for (int64_t c = 0; c < C; c++)
+    for (int64_t c = 0; c < C; c++) {
+      prefetch_ahead(J, src, (n0 + i) * C + c, (n0 + ni) * C, J->g.H, J->g.W, ti0 * t - J->g.ph,
+                     (ti0 + rows) * t + 2 - J->g.ph, 0);
       xf_input(J, src + (size_t)((n0 + i) * C + c) * HW * J->es, ti0, rows, V + (size_t)(c * ws_ld(J) + i * per) * J->es,
                J->tb, scratch);
+    }
 }
 
 /* Per-task scratch for the transforms (attn_wino_scratch entries), or NULL after marking the job
@@ -133,9 +163,6 @@ static char *scratch_buffer(wino_job *J, size_t *cap) {
   return buf;
 }
 
-static double load(attn_dtype dt, const void *base, int64_t i) {
-  return dt == ATTN_F32 ? (double)((const float *)base)[i] : ((const double *)base)[i];
-}
 static void store(attn_dtype dt, void *base, int64_t i, double v) {
   if (dt == ATTN_F32)
     ((float *)base)[i] = (float)v;
@@ -143,48 +170,46 @@ static void store(attn_dtype dt, void *base, int64_t i, double v) {
     ((double *)base)[i] = v;
 }
 
-/* The kernel transform G (m + 2 rows of 3) of F(2x2, 3x3) and F(4x4, 3x3). */
-static const double G2[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
-static const double G4[6][3] = {{1.0 / 4, 0, 0},           {-1.0 / 6, -1.0 / 6, -1.0 / 6}, {-1.0 / 6, 1.0 / 6, -1.0 / 6},
-                                {1.0 / 24, 1.0 / 12, 1.0 / 6}, {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0, 0, 1}};
-
-/* Transforms of up to LANES pairs of channels at once, the pairs innermost: the loops then run
- * as vector operations (one pair at a time, they were a tenth of the convolution's time). */
-#define LANES 16
-
-/* u[a i + j] (a x a) = G g G^T per lane; a is a constant where it is inlined, so the loops unroll. */
-static inline void g_g_gt(int a, const double (*G)[3], const double g[9][LANES], double u[36][LANES]) {
-  double e[6][3][LANES];
-  for (int i = 0; i < a; i++)
-    for (int q = 0; q < 3; q++)
-      for (int l = 0; l < LANES; l++) e[i][q][l] = G[i][0] * g[q][l] + G[i][1] * g[3 + q][l] + G[i][2] * g[6 + q][l];
-  for (int i = 0; i < a; i++)
-    for (int j = 0; j < a; j++)
-      for (int l = 0; l < LANES; l++) u[a * i + j][l] = G[j][0] * e[i][0][l] + G[j][1] * e[i][1][l] + G[j][2] * e[i][2][l];
+/* U (np, O, C) = G g G^T for every pair of channels: the active set's loops
+ * (cpu/wino_weights_body.h). */
+static void weight_transform(const wino_job *J, const void *w) {
+  const attn_wino_kernels *k = attn_cpu()->wino;
+  if (J->dt == ATTN_F32)
+    k->weights_f32(J->m, w, J->O, J->C, (float *)J->U);
+  else
+    k->weights_f64(J->m, w, J->O, J->C, (double *)J->U);
 }
 
-/* U (np, O, C) = G g G^T for every pair of channels (in double, then rounded once), or its
- * transpose (np, C, O) for the input gradient's products U^T Z. */
-static void weight_transform(const wino_job *J, const void *w, int transposed) {
-  int64_t oc = J->O * J->C;
-  for (int64_t e0 = 0; e0 < oc; e0 += LANES) {
-    int n = oc - e0 < LANES ? (int)(oc - e0) : LANES;
-    double g[9][LANES], u[36][LANES];
-    memset(g, 0, sizeof g);
-    for (int l = 0; l < n; l++)
-      for (int p = 0; p < 9; p++) g[p][l] = load(J->dt, w, (e0 + l) * 9 + p);
-    if (J->m == 2)
-      g_g_gt(4, G2, g, u);
-    else
-      g_g_gt(6, G4, g, u);
-    int64_t at[LANES]; /* the lanes' places in a plane of U: runs of adjacent entries when not transposed */
-    for (int l = 0; l < n; l++) at[l] = transposed ? (e0 + l) % J->C * J->O + (e0 + l) / J->C : e0 + l;
-    for (int xi = 0; xi < J->np; xi++)
-      if (J->dt == ATTN_F32)
-        for (int l = 0; l < n; l++) ((float *)J->U)[xi * oc + at[l]] = (float)u[xi][l];
-      else
-        for (int l = 0; l < n; l++) ((double *)J->U)[xi * oc + at[l]] = u[xi][l];
+/* C_p (M, N) = op(A_p) B_p over the np planes: A_p at A + p M K, op(A_p) = A_p (M, K), or A_p^T
+ * (A_p (K, M)) with ta set (the input gradient's U^T Z from U); B_p and C_p planes of workspaces.
+ * The active set's own block products in float32 (cpu/wino_cpu.h), else attn_gemm plane by plane
+ * (the small GEMM's bits either way where it takes the planes). */
+static void products(const wino_job *J, int ta, int64_t M, int64_t N, int64_t K, const char *A, const char *B,
+                     char *C) {
+  int64_t ld = ws_ld(J), tb = J->tb;
+  attn_wino_gemm_nn_f32 own = J->dt == ATTN_F32 ? attn_cpu()->wino->gemm_nn_f32 : NULL;
+  if (own) {
+    own(J->np, ta, M, N, K, (const float *)A, (const float *)B, tb, ld, (float *)C, tb, ld);
+    return;
   }
+  for (int xi = 0; xi < J->np; xi++)
+    attn_gemm(J->dt, ta, 0, M, N, K, 1.0, A + (size_t)(xi * M * K) * J->es, ta ? M : K, B + (size_t)(xi * tb) * J->es,
+              ld, 0.0, C + (size_t)(xi * tb) * J->es, ld);
+}
+
+/* P_p (O, C) = beta P_p + Z_p V_p^T over the np planes (Z's and V's planes of workspaces, K
+ * columns), P_p at P + p O C: as products(), the set's own with pack (attn_wino_gemm_pack(tb)
+ * floats) when it has them. */
+static void products_t(const wino_job *J, int64_t K, const char *Z, const char *V, double beta, char *P, float *pack) {
+  int64_t ld = ws_ld(J), tb = J->tb, O = J->O, C = J->C;
+  attn_wino_gemm_nt_f32 own = J->dt == ATTN_F32 ? attn_cpu()->wino->gemm_nt_f32 : NULL;
+  if (own && pack) {
+    own(J->np, O, C, K, (const float *)Z, tb, ld, (const float *)V, tb, ld, (float)beta, (float *)P, pack);
+    return;
+  }
+  for (int xi = 0; xi < J->np; xi++)
+    attn_gemm(J->dt, 0, 1, O, C, K, 1.0, Z + (size_t)(xi * tb) * J->es, ld, V + (size_t)(xi * tb) * J->es, ld, beta,
+              P + (size_t)(xi * O * C) * J->es, C);
 }
 
 /* A block's workspace of np planes of rows x tb entries (ws_ld), or NULL after marking the job
@@ -205,13 +230,14 @@ static void forward_blocks(void *ctx, int64_t b0, int64_t b1) {
   for (int64_t bl = b0; V && M && buf && bl < b1; bl++) {
     int64_t n0, ni, ti0, rows, nt = block_of(J, bl, &n0, &ni, &ti0, &rows), per = nt / ni;
     input_block(J, J->x, bl, V, buf);
-    for (int xi = 0; xi < J->np; xi++)
-      attn_gemm(J->dt, 0, 0, J->O, nt, J->C, 1.0, J->U + (size_t)(xi * J->O * J->C) * es, J->C,
-                V + (size_t)(xi * tb) * es, ld, 0.0, M + (size_t)(xi * tb) * es, ld);
+    products(J, 0, J->O, nt, J->C, J->U, V, M);
     for (int64_t i = 0; i < ni; i++)
-      for (int64_t o = 0; o < J->O; o++)
+      for (int64_t o = 0; o < J->O; o++) {
+        prefetch_ahead(J, J->y, (n0 + i) * J->O + o, (n0 + ni) * J->O, J->g.Ho, J->g.Wo, ti0 * band_rows(J),
+                       (ti0 + rows) * band_rows(J), 1);
         xf_output(J, M + (size_t)(o * ld + i * per) * es, tb, ti0, rows, o,
                   J->y + (size_t)((n0 + i) * J->O + o) * HoWo * es, buf);
+      }
   }
   if (V) attn_free(V, cap[0]);
   if (M) attn_free(M, cap[1]);
@@ -233,7 +259,7 @@ int attn_conv2d_winograd(attn_dtype dt, int m, const void *x, int64_t N, int64_t
   size_t cap;
   J.U = attn_alloc((size_t)(J.np * O * C) * J.es, &cap);
   if (!J.U) return -1;
-  weight_transform(&J, w, 0);
+  weight_transform(&J, w);
   attn_parallel_for(J.blocks, grain(&J), forward_blocks, &J);
   attn_free(J.U, cap);
   return atomic_load(&J.failed) ? -1 : 0;
@@ -252,37 +278,45 @@ static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
   int64_t ld = ws_ld(J), tb = J->tb, HoWo = J->g.Ho * J->g.Wo, HW = J->g.H * J->g.W;
   char *V = workspace(J, J->C, &cap[0]), *Z = workspace(J, J->O, &cap[1]);
   char *buf = scratch_buffer(J, &cap[2]);
-  for (int64_t k = k0; V && Z && buf && k < k1; k++) {
+  /* the set's own weight-gradient products pack V's planes here */
+  size_t pack_cap = 0;
+  int packs = J->partial && J->dt == ATTN_F32 && attn_cpu()->wino->gemm_nt_f32;
+  float *pack = packs ? attn_alloc((size_t)attn_wino_gemm_pack(J->tb) * sizeof(float), &pack_cap) : NULL;
+  if (packs && !pack) atomic_store(&J->failed, 1);
+  for (int64_t k = k0; V && Z && buf && (pack || !packs) && k < k1; k++) {
     int64_t bend = (k + 1) * J->chunk < J->blocks ? (k + 1) * J->chunk : J->blocks;
     for (int64_t bl = k * J->chunk; bl < bend; bl++) {
       int64_t band = J->bands > 1 ? bl % J->bands : 0;
       if ((J->dx ? band % 2 : 0) != J->phase) continue; /* without dx, no seams: one phase */
       int64_t n0, ni, ti0, rows, nt = block_of(J, bl, &n0, &ni, &ti0, &rows), per = nt / ni;
       int seams = band % 2 ? ATTN_WINO_ADD_TOP | (band + 1 < J->bands ? ATTN_WINO_ADD_BOTTOM : 0) : 0;
+      int64_t t = band_rows(J);
       for (int64_t i = 0; i < ni; i++)
-        for (int64_t o = 0; o < J->O; o++)
+        for (int64_t o = 0; o < J->O; o++) {
+          prefetch_ahead(J, J->dy, (n0 + i) * J->O + o, (n0 + ni) * J->O, J->g.Ho, J->g.Wo, ti0 * t, (ti0 + rows) * t, 0);
           xf_grad(J, J->dy + (size_t)((n0 + i) * J->O + o) * HoWo * es, ti0, rows, Z + (size_t)(o * ld + i * per) * es,
                   tb, buf, J->dbp ? J->dbp + k * J->O + o : NULL);
+        }
       if (J->partial) {
         input_block(J, J->x, bl, V, buf);
-        for (int xi = 0; xi < J->np; xi++)
-          attn_gemm(J->dt, 0, 1, J->O, J->C, nt, 1.0, Z + (size_t)(xi * tb) * es, ld, V + (size_t)(xi * tb) * es, ld,
-                    J->started[k] ? 1.0 : 0.0, J->partial + (size_t)((k * J->np + xi) * J->O * J->C) * es, J->C);
+        products_t(J, nt, Z, V, J->started[k] ? 1.0 : 0.0, J->partial + (size_t)(k * J->np * J->O * J->C) * es, pack);
         J->started[k] = 1;
       }
       if (!J->dx) continue;
-      for (int xi = 0; xi < J->np; xi++)
-        attn_gemm(J->dt, 0, 0, J->C, nt, J->O, 1.0, J->U + (size_t)(xi * J->C * J->O) * es, J->O,
-                  Z + (size_t)(xi * tb) * es, ld, 0.0, V + (size_t)(xi * tb) * es, ld);
+      products(J, 1, J->C, nt, J->O, J->U, Z, V);
       for (int64_t i = 0; i < ni; i++)
-        for (int64_t c = 0; c < J->C; c++)
+        for (int64_t c = 0; c < J->C; c++) {
+          prefetch_ahead(J, J->dx, (n0 + i) * J->C + c, (n0 + ni) * J->C, J->g.H, J->g.W, ti0 * t - J->g.ph,
+                         (ti0 + rows) * t + 2 - J->g.ph, 1);
           xf_adjoint(J, V + (size_t)(c * ld + i * per) * es, tb, ti0, rows,
                      J->dx + (size_t)((n0 + i) * J->C + c) * HW * es, buf, seams);
+        }
     }
   }
   if (V) attn_free(V, cap[0]);
   if (Z) attn_free(Z, cap[1]);
   if (buf) attn_free(buf, cap[2]);
+  if (pack) attn_free(pack, pack_cap);
 }
 
 typedef struct {
@@ -290,51 +324,16 @@ typedef struct {
   void *dw;
 } reduce_job;
 
-/* g[3 p + q] = G^T D G per lane, for D (a x a) */
-static inline void gt_d_g(int a, const double (*G)[3], const double D[36][LANES], double g[9][LANES]) {
-  double f[3][6][LANES];
-  for (int p = 0; p < 3; p++)
-    for (int q = 0; q < a; q++)
-      for (int l = 0; l < LANES; l++) {
-        double v = 0;
-        for (int i = 0; i < a; i++) v += G[i][p] * D[a * i + q][l];
-        f[p][q][l] = v;
-      }
-  for (int p = 0; p < 3; p++)
-    for (int q = 0; q < 3; q++)
-      for (int l = 0; l < LANES; l++) {
-        double v = 0;
-        for (int i = 0; i < a; i++) v += f[p][i][l] * G[i][q];
-        g[3 * p + q][l] = v;
-      }
-}
-
-/* dw[o, c] for pairs [e0, e1): the chunks' partials added in chunk order, then G^T D G (in double).
- * LANES pairs at a time, so that the sums run along contiguous pairs (vector loads), not across
- * the chunks' far-apart planes one entry at a time. */
+/* dw[o, c] for pairs [e0, e1): the chunks' partials added in chunk order, then G^T D G (the active
+ * set's loops, cpu/wino_weights_body.h). */
 static void reduce_dweight(void *ctx, int64_t e0, int64_t e1) {
   const reduce_job *R = ctx;
   const wino_job *J = R->J;
-  int64_t oc = J->O * J->C;
-  for (int64_t eb = e0; eb < e1; eb += LANES) {
-    int n = e1 - eb < LANES ? (int)(e1 - eb) : LANES;
-    double d[36][LANES], g[9][LANES]; /* [position][pair] */
-    memset(d, 0, sizeof d);
-    for (int xi = 0; xi < J->np; xi++)
-      for (int64_t k = 0; k < J->chunks; k++) {
-        size_t at = (size_t)((k * J->np + xi) * oc + eb);
-        if (J->dt == ATTN_F32)
-          for (int j = 0; j < n; j++) d[xi][j] += (double)((const float *)J->partial)[at + j];
-        else
-          for (int j = 0; j < n; j++) d[xi][j] += ((const double *)J->partial)[at + j];
-      }
-    if (J->m == 2)
-      gt_d_g(4, G2, d, g);
-    else
-      gt_d_g(6, G4, d, g);
-    for (int j = 0; j < n; j++)
-      for (int p = 0; p < 9; p++) store(J->dt, R->dw, (eb + j) * 9 + p, g[p][j]);
-  }
+  const attn_wino_kernels *k = attn_cpu()->wino;
+  if (J->dt == ATTN_F32)
+    k->reduce_f32(J->m, (const float *)J->partial, J->chunks, J->O, J->C, e0, e1, R->dw);
+  else
+    k->reduce_f64(J->m, (const double *)J->partial, J->chunks, J->O, J->C, e0, e1, R->dw);
 }
 
 int attn_conv2d_winograd_backward(attn_dtype dt, int m, const void *x, int64_t N, int64_t C, int64_t H, int64_t W,
@@ -363,7 +362,7 @@ int attn_conv2d_winograd_backward(attn_dtype dt, int m, const void *x, int64_t N
   if (!atomic_load(&J.failed)) {
     if (J.dbp) memset(J.dbp, 0, (size_t)(J.chunks * O) * sizeof(double));
     memset(J.started, 0, (size_t)J.chunks);
-    if (dx) weight_transform(&J, w, 1);
+    if (dx) weight_transform(&J, w);
     for (J.phase = 0; J.phase < (J.bands > 1 && dx ? 2 : 1); J.phase++)
       attn_parallel_for(J.chunks, 1, backward_chunks, &J);
   }
