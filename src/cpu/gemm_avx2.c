@@ -14,7 +14,6 @@ static const int32_t gemm_avx2_lanes[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0
 #define GEMM_MASK8(n) _mm256_loadu_si256((const __m256i *)(gemm_avx2_lanes + 8 - (n)))
 #define GEMM_LOADN(p, n) ((gemm_vf)_mm256_maskload_ps((p), GEMM_MASK8(n)))
 #define GEMM_STOREN(p, v, n) _mm256_maskstore_ps((p), GEMM_MASK8(n), (__m256)(v))
-#define GEMM_FMA(acc, x, b) ((gemm_vf)_mm256_fmadd_ps(_mm256_set1_ps(x), (__m256)(b), (__m256)(acc)))
 /* attn_gemm takes this path for products of at most this many multiply-adds: measured 0.8-1.2x OpenBLAS's AVX2 kernel, 1.0-1.2x on the book's shapes. */
 #define GEMM_SMALL_MAX (1 << 22)
 #include "cpu/gemm_body.h"

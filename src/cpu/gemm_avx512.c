@@ -12,7 +12,6 @@
 /* n (1..16) lanes under a mask: lanes past n are neither read nor written (no fault past an edge) */
 #define GEMM_LOADN(p, n) ((gemm_vf)_mm512_maskz_loadu_ps((__mmask16)((1u << (n)) - 1u), (p)))
 #define GEMM_STOREN(p, v, n) _mm512_mask_storeu_ps((p), (__mmask16)((1u << (n)) - 1u), (__m512)(v))
-#define GEMM_FMA(acc, x, b) ((gemm_vf)_mm512_fmadd_ps(_mm512_set1_ps(x), (__m512)(b), (__m512)(acc)))
 /* attn_gemm takes this path for products of at most this many multiply-adds: measured 1.2-2.3x OpenBLAS from 16^3 to 512^3 on Zen 5 (bench/gemm_bench.lua). */
 #define GEMM_SMALL_MAX (1 << 22)
 #include "cpu/gemm_body.h"

@@ -27,15 +27,6 @@
 #include "cpu/cpu_inline.h"
 
 typedef float gemm_vf __attribute__((vector_size(GEMM_VW * 4)));
-
-/* acc + x b: by the ISA's fused multiply-add where it has one (GEMM_FMA), so that the bits do not
- * hang on whether the compiler contracts (it does at -O3, not at -O1) and match the Winograd block
- * products' (cpu/wino_gemm_avx512.c); else a multiply and an add. */
-#ifdef GEMM_FMA
-#define GEMM_MADD(acc, x, b) GEMM_FMA(acc, x, b)
-#else
-#define GEMM_MADD(acc, x, b) ((acc) + (x) * (b))
-#endif
 typedef int32_t gemm_vi __attribute__((vector_size(GEMM_VW * 4)));
 
 /* The first n (0..GEMM_VW) floats at p into a vector with zeros past them, and back: the ISA's
@@ -144,7 +135,7 @@ ATTN_CPU_INLINE void gemm_tile(const int mr, const int nv, const int part, int64
     }
     for (int r = 0; r < mr; r++) {
       const float x = a[r * ars + k * aks];
-      for (int v = 0; v < nv; v++) acc[r][v] = GEMM_MADD(acc[r][v], x, bv[v]);
+      for (int v = 0; v < nv; v++) acc[r][v] += x * bv[v];
     }
   }
   if (beta != 0 && w < nv * GEMM_VW) {

@@ -74,8 +74,8 @@ typedef struct attn_wino_transforms {
  * nt: for p < np, C_p (M, N) = beta C_p + A_p (M, K) B_p^T, B_p (N, K); A_p at A + p aps (rows lda
  * apart), B_p at B + p bps (rows ldb apart), C_p at C + p M N (rows of N entries); beta 0 or 1;
  * pack holds attn_wino_gemm_pack(K) floats, 64-byte aligned.
- * Each entry is its sum over k in order by fused multiply-adds from zero, then added to C's entry
- * for beta 1: the bits of the small GEMM (cpu/gemm_body.h) on each plane. */
+ * Each entry is its sum over k in order from zero, then added to C's entry for beta 1, multiply-adds
+ * written as in the small GEMM (cpu/gemm_body.h): its bits on each plane. */
 typedef void (*attn_wino_gemm_nn_f32)(int64_t np, int ta, int64_t M, int64_t N, int64_t K, const float *A,
                                       const float *B, int64_t bps, int64_t ldb, float *C, int64_t cps, int64_t ldc);
 typedef void (*attn_wino_gemm_nt_f32)(int64_t np, int64_t M, int64_t N, int64_t K, const float *A, int64_t aps,

@@ -5,8 +5,9 @@
  * the products with B as stored take tiles of 8 rows x 48 columns (24 accumulators; 16 rows x 16
  * columns where a panel is one vector wide), and the product with B transposed packs B^T once per
  * plane and 16 columns and keeps 16 rows x 16 columns of accumulators: 235-245 and 195 GFLOP/s
- * on the same planes (Zen 5). Each entry is still its sum over k in order by fused multiply-adds
- * from zero (then added to C's entry where beta is 1), as in the small GEMM: the same bits. Planes
+ * on the same planes (Zen 5). Each entry is still its sum over k in order from zero (then added to
+ * C's entry where beta is 1), written as the small GEMM writes it (acc += x b, which the compiler
+ * fuses or not as it does there: fused at -O3, not at the sanitizers' -O1): the same bits. Planes
  * of any size come here (attn_gemm would send those above 2^22 multiply-adds to OpenBLAS): the
  * blocks attn_conv_winograd.c makes keep a tile's operands in L1 and L2. */
 #if defined(__x86_64__)
@@ -36,7 +37,7 @@ INLINE void nn_tile(const int mr, const int nv, const int full, const int part, 
     for (int r = 0; r < mr; r++) {
       const int64_t row = full ? r : r < m ? r : m - 1;
       const __m512 x = _mm512_set1_ps(ta ? A[k * lda + row] : A[row * lda + k]);
-      for (int v = 0; v < nv; v++) acc[r][v] = _mm512_fmadd_ps(x, b[v], acc[r][v]);
+      for (int v = 0; v < nv; v++) acc[r][v] += x * b[v];
     }
   }
   for (int r = 0; r < mr && r < m; r++)
@@ -142,7 +143,7 @@ INLINE void nt_tile(const int full, int64_t m, int64_t K, const float *A, int64_
      * few registers; a clamped row for each r would take a register of its own */
     #pragma GCC unroll 16
     for (int r = 0; r < 16; r++)
-      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(A[(full ? r : r < m ? r : m - 1) * lda + k]), b, acc[r]);
+      acc[r] += _mm512_set1_ps(A[(full ? r : r < m ? r : m - 1) * lda + k]) * b;
   }
   for (int r = 0; r < 16 && r < m; r++) {
     float *c = C + r * ldc;
