@@ -297,6 +297,8 @@ describe("PyTorch's Transformer classes", function()
         { "unknown option 'd_modle'", function() nn.Transformer({ d_modle = 4 }) end },
         { "num_layers must be a positive integer", function() nn.TorchTransformerEncoder(nn.TransformerEncoderLayer(4,
           2), 0) end },
+        { "TransformerDecoder: num_layers must be at most 65536 %(a deep copy of the layer each%), got 1099511627776",
+          function() nn.TorchTransformerDecoder(nn.TransformerDecoderLayer(4, 2), 1 << 40) end },
         { "unknown option 'src_mask'", function()
           nn.TorchTransformerEncoder(nn.TransformerEncoderLayer(4, 2), 1)(attn.randn({ 2, 1, 4 }),
             { src_mask = attn.zeros({ 2, 2 }) })

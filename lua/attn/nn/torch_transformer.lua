@@ -216,12 +216,20 @@ end
 
 -- ---------------------------------------------------------------- stacks
 
+-- More layers than any model has. Each is a deep copy of the layer, so a count like 2^40 of a
+-- small one ran for ever rather than running out of memory (the API fuzzer).
+local MAX_LAYERS = 1 << 16
+
 -- layers (a ModuleList of num_layers deep copies of `layer`, keys layers.0.*, ...) and norm.
 local function stack(self, who, layer, num_layers, opts)
   if not is_module(layer) then
     error(string.format("%s: the first argument must be a layer module, got a %s", who, type(layer)), 4)
   end
   check.positive_int(who, "num_layers", num_layers, 5)
+  if num_layers > MAX_LAYERS then
+    error(string.format("%s: num_layers must be at most %d (a deep copy of the layer each), got %d", who, MAX_LAYERS,
+      num_layers), 4)
+  end
   opts = check.options(who, opts, { norm = true }, 5)
   if opts.norm ~= nil and not is_module(opts.norm) then
     error(string.format("%s: norm must be a module (nn.LayerNorm) or nil, got a %s", who, type(opts.norm)), 4)
@@ -242,7 +250,7 @@ end
 
 --- PyTorch's `nn.TransformerEncoder(encoder_layer, num_layers [, {norm}])`
 -- (reachable as `nn.TransformerEncoder` with a module first, and as
--- `nn.TorchTransformerEncoder`): num_layers deep copies of encoder_layer (all
+-- `nn.TorchTransformerEncoder`): num_layers (at most 65536) deep copies of encoder_layer (all
 -- starting with its values, as PyTorch's) in `layers` (keys layers.0.*, ...),
 -- then norm (key norm.*) when given.
 -- forward(src [, {mask, src_key_padding_mask, is_causal}]) -> src's shape.
