@@ -91,12 +91,17 @@ static int64_t ws_ld(const wino_job *J) { return J->np * J->tb; }
  * between are transformed. */
 #define PLANES_AHEAD 4
 
-/* Before plane q of a loop over planes up to end of a tensor of (h, w) planes: the lines of plane
- * q + PLANES_AHEAD's rows [r0, r1) (clipped to it), to be written or read. */
-static void prefetch_ahead(const wino_job *J, const char *base, int64_t q, int64_t end, int64_t h, int64_t w,
-                           int64_t r0, int64_t r1, int write) {
+/* Before plane q of a loop over planes up to end: the lines of plane q + PLANES_AHEAD's rows that
+ * the band [ti0, ti0 + rows) touches, to be written or read. Planes of the input (x, dx: a band's
+ * patches start ph rows before its outputs and reach 2 further) or of the output (y, dy); clipped
+ * to the plane, where a band may lie all in the padding. */
+static void prefetch_ahead(const wino_job *J, const char *base, int64_t q, int64_t end, int input, int64_t ti0,
+                           int64_t rows, int write) {
+  const int64_t t = J->m == 2 ? 2 : 16; /* output rows per tile row (F(4x4): per group row) */
+  const int64_t h = input ? J->g.H : J->g.Ho, w = input ? J->g.W : J->g.Wo;
+  int64_t r0 = ti0 * t - (input ? J->g.ph : 0), r1 = (ti0 + rows) * t + (input ? 2 - J->g.ph : 0);
   r0 = r0 < 0 ? 0 : r0, r1 = r1 > h ? h : r1;
-  if (q + PLANES_AHEAD >= end || r0 >= r1) return; /* a band may lie all in the padding */
+  if (q + PLANES_AHEAD >= end || r0 >= r1) return;
   const char *plane = base + (size_t)((q + PLANES_AHEAD) * h * w) * J->es;
   for (size_t at = (size_t)(r0 * w) * J->es; at < (size_t)(r1 * w) * J->es; at += 64)
     if (write)
@@ -104,10 +109,6 @@ static void prefetch_ahead(const wino_job *J, const char *base, int64_t q, int64
     else
       __builtin_prefetch(plane + at, 0, 3);
 }
-
-/* A band's rows of the output planes (y, dy) and of the input planes (x, dx: the patches reach 2
- * rows further and start ph rows before). */
-static int64_t band_rows(const wino_job *J) { return J->m == 2 ? 2 : 16; }
 
 /* The job's transforms of its dtype on one plane's band (cpu/wino_cpu.h). */
 static void xf_input(const wino_job *J, const char *x, int64_t ti0, int64_t rows, char *V, int64_t ps, char *buf) {
@@ -145,11 +146,9 @@ static void input_block(const wino_job *J, const char *src, int64_t bl, char *V,
   int64_t n0, ni, ti0, rows, C = J->C, HW = J->g.H * J->g.W;
   int64_t cols = block_of(J, bl, &n0, &ni, &ti0, &rows); /* sets ni: read it after the call */
   int64_t per = cols / (ni > 0 ? ni : 1);
-  int64_t t = band_rows(J);
   for (int64_t i = 0; i < ni; i++)
     for (int64_t c = 0; c < C; c++) {
-      prefetch_ahead(J, src, (n0 + i) * C + c, (n0 + ni) * C, J->g.H, J->g.W, ti0 * t - J->g.ph,
-                     (ti0 + rows) * t + 2 - J->g.ph, 0);
+      prefetch_ahead(J, src, (n0 + i) * C + c, (n0 + ni) * C, 1, ti0, rows, 0);
       xf_input(J, src + (size_t)((n0 + i) * C + c) * HW * J->es, ti0, rows, V + (size_t)(c * ws_ld(J) + i * per) * J->es,
                J->tb, scratch);
     }
@@ -198,12 +197,12 @@ static void products(const wino_job *J, int ta, int64_t M, int64_t N, int64_t K,
 }
 
 /* P_p (O, C) = beta P_p + Z_p V_p^T over the np planes (Z's and V's planes of workspaces, K
- * columns), P_p at P + p O C: as products(), the set's own with pack (attn_wino_gemm_pack(tb)
+ * columns), P_p at P + p O C: as products(), the set's own (with pack, attn_wino_gemm_pack(tb)
  * floats) when it has them. */
 static void products_t(const wino_job *J, int64_t K, const char *Z, const char *V, double beta, char *P, float *pack) {
   int64_t ld = ws_ld(J), tb = J->tb, O = J->O, C = J->C;
   attn_wino_gemm_nt_f32 own = J->dt == ATTN_F32 ? attn_cpu()->wino->gemm_nt_f32 : NULL;
-  if (own && pack) {
+  if (own) {
     own(J->np, O, C, K, (const float *)Z, tb, ld, (const float *)V, tb, ld, (float)beta, (float *)P, pack);
     return;
   }
@@ -233,8 +232,7 @@ static void forward_blocks(void *ctx, int64_t b0, int64_t b1) {
     products(J, 0, J->O, nt, J->C, J->U, V, M);
     for (int64_t i = 0; i < ni; i++)
       for (int64_t o = 0; o < J->O; o++) {
-        prefetch_ahead(J, J->y, (n0 + i) * J->O + o, (n0 + ni) * J->O, J->g.Ho, J->g.Wo, ti0 * band_rows(J),
-                       (ti0 + rows) * band_rows(J), 1);
+        prefetch_ahead(J, J->y, (n0 + i) * J->O + o, (n0 + ni) * J->O, 0, ti0, rows, 1);
         xf_output(J, M + (size_t)(o * ld + i * per) * es, tb, ti0, rows, o,
                   J->y + (size_t)((n0 + i) * J->O + o) * HoWo * es, buf);
       }
@@ -290,10 +288,9 @@ static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
       if ((J->dx ? band % 2 : 0) != J->phase) continue; /* without dx, no seams: one phase */
       int64_t n0, ni, ti0, rows, nt = block_of(J, bl, &n0, &ni, &ti0, &rows), per = nt / ni;
       int seams = band % 2 ? ATTN_WINO_ADD_TOP | (band + 1 < J->bands ? ATTN_WINO_ADD_BOTTOM : 0) : 0;
-      int64_t t = band_rows(J);
       for (int64_t i = 0; i < ni; i++)
         for (int64_t o = 0; o < J->O; o++) {
-          prefetch_ahead(J, J->dy, (n0 + i) * J->O + o, (n0 + ni) * J->O, J->g.Ho, J->g.Wo, ti0 * t, (ti0 + rows) * t, 0);
+          prefetch_ahead(J, J->dy, (n0 + i) * J->O + o, (n0 + ni) * J->O, 0, ti0, rows, 0);
           xf_grad(J, J->dy + (size_t)((n0 + i) * J->O + o) * HoWo * es, ti0, rows, Z + (size_t)(o * ld + i * per) * es,
                   tb, buf, J->dbp ? J->dbp + k * J->O + o : NULL);
         }
@@ -306,8 +303,7 @@ static void backward_chunks(void *ctx, int64_t k0, int64_t k1) {
       products(J, 1, J->C, nt, J->O, J->U, Z, V);
       for (int64_t i = 0; i < ni; i++)
         for (int64_t c = 0; c < J->C; c++) {
-          prefetch_ahead(J, J->dx, (n0 + i) * J->C + c, (n0 + ni) * J->C, J->g.H, J->g.W, ti0 * t - J->g.ph,
-                         (ti0 + rows) * t + 2 - J->g.ph, 1);
+          prefetch_ahead(J, J->dx, (n0 + i) * J->C + c, (n0 + ni) * J->C, 1, ti0, rows, 1);
           xf_adjoint(J, V + (size_t)(c * ld + i * per) * es, tb, ti0, rows,
                      J->dx + (size_t)((n0 + i) * J->C + c) * HW * es, buf, seams);
         }
